@@ -1,0 +1,325 @@
+"""Nodes (immutable values) and the Graph, whose topology lives in networkx.
+
+Every node produces one value, named by the node. Graph inputs are nodes of op
+``input``; their order is the program signature. Our classes hold op
+semantics (through the registry); the ``networkx.DiGraph`` holds the edges and
+answers ordering and reachability queries.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Any, Iterator, Mapping, Sequence
+
+import networkx as nx
+
+from .registry import AttrValue, encode_attr, get_op
+from .types import AttnpassError, SourceLoc, TensorType, VerifyError, check_identifier
+
+ROLES = ("streamed", "resident")
+
+
+@dataclass(frozen=True)
+class Node:
+    """One SSA value: ``name = op[attrs](inputs) : type``. Change means :meth:`replace`."""
+
+    name: str
+    op: str
+    inputs: tuple[str, ...]
+    attrs: Mapping[str, AttrValue]
+    type: TensorType
+    loc: SourceLoc | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "inputs", tuple(self.inputs))
+        object.__setattr__(self, "attrs", MappingProxyType(dict(self.attrs)))
+
+    def replace(self, **changes: Any) -> "Node":
+        return replace(self, **changes)
+
+    @property
+    def opdef(self):
+        return get_op(self.op)
+
+
+class Graph:
+    """A typed attention dataflow graph with named inputs and ordered outputs.
+
+    Build with :meth:`add_input` / :meth:`add_node` / :meth:`set_outputs` (or
+    :func:`attnpass.ir.trace`). ``print(graph)`` shows the stable text form;
+    :meth:`to_json` / :meth:`from_json` round-trip; :meth:`fingerprint` is a
+    structural hash that ignores value names.
+    """
+
+    def __init__(self, name: str = "graph") -> None:
+        self.name = check_identifier(name, "graph name")
+        self._nodes: dict[str, Node] = {}
+        self._dag = nx.DiGraph()
+        self._rank: dict[str, int] = {}
+        self._next_rank = 0
+        self._inputs: list[str] = []
+        self._outputs: list[str] = []
+        self._order: list[str] | None = None
+        self._position: dict[str, int] = {}
+
+    # ------------------------------------------------------------------ building
+
+    def fresh_name(self, hint: str = "v") -> str:
+        """A name not used in this graph, derived from ``hint``."""
+        base = hint if hint and (hint[0].isalpha() or hint[0] == "_") else f"v{hint}"
+        base = "".join(c if c.isalnum() or c == "_" else "_" for c in base)
+        if base not in self._nodes:
+            try:
+                return check_identifier(base)
+            except AttnpassError:
+                base = f"{base}_"
+        i = 1
+        while f"{base}_{i}" in self._nodes:
+            i += 1
+        return f"{base}_{i}"
+
+    def add_input(
+        self, name: str, type: TensorType, role: str = "streamed", loc: SourceLoc | None = None
+    ) -> str:
+        """Append a graph input (its position is its place in the signature)."""
+        check_identifier(name, "input name")
+        if name in self._nodes:
+            raise VerifyError(f"graph {self.name}: duplicate name {name!r}")
+        attrs = {"shape": type.shape, "dtype": type.dtype, "role": role}
+        self.insert(Node(name, "input", (), get_op("input").normalize_attrs(attrs), type, loc))
+        self._inputs.append(name)
+        return name
+
+    def add_node(
+        self,
+        op: str,
+        inputs: Sequence[str] = (),
+        attrs: Mapping[str, Any] | None = None,
+        *,
+        name: str | None = None,
+        loc: SourceLoc | None = None,
+    ) -> str:
+        """Add ``op(inputs)``; the shape rule computes the type (or raises ShapeError). Returns its name."""
+        if op == "input":
+            raise VerifyError("use Graph.add_input to add graph inputs")
+        opdef = get_op(op)
+        for i in inputs:
+            if i not in self._nodes:
+                raise VerifyError(f"{op}: operand {i!r} is not defined in graph {self.name}")
+        norm = opdef.normalize_attrs(attrs or {})
+        type_ = opdef.result_type([self._nodes[i].type for i in inputs], norm)
+        name = check_identifier(name) if name else self.fresh_name(op)
+        if name in self._nodes:
+            raise VerifyError(f"graph {self.name}: duplicate name {name!r}")
+        self.insert(Node(name, op, tuple(inputs), norm, type_, loc))
+        return name
+
+    def insert(self, node: Node) -> None:
+        """Insert a node as given (no type inference; the verifier checks it). Operands may come later."""
+        if node.name in self._nodes:
+            raise VerifyError(f"graph {self.name}: duplicate name {node.name!r}")
+        self._nodes[node.name] = node
+        self._dag.add_node(node.name)
+        self._rank[node.name] = self._next_rank
+        self._next_rank += 1
+        self._connect(node)
+
+    def set_outputs(self, names: Sequence[str]) -> None:
+        """Set the ordered outputs (any defined values)."""
+        for n in names:
+            if not isinstance(n, str) or n not in self._nodes:
+                raise VerifyError(f"graph {self.name}: output {n!r} is not defined")
+        self._outputs = list(names)
+
+    def set_inputs(self, names: Sequence[str]) -> None:
+        """Reorder the signature: ``names`` must be exactly the graph's input nodes."""
+        ins = {n.name for n in self._nodes.values() if n.op == "input"}
+        if sorted(map(str, names)) != sorted(ins) or len(set(names)) != len(names):
+            raise VerifyError(f"graph {self.name}: signature {list(names)} must list each input node once: {sorted(ins)}")
+        self._inputs = list(names)
+
+    # ------------------------------------------------------------------ queries
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        return tuple(self._inputs)
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        return tuple(self._outputs)
+
+    def node(self, name: str) -> Node:
+        try:
+            return self._nodes[name]
+        except KeyError:
+            raise VerifyError(f"graph {self.name}: no value named {name!r}") from None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._nodes
+
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+    def __iter__(self) -> Iterator[Node]:
+        return iter(self.nodes())
+
+    def nodes(self) -> list[Node]:
+        """All nodes in a stable topological order (ties broken by insertion order)."""
+        if self._order is None:
+            try:
+                self._order = list(nx.lexicographical_topological_sort(self._dag, key=lambda n: self._rank.get(n, -1)))
+                self._position = {n: i for i, n in enumerate(self._order)}
+            except nx.NetworkXUnfeasible:
+                cycle = " -> ".join(u for u, _ in nx.find_cycle(self._dag))
+                raise VerifyError(f"graph {self.name}: cycle through {cycle}") from None
+        return [self._nodes[n] for n in self._order if n in self._nodes]
+
+    def users(self, name: str) -> list[Node]:
+        """Nodes that read ``name``, in topological order."""
+        self.nodes()
+        users = sorted(self._dag.successors(name), key=self._position.__getitem__)
+        return [self._nodes[u] for u in users]
+
+    def ancestors(self, names: Sequence[str]) -> set[str]:
+        """``names`` and every value they transitively read."""
+        out = set(names)
+        for n in names:
+            out |= nx.ancestors(self._dag, n)
+        return out
+
+    def input_types(self) -> list[TensorType]:
+        return [self._nodes[n].type for n in self._inputs]
+
+    def input_role(self, name: str) -> str:
+        return self.node(name).attrs["role"]
+
+    def input_nbytes(self, role: str = "streamed") -> int:
+        """Bytes of the graph inputs with ``role`` that one call consumes (default: streamed)."""
+        if role not in ROLES:
+            raise ValueError(f"role must be one of {ROLES}, got {role!r}")
+        return sum(self._nodes[n].type.nbytes for n in self._inputs if self.input_role(n) == role)
+
+    # ------------------------------------------------------------------ mutation
+
+    def replace_node(self, name: str, node: Node) -> None:
+        """Swap the node called ``name`` for ``node`` (same name; types are re-checked by the verifier)."""
+        if node.name != name:
+            raise VerifyError(f"replace_node: name mismatch {name!r} vs {node.name!r}")
+        self.node(name)
+        self._nodes[name] = node
+        self._dag.remove_edges_from(list(self._dag.in_edges(name)))
+        self._connect(node)
+
+    def replace_all_uses(self, old: str, new: str) -> int:
+        """Make every reader of ``old`` (and the outputs) read ``new``; returns how many uses changed."""
+        if self.node(old).type != self.node(new).type:
+            raise VerifyError(
+                f"replace_all_uses: {old} : {self.node(old).type} and {new} : {self.node(new).type} differ in type"
+            )
+        count = 0
+        for user in self.users(old):
+            if user.name == new:
+                continue
+            inputs = tuple(new if i == old else i for i in user.inputs)
+            count += sum(1 for i in user.inputs if i == old)
+            self.replace_node(user.name, user.replace(inputs=inputs))
+        if old in self._outputs:
+            count += self._outputs.count(old)
+            self._outputs = [new if o == old else o for o in self._outputs]
+        return count
+
+    def remove_node(self, name: str) -> None:
+        """Remove a value nobody reads (graph inputs leave the signature too)."""
+        readers = [u.name for u in self.users(name)]
+        if readers or name in self._outputs:
+            raise VerifyError(f"remove_node: {name} is still used by {readers or 'the graph outputs'}")
+        del self._nodes[name]
+        del self._rank[name]
+        self._dag.remove_node(name)
+        if name in self._inputs:
+            self._inputs.remove(name)
+        self._order = None
+
+    def copy(self) -> "Graph":
+        g = Graph(self.name)
+        for n in self.nodes():
+            g.insert(n)
+        g._inputs = list(self._inputs)
+        g._outputs = list(self._outputs)
+        return g
+
+    def _connect(self, node: Node) -> None:
+        for src in node.inputs:
+            if src not in self._dag:
+                self._dag.add_node(src)  # dangling until defined; the verifier reports it
+            self._dag.add_edge(src, node.name)
+        self._order = None
+
+    # ------------------------------------------------------------------ views and forms
+
+    def verify(self) -> "Graph":
+        """Run the verifier (structure, then types); returns self; raises VerifyError."""
+        from .verifier import verify
+
+        verify(self)
+        return self
+
+    def __str__(self) -> str:
+        from .printer import format_graph
+
+        return format_graph(self)
+
+    def __repr__(self) -> str:
+        return f"<Graph {self.name}: {len(self._inputs)} inputs, {len(self._nodes)} nodes, {len(self._outputs)} outputs>"
+
+    def to_json(self, indent: int | None = None) -> str:
+        from .serialize import graph_to_json
+
+        return graph_to_json(self, indent=indent)
+
+    @staticmethod
+    def from_json(text: str) -> "Graph":
+        from .serialize import graph_from_json
+
+        return graph_from_json(text)
+
+    def __eq__(self, other: object) -> bool:
+        """Structural equality: same name, signature, outputs and nodes (source locations ignored)."""
+        if not isinstance(other, Graph):
+            return NotImplemented
+        return (
+            self.name == other.name
+            and self._inputs == other._inputs
+            and self._outputs == other._outputs
+            and self._nodes == other._nodes
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def fingerprint(self) -> str:
+        """A stable structural hash (hex sha256) of what the graph computes.
+
+        Value and input names, node order, source locations and dead nodes do not
+        enter it; ops, attributes, types, input positions and roles, and the
+        dataflow into each output do.
+        """
+        live = self.ancestors(self._outputs)
+        digests: dict[str, str] = {}
+        for pos, name in enumerate(self._inputs):
+            n = self._nodes[name]
+            digests[name] = _sha(["input", pos, str(n.type), n.attrs["role"]])
+        for n in self.nodes():
+            if n.name in digests or n.name not in live:
+                continue
+            attrs = {k: encode_attr(v) for k, v in sorted(n.attrs.items())}
+            digests[n.name] = _sha([n.op, attrs, str(n.type), [digests[i] for i in n.inputs]])
+        signature = [digests[i] for i in self._inputs]
+        return _sha(["graph", signature, [digests[o] for o in self._outputs]])
+
+
+def _sha(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+

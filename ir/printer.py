@@ -1,0 +1,150 @@
+"""The one printer (and its parser): a stable, jaxpr-like text form that round-trips.
+
+::
+
+    graph attention(q:bf16[1,24,5,256], k:bf16[1,2,64,256]{resident}, v:bf16[1,2,64,256]{resident}) {
+      sdpa:bf16[1,24,5,256] = sdpa[scale=0.0625, causal='none'] q k v
+      return sdpa
+    }
+
+Attribute values are Python literals (non-finite floats print as ``inf``,
+``-inf``, ``nan``); :func:`parse_graph` reads them back with ``ast`` (nothing
+is evaluated), so ``parse_graph(format_graph(g)) == g``.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .registry import get_op
+from .types import AttnpassError, DType, GraphFormatError, TensorType
+
+if TYPE_CHECKING:
+    from .graph import Graph, Node
+
+
+@dataclass(frozen=True)
+class PrintSettings:
+    """Printer options in one record."""
+
+    show_locs: bool = False  # append '# file:line' to nodes with a source location
+    indent: str = "  "
+
+
+def format_type(t: TensorType) -> str:
+    return str(t)
+
+
+def _format_value(v: Any) -> str:
+    if isinstance(v, DType):
+        return repr(v.value)
+    if isinstance(v, float):
+        return repr(v) if math.isfinite(v) else ("nan" if math.isnan(v) else ("inf" if v > 0 else "-inf"))
+    if isinstance(v, tuple):
+        inner = ", ".join(_format_value(x) for x in v)
+        return f"({inner},)" if len(v) == 1 else f"({inner})"
+    return repr(v)
+
+
+def format_node(node: "Node", settings: PrintSettings = PrintSettings()) -> str:
+    """``name:type = op[attrs] operands`` for one node."""
+    attrs = ", ".join(f"{k}={_format_value(v)}" for k, v in node.attrs.items())
+    head = f"{node.name}:{format_type(node.type)} = {node.op}{f'[{attrs}]' if attrs else ''}"
+    line = " ".join([head, *node.inputs])
+    if settings.show_locs and node.loc is not None:
+        line += f"  # {node.loc}"
+    return line
+
+
+def format_graph(graph: "Graph", settings: PrintSettings = PrintSettings()) -> str:
+    """The full text form of ``graph``."""
+    params = []
+    for name in graph.inputs:
+        n = graph.node(name)
+        role = n.attrs.get("role", "streamed")
+        params.append(f"{name}:{format_type(n.type)}" + ("" if role == "streamed" else f"{{{role}}}"))
+    lines = [f"graph {graph.name}({', '.join(params)}) {{"]
+    for n in graph.nodes():
+        if n.op != "input":
+            lines.append(settings.indent + format_node(n, settings))
+    lines.append(f"{settings.indent}return {', '.join(graph.outputs)}")
+    lines.append("}")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- parsing
+
+_TYPE = re.compile(r"(\w+)\[([0-9,]*)\]\Z")
+_HEADER = re.compile(r"graph (\w+)\((.*)\) \{\Z")
+_PARAM = re.compile(r"(\w+):(\w+\[[0-9,]*\])(?:\{(\w+)\})?\Z")
+_NODE = re.compile(r"(\w+):(\w+\[[0-9,]*\]) = (\w+)(?:\[(.*)\])?((?: \w+)*)\Z")
+_NONFINITE = {"inf": math.inf, "nan": math.nan}
+
+
+def parse_type(text: str) -> TensorType:
+    m = _TYPE.match(text.strip())
+    if not m:
+        raise GraphFormatError(f"malformed type {text!r}; expected e.g. bf16[1,24,5,256]")
+    dims = tuple(int(d) for d in m.group(2).split(",") if d)
+    return TensorType(dims, DType.parse(m.group(1)))
+
+
+def _literal(node: ast.AST) -> Any:
+    if isinstance(node, ast.Name) and node.id in _NONFINITE:
+        return _NONFINITE[node.id]
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        return -_literal(node.operand)
+    if isinstance(node, ast.Tuple):
+        return tuple(_literal(e) for e in node.elts)
+    return ast.literal_eval(node)
+
+
+def _parse_attrs(text: str | None) -> dict[str, Any]:
+    if not text:
+        return {}
+    try:
+        call = ast.parse(f"f({text})", mode="eval").body
+        assert isinstance(call, ast.Call) and not call.args
+        return {kw.arg: _literal(kw.value) for kw in call.keywords}
+    except (SyntaxError, ValueError, AssertionError) as exc:
+        raise GraphFormatError(f"malformed attributes [{text}]: {exc}") from None
+
+
+def parse_graph(text: str) -> "Graph":
+    """Read the text form back into a verified Graph. Never evaluates code."""
+    from .graph import Graph, Node
+
+    lines = [ln.split("  #")[0].rstrip() for ln in text.strip().splitlines()]
+    lines = [ln for ln in lines if ln.strip()]
+    if len(lines) < 3 or lines[-1].strip() != "}" or not lines[-2].strip().startswith("return "):
+        raise GraphFormatError("malformed graph text: expected 'graph NAME(...) {', node lines, 'return ...', '}'")
+    header = _HEADER.match(lines[0].strip())
+    if not header:
+        raise GraphFormatError(f"malformed graph header {lines[0]!r}")
+    try:
+        graph = Graph(header.group(1))
+        for param in filter(None, (p.strip() for p in header.group(2).split(", "))):
+            m = _PARAM.match(param)
+            if not m:
+                raise GraphFormatError(f"malformed graph input {param!r}; expected name:type or name:type{{role}}")
+            graph.add_input(m.group(1), parse_type(m.group(2)), m.group(3) or "streamed")
+        for lineno, line in enumerate(lines[1:-2], start=2):
+            m = _NODE.match(line.strip())
+            if not m:
+                raise GraphFormatError(f"line {lineno}: malformed node {line.strip()!r}")
+            name, type_, op, attrs, args = m.groups()
+            norm = get_op(op).normalize_attrs(_parse_attrs(attrs))
+            graph.insert(Node(name, op, tuple(args.split()), norm, parse_type(type_)))
+        graph.set_outputs([o.strip() for o in lines[-2].strip()[len("return ") :].split(",")])
+    except GraphFormatError:
+        raise
+    except AttnpassError as exc:
+        raise GraphFormatError(f"malformed graph text: {exc}") from None
+    return graph.verify()
+
+
+__all__ = ["PrintSettings", "format_graph", "format_node", "format_type", "parse_graph", "parse_type"]

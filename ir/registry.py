@@ -1,0 +1,202 @@
+"""The op registry: each op is a small declarative record with one pure shape rule.
+
+An :class:`OpDef` names its operands, its typed attributes and an ``infer`` rule
+``infer(operand_types, **attrs) -> TensorType`` that raises :class:`ShapeError`
+quoting the operands and the offending attribute. Graphs, the verifier, the
+tracer and JSON loading all go through :func:`get_op`, so an op that is not
+registered cannot enter a graph. Third parties may :func:`register` more ops.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+from .types import DType, ShapeError, TensorType
+
+AttrValue = Any  # int | float | bool | str | None | DType | tuple[AttrValue, ...]
+
+_REQUIRED = object()
+
+
+@dataclass(frozen=True)
+class AttrSpec:
+    """An attribute's validator (normalizes or raises ``ValueError``) and default."""
+
+    kind: str
+    check: Callable[[Any], AttrValue]
+    default: Any = _REQUIRED
+
+    @property
+    def required(self) -> bool:
+        return self.default is _REQUIRED
+
+
+def _int(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ValueError(f"expected an int, got {v!r}")
+    return int(v)
+
+
+def _ints(v: Any) -> tuple[int, ...]:
+    if not isinstance(v, (tuple, list)):
+        raise ValueError(f"expected a tuple of ints, got {v!r}")
+    return tuple(_int(x) for x in v)
+
+
+def _bool(v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise ValueError(f"expected a bool, got {v!r}")
+    return v
+
+
+def _float(v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ValueError(f"expected a number, got {v!r}")
+    return float(v)
+
+
+def _optional_float(v: Any) -> float | None:
+    if v is None:
+        return None
+    f = _float(v)
+    if not math.isfinite(f):
+        raise ValueError(f"expected a finite number or None, got {v!r}")
+    return f
+
+
+def _scalars(v: Any) -> tuple[int | float | bool, ...]:
+    if not isinstance(v, (tuple, list)):
+        raise ValueError(f"expected a flat tuple of numbers, got {type(v).__name__}")
+    for x in v:
+        if not isinstance(x, (int, float, bool)):
+            raise ValueError(f"expected numbers, got {x!r}")
+    return tuple(v)
+
+
+def _choice(*options: str) -> Callable[[Any], str]:
+    def check(v: Any) -> str:
+        if v not in options:
+            raise ValueError(f"expected one of {', '.join(map(repr, options))}, got {v!r}")
+        return v
+
+    return check
+
+
+def _dtype(v: Any) -> DType:
+    return DType.parse(v)
+
+
+def attr(kind: str, default: Any = _REQUIRED) -> AttrSpec:
+    """Build an attribute spec. Kinds: int, ints, bool, float, float?, scalars, dtype, or ``choice:a|b``."""
+    if kind.startswith("choice:"):
+        return AttrSpec(kind, _choice(*kind[len("choice:") :].split("|")), default)
+    checks = {
+        "int": _int,
+        "ints": _ints,
+        "bool": _bool,
+        "float": _float,
+        "float?": _optional_float,
+        "scalars": _scalars,
+        "dtype": _dtype,
+    }
+    return AttrSpec(kind, checks[kind], default)
+
+
+@dataclass(frozen=True)
+class OpDef:
+    """One op: operand names (``"mask?"`` optional, ``"*xs"`` variadic), attributes, shape rule."""
+
+    name: str
+    operands: tuple[str, ...]
+    infer: Callable[..., TensorType]
+    attrs: Mapping[str, AttrSpec] = field(default_factory=dict)
+    family: str = "misc"
+    doc: str = ""
+
+    @property
+    def variadic(self) -> bool:
+        return bool(self.operands) and self.operands[-1].startswith("*")
+
+    def arity_range(self) -> tuple[int, float]:
+        required = sum(1 for o in self.operands if not o.endswith("?") and not o.startswith("*"))
+        if self.variadic:
+            return max(required, 1), math.inf
+        return required, len(self.operands)
+
+    def check_arity(self, n: int) -> None:
+        lo, hi = self.arity_range()
+        if not lo <= n <= hi:
+            want = f"{lo}" if lo == hi else (f"at least {lo}" if hi == math.inf else f"{lo} to {hi}")
+            raise ShapeError(f"{self.name}: expected {want} operand(s) ({', '.join(self.operands)}), got {n}")
+
+    def normalize_attrs(self, attrs: Mapping[str, Any]) -> dict[str, AttrValue]:
+        """Validate ``attrs`` against the spec and fill defaults, in spec order."""
+        unknown = sorted(set(attrs) - set(self.attrs))
+        if unknown:
+            valid = ", ".join(self.attrs) or "none"
+            raise ShapeError(f"{self.name}: unknown attribute(s) {', '.join(unknown)}; valid attributes: {valid}")
+        out: dict[str, AttrValue] = {}
+        for key, spec in self.attrs.items():
+            if key in attrs:
+                try:
+                    out[key] = spec.check(attrs[key])
+                except ValueError as exc:
+                    raise ShapeError(f"{self.name}: attribute {key}: {exc}") from None
+            elif spec.required:
+                raise ShapeError(f"{self.name}: missing required attribute {key} ({spec.kind})")
+            else:
+                out[key] = spec.default
+        return out
+
+    def result_type(self, operand_types: Sequence[TensorType], attrs: Mapping[str, Any]) -> TensorType:
+        """Check arity and attributes, then apply the shape rule."""
+        self.check_arity(len(operand_types))
+        return self.infer(list(operand_types), **self.normalize_attrs(attrs))
+
+
+_REGISTRY: dict[str, OpDef] = {}
+
+
+def register(opdef: OpDef) -> OpDef:
+    """Add an op to the registry; a name can be registered once."""
+    if opdef.name in _REGISTRY:
+        raise ValueError(f"op {opdef.name!r} is already registered")
+    _REGISTRY[opdef.name] = opdef
+    return opdef
+
+
+def get_op(name: str) -> OpDef:
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise ShapeError(f"unknown op {name!r}; registered ops: {', '.join(sorted(_REGISTRY))}") from None
+
+
+def registered_ops() -> dict[str, OpDef]:
+    return dict(_REGISTRY)
+
+
+def encode_attr(value: AttrValue) -> Any:
+    """A JSON-safe form of an attribute value (tuples become lists; non-finite floats are tagged)."""
+    if isinstance(value, DType):
+        return value.value
+    if isinstance(value, float) and not math.isfinite(value):
+        return {"float": repr(value)}
+    if isinstance(value, (tuple, list)):
+        return [encode_attr(v) for v in value]
+    return value
+
+
+def decode_attr(value: Any) -> AttrValue:
+    """Inverse of :func:`encode_attr`; the op's ``normalize_attrs`` then validates the result."""
+    if isinstance(value, list):
+        return tuple(decode_attr(v) for v in value)
+    if isinstance(value, dict):
+        if set(value) == {"float"} and value["float"] in ("inf", "-inf", "nan"):
+            return float(value["float"])
+        raise ValueError(f"unexpected attribute object {value!r}")
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    raise ValueError(f"unexpected attribute value {value!r}")

@@ -1,0 +1,89 @@
+"""The verifier, in two layers run at every pass boundary.
+
+1. Structure: names are identifiers, every operand is defined, the graph is
+   acyclic, inputs are ``input`` nodes and vice versa, outputs exist.
+2. Types: every node's shape rule is re-run on its operand types and must
+   reproduce the annotated type.
+
+Errors follow JAX's shape: the reason, the offending node printed with the
+normal printer, its source location, then a window of nearby nodes.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .printer import format_node
+from .registry import get_op
+from .types import AttnpassError, VerifyError, check_identifier
+
+if TYPE_CHECKING:
+    from .graph import Graph, Node
+
+WINDOW = 10
+
+
+def verify(graph: "Graph") -> None:
+    """Raise VerifyError describing the first violated invariant."""
+    _check_structure(graph)
+    _check_types(graph)
+
+
+def node_error(graph: "Graph", node: "Node", reason: str) -> VerifyError:
+    """A VerifyError for ``node``: reason, the node, its location and a bounded context window."""
+    lines = [reason, f"  at: {format_node(node)}"]
+    if node.loc is not None:
+        lines.append(f"  from: {node.loc}")
+    try:
+        order = [n.name for n in graph.nodes()]
+    except VerifyError:
+        order = []
+    if node.name in order:
+        i = order.index(node.name)
+        lo, hi = max(0, i - WINDOW), min(len(order), i + WINDOW + 1)
+        lines.append(f"  context (nodes {lo}..{hi - 1} of {len(order)}):")
+        for name in order[lo:hi]:
+            mark = ">>" if name == node.name else "  "
+            lines.append(f"  {mark} {format_node(graph.node(name))}")
+    return VerifyError("\n".join(lines))
+
+
+def _check_structure(graph: "Graph") -> None:
+    nodes = {n.name: n for n in graph._nodes.values()}
+    for n in nodes.values():
+        try:
+            check_identifier(n.name, "value name")
+        except AttnpassError as exc:
+            raise VerifyError(str(exc)) from None
+        for i in n.inputs:
+            if i not in nodes:
+                raise node_error(graph, n, f"{n.op} {n.name}: operand {i!r} is not defined (dangling value)")
+        if n.op == "input" and n.name not in graph.inputs:
+            raise node_error(graph, n, f"input node {n.name} is not in the graph signature")
+    seen = set()
+    for name in graph.inputs:
+        if name not in nodes or nodes[name].op != "input":
+            raise VerifyError(f"graph {graph.name}: signature entry {name!r} is not an input node")
+        if name in seen:
+            raise VerifyError(f"graph {graph.name}: input {name!r} listed twice in the signature")
+        seen.add(name)
+    if not graph.outputs:
+        raise VerifyError(f"graph {graph.name}: has no outputs")
+    for o in graph.outputs:
+        if o not in nodes:
+            raise VerifyError(f"graph {graph.name}: output {o!r} is not defined")
+    graph.nodes()  # raises VerifyError naming a cycle
+
+
+def _check_types(graph: "Graph") -> None:
+    for n in graph.nodes():
+        try:
+            opdef = get_op(n.op)
+            attrs = opdef.normalize_attrs(n.attrs)
+            inferred = opdef.result_type([graph.node(i).type for i in n.inputs], attrs)
+        except AttnpassError as exc:
+            raise node_error(graph, n, f"{n.op} {n.name}: {exc}") from None
+        if attrs != dict(n.attrs):
+            raise node_error(graph, n, f"{n.op} {n.name}: attributes {dict(n.attrs)} are not normalized ({attrs})")
+        if inferred != n.type:
+            raise node_error(graph, n, f"{n.op} {n.name}: annotated type {n.type} but the shape rule gives {inferred}")
