@@ -1,0 +1,67 @@
+"""The numpy reference target (float64 arithmetic, rounded per node): the tests' oracle."""
+
+from __future__ import annotations
+
+from attnpass.ir import Node
+
+from .codegen import EmitEnv, Target, py_literal
+from .common import sdpa_scale, slice_expr
+
+_BINARY = {"add": "np.add", "sub": "np.subtract", "mul": "np.multiply", "div": "np.divide", "maximum": "np.maximum"}
+_UNARY = {"neg": "np.negative({x})", "exp": "np.exp({x})", "relu": "np.maximum({x}, 0)"}
+
+
+def _dt(node: Node) -> str:
+    return repr(node.type.dtype.value)
+
+
+def _binary(fn: str):
+    return lambda n, a, env: f"ref.rounded({fn}(ref.wide({a[0]}), ref.wide({a[1]})), {_dt(n)})"
+
+
+def _unary(template: str):
+    return lambda n, a, env: f"ref.rounded({template.format(x=f'ref.wide({a[0]})')}, {_dt(n)})"
+
+
+def _reduce(fn: str):
+    def emit(n: Node, a: list[str], env: EmitEnv) -> str:
+        axes, keep = py_literal(n.attrs["axes"]), n.attrs["keepdims"]
+        return f"ref.rounded({fn}(ref.wide({a[0]}), axis={axes}, keepdims={keep}), {_dt(n)})"
+
+    return emit
+
+
+def _sdpa(n: Node, a: list[str], env: EmitEnv) -> str:
+    mask = a[3] if len(a) == 4 else "None"
+    return (
+        f"ref.sdpa({a[0]}, {a[1]}, {a[2]}, {mask}, scale={sdpa_scale(n, env)}, "
+        f"causal={n.attrs['causal']!r}, dtype={_dt(n)})"
+    )
+
+
+EMITTERS = {
+    **{op: _binary(fn) for op, fn in _BINARY.items()},
+    **{op: _unary(t) for op, t in _UNARY.items()},
+    "constant": lambda n, a, env: (
+        f"ref.constant({py_literal(n.attrs['value'])}, {py_literal(n.type.shape)}, {_dt(n)})"
+    ),
+    "where": lambda n, a, env: f"np.where({a[0]}, {a[1]}, {a[2]})",
+    "cast": lambda n, a, env: f"ref.rounded({a[0]}, {_dt(n)})",
+    "reshape": lambda n, a, env: f"np.reshape({a[0]}, {py_literal(n.attrs['shape'])})",
+    "transpose": lambda n, a, env: f"np.transpose({a[0]}, {py_literal(n.attrs['perm'])})",
+    "slice": lambda n, a, env: slice_expr(n, a[0]),
+    "concat": lambda n, a, env: f"np.concatenate([{', '.join(a)}], axis={n.attrs['axis']})",
+    "take": lambda n, a, env: f"np.take({a[0]}, {a[1]}, axis={n.attrs['axis']})",
+    "sum": _reduce("np.sum"),
+    "max": _reduce("np.max"),
+    "matmul": lambda n, a, env: f"ref.rounded(np.matmul(ref.wide({a[0]}), ref.wide({a[1]})), {_dt(n)})",
+    "softmax": lambda n, a, env: f"ref.softmax({a[0]}, {n.attrs['axis']}, {_dt(n)})",
+    "sdpa": _sdpa,
+}
+
+TARGET = Target(
+    "numpy",
+    ("import numpy as np", "from attnpass.lowering import reference as ref"),
+    EMITTERS,
+    frozenset({"np", "ref"}),
+)

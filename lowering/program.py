@@ -1,0 +1,139 @@
+"""A lowered program: generated source, the compiled function, a checked calling convention."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from attnpass.ir import AttnpassError, Graph, TensorType
+
+from .codegen import LoweringError, Source, Target, generate
+from .jax_target import TARGET as JAX
+from .mlx_target import TARGET as MLX
+from .numpy_target import TARGET as NUMPY
+
+TARGETS: Mapping[str, Target] = {"numpy": NUMPY, "mlx": MLX, "jax": JAX}
+_DISTRIBUTIONS = {"numpy": "numpy", "mlx": "mlx", "jax": "jax"}
+
+
+class IdentityMismatch(AttnpassError):
+    """A saved graph or artifact belongs to a program other than the one expected."""
+
+
+def backend_version(target: str) -> str:
+    try:
+        return importlib.metadata.version(_DISTRIBUTIONS[target])
+    except importlib.metadata.PackageNotFoundError:
+        return "absent"
+
+
+def program_identity(graph: Graph, target: str) -> str:
+    """sha256 over the graph fingerprint, the target and the backend version."""
+    doc = {"graph": graph.fingerprint(), "target": target, "backend": backend_version(target)}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+
+def to_backend(target: str, value: Any) -> Any:
+    """numpy arrays become the target's arrays; anything else (backend arrays, tracers) passes."""
+    if not isinstance(value, np.ndarray):
+        return value
+    if target == "mlx":
+        import mlx.core as mx
+
+        return mx.array(value)
+    if target == "jax":
+        import jax.numpy as jnp
+
+        return jnp.asarray(value)
+    return value
+
+
+def _dtype_name(value: Any) -> str:
+    dtype = value.dtype
+    return getattr(dtype, "name", None) or str(dtype).rsplit(".", 1)[-1]
+
+
+def check_argument(name: str, expected: TensorType, value: Any) -> None:
+    shape = getattr(value, "shape", None)
+    if shape is None:
+        raise AttnpassError(f"input {name}: expected an array of type {expected}, got {type(value).__name__}")
+    dtype = _dtype_name(value).replace("bool_", "bool")
+    if tuple(shape) != expected.shape or dtype != expected.dtype.value:
+        raise AttnpassError(f"input {name}: expected {expected}, got {dtype}{list(shape)}")
+
+
+class Program:
+    """A graph lowered to one target. Call it positionally (graph-input order) or by input name.
+
+    Attributes: ``graph`` (the lowered graph), ``target``, ``source`` (generated
+    Python), ``fn`` (the raw generated function, for ``mx.compile``/``jax.jit``
+    or export), ``input_names``, ``line_to_node`` and ``identity``.
+    """
+
+    def __init__(self, graph: Graph, target: str, *, comments: bool = True) -> None:
+        if target not in TARGETS:
+            raise LoweringError(f"unknown target {target!r}; valid targets: {', '.join(TARGETS)}")
+        self.graph = graph.copy()
+        self.target = target
+        generated: Source = generate(self.graph, TARGETS[target], comments=comments)
+        self.source = generated.text
+        self.line_to_node = generated.line_to_node
+        namespace: dict[str, Any] = {"__name__": f"attnpass_generated_{target}"}
+        try:
+            exec(compile(self.source, f"<attnpass {target}:{graph.name}>", "exec"), namespace)
+        except ImportError as exc:
+            raise LoweringError(f"target {target!r} needs its backend installed: {exc}") from None
+        self.fn: Callable[..., Any] = namespace[generated.function]
+        self.input_names = graph.inputs
+        self.identity = program_identity(self.graph, target)
+
+    @property
+    def input_types(self) -> list[TensorType]:
+        return self.graph.input_types()
+
+    def signature(self) -> list[tuple[str, TensorType, str]]:
+        """``(name, type, role)`` of every input a caller provides, in order."""
+        return [(n, self.graph.node(n).type, self.graph.input_role(n)) for n in self.input_names]
+
+    def bind(self, *args: Any, **kwargs: Any) -> list[Any]:
+        """Order and type-check the arguments; convert numpy arrays to backend arrays."""
+        names = self.input_names
+        if len(args) > len(names):
+            raise AttnpassError(f"{self.graph.name} takes {len(names)} inputs ({', '.join(names)}), got {len(args)}")
+        bound = dict(zip(names, args))
+        for key, value in kwargs.items():
+            if key not in names:
+                raise AttnpassError(f"{self.graph.name} has no input {key!r}; inputs: {', '.join(names)}")
+            if key in bound:
+                raise AttnpassError(f"{self.graph.name}: input {key!r} given twice")
+            bound[key] = value
+        missing = [n for n in names if n not in bound]
+        if missing:
+            raise AttnpassError(f"{self.graph.name}: missing input(s) {', '.join(missing)}")
+        for name, t in zip(names, self.input_types):
+            check_argument(name, t, bound[name])
+        return [to_backend(self.target, bound[n]) for n in names]
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*self.bind(*args, **kwargs))
+
+    def check_identity(self, expected: str) -> None:
+        """Raise IdentityMismatch unless ``expected`` is this program's identity."""
+        if expected != self.identity:
+            raise IdentityMismatch(
+                f"program identity mismatch for {self.graph.name} on {self.target}: "
+                f"expected {expected[:16]}…, this program is {self.identity[:16]}…"
+            )
+
+    def __repr__(self) -> str:
+        return f"<Program {self.graph.name} target={self.target} inputs={list(self.input_names)}>"
+
+
+def lower(graph: Graph, target: str, *, comments: bool = True) -> Program:
+    """Lower ``graph`` to ``target`` ("mlx", "jax" or "numpy") and compile the generated source."""
+    return Program(graph, target, comments=comments)
+

@@ -1,0 +1,54 @@
+"""Dead-code elimination, including dead graph inputs (they leave the program signature)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from attnpass.ir import Graph
+
+from .base import Pass, Remarks
+
+MAX_LISTED = 8  # dead internal node names listed in the summary remark before truncating
+
+
+@dataclass(frozen=True)
+class DeadCodeElimination(Pass):
+    """Remove every value the outputs do not (transitively) read.
+
+    Liveness is one backward reachability query from the outputs; dead nodes
+    are removed in reverse topological order (readers before what they read).
+    A graph input nobody live reads is removed too, so it leaves the signature;
+    the remaining inputs keep their order. Remarks: one ``applied`` per removed
+    input (its bytes per call and role), one ``applied`` summary of removed
+    internal nodes, or a single ``declined`` "no dead values".
+    """
+
+    name: ClassVar[str] = "dce"
+
+    def run(self, graph: Graph, remarks: Remarks) -> bool:
+        live = graph.ancestors(graph.outputs)
+        dead = [n for n in graph.nodes() if n.name not in live]
+        if not dead:
+            remarks.declined(None, "no dead values")
+            return False
+        for node in reversed(dead):
+            graph.remove_node(node.name)
+        for node in dead:
+            if node.op == "input":
+                role = node.attrs["role"]
+                remarks.applied(
+                    node.name,
+                    f"graph input {node.name}:{node.type} ({role}) is never read: it leaves the signature, "
+                    f"saving {node.type.nbytes} bytes per call",
+                    node.loc,
+                )
+        internal = [n.name for n in dead if n.op != "input"]
+        if internal:
+            listed = ", ".join(internal[:MAX_LISTED])
+            more = f", ... (+{len(internal) - MAX_LISTED} more)" if len(internal) > MAX_LISTED else ""
+            remarks.applied(None, f"removed {len(internal)} dead node(s): {listed}{more}")
+        return True
+
+
+__all__ = ["DeadCodeElimination"]

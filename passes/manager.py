@@ -1,0 +1,130 @@
+"""The pass manager: runs a flat list of passes and enforces the pass contract.
+
+Driver order (the one place this is written down):
+
+- **Passes run in list order.** Each pass sees the *whole* graph and decides
+  for itself how to walk it (a pass's own docstring says whether it goes
+  top-down or bottom-up); the manager never interleaves two passes on one node.
+- **One pass at a time, on a private copy.** The caller's graph is verified
+  once and never mutated. Each pass rewrites a fresh ``graph.copy()`` of the
+  previous pass's result; the copy is kept only when the pass returns normally
+  and the verifier accepts it. Any failure raises :class:`PassError` naming the
+  pass and the passes that ran before it, and nothing partial is returned.
+- **``changed`` is checked.** After each pass the copy is compared structurally
+  (``Graph.__eq__``) with the graph the pass started from; a pass whose
+  returned flag disagrees, in either direction, is a :class:`PassError`.
+- **Fixed point = repeat the whole pipeline.** With ``fixed_point=True`` the
+  full list runs again until one complete iteration changes nothing, at most
+  ``max_iterations`` times. If the last allowed iteration still changed the
+  graph, the manager stops and records an ``analysis`` remark saying the
+  pipeline did not converge; it never loops unboundedly.
+- **Instrumentation** hooks (:mod:`attnpass.passes.instrument`) are called
+  before and after every pass run, in the order given.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Iterable, Sequence
+
+from attnpass.ir import Graph, VerifyError
+
+from .base import Pass, PassError, PassResult, Remark, Remarks
+from .instrument import Instrumentation
+
+MANAGER_NAME = "pass_manager"
+
+
+class PassManager:
+    """Runs ``passes`` in order over a copy of a graph; see the module docstring for the order."""
+
+    def __init__(
+        self,
+        passes: Iterable[Pass],
+        *,
+        fixed_point: bool = False,
+        max_iterations: int = 8,
+        instrumentations: Sequence[Instrumentation] = (),
+    ) -> None:
+        self.passes: tuple[Pass, ...] = tuple(passes)
+        for p in self.passes:
+            if not isinstance(p, Pass):
+                raise TypeError(f"PassManager: {p!r} is not a Pass")
+        if isinstance(max_iterations, bool) or not isinstance(max_iterations, int) or max_iterations < 1:
+            raise ValueError(f"PassManager: max_iterations must be a positive int, got {max_iterations!r}")
+        self.fixed_point = fixed_point
+        self.max_iterations = max_iterations
+        self.instrumentations: tuple[Instrumentation, ...] = tuple(instrumentations)
+
+    def __repr__(self) -> str:
+        names = ", ".join(p.name for p in self.passes)
+        fp = f", fixed_point=True, max_iterations={self.max_iterations}" if self.fixed_point else ""
+        return f"PassManager([{names}]{fp})"
+
+    def run(self, graph: Graph) -> PassResult:
+        """Verify ``graph``, run the pipeline on copies and return the result; ``graph`` is untouched.
+
+        Raises VerifyError when ``graph`` itself is invalid and PassError when a pass fails.
+        """
+        graph.verify()
+        current = graph.copy()
+        remarks: list[Remark] = []
+        history: list[str] = []
+        any_changed = False
+        iterations = self.max_iterations if self.fixed_point else 1
+        for iteration in range(1, iterations + 1):
+            iteration_changed = False
+            for pass_ in self.passes:
+                current, changed = self._run_one(pass_, current, history, remarks, iteration)
+                history.append(pass_.name)
+                iteration_changed |= changed
+            any_changed |= iteration_changed
+            if not iteration_changed:
+                break
+        else:
+            if self.fixed_point and iteration_changed:
+                remarks.append(
+                    Remark(
+                        MANAGER_NAME,
+                        "analysis",
+                        None,
+                        f"fixed point not reached: the pipeline still changed the graph after "
+                        f"{self.max_iterations} iterations (max_iterations); stopped there",
+                    )
+                )
+        return PassResult(current, any_changed, tuple(remarks))
+
+    def _run_one(
+        self, pass_: Pass, before: Graph, history: list[str], remarks: list[Remark], iteration: int
+    ) -> tuple[Graph, bool]:
+        """Run one pass on a copy of ``before``; returns (new graph, changed) or raises PassError."""
+        where = self._describe(pass_, history, iteration)
+        work = before.copy()
+        sink = Remarks(pass_.name)
+        for inst in self.instrumentations:
+            inst.before_pass(pass_, work)
+        start = time.perf_counter()
+        try:
+            flag = pass_.run(work, sink)
+        except Exception as exc:
+            raise PassError(f"{where}: {type(exc).__name__}: {exc}") from exc
+        seconds = time.perf_counter() - start
+        if not isinstance(flag, bool):
+            raise PassError(f"{where}: run() must return a bool 'changed' flag, got {flag!r}")
+        try:
+            work.verify()
+        except VerifyError as exc:
+            raise PassError(f"{where}: it produced an invalid graph:\n{exc}") from exc
+        actual = work != before
+        if flag != actual:
+            truth = "changed the graph" if actual else "left the graph unchanged"
+            raise PassError(f"{where}: it reported changed={flag} but {truth}")
+        remarks.extend(sink.items)
+        for inst in self.instrumentations:
+            inst.after_pass(pass_, work, actual, seconds)
+        return work, actual
+
+    def _describe(self, pass_: Pass, history: list[str], iteration: int) -> str:
+        after = ", ".join(history) if history else "none"
+        it = f", iteration {iteration}" if self.fixed_point else ""
+        return f"pass {pass_.name!r} failed (after: {after}{it})"
