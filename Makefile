@@ -12,7 +12,7 @@ $(PY):
 
 $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[mlx,jax,dev]"
+	$(PY) -m pip install --quiet -e ".[mlx,jax,dev,clients]"
 	touch $(STAMP)
 
 test: $(STAMP)

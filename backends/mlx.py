@@ -10,6 +10,8 @@ import numpy as np
 
 from attnpass.lowering import Program
 
+from .mlx_route import Route, sdpa_route, sdpa_routes  # noqa: F401  (re-exported)
+
 
 @dataclass(frozen=True)
 class Primitive:

@@ -1,6 +1,7 @@
 """The typed attention IR: types, the op registry, graphs, verifier, printer, JSON and the tracer."""
 
 from . import opdefs as _opdefs  # noqa: F401  (registers the core op set)
+from . import qsa as _qsa  # noqa: F401  (registers the QSA dialect)
 from . import ops
 from .graph import ROLES, Graph, Node
 from .printer import PrintSettings, format_graph, format_node, parse_graph
@@ -23,3 +24,9 @@ __all__ = [
     "format_graph", "format_node", "get_op", "ops", "parse_graph", "register", "registered_ops", "trace",
     "verify",
 ]  # fmt: skip
+
+from .importing import ImportedGraph, ModelImportError  # noqa: E402
+from .import_mlx import from_mlx  # noqa: E402
+from .import_jax import from_jax  # noqa: E402
+
+__all__ += ["ImportedGraph", "ModelImportError", "from_jax", "from_mlx"]

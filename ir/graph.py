@@ -179,6 +179,7 @@ class Graph:
 
     def users(self, name: str) -> list[Node]:
         """Nodes that read ``name``, in topological order."""
+        self.node(name)  # VerifyError for an unknown name
         self.nodes()
         users = sorted(self._dag.successors(name), key=self._position.__getitem__)
         return [self._nodes[u] for u in users]

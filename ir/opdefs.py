@@ -8,6 +8,7 @@ reshape, transpose, slice, concat, take), ``reduction`` (sum, max), and
 
 from __future__ import annotations
 
+import math
 from math import prod
 
 import numpy as np
@@ -53,14 +54,26 @@ def _same_dtype(op: str, ts: list[TensorType]) -> DType:
 # ----------------------------------------------------------------------------- sources
 
 
+def _check_source_shape(op: str, shape: tuple[int, ...]) -> None:
+    if any(d < 0 for d in shape):
+        raise ShapeError(f"{op}: shape {list(shape)} has negative dims")
+
+
 def _infer_input(ts, *, shape, dtype, role):
+    _check_source_shape("input", shape)
     return TensorType(shape, dtype)
 
 
 def _infer_constant(ts, *, value, shape, dtype):
+    _check_source_shape("constant", shape)
     size = prod(shape)
     if len(value) not in (1, size):
         raise ShapeError(f"constant: {len(value)} values for shape {list(shape)} (need 1 or {size})")
+    for v in value:
+        if dtype is DType.int32 and not (isinstance(v, int) or (math.isfinite(v) and float(v).is_integer())):
+            raise ShapeError(f"constant: value {v!r} is not an integer, but dtype is int32")
+        if dtype is DType.bool and v not in (0, 1):
+            raise ShapeError(f"constant: value {v!r} is not a bool, but dtype is bool")
     return TensorType(shape, dtype)
 
 
@@ -288,8 +301,10 @@ def _infer_sdpa(ts, *, scale, causal):
     if d != dk:
         raise ShapeError(f"sdpa: head dims differ: q={q} k={k} ({d} != {dk})")
     if mask is not None:
-        if mask.dtype is not DType.bool and not mask.dtype.is_float:
-            raise ShapeError(f"sdpa: mask must be bool (True = attend) or additive float, got {mask}")
+        if mask.dtype not in (DType.bool, q.dtype):
+            raise ShapeError(
+                f"sdpa: mask {mask} must be bool (True = attend) or additive with q's dtype {q.dtype.value}"
+            )
         if mask.rank > 4:
             raise ShapeError(f"sdpa: mask rank {mask.rank} > 4: {mask}")
         full = (b, hq, s, t)
@@ -317,8 +332,111 @@ register(
         {"scale": attr("float?", None), "causal": attr("choice:" + "|".join(CAUSAL_KINDS), "none")},
         "attention",
         "softmax(q @ k^T * scale + mask) @ v; layout [B, H, S, D]; GQA: query head h uses kv head "
-        "h // (Hq / Hkv); scale None = 1/sqrt(D); mask bool (True = attend) or additive, broadcast "
+        "h // (Hq / Hkv); scale None = 1/sqrt(D); mask bool (True = attend) or additive in q's dtype, broadcast "
         "to [B, Hq, S, T]; causal 'top_left' (JAX: query i sees keys <= i) or 'bottom_right' "
         "(MLX: query i sees keys <= i + T - S).",
+    )
+)
+
+# ----------------------------------------------------------------------------- masks: logic and comparisons
+
+
+def _logical(name: str, doc: str) -> None:
+    def infer(ts):
+        for t in ts:
+            _require_dtype(name, t, (DType.bool,))
+        return TensorType(broadcast_shapes(name, ts[0].shape, ts[1].shape), DType.bool)
+
+    register(OpDef(name, ("x", "y"), infer, {}, "elementwise", doc))
+
+
+def _compare(name: str, doc: str) -> None:
+    def infer(ts):
+        _same_dtype(name, ts)
+        _require_dtype(name, ts[0], NUMERIC)
+        return TensorType(broadcast_shapes(name, ts[0].shape, ts[1].shape), DType.bool)
+
+    register(OpDef(name, ("x", "y"), infer, {}, "elementwise", doc))
+
+
+_logical("logical_and", "x & y on bool tensors, numpy broadcasting.")
+_logical("logical_or", "x | y on bool tensors, numpy broadcasting.")
+_compare("equal", "x == y -> bool, numpy broadcasting.")
+_compare("less", "x < y -> bool, numpy broadcasting.")
+_compare("greater_equal", "x >= y -> bool, numpy broadcasting.")
+_unary("rsqrt", FLOATS, "1 / sqrt(x) (for RMSNorm).")
+
+# ----------------------------------------------------------------------------- imported-model ops (from_mlx, from_jax)
+
+
+def _infer_broadcast_to(ts, *, shape):
+    (x,) = ts
+    if any(d < 0 for d in shape):
+        raise ShapeError(f"broadcast_to: target shape {list(shape)} has negative dims")
+    padded = (1,) * (len(shape) - x.rank) + x.shape
+    if x.rank > len(shape) or any(d not in (1, n) for d, n in zip(padded, shape)):
+        raise ShapeError(f"broadcast_to: operand {x} does not broadcast to {list(shape)} (numpy broadcasting rules)")
+    return TensorType(tuple(shape), x.dtype)
+
+
+def _infer_argpartition(ts, *, kth, axis):
+    (x,) = ts
+    _require_dtype("argpartition", x, NUMERIC)
+    if x.rank == 0:
+        raise ShapeError(f"argpartition: operand {x} is a scalar; need rank >= 1")
+    n = x.shape[normalize_axis("argpartition", axis, x.rank)]
+    if not 0 <= kth < n:
+        raise ShapeError(f"argpartition: kth={kth} out of range for axis {axis} of {x} (need 0 <= kth < {n})")
+    return TensorType(x.shape, DType.int32)
+
+
+def _infer_put_along_axis(ts, *, axis):
+    x, idx, values = ts
+    _require_dtype("put_along_axis", idx, (DType.int32,), "indices")
+    if values.dtype != x.dtype:
+        raise ShapeError(f"put_along_axis: values {values} must have the dtype of x {x}")
+    if idx.rank != x.rank:
+        raise ShapeError(f"put_along_axis: indices {idx} must have the rank of x {x}")
+    ax = normalize_axis("put_along_axis", axis, x.rank)
+    if any(i != n and i != 1 for a, (i, n) in enumerate(zip(idx.shape, x.shape)) if a != ax):
+        raise ShapeError(f"put_along_axis: indices {idx} do not broadcast against x {x} outside axis {axis}")
+    broadcast_shapes("put_along_axis", values.shape, idx.shape)
+    return x
+
+
+register(
+    OpDef(
+        "broadcast_to",
+        ("x",),
+        _infer_broadcast_to,
+        {"shape": attr("ints")},
+        "layout",
+        "numpy.broadcast_to: repeat size-1 axes and prepend axes to reach shape (no arithmetic).",
+    )
+)
+_unary("sin", FLOATS, "sin(x).")
+_unary("cos", FLOATS, "cos(x).")
+_unary("sigmoid", FLOATS, "1 / (1 + exp(-x)).")
+_binary("floor_divide", NUMERIC, "numpy floor division x // y with numpy broadcasting.")
+register(
+    OpDef(
+        "argpartition",
+        ("x",),
+        _infer_argpartition,
+        {"kth": attr("int"), "axis": attr("int", -1)},
+        "reduction",
+        "int32 indices that partition x along axis: the element at kth is in sorted position, smaller ones "
+        "before, larger ones after. The order inside each side (and among ties) is target-defined.",
+    )
+)
+register(
+    OpDef(
+        "put_along_axis",
+        ("x", "indices", "values"),
+        _infer_put_along_axis,
+        {"axis": attr("int")},
+        "layout",
+        "numpy.put_along_axis on a copy of x: indices in [-n, n) (negative ones wrap); values broadcast to "
+        "the indices. Writes to one cell must agree, otherwise which one wins is target-defined.",
     )
 )

@@ -10,8 +10,7 @@ from __future__ import annotations
 from math import prod
 from typing import Any, Sequence
 
-from .opdefs import normalize_axis
-from .tracer import Tensor, binary, constant, emit, promote
+from .tracer import Tensor, binary, constant, describe_location, emit, promote, user_location
 from .types import DType, ShapeError
 
 __all__ = [
@@ -64,7 +63,8 @@ def reshape(x: Tensor, shape: Sequence[int]) -> Tensor:
     if -1 in shape:
         known = prod(d for d in shape if d != -1)
         if known == 0 or x.type.size % known:
-            raise ShapeError(f"reshape: cannot infer -1 in {list(shape)} for {x.type}")
+            where = describe_location(user_location())
+            raise ShapeError(f"reshape: cannot infer -1 in {list(shape)} for {x.type}{where}")
         shape = tuple(x.type.size // known if d == -1 else d for d in shape)
     return emit("reshape", [x], {"shape": shape})
 
@@ -118,7 +118,6 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
 
 def softmax(x: Tensor, axis: int = -1, precise: bool = False) -> Tensor:
     """Softmax over ``axis``; ``precise=True`` computes in float32 for half inputs."""
-    normalize_axis("softmax", axis, x.ndim)
     return emit("softmax", [x], {"axis": int(axis), "precise": precise})
 
 
@@ -138,3 +137,106 @@ def sdpa(
     """
     operands = [q, k, v] + ([mask] if mask is not None else [])
     return emit("sdpa", operands, {"scale": scale, "causal": causal or "none"})
+
+
+# ----------------------------------------------------------------------------- masks: logic and comparisons
+
+
+def logical_and(x: Any, y: Any) -> Tensor:
+    return binary("logical_and", x, y)
+
+
+def logical_or(x: Any, y: Any) -> Tensor:
+    return binary("logical_or", x, y)
+
+
+def equal(x: Any, y: Any) -> Tensor:
+    return binary("equal", x, y)
+
+
+def less(x: Any, y: Any) -> Tensor:
+    return binary("less", x, y)
+
+
+def greater_equal(x: Any, y: Any) -> Tensor:
+    return binary("greater_equal", x, y)
+
+
+def rsqrt(x: Tensor) -> Tensor:
+    return emit("rsqrt", [x])
+
+
+# ----------------------------------------------------------------------------- QSA (attnpass.ir.qsa)
+
+
+def qsa_pool(raw_keys: Tensor, *, ratio: int) -> Tensor:
+    """Block keys ``[..., T//ratio, D]``: float32 mean of each complete block of ``ratio`` rows, cast back."""
+    return emit("qsa_pool", [raw_keys], {"ratio": ratio})
+
+
+def qsa_block_scores(idx_q: Tensor, block_keys: Tensor) -> Tensor:
+    """f32 ``[B, S, NB]``: sum over heads of relu(idx_q . block_key) / sqrt(Di)."""
+    return emit("qsa_block_scores", [idx_q, block_keys])
+
+
+def qsa_select(block_scores: Tensor, positions: Tensor, *, ratio: int, top_k_blocks: int) -> Tensor:
+    """i32 ``[B, S, K]``: the top min(K, n_complete) visible blocks ascending, then -1 (ties: lower id)."""
+    return emit("qsa_select", [block_scores, positions], {"ratio": ratio, "top_k_blocks": top_k_blocks})
+
+
+def qsa_mask(selection: Tensor, positions: Tensor, *, ratio: int, kv_len: int) -> Tensor:
+    """bool ``[B, 1, S, kv_len]``: (selected blocks' cells | tail) & causal."""
+    return emit("qsa_mask", [selection, positions], {"ratio": ratio, "kv_len": kv_len})
+
+
+def qsa_cells(selection: Tensor, positions: Tensor, *, ratio: int, width: int, kv_len: int) -> Tensor:
+    """i32 ``[B, S, width]``: selected cells, then ratio-1 tail slots, then padding (unused slots: cell 0)."""
+    return emit("qsa_cells", [selection, positions], {"ratio": ratio, "width": width, "kv_len": kv_len})
+
+
+def qsa_cell_valid(selection: Tensor, positions: Tensor, *, ratio: int, width: int, kv_len: int) -> Tensor:
+    """bool ``[B, S, width]``: which slots of :func:`qsa_cells` hold a real cell."""
+    return emit("qsa_cell_valid", [selection, positions], {"ratio": ratio, "width": width, "kv_len": kv_len})
+
+
+__all__ += [
+    "logical_and", "logical_or", "equal", "less", "greater_equal", "rsqrt",
+    "qsa_pool", "qsa_block_scores", "qsa_select", "qsa_mask", "qsa_cells", "qsa_cell_valid",
+]  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- ops imported models need
+
+
+def broadcast_to(x: Tensor, shape: Sequence[int]) -> Tensor:
+    """numpy.broadcast_to: an explicit broadcast (no arithmetic)."""
+    return emit("broadcast_to", [x], {"shape": tuple(int(d) for d in shape)})
+
+
+def sin(x: Tensor) -> Tensor:
+    return emit("sin", [x])
+
+
+def cos(x: Tensor) -> Tensor:
+    return emit("cos", [x])
+
+
+def sigmoid(x: Tensor) -> Tensor:
+    return emit("sigmoid", [x])
+
+
+def floor_divide(x: Any, y: Any) -> Tensor:
+    return binary("floor_divide", x, y)
+
+
+def argpartition(x: Tensor, kth: int, axis: int = -1) -> Tensor:
+    """int32 partition indices (order inside each side is target-defined)."""
+    return emit("argpartition", [x], {"kth": int(kth), "axis": int(axis)})
+
+
+def put_along_axis(x: Tensor, indices: Tensor, values: Tensor, axis: int) -> Tensor:
+    """numpy.put_along_axis on a copy of ``x``."""
+    return emit("put_along_axis", [x, indices, values], {"axis": int(axis)})
+
+
+__all__ += ["broadcast_to", "sin", "cos", "sigmoid", "floor_divide", "argpartition", "put_along_axis"]

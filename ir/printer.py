@@ -109,8 +109,9 @@ def _parse_attrs(text: str | None) -> dict[str, Any]:
     try:
         call = ast.parse(f"f({text})", mode="eval").body
         assert isinstance(call, ast.Call) and not call.args
+        assert all(kw.arg is not None for kw in call.keywords), "expected name=value pairs"
         return {kw.arg: _literal(kw.value) for kw in call.keywords}
-    except (SyntaxError, ValueError, AssertionError) as exc:
+    except (SyntaxError, ValueError, TypeError, AssertionError) as exc:
         raise GraphFormatError(f"malformed attributes [{text}]: {exc}") from None
 
 
@@ -140,11 +141,11 @@ def parse_graph(text: str) -> "Graph":
             norm = get_op(op).normalize_attrs(_parse_attrs(attrs))
             graph.insert(Node(name, op, tuple(args.split()), norm, parse_type(type_)))
         graph.set_outputs([o.strip() for o in lines[-2].strip()[len("return ") :].split(",")])
+        return graph.verify()
     except GraphFormatError:
         raise
     except AttnpassError as exc:
         raise GraphFormatError(f"malformed graph text: {exc}") from None
-    return graph.verify()
 
 
 __all__ = ["PrintSettings", "format_graph", "format_node", "format_type", "parse_graph", "parse_type"]

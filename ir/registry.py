@@ -54,7 +54,8 @@ def _bool(v: Any) -> bool:
 def _float(v: Any) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise ValueError(f"expected a number, got {v!r}")
-    return float(v)
+    f = float(v)
+    return math.nan if math.isnan(f) else f  # one NaN object, so equal graphs compare equal
 
 
 def _optional_float(v: Any) -> float | None:
@@ -72,7 +73,8 @@ def _scalars(v: Any) -> tuple[int | float | bool, ...]:
     for x in v:
         if not isinstance(x, (int, float, bool)):
             raise ValueError(f"expected numbers, got {x!r}")
-    return tuple(v)
+    # One NaN object: containers compare NaN by identity, so round-tripped graphs stay equal.
+    return tuple(math.nan if isinstance(x, float) and math.isnan(x) else x for x in v)
 
 
 def _choice(*options: str) -> Callable[[Any], str]:
@@ -85,7 +87,10 @@ def _choice(*options: str) -> Callable[[Any], str]:
 
 
 def _dtype(v: Any) -> DType:
-    return DType.parse(v)
+    try:
+        return DType.parse(v)
+    except ShapeError as exc:
+        raise ValueError(str(exc)) from None
 
 
 def attr(kind: str, default: Any = _REQUIRED) -> AttrSpec:

@@ -94,8 +94,8 @@ def graph_from_json(text: str | bytes) -> "Graph":
             graph.insert(Node(name, op.name, tuple(operands), attrs, _type(raw.get("type"), where), _loc(raw.get("loc"), where)))
         graph.set_inputs(inputs)
         graph.set_outputs(_field(doc, "outputs", list, "graph"))
+        return graph.verify()
     except GraphFormatError:
         raise
     except AttnpassError as exc:
         raise GraphFormatError(f"invalid graph JSON: {exc}") from None
-    return graph.verify()

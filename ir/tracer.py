@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextvars
 import inspect
+import keyword
 import linecache
 import math
 import os
@@ -68,6 +69,7 @@ def describe_location(loc: SourceLoc | None) -> str:
 class _Trace:
     def __init__(self, graph: Graph) -> None:
         self.graph = graph
+        self.finished = False  # set when trace() returns; its tensors may no longer add nodes
 
 
 class Tensor:
@@ -117,9 +119,11 @@ class Tensor:
 
         return ops.reshape(self, shape[0] if len(shape) == 1 and not isinstance(shape[0], int) else shape)
 
-    def transpose(self, *perm: int) -> "Tensor":
+    def transpose(self, *perm: int | Sequence[int]) -> "Tensor":
         from . import ops
 
+        if len(perm) == 1 and not isinstance(perm[0], int):
+            perm = tuple(perm[0])  # x.transpose((1, 0)) as in numpy
         return ops.transpose(self, perm or None)
 
     def astype(self, dtype: DType | str) -> "Tensor":
@@ -136,7 +140,13 @@ def _trace_of(operands: Sequence[Any]) -> _Trace:
     if len(traces) > 1:
         raise AttnpassError("operands come from different traces")
     if traces:
-        return next(iter(traces.values()))
+        trace = next(iter(traces.values()))
+        if trace.finished:
+            raise AttnpassError(
+                f"a tensor from the finished trace of {trace.graph.name} was used after trace() returned; "
+                "call attnpass.ir.ops functions only inside the traced function"
+            )
+        return trace
     current = _current.get()
     if current is None:
         raise AttnpassError("attnpass.ir.ops functions build graphs: call them inside attnpass.ir.trace(fn, ...)")
@@ -225,6 +235,10 @@ def basic_index(x: Tensor, key: Any) -> Tensor:
             continue
         n = x.shape[axis]
         if isinstance(k, slice):
+            if k.step is not None and not isinstance(k.step, (int, np.integer)):
+                raise ShapeError(f"indexing {x!r}: axis {axis}: slice step {k.step!r} is not an int")
+            if k.step == 0:
+                raise ShapeError(f"indexing {x!r}: axis {axis}: slice step 0 is not allowed")
             lo, hi, st = k.indices(n)
             if st < 1:
                 raise ShapeError(f"indexing {x!r}: axis {axis}: negative or zero step {st} is not supported")
@@ -250,7 +264,9 @@ def basic_index(x: Tensor, key: Any) -> Tensor:
 def _graph_name(fn: Callable) -> str:
     raw = getattr(fn, "__name__", "graph")
     name = "".join(c if c.isalnum() or c == "_" else "_" for c in raw).strip("_") or "graph"
-    return name if not name[0].isdigit() else f"g_{name}"
+    if not name.isascii():
+        return "graph"
+    return name if not (name[0].isdigit() or keyword.iskeyword(name)) else f"g_{name}"  # <lambda> -> g_lambda
 
 
 def trace(fn: Callable, *specs: TensorSpec | TensorType, name: str | None = None) -> Graph:
@@ -284,6 +300,7 @@ def trace(fn: Callable, *specs: TensorSpec | TensorType, name: str | None = None
         result = fn(*args)
     finally:
         _current.reset(token)
+        state.finished = True
     outs = list(result) if isinstance(result, (tuple, list)) else [result]
     for o in outs:
         if not isinstance(o, Tensor) or o._trace is not state:

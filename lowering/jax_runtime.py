@@ -11,7 +11,8 @@ def explicit_sdpa(q, k, v, mask, *, scale: float, mask_is_bool: bool):
     b, hq, s, d = q.shape
     hkv = k.shape[1]
     qg = jnp.reshape(q, (b, hkv, (hq // hkv) * s, d))
-    scores = jnp.matmul(qg, jnp.swapaxes(k, -1, -2)).astype(jnp.float32) * scale
+    # float32 logits (products of half inputs are exact in float32; no float16 overflow of q.k).
+    scores = jnp.matmul(qg.astype(jnp.float32), jnp.swapaxes(k, -1, -2).astype(jnp.float32)) * scale
     scores = jnp.reshape(scores, (b, hq, s, k.shape[2]))
     if mask is not None:
         scores = jnp.where(mask, scores, -jnp.inf) if mask_is_bool else scores + mask.astype(jnp.float32)

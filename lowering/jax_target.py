@@ -2,7 +2,8 @@
 
 ``jax.nn.dot_product_attention`` wants ``[B, T, N, H]`` and equal q/v head
 dims; the emitter transposes around it, and writes the explicit
-softmax(q k^T * scale + mask) v form when the value head dim differs.
+softmax(q k^T * scale + mask) v form when the value head dim differs or the
+dtype is float16 (which ``jax.jit`` of it cannot compile on CPU).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from attnpass.ir import DType, Node
 
 from .codegen import EmitEnv, Target, py_float, py_literal
 from .common import causal_offset, sdpa_lengths, sdpa_scale, slice_expr
+from .qsa_emitters import ALIAS as QSA, qsa_emitters, qsa_prelude
 
 _DTYPES = {
     DType.float32: "jnp.float32",
@@ -18,6 +20,13 @@ _DTYPES = {
     DType.bfloat16: "jnp.bfloat16",
     DType.int32: "jnp.int32",
     DType.bool: "jnp.bool_",
+}
+_LOGIC = {
+    "logical_and": "jnp.logical_and",
+    "logical_or": "jnp.logical_or",
+    "equal": "jnp.equal",
+    "less": "jnp.less",
+    "greater_equal": "jnp.greater_equal",
 }
 _BINARY = {"add": "jnp.add", "sub": "jnp.subtract", "mul": "jnp.multiply", "div": "jnp.divide", "maximum": "jnp.maximum"}
 
@@ -44,7 +53,10 @@ def _sdpa(n: Node, a: list[str], env: EmitEnv) -> str:
     mask_is_bool = mask is not None and env.type_of(n.inputs[3]).dtype is DType.bool
     s, t = sdpa_lengths(n, env)
     offset = causal_offset(n, env)
-    is_causal = offset == 0 and env.type_of(n.inputs[2]).shape[3] == env.type_of(n.inputs[0]).shape[3]
+    # jax.nn.dot_product_attention asks for float32 logits from float16 operands (F16_F16_F32), which
+    # XLA:CPU rejects under jit; float16 and unequal value head dims take the explicit form.
+    explicit = n.type.dtype is DType.float16 or env.type_of(n.inputs[2]).shape[3] != env.type_of(n.inputs[0]).shape[3]
+    is_causal = offset == 0 and not explicit
     if offset is not None and not is_causal:
         allowed = f"(jnp.arange({t})[None, :] <= jnp.arange({s})[:, None] + {offset})"
         if mask is None:
@@ -54,7 +66,7 @@ def _sdpa(n: Node, a: list[str], env: EmitEnv) -> str:
         else:
             mask = f"jnp.where({allowed}, {mask}, {py_float(float('-inf'))})"
     scale = sdpa_scale(n, env)
-    if env.type_of(n.inputs[2]).shape[3] != env.type_of(n.inputs[0]).shape[3]:
+    if explicit:
         return f"jrt.explicit_sdpa({q}, {k}, {v}, {mask}, scale={scale}, mask_is_bool={mask_is_bool})"
     kw = f"mask={mask}" if mask_is_bool else f"bias={mask}"
     extra = (f", {kw}" if mask is not None else "") + (", is_causal=True" if is_causal else "")
@@ -85,11 +97,32 @@ EMITTERS = {
         else f"jax.nn.softmax({a[0]}, axis={n.attrs['axis']})"
     ),
     "sdpa": _sdpa,
+    **{op: (lambda fn: lambda n, a, env: f"{fn}({a[0]}, {a[1]})")(fn) for op, fn in _LOGIC.items()},
+    "rsqrt": lambda n, a, env: f"jax.lax.rsqrt({a[0]})",
+    **qsa_emitters(),
 }
+
+
+# Ops of imported models (attnpass.ir.from_mlx / from_jax).
+EMITTERS.update(
+    {
+        "broadcast_to": lambda n, a, env: f"jnp.broadcast_to({a[0]}, {py_literal(n.attrs['shape'])})",
+        "sin": lambda n, a, env: f"jnp.sin({a[0]})",
+        "cos": lambda n, a, env: f"jnp.cos({a[0]})",
+        "sigmoid": lambda n, a, env: f"jax.nn.sigmoid({a[0]})",
+        "floor_divide": lambda n, a, env: f"jnp.floor_divide({a[0]}, {a[1]})",
+        "argpartition": lambda n, a, env: (
+            f"jnp.argpartition({a[0]}, {n.attrs['kth']}, axis={n.attrs['axis']}).astype(jnp.int32)"
+        ),
+        "put_along_axis": lambda n, a, env: (
+            f"jnp.put_along_axis({a[0]}, {a[1]}, {a[2]}, axis={n.attrs['axis']}, inplace=False)"
+        ),
+    }
+)
 
 TARGET = Target(
     "jax",
-    ("import jax", "import jax.numpy as jnp", "from attnpass.lowering import jax_runtime as jrt"),
+    ("import jax", "import jax.numpy as jnp", "from attnpass.lowering import jax_runtime as jrt", qsa_prelude("jax")),
     EMITTERS,
-    frozenset({"jax", "jnp", "jrt"}),
+    frozenset({"jax", "jnp", "jrt", QSA}),
 )

@@ -6,8 +6,16 @@ from attnpass.ir import Node
 
 from .codegen import EmitEnv, Target, py_literal
 from .common import sdpa_scale, slice_expr
+from .qsa_emitters import ALIAS as QSA, qsa_emitters, qsa_prelude
 
 _BINARY = {"add": "np.add", "sub": "np.subtract", "mul": "np.multiply", "div": "np.divide", "maximum": "np.maximum"}
+_LOGIC = {
+    "logical_and": "np.logical_and",
+    "logical_or": "np.logical_or",
+    "equal": "np.equal",
+    "less": "np.less",
+    "greater_equal": "np.greater_equal",
+}
 _UNARY = {"neg": "np.negative({x})", "exp": "np.exp({x})", "relu": "np.maximum({x}, 0)"}
 
 
@@ -57,11 +65,30 @@ EMITTERS = {
     "matmul": lambda n, a, env: f"ref.rounded(np.matmul(ref.wide({a[0]}), ref.wide({a[1]})), {_dt(n)})",
     "softmax": lambda n, a, env: f"ref.softmax({a[0]}, {n.attrs['axis']}, {_dt(n)})",
     "sdpa": _sdpa,
+    **{op: (lambda fn: lambda n, a, env: f"{fn}({a[0]}, {a[1]})")(fn) for op, fn in _LOGIC.items()},
+    "rsqrt": lambda n, a, env: f"ref.rounded(1.0 / np.sqrt(ref.wide({a[0]})), {_dt(n)})",
+    **qsa_emitters(),
 }
+
+
+# Ops of imported models (attnpass.ir.from_mlx / from_jax).
+EMITTERS.update(
+    {
+        "broadcast_to": lambda n, a, env: f"np.broadcast_to({a[0]}, {py_literal(n.attrs['shape'])})",
+        "sin": _unary("np.sin({x})"),
+        "cos": _unary("np.cos({x})"),
+        "sigmoid": _unary("1.0 / (1.0 + np.exp(-{x}))"),
+        "floor_divide": _binary("np.floor_divide"),
+        "argpartition": lambda n, a, env: (
+            f"np.argpartition({a[0]}, {n.attrs['kth']}, axis={n.attrs['axis']}).astype(np.int32)"
+        ),
+        "put_along_axis": lambda n, a, env: f"ref.put_along_axis({a[0]}, {a[1]}, {a[2]}, {n.attrs['axis']})",
+    }
+)
 
 TARGET = Target(
     "numpy",
-    ("import numpy as np", "from attnpass.lowering import reference as ref"),
+    ("import numpy as np", "from attnpass.lowering import reference as ref", qsa_prelude("numpy")),
     EMITTERS,
-    frozenset({"np", "ref"}),
+    frozenset({"np", "ref", QSA}),
 )

@@ -28,7 +28,7 @@ def rounded(x: np.ndarray, dtype: str) -> np.ndarray:
 
 def constant(values: tuple, shape: tuple[int, ...], dtype: str) -> np.ndarray:
     flat = np.asarray(values, dtype=np.float64 if DType.parse(dtype).is_float else None)
-    return rounded(np.broadcast_to(flat, shape) if flat.size == 1 else flat.reshape(shape), dtype)
+    return rounded(np.broadcast_to(flat.reshape(()), shape) if flat.size == 1 else flat.reshape(shape), dtype)
 
 
 def softmax(x: np.ndarray, axis: int, dtype: str) -> np.ndarray:
@@ -46,13 +46,16 @@ def causal_mask(s: int, t: int, causal: str) -> np.ndarray | None:
 
 
 def sdpa(q, k, v, mask=None, *, scale: float, causal: str, dtype: str) -> np.ndarray:
-    """softmax(q k^T * scale + mask) v in float64, GQA by mapping query head h to kv head h // g."""
+    """softmax(q k^T * scale + mask) v in float64; query head h reads kv head h // (Hq / Hkv).
+
+    The query heads of each KV group are folded into the rows of one matmul
+    per KV head, so K/V are never copied per query head.
+    """
     q, k, v = wide(q), wide(k), wide(v)
-    groups = q.shape[1] // k.shape[1]
-    k = np.repeat(k, groups, axis=1)
-    v = np.repeat(v, groups, axis=1)
-    scores = np.matmul(q, np.swapaxes(k, -1, -2)) * scale
-    allowed = causal_mask(q.shape[2], k.shape[2], causal)
+    (b, hq, s, _), (hkv, t) = q.shape, k.shape[1:3]
+    folded = q.reshape(b, hkv, (hq // hkv) * s, q.shape[3])
+    scores = np.matmul(folded, np.swapaxes(k, -1, -2)).reshape(b, hq, s, t) * scale
+    allowed = causal_mask(s, t, causal)
     if mask is not None:
         mask = np.asarray(mask)
         if mask.dtype == np.bool_:
@@ -63,4 +66,12 @@ def sdpa(q, k, v, mask=None, *, scale: float, causal: str, dtype: str) -> np.nda
         scores = np.where(allowed, scores, -np.inf)
     peak = np.max(scores, axis=-1, keepdims=True)
     e = np.exp(scores - np.where(np.isfinite(peak), peak, 0.0))
-    return rounded(np.matmul(e / np.sum(e, axis=-1, keepdims=True), v), dtype)
+    probs = (e / np.sum(e, axis=-1, keepdims=True)).reshape(b, hkv, (hq // hkv) * s, t)
+    return rounded(np.matmul(probs, v).reshape(b, hq, s, v.shape[3]), dtype)
+
+
+def put_along_axis(x: np.ndarray, indices: np.ndarray, values: np.ndarray, axis: int) -> np.ndarray:
+    """numpy.put_along_axis on a copy (values broadcast to the indices)."""
+    out = np.array(x, copy=True)
+    np.put_along_axis(out, indices, np.broadcast_to(values, indices.shape), axis)
+    return out

@@ -6,10 +6,17 @@ whole pipeline, bounded) is documented in :mod:`attnpass.passes.manager`.
 
 from .base import Pass, PassError, PassResult, Remark, Remarks
 from .dce import DeadCodeElimination
+from .head_chunk import HeadChunkSDPA, head_chunk_plan
 from .instrument import Instrumentation, PassTimings, PrintAfterChange
 from .manager import PassManager
+from .narrow_inputs import NarrowInputs
+from .qsa_gather import QSAGather
 
 __all__ = [
-    "DeadCodeElimination", "Instrumentation", "Pass", "PassError", "PassManager", "PassResult",
-    "PassTimings", "PrintAfterChange", "Remark", "Remarks",
+    "DeadCodeElimination", "HeadChunkSDPA", "Instrumentation", "Pass", "PassError", "PassManager", "PassResult",
+    "PassTimings", "PrintAfterChange", "Remark", "Remarks", "head_chunk_plan",
 ]  # fmt: skip
+__all__ += ["NarrowInputs", "QSAGather"]
+from .raise_attention import RaiseAttention  # noqa: E402
+
+__all__ += ["RaiseAttention"]

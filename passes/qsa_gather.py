@@ -1,0 +1,286 @@
+"""QSA decode gather: masked sparse attention -> gather the selected cells, dense attention over W.
+
+Pattern (SPEC §3, "masked form"): ``sdpa(q, k, v, mask=M)`` with ``M`` one of
+
+- ``qsa_mask(sel, pos)``;
+- ``logical_and(qsa_mask(sel, pos), vis)`` (either operand order), ``vis`` bool;
+- ``where(qsa_mask(sel, pos), vis, -inf)``, ``vis`` additive in q's dtype;
+
+and ``sel = qsa_select(block_scores, pos)``. Check: decode-shaped (at most
+``max_rows`` query rows per stream), no ``causal`` attribute, the same ``pos``
+value and ``ratio`` in ``qsa_select`` and ``qsa_mask``, ``kv_len`` equal to the
+cache length, ``block_scores`` covering no more cells than the cache, the
+``-inf`` really a constant ``-inf``, and a deep enough cache:
+``n_kv >= min_depth_factor * W`` with ``W = K*ratio + ratio - 1`` rounded up to
+``pad_multiple``.
+
+Rewrite, per stream ``b`` and query row ``s``: ``qsa_cells``/``qsa_cell_valid``
+give ``W`` slots; ``take`` along the T axis of ``k``/``v`` ``[B, Hkv, T, D]``
+gathers every KV head of a cell at once (no GQA expansion); ``vis`` is gathered
+the same way (a ``cast`` on it is moved after the gather); the invalid slots
+are masked (``False`` / ``-inf``) and one dense ``sdpa`` runs over the ``W``
+cells with the original scale. Streams and rows are concatenated back. The
+masked path's nodes are left for :class:`DeadCodeElimination`.
+
+Why it is exact: for a ``qsa_select`` selection (distinct ids) the valid slots
+are exactly the cells ``qsa_mask`` sets, each once, and every other cell of the
+masked row contributes ``exp(-inf) = 0``; so both forms attend the same set
+with the same mask values, and differ only in reduction order.
+
+Policy: ``enabled=None`` reads ``ATTNPASS_QSA_GATHER`` at each run (false, off,
+no or 0, any case, surrounding whitespace ignored, keeps the masked path; any
+other value or unset: on). An explicit ``True``/``False`` wins. The pass walks
+the sdpa nodes in topological order and leaves one remark per sdpa.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import ClassVar
+
+from attnpass.ir import Graph, Node, TensorType
+from attnpass.ir.qsa import min_width
+
+from .base import Pass, Remarks
+
+ENV_VAR = "ATTNPASS_QSA_GATHER"
+_OFF = frozenset({"false", "off", "no", "0"})
+
+
+def gather_policy(enabled: bool | None) -> tuple[bool, str]:
+    """(on?, why): the explicit flag, else ``ATTNPASS_QSA_GATHER`` read now (never written)."""
+    if enabled is not None:
+        return enabled, f"enabled={enabled}"
+    raw = os.environ.get(ENV_VAR)
+    if raw is None:
+        return True, f"{ENV_VAR} unset"
+    return raw.strip().lower() not in _OFF, f"{ENV_VAR}={raw!r}"
+
+
+@dataclass(frozen=True)
+class _Match:
+    sdpa: Node
+    select: Node
+    form: str  # "qsa_mask" | "logical_and" | "where"
+    vis: str | None
+    ratio: int
+    top_k: int
+    width: int
+
+
+def _is_neg_inf_constant(node: Node) -> bool:
+    return node.op == "constant" and all(v == -math.inf for v in node.attrs["value"])
+
+
+@dataclass(frozen=True)
+class QSAGather(Pass):
+    """Rewrite decode-shaped masked QSA attention into gather + dense attention over ``W`` cells."""
+
+    name: ClassVar[str] = "qsa-gather"
+    enabled: bool | None = None
+    max_rows: int = 1
+    min_depth_factor: float = 2
+    pad_multiple: int = 1
+
+    def __post_init__(self) -> None:
+        if self.enabled is not None and not isinstance(self.enabled, bool):
+            raise ValueError(f"QSAGather: enabled must be True, False or None, got {self.enabled!r}")
+        for field_name in ("max_rows", "pad_multiple"):
+            value = getattr(self, field_name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"QSAGather: {field_name} must be an int >= 1, got {value!r}")
+        depth = self.min_depth_factor
+        if isinstance(depth, bool) or not isinstance(depth, (int, float)) or not 0 <= depth < math.inf:
+            raise ValueError(f"QSAGather: min_depth_factor must be a finite number >= 0, got {depth!r}")
+
+    def width(self, top_k_blocks: int, ratio: int) -> int:
+        """``K*ratio + ratio - 1`` rounded up to ``pad_multiple``."""
+        need = min_width(top_k_blocks, ratio)
+        return -(-need // self.pad_multiple) * self.pad_multiple
+
+    def run(self, graph: Graph, remarks: Remarks) -> bool:
+        on, why = gather_policy(self.enabled)
+        sdpas = [n for n in graph.nodes() if n.op == "sdpa"]
+        if not on:
+            remarks.declined(None, f"disabled ({why}): {len(sdpas)} sdpa node(s) keep the masked path")
+            return False
+        if not sdpas:
+            remarks.declined(None, "no sdpa in the graph")
+            return False
+        changed = False
+        for node in sdpas:
+            match = self._match(graph, node)
+            if isinstance(match, str):
+                remarks.declined(node.name, f"masked path kept: {match}", node.loc)
+                continue
+            out = _rewrite(graph, match)
+            remarks.applied(node.name, self._describe(graph, match, out), node.loc)
+            changed = True
+        return changed
+
+    # ------------------------------------------------------------------ check
+
+    def _match(self, graph: Graph, node: Node) -> _Match | str:
+        """The matched pattern, or why it does not match (with the numbers)."""
+        if len(node.inputs) < 4:
+            return "sdpa has no mask, so it is not a masked QSA attention"
+        if node.attrs["causal"] != "none":
+            return f"sdpa has causal={node.attrs['causal']!r}; the pattern needs causality inside the qsa_mask"
+        q, k = graph.node(node.inputs[0]).type, graph.node(node.inputs[1]).type
+        (b, _hq, s, _d), t = q.shape, k.shape[2]
+        found = _split_mask(graph, graph.node(node.inputs[3]))
+        if isinstance(found, str):
+            return found
+        form, qmask, vis = found
+        selection = graph.node(qmask.inputs[0])
+        if selection.op != "qsa_select":
+            return f"the selection {selection.name} of {qmask.name} is {selection.op}, not qsa_select over block scores"
+        ratio, top_k = qmask.attrs["ratio"], selection.attrs["top_k_blocks"]
+        if selection.attrs["ratio"] != ratio:
+            return f"ratio differs: {selection.name} has ratio={selection.attrs['ratio']}, {qmask.name} ratio={ratio}"
+        if selection.inputs[1] != qmask.inputs[1]:
+            return (
+                f"positions differ: {selection.name} reads {selection.inputs[1]}, "
+                f"{qmask.name} reads {qmask.inputs[1]}"
+            )
+        if qmask.attrs["kv_len"] != t:
+            return f"{qmask.name} has kv_len={qmask.attrs['kv_len']} but the cache k has n_kv={t}"
+        if qmask.type.shape != (b, 1, s, t):
+            return f"{qmask.name} is {qmask.type}, expected [B, 1, S, n_kv] = {[b, 1, s, t]} from q and k"
+        n_blocks = graph.node(selection.inputs[0]).type.shape[-1]
+        if n_blocks * ratio > t:
+            return f"block scores cover {n_blocks} blocks x ratio {ratio} = {n_blocks * ratio} cells > n_kv={t}"
+        if s > self.max_rows:
+            return f"prefill-shaped: {s} query rows per stream > max_rows={self.max_rows} (decode only)"
+        width = self.width(top_k, ratio)
+        if t < self.min_depth_factor * width:
+            return (
+                f"shallow cache: n_kv={t} < min_depth_factor*W = {self.min_depth_factor}*{width} = "
+                f"{self.min_depth_factor * width:g} "
+                f"(W = {top_k}*{ratio} + {ratio - 1}, pad_multiple={self.pad_multiple})"
+            )
+        return _Match(node, selection, form, vis, ratio, top_k, width)
+
+    def _describe(self, graph: Graph, m: _Match, out: str) -> str:
+        k, (b, _h, s, _d) = graph.node(m.sdpa.inputs[1]).type, graph.node(m.sdpa.inputs[0]).type.shape
+        vis = "none" if m.vis is None else f"{m.form} with {m.vis}"
+        return (
+            f"gather: top {m.top_k} blocks x ratio {m.ratio} + {m.ratio - 1} tail = {min_width(m.top_k, m.ratio)} "
+            f"cells, W={m.width} (pad_multiple={self.pad_multiple}); attention width n_kv={k.shape[2]} -> {m.width} "
+            f"(n_kv >= {self.min_depth_factor}*W); {b} stream(s) x {s} row(s); K/V rows gathered along T of {k}; "
+            f"visibility: {vis}; result {out}; the masked path is now dead (run dce)"
+        )
+
+
+def _split_mask(graph: Graph, mask: Node) -> tuple[str, Node, str | None] | str:
+    """(form, qsa_mask node, visibility value or None), or why the mask is not a QSA selection."""
+    if mask.op == "qsa_mask":
+        return "qsa_mask", mask, None
+    if mask.op == "logical_and":
+        a, b = (graph.node(i) for i in mask.inputs)
+        if (a.op == "qsa_mask") == (b.op == "qsa_mask"):
+            return f"mask {mask.name} is logical_and({a.op} {a.name}, {b.op} {b.name}): need exactly one qsa_mask"
+        qmask, vis = (a, b) if a.op == "qsa_mask" else (b, a)
+        return "logical_and", qmask, vis.name
+    if mask.op == "where":
+        cond, vis, other = (graph.node(i) for i in mask.inputs)
+        if cond.op != "qsa_mask":
+            return f"mask {mask.name} is where({cond.op} {cond.name}, ...): the condition is not a qsa_mask"
+        if not _is_neg_inf_constant(other):
+            return (
+                f"mask {mask.name} is where({cond.name}, {vis.name}, {other.op} {other.name}): "
+                "the else branch is not a constant -inf"
+            )
+        return "where", cond, vis.name
+    return (
+        f"mask {mask.name} is {mask.op}, not qsa_mask, logical_and(qsa_mask, visibility) "
+        "or where(qsa_mask, visibility, -inf)"
+    )
+
+
+# ---------------------------------------------------------------------- rewrite
+
+
+class _Builder:
+    """Adds nodes next to the matched sdpa (its source location, readable names)."""
+
+    def __init__(self, graph: Graph, anchor: Node) -> None:
+        self.graph, self.loc = graph, anchor.loc
+
+    def __call__(self, op: str, inputs: list[str], attrs: dict | None = None, hint: str | None = None) -> str:
+        name = self.graph.fresh_name(hint or op)
+        return self.graph.add_node(op, inputs, attrs or {}, name=name, loc=self.loc)
+
+    def type_of(self, value: str) -> TensorType:
+        return self.graph.node(value).type
+
+    def reshape(self, value: str, shape: tuple[int, ...], hint: str | None = None) -> str:
+        return value if self.type_of(value).shape == shape else self("reshape", [value], {"shape": shape}, hint)
+
+    def pick(self, value: str, picks: dict[int, int], hint: str | None = None) -> str:
+        """Slice index ``i`` of each axis in ``picks`` (axes of size 1 are left alone)."""
+        shape = self.type_of(value).shape
+        picks = {a: i for a, i in picks.items() if shape[a] > 1}
+        if not picks:
+            return value
+        start = tuple(picks.get(a, 0) for a in range(len(shape)))
+        stop = tuple(picks[a] + 1 if a in picks else n for a, n in enumerate(shape))
+        return self("slice", [value], {"start": start, "stop": stop, "step": (1,) * len(shape)}, hint)
+
+
+def _rewrite(graph: Graph, m: _Match) -> str:
+    """Replace the matched sdpa by one gathered sdpa per (stream, row); returns the new value."""
+    add = _Builder(graph, m.sdpa)
+    q, k, v = m.sdpa.inputs[:3]
+    (n_streams, _hq, n_rows, _d), t = add.type_of(q).shape, add.type_of(k).shape[2]
+    sel, positions = m.select.name, m.select.inputs[1]
+    attrs = {"ratio": m.ratio, "width": m.width, "kv_len": t}
+    cells = add("qsa_cells", [sel, positions], attrs)
+    valid = add("qsa_cell_valid", [sel, positions], attrs)
+    vis, vis_cast = _gather_source(graph, add, m.vis)
+    neg_inf = None
+    if m.form == "where":
+        dtype = vis_cast or add.type_of(vis).dtype
+        neg_inf = add("constant", [], {"value": (-math.inf,), "shape": (), "dtype": dtype}, "neg_inf")
+    streams = []
+    for b in range(n_streams):
+        k_b, v_b, rows = add.pick(k, {0: b}), add.pick(v, {0: b}), []
+        for s in range(n_rows):
+            idx = add.reshape(add.pick(cells, {0: b, 1: s}), (m.width,), "cell_idx")
+            mask = add.reshape(add.pick(valid, {0: b, 1: s}), (1, 1, 1, m.width), "cell_ok")
+            if vis is not None:
+                row = add.pick(vis, {0: b, 2: s})
+                if add.type_of(row).shape[3] == t:
+                    row = add("take", [row, idx], {"axis": 3}, "vis_gathered")
+                if vis_cast is not None:
+                    row = add("cast", [row], {"dtype": vis_cast}, "vis_gathered")
+                combine = [mask, row] if neg_inf is None else [mask, row, neg_inf]
+                mask = add("logical_and" if neg_inf is None else "where", combine, hint="gather_mask")
+            operands = [
+                add.pick(q, {0: b, 2: s}),
+                add("take", [k_b, idx], {"axis": 2}, "k_gathered"),
+                add("take", [v_b, idx], {"axis": 2}, "v_gathered"),
+                mask,
+            ]
+            rows.append(add("sdpa", operands, {"scale": m.sdpa.attrs["scale"], "causal": "none"}, "sdpa_gather"))
+        streams.append(rows[0] if len(rows) == 1 else add("concat", rows, {"axis": 2}, "sdpa_gather"))
+    out = streams[0] if len(streams) == 1 else add("concat", streams, {"axis": 0}, "sdpa_gather")
+    graph.replace_all_uses(m.sdpa.name, out)
+    graph.remove_node(m.sdpa.name)
+    return out
+
+
+def _gather_source(graph: Graph, add: _Builder, vis: str | None):
+    """(rank-4 value to gather visibility from, dtype to cast to after the gather or None)."""
+    if vis is None:
+        return None, None
+    node, cast_to = graph.node(vis), None
+    if node.op == "cast" and graph.node(node.inputs[0]).type.shape == node.type.shape:
+        node, cast_to = graph.node(node.inputs[0]), node.attrs["dtype"]
+    shape = node.type.shape
+    return add.reshape(node.name, (1,) * (4 - len(shape)) + shape, "vis4"), cast_to
+
+
+__all__ = ["ENV_VAR", "QSAGather", "gather_policy"]
