@@ -1,12 +1,14 @@
-"""Emitter pieces shared by the targets: indexing, sdpa defaults, causal masks."""
+"""Emitter pieces shared by the targets: indexing, sdpa defaults, causal masks, numpy-named calls."""
 
 from __future__ import annotations
 
 import math
 
-from attnpass.ir import Node
+import numpy as np
 
-from .codegen import EmitEnv, py_float
+from attnpass.ir import DType, Node
+
+from .codegen import EmitEnv, Emitter, py_float, py_literal
 
 
 def slice_expr(node: Node, x: str) -> str:
@@ -41,3 +43,88 @@ def mask_rank4(node: Node, env: EmitEnv) -> tuple[int, ...] | None:
     """The mask's shape padded with leading ones to rank 4, or None if it is already rank 4."""
     shape = env.type_of(node.inputs[3]).shape
     return None if len(shape) == 4 else (1,) * (4 - len(shape)) + shape
+
+
+def dtype_expr(xp: str, dtype: DType) -> str:
+    """``mx.bfloat16``, ``jnp.bool_``: the dtype's name in a numpy-named array library."""
+    return f"{xp}.{'bool_' if dtype is DType.bool else dtype.value}"
+
+
+def with_causal(
+    node: Node, env: EmitEnv, xp: str, mask: str | None, offset: int | None
+) -> tuple[str | None, bool]:
+    """Fold a causal diagonal ``offset`` (None: none) into the mask expression: ``(mask, mask_is_bool)``.
+
+    The causal part is explicit (``key <= query + offset``), so its alignment never
+    depends on the backend's convention. An additive mask keeps its values where
+    allowed and becomes -inf elsewhere.
+    """
+    is_bool = mask is not None and env.type_of(node.inputs[3]).dtype is DType.bool
+    if offset is None:
+        return mask, is_bool
+    s, t = sdpa_lengths(node, env)
+    allowed = f"({xp}.arange({t})[None, :] <= {xp}.arange({s})[:, None] + {offset})"
+    if mask is None:
+        return allowed, True
+    if is_bool:
+        return f"{xp}.logical_and({mask}, {allowed})", True
+    neg_inf = f"{xp}.array({py_float(float('-inf'))}, dtype={dtype_expr(xp, node.type.dtype)})"
+    return f"{xp}.where({allowed}, {mask}, {neg_inf})", False
+
+
+def constant_values(node: Node) -> tuple:
+    """A constant's values, floats already rounded to the node's dtype (no double rounding later)."""
+    values = node.attrs["value"]
+    if node.type.dtype.is_float:
+        values = tuple(float(v) for v in np.asarray(values, np.float64).astype(node.type.dtype.numpy))
+    return values
+
+
+_CALL2 = {
+    "add": "add", "sub": "subtract", "mul": "multiply", "div": "divide", "maximum": "maximum",
+    "logical_and": "logical_and", "logical_or": "logical_or", "equal": "equal", "less": "less",
+    "greater_equal": "greater_equal", "floor_divide": "floor_divide",
+}  # fmt: skip
+_CALL1 = {"neg": "negative", "exp": "exp", "sin": "sin", "cos": "cos"}
+
+
+def array_api_emitters(xp: str) -> dict[str, Emitter]:
+    """Emitters shared by array libraries with numpy's names (``mx``, ``jnp``): alias ``xp``."""
+
+    def dtype(n: Node) -> str:
+        return dtype_expr(xp, n.type.dtype)
+
+    def constant(n: Node, a: list[str], env: EmitEnv) -> str:
+        values, shape = constant_values(n), py_literal(n.type.shape)
+        if len(values) > 1:
+            return f"{xp}.array({py_literal(values)}, dtype={dtype(n)}).reshape({shape})"
+        if not n.type.shape:
+            return f"{xp}.array({py_literal(values[0])}, dtype={dtype(n)})"
+        return f"{xp}.full({shape}, {py_literal(values[0])}, dtype={dtype(n)})"
+
+    def reduce(fn: str) -> Emitter:
+        def emit(n: Node, a: list[str], env: EmitEnv) -> str:
+            axes = n.attrs["axes"]
+            return f"{xp}.{fn}({a[0]}, axis={py_literal(axes)}, keepdims={n.attrs['keepdims']})" if axes else a[0]
+
+        return emit
+
+    table: dict[str, Emitter] = {
+        **{op: (lambda fn: lambda n, a, env: f"{xp}.{fn}({a[0]}, {a[1]})")(fn) for op, fn in _CALL2.items()},
+        **{op: (lambda fn: lambda n, a, env: f"{xp}.{fn}({a[0]})")(fn) for op, fn in _CALL1.items()},
+        "constant": constant,
+        "relu": lambda n, a, env: f"{xp}.maximum({a[0]}, {xp}.array(0, dtype={dtype(n)}))",
+        "where": lambda n, a, env: f"{xp}.where({a[0]}, {a[1]}, {a[2]})",
+        "cast": lambda n, a, env: f"{a[0]}.astype({dtype(n)})",
+        "reshape": lambda n, a, env: f"{xp}.reshape({a[0]}, {py_literal(n.attrs['shape'])})",
+        "broadcast_to": lambda n, a, env: f"{xp}.broadcast_to({a[0]}, {py_literal(n.attrs['shape'])})",
+        "transpose": lambda n, a, env: f"{xp}.transpose({a[0]}, {py_literal(n.attrs['perm'])})",
+        "slice": lambda n, a, env: slice_expr(n, a[0]),
+        "concat": lambda n, a, env: f"{xp}.concatenate([{', '.join(a)}], axis={n.attrs['axis']})",
+        "sum": reduce("sum"),
+        "max": reduce("max"),
+        "argpartition": lambda n, a, env: (
+            f"{xp}.argpartition({a[0]}, {n.attrs['kth']}, axis={n.attrs['axis']}).astype({xp}.int32)"
+        ),
+    }
+    return table

@@ -6,7 +6,7 @@ from attnpass.ir import Node
 
 from .codegen import EmitEnv, Target, py_literal
 from .common import sdpa_scale, slice_expr
-from .qsa_emitters import ALIAS as QSA, qsa_emitters, qsa_prelude
+from .qsa_emitters import ALIAS as QSA, qsa_emitters
 
 _BINARY = {"add": "np.add", "sub": "np.subtract", "mul": "np.multiply", "div": "np.divide", "maximum": "np.maximum"}
 _LOGIC = {
@@ -67,7 +67,7 @@ EMITTERS = {
     "sdpa": _sdpa,
     **{op: (lambda fn: lambda n, a, env: f"{fn}({a[0]}, {a[1]})")(fn) for op, fn in _LOGIC.items()},
     "rsqrt": lambda n, a, env: f"ref.rounded(1.0 / np.sqrt(ref.wide({a[0]})), {_dt(n)})",
-    **qsa_emitters(),
+    **qsa_emitters("numpy"),
 }
 
 
@@ -88,7 +88,7 @@ EMITTERS.update(
 
 TARGET = Target(
     "numpy",
-    ("import numpy as np", "from attnpass.lowering import reference as ref", qsa_prelude("numpy")),
+    ("import numpy as np", "from attnpass.lowering import reference as ref"),
     EMITTERS,
     frozenset({"np", "ref", QSA}),
 )

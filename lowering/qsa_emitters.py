@@ -22,19 +22,18 @@ _FUNCTIONS = {
 ALIAS = "qsa"
 
 
-def _call(function: str) -> Emitter:
+def _call(function: str, target: str) -> Emitter:
     def emit(n: Node, a: list[str], env: EmitEnv) -> str:
+        env.need(f"from attnpass.lowering import qsa_runtime_{target} as {ALIAS}")
         kwargs = [f"{key}={py_literal(value)}" for key, value in n.attrs.items()]
         return f"{ALIAS}.{function}({', '.join(a + kwargs)})"
 
     return emit
 
 
-def qsa_emitters() -> dict[str, Emitter]:
-    """The emitter table entries for every QSA op (the target imports its runtime as ``qsa``)."""
-    return {op: _call(fn) for op, fn in _FUNCTIONS.items()}
+def qsa_emitters(target: str) -> dict[str, Emitter]:
+    """The emitter table entries for every QSA op on ``target`` ("numpy", "mlx" or "jax").
 
-
-def qsa_prelude(target: str) -> str:
-    """The import line of the generated module for ``target`` ("numpy", "mlx" or "jax")."""
-    return f"from attnpass.lowering import qsa_runtime_{target} as {ALIAS}"
+    A program that uses one imports ``attnpass.lowering.qsa_runtime_<target>`` as ``qsa``.
+    """
+    return {op: _call(fn, target) for op, fn in _FUNCTIONS.items()}
