@@ -8,47 +8,58 @@ tensor fits and take the other operand's dtype.
 from __future__ import annotations
 
 from math import prod
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
+from . import opdefs as _opdefs, qsa as _qsa  # noqa: F401  (register the ops built here)
+from .registry import get_op
 from .tracer import Tensor, binary, constant, describe_location, emit, promote, user_location
 from .types import DType, ShapeError
 
 __all__ = [
-    "add", "sub", "mul", "div", "maximum", "neg", "exp", "relu", "cast", "reshape", "transpose",
-    "slice", "concat", "take", "where", "sum", "max", "matmul", "softmax", "sdpa", "constant",
+    "add", "sub", "mul", "div", "maximum", "floor_divide", "neg", "exp", "relu", "rsqrt", "sin", "cos",
+    "sigmoid", "logical_and", "logical_or", "equal", "less", "greater_equal", "cast", "reshape",
+    "broadcast_to", "transpose", "slice", "concat", "take", "where", "sum", "max", "matmul", "softmax",
+    "sdpa", "constant", "argpartition", "put_along_axis", "qsa_pool", "qsa_block_scores", "qsa_select",
+    "qsa_mask", "qsa_cells", "qsa_cell_valid",
 ]  # fmt: skip
 
 
-def add(x: Any, y: Any) -> Tensor:
-    return binary("add", x, y)
+def _binary_builder(op: str) -> Callable[[Any, Any], Tensor]:
+    def build(x: Any, y: Any) -> Tensor:
+        return binary(op, x, y)
+
+    build.__name__ = build.__qualname__ = op
+    build.__doc__ = get_op(op).doc + " One operand may be a Python scalar."
+    return build
 
 
-def sub(x: Any, y: Any) -> Tensor:
-    return binary("sub", x, y)
+def _unary_builder(op: str) -> Callable[[Tensor], Tensor]:
+    def build(x: Tensor) -> Tensor:
+        return emit(op, [x])
+
+    build.__name__ = build.__qualname__ = op
+    build.__doc__ = get_op(op).doc
+    return build
 
 
-def mul(x: Any, y: Any) -> Tensor:
-    return binary("mul", x, y)
-
-
-def div(x: Any, y: Any) -> Tensor:
-    return binary("div", x, y)
-
-
-def maximum(x: Any, y: Any) -> Tensor:
-    return binary("maximum", x, y)
-
-
-def neg(x: Tensor) -> Tensor:
-    return emit("neg", [x])
-
-
-def exp(x: Tensor) -> Tensor:
-    return emit("exp", [x])
-
-
-def relu(x: Tensor) -> Tensor:
-    return emit("relu", [x])
+add = _binary_builder("add")
+sub = _binary_builder("sub")
+mul = _binary_builder("mul")
+div = _binary_builder("div")
+maximum = _binary_builder("maximum")
+floor_divide = _binary_builder("floor_divide")
+logical_and = _binary_builder("logical_and")
+logical_or = _binary_builder("logical_or")
+equal = _binary_builder("equal")
+less = _binary_builder("less")
+greater_equal = _binary_builder("greater_equal")
+neg = _unary_builder("neg")
+exp = _unary_builder("exp")
+relu = _unary_builder("relu")
+rsqrt = _unary_builder("rsqrt")
+sin = _unary_builder("sin")
+cos = _unary_builder("cos")
+sigmoid = _unary_builder("sigmoid")
 
 
 def cast(x: Tensor, dtype: DType | str) -> Tensor:
@@ -139,33 +150,6 @@ def sdpa(
     return emit("sdpa", operands, {"scale": scale, "causal": causal or "none"})
 
 
-# ----------------------------------------------------------------------------- masks: logic and comparisons
-
-
-def logical_and(x: Any, y: Any) -> Tensor:
-    return binary("logical_and", x, y)
-
-
-def logical_or(x: Any, y: Any) -> Tensor:
-    return binary("logical_or", x, y)
-
-
-def equal(x: Any, y: Any) -> Tensor:
-    return binary("equal", x, y)
-
-
-def less(x: Any, y: Any) -> Tensor:
-    return binary("less", x, y)
-
-
-def greater_equal(x: Any, y: Any) -> Tensor:
-    return binary("greater_equal", x, y)
-
-
-def rsqrt(x: Tensor) -> Tensor:
-    return emit("rsqrt", [x])
-
-
 # ----------------------------------------------------------------------------- QSA (attnpass.ir.qsa)
 
 
@@ -199,34 +183,12 @@ def qsa_cell_valid(selection: Tensor, positions: Tensor, *, ratio: int, width: i
     return emit("qsa_cell_valid", [selection, positions], {"ratio": ratio, "width": width, "kv_len": kv_len})
 
 
-__all__ += [
-    "logical_and", "logical_or", "equal", "less", "greater_equal", "rsqrt",
-    "qsa_pool", "qsa_block_scores", "qsa_select", "qsa_mask", "qsa_cells", "qsa_cell_valid",
-]  # fmt: skip
-
-
 # ----------------------------------------------------------------------------- ops imported models need
 
 
 def broadcast_to(x: Tensor, shape: Sequence[int]) -> Tensor:
     """numpy.broadcast_to: an explicit broadcast (no arithmetic)."""
     return emit("broadcast_to", [x], {"shape": tuple(int(d) for d in shape)})
-
-
-def sin(x: Tensor) -> Tensor:
-    return emit("sin", [x])
-
-
-def cos(x: Tensor) -> Tensor:
-    return emit("cos", [x])
-
-
-def sigmoid(x: Tensor) -> Tensor:
-    return emit("sigmoid", [x])
-
-
-def floor_divide(x: Any, y: Any) -> Tensor:
-    return binary("floor_divide", x, y)
 
 
 def argpartition(x: Tensor, kth: int, axis: int = -1) -> Tensor:
@@ -239,4 +201,3 @@ def put_along_axis(x: Tensor, indices: Tensor, values: Tensor, axis: int) -> Ten
     return emit("put_along_axis", [x, indices, values], {"axis": int(axis)})
 
 
-__all__ += ["broadcast_to", "sin", "cos", "sigmoid", "floor_divide", "argpartition", "put_along_axis"]
