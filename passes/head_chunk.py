@@ -11,7 +11,6 @@ in the original head order. :func:`head_chunk_plan` is the pinned plan.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from dataclasses import dataclass
 from typing import ClassVar
@@ -19,9 +18,9 @@ from typing import ClassVar
 from attnpass.ir import Graph, Node, SourceLoc
 
 from .base import Pass, Remarks
+from .policy import resolve_switch
 
 ENV_VAR = "ATTNPASS_SDPA_HEAD_CHUNK"
-OFF_VALUES = frozenset({"false", "off", "no", "0"})
 DEFAULT_BUDGET = 32
 
 log = logging.getLogger(__name__)
@@ -60,12 +59,8 @@ def head_chunks(n_q_heads: int, n_kv_heads: int, heads_per_chunk: int) -> list[t
 
 def resolve_policy(enabled: bool | None) -> tuple[bool, str]:
     """Resolve the policy now: ``(on, why it is off)``; an explicit bool wins over the environment."""
-    if enabled is not None:
-        return enabled, "" if enabled else "disabled by HeadChunkSDPA(enabled=False)"
-    raw = os.environ.get(ENV_VAR)
-    if raw is not None and raw.strip().lower() in OFF_VALUES:
-        return False, f"disabled by {ENV_VAR}={raw.strip()}"
-    return True, ""
+    on, why = resolve_switch(enabled, ENV_VAR, "HeadChunkSDPA")
+    return on, "" if on else f"disabled by {why}"
 
 
 @dataclass(frozen=True)
@@ -106,7 +101,7 @@ class HeadChunkSDPA(Pass):
     first rewrite in a process is logged once (INFO, this module's logger).
     """
 
-    name: ClassVar[str] = "head_chunk_sdpa"
+    name: ClassVar[str] = "head-chunk"
     enabled: bool | None = None
     budget: int = DEFAULT_BUDGET
 

@@ -36,7 +36,6 @@ the sdpa nodes in topological order and leaves one remark per sdpa.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -44,19 +43,15 @@ from attnpass.ir import Graph, Node, TensorType
 from attnpass.ir.qsa import min_width
 
 from .base import Pass, Remarks
+from .policy import resolve_switch
 
 ENV_VAR = "ATTNPASS_QSA_GATHER"
-_OFF = frozenset({"false", "off", "no", "0"})
 
 
 def gather_policy(enabled: bool | None) -> tuple[bool, str]:
     """(on?, why): the explicit flag, else ``ATTNPASS_QSA_GATHER`` read now (never written)."""
-    if enabled is not None:
-        return enabled, f"enabled={enabled}"
-    raw = os.environ.get(ENV_VAR)
-    if raw is None:
-        return True, f"{ENV_VAR} unset"
-    return raw.strip().lower() not in _OFF, f"{ENV_VAR}={raw!r}"
+    on, why = resolve_switch(enabled, ENV_VAR, "QSAGather")
+    return on, why.removeprefix("QSAGather(").removesuffix(")")
 
 
 @dataclass(frozen=True)

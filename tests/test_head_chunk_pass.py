@@ -304,13 +304,13 @@ def test_failure_leaves_the_callers_graph_untouched(monkeypatch):
         return original(self, op, *args, **kwargs)
 
     monkeypatch.setattr(Graph, "add_node", flaky)
-    with pytest.raises(PassError, match="head_chunk_sdpa"):
+    with pytest.raises(PassError, match="head-chunk"):
         ON(g)
     assert str(g) == text
 
 
 def test_pass_is_a_frozen_named_dataclass():
-    assert HeadChunkSDPA.name == "head_chunk_sdpa"
+    assert HeadChunkSDPA.name == "head-chunk"
     assert HeadChunkSDPA() == HeadChunkSDPA(enabled=None, budget=32)
     with pytest.raises(AttributeError):
         ON.budget = 8  # type: ignore[misc]
