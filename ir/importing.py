@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from .graph import Graph
-from .tracer import _graph_name
+from .tracer import graph_name
 from .types import AttnpassError, DType, SourceLoc, TensorType
 
 INLINE_LIMIT = 64  # captured arrays with at most this many elements become constant nodes
@@ -37,11 +37,6 @@ class ImportedGraph:
 
     graph: Graph
     params: Mapping[str, np.ndarray] = field(default_factory=dict)
-
-
-def graph_name(fn: Callable, name: str | None) -> str:
-    """``name``, else a valid graph name from ``fn.__name__`` (as :func:`attnpass.ir.trace` does)."""
-    return name or _graph_name(fn)
 
 
 def parameter_names(fn: Callable, count: int) -> list[str]:

@@ -261,7 +261,10 @@ def basic_index(x: Tensor, key: Any) -> Tensor:
     return y
 
 
-def _graph_name(fn: Callable) -> str:
+def graph_name(fn: Callable, name: str | None = None) -> str:
+    """``name``, else a valid graph name derived from ``fn.__name__``."""
+    if name:
+        return name
     raw = getattr(fn, "__name__", "graph")
     name = "".join(c if c.isalnum() or c == "_" else "_" for c in raw).strip("_") or "graph"
     if not name.isascii():
@@ -282,10 +285,10 @@ def trace(fn: Callable, *specs: TensorSpec | TensorType, name: str | None = None
     ]
     if len(params) != len(specs):
         raise AttnpassError(
-            f"trace: {_graph_name(fn)} takes {len(params)} tensor parameter(s) "
+            f"trace: {graph_name(fn)} takes {len(params)} tensor parameter(s) "
             f"({', '.join(p.name for p in params)}) but {len(specs)} spec(s) were given"
         )
-    graph = Graph(name or _graph_name(fn))
+    graph = Graph(graph_name(fn, name))
     state = _Trace(graph)
     args = []
     for p, spec in zip(params, specs):
