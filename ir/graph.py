@@ -64,6 +64,7 @@ class Graph:
         self._outputs: list[str] = []
         self._order: list[str] | None = None
         self._position: dict[str, int] = {}
+        self._suffix: dict[str, int] = {}  # fresh_name's first suffix to try per base: O(1), not O(uses)
 
     # ------------------------------------------------------------------ building
 
@@ -76,9 +77,10 @@ class Graph:
                 return check_identifier(base)
             except AttnpassError:
                 base = f"{base}_"
-        i = 1
+        i = self._suffix.get(base, 1)  # every base_j with j < i is taken (remove_node keeps this true)
         while f"{base}_{i}" in self._nodes:
             i += 1
+        self._suffix[base] = i
         return f"{base}_{i}"
 
     def add_input(
@@ -168,6 +170,10 @@ class Graph:
 
     def nodes(self) -> list[Node]:
         """All nodes in a stable topological order (ties broken by insertion order)."""
+        return [self._nodes[n] for n in self._topological_order() if n in self._nodes]
+
+    def _topological_order(self) -> list[str]:
+        """The cached order of ``nodes()`` (recomputed after a change), with ``_position`` to match."""
         if self._order is None:
             try:
                 self._order = list(nx.lexicographical_topological_sort(self._dag, key=lambda n: self._rank.get(n, -1)))
@@ -175,12 +181,12 @@ class Graph:
             except nx.NetworkXUnfeasible:
                 cycle = " -> ".join(u for u, _ in nx.find_cycle(self._dag))
                 raise VerifyError(f"graph {self.name}: cycle through {cycle}") from None
-        return [self._nodes[n] for n in self._order if n in self._nodes]
+        return self._order
 
     def users(self, name: str) -> list[Node]:
         """Nodes that read ``name``, in topological order."""
         self.node(name)  # VerifyError for an unknown name
-        self.nodes()
+        self._topological_order()  # not nodes(): building that O(N) list per call made passes quadratic
         users = sorted(self._dag.successors(name), key=self._position.__getitem__)
         return [self._nodes[u] for u in users]
 
@@ -221,7 +227,8 @@ class Graph:
                 f"replace_all_uses: {old} : {self.node(old).type} and {new} : {self.node(new).type} differ in type"
             )
         count = 0
-        for user in self.users(old):
+        for reader in list(self._dag.successors(old)):  # order is irrelevant here; users() would re-sort the graph
+            user = self._nodes[reader]
             if user.name == new:
                 continue
             inputs = tuple(new if i == old else i for i in user.inputs)
@@ -234,11 +241,15 @@ class Graph:
 
     def remove_node(self, name: str) -> None:
         """Remove a value nobody reads (graph inputs leave the signature too)."""
-        readers = [u.name for u in self.users(name)]
+        self.node(name)
+        readers = sorted(self._dag.successors(name), key=self._rank.__getitem__)  # no topological sort: O(readers)
         if readers or name in self._outputs:
             raise VerifyError(f"remove_node: {name} is still used by {readers or 'the graph outputs'}")
         del self._nodes[name]
         del self._rank[name]
+        stem, _, suffix = name.rpartition("_")
+        if suffix.isdigit() and self._suffix.get(stem, 0) > int(suffix):
+            self._suffix[stem] = int(suffix)
         self._dag.remove_node(name)
         if name in self._inputs:
             self._inputs.remove(name)
