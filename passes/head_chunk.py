@@ -105,6 +105,12 @@ class HeadChunkSDPA(Pass):
     enabled: bool | None = None
     budget: int = DEFAULT_BUDGET
 
+    def __post_init__(self) -> None:
+        if self.enabled is not None and not isinstance(self.enabled, bool):
+            raise ValueError(f"HeadChunkSDPA: enabled must be True, False or None, got {self.enabled!r}")
+        if isinstance(self.budget, bool) or not isinstance(self.budget, int) or self.budget < 1:
+            raise ValueError(f"HeadChunkSDPA: budget must be an int >= 1 (q_len * heads per subcall), got {self.budget!r}")
+
     def run(self, graph: Graph, remarks: Remarks) -> bool:
         calls = [n for n in graph.nodes() if n.op == "sdpa"]
         if not calls:

@@ -314,3 +314,9 @@ def test_pass_is_a_frozen_named_dataclass():
     assert HeadChunkSDPA() == HeadChunkSDPA(enabled=None, budget=32)
     with pytest.raises(AttributeError):
         ON.budget = 8  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("kwargs", [{"budget": 0}, {"budget": -3}, {"budget": 2.5}, {"budget": True}, {"enabled": "off"}])
+def test_invalid_options_are_rejected_with_the_valid_range(kwargs):
+    with pytest.raises(ValueError, match="budget must be an int >= 1|enabled must be True, False or None"):
+        HeadChunkSDPA(**kwargs)
