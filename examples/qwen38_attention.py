@@ -6,7 +6,9 @@ a handful of query rows (here 4) over the KV cache. With 4 rows and GQA 12,
 ``q_len * gqa = 48 > 32``: MLX's fused vector kernel would refuse the call, so
 ``HeadChunkSDPA`` splits it into 4 subcalls of 8+4 heads per KV group.
 
-Run: ``make demo`` (or ``.venv/bin/python examples/qwen38_attention.py``).
+The traced step is the library's ``attnpass.cli.qwen38.verify_step`` (also
+``attnpass example qwen38-verify``). Run: ``make demo`` (or
+``.venv/bin/python examples/qwen38_attention.py``).
 """
 
 from __future__ import annotations
@@ -15,32 +17,17 @@ import numpy as np
 
 from attnpass.backends import count_primitives, run
 from attnpass.backends.mlx import sdpa_routes
-from attnpass.ir import Graph, TensorSpec, ops, trace
+from attnpass.cli.qwen38 import verify_specs, verify_step
+from attnpass.ir import Graph, TensorSpec
 from attnpass.lowering import lower
 from attnpass.passes import HeadChunkSDPA, PassManager
-
-N_Q_HEADS, N_KV_HEADS, HEAD_DIM, SCALE = 24, 2, 256, 1 / 16
-
-
-def attention(q, k_cache, v_cache, mask):
-    """One verify step: q [1, 24, S, 256] over the cache [1, 2, T, 256], bool mask [1, 1, S, T]."""
-    return ops.sdpa(q, k_cache, v_cache, scale=SCALE, mask=mask)
-
-
-def specs(q_len: int, kv_len: int) -> list[TensorSpec]:
-    return [
-        TensorSpec((1, N_Q_HEADS, q_len, HEAD_DIM), "bfloat16"),
-        TensorSpec((1, N_KV_HEADS, kv_len, HEAD_DIM), "bfloat16", role="resident"),
-        TensorSpec((1, N_KV_HEADS, kv_len, HEAD_DIM), "bfloat16", role="resident"),
-        TensorSpec((1, 1, q_len, kv_len), "bool"),
-    ]
 
 
 def example_inputs(q_len: int, kv_len: int, seed: int = 0) -> list[np.ndarray]:
     """Random q/K/V and a causal verify mask (the last q_len cache cells are the new tokens)."""
     rng = np.random.default_rng(seed)
     bf16 = TensorSpec((1,), "bfloat16").type.dtype.numpy
-    q, k, v = (rng.standard_normal(s.shape).astype(bf16) for s in specs(q_len, kv_len)[:3])
+    q, k, v = (rng.standard_normal(s.shape).astype(bf16) for s in verify_specs(q_len, kv_len)[:3])
     rows = np.arange(q_len)[:, None] + (kv_len - q_len)
     mask = (np.arange(kv_len)[None, :] <= rows)[None, None]
     return [q, k, v, mask]
@@ -63,7 +50,7 @@ def check_and_count(graph: Graph, args: list[np.ndarray], show_source: bool) -> 
 
 
 def main(q_len: int = 4, kv_len: int = 2048) -> None:
-    graph = trace(attention, *specs(q_len, kv_len))
+    graph = verify_step(q_len, kv_len)
     args = example_inputs(q_len, kv_len)
     print("== traced IR ==")
     print(graph)

@@ -20,10 +20,14 @@ Driver order (the one place this is written down):
   pipeline did not converge; it never loops unboundedly.
 - **Instrumentation** hooks (:mod:`attnpass.passes.instrument`) are called
   before and after every pass run, in the order given.
+- **Crash reproducers.** With ``reproducer_dir`` set, a failing pass also
+  writes the graph it received and itself (:mod:`attnpass.passes.reproducer`)
+  there; the PassError message ends with the file and the command replaying it.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Iterable, Sequence
 
@@ -31,6 +35,7 @@ from attnpass.ir import Graph, VerifyError
 
 from .base import Pass, PassError, PassResult, Remark, Remarks
 from .instrument import Instrumentation
+from .reproducer import crash_note
 
 MANAGER_NAME = "pass_manager"
 
@@ -45,6 +50,7 @@ class PassManager:
         fixed_point: bool = False,
         max_iterations: int = 8,
         instrumentations: Sequence[Instrumentation] = (),
+        reproducer_dir: str | os.PathLike | None = None,
     ) -> None:
         self.passes: tuple[Pass, ...] = tuple(passes)
         for p in self.passes:
@@ -55,6 +61,7 @@ class PassManager:
         self.fixed_point = fixed_point
         self.max_iterations = max_iterations
         self.instrumentations: tuple[Instrumentation, ...] = tuple(instrumentations)
+        self.reproducer_dir = reproducer_dir
 
     def __repr__(self) -> str:
         names = ", ".join(p.name for p in self.passes)
@@ -75,7 +82,13 @@ class PassManager:
         for iteration in range(1, iterations + 1):
             iteration_changed = False
             for pass_ in self.passes:
-                current, changed = self._run_one(pass_, current, history, remarks, iteration)
+                try:
+                    current, changed = self._run_one(pass_, current, history, remarks, iteration)
+                except PassError as exc:
+                    if self.reproducer_dir is None:
+                        raise
+                    note = crash_note(self.reproducer_dir, pass_, current, history, str(exc))
+                    raise PassError(f"{exc}\n{note}") from exc
                 history.append(pass_.name)
                 iteration_changed |= changed
             any_changed |= iteration_changed

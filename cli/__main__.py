@@ -1,0 +1,7 @@
+"""``python -m attnpass.cli`` is the ``attnpass`` command."""
+
+import sys
+
+from .main import main
+
+sys.exit(main())

@@ -1,0 +1,86 @@
+"""README.md cannot rot: its python blocks run in order, its `$ attnpass` commands run and print what it shows."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from attnpass.cli.main import main
+from attnpass.passes import registry
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+TEXT = README.read_text()
+
+
+@pytest.fixture(autouse=True)
+def sandbox(monkeypatch, tmp_path):
+    """Files the README writes go to a temporary directory; passes it registers stay in the test."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+
+
+def blocks(language: str) -> list[tuple[int, str]]:
+    """(line number, body) of every fenced block of ``language``."""
+    return [
+        (TEXT[: m.start()].count("\n") + 2, m.group(1))
+        for m in re.finditer(rf"^```{language}\n(.*?)^```$", TEXT, flags=re.DOTALL | re.MULTILINE)
+    ]
+
+
+def test_the_top_of_the_readme_is_make_demo_then_make_test():
+    assert TEXT.split("```")[1].split() == ["make", "demo", "make", "test"]
+
+
+def test_python_blocks_run_in_order(capsys, monkeypatch):
+    python = blocks("python")
+    assert len(python) == 7
+    module = types.ModuleType("readme")  # one module for all blocks, as if the README were a script
+    monkeypatch.setitem(sys.modules, "readme", module)
+    for line, body in python:
+        try:
+            exec(compile(body, f"{README}:{line}", "exec"), module.__dict__)
+        except Exception as exc:
+            pytest.fail(f"README.md python block at line {line} failed: {type(exc).__name__}: {exc}")
+    out = capsys.readouterr().out
+    assert "[head-chunk] applied sdpa: q_len*gqa = 60 > 32 (q_len 5, gqa 12): 4 subcalls" in out
+    assert "// after head-chunk" in out and "// 13 added, 1 removed, 0 changed (nodes 5 -> 17, inputs 4 -> 4)" in out
+    assert "head-chunk{budget=16},count-sdpa{warn_above=4},dce" in out
+    assert "[count-sdpa] analysis: 8 sdpa call(s) (too many)" in out
+    assert re.search(r"replay with: attnpass run --reproducer crashes/attnpass-crash-[0-9a-f]{8}\.json", out)
+    assert "func.func public @main(%arg0: tensor<1x24x5x256xbf16>" in out
+    assert Path("chunked.svg").read_text().lstrip().startswith("<?xml")
+
+
+def _pattern(shown: str) -> re.Pattern:
+    """A shown output line; '…' stands for any text."""
+    return re.compile(".*".join(re.escape(part) for part in shown.split("…")))
+
+
+def test_command_line_examples_run_and_print_what_the_readme_shows(capsys):
+    (line, body), *more = blocks("console")
+    assert not more
+    commands: list[tuple[str, list[str]]] = []
+    for row in body.splitlines():
+        if row.startswith("$ "):
+            commands.append((row[2:], []))
+        else:
+            commands[-1][1].append(row)
+    assert len(commands) >= 12
+    for command, shown in commands:
+        argv = shlex.split(command)
+        assert argv[0] == "attnpass", command
+        redirect = argv.index(">") if ">" in argv else None
+        status = main(argv[1:redirect])
+        out, err = capsys.readouterr()
+        assert status == 0, f"README.md:{line}: `{command}` exited {status}: {err}"
+        if redirect is not None:
+            Path(argv[redirect + 1]).write_text(out)
+        lines = out.splitlines()
+        for row in shown:
+            pattern = _pattern(row)
+            assert any(pattern.fullmatch(got) for got in lines), f"`{command}` did not print:\n{row}"
