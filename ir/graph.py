@@ -16,7 +16,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import networkx as nx
 
-from .registry import AttrValue, encode_attr, get_op
+from .registry import AttrValue, OpDef, encode_attr, get_op
 from .types import AttnpassError, SourceLoc, TensorType, VerifyError, check_identifier
 
 ROLES = ("streamed", "resident")
@@ -41,7 +41,7 @@ class Node:
         return replace(self, **changes)
 
     @property
-    def opdef(self):
+    def opdef(self) -> OpDef:
         return get_op(self.op)
 
 
@@ -154,6 +154,7 @@ class Graph:
         return tuple(self._outputs)
 
     def node(self, name: str) -> Node:
+        """The node that defines ``name`` (VerifyError if there is none)."""
         try:
             return self._nodes[name]
         except KeyError:
@@ -192,15 +193,20 @@ class Graph:
 
     def ancestors(self, names: Sequence[str]) -> set[str]:
         """``names`` and every value they transitively read."""
-        out = set(names)
-        for n in names:
-            out |= nx.ancestors(self._dag, n)
+        out, stack = set(names), list(names)
+        while stack:
+            for src in self._dag.predecessors(stack.pop()):
+                if src not in out:
+                    out.add(src)
+                    stack.append(src)
         return out
 
     def input_types(self) -> list[TensorType]:
+        """The graph inputs' types, in signature order."""
         return [self._nodes[n].type for n in self._inputs]
 
     def input_role(self, name: str) -> str:
+        """``"streamed"`` or ``"resident"`` for graph input ``name``."""
         return self.node(name).attrs["role"]
 
     def input_nbytes(self, role: str = "streamed") -> int:
@@ -256,11 +262,17 @@ class Graph:
         self._order = None
 
     def copy(self) -> "Graph":
+        """An independent graph with the same nodes (immutable, so shared), signature and outputs."""
         g = Graph(self.name)
-        for n in self.nodes():
-            g.insert(n)
+        g._nodes = dict(self._nodes)
+        g._dag = self._dag.copy()
+        g._rank = dict(self._rank)
+        g._next_rank = self._next_rank
         g._inputs = list(self._inputs)
         g._outputs = list(self._outputs)
+        g._order = None if self._order is None else list(self._order)
+        g._position = dict(self._position)
+        g._suffix = dict(self._suffix)
         return g
 
     def _connect(self, node: Node) -> None:
@@ -288,12 +300,14 @@ class Graph:
         return f"<Graph {self.name}: {len(self._inputs)} inputs, {len(self._nodes)} nodes, {len(self._outputs)} outputs>"
 
     def to_json(self, indent: int | None = None) -> str:
+        """The JSON form (read back with :meth:`from_json`)."""
         from .serialize import graph_to_json
 
         return graph_to_json(self, indent=indent)
 
     @staticmethod
     def from_json(text: str) -> "Graph":
+        """Parse, validate and verify a graph from :meth:`to_json`; executes nothing."""
         from .serialize import graph_from_json
 
         return graph_from_json(text)

@@ -49,6 +49,10 @@ def node_error(graph: "Graph", node: "Node", reason: str) -> VerifyError:
 
 
 def _check_structure(graph: "Graph") -> None:
+    try:
+        check_identifier(graph.name, "graph name")
+    except AttnpassError as exc:
+        raise VerifyError(str(exc)) from None
     nodes = {n.name: n for n in graph._nodes.values()}
     for n in nodes.values():
         try:

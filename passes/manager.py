@@ -74,7 +74,7 @@ class PassManager:
         Raises VerifyError when ``graph`` itself is invalid and PassError when a pass fails.
         """
         graph.verify()
-        current = graph.copy()
+        current = graph  # never mutated: every pass runs on a copy of it
         remarks: list[Remark] = []
         history: list[str] = []
         any_changed = False
@@ -105,7 +105,8 @@ class PassManager:
                         f"{self.max_iterations} iterations (max_iterations); stopped there",
                     )
                 )
-        return PassResult(current, any_changed, tuple(remarks))
+        result = current if current is not graph else graph.copy()  # never hand back the caller's object
+        return PassResult(result, any_changed, tuple(remarks))
 
     def _run_one(
         self, pass_: Pass, before: Graph, history: list[str], remarks: list[Remark], iteration: int

@@ -883,3 +883,23 @@ def test_fingerprint_of_dead_input_still_counts_in_signature():
     b = build()
     b.add_input("unused", t((2,)))
     assert a.fingerprint() != b.fingerprint()
+
+
+def test_verifier_rejects_a_graph_name_changed_to_code_after_construction():
+    from attnpass.ir import TensorSpec, ops, trace
+
+    g = trace(lambda x: ops.exp(x), TensorSpec((2,), "float32"))
+    g.name = 'x"""; import os; """'
+    with pytest.raises(VerifyError, match="invalid graph name"):
+        g.verify()
+
+
+def test_copy_is_independent_and_keeps_the_order():
+    from attnpass.ir import TensorSpec, ops, trace
+
+    g = trace(lambda x: ops.exp(ops.neg(x)), TensorSpec((2,), "float32"))
+    c = g.copy()
+    assert c == g and [n.name for n in c.nodes()] == [n.name for n in g.nodes()]
+    extra = c.add_node("relu", [c.outputs[0]])
+    c.set_outputs([extra])
+    assert extra not in g and g.outputs != c.outputs and len(g) == len(c) - 1

@@ -407,3 +407,16 @@ def test_program_errors_are_raised_inside_jax_jit_too():
     program, (q, k, v, mask) = _attention_program("jax")
     with pytest.raises(AttnpassError, match=re.escape("input k: expected f32[1,2,5,64]")):
         jax.jit(program)(q, k[:, :, :4], v, mask)
+
+
+def test_an_emitter_failure_names_the_node_and_op(monkeypatch):
+    from attnpass.ir import AttnpassError
+    from attnpass.lowering import TARGETS, LoweringError
+
+    def broken(node, args, env):
+        raise AttnpassError("no literal for this attribute")
+
+    monkeypatch.setitem(TARGETS["numpy"].emitters, "exp", broken)
+    g = trace(lambda x: ops.exp(x), TensorSpec((2,), "float32"))
+    with pytest.raises(LoweringError, match=r"numpy: cannot lower exp exp: no literal for this attribute"):
+        lower(g, "numpy")
