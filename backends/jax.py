@@ -5,8 +5,6 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Iterator
 
-import numpy as np
-
 from attnpass.lowering import Program
 
 
@@ -44,7 +42,3 @@ def count_primitives(program: Program, *args: Any, **kwargs: Any) -> Counter:
     counts: Counter = Counter()
     _walk(jaxpr(program, *args, **kwargs).jaxpr, counts)
     return counts
-
-
-def to_numpy(x: Any) -> np.ndarray:
-    return np.asarray(x)

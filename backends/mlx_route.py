@@ -26,10 +26,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Sequence
 
-from attnpass.ir import DType, Node
+from attnpass.ir import DType
 from attnpass.lowering import Program
 from attnpass.lowering.codegen import EmitEnv
-from attnpass.lowering.common import causal_offset, sdpa_lengths
+from attnpass.lowering.mlx_target import mask_kind
 
 Kernel = Literal["vector", "vector_2pass", "full", "fallback"]
 MaskKind = Literal["causal", "array"] | None
@@ -105,17 +105,6 @@ def sdpa_route(
     return Route("vector", f"q_len*gqa = {s * gqa} <= {VECTOR_BUDGET}, k_len {t}: vector kernel")
 
 
-def _mask_kind(node: Node, env: EmitEnv) -> MaskKind:
-    """What the MLX lowering passes as ``mask``: an array, the string "causal", or nothing."""
-    if len(node.inputs) == 4:
-        return "array"
-    offset = causal_offset(node, env)
-    if offset is None:
-        return None
-    s, t = sdpa_lengths(node, env)
-    return "causal" if offset == t - s and s <= t else "array"
-
-
 def sdpa_routes(program: Program, device: str = "metal", *, arch: str = "g") -> list[tuple[str, Route]]:
     """``(sdpa node name, predicted Route)`` for every SDPA call of an MLX program, in program order."""
     if program.target != "mlx":
@@ -129,7 +118,7 @@ def sdpa_routes(program: Program, device: str = "metal", *, arch: str = "g") -> 
                 q.shape,
                 k.shape,
                 dtype=q.dtype,
-                mask=_mask_kind(node, env),
+                mask=mask_kind(node, env),
                 device=device,
                 v_head_dim=v.shape[3],
                 arch=arch,

@@ -40,12 +40,13 @@ class GraphDiff:
     def summary(self) -> str:
         """Counts, bytes per call, fingerprints, then the added/removed/changed nodes grouped by op."""
         b, a = self.before, self.after
-        same = " (structurally equal)" if b.fingerprint() == a.fingerprint() else ""
+        fb, fa = b.fingerprint(), a.fingerprint()
+        same = " (structurally equal)" if fb == fa else ""
         lines = [
             f"// {len(self.added)} added, {len(self.removed)} removed, {len(self.changed)} changed "
             f"(nodes {len(b)} -> {len(a)}, inputs {len(b.inputs)} -> {len(a.inputs)})",
             f"// streamed bytes per call {b.input_nbytes():,} -> {a.input_nbytes():,}; "
-            f"fingerprint {b.fingerprint()[:8]} -> {a.fingerprint()[:8]}{same}",
+            f"fingerprint {fb[:8]} -> {fa[:8]}{same}",
         ]
         categories = (("added", self.added, a), ("removed", self.removed, b), ("changed", self.changed, a))
         for label, names, graph in categories:

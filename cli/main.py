@@ -118,11 +118,12 @@ def load_plugin(spec: str) -> None:
     """Import a pass plugin given as a module name or a path to a .py file."""
     if spec.endswith(".py"):
         path = Path(spec)
-        module_spec = importlib.util.spec_from_file_location(path.stem, path)
+        module_name = f"attnpass_plugin_{path.stem}"  # never shadows an imported module of the same stem
+        module_spec = importlib.util.spec_from_file_location(module_name, path)
         if module_spec is None or module_spec.loader is None or not path.is_file():
             raise AttnpassError(f"--load {spec}: no such Python file")
         module = importlib.util.module_from_spec(module_spec)
-        sys.modules[path.stem] = module
+        sys.modules[module_name] = module
         module_spec.loader.exec_module(module)
     else:
         try:

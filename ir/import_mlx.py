@@ -17,7 +17,6 @@ is exact.
 
 from __future__ import annotations
 
-import os
 from typing import Any, Callable
 
 import numpy as np
@@ -178,11 +177,18 @@ def from_mlx(fn: Callable, *example_args: Any, name: str | None = None, inline_l
     import mlx.core as mx
 
     records: list[dict] = []
-    mx.disable_compile()
     try:
         mx.export_function(records.append, fn, *example_args)
-    finally:
-        if os.environ.get("MLX_DISABLE_COMPILE", "").lower() not in ("1", "true", "on"):
+    except ValueError as exc:
+        if "primitive Compiled" not in str(exc):
+            raise
+        # A fused mx.compile'd helper cannot be exported: retry with compilation off. Reaching
+        # here means compilation was on, so turning it back on restores the caller's state.
+        records.clear()
+        mx.disable_compile()
+        try:
+            mx.export_function(records.append, fn, *example_args)
+        finally:
             mx.enable_compile()
     b = GraphBuilder(graph_name(fn, name), inline_limit)
     by_type = {r["type"]: r for r in records if r["type"] != "primitive"}

@@ -181,6 +181,4 @@ register(
     )
 )
 
-QSA_OPS = frozenset({"qsa_pool", "qsa_block_scores", "qsa_select", "qsa_mask", "qsa_cells", "qsa_cell_valid"})
-
-__all__ = ["QSA_OPS", "min_width"]
+__all__ = ["min_width"]

@@ -98,11 +98,10 @@ def py_literal(x: object) -> str:
 
 @dataclass(frozen=True)
 class Source:
-    """Generated source, its function name, its parameter names and a line -> node map."""
+    """Generated source, its function name and a line -> node map."""
 
     text: str
     function: str
-    params: tuple[str, ...]
     line_to_node: Mapping[int, str]
 
 
@@ -138,4 +137,4 @@ def generate(graph: Graph, target: Target, *, comments: bool = True) -> Source:
     lines.append(f"    return {', '.join(outs)}")
     header = [*target.prelude, *env.imports, "", ""]
     line_to_node = {line + len(header): name for line, name in line_to_node.items()}
-    return Source("\n".join(header + lines) + "\n", fn_name, params, line_to_node)
+    return Source("\n".join(header + lines) + "\n", fn_name, line_to_node)

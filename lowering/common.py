@@ -39,12 +39,6 @@ def causal_offset(node: Node, env: EmitEnv) -> int | None:
     return t - s if causal == "bottom_right" else 0
 
 
-def mask_rank4(node: Node, env: EmitEnv) -> tuple[int, ...] | None:
-    """The mask's shape padded with leading ones to rank 4, or None if it is already rank 4."""
-    shape = env.type_of(node.inputs[3]).shape
-    return None if len(shape) == 4 else (1,) * (4 - len(shape)) + shape
-
-
 def dtype_expr(xp: str, dtype: DType) -> str:
     """``mx.bfloat16``, ``jnp.bool_``: the dtype's name in a numpy-named array library."""
     return f"{xp}.{'bool_' if dtype is DType.bool else dtype.value}"

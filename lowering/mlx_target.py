@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from attnpass.ir import Node
 
 from .codegen import EmitEnv, Target, py_literal
@@ -30,14 +32,21 @@ def _take(n: Node, a: list[str], env: EmitEnv) -> str:
     return f"mx.take_along_axis({a[0]}, mx.reshape({a[1]}, {py_literal(shape)}), axis={axis})"
 
 
+def mask_kind(n: Node, env: EmitEnv) -> Literal["causal", "array"] | None:
+    """What the MLX lowering passes as ``mask``: MLX's own bottom-right ``"causal"``, an array, or nothing."""
+    offset = causal_offset(n, env)
+    if len(n.inputs) == 4 or offset is None:
+        return "array" if len(n.inputs) == 4 else None
+    s, t = sdpa_lengths(n, env)
+    return "causal" if offset == t - s and s <= t else "array"
+
+
 def _sdpa(n: Node, a: list[str], env: EmitEnv) -> str:
     q, k, v = a[:3]
-    s, t = sdpa_lengths(n, env)
-    offset = causal_offset(n, env)
-    if len(a) == 3 and offset == t - s and s <= t:
-        mask = '"causal"'  # MLX's own bottom-right causal mask
+    if mask_kind(n, env) == "causal":
+        mask = '"causal"'
     else:
-        mask, _ = with_causal(n, env, "mx", a[3] if len(a) == 4 else None, offset)
+        mask, _ = with_causal(n, env, "mx", a[3] if len(a) == 4 else None, causal_offset(n, env))
     extra = f", mask={mask}" if mask is not None else ""
     return f"mx.fast.scaled_dot_product_attention({q}, {k}, {v}, scale={sdpa_scale(n, env)}{extra})"
 

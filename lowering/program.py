@@ -17,7 +17,6 @@ from .mlx_target import TARGET as MLX
 from .numpy_target import TARGET as NUMPY
 
 TARGETS: Mapping[str, Target] = {"numpy": NUMPY, "mlx": MLX, "jax": JAX}
-_DISTRIBUTIONS = {"numpy": "numpy", "mlx": "mlx", "jax": "jax"}
 
 
 class IdentityMismatch(AttnpassError):
@@ -26,7 +25,7 @@ class IdentityMismatch(AttnpassError):
 
 def backend_version(target: str) -> str:
     try:
-        return importlib.metadata.version(_DISTRIBUTIONS[target])
+        return importlib.metadata.version(target)  # the distributions are named like the targets
     except importlib.metadata.PackageNotFoundError:
         return "absent"
 
@@ -120,14 +119,6 @@ class Program:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*self.bind(*args, **kwargs))
-
-    def check_identity(self, expected: str) -> None:
-        """Raise IdentityMismatch unless ``expected`` is this program's identity."""
-        if expected != self.identity:
-            raise IdentityMismatch(
-                f"program identity mismatch for {self.graph.name} on {self.target}: "
-                f"expected {expected[:16]}…, this program is {self.identity[:16]}…"
-            )
 
     def __repr__(self) -> str:
         return f"<Program {self.graph.name} target={self.target} inputs={list(self.input_names)}>"

@@ -69,6 +69,10 @@ def test_qwen4_exp_attention_round_trips_bit_exactly(qwen4_attention, q_len, pas
     mx, language, attention = qwen4_attention
     step, args = _step(mx, language, attention, q_len, past)
     imported = from_mlx(step, *args)
+    traced = []
+    counted = mx.compile(lambda a: traced.append(1) or a + 1)
+    counted(args[0]), counted(args[0])
+    assert traced == [1]  # the import (which exports with compilation off) turned compilation back on
     result = PIPELINE.run(imported.graph)
     plan = head_chunk_plan(q_len, HQ, HKV)
     chunks = plan[1] if plan else 1
