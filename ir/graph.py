@@ -112,7 +112,7 @@ class Graph:
             if i not in self._nodes:
                 raise VerifyError(f"{op}: operand {i!r} is not defined in graph {self.name}")
         norm = opdef.normalize_attrs(attrs or {})
-        type_ = opdef.result_type([self._nodes[i].type for i in inputs], norm)
+        type_ = opdef.result_type([self._nodes[i].type for i in inputs], norm, normalized=True)
         name = check_identifier(name) if name else self.fresh_name(op)
         if name in self._nodes:
             raise VerifyError(f"graph {self.name}: duplicate name {name!r}")

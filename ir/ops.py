@@ -63,6 +63,7 @@ sigmoid = _unary_builder("sigmoid")
 
 
 def cast(x: Tensor, dtype: DType | str) -> Tensor:
+    """Convert to ``dtype`` (float to int truncates toward zero)."""
     return emit("cast", [x], {"dtype": DType.parse(dtype)})
 
 
@@ -93,6 +94,7 @@ def slice(x: Tensor, start: Sequence[int], stop: Sequence[int], step: Sequence[i
 
 
 def concat(xs: Sequence[Tensor], axis: int = 0) -> Tensor:
+    """Concatenate along ``axis``; the operands agree on every other axis and the dtype."""
     return emit("concat", list(xs), {"axis": int(axis)})
 
 
@@ -116,14 +118,17 @@ def _axes(x: Tensor, axis: int | Sequence[int] | None) -> tuple[int, ...]:
 
 
 def sum(x: Tensor, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:  # noqa: A001
+    """Sum over ``axis`` (default: all axes); the result keeps the operand's dtype."""
     return emit("sum", [x], {"axes": _axes(x, axis), "keepdims": keepdims})
 
 
 def max(x: Tensor, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:  # noqa: A001
+    """Maximum over ``axis`` (default: all axes)."""
     return emit("max", [x], {"axes": _axes(x, axis), "keepdims": keepdims})
 
 
 def matmul(a: Tensor, b: Tensor) -> Tensor:
+    """``a @ b`` over the last two axes, batch axes broadcast; one dtype for both."""
     return emit("matmul", [a, b])
 
 

@@ -155,10 +155,12 @@ class OpDef:
                 out[key] = spec.default
         return out
 
-    def result_type(self, operand_types: Sequence[TensorType], attrs: Mapping[str, Any]) -> TensorType:
-        """Check arity and attributes, then apply the shape rule."""
+    def result_type(
+        self, operand_types: Sequence[TensorType], attrs: Mapping[str, Any], *, normalized: bool = False
+    ) -> TensorType:
+        """Check arity and attributes (skipped when already ``normalized``), then apply the shape rule."""
         self.check_arity(len(operand_types))
-        return self.infer(list(operand_types), **self.normalize_attrs(attrs))
+        return self.infer(list(operand_types), **(attrs if normalized else self.normalize_attrs(attrs)))
 
 
 _REGISTRY: dict[str, OpDef] = {}

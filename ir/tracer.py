@@ -135,10 +135,11 @@ class Tensor:
         return basic_index(self, key)
 
 
-def _trace_of(operands: Sequence[Any]) -> _Trace:
+def _trace_of(operands: Sequence[Any], op: str) -> _Trace:
     traces = {id(t._trace): t._trace for t in operands if isinstance(t, Tensor)}
     if len(traces) > 1:
-        raise AttnpassError("operands come from different traces")
+        graphs = ", ".join(f"{t!r} of {t._trace.graph.name}" for t in operands if isinstance(t, Tensor))
+        raise AttnpassError(f"{op}: operands come from different traces ({graphs}); trace one function at a time")
     if traces:
         trace = next(iter(traces.values()))
         if trace.finished:
@@ -158,7 +159,7 @@ def emit(op: str, operands: Sequence[Any], attrs: dict[str, Any] | None = None) 
     for o in operands:
         if not isinstance(o, Tensor):
             raise ShapeError(f"{op}: expected traced tensors as operands, got {type(o).__name__} {o!r}")
-    trace = _trace_of(operands)
+    trace = _trace_of(operands, op)
     loc = user_location()
     try:
         name = trace.graph.add_node(op, [o.name for o in operands], attrs or {}, loc=loc)
@@ -182,7 +183,7 @@ def constant(value: Any, dtype: DType | str | None = None, *, like: Tensor | Non
         flat = [bool(v) for v in flat]
     else:
         flat = [int(v) for v in flat]
-    trace = _trace_of([like] if like is not None else [])
+    trace = _trace_of([like] if like is not None else [], "constant")
     name = trace.graph.add_node("constant", [], {"value": tuple(flat), "shape": arr.shape, "dtype": dt}, loc=user_location())
     return Tensor(trace, name)
 

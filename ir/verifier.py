@@ -84,7 +84,7 @@ def _check_types(graph: "Graph") -> None:
         try:
             opdef = get_op(n.op)
             attrs = opdef.normalize_attrs(n.attrs)
-            inferred = opdef.result_type([graph.node(i).type for i in n.inputs], attrs)
+            inferred = opdef.result_type([graph.node(i).type for i in n.inputs], attrs, normalized=True)
         except AttnpassError as exc:
             raise node_error(graph, n, f"{n.op} {n.name}: {exc}") from None
         if attrs != dict(n.attrs):

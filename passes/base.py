@@ -48,12 +48,15 @@ class Remarks:
     items: list[Remark] = field(default_factory=list)
 
     def applied(self, node: str | None, message: str, loc: SourceLoc | None = None) -> None:
+        """Record a rewrite this pass made at ``node``, and why it was valid."""
         self.items.append(Remark(self.pass_name, "applied", node, message, loc))
 
     def declined(self, node: str | None, message: str, loc: SourceLoc | None = None) -> None:
+        """Record a rewrite this pass did not make at ``node``, and the precondition that failed."""
         self.items.append(Remark(self.pass_name, "declined", node, message, loc))
 
     def analysis(self, node: str | None, message: str, loc: SourceLoc | None = None) -> None:
+        """Record a finding that is neither a rewrite nor a refusal (counts, statistics)."""
         self.items.append(Remark(self.pass_name, "analysis", node, message, loc))
 
 

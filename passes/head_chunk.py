@@ -59,8 +59,8 @@ def head_chunks(n_q_heads: int, n_kv_heads: int, heads_per_chunk: int) -> list[t
 
 def resolve_policy(enabled: bool | None) -> tuple[bool, str]:
     """Resolve the policy now: ``(on, why it is off)``; an explicit bool wins over the environment."""
-    on, why = resolve_switch(enabled, ENV_VAR, "HeadChunkSDPA")
-    return on, "" if on else f"disabled by {why}"
+    on, source = resolve_switch(enabled, ENV_VAR)
+    return on, "" if on else f"disabled by {'HeadChunkSDPA(enabled=False)' if enabled is False else source}"
 
 
 @dataclass(frozen=True)

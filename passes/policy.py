@@ -12,10 +12,10 @@ import os
 OFF_VALUES = frozenset({"false", "off", "no", "0"})
 
 
-def resolve_switch(enabled: bool | None, env_var: str, owner: str) -> tuple[bool, str]:
-    """``(on, why)``: ``why`` names what decided, e.g. ``"ATTNPASS_QSA_GATHER=off"``."""
+def resolve_switch(enabled: bool | None, env_var: str) -> tuple[bool, str]:
+    """``(on, source)``: what decided, ``"enabled=False"`` or e.g. ``"ATTNPASS_QSA_GATHER=off"``."""
     if enabled is not None:
-        return enabled, f"{owner}(enabled={enabled})"
+        return enabled, f"enabled={enabled}"
     raw = os.environ.get(env_var)
     if raw is None:
         return True, f"{env_var} unset"

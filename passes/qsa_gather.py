@@ -50,8 +50,7 @@ ENV_VAR = "ATTNPASS_QSA_GATHER"
 
 def gather_policy(enabled: bool | None) -> tuple[bool, str]:
     """(on?, why): the explicit flag, else ``ATTNPASS_QSA_GATHER`` read now (never written)."""
-    on, why = resolve_switch(enabled, ENV_VAR, "QSAGather")
-    return on, why.removeprefix("QSAGather(").removesuffix(")")
+    return resolve_switch(enabled, ENV_VAR)
 
 
 @dataclass(frozen=True)
