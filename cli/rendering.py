@@ -15,7 +15,7 @@ import sysconfig
 from pathlib import Path
 from typing import Mapping
 
-from attnpass.ir import AttnpassError, DType, Graph, Node
+from attnpass.ir import AttnpassError, DType, Graph, Node, format_slice
 
 from .diff import diff_graphs
 
@@ -34,8 +34,7 @@ def _label(node: Node) -> str:
     if node.op == "input":
         return f"{node.name}\n{node.type}\n{node.attrs['role']}"
     if node.op == "slice":
-        bounds = zip(node.attrs["start"], node.attrs["stop"], node.attrs["step"])
-        attrs = ", ".join(f"{lo}:{hi}" + (f":{step}" if step != 1 else "") for lo, hi, step in bounds)
+        attrs = format_slice(node)
     else:
         attrs = ", ".join(f"{k}={v.value if isinstance(v, DType) else v}" for k, v in node.attrs.items())
     if len(attrs) > MAX_ATTRS:

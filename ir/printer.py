@@ -50,6 +50,12 @@ def _format_value(v: Any) -> str:
     return repr(v)
 
 
+def format_slice(node: "Node") -> str:
+    """A static slice node's bounds in Python syntax: ``0:1, 8:12, 0:4:2`` (no brackets)."""
+    bounds = zip(node.attrs["start"], node.attrs["stop"], node.attrs["step"])
+    return ", ".join(f"{lo}:{hi}" + (f":{st}" if st != 1 else "") for lo, hi, st in bounds)
+
+
 def format_node(node: "Node", settings: PrintSettings = PrintSettings()) -> str:
     """``name:type = op[attrs] operands`` for one node."""
     attrs = ", ".join(f"{k}={_format_value(v)}" for k, v in node.attrs.items())

@@ -6,17 +6,14 @@ import math
 
 import numpy as np
 
-from attnpass.ir import DType, Node
+from attnpass.ir import DType, Node, format_slice
 
 from .codegen import EmitEnv, Emitter, py_float, py_literal
 
 
 def slice_expr(node: Node, x: str) -> str:
     """``x[a:b:c, ...]`` for a static slice node (plain Python indexing on every target)."""
-    parts = []
-    for lo, hi, st in zip(node.attrs["start"], node.attrs["stop"], node.attrs["step"]):
-        parts.append(f"{lo}:{hi}" + (f":{st}" if st != 1 else ""))
-    return f"{x}[{', '.join(parts)}]" if parts else x
+    return f"{x}[{format_slice(node)}]" if node.attrs["start"] else x
 
 
 def sdpa_scale(node: Node, env: EmitEnv) -> str:

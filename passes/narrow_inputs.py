@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from attnpass.ir import Graph, Node, TensorType
+from attnpass.ir import Graph, Node, TensorType, format_slice
 
 from .base import Pass, Remarks
 
@@ -40,7 +40,7 @@ class NarrowInputs(Pass):
                 remarks.declined(name, reason, graph.node(name).loc)
                 continue
             before = graph.node(name).type
-            window = _describe_bounds(graph.users(name)[0])
+            window = f"[{format_slice(graph.users(name)[0])}]"
             after = _narrow(graph, name)
             remarks.applied(
                 name,
@@ -67,11 +67,6 @@ class NarrowInputs(Pass):
         if readers[0].type == graph.node(name).type:
             return "its slice covers the whole input"
         return None
-
-
-def _describe_bounds(node: Node) -> str:
-    parts = [f"{lo}:{hi}" + (f":{st}" if st != 1 else "") for lo, hi, st in zip(*_bounds(node))]
-    return f"[{', '.join(parts)}]"
 
 
 def _narrow(graph: Graph, name: str) -> TensorType:
