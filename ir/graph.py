@@ -12,7 +12,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Any, Iterator, Mapping, Sequence
+from typing import AbstractSet as Set, Any, Iterator, Mapping, Sequence
 
 import networkx as nx
 
@@ -260,6 +260,20 @@ class Graph:
         if name in self._inputs:
             self._inputs.remove(name)
         self._order = None
+
+    def remove_dead(self, *, keep: Set[str] = frozenset(), keep_inputs: bool = False) -> list[Node]:
+        """Remove every value no output reads (except ``keep``, and inputs if ``keep_inputs``).
+
+        Readers go before what they read; returns the removed nodes in topological order.
+        """
+        live = self.ancestors(self._outputs)
+        dead = [
+            n for n in self.nodes()
+            if n.name not in live and n.name not in keep and not (keep_inputs and n.op == "input")
+        ]  # fmt: skip
+        for node in reversed(dead):
+            self.remove_node(node.name)
+        return dead
 
     def copy(self) -> "Graph":
         """An independent graph with the same nodes (immutable, so shared), signature and outputs."""

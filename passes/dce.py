@@ -27,13 +27,10 @@ class DeadCodeElimination(Pass):
     name: ClassVar[str] = "dce"
 
     def run(self, graph: Graph, remarks: Remarks) -> bool:
-        live = graph.ancestors(graph.outputs)
-        dead = [n for n in graph.nodes() if n.name not in live]
+        dead = graph.remove_dead()
         if not dead:
             remarks.declined(None, "no dead values")
             return False
-        for node in reversed(dead):
-            graph.remove_node(node.name)
         for node in dead:
             if node.op == "input":
                 role = node.attrs["role"]

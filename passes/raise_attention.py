@@ -217,14 +217,6 @@ RULES: list[Rule] = [
 ]  # fmt: skip
 
 
-def _remove_dead(graph: Graph, keep: set[str]) -> None:
-    """Remove non-input values no output reads, except those in ``keep`` (already dead before)."""
-    live = graph.ancestors(graph.outputs)
-    for node in reversed(graph.nodes()):
-        if node.name not in live and node.op != "input" and node.name not in keep:
-            graph.remove_node(node.name)
-
-
 @dataclass(frozen=True)
 class RaiseAttention(Pass):
     """Raise decomposed softmax and attention to ``softmax`` and ``sdpa`` (see the module docstring)."""
@@ -256,7 +248,7 @@ class RaiseAttention(Pass):
                     new = rule.rewrite(graph, match)
                     remarks.applied(node.name, f"{rule.name}: {rule.describe(match)}", node.loc)
                     graph.replace_all_uses(node.name, new)
-                    _remove_dead(graph, dead_before)
+                    graph.remove_dead(keep=dead_before, keep_inputs=True)
                     hits[rule.name] += 1
                     changed = True
                     break

@@ -903,3 +903,19 @@ def test_copy_is_independent_and_keeps_the_order():
     extra = c.add_node("relu", [c.outputs[0]])
     c.set_outputs([extra])
     assert extra not in g and g.outputs != c.outputs and len(g) == len(c) - 1
+
+
+def test_remove_dead_honours_keep_and_keep_inputs():
+    from attnpass.ir import TensorSpec, ops, trace
+
+    def fn(x, unused):
+        ops.neg(x)  # dead
+        ops.relu(x)  # dead, kept by name below
+        return ops.exp(x)
+
+    g = trace(fn, TensorSpec((2,), "float32"), TensorSpec((3,), "float32"))
+    kept = g.copy()
+    assert [n.name for n in kept.remove_dead(keep={"relu"}, keep_inputs=True)] == ["neg"]
+    assert "relu" in kept and kept.inputs == ("x", "unused")
+    assert [n.name for n in g.remove_dead()] == ["unused", "neg", "relu"]
+    assert g.inputs == ("x",) and g.remove_dead() == []
