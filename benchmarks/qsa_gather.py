@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/qsa_gather.py --quick    # smoke run: 8K, 2 repetitions
     .venv/bin/python benchmarks/qsa_gather.py --plot qsa_gather.png
 
-Both programs are lowered from the same traced layer (examples/qsa_model.py); the gather
+Both programs are lowered from the same traced layer (attnpass.models.qsa_layer); the gather
 one went through QSAGather -> DCE -> NarrowInputs -> DCE. Each step is timed end to end
 (MLX: the generated function plus ``mx.eval``; JAX: the ``jax.jit``-compiled function plus
 ``block_until_ready``), after one warm-up call. Repetitions interleave the two paths,
@@ -18,19 +18,15 @@ from __future__ import annotations
 import argparse
 import gc
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
-
-from qsa_model import QSAConfig, build_layer, gather_pipeline, make_inputs, narrowed_inputs  # noqa: E402
-
 from attnpass.ir import Graph  # noqa: E402
 from attnpass.lowering import lower  # noqa: E402
+from attnpass.models import QSAConfig, build_layer, gather_pipeline, make_inputs, narrowed_inputs
 
 DEPTHS = (8_192, 32_768, 131_072, 262_144)
 PATHS = ("masked", "gather")

@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/scale.py --layers 12 48 --repeat 3
     .venv/bin/python benchmarks/scale.py --profile 192        # cProfile of the pipeline at 192 layers
 
-The model is ``attnpass.cli.qwen38.build_model``: the attention of a
+The model is ``attnpass.models.qwen38.build_model``: the attention of a
 Qwen3.8-Flash-Next-shaped verify step (q_len 4, n_kv 8192), QSA layers at
 ``l % 4 == 3`` and dense sdpa elsewhere, with residual adds. The pipeline is the
 ``qwen38-model`` example's (QSA gather, head-chunk, dce, narrow-inputs, dce).
@@ -25,9 +25,8 @@ import pstats
 import time
 from typing import Callable
 
-from attnpass.cli.examples import EXAMPLES
-from attnpass.cli.qwen38 import build_model
 from attnpass.lowering import lower
+from attnpass.models import EXAMPLES, build_model
 from attnpass.passes import PassManager, parse_pipeline
 
 PIPELINE = EXAMPLES["qwen38-model"].pipeline

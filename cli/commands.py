@@ -13,8 +13,9 @@ from collections import Counter
 from pathlib import Path
 
 from attnpass.backends.export import export_mlx, export_stablehlo
-from attnpass.ir import AttnpassError, Graph, PrintSettings, format_graph, parse_graph
+from attnpass.ir import AttnpassError, Graph, PrintSettings, diff_graphs, format_graph, parse_graph, render
 from attnpass.lowering import lower
+from attnpass.models import EXAMPLES, build_example
 from attnpass.passes import (
     Instrumentation,
     PassManager,
@@ -28,10 +29,6 @@ from attnpass.passes import (
     parse_pipeline,
 )
 from attnpass.passes.pipeline import pass_options
-
-from .diff import diff_graphs
-from .examples import EXAMPLES, build_example
-from .rendering import render
 
 
 def load_graph(path: str) -> Graph:

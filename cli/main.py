@@ -20,10 +20,10 @@ from typing import Sequence
 
 from attnpass.ir import AttnpassError
 from attnpass.lowering import TARGETS
+from attnpass.models import EXAMPLES
 from attnpass.passes import PassError
 
 from . import commands
-from .examples import EXAMPLES
 
 PIPELINE_HELP = "textual pipeline, e.g. 'dce,head-chunk{budget=16},qsa-gather{pad_multiple=256}' (see: attnpass passes)"
 

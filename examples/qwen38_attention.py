@@ -6,7 +6,7 @@ a handful of query rows (here 4) over the KV cache. With 4 rows and GQA 12,
 ``q_len * gqa = 48 > 32``: MLX's fused vector kernel would refuse the call, so
 ``HeadChunkSDPA`` splits it into 4 subcalls of 8+4 heads per KV group.
 
-The traced step is the library's ``attnpass.cli.qwen38.verify_step`` (also
+The traced step is the library's ``attnpass.models.qwen38.verify_step`` (also
 ``attnpass example qwen38-verify``). Run: ``make demo`` (or
 ``.venv/bin/python examples/qwen38_attention.py``).
 """
@@ -17,9 +17,9 @@ import numpy as np
 
 from attnpass.backends import count_primitives, run
 from attnpass.backends.mlx import sdpa_routes
-from attnpass.cli.qwen38 import verify_specs, verify_step
 from attnpass.ir import Graph, TensorSpec
 from attnpass.lowering import lower
+from attnpass.models import verify_specs, verify_step
 from attnpass.passes import HeadChunkSDPA, PassManager
 
 

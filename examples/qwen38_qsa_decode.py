@@ -11,17 +11,11 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from qsa_model import QSAConfig, build_layer, gather_pipeline, make_inputs, narrowed_inputs  # noqa: E402
 
 from attnpass.backends import run  # noqa: E402
 from attnpass.lowering import lower  # noqa: E402
+from attnpass.models import QSAConfig, build_layer, gather_pipeline, make_inputs, narrowed_inputs
 
 N_KV_TRACE = 141_312
 N_KV_NUMERICS = 4_608

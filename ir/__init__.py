@@ -1,32 +1,48 @@
-"""The typed attention IR: types, the op registry, graphs, verifier, printer, JSON and the tracer."""
+"""The typed attention IR, in three layers (imports flow downwards only):
 
-from . import opdefs as _opdefs  # noqa: F401  (registers the core op set)
-from . import qsa as _qsa  # noqa: F401  (registers the QSA dialect)
-from . import ops
-from .graph import ROLES, Graph, Node
-from .printer import PrintSettings, format_graph, format_node, format_slice, parse_graph
-from .registry import AttrSpec, OpDef, attr, get_op, register, registered_ops
-from .tracer import Tensor, TensorSpec, trace
-from .types import (
+- :mod:`attnpass.ir.core`: types, op registry, Graph, verifier, printer/parser, JSON, diffs, rendering;
+- :mod:`attnpass.ir.dialects`: the op families (elementwise, layout, reductions, attention, QSA);
+- :mod:`attnpass.ir.frontends`: the tracer with its op builders, and the MLX/JAX importers.
+
+This module is their public face.
+"""
+
+from . import dialects
+from .core import (
+    FLOAT_DTYPES,
+    ROLES,
     AttnpassError,
+    AttrSpec,
     DType,
+    Graph,
+    GraphDiff,
     GraphFormatError,
+    Node,
+    OpDef,
+    PrintSettings,
     ShapeError,
     SourceLoc,
     TensorType,
     VerifyError,
+    attr,
+    diff_graphs,
+    format_graph,
+    format_node,
+    format_slice,
+    get_op,
+    parse_graph,
+    register,
+    registered_ops,
+    render,
+    to_dot,
+    verify,
 )
-from .verifier import verify
+from .frontends import ImportedGraph, ModelImportError, Tensor, TensorSpec, from_jax, from_mlx, ops, trace
 
 __all__ = [
-    "AttnpassError", "AttrSpec", "DType", "Graph", "GraphFormatError", "Node", "OpDef", "PrintSettings",
-    "ROLES", "ShapeError", "SourceLoc", "Tensor", "TensorSpec", "TensorType", "VerifyError", "attr",
-    "format_graph", "format_node", "format_slice", "get_op", "ops", "parse_graph", "register", "registered_ops", "trace",
-    "verify",
+    "FLOAT_DTYPES", "ROLES", "AttnpassError", "AttrSpec", "DType", "Graph", "GraphDiff", "GraphFormatError",
+    "ImportedGraph", "ModelImportError", "Node", "OpDef", "PrintSettings", "ShapeError", "SourceLoc", "Tensor",
+    "TensorSpec", "TensorType", "VerifyError", "attr", "dialects", "diff_graphs", "format_graph", "format_node",
+    "format_slice", "from_jax", "from_mlx", "get_op", "ops", "parse_graph", "register", "registered_ops", "render",
+    "to_dot", "trace", "verify",
 ]  # fmt: skip
-
-from .importing import ImportedGraph, ModelImportError  # noqa: E402
-from .import_mlx import from_mlx  # noqa: E402
-from .import_jax import from_jax  # noqa: E402
-
-__all__ += ["ImportedGraph", "ModelImportError", "from_jax", "from_mlx"]

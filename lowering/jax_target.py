@@ -12,7 +12,8 @@ from attnpass.ir import DType, Node
 
 from .codegen import EmitEnv, Target
 from .common import array_api_emitters, causal_offset, dtype_expr, sdpa_scale, with_causal
-from .qsa_emitters import ALIAS as QSA, qsa_emitters
+from .qsa_emitters import ALIAS as QSA
+from .qsa_emitters import qsa_emitters
 
 
 def _sdpa(n: Node, a: list[str], env: EmitEnv) -> str:

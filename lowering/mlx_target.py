@@ -8,7 +8,8 @@ from attnpass.ir import Node
 
 from .codegen import EmitEnv, Target, py_literal
 from .common import array_api_emitters, causal_offset, sdpa_lengths, sdpa_scale, with_causal
-from .qsa_emitters import ALIAS as QSA, qsa_emitters
+from .qsa_emitters import ALIAS as QSA
+from .qsa_emitters import qsa_emitters
 
 
 def _matmul(n: Node, a: list[str], env: EmitEnv) -> str:

@@ -6,7 +6,8 @@ from attnpass.ir import Node
 
 from .codegen import EmitEnv, Target, py_literal
 from .common import sdpa_scale, slice_expr
-from .qsa_emitters import ALIAS as QSA, qsa_emitters
+from .qsa_emitters import ALIAS as QSA
+from .qsa_emitters import qsa_emitters
 
 _BINARY = {"add": "np.add", "sub": "np.subtract", "mul": "np.multiply", "div": "np.divide", "maximum": "np.maximum"}
 _LOGIC = {

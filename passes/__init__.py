@@ -20,8 +20,8 @@ __all__ += ["NarrowInputs", "QSAGather"]
 from .raise_attention import RaiseAttention  # noqa: E402
 
 __all__ += ["RaiseAttention"]
-from .registry import PipelineError, available_passes, get_pass, register_pass  # noqa: E402
 from .pipeline import format_pipeline, parse_pipeline  # noqa: E402
+from .registry import PipelineError, available_passes, get_pass, register_pass  # noqa: E402
 from .reproducer import Reproducer, load_reproducer  # noqa: E402
 
 __all__ += [

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from attnpass.ir import Graph, Node, TensorType
-from attnpass.ir.qsa import min_width
+from attnpass.ir.dialects import min_width
 
 from .base import Pass, Remarks
 from .policy import resolve_switch

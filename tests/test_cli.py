@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from attnpass.cli import rendering as render_module
 from attnpass.cli.main import build_parser, main
-from attnpass.cli.qwen38 import verify_step
 from attnpass.ir import Graph
+from attnpass.ir.core import rendering as render_module
+from attnpass.models import verify_step
 from attnpass.passes import PassManager, parse_pipeline, registry
 
 PIPELINE = "dce,head-chunk,qsa-gather,narrow-inputs"

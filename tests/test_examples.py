@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+from tests.util import load_example
 
-import qwen38_attention as demo  # noqa: E402
+demo = load_example("qwen38_attention")
 
 pytest.importorskip("mlx.core")
 pytest.importorskip("jax")

@@ -4,23 +4,16 @@ from __future__ import annotations
 
 import json
 import re
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import assert_bits_equal, random_array
 
 from attnpass.backends import count_primitives, run, to_numpy
 from attnpass.backends.export import export_mlx, export_stablehlo, placeholders
-from attnpass.cli.qsa_layer import QSAConfig, build_layer, make_inputs
-from attnpass.cli.qwen38 import verify_step
 from attnpass.lowering import lower
+from attnpass.models import QSAConfig, build_layer, make_inputs, narrowed_inputs, verify_step
 from attnpass.passes import PassManager, parse_pipeline
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
-
-from qsa_model import narrowed_inputs  # noqa: E402
+from tests.util import assert_bits_equal, random_array
 
 mx = pytest.importorskip("mlx.core")
 pytest.importorskip("jax")

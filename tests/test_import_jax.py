@@ -8,8 +8,7 @@ import pytest
 from attnpass.backends import run
 from attnpass.ir import ModelImportError, from_jax
 from attnpass.lowering import lower
-
-from conftest import assert_close
+from tests.util import assert_close
 
 jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")

@@ -12,8 +12,7 @@ import pytest
 from attnpass.backends import run
 from attnpass.ir import ModelImportError, ShapeError, TensorSpec, TensorType, from_mlx, ops, trace
 from attnpass.lowering import lower
-
-from conftest import assert_close
+from tests.util import assert_close
 
 mx = pytest.importorskip("mlx.core")
 

@@ -25,7 +25,7 @@ from attnpass.ir import (
     register,
     registered_ops,
 )
-from attnpass.ir.types import check_identifier
+from attnpass.ir.core.types import check_identifier
 
 F32, F16, BF16, I32, BOOL = DType.float32, DType.float16, DType.bfloat16, DType.int32, DType.bool
 

@@ -13,12 +13,12 @@ import uuid
 
 import numpy as np
 import pytest
-from conftest import assert_bits_equal, assert_close, random_array
 
 from attnpass.backends import run, to_numpy
 from attnpass.ir import AttnpassError, DType, Graph, OpDef, SourceLoc, TensorSpec, TensorType, ops, register, trace
-from attnpass.ir import registry as ir_registry
+from attnpass.ir.core import registry as ir_registry
 from attnpass.lowering import TARGETS, LoweringError, lower
+from tests.util import assert_bits_equal, assert_close, random_array
 
 mx = pytest.importorskip("mlx.core")
 jax = pytest.importorskip("jax")

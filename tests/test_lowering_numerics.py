@@ -29,11 +29,11 @@ from typing import Any, Callable, Hashable
 
 import numpy as np
 import pytest
-from conftest import FLOAT_DTYPES, assert_bits_equal, assert_close, random_array
 
 from attnpass.backends import run, to_numpy
 from attnpass.ir import DType, Graph, TensorSpec, ops, trace
 from attnpass.lowering import lower
+from tests.util import FLOAT_DTYPES, assert_bits_equal, assert_close, random_array
 
 mx = pytest.importorskip("mlx.core")
 jax = pytest.importorskip("jax")

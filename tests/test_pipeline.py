@@ -32,8 +32,8 @@ from attnpass.passes import (
     load_reproducer,
     parse_pipeline,
     register_pass,
+    registry,
 )
-from attnpass.passes import registry
 
 BUILTINS = {
     "dce": DeadCodeElimination,

@@ -13,11 +13,11 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from conftest import random_array
 
 from attnpass.backends import assert_primitive_counts, count_primitives
 from attnpass.ir import DType, TensorSpec, ops, trace
 from attnpass.lowering import lower
+from tests.util import random_array
 
 mx = pytest.importorskip("mlx.core")
 jax = pytest.importorskip("jax")

@@ -7,18 +7,12 @@ Projections, MLP and logits run in numpy; the attention layer is the traced QSA 
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 from attnpass.backends import run
 from attnpass.lowering import lower
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
-
-from qsa_model import QSAConfig, build_layer, gather_pipeline, make_inputs, narrowed_inputs, padded_mask  # noqa: E402
+from attnpass.models import QSAConfig, build_layer, gather_pipeline, make_inputs, narrowed_inputs, padded_mask
 
 pytest.importorskip("mlx.core")
 

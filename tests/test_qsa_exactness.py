@@ -5,9 +5,6 @@ Small model (K = 8 blocks, ratio 4, W = 35, threshold n_kv >= 70) so the gather 
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -15,11 +12,8 @@ from hypothesis import strategies as st
 
 from attnpass.backends import run
 from attnpass.lowering import lower
+from attnpass.models import QSAConfig, build_layer, gather_pipeline, make_inputs, narrowed_inputs
 from attnpass.passes import DeadCodeElimination, QSAGather
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
-
-from qsa_model import QSAConfig, build_layer, gather_pipeline, make_inputs, narrowed_inputs  # noqa: E402
 
 SMALL = QSAConfig(n_q_heads=4, n_kv_heads=2, head_dim=16, idx_dim=16, budget=32, mask_rows=4, rotary_dim=8)
 K, R = SMALL.top_k_blocks, SMALL.ratio

@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
 from attnpass.ir import DType, TensorType
 from attnpass.lowering import lower
+from attnpass.models import QSAConfig, build_layer, gather_pipeline
+from tests.util import load_example
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
-
-import qwen38_qsa_decode as example  # noqa: E402
-from qsa_model import QSAConfig, build_layer, gather_pipeline  # noqa: E402
+example = load_example("qwen38_qsa_decode")
 
 N_KV = 141_312
 SMALL = QSAConfig(n_q_heads=4, n_kv_heads=2, head_dim=16, idx_dim=16, budget=32, mask_rows=4, rotary_dim=8)

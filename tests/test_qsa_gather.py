@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import math
 import os
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,11 +11,8 @@ import pytest
 from attnpass.backends import run
 from attnpass.ir import TensorSpec, ops, parse_graph, trace
 from attnpass.lowering import lower
+from attnpass.models import QSAConfig, build_layer, make_inputs
 from attnpass.passes import DeadCodeElimination, PassManager, QSAGather
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
-
-from qsa_model import QSAConfig, build_layer, make_inputs  # noqa: E402
 
 SMALL = QSAConfig(n_q_heads=4, n_kv_heads=2, head_dim=16, idx_dim=16, budget=32, mask_rows=4, rotary_dim=8)
 W_SMALL = 8 * 4 + 3  # K = 32 / 4 blocks

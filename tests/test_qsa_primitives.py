@@ -6,18 +6,12 @@ N_KV = 128 is chosen so no other axis of the small model has that size.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 from attnpass.backends import assert_primitive_counts
 from attnpass.lowering import lower
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
-
-from qsa_model import QSAConfig, build_layer, gather_pipeline, make_inputs, narrowed_inputs  # noqa: E402
+from attnpass.models import QSAConfig, build_layer, gather_pipeline, make_inputs, narrowed_inputs
 
 SMALL = QSAConfig(n_q_heads=4, n_kv_heads=2, head_dim=16, idx_dim=16, budget=32, mask_rows=4, rotary_dim=8)
 N_KV, W = 128, 35

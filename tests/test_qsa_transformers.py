@@ -9,19 +9,13 @@ torch's ``topk`` does not specify its tie order, so the data is checked to have 
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 from attnpass.backends import run
 from attnpass.ir import TensorSpec, ops, trace
 from attnpass.lowering import lower
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
-
-from qsa_model import rms_norm, rope  # noqa: E402
+from attnpass.models import rms_norm, rope
 
 torch = pytest.importorskip("torch", reason="torch is not installed (optional extra 'peers')")
 modeling = pytest.importorskip(

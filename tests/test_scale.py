@@ -2,26 +2,27 @@
 
 from __future__ import annotations
 
-import sys
 import time
 from collections import Counter
-from pathlib import Path
 
 import networkx as nx
 import numpy as np
 import pytest
-from conftest import assert_close
 
 from attnpass.backends import run
-from attnpass.cli.examples import EXAMPLES
-from attnpass.cli.qsa_layer import QSAConfig, make_inputs
-from attnpass.cli.qwen38 import LAYER_QSA_INPUTS, SHARED_QSA_INPUTS, build_model, is_qsa_layer
 from attnpass.lowering import lower
+from attnpass.models import (
+    EXAMPLES,
+    LAYER_QSA_INPUTS,
+    SHARED_QSA_INPUTS,
+    QSAConfig,
+    build_model,
+    is_qsa_layer,
+    make_inputs,
+    narrowed_inputs,
+)
 from attnpass.passes import PassManager, parse_pipeline
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
-
-from qsa_model import narrowed_inputs  # noqa: E402
+from tests.util import assert_close
 
 PIPELINE = EXAMPLES["qwen38-model"].pipeline  # qsa-gather{max_rows=4},head-chunk,dce,narrow-inputs,dce
 SMALL = QSAConfig(n_q_heads=4, n_kv_heads=2, head_dim=16, idx_dim=16, budget=32, mask_rows=4, rotary_dim=8)

@@ -17,7 +17,6 @@ from attnpass.ir import (
     PrintSettings,
     ShapeError,
     SourceLoc,
-    Tensor,
     TensorSpec,
     TensorType,
     format_graph,

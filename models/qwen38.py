@@ -2,7 +2,7 @@
 
 The model is GQA with 24 query heads over 2 KV heads, head dim 256, bf16,
 softmax scale 1/16; 48 layers, of which every 4th (``l % 4 == 3``) is a QSA
-layer (:mod:`attnpass.cli.qsa_layer`). :func:`build_model` keeps only the
+layer (:mod:`attnpass.models.qsa_layer`). :func:`build_model` keeps only the
 attention of each layer: the hidden state ``hidden`` [1, 24, S, 256] stands
 in for every layer's queries, dense layers are a bottom-right causal ``sdpa``
 over their own KV cache, QSA layers the masked-form QSA attention, and each

@@ -12,10 +12,12 @@ import hashlib
 import json
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import AbstractSet as Set, Any, Iterator, Mapping, Sequence
+from typing import AbstractSet as Set
+from typing import Any, Iterator, Mapping, Sequence
 
 import networkx as nx
 
+from . import builtin as _builtin  # noqa: F401  (registers input and constant)
 from .registry import AttrValue, OpDef, encode_attr, get_op
 from .types import AttnpassError, SourceLoc, TensorType, VerifyError, check_identifier
 

@@ -22,10 +22,10 @@ lowerings never read out of bounds and drop such ids and cells instead.
 
 from __future__ import annotations
 
-from .registry import OpDef, attr, register
-from .types import DType, ShapeError, TensorType
+from attnpass.ir.core.registry import OpDef, attr, register
+from attnpass.ir.core.types import DType, ShapeError, TensorType
 
-FLOATS = (DType.float32, DType.float16, DType.bfloat16)
+from .rules import FLOATS
 
 
 def _need(op: str, t: TensorType, what: str, rank: int, dtypes: tuple[DType, ...]) -> None:

@@ -24,6 +24,7 @@ from typing import Mapping
 import numpy as np
 
 from attnpass.ir import DType, Graph, Tensor, TensorSpec, ops, trace
+from attnpass.passes import DeadCodeElimination, NarrowInputs, PassManager, QSAGather
 
 VISIBILITY_FORMS = ("additive", "bool", "none")
 
@@ -190,7 +191,24 @@ def make_inputs(
     }
 
 
+def gather_pipeline(**gather_options) -> PassManager:
+    """QSA gather, then drop the dead masked path, narrow the padded mask to its one read row, clean up."""
+    return PassManager([QSAGather(**gather_options), DeadCodeElimination(), NarrowInputs(), DeadCodeElimination()])
+
+
+def narrowed_inputs(graph: Graph, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``inputs`` cut to ``graph``'s signature: dropped inputs left out, narrowed ones cut to their shape.
+
+    The layer reads the *first* ``S`` rows of the padded mask, so a narrowed input is its leading part.
+    """
+    out = {}
+    for name, expected in zip(graph.inputs, graph.input_types()):
+        value = inputs[name]
+        out[name] = value[tuple(slice(0, n) for n in expected.shape)]
+    return out
+
+
 __all__ = [
-    "QSAConfig", "VISIBILITY_FORMS", "build_layer", "layer_specs", "make_inputs", "padded_mask", "qsa_attention",
-    "rms_norm", "rope",
+    "QSAConfig", "VISIBILITY_FORMS", "build_layer", "gather_pipeline", "layer_specs", "make_inputs",
+    "narrowed_inputs", "padded_mask", "qsa_attention", "rms_norm", "rope",
 ]  # fmt: skip

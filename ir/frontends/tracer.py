@@ -21,11 +21,11 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .graph import ROLES, Graph
-from .types import AttnpassError, DType, ShapeError, SourceLoc, TensorType
+from attnpass.ir.core.graph import ROLES, Graph
+from attnpass.ir.core.types import AttnpassError, DType, ShapeError, SourceLoc, TensorType
 
 _LIBRARY_DIRS = tuple(
-    str(Path(__file__).resolve().parent.parent / d) + os.sep for d in ("ir", "passes", "lowering", "backends")
+    str(Path(__file__).resolve().parents[2] / d) + os.sep for d in ("ir", "passes", "lowering", "backends")
 )
 _current: contextvars.ContextVar["_Trace | None"] = contextvars.ContextVar("attnpass_trace", default=None)
 

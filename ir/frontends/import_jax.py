@@ -18,6 +18,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from attnpass.ir.core.types import DType, SourceLoc, TensorType
+
 from .importing import (
     INLINE_LIMIT,
     GraphBuilder,
@@ -27,7 +29,6 @@ from .importing import (
     graph_name,
     parameter_names,
 )
-from .types import DType, SourceLoc, TensorType
 
 _BINARY = {
     "add": "add",

@@ -10,10 +10,11 @@ from __future__ import annotations
 from math import prod
 from typing import Any, Callable, Sequence
 
-from . import opdefs as _opdefs, qsa as _qsa  # noqa: F401  (register the ops built here)
-from .registry import get_op
+import attnpass.ir.dialects  # noqa: F401  (registers the ops built here)
+from attnpass.ir.core.registry import get_op
+from attnpass.ir.core.types import DType, ShapeError
+
 from .tracer import Tensor, binary, constant, describe_location, emit, promote, user_location
-from .types import DType, ShapeError
 
 __all__ = [
     "add", "sub", "mul", "div", "maximum", "floor_divide", "neg", "exp", "relu", "rsqrt", "sin", "cos",

@@ -11,7 +11,7 @@ import difflib
 from collections import Counter
 from dataclasses import dataclass
 
-from attnpass.ir import Graph
+from .graph import Graph
 
 LISTED = 12  # node names listed per category before "+N more"
 

@@ -15,9 +15,10 @@ import sysconfig
 from pathlib import Path
 from typing import Mapping
 
-from attnpass.ir import AttnpassError, DType, Graph, Node, format_slice
-
 from .diff import diff_graphs
+from .graph import Graph, Node
+from .printer import format_slice
+from .types import AttnpassError, DType
 
 ADDED, CHANGED = "#ffc971", "#fff3b0"  # fill colours of highlighted nodes
 STREAMED, RESIDENT = "#dbe9f6", "#e6e6e6"  # fill colours of graph inputs by role

@@ -47,7 +47,7 @@ class DType(enum.Enum):
 
     @property
     def is_float(self) -> bool:
-        return self in (DType.float32, DType.float16, DType.bfloat16)
+        return self in FLOAT_DTYPES
 
     @property
     def numpy(self) -> np.dtype:
@@ -82,6 +82,7 @@ class DType(enum.Enum):
         return f"DType.{self.name}"
 
 
+FLOAT_DTYPES = (DType.float32, DType.float16, DType.bfloat16)  # the one float-dtype set
 _SHORT = {
     DType.float32: "f32",
     DType.float16: "f16",

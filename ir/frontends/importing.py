@@ -16,9 +16,10 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from .graph import Graph
+from attnpass.ir.core.graph import Graph
+from attnpass.ir.core.types import AttnpassError, DType, SourceLoc, TensorType
+
 from .tracer import graph_name
-from .types import AttnpassError, DType, SourceLoc, TensorType
 
 INLINE_LIMIT = 64  # captured arrays with at most this many elements become constant nodes
 

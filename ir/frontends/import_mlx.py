@@ -21,6 +21,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from attnpass.ir.core.types import DType, SourceLoc, TensorType
+
 from .importing import (
     INLINE_LIMIT,
     GraphBuilder,
@@ -30,7 +32,6 @@ from .importing import (
     graph_name,
     parameter_names,
 )
-from .types import DType, SourceLoc, TensorType
 
 _WIDE_INTS = ("int64", "uint32")
 _REDUCE = {2: "sum", 5: "max"}  # mlx::core::Reduce::ReduceType: And, Or, Sum, Prod, Min, Max

@@ -1,0 +1,89 @@
+"""Attention ops: matmul, softmax and the fused ``sdpa`` (GQA, masks, causal kinds)."""
+
+from __future__ import annotations
+
+from attnpass.ir.core.registry import OpDef, attr, register
+from attnpass.ir.core.types import DType, ShapeError, TensorType
+
+from .rules import FLOATS, NUMERIC, broadcast_shapes, normalize_axis, require_dtype, same_dtype
+
+
+def _infer_matmul(ts):
+    a, b = ts
+    dtype = same_dtype("matmul", ts)
+    require_dtype("matmul", a, NUMERIC)
+    if a.rank < 2 or b.rank < 2:
+        raise ShapeError(f"matmul: operands need rank >= 2, got {a} and {b}")
+    if a.shape[-1] != b.shape[-2]:
+        raise ShapeError(f"matmul: contraction dims differ: {a} @ {b} ({a.shape[-1]} != {b.shape[-2]})")
+    batch = broadcast_shapes("matmul", a.shape[:-2], b.shape[:-2])
+    return TensorType(batch + (a.shape[-2], b.shape[-1]), dtype)
+
+
+def _infer_softmax(ts, *, axis, precise):
+    (x,) = ts
+    require_dtype("softmax", x, FLOATS)
+    normalize_axis("softmax", axis, x.rank)
+    return x
+
+
+CAUSAL_KINDS = ("none", "top_left", "bottom_right")
+
+
+def _infer_sdpa(ts, *, scale, causal):
+    q, k, v = ts[:3]
+    mask = ts[3] if len(ts) == 4 else None
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.rank != 4:
+            raise ShapeError(f"sdpa: {name} must be rank 4 [B, H, S, D], got {name}={t}")
+        require_dtype("sdpa", t, FLOATS, name)
+    same_dtype("sdpa", [q, k, v])
+    (b, hq, s, d), (bk, hkv, t, dk), (bv, hv, tv, _dv) = q.shape, k.shape, v.shape
+    if not b == bk == bv:
+        raise ShapeError(f"sdpa: batch sizes differ: q={q} k={k} v={v}")
+    if hkv != hv or t != tv:
+        raise ShapeError(f"sdpa: k and v must agree on heads and length: k={k} v={v}")
+    if hkv == 0 or hq % hkv != 0:
+        raise ShapeError(
+            f"sdpa: query heads {hq} not divisible by kv heads {hkv} (q={q}, k={k}); "
+            "GQA needs Hq % Hkv == 0"
+        )
+    if d != dk:
+        raise ShapeError(f"sdpa: head dims differ: q={q} k={k} ({d} != {dk})")
+    if mask is not None:
+        if mask.dtype not in (DType.bool, q.dtype):
+            raise ShapeError(
+                f"sdpa: mask {mask} must be bool (True = attend) or additive with q's dtype {q.dtype.value}"
+            )
+        if mask.rank > 4:
+            raise ShapeError(f"sdpa: mask rank {mask.rank} > 4: {mask}")
+        full = (b, hq, s, t)
+        if broadcast_shapes("sdpa mask", mask.shape, full) != full:
+            raise ShapeError(f"sdpa: mask {mask} does not broadcast to [B, Hq, S, T] = {list(full)}")
+    return TensorType((b, hq, s, v.shape[3]), q.dtype)
+
+
+register(OpDef("matmul", ("a", "b"), _infer_matmul, {}, "attention", "Batched a @ b with broadcast batch dims."))
+register(
+    OpDef(
+        "softmax",
+        ("x",),
+        _infer_softmax,
+        {"axis": attr("int", -1), "precise": attr("bool", False)},
+        "attention",
+        "Softmax over axis; precise=True computes in float32 for half inputs.",
+    )
+)
+register(
+    OpDef(
+        "sdpa",
+        ("q", "k", "v", "mask?"),
+        _infer_sdpa,
+        {"scale": attr("float?", None), "causal": attr("choice:" + "|".join(CAUSAL_KINDS), "none")},
+        "attention",
+        "softmax(q @ k^T * scale + mask) @ v; layout [B, H, S, D]; GQA: query head h uses kv head "
+        "h // (Hq / Hkv); scale None = 1/sqrt(D); mask bool (True = attend) or additive in q's dtype, broadcast "
+        "to [B, Hq, S, T]; causal 'top_left' (JAX: query i sees keys <= i) or 'bottom_right' "
+        "(MLX: query i sees keys <= i + T - S).",
+    )
+)

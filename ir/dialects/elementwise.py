@@ -1,0 +1,74 @@
+"""Elementwise ops: binary with numpy broadcasting, unary, select, logic and comparisons."""
+
+from __future__ import annotations
+
+from attnpass.ir.core.registry import OpDef, register
+from attnpass.ir.core.types import DType, TensorType
+
+from .rules import FLOATS, NUMERIC, broadcast_shapes, require_dtype, same_dtype
+
+
+def _binary(name: str, allowed: tuple[DType, ...], doc: str) -> None:
+    def infer(ts):
+        dtype = same_dtype(name, ts)
+        require_dtype(name, ts[0], allowed)
+        return TensorType(broadcast_shapes(name, ts[0].shape, ts[1].shape), dtype)
+
+    register(OpDef(name, ("x", "y"), infer, {}, "elementwise", doc))
+
+
+def _unary(name: str, allowed: tuple[DType, ...], doc: str) -> None:
+    def infer(ts):
+        require_dtype(name, ts[0], allowed)
+        return ts[0]
+
+    register(OpDef(name, ("x",), infer, {}, "elementwise", doc))
+
+
+_binary("add", NUMERIC, "x + y with numpy broadcasting.")
+_binary("sub", NUMERIC, "x - y with numpy broadcasting.")
+_binary("mul", NUMERIC, "x * y with numpy broadcasting.")
+_binary("div", FLOATS, "x / y (true division) with numpy broadcasting.")
+_binary("maximum", NUMERIC, "Elementwise maximum with numpy broadcasting.")
+_unary("neg", NUMERIC, "-x.")
+_unary("exp", FLOATS, "e**x.")
+_unary("relu", NUMERIC, "max(x, 0).")
+
+
+def _infer_where(ts):
+    cond, a, b = ts
+    require_dtype("where", cond, (DType.bool,), "condition")
+    dtype = same_dtype("where", [a, b])
+    return TensorType(broadcast_shapes("where", cond.shape, a.shape, b.shape), dtype)
+
+
+register(OpDef("where", ("cond", "x", "y"), _infer_where, {}, "elementwise", "cond ? x : y, broadcast."))
+
+def _logical(name: str, doc: str) -> None:
+    def infer(ts):
+        for t in ts:
+            require_dtype(name, t, (DType.bool,))
+        return TensorType(broadcast_shapes(name, ts[0].shape, ts[1].shape), DType.bool)
+
+    register(OpDef(name, ("x", "y"), infer, {}, "elementwise", doc))
+
+
+def _compare(name: str, doc: str) -> None:
+    def infer(ts):
+        same_dtype(name, ts)
+        require_dtype(name, ts[0], NUMERIC)
+        return TensorType(broadcast_shapes(name, ts[0].shape, ts[1].shape), DType.bool)
+
+    register(OpDef(name, ("x", "y"), infer, {}, "elementwise", doc))
+
+
+_logical("logical_and", "x & y on bool tensors, numpy broadcasting.")
+_logical("logical_or", "x | y on bool tensors, numpy broadcasting.")
+_compare("equal", "x == y -> bool, numpy broadcasting.")
+_compare("less", "x < y -> bool, numpy broadcasting.")
+_compare("greater_equal", "x >= y -> bool, numpy broadcasting.")
+_unary("rsqrt", FLOATS, "1 / sqrt(x) (for RMSNorm).")
+_unary("sin", FLOATS, "sin(x).")
+_unary("cos", FLOATS, "cos(x).")
+_unary("sigmoid", FLOATS, "1 / (1 + exp(-x)).")
+_binary("floor_divide", NUMERIC, "numpy floor division x // y with numpy broadcasting.")

@@ -1,0 +1,60 @@
+"""Reductions: sum, max (axes, keepdims) and argpartition."""
+
+from __future__ import annotations
+
+from attnpass.ir.core.registry import OpDef, attr, register
+from attnpass.ir.core.types import DType, ShapeError, TensorType
+
+from .rules import NUMERIC, normalize_axis, require_dtype
+
+
+def _reduction(name: str) -> None:
+    def infer(ts, *, axes, keepdims):
+        (x,) = ts
+        require_dtype(name, x, NUMERIC)
+        norm = sorted({normalize_axis(name, a, x.rank) for a in axes})
+        if len(norm) != len(axes):
+            raise ShapeError(f"{name}: repeated axes {list(axes)} for operand {x}")
+        if keepdims:
+            shape = tuple(1 if i in norm else d for i, d in enumerate(x.shape))
+        else:
+            shape = tuple(d for i, d in enumerate(x.shape) if i not in norm)
+        return TensorType(shape, x.dtype)
+
+    register(
+        OpDef(
+            name,
+            ("x",),
+            infer,
+            {"axes": attr("ints"), "keepdims": attr("bool", False)},
+            "reduction",
+            f"{name} over axes; result keeps the operand dtype.",
+        )
+    )
+
+
+_reduction("sum")
+_reduction("max")
+
+def _infer_argpartition(ts, *, kth, axis):
+    (x,) = ts
+    require_dtype("argpartition", x, NUMERIC)
+    if x.rank == 0:
+        raise ShapeError(f"argpartition: operand {x} is a scalar; need rank >= 1")
+    n = x.shape[normalize_axis("argpartition", axis, x.rank)]
+    if not 0 <= kth < n:
+        raise ShapeError(f"argpartition: kth={kth} out of range for axis {axis} of {x} (need 0 <= kth < {n})")
+    return TensorType(x.shape, DType.int32)
+
+
+register(
+    OpDef(
+        "argpartition",
+        ("x",),
+        _infer_argpartition,
+        {"kth": attr("int"), "axis": attr("int", -1)},
+        "reduction",
+        "int32 indices that partition x along axis: the element at kth is in sorted position, smaller ones "
+        "before, larger ones after. The order inside each side (and among ties) is target-defined.",
+    )
+)

@@ -1,0 +1,92 @@
+"""The import direction of the layers holds: core IR <- dialects/frontends <- passes/lowering <- models/backends <- cli.
+
+Every ``import``/``from`` statement of every library module (top level or
+inside a function) is read with :mod:`ast`; a module may import only from its
+own layer and the layers its layer is allowed to see.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# layer -> the layers it may import (besides itself)
+ALLOWED = {
+    "ir.core": set(),
+    "ir.dialects": {"ir.core"},
+    "ir.frontends": {"ir.core", "ir.dialects"},
+    "ir": {"ir.core", "ir.dialects", "ir.frontends"},
+    "passes": {"ir", "ir.core", "ir.dialects", "ir.frontends"},
+    "lowering": {"ir", "ir.core", "ir.dialects", "ir.frontends"},
+    "models": {"ir", "ir.core", "ir.dialects", "ir.frontends", "passes"},
+    "backends": {"ir", "ir.core", "ir.dialects", "ir.frontends", "lowering"},
+    "cli": {"ir", "ir.core", "ir.dialects", "ir.frontends", "passes", "lowering", "models", "backends"},
+}
+
+
+def layer_of(dotted: str) -> str | None:
+    """``attnpass.ir.core.graph`` -> ``ir.core``; ``attnpass.passes.dce`` -> ``passes``."""
+    parts = dotted.split(".")
+    if parts[0] != "attnpass" or len(parts) < 2:
+        return None
+    if parts[1] == "ir" and len(parts) > 2 and f"ir.{parts[2]}" in ALLOWED:
+        return f"ir.{parts[2]}"
+    return parts[1] if parts[1] in ALLOWED else None
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(["attnpass", *parts])
+
+
+def imported_modules(path: Path) -> list[tuple[int, str]]:
+    """``(line, absolute module)`` for every import in ``path`` (relative imports resolved)."""
+    me = module_name(path)
+    package = me if path.name == "__init__.py" else me.rsplit(".", 1)[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            found += [(node.lineno, f"{target}.{a.name}") for a in node.names]
+    return found
+
+
+LIBRARY = sorted(p for d in ("ir", "passes", "lowering", "backends", "models", "cli") for p in (ROOT / d).rglob("*.py"))
+
+
+def test_every_layer_is_known():
+    assert LIBRARY
+    for path in LIBRARY:
+        assert layer_of(module_name(path)) is not None, path
+
+
+@pytest.mark.parametrize("path", LIBRARY, ids=lambda p: str(p.relative_to(ROOT)))
+def test_imports_flow_one_way(path: Path):
+    mine = layer_of(module_name(path))
+    wrong = []
+    for line, target in imported_modules(path):
+        theirs = layer_of(target)
+        if theirs is not None and theirs != mine and theirs not in ALLOWED[mine]:
+            wrong.append(f"{path.relative_to(ROOT)}:{line} ({mine}) imports {target} ({theirs})")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_checker_resolves_relative_imports_to_layers():
+    imports = {target for _line, target in imported_modules(ROOT / "ir" / "core" / "graph.py")}
+    assert "attnpass.ir.core.registry.get_op" in imports
+    assert layer_of("attnpass.ir.core.registry.get_op") == "ir.core"
+    assert layer_of("attnpass.passes.manager.PassManager") == "passes"
+    assert "passes" not in ALLOWED["lowering"] and "backends" not in ALLOWED["passes"]
