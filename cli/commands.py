@@ -12,9 +12,8 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from attnpass.backends.export import export_mlx, export_stablehlo
 from attnpass.ir import AttnpassError, Graph, PrintSettings, diff_graphs, format_graph, parse_graph, render
-from attnpass.lowering import lower
+from attnpass.lowering import export_formats, lower
 from attnpass.models import EXAMPLES, build_example
 from attnpass.passes import (
     Instrumentation,
@@ -117,14 +116,16 @@ def lower_command(args: argparse.Namespace) -> int:
 
 
 def export(args: argparse.Namespace) -> int:
-    graph = load_graph(args.graph)
-    if args.target == "mlx":
+    target = export_formats()[args.target]
+    program = lower(load_graph(args.graph), target.name)
+    spec = target.export
+    if spec.suffix:
         if not args.output:
-            raise AttnpassError("--target mlx writes a binary .mlxfn file: give -o FILE.mlxfn")
-        path = export_mlx(lower(graph, "mlx"), args.output)
-        print(f"// wrote {path} (load it with mlx.core.import_function)")
+            raise AttnpassError(f"--target {spec.format} writes a binary {spec.suffix} file: give -o FILE{spec.suffix}")
+        path = spec.function(program, args.output)
+        print(f"// wrote {path} (load it with {spec.loader})")
         return 0
-    text = export_stablehlo(lower(graph, "jax"))
+    text = spec.function(program)
     if args.output:
         Path(args.output).write_text(text)
         print(f"// wrote {args.output}")

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Sequence
 
 from attnpass.ir import AttnpassError
-from attnpass.lowering import TARGETS
+from attnpass.lowering import available_targets, export_formats
 from attnpass.models import EXAMPLES
 from attnpass.passes import PassError
 
@@ -95,12 +95,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub = add("lower", commands.lower_command, "print the generated source of a graph lowered to a target")
     sub.add_argument("graph", metavar="GRAPH", help="graph JSON file; - for stdin")
-    sub.add_argument("--target", "-t", required=True, choices=list(TARGETS), help="lowering target")
+    targets = [t.name for t in available_targets()]
+    sub.add_argument("--target", "-t", required=True, choices=targets, help="lowering target")
     sub.add_argument("--no-comments", action="store_true", help="omit the comments pointing back to graph nodes")
 
     sub = add("export", commands.export, "export a graph for other compilers: MLX .mlxfn or StableHLO text")
     sub.add_argument("graph", metavar="GRAPH", help="graph JSON file; - for stdin")
-    sub.add_argument("--target", "-t", required=True, choices=["mlx", "stablehlo"], help="export format")
+    sub.add_argument("--target", "-t", required=True, choices=list(export_formats()), help="export format")
     sub.add_argument("-o", "--output", metavar="FILE", help="output file (stablehlo: default stdout)")
 
     sub = add("example", commands.example, "write a built-in example graph as JSON (no NAME: list them)")

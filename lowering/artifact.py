@@ -26,7 +26,9 @@ import numpy as np
 
 from attnpass.ir import AttnpassError, DType, Graph, GraphFormatError
 
-from .program import TARGETS, IdentityMismatch, Program, lower, program_identity
+from .codegen import LoweringError
+from .program import IdentityMismatch, Program, lower, program_identity
+from .registry import get_target
 
 FORMAT = "attnpass.artifact"
 VERSION = 1
@@ -65,7 +67,7 @@ def save_artifact(path: str | os.PathLike, program: Program, state: Mapping[str,
         "format": FORMAT,
         "version": VERSION,
         "identity": program.identity,
-        "target": program.target,
+        "target": program.target.name,
         "graph": json.loads(program.graph.to_json()),
         "state": manifest,
     }
@@ -112,8 +114,10 @@ def load_artifact(path: str | os.PathLike, expected_identity: str) -> Artifact:
                 f"artifact {os.fspath(path)!r} belongs to program {found[:16]}… ({header['target']}), "
                 f"expected {expected_identity[:16]}…; its state cannot be restored into this program"
             )
-        if header["target"] not in TARGETS:
-            raise ArtifactError(f"artifact header: unknown target {header['target']!r}")
+        try:
+            get_target(header["target"])
+        except LoweringError as exc:
+            raise ArtifactError(f"artifact header: {exc}") from None
         try:
             graph = Graph.from_json(json.dumps(header["graph"]))
         except GraphFormatError as exc:
