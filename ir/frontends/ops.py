@@ -1,6 +1,6 @@
 """The functions a traced model calls: ``from attnpass.ir import ops``.
 
-Each builds one node of the op set in :mod:`attnpass.ir.opdefs` (a few are
+Each builds one node of the op set in :mod:`attnpass.ir.dialects` (a few are
 composites of several). Python scalars are accepted wherever a broadcastable
 tensor fits and take the other operand's dtype.
 """
@@ -156,7 +156,7 @@ def sdpa(
     return emit("sdpa", operands, {"scale": scale, "causal": causal or "none"})
 
 
-# ----------------------------------------------------------------------------- QSA (attnpass.ir.qsa)
+# ----------------------------------------------------------------------------- QSA (attnpass.ir.dialects.qsa)
 
 
 def qsa_pool(raw_keys: Tensor, *, ratio: int) -> Tensor:
