@@ -21,6 +21,7 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
+import ml_dtypes
 import numpy as np
 
 from attnpass.ir import DType, Graph, Node
@@ -265,7 +266,7 @@ class _Matcher:
                 node = g.node(node.inputs[0] if node.op in la.LAYOUT_OPS else _scale_operand(g, node)[0])
             elif node.op == "where":
                 fill = scalar_constant(g, node.inputs[2])
-                limit = float(np.finfo(node.type.dtype.numpy).min) * 0.5
+                limit = float(ml_dtypes.finfo(node.type.dtype.numpy).min) * 0.5
                 if fill is None or fill > limit:
                     return self.fail(
                         f"where {node.name} fills masked scores with {node.inputs[2]} "
