@@ -1,0 +1,140 @@
+"""``attnpass.backends.mlx.optimize``: mlx-lm generation through attnpass programs, token for token.
+
+Tiny random models (:func:`attnpass.models.tiny_lm`: GQA 12, head dim 128, bf16)
+generate 64 greedy tokens with mlx-lm's own ``stream_generate`` / ``generate``,
+plain and optimized; speculative decoding runs with a one-layer draft.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from tests.util import requires
+
+pytestmark = requires("mlx.core", "mlx_lm")
+
+PROMPT = [3, 17, 99, 250, 7, 8, 9, 10, 44, 1, 2, 3]
+TOKENS = 64
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from attnpass.models import tiny_tokenizer
+
+    return tiny_tokenizer()
+
+
+def stream_tokens(model, tokenizer, **kwargs) -> list[int]:
+    import mlx_lm
+
+    return [r.token for r in mlx_lm.stream_generate(model, tokenizer, PROMPT, max_tokens=TOKENS, **kwargs)]
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_greedy_tokens_are_identical_and_two_signatures_cover_prefill_and_decode(family, tokenizer):
+    from attnpass.backends.mlx import optimize
+    from attnpass.models import tiny_lm
+
+    model = tiny_lm(family)
+    plain = stream_tokens(model, tokenizer)
+    with optimize(model, strict=True) as opt:
+        optimized = stream_tokens(model, tokenizer)
+    assert optimized == plain
+    assert len(plain) == TOKENS and len(set(plain)) >= 8  # a model that says something: the comparison means something
+    # prefill of 11 rows and 1-row decode steps, all within the first 256-row buffer of mlx-lm's KVCache
+    assert opt.traces == 2 and not opt.declined
+    assert opt.routed >= 2 * TOKENS  # both layers of every step: the prefill chunk and each decode step
+    assert all(entry.compiled for entry in opt.compiled.specializations)
+    assert [e.signature.split(", ")[1] for e in opt.compiled.specializations] == ["keys:bf16[1,2,256,128]"] * 2
+
+
+def test_speculative_decoding_is_identical_with_the_verify_steps_routed(tokenizer):
+    import mlx_lm
+
+    from attnpass.backends.mlx import optimize
+    from attnpass.models import tiny_lm
+
+    model, draft = tiny_lm("llama"), tiny_lm("llama", layers=1, hidden=64, heads=4, head_dim=16, seed=1)
+    speculative = {"max_tokens": TOKENS, "draft_model": draft, "num_draft_tokens": 3}
+    plain = mlx_lm.generate(model, tokenizer, PROMPT, **speculative)
+    with optimize(model, strict=True) as opt, optimize(draft, strict=True) as opt_draft:
+        optimized = mlx_lm.generate(model, tokenizer, PROMPT, **speculative)
+    assert optimized == plain and len(plain.split()) == TOKENS
+    rows = {entry.signature.split(", ")[0] for entry in opt.compiled.specializations}
+    assert "queries:bf16[1,24,4,128]" in rows  # a verify step: 3 draft tokens + 1
+    assert opt_draft.routed > 0 and not opt.declined and not opt_draft.declined
+
+
+def test_one_trace_per_cache_buffer_length(monkeypatch):
+    """With a 16-row KVCache step, 64 decode steps cross 4 buffer lengths: one trace each, never one per step."""
+    import mlx.core as mx
+    from mlx_lm.generate import generate_step
+    from mlx_lm.models.cache import KVCache
+
+    from attnpass.backends.mlx import optimize
+    from attnpass.models import tiny_lm
+
+    monkeypatch.setattr(KVCache, "step", 16)
+    model = tiny_lm("llama", layers=1)
+    plain = [t for t, _ in generate_step(mx.array(PROMPT), model, max_tokens=TOKENS)]
+    with optimize(model, strict=True) as opt:
+        optimized = [t for t, _ in generate_step(mx.array(PROMPT), model, max_tokens=TOKENS)]
+    assert optimized == plain
+    lengths = sorted({int(e.signature.split("keys:bf16[1,2,")[1].split(",")[0]) for e in opt.compiled.specializations})
+    # 11 prompt rows fill a 16-row buffer; decode reaches 12 + 63 = 75 rows: buffers 16, 32, 48, 64, 80
+    assert lengths == [16, 32, 48, 64, 80]
+    assert opt.traces == len(lengths) + 1  # + the 11-row prefill over the first buffer
+
+
+def test_caches_without_a_buffer_are_declined_and_counted(tokenizer):
+    from mlx_lm.models.cache import RotatingKVCache
+
+    from attnpass.backends.mlx import optimize
+    from attnpass.models import tiny_lm
+
+    model = tiny_lm("llama", layers=1)
+    plain = stream_tokens(model, tokenizer, prompt_cache=[RotatingKVCache(max_size=32)])
+    with optimize(model) as opt:
+        assert stream_tokens(model, tokenizer, prompt_cache=[RotatingKVCache(max_size=32)]) == plain
+    assert opt.routed == 0 and opt.traces == 0
+    assert list(opt.declined) == ["RotatingKVCache: only KVCache has a buffer to key signatures on"]
+
+
+def test_restore_undoes_the_routing_and_other_models_never_route():
+    import mlx.core as mx
+    from mlx_lm.models import base, llama
+
+    from attnpass.backends.mlx import optimize
+    from attnpass.backends.mlx.lm import route
+    from attnpass.models import tiny_lm
+
+    model, other = tiny_lm("llama", layers=1), tiny_lm("llama", layers=1)
+    tokens = mx.array([PROMPT])
+    before = model(tokens)
+    opt = optimize(model, strict=True)
+    assert llama.scaled_dot_product_attention is route and type(model) is not llama.Model
+    with pytest.raises(ValueError, match="already optimized"):
+        optimize(model)
+    second = optimize(other)
+    other(tokens)  # routed by its own handle
+    assert opt.routed == 0 and second.routed == 1
+    second.restore()
+    assert llama.scaled_dot_product_attention is route  # still used by `model`
+    assert mx.array_equal(model(tokens), before) and opt.routed == 1
+    opt.restore()
+    opt.restore()  # idempotent
+    assert llama.scaled_dot_product_attention is base.scaled_dot_product_attention
+    assert type(model) is llama.Model and type(other) is llama.Model
+    assert mx.array_equal(model(tokens), before) and opt.routed == 1
+    assert "mlx_lm.models.llama" in sys.modules and repr(opt).startswith("<OptimizedModel Model (restored)")
+
+
+def test_a_model_without_the_shared_helper_is_refused():
+    import mlx.nn as nn
+
+    from attnpass.backends.mlx import optimize
+
+    with pytest.raises(ValueError, match="calls mlx_lm.models.base.scaled_dot_product_attention"):
+        optimize(nn.Linear(4, 4))
