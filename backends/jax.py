@@ -15,19 +15,10 @@ import re
 from typing import Any, Callable, Hashable, Iterable, Sequence
 
 from attnpass.ir import ImportedGraph, from_jax
-from attnpass.ir.frontends.importing import graph_name, parameter_names
+from attnpass.ir.frontends.importing import parameter_names
 from attnpass.passes import Pass
 
-from .specialize import (
-    MAX_SIGNATURES,
-    CompiledFunction,
-    Frontend,
-    Traceable,
-    array_text,
-    as_passes,
-    default_pipeline,
-    static_spec,
-)
+from .specialize import MAX_SIGNATURES, CompiledFunction, Frontend, Traceable, array_text, name_parameters, static_spec
 
 PASSED_THROUGH = frozenset({"keep_unused", "device", "backend", "inline", "compiler_options"})
 _STATIC = ("static_argnums", "static_argnames")
@@ -67,6 +58,10 @@ class JAXFrontend(Frontend):
         self.jit_kwargs = jit_kwargs
         self._static_kwargs = {"static_argnums": static_argnums, "static_argnames": static_argnames}
 
+    def device(self) -> str:
+        """JAX's default backend: ``"cpu"``, ``"gpu"`` or ``"tpu"``."""
+        return self._jax.default_backend()
+
     def _split(self, args: tuple, kwargs: dict) -> tuple[tuple, dict, tuple]:
         dynamic_args = tuple(None if i in self.static_positions else a for i, a in enumerate(args))
         dynamic_kwargs = {k: v for k, v in kwargs.items() if k not in self.static_names}
@@ -104,11 +99,7 @@ class JAXFrontend(Frontend):
             t.rebuild = lambda o: tree.tree_unflatten(out_tree, [o] if single else list(o))
             return out
 
-        call.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-            [inspect.Parameter(n if n.isidentifier() else f"arg{i}", inspect.Parameter.POSITIONAL_ONLY)
-             for i, n in enumerate(names)]
-        )  # fmt: skip
-        call.__name__ = graph_name(fn)
+        name_parameters(call, names, fn)
         t = Traceable(", ".join(parts), call, [leaf for _path, leaf in paths], unstatic)
         return t
 
@@ -128,13 +119,6 @@ def _positional_parameters(fn: Callable) -> list[inspect.Parameter]:
     except (TypeError, ValueError):
         return []
     return [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-
-
-def device() -> str:
-    """JAX's default backend: ``"cpu"``, ``"gpu"`` or ``"tpu"``."""
-    import jax
-
-    return jax.default_backend()
 
 
 def jit(
@@ -160,11 +144,9 @@ def jit(
         )
     static_argnums = tuple(int(i) for i in _as_tuple(jit_kwargs.pop("static_argnums", None)))
     static_argnames = tuple(str(n) for n in _as_tuple(jit_kwargs.pop("static_argnames", None)))
-    passes = default_pipeline(device()) if pipeline is None else as_passes(pipeline)
     frontend = JAXFrontend(fn, static_argnums, static_argnames, jit_kwargs)
-    return CompiledFunction(
-        fn, frontend, pipeline=passes, strict=strict, max_signatures=max_signatures, name="attnpass.backends.jax.jit"
-    )
+    name = "attnpass.backends.jax.jit"
+    return CompiledFunction(fn, frontend, pipeline=pipeline, strict=strict, max_signatures=max_signatures, name=name)
 
 
-__all__ = ["JAXFrontend", "PASSED_THROUGH", "device", "jit"]
+__all__ = ["JAXFrontend", "PASSED_THROUGH", "jit"]

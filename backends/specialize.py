@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import abc
 import functools
+import inspect
 import sys
 import threading
 import time
@@ -34,6 +35,7 @@ from typing import Any, Callable, Hashable, Sequence, TextIO
 
 from attnpass import passes as passes_package
 from attnpass.ir import AttnpassError, DType, Graph, ImportedGraph, TensorType
+from attnpass.ir.frontends.importing import graph_name
 from attnpass.lowering import Program, lower
 from attnpass.passes import Pass, PassManager, PassResult, Remark, format_pipeline, parse_pipeline
 
@@ -105,10 +107,22 @@ class Traceable:
     rebuild: Callable[[Any], Any] = lambda out: out
 
 
+def name_parameters(call: Callable, names: Sequence[str], like: Callable) -> None:
+    """Name ``call``'s positional parameters ``names`` and ``call`` itself after ``like``: the graph's names."""
+    positional = inspect.Parameter.POSITIONAL_ONLY
+    params = [inspect.Parameter(n if n.isidentifier() else f"arg{i}", positional) for i, n in enumerate(names)]
+    call.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    call.__name__ = graph_name(like)
+
+
 class Frontend(abc.ABC):
     """What a backend contributes: signature keys, the import, its target and its compiler."""
 
     target: str
+
+    @abc.abstractmethod
+    def device(self) -> str:
+        """The device the default pipeline is chosen for: ``"cpu"``, ``"metal"``, ``"gpu"`` or ``"tpu"``."""
 
     @abc.abstractmethod
     def key(self, args: tuple, kwargs: dict) -> tuple[Hashable, list]:
@@ -247,9 +261,11 @@ class _SignatureCache:
 class CompiledFunction:
     """A function compiled by attnpass per input signature; call it as the original.
 
-    ``specializations`` lists the cached signatures (least recently used first),
-    ``specialization(*args)`` the one of a call, ``traces`` counts the signatures
-    built so far, and ``explain()`` prints each signature with its remarks.
+    ``pipeline`` is text or passes; None is :func:`default_pipeline` for the
+    frontend's device when the wrapper is made. ``specializations`` lists the
+    cached signatures (least recently used first), ``specialization(*args)`` the
+    one of a call, ``traces`` counts the signatures built so far, and
+    ``explain()`` prints each signature with its remarks.
     """
 
     def __init__(
@@ -257,7 +273,7 @@ class CompiledFunction:
         fn: Callable,
         frontend: Frontend,
         *,
-        pipeline: Sequence[Pass],
+        pipeline: str | Sequence[Pass] | None,
         strict: bool,
         max_signatures: int,
         name: str,
@@ -268,7 +284,7 @@ class CompiledFunction:
         self._fn = fn
         self._frontend = frontend
         self._fallback = frontend.fallback(fn)
-        self._passes = tuple(pipeline)
+        self._passes = tuple(default_pipeline(frontend.device()) if pipeline is None else as_passes(pipeline))
         self.pipeline = format_pipeline(self._passes)
         self.strict = strict
         self._wrapper_name = name
@@ -347,5 +363,6 @@ class CompiledFunction:
 
 __all__ = [
     "CompiledFunction", "FallbackWarning", "Frontend", "MAX_SIGNATURES", "Specialization", "SpecializationError",
-    "Traceable", "array_text", "as_passes", "check_calling_convention", "default_pipeline", "static_spec",
+    "Traceable", "array_text", "as_passes", "check_calling_convention", "default_pipeline", "name_parameters",
+    "static_spec",
 ]  # fmt: skip

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tests.util import requires
+from tests.util import load_example, requires
 
 pytestmark = requires("mlx.core", "mlx_lm")
 
@@ -138,3 +138,9 @@ def test_a_model_without_the_shared_helper_is_refused():
 
     with pytest.raises(ValueError, match="calls mlx_lm.models.base.scaled_dot_product_attention"):
         optimize(nn.Linear(4, 4))
+
+
+def test_the_example_generates_identical_texts(capsys):
+    assert load_example("mlx_lm_optimize").main(tokens=8)
+    out = capsys.readouterr().out
+    assert out.count("identical with optimize") == 3 and "DIFFERENT" not in out

@@ -9,32 +9,13 @@ The function returns an array or a tuple/list of arrays.
 
 from __future__ import annotations
 
-import inspect
 from typing import Any, Callable, Hashable, Sequence
 
 from attnpass.ir import ImportedGraph, from_mlx
-from attnpass.ir.frontends.importing import graph_name, parameter_names
+from attnpass.ir.frontends.importing import parameter_names
 from attnpass.passes import Pass
 
-from ..specialize import (
-    MAX_SIGNATURES,
-    CompiledFunction,
-    Frontend,
-    Traceable,
-    array_text,
-    as_passes,
-    default_pipeline,
-    static_spec,
-)
-
-
-def device() -> str:
-    """The default MLX device as a pipeline device: ``"cpu"``, ``"metal"`` or ``"gpu"`` (CUDA)."""
-    import mlx.core as mx
-
-    if mx.default_device().type == mx.DeviceType.cpu:
-        return "cpu"
-    return "metal" if mx.metal.is_available() else "gpu"
+from ..specialize import MAX_SIGNATURES, CompiledFunction, Frontend, Traceable, array_text, name_parameters, static_spec
 
 
 class MLXFrontend(Frontend):
@@ -46,6 +27,14 @@ class MLXFrontend(Frontend):
         import mlx.core as mx
 
         self._array = mx.array
+
+    def device(self) -> str:
+        """The default MLX device: ``"cpu"``, ``"metal"`` or ``"gpu"`` (CUDA)."""
+        import mlx.core as mx
+
+        if mx.default_device().type == mx.DeviceType.cpu:
+            return "cpu"
+        return "metal" if mx.metal.is_available() else "gpu"
 
     def key(self, args: tuple, kwargs: dict) -> tuple[Hashable, list]:
         array = self._array
@@ -85,11 +74,7 @@ class MLXFrontend(Frontend):
             t.rebuild = lambda o: kind(o if isinstance(o, tuple) else (o,))  # one output: the program returns it bare
             return tuple(out)
 
-        call.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-            [inspect.Parameter(names[i] if names[i].isidentifier() else f"arg{i}", inspect.Parameter.POSITIONAL_ONLY)
-             for i in dynamic]
-        )  # fmt: skip
-        call.__name__ = graph_name(fn)
+        name_parameters(call, [names[i] for i in dynamic], fn)
         t = Traceable(", ".join(parts), call, [values[i] for i in dynamic], unstatic)
         return t
 
@@ -119,9 +104,9 @@ def compile(
     compiled runs ``fn`` itself, with one :class:`FallbackWarning`; ``strict=True`` raises
     :class:`SpecializationError`. Use as ``compile(fn)`` or as a decorator.
     """
-    passes = default_pipeline(device()) if pipeline is None else as_passes(pipeline)
     name = "attnpass.backends.mlx.compile"
-    return CompiledFunction(fn, MLXFrontend(), pipeline=passes, strict=strict, max_signatures=max_signatures, name=name)
+    frontend = MLXFrontend()
+    return CompiledFunction(fn, frontend, pipeline=pipeline, strict=strict, max_signatures=max_signatures, name=name)
 
 
-__all__ = ["MLXFrontend", "compile", "device"]
+__all__ = ["MLXFrontend", "compile"]
