@@ -10,6 +10,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from attnpass.ir import AttnpassError, Graph, TensorType
+from attnpass.ir.core.types import type_str
 
 from .codegen import LoweringError, Source, Target, generate
 from .jax_target import TARGET as JAX
@@ -62,7 +63,7 @@ def check_argument(name: str, expected: TensorType, value: Any) -> None:
         raise AttnpassError(f"input {name}: expected an array of type {expected}, got {type(value).__name__}")
     dtype = _dtype_name(value).replace("bool_", "bool")
     if tuple(shape) != expected.shape or dtype != expected.dtype.value:
-        raise AttnpassError(f"input {name}: expected {expected}, got {dtype}{list(shape)}")
+        raise AttnpassError(f"input {name}: expected {expected}, got {type_str(shape, dtype)}")
 
 
 class Program:

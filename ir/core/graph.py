@@ -93,7 +93,7 @@ class Graph:
         if name in self._nodes:
             raise VerifyError(f"graph {self.name}: duplicate name {name!r}")
         attrs = {"shape": type.shape, "dtype": type.dtype, "role": role}
-        self.insert(Node(name, "input", (), get_op("input").normalize_attrs(attrs), type, loc))
+        self.insert(Node(name, "input", (), get_op("input").normalize_attrs(attrs, name), type, loc))
         self._inputs.append(name)
         return name
 
@@ -113,7 +113,7 @@ class Graph:
         for i in inputs:
             if i not in self._nodes:
                 raise VerifyError(f"{op}: operand {i!r} is not defined in graph {self.name}")
-        norm = opdef.normalize_attrs(attrs or {})
+        norm = opdef.normalize_attrs(attrs or {}, name)
         type_ = opdef.result_type([self._nodes[i].type for i in inputs], norm, normalized=True)
         name = check_identifier(name) if name else self.fresh_name(op)
         if name in self._nodes:
