@@ -110,10 +110,10 @@ def load_artifact(path: str | os.PathLike, expected_identity: str) -> Artifact:
     """
     with open(path, "rb", buffering=0) as f:
         header = read_header(f)
-        found = header["identity"]
+        found, target = header["identity"], printable(header["target"][:40])
         if found != expected_identity:
             raise IdentityMismatch(
-                f"artifact {os.fspath(path)!r} belongs to program {found[:16]}… ({printable(header['target'][:40])}), "
+                f"artifact {os.fspath(path)!r} belongs to program {found[:16]}… ({target}), "
                 f"expected {expected_identity[:16]}…; its state cannot be restored into this program"
             )
         if header["target"] not in TARGETS:

@@ -132,7 +132,9 @@ def _loc(obj: Any, where: str) -> SourceLoc | None:
     file, function = _field(obj, "file", str, where), _field(obj, "function", str, where, "")
     line = _field(obj, "line", int, where)
     if max(len(file), len(function)) > MAX_LOC_CHARS or not 0 <= line < 2**31:
-        raise GraphFormatError(f"{where}: file or function longer than {MAX_LOC_CHARS} characters, or line out of range")
+        raise GraphFormatError(
+            f"{where}: file or function longer than {MAX_LOC_CHARS} characters, or line out of range"
+        )
     return SourceLoc(file, line, function)  # printed escaped (SourceLoc.__str__)
 
 
@@ -148,7 +150,8 @@ def graph_from_doc(doc: Any) -> "Graph":
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise GraphFormatError(f"not an attnpass graph: expected an object with \"format\": \"{FORMAT}\"")
     if doc.get("version") != VERSION:
-        raise GraphFormatError(f"unsupported graph version {short_repr(doc.get('version'))}; this library reads {VERSION}")
+        version = short_repr(doc.get("version"))
+        raise GraphFormatError(f"unsupported graph version {version}; this library reads {VERSION}")
     try:
         graph = Graph(_field(doc, "name", str, "graph"))
         inputs = _field(doc, "inputs", list, "graph")
