@@ -7,7 +7,7 @@ File layout: one JSON header line, then the tensor payload (``.npz`` bytes)::
     <npz bytes>
 
 :func:`load_artifact` reads the header line from an unbuffered file and checks
-the identity (SPEC §2 "state identity") before a single payload byte is read,
+the identity (docs/semantics.md §2.7, "State identity") before a single payload byte is read,
 so a mismatched artifact fails fast with :class:`IdentityMismatch` whatever
 its tensor data holds. The identity is :func:`program_identity` of the
 *rewritten* graph: a pass pipeline that changed nothing keeps it.
