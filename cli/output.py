@@ -27,15 +27,25 @@ MAX_WIDTH = 100  # remarks wrap to the terminal's width, but no wider: long line
 INDENT = "    "  # continuation lines of a wrapped remark
 
 
+_MODULE_FILES: tuple[int, dict[str, str]] = (-1, {})  # (len(sys.modules) when built, real file -> module name)
+
+
 def module_path(file: str) -> str | None:
     """``attnpass/models/qwen38.py`` for the file of an imported module, else None."""
+    global _MODULE_FILES
+    if _MODULE_FILES[0] != len(sys.modules):  # rebuilt only when modules were imported since
+        files = {}
+        for name, module in list(sys.modules.items()):
+            origin = getattr(module, "__file__", None)
+            if isinstance(origin, str) and name != "__main__":
+                files.setdefault(os.path.realpath(origin), name)
+        _MODULE_FILES = (len(sys.modules), files)
     real = os.path.realpath(file)
-    for name, module in list(sys.modules.items()):
-        origin = getattr(module, "__file__", None)
-        if origin and name != "__main__" and os.path.realpath(origin) == real:
-            stem = name.replace(".", "/")
-            return f"{stem}/__init__.py" if os.path.basename(real) == "__init__.py" else f"{stem}.py"
-    return None
+    name = _MODULE_FILES[1].get(real)
+    if name is None:
+        return None
+    stem = name.replace(".", "/")
+    return f"{stem}/__init__.py" if os.path.basename(real) == "__init__.py" else f"{stem}.py"
 
 
 def short_path(file: str) -> str:
