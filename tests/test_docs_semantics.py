@@ -14,7 +14,7 @@ NOT_YET = {"passes/head_chunk.py", "passes/qsa_gather.py"}
 
 
 def sources() -> list[Path]:
-    files = [p for folder in SOURCES for p in (ROOT / folder).rglob("*.py")]
+    files = [p for folder in SOURCES for p in (ROOT / folder).rglob("*.py") if p != Path(__file__).resolve()]
     return [*files, ROOT / "README.md"]
 
 
