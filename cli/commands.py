@@ -142,11 +142,11 @@ def render_command(args: argparse.Namespace) -> int:
 
 def lower_command(args: argparse.Namespace) -> int:
     """The generated source only: the program is not compiled, so the backend is not imported."""
-    from attnpass.lowering import TARGETS
+    from attnpass.lowering import get_target
     from attnpass.lowering.codegen import generate
 
     graph = load_graph(args.graph)
-    print(generate(graph, TARGETS[args.target], comments=not args.no_comments).text.rstrip("\n"))
+    print(generate(graph, get_target(args.target), comments=not args.no_comments).text.rstrip("\n"))
     return 0
 
 
@@ -159,24 +159,25 @@ def _writable(path: str) -> Path:
 
 
 def export(args: argparse.Namespace) -> int:
-    from attnpass.backends.export import export_mlx, export_stablehlo
-    from attnpass.lowering import lower
+    from attnpass.lowering import export_formats, lower
 
     graph = load_graph(args.graph)
-    if args.target == "mlx" and not args.output:
-        raise AttnpassError("--target mlx writes a binary .mlxfn file: give -o FILE.mlxfn")
+    target = export_formats()[args.target]
+    spec = target.export
+    if spec.suffix and not args.output:
+        raise AttnpassError(f"--target {spec.format} writes a binary {spec.suffix} file: give -o FILE{spec.suffix}")
     out = _writable(args.output) if args.output else None
     try:
-        if args.target == "mlx":
-            path = export_mlx(lower(graph, "mlx"), out)
-            print(f"// wrote {path} (load it with mlx.core.import_function)")
+        program = lower(graph, target.name)
+        if spec.suffix:
+            print(f"// wrote {spec.function(program, out)} (load it with {spec.loader})")
             return 0
-        text = export_stablehlo(lower(graph, "jax"))
+        text = spec.function(program)
     except (AttnpassError, ImportError, OSError):
         raise
     except Exception as exc:  # the backend's own failure (MLX raises RuntimeError, JAX XlaRuntimeError, ...)
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        raise AttnpassError(f"export to {args.target} failed in the backend: {type(exc).__name__}: {reason}") from None
+        raise AttnpassError(f"export to {spec.format} failed in the backend: {type(exc).__name__}: {reason}") from None
     if out is not None:
         out.write_text(text)
         print(f"// wrote {args.output}")

@@ -21,7 +21,7 @@ import os
 import sys
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 PIPELINE_HELP = "textual pipeline, e.g. 'dce,head-chunk{budget=16},qsa-gather{pad_multiple=256}' (see: attnpass passes)"
 GRAPH_HELP = "graph file: JSON (Graph.to_json) or the printed text form (print(graph)); - for stdin"
@@ -29,19 +29,28 @@ FULL_PATHS_HELP = "show source locations as recorded (default: relative to the w
 
 
 class LazyNames:
-    """argparse ``choices`` read from a module attribute only when parsing or help needs them."""
+    """argparse ``choices`` computed only when parsing or help needs them (``names`` imports what it reads)."""
 
-    def __init__(self, module: str, attribute: str) -> None:
-        self.module, self.attribute = module, attribute
-
-    def _names(self) -> list[str]:
-        return list(getattr(importlib.import_module(self.module), self.attribute))
+    def __init__(self, names: Callable[[], Iterable[str]]) -> None:
+        self.names = names
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._names())
+        return iter(list(self.names()))
 
     def __contains__(self, name: object) -> bool:
-        return name in self._names()
+        return name in list(self.names())
+
+
+def _target_names() -> list[str]:
+    from attnpass.lowering import available_targets
+
+    return [t.name for t in available_targets()]
+
+
+def _export_names() -> list[str]:
+    from attnpass.lowering import export_formats
+
+    return list(export_formats())
 
 
 class LazyVersion(argparse.Action):
@@ -138,13 +147,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub = add("lower", "lower_command", "print the generated source of a graph lowered to a target")
     sub.add_argument("graph", metavar="GRAPH", help=GRAPH_HELP)
-    targets = LazyNames("attnpass.lowering", "TARGETS")
+    targets = LazyNames(_target_names)
     sub.add_argument("--target", "-t", required=True, choices=targets, metavar="TARGET", help="%(choices)s")
     sub.add_argument("--no-comments", action="store_true", help="omit the comments pointing back to graph nodes")
 
     sub = add("export", "export", "export a graph for other compilers: MLX .mlxfn or StableHLO text")
     sub.add_argument("graph", metavar="GRAPH", help=GRAPH_HELP)
-    sub.add_argument("--target", "-t", required=True, choices=["mlx", "stablehlo"], help="export format")
+    formats = LazyNames(_export_names)
+    sub.add_argument("--target", "-t", required=True, choices=formats, metavar="FORMAT", help="%(choices)s")
     sub.add_argument("-o", "--output", metavar="FILE", help="output file (stablehlo: default stdout)")
 
     sub = add("example", "example", "write a built-in example graph as JSON (no NAME: list them)")

@@ -1,10 +1,13 @@
-"""Lowering: IR -> readable generated Python for a target ("mlx", "jax", "numpy")."""
+"""Lowering: IR -> readable generated Python for a registered target ("mlx", "jax", "numpy", ...)."""
 
 from .artifact import Artifact, ArtifactError, load_artifact, save_artifact
-from .codegen import LoweringError, Target
-from .program import TARGETS, IdentityMismatch, Program, lower, program_identity
+from .codegen import LoweringError
+from .program import IdentityMismatch, Program, lower, program_identity
+from .registry import available_targets, export_formats, get_target, register_target
+from .target import Export, Target
 
 __all__ = [
-    "Artifact", "ArtifactError", "IdentityMismatch", "LoweringError", "Program", "TARGETS", "Target",
-    "load_artifact", "lower", "program_identity", "save_artifact",
+    "Artifact", "ArtifactError", "Export", "IdentityMismatch", "LoweringError", "Program", "Target",
+    "available_targets", "export_formats", "get_target", "load_artifact", "lower", "program_identity",
+    "register_target", "save_artifact",
 ]  # fmt: skip

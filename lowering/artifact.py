@@ -28,7 +28,9 @@ from attnpass.ir import AttnpassError, DType, Graph, GraphFormatError, TensorTyp
 from attnpass.ir.core.serialize import graph_from_doc, read_json
 from attnpass.ir.core.types import printable, short_repr, type_str
 
-from .program import TARGETS, IdentityMismatch, Program, lower, program_identity
+from .codegen import LoweringError
+from .program import IdentityMismatch, Program, lower, program_identity
+from .registry import get_target
 
 FORMAT = "attnpass.artifact"
 VERSION = 1
@@ -68,7 +70,7 @@ def save_artifact(path: str | os.PathLike, program: Program, state: Mapping[str,
         "format": FORMAT,
         "version": VERSION,
         "identity": program.identity,
-        "target": program.target,
+        "target": program.target.name,
         "graph": json.loads(program.graph.to_json()),
         "state": manifest,
     }
@@ -116,8 +118,11 @@ def load_artifact(path: str | os.PathLike, expected_identity: str) -> Artifact:
                 f"artifact {os.fspath(path)!r} belongs to program {found[:16]}… ({target}), "
                 f"expected {expected_identity[:16]}…; its state cannot be restored into this program"
             )
-        if header["target"] not in TARGETS:
-            raise ArtifactError(f"artifact header: unknown target {short_repr(header['target'])}")
+        try:
+            get_target(header["target"])
+        except LoweringError as exc:
+            valid = str(exc).rsplit("; ", 1)[-1]  # the registry's "valid targets: ..."
+            raise ArtifactError(f"artifact header: unknown target {short_repr(header['target'])}; {valid}") from None
         try:
             graph = graph_from_doc(header["graph"])
         except GraphFormatError as exc:

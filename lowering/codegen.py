@@ -3,7 +3,7 @@
 One environment loop over the nodes in topological order; each target supplies
 an emitter table ``op -> emitter(node, args, env) -> expression``. Identifiers
 come from a fresh namespace that avoids keywords, builtins and the target's
-module aliases; user strings only ever reach the source as validated
+reserved aliases; user strings only ever reach the source as validated
 identifiers or escaped comments.
 """
 
@@ -13,9 +13,12 @@ import builtins
 import keyword
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping
 
 from attnpass.ir import AttnpassError, DType, Graph, Node, TensorType, format_node
+
+if TYPE_CHECKING:
+    from .target import Target
 
 
 class LoweringError(AttnpassError):
@@ -24,34 +27,26 @@ class LoweringError(AttnpassError):
 
 @dataclass
 class EmitEnv:
-    """What an emitter may look at (the graph, for operand types) and ask for (extra imports)."""
+    """What an emitter may look at (the graph, for operand types) and ask for (runtime helpers)."""
 
     graph: Graph
+    target: Target
     imports: dict[str, None] = field(default_factory=dict)
 
     def type_of(self, name: str) -> TensorType:
         return self.graph.node(name).type
 
-    def need(self, import_line: str) -> None:
-        """Add an import line to the generated module (once, in first-use order)."""
-        self.imports.setdefault(import_line)
+    def runtime(self, alias: str) -> str:
+        """Import the target's runtime helper ``alias`` into the generated module (once); returns the alias."""
+        path = self.target.runtime.get(alias)
+        if path is None:
+            raise LoweringError(f"target {self.target.name!r} has no runtime helper {alias!r}")
+        module, _, name = path.rpartition(".")
+        self.imports.setdefault(f"from {module} import {name}" + ("" if name == alias else f" as {alias}"))
+        return alias
 
 
 Emitter = Callable[[Node, list[str], EmitEnv], str]
-
-
-@dataclass(frozen=True)
-class Target:
-    """A lowering target: the import lines every program has, an emitter table, reserved aliases.
-
-    Emitters that call a helper module add its import with :meth:`EmitEnv.need`;
-    its alias must be in ``reserved``.
-    """
-
-    name: str
-    prelude: tuple[str, ...]  # import lines of every generated module
-    emitters: Mapping[str, Emitter]
-    reserved: frozenset[str] = field(default_factory=frozenset)
 
 
 class Namespace:
@@ -109,7 +104,7 @@ def generate(graph: Graph, target: Target, *, comments: bool = True) -> Source:
     """Emit one Python function computing ``graph`` with ``target``'s emitter table."""
     graph.verify()
     ns = Namespace(target.reserved)
-    env = EmitEnv(graph)
+    env = EmitEnv(graph, target)
     fn_name = ns(graph.name)
     params = tuple(ns(i) for i in graph.inputs)
     lines = [f"def {fn_name}({', '.join(params)}):"]

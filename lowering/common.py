@@ -36,9 +36,14 @@ def causal_offset(node: Node, env: EmitEnv) -> int | None:
     return t - s if causal == "bottom_right" else 0
 
 
+def dtype_name(dtype: DType) -> str:
+    """``bfloat16``, ``bool_``: the dtype's attribute name in a numpy-named array library."""
+    return "bool_" if dtype is DType.bool else dtype.value
+
+
 def dtype_expr(xp: str, dtype: DType) -> str:
-    """``mx.bfloat16``, ``jnp.bool_``: the dtype's name in a numpy-named array library."""
-    return f"{xp}.{'bool_' if dtype is DType.bool else dtype.value}"
+    """``mx.bfloat16``, ``jnp.bool_``: the dtype in a numpy-named array library imported as ``xp``."""
+    return f"{xp}.{dtype_name(dtype)}"
 
 
 def with_causal(

@@ -5,51 +5,33 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import json
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 import numpy as np
 
 from attnpass.ir import AttnpassError, Graph, TensorType
 from attnpass.ir.core.types import type_str
 
-from .codegen import LoweringError, Source, Target, generate
-from .jax_target import TARGET as JAX
-from .mlx_target import TARGET as MLX
-from .numpy_target import TARGET as NUMPY
-
-TARGETS: Mapping[str, Target] = {"numpy": NUMPY, "mlx": MLX, "jax": JAX}
+from .codegen import LoweringError, Source, generate
+from .registry import get_target
 
 
 class IdentityMismatch(AttnpassError):
     """A saved graph or artifact belongs to a program other than the one expected."""
 
 
-def backend_version(target: str) -> str:
+def backend_version(distribution: str) -> str:
     try:
-        return importlib.metadata.version(target)  # the distributions are named like the targets
+        return importlib.metadata.version(distribution)
     except importlib.metadata.PackageNotFoundError:
         return "absent"
 
 
 def program_identity(graph: Graph, target: str) -> str:
     """sha256 over the graph fingerprint, the target and the backend version."""
-    doc = {"graph": graph.fingerprint(), "target": target, "backend": backend_version(target)}
+    version = backend_version(get_target(target).distribution)
+    doc = {"graph": graph.fingerprint(), "target": target, "backend": version}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
-
-
-def to_backend(target: str, value: Any) -> Any:
-    """numpy arrays become the target's arrays; anything else (backend arrays, tracers) passes."""
-    if not isinstance(value, np.ndarray):
-        return value
-    if target == "mlx":
-        import mlx.core as mx
-
-        return mx.array(value)
-    if target == "jax":
-        import jax.numpy as jnp
-
-        return jnp.asarray(value)
-    return value
 
 
 def _dtype_name(value: Any) -> str:
@@ -69,17 +51,16 @@ def check_argument(name: str, expected: TensorType, value: Any) -> None:
 class Program:
     """A graph lowered to one target. Call it positionally (graph-input order) or by input name.
 
-    Attributes: ``graph`` (the lowered graph), ``target``, ``source`` (generated
-    Python), ``fn`` (the raw generated function, for ``mx.compile``/``jax.jit``
-    or export), ``input_names``, ``line_to_node`` and ``identity``.
+    Attributes: ``graph`` (the lowered graph), ``target`` (the registered
+    :class:`Target`), ``source`` (generated Python), ``fn`` (the raw generated
+    function, for ``mx.compile``/``jax.jit`` or export), ``input_names``,
+    ``line_to_node`` and ``identity``.
     """
 
     def __init__(self, graph: Graph, target: str, *, comments: bool = True) -> None:
-        if target not in TARGETS:
-            raise LoweringError(f"unknown target {target!r}; valid targets: {', '.join(TARGETS)}")
+        self.target = get_target(target)
         self.graph = graph.copy()
-        self.target = target
-        generated: Source = generate(self.graph, TARGETS[target], comments=comments)
+        generated: Source = generate(self.graph, self.target, comments=comments)
         self.source = generated.text
         self.line_to_node = generated.line_to_node
         namespace: dict[str, Any] = {"__name__": f"attnpass_generated_{target}"}
@@ -116,16 +97,16 @@ class Program:
             raise AttnpassError(f"{self.graph.name}: missing input(s) {', '.join(missing)}")
         for name, t in zip(names, self.input_types):
             check_argument(name, t, bound[name])
-        return [to_backend(self.target, bound[n]) for n in names]
+        convert = self.target.from_numpy  # numpy arrays only: backend arrays and tracers pass as they are
+        return [convert(bound[n]) if isinstance(bound[n], np.ndarray) else bound[n] for n in names]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*self.bind(*args, **kwargs))
 
     def __repr__(self) -> str:
-        return f"<Program {self.graph.name} target={self.target} inputs={list(self.input_names)}>"
+        return f"<Program {self.graph.name} target={self.target.name} inputs={list(self.input_names)}>"
 
 
 def lower(graph: Graph, target: str, *, comments: bool = True) -> Program:
-    """Lower ``graph`` to ``target`` ("mlx", "jax" or "numpy") and compile the generated source."""
+    """Lower ``graph`` to the target registered as ``target`` ("mlx", "jax", "numpy", ...) and compile it."""
     return Program(graph, target, comments=comments)
-

@@ -1,75 +1,100 @@
-"""The QSA ops written once over a numpy-named array library ``xp`` (``mlx.core``, ``jax.numpy``).
+"""The QSA runtime written once over a numpy-named array library ``xp`` (``mlx.core``, ``jax.numpy``).
 
-The MLX and JAX runtimes bind ``xp`` and add what differs: their exact top-k
-and their scatter. Out-of-range block ids and positions beyond the cache are
-dropped (never read out of bounds); the numpy reference raises on them instead.
+A target binds ``xp`` and adds what differs, its exact top-k and its scatter:
+``qsa = QSAOps(jnp, top_k=..., put=...)`` in its runtime module is the
+``qsa`` helper its generated code calls. Out-of-range block ids and positions
+beyond the cache are dropped (never read out of bounds); the numpy reference
+raises on them instead.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Callable
 
+TopK = Callable[[Any, int], Any]  # top_k(scores, k): ids of the k largest along the last axis, ties to the lower id
 Put = Callable[[Any, Any, Any], Any]  # put(array, indices, values) along the last axis, on a copy
 
 
-def pool(xp: Any, raw_keys: Any, ratio: int) -> Any:
-    """float32 mean of each complete block (the r rows added in order, then divided), cast back."""
-    *lead, t, d = raw_keys.shape
-    nb = t // ratio
-    blocks = xp.reshape(raw_keys[..., : nb * ratio, :], (*lead, nb, ratio, d)).astype(xp.float32)
-    acc = blocks[..., 0, :]
-    for i in range(1, ratio):
-        acc = acc + blocks[..., i, :]
-    return (acc / ratio).astype(raw_keys.dtype)
+@dataclass(frozen=True)
+class QSAOps:
+    """The QSA ops (``pool`` ... ``cell_valid``, named like the ops without ``qsa_``) over ``xp``.
 
+    ``top_k`` must be exact: -0.0 equal to +0.0, NaN ranked with -inf, ties to the lower block id.
+    """
 
-def block_scores(xp: Any, idx_q: Any, block_keys: Any) -> Any:
-    """f32 sum over heads of relu(q_h . key_b) / sqrt(Di), one matmul with the heads folded into rows."""
-    b, s, h, d = idx_q.shape
-    q = xp.reshape(idx_q.astype(xp.float32), (b, s * h, d))
-    dots = xp.reshape(xp.matmul(q, xp.swapaxes(block_keys.astype(xp.float32), -1, -2)), (b, s, h, -1))
-    return xp.sum(xp.maximum(dots, 0.0), axis=2) / math.sqrt(d)
+    xp: Any
+    top_k: TopK
+    put: Put
 
+    def pool(self, raw_keys: Any, *, ratio: int) -> Any:
+        """float32 mean of each complete block (the r rows added in order, then divided), cast back."""
+        xp = self.xp
+        *lead, t, d = raw_keys.shape
+        nb = t // ratio
+        blocks = xp.reshape(raw_keys[..., : nb * ratio, :], (*lead, nb, ratio, d)).astype(xp.float32)
+        acc = blocks[..., 0, :]
+        for i in range(1, ratio):
+            acc = acc + blocks[..., i, :]
+        return (acc / ratio).astype(raw_keys.dtype)
 
-def finish_selection(xp: Any, top: Any, n_complete: Any, top_k_blocks: int) -> Any:
-    """Sort the top-k ids ascending, mark invisible picks -1 (they sort last), pad to K with -1."""
-    chosen = xp.sort(top.astype(xp.int32), axis=-1)
-    chosen = xp.where(chosen < n_complete, chosen, -1)
-    b, s, k = chosen.shape
-    if k < top_k_blocks:
-        chosen = xp.concatenate([chosen, xp.full((b, s, top_k_blocks - k), -1, dtype=xp.int32)], axis=-1)
-    return chosen
+    def block_scores(self, idx_q: Any, block_keys: Any) -> Any:
+        """f32 sum over heads of relu(q_h . key_b) / sqrt(Di), one matmul with the heads folded into rows."""
+        xp = self.xp
+        b, s, h, d = idx_q.shape
+        q = xp.reshape(idx_q.astype(xp.float32), (b, s * h, d))
+        dots = xp.reshape(xp.matmul(q, xp.swapaxes(block_keys.astype(xp.float32), -1, -2)), (b, s, h, -1))
+        return xp.sum(xp.maximum(dots, 0.0), axis=2) / math.sqrt(d)
 
+    def select(self, block_scores: Any, positions: Any, *, ratio: int, top_k_blocks: int) -> Any:
+        """The top-k complete blocks, ids ascending, invisible picks and padding -1."""
+        xp = self.xp
+        nb = block_scores.shape[-1]
+        n_complete = ((positions + 1) // ratio)[..., None]
+        score = xp.where(xp.arange(nb, dtype=xp.int32) < n_complete, block_scores, -math.inf)  # invisible: last
+        chosen = xp.sort(self.top_k(score, min(top_k_blocks, nb)).astype(xp.int32), axis=-1)
+        chosen = xp.where(chosen < n_complete, chosen, -1)
+        b, s, k = chosen.shape
+        if k < top_k_blocks:
+            chosen = xp.concatenate([chosen, xp.full((b, s, top_k_blocks - k), -1, dtype=xp.int32)], axis=-1)
+        return chosen
 
-def mask(xp: Any, put: Put, selection: Any, positions: Any, ratio: int, kv_len: int) -> Any:
-    """bool [B, 1, S, kv_len]: (cells of the selected blocks | tail) & causal."""
-    b, s, _k = selection.shape
-    n_blocks = -(-kv_len // ratio)
-    in_range = (selection >= 0) & (selection < n_blocks)
-    ids = xp.where(in_range, selection, n_blocks)  # unused ids land in a spare slot
-    picked = put(xp.zeros((b, s, n_blocks + 1), dtype=xp.bool_), ids, xp.array(True))
-    cells = xp.arange(kv_len, dtype=xp.int32)
-    p = positions[..., None]
-    tail = cells >= ((p + 1) // ratio) * ratio
-    return ((xp.take(picked, cells // ratio, axis=-1) | tail) & (cells <= p))[:, None]
+    def mask(self, selection: Any, positions: Any, *, ratio: int, kv_len: int) -> Any:
+        """bool [B, 1, S, kv_len]: (cells of the selected blocks | tail) & causal."""
+        xp = self.xp
+        b, s, _k = selection.shape
+        n_blocks = -(-kv_len // ratio)
+        in_range = (selection >= 0) & (selection < n_blocks)
+        ids = xp.where(in_range, selection, n_blocks)  # unused ids land in a spare slot
+        picked = self.put(xp.zeros((b, s, n_blocks + 1), dtype=xp.bool_), ids, xp.array(True))
+        cells = xp.arange(kv_len, dtype=xp.int32)
+        p = positions[..., None]
+        tail = cells >= ((p + 1) // ratio) * ratio
+        return ((xp.take(picked, cells // ratio, axis=-1) | tail) & (cells <= p))[:, None]
 
+    def cells(self, selection: Any, positions: Any, *, ratio: int, width: int, kv_len: int) -> Any:
+        return self._slots(selection, positions, ratio, width, kv_len)[0]
 
-def slots(xp: Any, selection: Any, positions: Any, ratio: int, width: int, kv_len: int) -> tuple[Any, Any]:
-    """``(cells, valid)`` of width W: the selected blocks' cells, then r-1 tail slots, then padding."""
-    b, s, k = selection.shape
-    p = positions[..., None]
-    n_complete = (p + 1) // ratio
-    blk = selection[..., None]
-    block_cells = xp.reshape(blk * ratio + xp.arange(ratio, dtype=xp.int32), (b, s, k * ratio))
-    block_ok = xp.reshape(
-        xp.broadcast_to((blk >= 0) & (blk < n_complete[..., None]), (b, s, k, ratio)), (b, s, k * ratio)
-    )
-    tail_cells = n_complete * ratio + xp.arange(ratio - 1, dtype=xp.int32)
-    parts = [(block_cells, block_ok), (tail_cells, tail_cells <= p)]
-    pad = width - k * ratio - (ratio - 1)
-    if pad:
-        parts.append((xp.zeros((b, s, pad), dtype=xp.int32), xp.zeros((b, s, pad), dtype=xp.bool_)))
-    cells = xp.concatenate([c for c, _ in parts], axis=-1)
-    ok = xp.concatenate([o for _, o in parts], axis=-1) & (cells >= 0) & (cells < kv_len)
-    return xp.where(ok, cells, 0), ok
+    def cell_valid(self, selection: Any, positions: Any, *, ratio: int, width: int, kv_len: int) -> Any:
+        return self._slots(selection, positions, ratio, width, kv_len)[1]
+
+    def _slots(self, selection: Any, positions: Any, ratio: int, width: int, kv_len: int) -> tuple[Any, Any]:
+        """``(cells, valid)`` of width W: the selected blocks' cells, then r-1 tail slots, then padding."""
+        xp = self.xp
+        b, s, k = selection.shape
+        p = positions[..., None]
+        n_complete = (p + 1) // ratio
+        blk = selection[..., None]
+        block_cells = xp.reshape(blk * ratio + xp.arange(ratio, dtype=xp.int32), (b, s, k * ratio))
+        block_ok = xp.reshape(
+            xp.broadcast_to((blk >= 0) & (blk < n_complete[..., None]), (b, s, k, ratio)), (b, s, k * ratio)
+        )
+        tail_cells = n_complete * ratio + xp.arange(ratio - 1, dtype=xp.int32)
+        parts = [(block_cells, block_ok), (tail_cells, tail_cells <= p)]
+        pad = width - k * ratio - (ratio - 1)
+        if pad:
+            parts.append((xp.zeros((b, s, pad), dtype=xp.int32), xp.zeros((b, s, pad), dtype=xp.bool_)))
+        cells = xp.concatenate([c for c, _ in parts], axis=-1)
+        ok = xp.concatenate([o for _, o in parts], axis=-1) & (cells >= 0) & (cells < kv_len)
+        return xp.where(ok, cells, 0), ok

@@ -1,7 +1,9 @@
-"""Passes over the attention IR: the pass contract, the pass manager, remarks and the rewrites.
+"""Passes over the attention IR: the pass contract, the manager, remarks, the shared rewrite layer and the rewrites.
 
-The driver order (list order, whole graph per pass, fixed point = repeat the
-whole pipeline, bounded) is documented in :mod:`attnpass.passes.manager`.
+The rewrite driver's order (one documented order for every rule-based pass) is
+in :mod:`attnpass.passes.rewrite`; the pipeline driver's (list order, whole
+graph per pass, bounded fixed point) in :mod:`attnpass.passes.manager`.
+Built-in passes register themselves by name when imported here.
 """
 
 from .base import Pass, PassError, PassResult, Remark, Remarks
@@ -10,21 +12,17 @@ from .head_chunk import HeadChunkSDPA, head_chunk_plan
 from .instrument import Instrumentation, PassTimings, PrintAfterChange
 from .manager import PassManager
 from .narrow_inputs import NarrowInputs
+from .pipeline import format_pipeline, parse_pipeline
+from .policy import SwitchedPass
 from .qsa_gather import QSAGather
+from .raise_attention import RaiseAttention
+from .registry import PipelineError, available_passes, get_pass, register_pass
+from .reproducer import Reproducer, load_reproducer
+from .rewrite import Decline, Rewriter, Rule, apply_rules
 
 __all__ = [
-    "DeadCodeElimination", "HeadChunkSDPA", "Instrumentation", "Pass", "PassError", "PassManager", "PassResult",
-    "PassTimings", "PrintAfterChange", "Remark", "Remarks", "head_chunk_plan",
-]  # fmt: skip
-__all__ += ["NarrowInputs", "QSAGather"]
-from .raise_attention import RaiseAttention  # noqa: E402
-
-__all__ += ["RaiseAttention"]
-from .pipeline import format_pipeline, parse_pipeline  # noqa: E402
-from .registry import PipelineError, available_passes, get_pass, register_pass  # noqa: E402
-from .reproducer import Reproducer, load_reproducer  # noqa: E402
-
-__all__ += [
-    "PipelineError", "Reproducer", "available_passes", "format_pipeline", "get_pass", "load_reproducer",
-    "parse_pipeline", "register_pass",
+    "DeadCodeElimination", "Decline", "HeadChunkSDPA", "Instrumentation", "NarrowInputs", "Pass", "PassError",
+    "PassManager", "PassResult", "PassTimings", "PipelineError", "PrintAfterChange", "QSAGather", "RaiseAttention",
+    "Remark", "Remarks", "Reproducer", "Rewriter", "Rule", "SwitchedPass", "apply_rules", "available_passes",
+    "format_pipeline", "get_pass", "head_chunk_plan", "load_reproducer", "parse_pipeline", "register_pass",
 ]  # fmt: skip

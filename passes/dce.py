@@ -8,10 +8,12 @@ from typing import ClassVar
 from attnpass.ir import Graph
 
 from .base import Pass, Remarks
+from .registry import register_pass
 
 MAX_LISTED = 8  # dead internal node names listed in the summary remark before truncating
 
 
+@register_pass
 @dataclass(frozen=True)
 class DeadCodeElimination(Pass):
     """Remove every value the outputs do not (transitively) read.

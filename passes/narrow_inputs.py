@@ -8,8 +8,9 @@ row of a padded ``[B, 64, T]`` mask instead of all 64), and
 :meth:`Graph.input_nbytes` drops accordingly. Run :class:`DeadCodeElimination`
 first: a dead reader that is not a slice blocks the narrowing.
 
-One remark per graph input, in signature order: ``applied`` with the bytes
-per call before and after, or ``declined`` with the reason.
+One rule on the shared layer (:mod:`attnpass.passes.rewrite`), anchored at
+graph inputs: one remark per input, in signature order, ``applied`` with the
+bytes per call before and after, or ``declined`` with the reason.
 """
 
 from __future__ import annotations
@@ -20,12 +21,60 @@ from typing import ClassVar
 from attnpass.ir import Graph, Node, TensorType, format_slice
 
 from .base import Pass, Remarks
+from .registry import register_pass
+from .rewrite import Decline, Rewriter, Rule, apply_rules
+
+
+@dataclass(frozen=True)
+class _Narrowing:
+    name: str
+    before: TensorType
+    after: TensorType
+    role: str
+    window: str
 
 
 def _bounds(node: Node) -> tuple:
     return node.attrs["start"], node.attrs["stop"], node.attrs["step"]
 
 
+def _match(graph: Graph, node: Node) -> _Narrowing | Decline:
+    """The narrowing of input ``node``, or why it keeps its type."""
+    name, readers = node.name, graph.users(node.name)
+    if name in graph.outputs:
+        return Decline("it is a graph output")
+    if not readers:
+        return Decline("it is never read (dead-code elimination removes it)")
+    others = sorted({n.op for n in readers if n.op != "slice"})
+    if others:
+        return Decline(f"it is read by {', '.join(others)}, not only through slices")
+    bounds = {_bounds(n) for n in readers}
+    if len(bounds) > 1:
+        return Decline(f"its {len(readers)} slices differ in bounds ({len(bounds)} distinct)")
+    if readers[0].type == node.type:
+        return Decline("its slice covers the whole input")
+    return _Narrowing(name, node.type, readers[0].type, node.attrs["role"], f"[{format_slice(readers[0])}]")
+
+
+def _rewrite(rw: Rewriter, m: _Narrowing) -> None:
+    """Retype the input to its slices' type, then let their readers read the input directly."""
+    slices = rw.graph.users(m.name)
+    rw.retype_matched(m.after)
+    for s in slices:
+        rw.graph.replace_with(s.name, m.name)
+
+
+def _describe(m: _Narrowing) -> str:
+    return (
+        f"read only through the slice {m.window}: input {m.name}:{m.before} narrowed to {m.after} "
+        f"({m.role}), {m.before.nbytes} -> {m.after.nbytes} bytes per call"
+    )
+
+
+RULES = [Rule("narrow-inputs", "input", _match, _rewrite, _describe)]
+
+
+@register_pass
 @dataclass(frozen=True)
 class NarrowInputs(Pass):
     """Replace inputs read only by identical static slices with inputs of the slice's shape."""
@@ -33,57 +82,7 @@ class NarrowInputs(Pass):
     name: ClassVar[str] = "narrow-inputs"
 
     def run(self, graph: Graph, remarks: Remarks) -> bool:
-        changed = False
-        for name in graph.inputs:
-            reason = self._decline_reason(graph, name)
-            if reason is not None:
-                remarks.declined(name, reason, graph.node(name).loc)
-                continue
-            before = graph.node(name).type
-            window = f"[{format_slice(graph.users(name)[0])}]"
-            after = _narrow(graph, name)
-            remarks.applied(
-                name,
-                f"read only through the slice {window}: input {name}:{before} narrowed to {after} "
-                f"({graph.input_role(name)}), {before.nbytes} -> {after.nbytes} bytes per call",
-                graph.node(name).loc,
-            )
-            changed = True
-        return changed
-
-    @staticmethod
-    def _decline_reason(graph: Graph, name: str) -> str | None:
-        readers = graph.users(name)
-        if name in graph.outputs:
-            return "it is a graph output"
-        if not readers:
-            return "it is never read (dead-code elimination removes it)"
-        others = sorted({n.op for n in readers if n.op != "slice"})
-        if others:
-            return f"it is read by {', '.join(others)}, not only through slices"
-        bounds = {_bounds(n) for n in readers}
-        if len(bounds) > 1:
-            return f"its {len(readers)} slices differ in bounds ({len(bounds)} distinct)"
-        if readers[0].type == graph.node(name).type:
-            return "its slice covers the whole input"
-        return None
-
-
-def _narrow(graph: Graph, name: str) -> TensorType:
-    """Swap input ``name`` for an input of its slices' type (same name, role, position)."""
-    old = graph.node(name)
-    slices = graph.users(name)
-    order, role, new_type = list(graph.inputs), old.attrs["role"], slices[0].type
-    temp = graph.add_input(graph.fresh_name(f"{name}_narrow"), new_type, role, old.loc)
-    for s in slices:
-        graph.replace_all_uses(s.name, temp)
-        graph.remove_node(s.name)
-    graph.remove_node(name)
-    graph.add_input(name, new_type, role, old.loc)
-    graph.replace_all_uses(temp, name)
-    graph.remove_node(temp)
-    graph.set_inputs(order)
-    return new_type
+        return bool(apply_rules(graph, RULES, remarks))
 
 
 __all__ = ["NarrowInputs"]

@@ -3,7 +3,7 @@
 An explicit ``True``/``False`` wins. Otherwise the variable is read when the
 pass runs: ``false``, ``off``, ``no`` or ``0`` (any case, surrounding
 whitespace ignored) turns the rewrite off; any other value, or none, leaves it
-on (docs/semantics.md, "Switches"). ``true``, ``on``, ``yes`` and ``1`` are the
+on (docs/semantics.md §2.5). ``true``, ``on``, ``yes`` and ``1`` are the
 recognised "on" values: any other value still leaves the rewrite on, with a
 warning once per process and variable naming the variable, its value and the
 accepted values (a typo such as ``flase`` should not pass silently).
@@ -13,6 +13,10 @@ from __future__ import annotations
 
 import os
 import warnings
+from dataclasses import dataclass
+from typing import ClassVar
+
+from .base import Pass
 
 OFF = ("false", "off", "no", "0")
 ON = ("true", "on", "yes", "1")
@@ -41,3 +45,22 @@ def resolve_switch(enabled: bool | None, env_var: str) -> tuple[bool, str]:
             stacklevel=2,
         )
     return value not in OFF_VALUES, f"{env_var}={raw.strip()}"
+
+
+@dataclass(frozen=True)
+class SwitchedPass(Pass):
+    """A pass with an on/off policy: ``enabled`` (True, False or None = read ``env_var`` when it runs)."""
+
+    env_var: ClassVar[str] = ""
+    enabled: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.enabled is not None and not isinstance(self.enabled, bool):
+            raise ValueError(f"{type(self).__name__}: enabled must be True, False or None, got {self.enabled!r}")
+
+    def disabled(self) -> str | None:
+        """None when the rewrite is on now; otherwise the reason, e.g. ``disabled by ATTNPASS_QSA_GATHER=off``."""
+        on, source = resolve_switch(self.enabled, self.env_var)
+        if on:
+            return None
+        return f"disabled by {type(self).__name__}(enabled=False)" if self.enabled is False else f"disabled by {source}"

@@ -39,48 +39,47 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
-from attnpass.ir import Graph, Node, TensorType
+from attnpass.ir import DType, Graph, Node
 from attnpass.ir.dialects import min_width
 
-from .base import Pass, Remarks
-from .policy import resolve_switch
+from .base import Remarks
+from .policy import SwitchedPass
+from .registry import register_pass
+from .rewrite import Decline, Rewriter, Rule, apply_rules
 
 ENV_VAR = "ATTNPASS_QSA_GATHER"
 
 
-def gather_policy(enabled: bool | None) -> tuple[bool, str]:
-    """(on?, why): the explicit flag, else ``ATTNPASS_QSA_GATHER`` read now (never written)."""
-    return resolve_switch(enabled, ENV_VAR)
-
-
 @dataclass(frozen=True)
 class _Match:
-    sdpa: Node
     select: Node
     form: str  # "qsa_mask" | "logical_and" | "where"
     vis: str | None
     ratio: int
     top_k: int
     width: int
+    n_kv: int
+    streams: int
+    rows: int
 
 
 def _is_neg_inf_constant(node: Node) -> bool:
     return node.op == "constant" and all(v == -math.inf for v in node.attrs["value"])
 
 
+@register_pass
 @dataclass(frozen=True)
-class QSAGather(Pass):
+class QSAGather(SwitchedPass):
     """Rewrite decode-shaped masked QSA attention into gather + dense attention over ``W`` cells."""
 
     name: ClassVar[str] = "qsa-gather"
-    enabled: bool | None = None
+    env_var: ClassVar[str] = ENV_VAR
     max_rows: int = 1
     min_depth_factor: float = 2
     pad_multiple: int = 1
 
     def __post_init__(self) -> None:
-        if self.enabled is not None and not isinstance(self.enabled, bool):
-            raise ValueError(f"QSAGather: enabled must be True, False or None, got {self.enabled!r}")
+        super().__post_init__()
         for field_name in ("max_rows", "pad_multiple"):
             value = getattr(self, field_name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -95,100 +94,87 @@ class QSAGather(Pass):
         return -(-need // self.pad_multiple) * self.pad_multiple
 
     def run(self, graph: Graph, remarks: Remarks) -> bool:
-        on, why = gather_policy(self.enabled)
-        sdpas = [n for n in graph.nodes() if n.op == "sdpa"]
-        if not on:
-            remarks.declined(None, f"disabled ({why}): {len(sdpas)} sdpa node(s) keep the masked path")
-            return False
-        if not sdpas:
-            remarks.declined(None, "no sdpa in the graph")
-            return False
-        changed = False
-        for node in sdpas:
-            match = self._match(graph, node)
-            if isinstance(match, str):
-                remarks.declined(node.name, f"masked path kept: {match}", node.loc)
-                continue
-            out = _rewrite(graph, match)
-            remarks.applied(node.name, self._describe(graph, match, out), node.loc)
-            changed = True
-        return changed
+        rule = Rule("qsa-gather", "sdpa", self._match, _rewrite, self._describe)
+        return bool(apply_rules(graph, [rule], remarks, decline_all=self.disabled()))
 
     # ------------------------------------------------------------------ check
 
-    def _match(self, graph: Graph, node: Node) -> _Match | str:
-        """The matched pattern, or why it does not match (with the numbers)."""
+    def _match(self, graph: Graph, node: Node) -> _Match | Decline:
+        """The matched pattern, or why the masked path is kept (with the numbers)."""
         if len(node.inputs) < 4:
-            return "sdpa has no mask, so it is not a masked QSA attention"
+            return _kept("sdpa has no mask, so it is not a masked QSA attention")
         if node.attrs["causal"] != "none":
-            return f"sdpa has causal={node.attrs['causal']!r}; the pattern needs causality inside the qsa_mask"
+            return _kept(f"sdpa has causal={node.attrs['causal']!r}; the pattern needs causality inside the qsa_mask")
         q, k = graph.node(node.inputs[0]).type, graph.node(node.inputs[1]).type
         (b, _hq, s, _d), t = q.shape, k.shape[2]
         found = _split_mask(graph, graph.node(node.inputs[3]))
-        if isinstance(found, str):
+        if isinstance(found, Decline):
             return found
         form, qmask, vis = found
         selection = graph.node(qmask.inputs[0])
         if selection.op != "qsa_select":
-            return f"the selection {selection.name} of {qmask.name} is {selection.op}, not qsa_select over block scores"
+            return _kept(f"the selection {selection.name} of {qmask.name} is {selection.op}, not qsa_select over block scores")
         ratio, top_k = qmask.attrs["ratio"], selection.attrs["top_k_blocks"]
         if selection.attrs["ratio"] != ratio:
-            return f"ratio differs: {selection.name} has ratio={selection.attrs['ratio']}, {qmask.name} ratio={ratio}"
+            return _kept(f"ratio differs: {selection.name} has ratio={selection.attrs['ratio']}, {qmask.name} ratio={ratio}")
         if selection.inputs[1] != qmask.inputs[1]:
-            return (
+            return _kept(
                 f"positions differ: {selection.name} reads {selection.inputs[1]}, "
                 f"{qmask.name} reads {qmask.inputs[1]}"
             )
         if qmask.attrs["kv_len"] != t:
-            return f"{qmask.name} has kv_len={qmask.attrs['kv_len']} but the cache k has n_kv={t}"
+            return _kept(f"{qmask.name} has kv_len={qmask.attrs['kv_len']} but the cache k has n_kv={t}")
         if qmask.type.shape != (b, 1, s, t):
-            return f"{qmask.name} is {qmask.type}, expected [B, 1, S, n_kv] = {[b, 1, s, t]} from q and k"
+            return _kept(f"{qmask.name} is {qmask.type}, expected [B, 1, S, n_kv] = {[b, 1, s, t]} from q and k")
         n_blocks = graph.node(selection.inputs[0]).type.shape[-1]
         if n_blocks * ratio > t:
-            return f"block scores cover {n_blocks} blocks x ratio {ratio} = {n_blocks * ratio} cells > n_kv={t}"
+            return _kept(f"block scores cover {n_blocks} blocks x ratio {ratio} = {n_blocks * ratio} cells > n_kv={t}")
         if s > self.max_rows:
-            return f"prefill-shaped: {s} query rows per stream > max_rows={self.max_rows} (decode only)"
+            return _kept(f"prefill-shaped: {s} query rows per stream > max_rows={self.max_rows} (decode only)")
         width = self.width(top_k, ratio)
         if t < self.min_depth_factor * width:
-            return (
+            return _kept(
                 f"shallow cache: n_kv={t} < min_depth_factor*W = {self.min_depth_factor}*{width} = "
                 f"{self.min_depth_factor * width:g} "
                 f"(W = {top_k}*{ratio} + {ratio - 1}, pad_multiple={self.pad_multiple})"
             )
-        return _Match(node, selection, form, vis, ratio, top_k, width)
+        return _Match(selection, form, vis, ratio, top_k, width, t, b, s)
 
-    def _describe(self, graph: Graph, m: _Match, out: str) -> str:
-        k, (b, _h, s, _d) = graph.node(m.sdpa.inputs[1]).type, graph.node(m.sdpa.inputs[0]).type.shape
+    def _describe(self, m: _Match) -> str:
         vis = "none" if m.vis is None else f"{m.form} with {m.vis}"
         return (
             f"gather: top {m.top_k} blocks x ratio {m.ratio} + {m.ratio - 1} tail = {min_width(m.top_k, m.ratio)} "
-            f"cells, W={m.width} (pad_multiple={self.pad_multiple}); attention width n_kv={k.shape[2]} -> {m.width} "
-            f"(n_kv >= {self.min_depth_factor}*W); {b} stream(s) x {s} row(s); K/V rows gathered along T of {k}; "
-            f"visibility: {vis}; result {out}; the masked path is now dead (run dce)"
+            f"cells, W={m.width} (pad_multiple={self.pad_multiple}); attention width n_kv={m.n_kv} -> {m.width} "
+            f"(n_kv >= {self.min_depth_factor}*W); {m.streams} stream(s) x {m.rows} row(s); visibility: {vis}; "
+            "the masked path is now dead (run dce)"
         )
 
 
-def _split_mask(graph: Graph, mask: Node) -> tuple[str, Node, str | None] | str:
+def _kept(reason: str) -> Decline:
+    return Decline(f"masked path kept: {reason}")
+
+
+def _split_mask(graph: Graph, mask: Node) -> tuple[str, Node, str | None] | Decline:
     """(form, qsa_mask node, visibility value or None), or why the mask is not a QSA selection."""
     if mask.op == "qsa_mask":
         return "qsa_mask", mask, None
     if mask.op == "logical_and":
         a, b = (graph.node(i) for i in mask.inputs)
         if (a.op == "qsa_mask") == (b.op == "qsa_mask"):
-            return f"mask {mask.name} is logical_and({a.op} {a.name}, {b.op} {b.name}): need exactly one qsa_mask"
+            return _kept(f"mask {mask.name} is logical_and({a.op} {a.name}, {b.op} {b.name}): need exactly one qsa_mask")
         qmask, vis = (a, b) if a.op == "qsa_mask" else (b, a)
         return "logical_and", qmask, vis.name
     if mask.op == "where":
         cond, vis, other = (graph.node(i) for i in mask.inputs)
         if cond.op != "qsa_mask":
-            return f"mask {mask.name} is where({cond.op} {cond.name}, ...): the condition is not a qsa_mask"
+            return _kept(f"mask {mask.name} is where({cond.op} {cond.name}, ...): the condition is not a qsa_mask")
         if not _is_neg_inf_constant(other):
-            return (
+            return _kept(
                 f"mask {mask.name} is where({cond.name}, {vis.name}, {other.op} {other.name}): "
                 "the else branch is not a constant -inf"
             )
         return "where", cond, vis.name
-    return (
+    return _kept(
         f"mask {mask.name} is {mask.op}, not qsa_mask, logical_and(qsa_mask, visibility) "
         "or where(qsa_mask, visibility, -inf)"
     )
@@ -197,84 +183,52 @@ def _split_mask(graph: Graph, mask: Node) -> tuple[str, Node, str | None] | str:
 # ---------------------------------------------------------------------- rewrite
 
 
-class _Builder:
-    """Adds nodes next to the matched sdpa (its source location, readable names)."""
-
-    def __init__(self, graph: Graph, anchor: Node) -> None:
-        self.graph, self.loc = graph, anchor.loc
-
-    def __call__(self, op: str, inputs: list[str], attrs: dict | None = None, hint: str | None = None) -> str:
-        name = self.graph.fresh_name(hint or op)
-        return self.graph.add_node(op, inputs, attrs or {}, name=name, loc=self.loc)
-
-    def type_of(self, value: str) -> TensorType:
-        return self.graph.node(value).type
-
-    def reshape(self, value: str, shape: tuple[int, ...], hint: str | None = None) -> str:
-        return value if self.type_of(value).shape == shape else self("reshape", [value], {"shape": shape}, hint)
-
-    def pick(self, value: str, picks: dict[int, int], hint: str | None = None) -> str:
-        """Slice index ``i`` of each axis in ``picks`` (axes of size 1 are left alone)."""
-        shape = self.type_of(value).shape
-        picks = {a: i for a, i in picks.items() if shape[a] > 1}
-        if not picks:
-            return value
-        start = tuple(picks.get(a, 0) for a in range(len(shape)))
-        stop = tuple(picks[a] + 1 if a in picks else n for a, n in enumerate(shape))
-        return self("slice", [value], {"start": start, "stop": stop, "step": (1,) * len(shape)}, hint)
-
-
-def _rewrite(graph: Graph, m: _Match) -> str:
-    """Replace the matched sdpa by one gathered sdpa per (stream, row); returns the new value."""
-    add = _Builder(graph, m.sdpa)
-    q, k, v = m.sdpa.inputs[:3]
-    (n_streams, _hq, n_rows, _d), t = add.type_of(q).shape, add.type_of(k).shape[2]
+def _rewrite(rw: Rewriter, m: _Match) -> None:
+    """Replace the matched sdpa by one gathered sdpa per (stream, row)."""
+    q, k, v = rw.anchor.inputs[:3]
+    n_streams, n_rows, t = m.streams, m.rows, m.n_kv
     sel, positions = m.select.name, m.select.inputs[1]
     attrs = {"ratio": m.ratio, "width": m.width, "kv_len": t}
-    cells = add("qsa_cells", [sel, positions], attrs)
-    valid = add("qsa_cell_valid", [sel, positions], attrs)
-    vis, vis_cast = _gather_source(graph, add, m.vis)
+    cells = rw.op("qsa_cells", [sel, positions], attrs)
+    valid = rw.op("qsa_cell_valid", [sel, positions], attrs)
+    vis, vis_cast = _gather_source(rw, m.vis)
     neg_inf = None
     if m.form == "where":
-        dtype = vis_cast or add.type_of(vis).dtype
-        neg_inf = add("constant", [], {"value": (-math.inf,), "shape": (), "dtype": dtype}, "neg_inf")
+        neg_inf = rw.scalar(-math.inf, vis_cast or rw.type(vis).dtype, "neg_inf")
     streams = []
     for b in range(n_streams):
-        k_b, v_b, rows = add.pick(k, {0: b}), add.pick(v, {0: b}), []
+        k_b, v_b, rows = rw.pick(k, {0: b}), rw.pick(v, {0: b}), []
         for s in range(n_rows):
-            idx = add.reshape(add.pick(cells, {0: b, 1: s}), (m.width,), "cell_idx")
-            mask = add.reshape(add.pick(valid, {0: b, 1: s}), (1, 1, 1, m.width), "cell_ok")
+            idx = rw.reshape(rw.pick(cells, {0: b, 1: s}), (m.width,), "cell_idx")
+            mask = rw.reshape(rw.pick(valid, {0: b, 1: s}), (1, 1, 1, m.width), "cell_ok")
             if vis is not None:
-                row = add.pick(vis, {0: b, 2: s})
-                if add.type_of(row).shape[3] == t:
-                    row = add("take", [row, idx], {"axis": 3}, "vis_gathered")
+                row = rw.pick(vis, {0: b, 2: s})
+                if rw.type(row).shape[3] == t:
+                    row = rw.op("take", [row, idx], {"axis": 3}, "vis_gathered")
                 if vis_cast is not None:
-                    row = add("cast", [row], {"dtype": vis_cast}, "vis_gathered")
+                    row = rw.op("cast", [row], {"dtype": vis_cast}, "vis_gathered")
                 combine = [mask, row] if neg_inf is None else [mask, row, neg_inf]
-                mask = add("logical_and" if neg_inf is None else "where", combine, hint="gather_mask")
+                mask = rw.op("logical_and" if neg_inf is None else "where", combine, hint="gather_mask")
             operands = [
-                add.pick(q, {0: b, 2: s}),
-                add("take", [k_b, idx], {"axis": 2}, "k_gathered"),
-                add("take", [v_b, idx], {"axis": 2}, "v_gathered"),
+                rw.pick(q, {0: b, 2: s}),
+                rw.op("take", [k_b, idx], {"axis": 2}, "k_gathered"),
+                rw.op("take", [v_b, idx], {"axis": 2}, "v_gathered"),
                 mask,
             ]
-            rows.append(add("sdpa", operands, {"scale": m.sdpa.attrs["scale"], "causal": "none"}, "sdpa_gather"))
-        streams.append(rows[0] if len(rows) == 1 else add("concat", rows, {"axis": 2}, "sdpa_gather"))
-    out = streams[0] if len(streams) == 1 else add("concat", streams, {"axis": 0}, "sdpa_gather")
-    graph.replace_all_uses(m.sdpa.name, out)
-    graph.remove_node(m.sdpa.name)
-    return out
+            rows.append(rw.op("sdpa", operands, {"scale": rw.anchor.attrs["scale"], "causal": "none"}, "sdpa_gather"))
+        streams.append(rw.concat(rows, 2, "sdpa_gather"))
+    rw.replace_matched(rw.concat(streams, 0, "sdpa_gather"))
 
 
-def _gather_source(graph: Graph, add: _Builder, vis: str | None):
+def _gather_source(rw: Rewriter, vis: str | None) -> tuple[str | None, DType | None]:
     """(rank-4 value to gather visibility from, dtype to cast to after the gather or None)."""
     if vis is None:
         return None, None
-    node, cast_to = graph.node(vis), None
-    if node.op == "cast" and graph.node(node.inputs[0]).type.shape == node.type.shape:
-        node, cast_to = graph.node(node.inputs[0]), node.attrs["dtype"]
+    node, cast_to = rw.graph.node(vis), None
+    if node.op == "cast" and rw.type(node.inputs[0]).shape == node.type.shape:
+        node, cast_to = rw.graph.node(node.inputs[0]), node.attrs["dtype"]
     shape = node.type.shape
-    return add.reshape(node.name, (1,) * (4 - len(shape)) + shape, "vis4"), cast_to
+    return rw.reshape(node.name, (1,) * (4 - len(shape)) + shape, "vis4"), cast_to
 
 
-__all__ = ["ENV_VAR", "QSAGather", "gather_policy"]
+__all__ = ["ENV_VAR", "QSAGather"]

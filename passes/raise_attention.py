@@ -1,9 +1,8 @@
 """Canonicalization: raise decomposed attention (as MLX, JAX and hand-written code spell it) to ``sdpa``.
 
-Rules are data (:data:`RULES`, composable with ``+``): an anchor op, a
-``pattern`` that picks candidates cheaply, a ``check`` that proves the rewrite
-exact or answers :class:`~attnpass.passes.attention_match.Fail` with the
-reason and node, and a ``rewrite``. In order:
+Three rules on the shared layer (:mod:`attnpass.passes.rewrite`; :data:`RULES`
+composes with ``+``), each a ``match`` that proves the rewrite exact or
+declines with the reason and node, and a ``rewrite``. In order:
 
 - ``and-true``   ``logical_and(x, True) -> x`` (JAX's masks carry one);
 - ``softmax``    ``exp(x - max(x, a)) / sum(exp(...), a) -> softmax(x, a)`` (the
@@ -11,12 +10,11 @@ reason and node, and a ``rewrite``. In order:
 - ``attention``  ``softmax(q·kᵀ·scale + mask)·v -> sdpa`` with GQA, proven on
   coordinates by :func:`~attnpass.passes.attention_match.match_attention`.
 
-Driver: top-down sweeps in topological order; at each node the rules of its
-op are tried in list order and the first that applies rewrites; sweeps repeat
-until one changes nothing (at most :data:`MAX_SWEEPS`). Values left dead by a
-rewrite are removed at once (graph inputs are kept, and so is what was dead before). Remarks: one ``applied`` per
-rewrite, one ``declined`` per candidate that failed its check (the reason names
-what did not match), one ``analysis`` with the per-rule hit counts.
+Driver: the shared walker with up to :data:`MAX_SWEEPS` sweeps (a bounded
+fixed point). Values left dead by a rewrite are pruned at once (graph inputs
+are kept). Remarks: one ``applied`` per rewrite, one ``declined`` per
+candidate that failed (the reason names what did not match), one
+``analysis`` with the per-rule hit counts.
 
 Exactness: the raised ``sdpa`` computes the same function. Rounding may
 differ where the source scaled q or k instead of the scores (exact for a
@@ -28,55 +26,33 @@ that attend no key at all, where MLX's own fast sdpa behaves as the source.
 from __future__ import annotations
 
 import math
-from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar
+from typing import ClassVar
 
-from attnpass.ir import Graph, Node
+from attnpass.ir import DType, Graph, Node
 
 from . import layout_algebra as la
 from .attention_match import Attention, Fail, match_attention, scalar_constant, walk
 from .base import Pass, Remarks
+from .registry import register_pass
+from .rewrite import Decline, Rewriter, Rule, apply_rules
 
 MAX_SWEEPS = 4
-
-
-@dataclass(frozen=True)
-class Rule:
-    """``pattern(graph, node) -> captures | None``, ``check(graph, captures) -> match | Fail``, ``rewrite``."""
-
-    name: str
-    op: str
-    pattern: Callable[[Graph, Node], Any]
-    check: Callable[[Graph, Any], Any]
-    rewrite: Callable[[Graph, Any], str]
-    describe: Callable[[Any], str]
-
-    @property
-    def location(self) -> str:
-        code = self.check.__code__
-        return f"{code.co_filename.rsplit('/', 1)[-1]}:{code.co_firstlineno}"
 
 
 # ----------------------------------------------------------------------------- and-true
 
 
-def _and_true_pattern(graph: Graph, node: Node) -> tuple[Node, str] | None:
+def _and_true_match(graph: Graph, node: Node) -> str | None:
+    """The other operand of ``logical_and(x, True)``."""
     for i in (0, 1):
-        if scalar_constant(graph, node.inputs[i]) == 1.0 and graph.node(node.inputs[i]).type.dtype.value == "bool":
-            return node, node.inputs[1 - i]
+        if scalar_constant(graph, node.inputs[i]) == 1.0 and graph.node(node.inputs[i]).type.dtype is DType.bool:
+            return node.inputs[1 - i]
     return None
 
 
-def _and_true_check(graph: Graph, found: tuple[Node, str]) -> tuple[Node, str]:
-    return found
-
-
-def _and_true_rewrite(graph: Graph, found: tuple[Node, str]) -> str:
-    node, x = found
-    if graph.node(x).type.shape == node.type.shape:
-        return x
-    return graph.add_node("broadcast_to", [x], {"shape": node.type.shape}, name=graph.fresh_name(f"{node.name}_b"), loc=node.loc)
+def _and_true_rewrite(rw: Rewriter, x: str) -> None:
+    rw.replace_matched(rw.broadcast(x, rw.anchor.type.shape, f"{rw.anchor.name}_b"), prune=True)
 
 
 # ----------------------------------------------------------------------------- softmax
@@ -97,11 +73,6 @@ def _through(graph: Graph, value: str, ops: frozenset[str]) -> tuple[Node, list[
     return node, nodes
 
 
-def _softmax_pattern(graph: Graph, node: Node) -> tuple[Node, Node, Node] | None:
-    e = graph.node(node.inputs[0])
-    if e.op != "exp" or graph.node(e.inputs[0]).op != "sub":
-        return None
-    return node, e, graph.node(e.inputs[0])
 
 
 def _keepdims_chain(graph: Graph, nodes: list[Node], reduced: Node, x_shape: tuple[int, ...], axis: int) -> str | None:
@@ -120,8 +91,12 @@ def _keepdims_chain(graph: Graph, nodes: list[Node], reduced: Node, x_shape: tup
     return None
 
 
-def _softmax_check(graph: Graph, found: tuple[Node, Node, Node]) -> _Softmax | Fail:
-    div, e, sub = found
+def _softmax_match(graph: Graph, div: Node) -> _Softmax | Decline | None:
+    """``exp(x - max(x)) / sum(exp(...))`` over one shared axis, reductions broadcast back."""
+    e = graph.node(div.inputs[0])
+    if e.op != "exp" or graph.node(e.inputs[0]).op != "sub":
+        return None
+    sub = graph.node(e.inputs[0])
     x = sub.inputs[0]
     x_type = graph.node(x).type
     layout_ops = frozenset({"reshape", "broadcast_to"})
@@ -129,94 +104,88 @@ def _softmax_check(graph: Graph, found: tuple[Node, Node, Node]) -> _Softmax | F
     if m.op == "maximum":
         clamp = [i for i in (0, 1) if scalar_constant(graph, m.inputs[i]) == -math.inf]
         if not clamp:
-            return Fail(f"{m.name} clamps the max with {m.inputs}, not with -inf", m.name)
+            return Decline(f"{m.name} clamps the max with {m.inputs}, not with -inf", m.name)
         m = graph.node(m.inputs[1 - clamp[0]])
     if m.op != "max" or m.inputs[0] != x:
-        return Fail(f"exp({sub.name}) subtracts {m.op} {m.name}, not the max of {x}", sub.name)
+        return Decline(f"exp({sub.name}) subtracts {m.op} {m.name}, not the max of {x}", sub.name)
     s, s_chain = _through(graph, div.inputs[1], layout_ops)
     if s.op != "sum" or s.inputs[0] != e.name:
-        return Fail(f"{div.name} divides by {s.op} {s.name}, not by the sum of {e.name}", div.name)
+        return Decline(f"{div.name} divides by {s.op} {s.name}, not by the sum of {e.name}", div.name)
     axes_m = tuple(sorted(a % x_type.rank for a in m.attrs["axes"]))
     axes_s = tuple(sorted(a % x_type.rank for a in s.attrs["axes"]))
     if len(axes_m) != 1 or axes_m != axes_s:
-        return Fail(f"the max reduces axes {list(axes_m)} and the sum axes {list(axes_s)}; softmax needs one shared axis", div.name)
+        return Decline(f"the max reduces axes {list(axes_m)} and the sum axes {list(axes_s)}; softmax needs one shared axis", div.name)
     if div.type != x_type or not x_type.dtype.is_float:
-        return Fail(f"{div.name} is {div.type}, {x} is {x_type}", div.name)
+        return Decline(f"{div.name} is {div.type}, {x} is {x_type}", div.name)
     for reduced, chain in ((m, m_chain), (s, s_chain)):
         bad = _keepdims_chain(graph, chain, reduced, x_type.shape, axes_m[0])
         if bad:
-            return Fail(bad, div.name)
+            return Decline(bad, div.name)
     return _Softmax(div, x, axes_m[0])
 
 
-def _softmax_rewrite(graph: Graph, m: _Softmax) -> str:
-    attrs = {"axis": m.axis, "precise": False}
-    return graph.add_node("softmax", [m.x], attrs, name=graph.fresh_name(f"{m.div.name}_softmax"), loc=m.div.loc)
+def _softmax_rewrite(rw: Rewriter, m: _Softmax) -> None:
+    rw.replace_matched(rw.op("softmax", [m.x], {"axis": m.axis, "precise": False}, f"{m.div.name}_softmax"), prune=True)
 
 
 # ----------------------------------------------------------------------------- attention
 
 
-def _attention_pattern(graph: Graph, node: Node) -> Node | None:
-    """A matmul with a softmax (through layout ops and scales) on either side."""
+def _attention_match(graph: Graph, node: Node) -> Attention | Decline | None:
+    """A matmul with a softmax (through layout ops and scales) on either side, proven an sdpa on coordinates."""
     roots = (graph.node(walk(graph, x, scales=True)[0].root).op for x in node.inputs)
-    return node if "softmax" in roots else None
-
-
-def _attention_check(graph: Graph, node: Node) -> Attention | Fail:
+    if "softmax" not in roots:
+        return None
     found = match_attention(graph, node)
-    return found if found is not None else Fail("P is not a softmax", node.name)
+    if found is None:
+        return Decline("P is not a softmax")
+    return Decline(found.reason, found.node) if isinstance(found, Fail) else found
 
 
-def _view(graph: Graph, src: str, layout: la.Layout, shape: tuple[int, ...], hint: str, loc) -> str:
+def _view(rw: Rewriter, src: str, layout: la.Layout, shape: tuple[int, ...], hint: str) -> str:
     """Lay ``src`` (a canonical [B, H, S, D] value) out as ``layout`` of shape ``shape``: reshape, transpose, reshape."""
-    src_shape = graph.node(src).type.shape
+    src_shape = rw.type(src).shape
     factors = [(axis, a) for axis, atoms in enumerate(layout) for a in atoms]
     split = []
     for role, size in enumerate(src_shape):
         mine = sorted((a for _axis, a in factors if a.axis == role), key=lambda a: -a.stride)
         split += [(role, a) for a in mine] if size > 1 else []
     order = [split.index((a.axis, a)) for _axis, a in factors]
-    value = src
-    split_shape = tuple(a.size for _r, a in split)
-    if split_shape != src_shape:
-        value = graph.add_node("reshape", [value], {"shape": split_shape}, name=graph.fresh_name(hint), loc=loc)
+    value = rw.reshape(src, tuple(a.size for _r, a in split), hint)
     if order != sorted(order):
-        value = graph.add_node("transpose", [value], {"perm": tuple(order)}, name=graph.fresh_name(hint), loc=loc)
-    if graph.node(value).type.shape != shape:
-        value = graph.add_node("reshape", [value], {"shape": shape}, name=graph.fresh_name(hint), loc=loc)
-    return value
+        value = rw.transpose(value, order, hint)
+    return rw.reshape(value, shape, hint)
 
 
-def _attention_rewrite(graph: Graph, m: Attention) -> str:
-    loc, name = m.pv.loc, m.pv.name
-
-    def arrange(value: str, perm: tuple[int, ...], hint: str) -> str:
-        if perm == (0, 1, 2, 3):
-            return value
-        return graph.add_node("transpose", [value], {"perm": perm}, name=graph.fresh_name(f"{name}_{hint}"), loc=loc)
-
-    operands = [arrange(m.q, m.q_perm, "q"), arrange(m.k, m.kv_perm, "k"), arrange(m.v, m.kv_perm, "v")]
+def _attention_rewrite(rw: Rewriter, m: Attention) -> None:
+    name = m.pv.name
+    operands = [
+        rw.transpose(m.q, m.q_perm, f"{name}_q"),
+        rw.transpose(m.k, m.kv_perm, f"{name}_k"),
+        rw.transpose(m.v, m.kv_perm, f"{name}_v"),
+    ]
     if m.mask is not None:
-        mask = m.mask
-        shape = graph.node(mask).type.shape
-        if (1,) * (4 - len(shape)) + shape != m.mask_shape:
-            mask = graph.add_node("reshape", [mask], {"shape": m.mask_shape}, name=graph.fresh_name(f"{name}_mask"), loc=loc)
-        operands.append(mask)
-    out = graph.add_node("sdpa", operands, {"scale": m.scale, "causal": "none"}, name=graph.fresh_name(f"{name}_sdpa"), loc=loc)
-    return _view(graph, out, m.out_layout, m.pv.type.shape, f"{name}_out", loc)
+        operands.append(rw.reshape(m.mask, m.mask_shape, f"{name}_mask") if _needs_reshape(rw, m) else m.mask)
+    out = rw.op("sdpa", operands, {"scale": m.scale, "causal": "none"}, f"{name}_sdpa")
+    rw.replace_matched(_view(rw, out, m.out_layout, m.pv.type.shape, f"{name}_out"), prune=True)
+
+
+def _needs_reshape(rw: Rewriter, m: Attention) -> bool:
+    shape = rw.type(m.mask).shape
+    return (1,) * (4 - len(shape)) + shape != m.mask_shape
 
 
 RULES: list[Rule] = [
-    Rule("and-true", "logical_and", _and_true_pattern, _and_true_check, _and_true_rewrite,
-         lambda f: f"logical_and({f[1]}, True) -> {f[1]}"),  # logical_and(x, True) -> x
-    Rule("softmax", "div", _softmax_pattern, _softmax_check, _softmax_rewrite,
+    Rule("and-true", "logical_and", _and_true_match, _and_true_rewrite,
+         lambda x: f"logical_and({x}, True) -> {x}"),  # logical_and(x, True) -> x
+    Rule("softmax", "div", _softmax_match, _softmax_rewrite,
          lambda m: f"exp({m.x} - max) / sum -> softmax({m.x}, axis={m.axis})"),  # exp(x-max)/sum -> softmax
-    Rule("attention", "matmul", _attention_pattern, _attention_check, _attention_rewrite,
+    Rule("attention", "matmul", _attention_match, _attention_rewrite,
          lambda m: f"softmax(q·kᵀ·scale + mask)·v -> sdpa: {m.summary}"),  # softmax(qk^T s + m) v -> sdpa
 ]  # fmt: skip
 
 
+@register_pass
 @dataclass(frozen=True)
 class RaiseAttention(Pass):
     """Raise decomposed softmax and attention to ``softmax`` and ``sdpa`` (see the module docstring)."""
@@ -225,42 +194,7 @@ class RaiseAttention(Pass):
     rules: tuple[Rule, ...] = tuple(RULES)
 
     def run(self, graph: Graph, remarks: Remarks) -> bool:
-        dead_before = {n.name for n in graph.nodes()} - graph.ancestors(graph.outputs)
-        hits: Counter = Counter()
-        declined: dict[tuple[str, str], tuple[Fail, Rule]] = {}
-        for _sweep in range(MAX_SWEEPS):
-            changed = False
-            for name in [n.name for n in graph.nodes()]:
-                if name not in graph:
-                    continue
-                node = graph.node(name)  # re-read: a rewrite may have renamed its operands
-                for rule in self.rules:
-                    if rule.op != node.op:
-                        continue
-                    found = rule.pattern(graph, node)
-                    if found is None:
-                        continue
-                    match = rule.check(graph, found)
-                    if isinstance(match, Fail):
-                        declined[(rule.name, node.name)] = (match, rule)
-                        continue
-                    declined.pop((rule.name, node.name), None)
-                    new = rule.rewrite(graph, match)
-                    remarks.applied(node.name, f"{rule.name}: {rule.describe(match)}", node.loc)
-                    graph.replace_all_uses(node.name, new)
-                    graph.remove_dead(keep=dead_before, keep_inputs=True)
-                    hits[rule.name] += 1
-                    changed = True
-                    break
-            if not changed:
-                break
-        for (rule_name, node_name), (fail, rule) in declined.items():
-            if node_name in graph:
-                loc = graph.node(node_name).loc
-                remarks.declined(node_name, f"{rule_name} (rule at {rule.location}): {fail.reason} [at {fail.node}]", loc)
-        counts = ", ".join(f"{r.name} {hits[r.name]}" for r in self.rules)
-        remarks.analysis(None, f"rule hits: {counts}; {sum(1 for k in declined if k[1] in graph)} candidate(s) declined")
-        return bool(hits)
+        return bool(apply_rules(graph, self.rules, remarks, max_sweeps=MAX_SWEEPS))
 
 
 __all__ = ["RULES", "RaiseAttention", "Rule"]

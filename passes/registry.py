@@ -1,7 +1,8 @@
 """The pass registry: stable names -> pass classes, for textual pipelines and the CLI.
 
-Built-in passes are registered here. A third-party pass joins either with the
-:func:`register_pass` decorator (when its module is imported) or through a
+Every pass, built-in or not, joins with the :func:`register_pass` decorator
+when its module is imported (the built-in ones are imported by
+:mod:`attnpass.passes`; this module imports none of them), or through a
 Python entry point in the group ``attnpass.passes``, named after the pass::
 
     [project.entry-points."attnpass.passes"]
@@ -21,11 +22,6 @@ from typing import TypeVar
 from attnpass.ir import AttnpassError
 
 from .base import Pass
-from .dce import DeadCodeElimination
-from .head_chunk import HeadChunkSDPA
-from .narrow_inputs import NarrowInputs
-from .qsa_gather import QSAGather
-from .raise_attention import RaiseAttention
 
 ENTRY_POINT_GROUP = "attnpass.passes"
 NAME_PATTERN = re.compile(r"[A-Za-z][A-Za-z0-9_]*(-[A-Za-z0-9_]+)*\Z")
@@ -91,8 +87,5 @@ def get_pass(name: str) -> type[Pass]:
         raise PipelineError(f"pass {name!r}: entry point {ep.value!r} names a pass called {cls.name!r}")
     return register_pass(cls)
 
-
-for _builtin in (DeadCodeElimination, HeadChunkSDPA, NarrowInputs, QSAGather, RaiseAttention):
-    register_pass(_builtin)
 
 __all__ = ["ENTRY_POINT_GROUP", "PipelineError", "available_passes", "get_pass", "register_pass"]

@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 from attnpass.backends import assert_primitive_counts, run, to_numpy
-from attnpass.backends.mlx import primitives
 from attnpass.ir import DType, Graph, TensorSpec, ops, trace
 from attnpass.lowering import lower
+from attnpass.lowering.targets.mlx import primitives
 from attnpass.passes import HeadChunkSDPA, head_chunk_plan
 from attnpass.passes.head_chunk import ENV_VAR
 

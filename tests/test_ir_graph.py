@@ -905,17 +905,19 @@ def test_copy_is_independent_and_keeps_the_order():
     assert extra not in g and g.outputs != c.outputs and len(g) == len(c) - 1
 
 
-def test_remove_dead_honours_keep_and_keep_inputs():
+def test_remove_dead_and_prune():
     from attnpass.ir import TensorSpec, ops, trace
 
     def fn(x, unused):
-        ops.neg(x)  # dead
-        ops.relu(x)  # dead, kept by name below
-        return ops.exp(x)
+        ops.neg(x)  # dead, outside the pruned cone
+        y = ops.relu(x)
+        return ops.exp(y)
 
     g = trace(fn, TensorSpec((2,), "float32"), TensorSpec((3,), "float32"))
-    kept = g.copy()
-    assert [n.name for n in kept.remove_dead(keep={"relu"}, keep_inputs=True)] == ["neg"]
-    assert "relu" in kept and kept.inputs == ("x", "unused")
-    assert [n.name for n in g.remove_dead()] == ["unused", "neg", "relu"]
+    pruned = g.copy()
+    pruned.replace_with("exp", pruned.add_node("exp", ["x"], name="exp_x"))
+    assert [n.name for n in pruned.prune(["relu"])] == ["relu"]  # x is an input: it stays
+    assert "neg" in pruned and pruned.inputs == ("x", "unused")
+    g.replace_with("exp", g.add_node("exp", ["relu"], name="exp_relu"))
+    assert [n.name for n in g.remove_dead()] == ["unused", "neg"]
     assert g.inputs == ("x",) and g.remove_dead() == []

@@ -17,7 +17,7 @@ import pytest
 from attnpass.backends import run, to_numpy
 from attnpass.ir import AttnpassError, DType, Graph, OpDef, SourceLoc, TensorSpec, TensorType, ops, register, trace
 from attnpass.ir.core import registry as ir_registry
-from attnpass.lowering import TARGETS, LoweringError, lower
+from attnpass.lowering import LoweringError, get_target, lower
 from tests.util import assert_bits_equal, assert_close, random_array
 
 mx = pytest.importorskip("mlx.core")
@@ -137,7 +137,7 @@ def test_parameters_named_like_aliases_and_builtins(target, rng):
     fn_def = next(n for n in ast.parse(program.source).body if isinstance(n, ast.FunctionDef))
     params = [a.arg for a in fn_def.args.args]
     assert len(params) == len(set(params)) == 5
-    assert not set(params) & (TARGETS[target].reserved | set(dir(builtins)) | set(keyword.kwlist)), params
+    assert not set(params) & (get_target(target).reserved | set(dir(builtins)) | set(keyword.kwlist)), params
     assert any(p != name for p, name in zip(params, graph.inputs))  # at least the builtins were renamed
     assert program.input_names == graph.inputs  # callers still use the graph's names
     by_name = run(program, **xs)
@@ -177,7 +177,7 @@ def test_node_names_colliding_with_aliases_builtins_and_function(target, rng):
     assert len(assigned) == len(set(assigned)) == len(graph) - 2  # one fresh name per non-input node
     assert not set(assigned) & set(params)
     # (the node called like the graph may reuse the function's name: a local that shadows nothing it needs)
-    reserved = set(TARGETS[target].reserved) | set(dir(builtins))
+    reserved = set(get_target(target).reserved) | set(dir(builtins))
     assert not (set(assigned) | set(params)) & reserved
     x, y = random_array(rng, (3, 4), F32), random_array(rng, (3, 4), F32)
     out = run(program, jax=x, float=y)
@@ -252,11 +252,29 @@ def test_unknown_target_lists_valid_ones():
         lower(small_graph(), "torch")
 
 
+def test_a_registered_target_is_lowered_to_by_name(monkeypatch, rng):
+    """register_target is all a new target needs; a taken name is refused."""
+    from dataclasses import replace
+
+    from attnpass.lowering import available_targets, register_target, registry
+
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    numpy64 = register_target(replace(get_target("numpy"), name="numpy64"))
+    assert available_targets()[-1] is numpy64
+    program = lower(small_graph(), "numpy64")
+    assert program.target is numpy64 and '"""numpy64 program for graph attention' in program.source
+    xs = [random_array(rng, t.shape, t.dtype) for t in small_graph().input_types()]
+    for a, b in zip(run(program, *xs), run(lower(small_graph(), "numpy"), *xs)):
+        assert_bits_equal(a, b)
+    with pytest.raises(LoweringError, match="the name 'numpy' is taken by another target"):
+        register_target(replace(numpy64, name="numpy"))
+
+
 @pytest.mark.parametrize("target", ALL_TARGETS)
 def test_every_core_op_has_an_emitter(target):
     core = ["constant", "add", "sub", "mul", "div", "maximum", "neg", "exp", "relu", "where", "cast", "reshape",
             "transpose", "slice", "concat", "take", "sum", "max", "matmul", "softmax", "sdpa"]  # fmt: skip
-    missing = [op for op in core if op not in TARGETS[target].emitters]
+    missing = [op for op in core if op not in get_target(target).emitters]
     assert missing == []
 
 
@@ -411,12 +429,12 @@ def test_program_errors_are_raised_inside_jax_jit_too():
 
 def test_an_emitter_failure_names_the_node_and_op(monkeypatch):
     from attnpass.ir import AttnpassError
-    from attnpass.lowering import TARGETS, LoweringError
+    from attnpass.lowering import LoweringError, get_target
 
     def broken(node, args, env):
         raise AttnpassError("no literal for this attribute")
 
-    monkeypatch.setitem(TARGETS["numpy"].emitters, "exp", broken)
+    monkeypatch.setitem(get_target("numpy").emitters, "exp", broken)
     g = trace(lambda x: ops.exp(x), TensorSpec((2,), "float32"))
     with pytest.raises(LoweringError, match=r"numpy: cannot lower exp exp: no literal for this attribute"):
         lower(g, "numpy")

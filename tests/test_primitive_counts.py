@@ -23,8 +23,8 @@ mx = pytest.importorskip("mlx.core")
 jax = pytest.importorskip("jax")
 from jax import lax  # noqa: E402
 
-from attnpass.backends import jax as jax_backend  # noqa: E402
-from attnpass.backends import mlx as mlx_backend  # noqa: E402
+from attnpass.lowering.targets.jax import target as jax_backend  # noqa: E402
+from attnpass.lowering.targets.mlx import target as mlx_backend  # noqa: E402
 
 F32, BF16, F16 = DType.float32, DType.bfloat16, DType.float16
 # On Metal, MLX may route sdpa to a fused kernel (docs/semantics.md §2.6); the decomposition counts hold on CPU.
@@ -258,7 +258,7 @@ def test_counting_needs_a_backend_target():
     numpy_program = lower(graph, "numpy")
     with pytest.raises(ValueError, match="no primitive view for target 'numpy'; targets with one: mlx, jax"):
         count_primitives(numpy_program, *xs)
-    with pytest.raises(ValueError, match="primitives\\(\\) needs an MLX program"):
+    with pytest.raises(ValueError, match="primitives\\(\\) needs a program lowered to 'mlx', got target 'jax'"):
         mlx_backend.primitives(lower(graph, "jax"), *xs)
-    with pytest.raises(ValueError, match="jaxpr\\(\\) needs a JAX program"):
+    with pytest.raises(ValueError, match="jaxpr\\(\\) needs a program lowered to 'jax', got target 'mlx'"):
         jax_backend.jaxpr(lower(graph, "mlx"), *xs)

@@ -209,7 +209,7 @@ def test_environment_switch_turns_it_off(monkeypatch, value):
     monkeypatch.setenv("ATTNPASS_QSA_GATHER", value)
     g = build_layer(SMALL, 96)
     result = gather(g)
-    assert remark_of(result) == f"disabled (ATTNPASS_QSA_GATHER={value.strip()}): 1 sdpa node(s) keep the masked path"
+    assert remark_of(result) == f"disabled by ATTNPASS_QSA_GATHER={value.strip()}"
     assert result.graph == g
     assert os.environ["ATTNPASS_QSA_GATHER"] == value  # read, never written
     remark_of(gather(g, enabled=True), "applied")  # an explicit flag wins
@@ -223,7 +223,7 @@ def test_environment_switch_leaves_it_on_otherwise(monkeypatch, value):
         monkeypatch.setenv("ATTNPASS_QSA_GATHER", value)
     g = build_layer(SMALL, 96)
     remark_of(gather(g), "applied")
-    assert remark_of(gather(g, enabled=False)) == "disabled (enabled=False): 1 sdpa node(s) keep the masked path"
+    assert remark_of(gather(g, enabled=False)) == "disabled by QSAGather(enabled=False)"
 
 
 def test_rerun_and_fixed_point_terminate():
@@ -238,7 +238,7 @@ def test_rerun_and_fixed_point_terminate():
 
 def test_graph_without_sdpa_and_bad_options():
     g = trace(lambda x: ops.exp(x), TensorSpec((2,)))
-    assert remark_of(gather(g)) == "no sdpa in the graph"
+    assert remark_of(gather(g)) == "no sdpa nodes"
     for bad in ({"max_rows": 0}, {"pad_multiple": 2.0}, {"enabled": "yes"}, {"min_depth_factor": -1}, {"max_rows": True}):
         with pytest.raises(ValueError, match="QSAGather"):
             QSAGather(**bad)

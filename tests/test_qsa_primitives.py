@@ -27,7 +27,7 @@ def layers():
 
 
 def test_mlx_gather_has_one_softmax_of_width_w_and_gathers_k_and_v_once(layers):
-    from attnpass.backends.mlx import primitives
+    from attnpass.lowering.targets.mlx import primitives
 
     graph, inputs = layers["gather"]
     program = lower(graph, "mlx")
@@ -48,7 +48,7 @@ def test_mlx_gather_has_one_softmax_of_width_w_and_gathers_k_and_v_once(layers):
 
 
 def test_mlx_masked_attends_the_whole_cache(layers):
-    from attnpass.backends.mlx import primitives
+    from attnpass.lowering.targets.mlx import primitives
 
     graph, inputs = layers["masked"]
     program = lower(graph, "mlx")
@@ -59,7 +59,7 @@ def test_mlx_masked_attends_the_whole_cache(layers):
 
 def _leaf_equations(jaxpr):
     """Equations of the jaxpr and its nested jaxprs, containers (jit, custom_jvp, ...) left out."""
-    from attnpass.backends.jax import _subjaxprs
+    from attnpass.lowering.targets.jax.target import _subjaxprs
 
     for eqn in jaxpr.eqns:
         subs = [s for p in eqn.params.values() for s in _subjaxprs(p)]
@@ -75,7 +75,7 @@ def _shapes(variables):
 
 
 def test_jax_gather_has_one_exp_of_width_w_and_gathers_k_and_v_once(layers):
-    from attnpass.backends.jax import jaxpr
+    from attnpass.lowering.targets.jax import jaxpr
 
     graph, inputs = layers["gather"]
     program = lower(graph, "jax")
@@ -92,7 +92,7 @@ def test_jax_gather_has_one_exp_of_width_w_and_gathers_k_and_v_once(layers):
 
 
 def test_jax_masked_attends_the_whole_cache(layers):
-    from attnpass.backends.jax import jaxpr
+    from attnpass.lowering.targets.jax import jaxpr
 
     graph, inputs = layers["masked"]
     program = lower(graph, "jax")

@@ -105,9 +105,13 @@ class Graph:
         attrs: Mapping[str, Any] | None = None,
         *,
         name: str | None = None,
+        hint: str | None = None,
         loc: SourceLoc | None = None,
     ) -> str:
-        """Add ``op(inputs)``; the shape rule computes the type (or raises ShapeError). Returns its name."""
+        """Add ``op(inputs)``; the shape rule computes the type (or raises ShapeError). Returns its name.
+
+        The value is called ``name``, or a fresh name derived from ``hint`` (default: the op name).
+        """
         if op == "input":
             raise VerifyError("use Graph.add_input to add graph inputs")
         opdef = get_op(op)
@@ -116,7 +120,7 @@ class Graph:
                 raise VerifyError(f"{op}: operand {i!r} is not defined in graph {self.name}")
         norm = opdef.normalize_attrs(attrs or {}, name)
         type_ = opdef.result_type([self._nodes[i].type for i in inputs], norm, normalized=True)
-        name = check_identifier(name) if name else self.fresh_name(op)
+        name = check_identifier(name) if name else self.fresh_name(hint or op)
         if name in self._nodes:
             raise VerifyError(f"graph {self.name}: duplicate name {name!r}")
         self.insert(Node(name, op, tuple(inputs), norm, type_, loc))
@@ -250,6 +254,22 @@ class Graph:
             self._outputs = [new if o == old else o for o in self._outputs]
         return count
 
+    def replace_with(self, old: str, new: str) -> None:
+        """Make every reader of ``old`` (and the outputs) read ``new``, then remove ``old``."""
+        self.replace_all_uses(old, new)
+        self.remove_node(old)
+
+    def retype_input(self, name: str, type: TensorType) -> None:
+        """Give graph input ``name`` a new type in place (same name, role, position and location).
+
+        Its readers are not re-typed: the caller rewires them before the verifier runs.
+        """
+        node = self.node(name)
+        if node.op != "input":
+            raise VerifyError(f"retype_input: {name} is {node.op}, not a graph input")
+        attrs = {**node.attrs, "shape": type.shape, "dtype": type.dtype}
+        self._nodes[name] = node.replace(type=type, attrs=get_op("input").normalize_attrs(attrs))
+
     def remove_node(self, name: str) -> None:
         """Remove a value nobody reads (graph inputs leave the signature too)."""
         self.node(name)
@@ -266,15 +286,26 @@ class Graph:
             self._inputs.remove(name)
         self._order = None
 
-    def remove_dead(self, *, keep: Set[str] = frozenset(), keep_inputs: bool = False) -> list[Node]:
-        """Remove every value no output reads (except ``keep``, and inputs if ``keep_inputs``).
+    def remove_dead(self) -> list[Node]:
+        """Remove every value no output reads, graph inputs included (they leave the signature).
 
         Readers go before what they read; returns the removed nodes in topological order.
         """
+        return self._remove_unread(None, keep_inputs=False)
+
+    def prune(self, values: Sequence[str]) -> list[Node]:
+        """Remove what ``values`` transitively read that no output reads any more (graph inputs stay).
+
+        The cleanup after a rewrite: only the replaced subgraph's cone is looked at, so values
+        that were dead before elsewhere in the graph are left alone. Returns the removed nodes.
+        """
+        return self._remove_unread(self.ancestors([v for v in values if v in self._nodes]), keep_inputs=True)
+
+    def _remove_unread(self, among: Set[str] | None, *, keep_inputs: bool) -> list[Node]:
         live = self.ancestors(self._outputs)
         dead = [
             n for n in self.nodes()
-            if n.name not in live and n.name not in keep and not (keep_inputs and n.op == "input")
+            if n.name not in live and (among is None or n.name in among) and not (keep_inputs and n.op == "input")
         ]  # fmt: skip
         for node in reversed(dead):
             self.remove_node(node.name)

@@ -16,8 +16,9 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from attnpass.ir.core.builder import Builder
 from attnpass.ir.core.graph import Graph
-from attnpass.ir.core.types import AttnpassError, DType, SourceLoc, TensorType
+from attnpass.ir.core.types import AttnpassError, DType, TensorType
 
 from .tracer import graph_name
 
@@ -56,15 +57,14 @@ def parameter_names(fn: Callable, count: int) -> list[str]:
     return [n if n.isidentifier() else f"arg{i}" for i, n in enumerate(names)]
 
 
-class GraphBuilder:
-    """Builds the graph of one import: backend value ids -> IR value names, at a source location."""
+class GraphBuilder(Builder):
+    """Builds the graph of one import: backend value ids -> IR value names, at the current source location."""
 
     def __init__(self, name: str, inline_limit: int = INLINE_LIMIT) -> None:
-        self.graph = Graph(name)
+        super().__init__(Graph(name))
         self.values: dict[Any, str] = {}
         self.params: dict[str, np.ndarray] = {}
         self.inline_limit = inline_limit
-        self.loc: SourceLoc | None = None
 
     def input(self, key: Any, name: str, type_: TensorType) -> str:
         self.values[key] = self.graph.add_input(self.graph.fresh_name(name), type_)
@@ -75,9 +75,6 @@ class GraphBuilder:
 
     def bind(self, key: Any, value: str) -> None:
         self.values[key] = value
-
-    def op(self, op: str, inputs: Sequence[str], attrs: Mapping[str, Any] | None = None, hint: str | None = None) -> str:
-        return self.graph.add_node(op, list(inputs), dict(attrs or {}), name=self.graph.fresh_name(hint or op), loc=self.loc)
 
     def constant(self, array: np.ndarray, dtype: DType, hint: str = "const", *, inline: bool = False) -> str:
         """An array: a constant node when ``inline``, small or splatted, else a resident input."""
@@ -97,31 +94,6 @@ class GraphBuilder:
         name = self.graph.add_input(self.graph.fresh_name("param"), TensorType(array.shape, dtype), "resident", self.loc)
         self.params[name] = array.astype(dtype.numpy)
         return name
-
-    def scalar(self, value: float | int | bool, dtype: DType) -> str:
-        return self.op("constant", [], {"value": (value,), "shape": (), "dtype": dtype}, "scalar")
-
-    def reshape(self, x: str, shape: Sequence[int]) -> str:
-        shape = tuple(int(d) for d in shape)
-        return x if self.graph.node(x).type.shape == shape else self.op("reshape", [x], {"shape": shape})
-
-    def cast(self, x: str, dtype: DType) -> str:
-        return x if self.graph.node(x).type.dtype is dtype else self.op("cast", [x], {"dtype": dtype})
-
-    def broadcast(self, x: str, shape: Sequence[int]) -> str:
-        shape = tuple(int(d) for d in shape)
-        return x if self.graph.node(x).type.shape == shape else self.op("broadcast_to", [x], {"shape": shape})
-
-    def type(self, x: str) -> TensorType:
-        return self.graph.node(x).type
-
-    def slice_axis(self, x: str, axis: int, start: int, stop: int, step: int = 1) -> str:
-        shape = self.type(x).shape
-        if (start, stop, step) == (0, shape[axis], 1):
-            return x
-        starts, stops, steps = [0] * len(shape), list(shape), [1] * len(shape)
-        starts[axis], stops[axis], steps[axis] = start, stop, step
-        return self.op("slice", [x], {"start": tuple(starts), "stop": tuple(stops), "step": tuple(steps)})
 
     def pad_axis(self, x: str, axis: int, low: int, high: int, fill: str) -> str:
         """Concatenate ``low``/``high`` copies of the scalar ``fill`` around ``x`` along ``axis``."""
@@ -147,7 +119,7 @@ class GraphBuilder:
             middle = self.update_box(self.slice_axis(x, axis, lo, hi), update, inner_start, inner_stop)
             pieces = [self.slice_axis(x, axis, 0, lo)] if lo else []
             pieces += [middle] + ([self.slice_axis(x, axis, hi, n)] if hi < n else [])
-            return pieces[0] if len(pieces) == 1 else self.op("concat", pieces, {"axis": axis})
+            return self.concat(pieces, axis)
         return update
 
     def gather(self, x: str, indices: Sequence[str], axes: Sequence[int], slice_sizes: Sequence[int]) -> str:
@@ -166,8 +138,7 @@ class GraphBuilder:
         idx_shape = tuple(np.broadcast_shapes(*(self.type(i).shape for i in indices)))
         rest = [a for a in range(xt.rank) if a not in axes]
         order = list(axes) + rest
-        if order != list(range(xt.rank)):
-            x = self.op("transpose", [x], {"perm": tuple(order)})
+        x = self.transpose(x, order)
         lead = [xt.shape[a] for a in axes]
         x = self.reshape(x, [math.prod(lead)] + [slice_sizes[a] for a in rest])
         flat = None

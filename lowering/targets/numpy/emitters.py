@@ -1,13 +1,11 @@
-"""The numpy reference target (float64 arithmetic, rounded per node): the tests' oracle."""
+"""Emitters of the numpy reference target: ``ref`` calls (float64 arithmetic, rounded per node)."""
 
 from __future__ import annotations
 
 from attnpass.ir import Node
-
-from .codegen import EmitEnv, Target, py_literal
-from .common import sdpa_scale, slice_expr
-from .qsa_emitters import ALIAS as QSA
-from .qsa_emitters import qsa_emitters
+from attnpass.lowering.codegen import EmitEnv, Emitter, py_literal
+from attnpass.lowering.common import sdpa_scale, slice_expr
+from attnpass.lowering.qsa_emitters import QSA_EMITTERS
 
 _BINARY = {"add": "np.add", "sub": "np.subtract", "mul": "np.multiply", "div": "np.divide", "maximum": "np.maximum"}
 _LOGIC = {
@@ -48,7 +46,7 @@ def _sdpa(n: Node, a: list[str], env: EmitEnv) -> str:
     )
 
 
-EMITTERS = {
+EMITTERS: dict[str, Emitter] = {
     **{op: _binary(fn) for op, fn in _BINARY.items()},
     **{op: _unary(t) for op, t in _UNARY.items()},
     "constant": lambda n, a, env: (
@@ -68,7 +66,7 @@ EMITTERS = {
     "sdpa": _sdpa,
     **{op: (lambda fn: lambda n, a, env: f"{fn}({a[0]}, {a[1]})")(fn) for op, fn in _LOGIC.items()},
     "rsqrt": lambda n, a, env: f"ref.rounded(1.0 / np.sqrt(ref.wide({a[0]})), {_dt(n)})",
-    **qsa_emitters("numpy"),
+    **QSA_EMITTERS,
 }
 
 
@@ -85,11 +83,4 @@ EMITTERS.update(
         ),
         "put_along_axis": lambda n, a, env: f"ref.put_along_axis({a[0]}, {a[1]}, {a[2]}, {n.attrs['axis']})",
     }
-)
-
-TARGET = Target(
-    "numpy",
-    ("import numpy as np", "from attnpass.lowering import reference as ref"),
-    EMITTERS,
-    frozenset({"np", "ref", QSA}),
 )

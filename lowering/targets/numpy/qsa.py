@@ -1,4 +1,4 @@
-"""numpy reference of the QSA ops (the tests' oracle), written row by row as the semantics read.
+"""The numpy target's ``qsa`` helper: the QSA ops written row by row as the semantics read (the oracle).
 
 Out-of-contract runtime values raise ``ValueError``: positions outside
 ``[0, kv_len)`` and block ids outside ``[-1, ceil(kv_len / ratio))``.

@@ -1,15 +1,13 @@
-"""The MLX target: ``mlx.core`` calls; sdpa becomes ``mx.fast.scaled_dot_product_attention``."""
+"""Emitters of the MLX target: ``mlx.core`` calls; sdpa becomes ``mx.fast.scaled_dot_product_attention``."""
 
 from __future__ import annotations
 
 from typing import Literal
 
 from attnpass.ir import Node
-
-from .codegen import EmitEnv, Target, py_literal
-from .common import array_api_emitters, causal_offset, sdpa_lengths, sdpa_scale, with_causal
-from .qsa_emitters import ALIAS as QSA
-from .qsa_emitters import qsa_emitters
+from attnpass.lowering.codegen import EmitEnv, Emitter, py_literal
+from attnpass.lowering.common import array_api_emitters, causal_offset, sdpa_lengths, sdpa_scale, with_causal
+from attnpass.lowering.qsa_emitters import QSA_EMITTERS
 
 
 def _matmul(n: Node, a: list[str], env: EmitEnv) -> str:
@@ -52,7 +50,7 @@ def _sdpa(n: Node, a: list[str], env: EmitEnv) -> str:
     return f"mx.fast.scaled_dot_product_attention({q}, {k}, {v}, scale={sdpa_scale(n, env)}{extra})"
 
 
-EMITTERS = {
+EMITTERS: dict[str, Emitter] = {
     **array_api_emitters("mx"),
     "take": _take,
     "matmul": _matmul,
@@ -61,7 +59,5 @@ EMITTERS = {
     "rsqrt": lambda n, a, env: f"mx.rsqrt({a[0]})",
     "sigmoid": lambda n, a, env: f"mx.sigmoid({a[0]})",
     "put_along_axis": lambda n, a, env: f"mx.put_along_axis({a[0]}, {a[1]}, {a[2]}, axis={n.attrs['axis']})",
-    **qsa_emitters("mlx"),
+    **QSA_EMITTERS,
 }
-
-TARGET = Target("mlx", ("import mlx.core as mx",), EMITTERS, frozenset({"mx", QSA}))

@@ -1,4 +1,4 @@
-"""The JAX target: ``jax.numpy`` calls; sdpa becomes ``jax.nn.dot_product_attention``.
+"""Emitters of the JAX target: ``jax.numpy`` calls; sdpa becomes ``jax.nn.dot_product_attention``.
 
 ``jax.nn.dot_product_attention`` wants ``[B, T, N, H]`` and equal q/v head
 dims; the emitter transposes around it, and writes the explicit
@@ -9,11 +9,9 @@ dtype is float16 (which ``jax.jit`` of it cannot compile on CPU).
 from __future__ import annotations
 
 from attnpass.ir import DType, Node
-
-from .codegen import EmitEnv, Target
-from .common import array_api_emitters, causal_offset, dtype_expr, sdpa_scale, with_causal
-from .qsa_emitters import ALIAS as QSA
-from .qsa_emitters import qsa_emitters
+from attnpass.lowering.codegen import EmitEnv, Emitter
+from attnpass.lowering.common import array_api_emitters, causal_offset, dtype_expr, sdpa_scale, with_causal
+from attnpass.lowering.qsa_emitters import QSA_EMITTERS
 
 
 def _sdpa(n: Node, a: list[str], env: EmitEnv) -> str:
@@ -26,8 +24,7 @@ def _sdpa(n: Node, a: list[str], env: EmitEnv) -> str:
     mask, mask_is_bool = with_causal(n, env, "jnp", a[3] if len(a) == 4 else None, None if is_causal else offset)
     scale = sdpa_scale(n, env)
     if explicit:
-        env.need("from attnpass.lowering import jax_runtime as jrt")
-        return f"jrt.explicit_sdpa({q}, {k}, {v}, {mask}, scale={scale}, mask_is_bool={mask_is_bool})"
+        return f"{env.runtime('jrt')}.explicit_sdpa({q}, {k}, {v}, {mask}, scale={scale}, mask_is_bool={mask_is_bool})"
     kw = f"mask={mask}" if mask_is_bool else f"bias={mask}"
     extra = (f", {kw}" if mask is not None else "") + (", is_causal=True" if is_causal else "")
     bthd = "jnp.swapaxes({}, 1, 2)"
@@ -35,7 +32,7 @@ def _sdpa(n: Node, a: list[str], env: EmitEnv) -> str:
     return f"jnp.swapaxes(jax.nn.dot_product_attention({args}, scale={scale}{extra}), 1, 2)"
 
 
-EMITTERS = {
+EMITTERS: dict[str, Emitter] = {
     **array_api_emitters("jnp"),
     "take": lambda n, a, env: f"jnp.take({a[0]}, {a[1]}, axis={n.attrs['axis']}, mode='clip')",
     "matmul": lambda n, a, env: f"jnp.matmul({a[0]}, {a[1]})",
@@ -50,12 +47,5 @@ EMITTERS = {
     "put_along_axis": lambda n, a, env: (
         f"jnp.put_along_axis({a[0]}, {a[1]}, {a[2]}, axis={n.attrs['axis']}, inplace=False)"
     ),
-    **qsa_emitters("jax"),
+    **QSA_EMITTERS,
 }
-
-TARGET = Target(
-    "jax",
-    ("import jax", "import jax.numpy as jnp"),
-    EMITTERS,
-    frozenset({"jax", "jnp", "jrt", QSA}),
-)

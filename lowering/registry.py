@@ -1,0 +1,47 @@
+"""The target registry: names -> :class:`Target`, for ``lower``, artifacts, the backends and the CLI.
+
+The built-in targets are registered here, the numpy reference first. Adding a
+target is one folder (emitters, runtime modules, a ``Target``; see
+:mod:`attnpass.lowering.target`) and one :func:`register_target` call.
+"""
+
+from __future__ import annotations
+
+from .codegen import LoweringError
+from .target import Target
+from .targets import JAX, MLX, NUMPY
+
+_REGISTRY: dict[str, Target] = {}
+
+
+def register_target(target: Target) -> Target:
+    """Make ``target`` available under its name; another target under a taken name is an error."""
+    if not target.name.isidentifier():
+        raise LoweringError(f"register_target: target name {target.name!r} is not an identifier")
+    if _REGISTRY.setdefault(target.name, target) is not target:
+        raise LoweringError(f"register_target: the name {target.name!r} is taken by another target")
+    return target
+
+
+def get_target(name: str) -> Target:
+    """The target called ``name``; LoweringError naming the valid targets otherwise."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise LoweringError(f"unknown target {name!r}; valid targets: {', '.join(_REGISTRY)}") from None
+
+
+def available_targets() -> tuple[Target, ...]:
+    """The registered targets, in registration order."""
+    return tuple(_REGISTRY.values())
+
+
+def export_formats() -> dict[str, Target]:
+    """Export format name (``attnpass export --target``) -> the target whose programs it exports."""
+    return {t.export.format: t for t in _REGISTRY.values() if t.export is not None}
+
+
+for _builtin in (NUMPY, MLX, JAX):
+    register_target(_builtin)
+
+__all__ = ["available_targets", "export_formats", "get_target", "register_target"]

@@ -1,0 +1,74 @@
+"""A lowering target: everything attnpass knows about one array library, in one record.
+
+A target is one folder (the built-in ones: ``lowering/targets/<name>/``):
+``emitters.py`` (op -> Python expression), the runtime modules its generated
+code imports, and ``target.py`` holding its :class:`Target`. Besides what
+code generation needs, the Target carries the facts ``attnpass.backends``
+dispatches on: array conversion, the backend's version, primitive counting,
+export placeholders and export. The target's own functions import their
+library when called, so importing ``attnpass.lowering`` imports neither MLX
+nor JAX. :func:`attnpass.lowering.register_target` makes a Target known by
+name; nothing outside the registry compares target names.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from attnpass.ir import TensorType
+
+from .codegen import Emitter
+
+if TYPE_CHECKING:
+    from .program import Program
+
+
+@dataclass(frozen=True)
+class Export:
+    """A target's format for other compilers, as ``attnpass export --target FORMAT`` writes it.
+
+    A binary format (``suffix`` set, e.g. ``".mlxfn"``) is written by
+    ``function(program, path, *args)`` and read back with ``loader``; a text
+    format is returned by ``function(program, *args)``.
+    """
+
+    format: str
+    function: Callable[..., Any]
+    suffix: str | None = None
+    loader: str | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class Target:
+    """One lowering target; targets compare by identity (one registered object per name)."""
+
+    name: str
+    distribution: str  # the backend's distribution: its version is part of every program identity
+    prelude: tuple[str, ...]  # import lines of every generated module
+    aliases: frozenset[str]  # the names the prelude binds
+    emitters: Mapping[str, Emitter]
+    array_module: str  # top-level module of the backend's array type, e.g. "mlx" for mlx.core.array
+    from_numpy: Callable[[np.ndarray], Any]  # a numpy argument as the backend's array
+    # alias -> dotted path of a helper module or object, imported by the programs that use it (EmitEnv.runtime)
+    runtime: Mapping[str, str] = field(default_factory=dict)
+    to_numpy: Callable[[Any], np.ndarray] = np.asarray  # the backend's array as numpy, bit for bit
+    count_primitives: Callable[..., Counter] | None = None  # (program, *args, **kwargs) -> primitive names
+    placeholders: Callable[[Sequence[TensorType]], list[Any]] | None = None  # zero-cost example arguments
+    export: Export | None = None
+
+    @property
+    def reserved(self) -> frozenset[str]:
+        """Names generated code never binds: the prelude's and the runtime's aliases."""
+        return self.aliases | frozenset(self.runtime)
+
+    def require(self, program: Program, what: str) -> None:
+        """Raise ValueError unless ``program`` was lowered to this target."""
+        if program.target is not self:
+            raise ValueError(f"{what} needs a program lowered to {self.name!r}, got target {program.target.name!r}")
+
+
+__all__ = ["Export", "Target"]

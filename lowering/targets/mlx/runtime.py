@@ -1,0 +1,42 @@
+"""Runtime of the MLX target: the ``qsa`` helper, the shared QSA ops over native ``mlx.core`` primitives.
+
+Exact top-k with ties to the lower block id, without relying on the tie
+behaviour of ``mx.topk``/``argpartition``: each score becomes a unique int64
+key ``ordered(score) * 2**32 + (2**32 - 1 - block)``, where ``ordered`` maps a
+float32 to an int32 of the same order (its bits, with the magnitude bits
+flipped for negatives; -0.0 is first folded into +0.0 and NaN into -inf).
+``mx.topk`` on these distinct keys is exact, and the block id is read back
+from the key's low 32 bits. The other ops are shared with JAX
+(:class:`attnpass.lowering.qsa_array_api.QSAOps`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import mlx.core as mx
+
+from attnpass.lowering.qsa_array_api import QSAOps
+
+_LOW = 2**32 - 1
+
+
+def _ordered(score: mx.array) -> mx.array:
+    """int32 keys in the order of the float32 scores (-0.0 == +0.0, NaN lowest with -inf)."""
+    score = mx.where(mx.isnan(score), -math.inf, score)
+    bits = mx.where(score == 0, 0.0, score).view(mx.int32)
+    return mx.where(bits < 0, mx.bitwise_xor(bits, 0x7FFFFFFF), bits)
+
+
+def _top_k(score: mx.array, k: int) -> mx.array:
+    blocks = mx.arange(score.shape[-1], dtype=mx.int64)
+    key = _ordered(score).astype(mx.int64) * (2**32) + (_LOW - blocks)
+    top = mx.topk(key, k, axis=-1)  # distinct keys: exact, whatever the order
+    return _LOW - mx.bitwise_and(top, _LOW)
+
+
+def _put(array: mx.array, indices: mx.array, values: mx.array) -> mx.array:
+    return mx.put_along_axis(array, indices, values, axis=-1)
+
+
+qsa = QSAOps(mx, top_k=_top_k, put=_put)

@@ -1,0 +1,160 @@
+"""The shared rewrite layer: rules as data, one walker, one rewriter; no pass writes remark plumbing.
+
+A :class:`Rule` is an anchor op plus two functions:
+
+- ``match(graph, node) -> M | Decline | None``: ``None`` means "not a
+  candidate" (silent, e.g. an ``sdpa`` without a mask for a mask rule);
+  :class:`Decline` means "a candidate, but a precondition failed", with the
+  reason and the node where it failed; anything else is the match, handed to
+- ``rewrite(rw, match)``, which builds the replacement with the
+  :class:`Rewriter` (new nodes carry the anchor's location and readable names)
+  and ends with ``rw.replace_matched(value)``.
+
+``describe(match)`` words the applied remark. Rules compose as lists
+(``RULES + MORE_RULES``) and carry where they were defined.
+
+**Driver order** (:func:`apply_rules`), the one documented order for every
+rule-based pass: a sweep visits a snapshot of the graph's nodes in
+topological order (graph inputs in signature order when the anchor op is
+``input``); nodes created by a rewrite are not visited in the sweep that
+created them. At each node the rules anchored at its op are tried in list
+order; the first that matches rewrites and the rest are skipped. With
+``max_sweeps > 1`` sweeps repeat until one changes nothing, at most
+``max_sweeps`` times (a bounded fixed point). ``decline_all`` (a switched-off
+policy) declines every node of the anchor op with the given reason, without
+matching, and rewrites nothing.
+
+**Remarks**: exactly one per (rule, candidate node) that is still in the
+graph at the end: ``applied`` with ``describe(match)``, or ``declined`` with
+the reason (and ``[at node]`` when the failing node is not the anchor). A
+decline that a later sweep turns into a rewrite is replaced by the applied
+remark. Multi-rule sets prefix each remark with the rule's name and its
+definition site, and end with one ``analysis`` remark of per-rule hit counts.
+A single rule with no candidate at all leaves one ``declined`` remark ``no <op> nodes``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Callable, Generic, Sequence, TypeVar
+
+from attnpass.ir import Graph, Node, TensorType
+from attnpass.ir.core.builder import Builder
+
+from .base import Remarks
+
+M = TypeVar("M")
+
+
+@dataclass(frozen=True)
+class Decline:
+    """A failed precondition: why, and at which node (``None``: the anchor itself)."""
+
+    reason: str
+    node: str | None = None
+
+
+@dataclass(frozen=True)
+class Rule(Generic[M]):
+    """``op`` anchors the rule; ``match`` -> match | :class:`Decline` | None; ``rewrite(rw, match)``."""
+
+    name: str
+    op: str
+    match: Callable[[Graph, Node], "M | Decline | None"]
+    rewrite: Callable[["Rewriter", M], None]
+    describe: Callable[[M], str]
+
+    @property
+    def location(self) -> str:
+        """``file.py:line`` of the rule's ``match`` (where its preconditions are written)."""
+        code = self.match.__code__
+        return f"{code.co_filename.rsplit('/', 1)[-1]}:{code.co_firstlineno}"
+
+
+class Rewriter(Builder):
+    """A :class:`~attnpass.ir.core.builder.Builder` bound to the matched anchor node.
+
+    New nodes get the anchor's source location; :meth:`replace_matched` makes
+    the anchor's readers read the replacement and removes the anchor.
+    """
+
+    def __init__(self, graph: Graph, anchor: Node) -> None:
+        super().__init__(graph, anchor.loc)
+        self.anchor = anchor
+        self.done = False
+
+    def replace_matched(self, value: str, *, prune: bool = False) -> None:
+        """Replace the anchor by ``value``; ``prune`` also removes what only the anchor read."""
+        self.graph.replace_with(self.anchor.name, value)
+        if prune:
+            self.graph.prune(self.anchor.inputs)
+        self.done = True
+
+    def retype_matched(self, type: TensorType) -> None:
+        """Give the anchor, a graph input, a new type in place; rewire its readers to match."""
+        self.graph.retype_input(self.anchor.name, type)
+        self.done = True
+
+
+def _candidates(graph: Graph, op: str) -> list[str]:
+    if op == "input":
+        return list(graph.inputs)
+    return [n.name for n in graph.nodes() if n.op == op]
+
+
+def apply_rules(
+    graph: Graph,
+    rules: Sequence[Rule[Any]],
+    remarks: Remarks,
+    *,
+    max_sweeps: int = 1,
+    decline_all: str | None = None,
+) -> Counter:
+    """Apply ``rules`` to ``graph`` in the driver order above; returns the hits per rule name."""
+    prefixed = len(rules) > 1
+    ops = list(dict.fromkeys(r.op for r in rules))
+    decisions: dict[tuple[str, str], tuple[str, str, Any]] = {}  # (rule, node) -> (kind, message, loc)
+    hits: Counter = Counter()
+    for _sweep in range(max_sweeps):
+        changed = False
+        snapshot = [name for op in ops for name in _candidates(graph, op)] if len(ops) == 1 else None
+        for name in snapshot if snapshot is not None else [n.name for n in graph.nodes()]:
+            if name not in graph:
+                continue
+            node = graph.node(name)  # re-read: an earlier rewrite may have renamed its operands
+            for rule in rules:
+                if rule.op != node.op:
+                    continue
+                found = Decline(decline_all) if decline_all is not None else rule.match(graph, node)
+                if found is None:
+                    continue
+                head = f"{rule.name} (rule at {rule.location}): " if prefixed else ""
+                if isinstance(found, Decline):
+                    at = f" [at {found.node}]" if found.node not in (None, name) else ""
+                    decisions[(rule.name, name)] = ("declined", f"{head}{found.reason}{at}", node.loc)
+                    continue
+                rw = Rewriter(graph, node)
+                rule.rewrite(rw, found)
+                if not rw.done:
+                    raise AssertionError(f"rule {rule.name} ({rule.location}) rewrote {name} without replace_matched")
+                decisions.pop((rule.name, name), None)
+                decisions[(rule.name, name)] = ("applied", f"{rule.name}: " * prefixed + rule.describe(found), node.loc)
+                hits[rule.name] += 1
+                changed = True
+                break
+        if not changed:
+            break
+    for (_rule, name), (kind, message, loc) in decisions.items():
+        if kind == "applied" or name in graph:
+            getattr(remarks, kind)(name, message, loc)
+    if not decisions and not prefixed:
+        remarks.declined(None, f"no {rules[0].op} nodes")
+    if prefixed:
+        declined = sum(1 for (_r, n), (kind, _m, _l) in decisions.items() if kind == "declined" and n in graph)
+        counts = ", ".join(f"{r.name} {hits[r.name]}" for r in rules)
+        remarks.analysis(None, f"rule hits: {counts}; {declined} candidate(s) declined")
+    return hits
+
+
+__all__ = ["Decline", "Rewriter", "Rule", "apply_rules"]
