@@ -316,7 +316,7 @@ def test_plugin_pass_crash_writes_a_reproducer_that_the_cli_replays(cli, verify_
     assert err.splitlines() == [
         "attnpass: error: pass 'cli-explode' failed (after: dce): RuntimeError: kaboom",
         f"crash reproducer: {repro}",
-        f"replay with: attnpass run --reproducer {repro}",
+        f"replay with: attnpass --load {plugin} run --reproducer {repro}",
     ]
     assert json.loads(repro.read_text())["pipeline"] == "cli-explode{why=kaboom}"
 

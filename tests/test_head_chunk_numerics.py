@@ -1,7 +1,7 @@
 """HeadChunkSDPA numerics and primitive counts on the real backends (MLX CPU, JAX CPU, numpy reference).
 
 Per case: the chunked MLX program is bit-identical (raw bits) to a hand-written
-per-chunk loop of ``mx.fast.scaled_dot_product_attention`` (SPEC §2's oracle),
+per-chunk loop of ``mx.fast.scaled_dot_product_attention`` (docs/semantics.md §2.4),
 and equal within rounding to the unchunked program on MLX, the numpy reference
 and (for a representative subset, since every JAX case costs a compilation) JAX.
 """
@@ -195,7 +195,7 @@ def make_inputs(c: Case, seed: int) -> list[np.ndarray]:
 
 
 def mlx_oracle(c: Case, arrays: list[np.ndarray]) -> np.ndarray:
-    """SPEC §2 by hand: per KV group the one-head K/V slice, per chunk one fused call, concatenated."""
+    """docs/semantics.md §2.3 by hand: per KV group the one-head K/V slice, per chunk one fused call, concatenated."""
     q, k, v, *mask = [mx.array(a) for a in arrays]
     q, k, v = prepare(c, q, k, v)
     scale = scale_of(c) if c.scale is not None else c.d**-0.5

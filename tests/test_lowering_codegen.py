@@ -365,9 +365,9 @@ def test_backend_arrays_are_accepted_as_inputs(target):
 
 def _bad_calls(q, k, v, mask):
     return [
-        ((q, k[:, :, :4], v, mask), {}, "input k: expected f32[1,2,5,64], got float32[1, 2, 4, 64]"),
-        ((q, k, v.astype(np.float16), mask), {}, "input v: expected f32[1,2,5,64], got float16[1, 2, 5, 64]"),
-        ((q, k, v, mask.astype(np.int32)), {}, "input mask: expected bool[3,5], got int32[3, 5]"),
+        ((q, k[:, :, :4], v, mask), {}, "input k: expected f32[1,2,5,64], got f32[1,2,4,64]"),
+        ((q, k, v.astype(np.float16), mask), {}, "input v: expected f32[1,2,5,64], got f16[1,2,5,64]"),
+        ((q, k, v, mask.astype(np.int32)), {}, "input mask: expected bool[3,5], got i32[3,5]"),
         ((q, k, v, mask.tolist()), {}, "input mask: expected an array of type bool[3,5], got list"),
         ((q, k, v), {}, "missing input(s) mask"),
         ((q,), {"mask": mask}, "missing input(s) k, v"),

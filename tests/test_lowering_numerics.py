@@ -614,7 +614,7 @@ def test_attention_oracle_causal_alignments_by_hand():
 
 
 def test_attention_oracle_agrees_with_backend_conventions():
-    """JAX ``is_causal`` is top-left and MLX ``mask="causal"`` is bottom-right (SPEC §4), per the oracle."""
+    """JAX ``is_causal`` is top-left and MLX ``mask="causal"`` is bottom-right (docs/semantics.md §4), per the oracle."""
     import jax.numpy as jnp
 
     rng = np.random.default_rng(1)

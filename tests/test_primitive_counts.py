@@ -1,6 +1,6 @@
 """Primitive counts as the backends themselves report them (MLX ``export_function``, JAX jaxprs).
 
-Expected counters are written from the backend facts in SPEC §4: on CPU MLX decomposes
+Expected counters are written from the backend facts in docs/semantics.md §4: on CPU MLX decomposes
 ``mx.fast.scaled_dot_product_attention`` (Matmul, Softmax, Matmul, K/V broadcast to the
 query heads); JAX attention is two ``dot_general`` and one ``exp``; nested jaxprs are
 counted recursively.
@@ -27,7 +27,7 @@ from attnpass.lowering.targets.jax import target as jax_backend  # noqa: E402
 from attnpass.lowering.targets.mlx import target as mlx_backend  # noqa: E402
 
 F32, BF16, F16 = DType.float32, DType.bfloat16, DType.float16
-# On Metal, MLX may route sdpa to a fused kernel (SPEC §2); the decomposition counts hold on CPU.
+# On Metal, MLX may route sdpa to a fused kernel (docs/semantics.md §2.6); the decomposition counts hold on CPU.
 mlx_cpu_only = pytest.mark.skipif(mx.default_device().type != mx.DeviceType.cpu, reason="MLX CPU routing")
 
 

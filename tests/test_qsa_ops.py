@@ -48,7 +48,7 @@ def call(target: str, *args):
 
 
 def brute_force(scores: np.ndarray, p: int) -> tuple[list[int], set[int]]:
-    """The selection and the attended cell set of one row, straight from SPEC §3."""
+    """The selection and the attended cell set of one row, straight from docs/semantics.md §3.2."""
     n_complete = (p + 1) // R
     visible = [(-(-math.inf if math.isnan(s) else s), b) for b, s in enumerate(scores[:n_complete])]
     chosen = sorted(b for _, b in sorted(visible)[: min(K, n_complete)])
