@@ -25,7 +25,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from attnpass.ir import AttnpassError, DType, Graph, GraphFormatError, TensorType
-from attnpass.ir.core.serialize import graph_from_doc, read_json
+from attnpass.ir.core.serialize import check_envelope, graph_from_doc, read_json
 from attnpass.ir.core.types import printable, short_repr, type_str
 
 from .codegen import LoweringError
@@ -88,11 +88,7 @@ def read_header(f: io.RawIOBase) -> dict[str, Any]:
     if not line.endswith(b"\n"):
         raise ArtifactError(f"artifact header: no header line within {MAX_HEADER_BYTES} bytes")
     header = read_json(line, "artifact header", ArtifactError)
-    if not isinstance(header, dict) or header.get("format") != FORMAT:
-        raise ArtifactError(f'not an attnpass artifact: expected a header with "format": "{FORMAT}"')
-    if header.get("version") != VERSION:
-        version = short_repr(header.get("version"))
-        raise ArtifactError(f"unsupported artifact version {version}; this library reads {VERSION}")
+    check_envelope(header, FORMAT, VERSION, "artifact", ArtifactError)
     for key, kind in (("identity", str), ("target", str), ("graph", dict), ("state", dict)):
         if not isinstance(header.get(key), kind):
             raise ArtifactError(f"artifact header: field {key!r} is missing or not a {kind.__name__}")

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from attnpass.ir import Graph, GraphFormatError
-from attnpass.ir.core.serialize import MAX_JSON_BYTES, graph_from_doc, read_json
+from attnpass.ir.core.serialize import MAX_JSON_BYTES, check_envelope, graph_from_doc, read_json
 
 from .base import Pass
 from .pipeline import format_pipeline, parse_pipeline
@@ -137,9 +137,7 @@ def load_reproducer(path: str | os.PathLike) -> Reproducer:
     """
     with open(path, "rb") as f:
         text = f.read(MAX_JSON_BYTES + 1)
-    doc = read_json(text, os.fspath(path))
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("version") != VERSION:
-        raise GraphFormatError(f"{path}: not an attnpass crash reproducer (format {FORMAT!r}, version {VERSION})")
+    doc = check_envelope(read_json(text, os.fspath(path)), FORMAT, VERSION, f"crash reproducer ({path})")
     pipeline, error = doc.get("pipeline"), doc.get("error")
     if not isinstance(pipeline, str) or not isinstance(error, str) or not isinstance(doc.get("after"), list):
         raise GraphFormatError(f"{path}: reproducer fields pipeline, after and error are missing or malformed")

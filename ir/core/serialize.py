@@ -76,6 +76,17 @@ def read_json(text: str | bytes, what: str, error: type[AttnpassError] = GraphFo
     return value
 
 
+def check_envelope(
+    doc: Any, format: str, version: int, what: str, error: type[AttnpassError] = GraphFormatError
+) -> dict:
+    """The one format/version check of every saved document (graph, artifact header, reproducer)."""
+    if not isinstance(doc, dict) or doc.get("format") != format:
+        raise error(f'not an attnpass {what}: expected an object with "format": "{format}"')
+    if doc.get("version") != version:
+        raise error(f"unsupported {what} version {short_repr(doc.get('version'))}; this library reads {version}")
+    return doc
+
+
 def graph_to_json(graph: "Graph", indent: int | None = None) -> str:
     nodes = []
     for n in graph.nodes():
@@ -147,11 +158,7 @@ def graph_from_doc(doc: Any) -> "Graph":
     """Validate and verify a graph from its parsed JSON document (as :func:`read_json` returns it)."""
     from .graph import Graph, Node
 
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise GraphFormatError(f"not an attnpass graph: expected an object with \"format\": \"{FORMAT}\"")
-    if doc.get("version") != VERSION:
-        version = short_repr(doc.get("version"))
-        raise GraphFormatError(f"unsupported graph version {version}; this library reads {VERSION}")
+    check_envelope(doc, FORMAT, VERSION, "graph")
     try:
         graph = Graph(_field(doc, "name", str, "graph"))
         inputs = _field(doc, "inputs", list, "graph")
