@@ -16,7 +16,7 @@ cores, and eager JAX compiles every primitive of every new shape. So the JAX
 programs of one group (all op cases of a dtype, all casts, ...) run together
 under a single ``jax.jit`` (:func:`jax_result`); a group that fails to trace or
 compile falls back to one ``jax.jit`` per program, so a failure stays attributed
-to its own test. Eager JAX == ``jax.jit`` is checked in ``test_lowering_codegen.py``.
+to its own test. Eager JAX == ``jax.jit`` is checked in ``tests/lowering/test_codegen.py``.
 """
 
 from __future__ import annotations
