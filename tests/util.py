@@ -27,6 +27,7 @@ venv with only the core dependencies (``make test-core``)::
 Never ``import mlx...`` or ``import jax...`` in a test module (top level or local), never
 ``pytest.importorskip``. Code that runs at collection (decorators, parametrize lists, skipif
 conditions) must not read a lazy module's attributes: build such objects inside a function.
+A lazy module is read-only: patch the real one, ``monkeypatch.setattr("mlx.core.name", ...)``.
 ``requires(graphviz=True)``: ``attnpass render`` finds a ``dot`` program (the ``render`` extra).
 """
 
@@ -161,7 +162,7 @@ def target_params(*targets: str) -> list:
 
 
 class _LazyModule(ModuleType):
-    """Stands for a module until one of its attributes is read, then imports it."""
+    """Stands for a module until one of its attributes is read, then imports it; read-only."""
 
     def __getattr__(self, attr: str):
         try:
@@ -171,6 +172,16 @@ class _LazyModule(ModuleType):
                 raise AttributeError(attr) from None
             raise  # a test that uses it without requires(...)
         return getattr(module, attr)
+
+    def __setattr__(self, attr: str, value) -> None:
+        # Setting it here would not reach the real module (and monkeypatch's undo reads __dict__).
+        raise AttributeError(
+            f"{self.__name__} is a lazy_import stand-in: patch the module itself, "
+            f"monkeypatch.setattr({self.__name__ + '.' + attr!r}, ...)"
+        )
+
+    def __delattr__(self, attr: str) -> None:
+        self.__setattr__(attr, None)
 
 
 def lazy_import(module: str) -> ModuleType:

@@ -20,6 +20,7 @@ from attnpass.cli.main import build_parser, main
 from attnpass.ir import Graph
 from attnpass.models import EXAMPLES, qwen38, verify_step
 from attnpass.passes import PassManager, parse_pipeline, policy, registry
+from tests.util import requires
 
 QWEN38 = os.path.realpath(qwen38.__file__)
 PIPELINE = "dce,head-chunk,qsa-gather,narrow-inputs"
@@ -77,13 +78,12 @@ def test_export_to_a_missing_directory_is_one_line(cli, graph_json, tmp_path):
     one_line_error(cli("export", "-t", "stablehlo", graph_json, "-o", target), "no directory")
 
 
+@requires("mlx.core")
 def test_a_backend_failure_during_export_is_one_line(cli, graph_json, tmp_path, monkeypatch):
-    mx = pytest.importorskip("mlx.core")
-
     def broken(*args, **kwargs):
         raise RuntimeError("[export_function] Failed to open x\nmore detail")
 
-    monkeypatch.setattr(mx, "export_function", broken)
+    monkeypatch.setattr("mlx.core.export_function", broken)
     one_line_error(
         cli("export", "-t", "mlx", graph_json, "-o", tmp_path / "x.mlxfn"),
         "export to mlx failed in the backend: RuntimeError: [export_function] Failed to open x",
