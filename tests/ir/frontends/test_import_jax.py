@@ -25,7 +25,7 @@ def _check_targets(imported, fn, *args):
         assert_close(run(lower(imported.graph, target), *args, **imported.params), expected)
 
 
-@requires("mlx.core")
+@requires("jax", "mlx.core")
 @pytest.mark.parametrize(
     "spec, shapes",
     [
@@ -47,7 +47,7 @@ def test_dot_general_becomes_transpose_reshape_matmul(rng, spec, shapes):
     _check_targets(imported, contract, a, b)
 
 
-@requires("mlx.core")
+@requires("jax", "mlx.core")
 def test_nested_jit_and_custom_derivatives_are_inlined(rng):
     x = rng.standard_normal((3, 9)).astype(np.float32)
     w = rng.standard_normal((9, 9)).astype(np.float32)
@@ -69,7 +69,7 @@ def test_nested_jit_and_custom_derivatives_are_inlined(rng):
     _check_targets(imported, outer, x)
 
 
-@requires("mlx.core")
+@requires("jax", "mlx.core")
 def test_shape_dtype_structs_iota_slices_and_broadcasts(rng):
     spec = jax.ShapeDtypeStruct((2, 6), jnp.float32)
 
