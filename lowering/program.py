@@ -10,6 +10,7 @@ from typing import Any, Callable
 import numpy as np
 
 from attnpass.ir import AttnpassError, Graph, TensorType
+from attnpass.ir.core.types import type_str
 
 from .codegen import LoweringError, Source, generate
 from .registry import get_target
@@ -44,7 +45,7 @@ def check_argument(name: str, expected: TensorType, value: Any) -> None:
         raise AttnpassError(f"input {name}: expected an array of type {expected}, got {type(value).__name__}")
     dtype = _dtype_name(value).replace("bool_", "bool")
     if tuple(shape) != expected.shape or dtype != expected.dtype.value:
-        raise AttnpassError(f"input {name}: expected {expected}, got {dtype}{list(shape)}")
+        raise AttnpassError(f"input {name}: expected {expected}, got {type_str(shape, dtype)}")
 
 
 class Program:

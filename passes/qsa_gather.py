@@ -1,6 +1,6 @@
 """QSA decode gather: masked sparse attention -> gather the selected cells, dense attention over W.
 
-Pattern (SPEC §3, "masked form"): ``sdpa(q, k, v, mask=M)`` with ``M`` one of
+Pattern (docs/semantics.md §3.3, "masked form"): ``sdpa(q, k, v, mask=M)`` with ``M`` one of
 
 - ``qsa_mask(sel, pos)``;
 - ``logical_and(qsa_mask(sel, pos), vis)`` (either operand order), ``vis`` bool;
@@ -174,10 +174,8 @@ def _split_mask(graph: Graph, mask: Node) -> tuple[str, Node, str | None] | Decl
                 "the else branch is not a constant -inf"
             )
         return "where", cond, vis.name
-    return _kept(
-        f"mask {mask.name} is {mask.op}, not qsa_mask, logical_and(qsa_mask, visibility) "
-        "or where(qsa_mask, visibility, -inf)"
-    )
+    what = f"graph input {mask.name}" if mask.op == "input" else f"{mask.op} {mask.name}"
+    return _kept(f"the mask is {what}, not qsa_mask, logical_and(qsa_mask, visibility) or where(qsa_mask, visibility, -inf)")
 
 
 # ---------------------------------------------------------------------- rewrite

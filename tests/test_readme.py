@@ -12,6 +12,7 @@ import pytest
 
 from attnpass.cli.main import main
 from attnpass.passes import registry
+from tests.util import requires
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 TEXT = README.read_text()
@@ -36,6 +37,7 @@ def test_the_top_of_the_readme_is_make_demo_then_make_test():
     assert TEXT.split("```")[1].split() == ["make", "demo", "make", "test"]
 
 
+@requires("mlx.core", "jax", graphviz=True)
 def test_python_blocks_run_in_order(capsys, monkeypatch):
     python = blocks("python")
     assert len(python) == 11
@@ -65,6 +67,7 @@ def _pattern(shown: str) -> re.Pattern:
     return re.compile(".*".join(re.escape(part) for part in shown.split("…")))
 
 
+@requires("mlx.core", "jax", graphviz=True)
 def test_command_line_examples_run_and_print_what_the_readme_shows(capsys):
     (line, body), *more = blocks("console")
     assert not more

@@ -1,4 +1,4 @@
-"""Predict where MLX 0.32 routes an SDPA call on Metal, on a machine without a GPU (SPEC §2).
+"""Predict where MLX 0.32 routes an SDPA call on Metal, on a machine without a GPU (docs/semantics.md §2.6).
 
 The model follows ``mlx/backend/metal/scaled_dot_product_attention.cpp``
 (ml-explore/mlx; read at commit 00703ea6, the stored version closest to 0.32):

@@ -3,7 +3,8 @@
 Every node produces one value, named by the node. Graph inputs are nodes of op
 ``input``; their order is the program signature. Our classes hold op
 semantics (through the registry); the ``networkx.DiGraph`` holds the edges and
-answers ordering and reachability queries.
+answers ordering and reachability queries. networkx is imported when the first
+graph is built, not with :mod:`attnpass.ir` (it costs ~100 ms of startup).
 """
 
 from __future__ import annotations
@@ -14,8 +15,6 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import AbstractSet as Set
 from typing import Any, Iterator, Mapping, Sequence
-
-import networkx as nx
 
 from . import builtin as _builtin  # noqa: F401  (registers input and constant)
 from .registry import AttrValue, OpDef, encode_attr, get_op
@@ -58,6 +57,8 @@ class Graph:
 
     def __init__(self, name: str = "graph") -> None:
         self.name = check_identifier(name, "graph name")
+        import networkx as nx  # here, not at import time: see the module docstring
+
         self._nodes: dict[str, Node] = {}
         self._dag = nx.DiGraph()
         self._rank: dict[str, int] = {}
@@ -93,7 +94,7 @@ class Graph:
         if name in self._nodes:
             raise VerifyError(f"graph {self.name}: duplicate name {name!r}")
         attrs = {"shape": type.shape, "dtype": type.dtype, "role": role}
-        self.insert(Node(name, "input", (), get_op("input").normalize_attrs(attrs), type, loc))
+        self.insert(Node(name, "input", (), get_op("input").normalize_attrs(attrs, name), type, loc))
         self._inputs.append(name)
         return name
 
@@ -117,7 +118,7 @@ class Graph:
         for i in inputs:
             if i not in self._nodes:
                 raise VerifyError(f"{op}: operand {i!r} is not defined in graph {self.name}")
-        norm = opdef.normalize_attrs(attrs or {})
+        norm = opdef.normalize_attrs(attrs or {}, name)
         type_ = opdef.result_type([self._nodes[i].type for i in inputs], norm, normalized=True)
         name = check_identifier(name) if name else self.fresh_name(hint or op)
         if name in self._nodes:
@@ -182,6 +183,8 @@ class Graph:
     def _topological_order(self) -> list[str]:
         """The cached order of ``nodes()`` (recomputed after a change), with ``_position`` to match."""
         if self._order is None:
+            import networkx as nx
+
             try:
                 self._order = list(nx.lexicographical_topological_sort(self._dag, key=lambda n: self._rank.get(n, -1)))
                 self._position = {n: i for i, n in enumerate(self._order)}

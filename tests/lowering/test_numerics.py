@@ -4,7 +4,7 @@ Each op case is traced from a small function and lowered to all three targets.
 The numpy target (float64 arithmetic, one rounding per node) is itself checked
 against an oracle written here with plain numpy; the MLX and JAX programs are
 compared with the numpy target. Arithmetic is compared within the per-dtype
-tolerances documented in ``conftest.py``; layout and selection ops (reshape,
+tolerances documented in ``tests/util.py``; layout and selection ops (reshape,
 transpose, slice, concat, take, where, max, cast, constant) must be bit-exact.
 
 sdpa is checked against an independent per-query-row loop (``attention_oracle``)
@@ -16,7 +16,7 @@ cores, and eager JAX compiles every primitive of every new shape. So the JAX
 programs of one group (all op cases of a dtype, all casts, ...) run together
 under a single ``jax.jit`` (:func:`jax_result`); a group that fails to trace or
 compile falls back to one ``jax.jit`` per program, so a failure stays attributed
-to its own test. Eager JAX == ``jax.jit`` is checked in ``test_lowering_codegen.py``.
+to its own test. Eager JAX == ``jax.jit`` is checked in ``tests/lowering/test_codegen.py``.
 """
 
 from __future__ import annotations
@@ -33,13 +33,14 @@ import pytest
 from attnpass.backends import run, to_numpy
 from attnpass.ir import DType, Graph, TensorSpec, ops, trace
 from attnpass.lowering import lower
-from tests.util import FLOAT_DTYPES, assert_bits_equal, assert_close, random_array
+from tests.util import FLOAT_DTYPES, assert_bits_equal, assert_close, lazy_import, random_array, requires, target_params
 
-mx = pytest.importorskip("mlx.core")
-jax = pytest.importorskip("jax")
+mx = lazy_import("mlx.core")
+jax = lazy_import("jax")
+jnp = lazy_import("jax.numpy")
 
-TARGETS = ("numpy", "mlx", "jax")
-BACKENDS = ("mlx", "jax")
+TARGETS = target_params("numpy", "mlx", "jax")
+BACKENDS = target_params("mlx", "jax")
 F32, F16, BF16, I32, BOOL = DType.float32, DType.float16, DType.bfloat16, DType.int32, DType.bool
 NUMERIC = FLOAT_DTYPES + (I32,)
 ALL = NUMERIC + (BOOL,)
@@ -613,10 +614,9 @@ def test_attention_oracle_causal_alignments_by_hand():
     )
 
 
+@requires("mlx.core", "jax")
 def test_attention_oracle_agrees_with_backend_conventions():
-    """JAX ``is_causal`` is top-left and MLX ``mask="causal"`` is bottom-right (SPEC §4), per the oracle."""
-    import jax.numpy as jnp
-
+    """JAX ``is_causal`` is top-left and MLX ``mask="causal"`` is bottom-right (docs/semantics.md §4), per the oracle."""
     rng = np.random.default_rng(1)
     q = rng.standard_normal((1, 4, 3, 64)).astype(np.float32)
     k, v = (rng.standard_normal((1, 2, 9, 64)).astype(np.float32) for _ in range(2))
@@ -633,6 +633,7 @@ def test_attention_oracle_agrees_with_backend_conventions():
 # ---------------------------------------------------------------------------- MLX causal lowering
 
 
+@requires("mlx.core")
 @pytest.mark.parametrize("s, t", [(3, 10), (6, 6), (1, 7)])
 def test_mlx_bottom_right_is_mlx_causal(s, t):
     """Plain bottom_right lowers to mx's own ``mask="causal"``: bit-identical to calling it directly."""
@@ -644,6 +645,7 @@ def test_mlx_bottom_right_is_mlx_causal(s, t):
     assert_bits_equal(run(program, q, k, v), run_mlx(direct))
 
 
+@requires("mlx.core")
 @pytest.mark.parametrize("mask_dtype", [BOOL, F32])
 @pytest.mark.parametrize("s, t", [(3, 10), (6, 6)])
 def test_mlx_explicit_bottom_right_mask_matches_mlx_causal(s, t, mask_dtype):

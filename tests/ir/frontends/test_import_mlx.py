@@ -12,9 +12,10 @@ import pytest
 from attnpass.backends import run
 from attnpass.ir import ModelImportError, ShapeError, TensorSpec, TensorType, from_mlx, ops, trace
 from attnpass.lowering import lower
-from tests.util import assert_close
+from tests.util import assert_close, lazy_import, requires
 
-mx = pytest.importorskip("mlx.core")
+mx = lazy_import("mlx.core")
+nn = lazy_import("mlx.nn")
 
 
 def _ops(graph):
@@ -32,6 +33,7 @@ def _check_targets(imported, fn, *args, exact_mlx=True):
         assert_close(run(lower(imported.graph, target), *host, **imported.params), expected)
 
 
+@requires("mlx.core", "jax")
 def test_layout_primitives_keep_their_exact_parameters(rng):
     x = mx.array(rng.standard_normal((2, 6, 4)).astype(np.float32))
 
@@ -55,6 +57,7 @@ def test_layout_primitives_keep_their_exact_parameters(rng):
     _check_targets(imported, layout, x)
 
 
+@requires("mlx.core", "jax")
 def test_arithmetic_softmax_reductions_and_casts(rng):
     x = mx.array(rng.standard_normal((3, 5)).astype(np.float32))
     w = mx.array(rng.standard_normal((5, 5)).astype(np.float32))  # captured, > inline limit? no: 25 elements
@@ -74,6 +77,7 @@ def test_arithmetic_softmax_reductions_and_casts(rng):
     _check_targets(imported, arith, x)
 
 
+@requires("mlx.core", "jax")
 def test_captured_arrays_become_constants_or_resident_params(rng):
     small = mx.array([1.0, 2.0, 3.0])
     big = mx.array(rng.standard_normal((16, 8)).astype(np.float32))
@@ -91,6 +95,7 @@ def test_captured_arrays_become_constants_or_resident_params(rng):
     _check_targets(imported, project, x)
 
 
+@requires("mlx.core", "jax")
 def test_slice_update_pad_gather_and_scatter(rng):
     x = mx.array(rng.standard_normal((2, 6, 4)).astype(np.float32))
     idx = mx.array(np.array([3, 0, 5], dtype=np.int32))
@@ -112,6 +117,7 @@ def test_slice_update_pad_gather_and_scatter(rng):
     _check_targets(imported, indexing, x)
 
 
+@requires("mlx.core")
 def test_compiled_helpers_import_and_compilation_is_restored(rng):
     helper = mx.compile(lambda a: mx.exp(a) * 2.0)
     x = mx.array(rng.standard_normal((4,)).astype(np.float32))
@@ -123,6 +129,7 @@ def test_compiled_helpers_import_and_compilation_is_restored(rng):
     assert calls == [1]  # compiled again after the import: traced once, then cached
 
 
+@requires("mlx.core")
 def test_unsupported_primitive_names_itself_and_its_place(rng):
     x = mx.array(rng.random((2, 3)).astype(np.float32) + 0.5)
     with pytest.raises(ModelImportError) as err:
@@ -131,8 +138,8 @@ def test_unsupported_primitive_names_itself_and_its_place(rng):
     assert "unsupported MLX primitive Log" in message and "primitive #2" in message and "float32[2, 3]" in message
 
 
+@requires("mlx.core")
 def test_uninitialised_parameters_get_a_hint():
-    nn = pytest.importorskip("mlx.nn")
     layer = nn.Linear(4, 4)
     with pytest.raises(ModelImportError, match=r"RandomBits.*mx.eval\(model.parameters\(\)\)"):
         from_mlx(lambda x: layer(x), mx.ones((1, 4)))
@@ -150,6 +157,7 @@ def test_new_op_shape_rules_quote_the_operands():
         trace(lambda x, i, v: ops.put_along_axis(x, i, v, 1), *[TensorSpec(s, d) for s, d in (((2, 5), "float32"), ((2, 2), "int32"), ((2, 2), "float16"))])
 
 
+@requires("mlx.core", "jax")
 def test_new_ops_agree_on_every_target(rng):
     def program(x, idx, y):
         wave = ops.add(ops.sin(x), ops.mul(ops.cos(x), ops.sigmoid(x)))

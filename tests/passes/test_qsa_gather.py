@@ -133,7 +133,7 @@ def _select(scores, positions, ratio=2):
         (lambda: trace(lambda q, k, v: ops.sdpa(q, k, v), *DECODE_SPECS[:3]), "sdpa has no mask"),
         (lambda: _variant(lambda s, p, vis, _: ops.where(ops.qsa_mask(_select(s, p), p, ratio=2, kv_len=12), vis, -math.inf),
                           causal="bottom_right"), "sdpa has causal='bottom_right'"),
-        (lambda: _variant(lambda s, p, vis, _: ops.less(vis, 0.0)), "mask less is less, not qsa_mask"),
+        (lambda: _variant(lambda s, p, vis, _: ops.less(vis, 0.0)), "the mask is less less, not qsa_mask"),
         (lambda: _variant(lambda s, p, vis, _: ops.where(ops.qsa_mask(_select(s, p), p, ratio=2, kv_len=12), vis, 0.0)),
          "the else branch is not a constant -inf"),
         (lambda: _variant(lambda s, p, vis, _: ops.where(ops.less(vis, 1.0), vis, -math.inf)), "the condition is not a qsa_mask"),

@@ -16,6 +16,12 @@ from attnpass.backends import count_primitives, run
 from attnpass.ir import from_jax, from_mlx
 from attnpass.lowering import lower
 from attnpass.passes import HeadChunkSDPA, PassManager, RaiseAttention, head_chunk_plan
+from tests.util import lazy_import, requires
+
+mx = lazy_import("mlx.core")
+language = lazy_import("mlx_vlm.models.qwen4_exp.language")
+vlm_config = lazy_import("mlx_vlm.models.qwen4_exp.config")
+jax = lazy_import("jax")
 
 HQ, HKV, HEAD_DIM, HIDDEN = 24, 2, 256, 64
 PIPELINE = PassManager([RaiseAttention(), HeadChunkSDPA(enabled=True)])
@@ -30,13 +36,7 @@ def _sdpa_count(graph) -> int:
 
 @pytest.fixture(scope="module")
 def qwen4_attention():
-    mx = pytest.importorskip("mlx.core")
-    language = pytest.importorskip(
-        "mlx_vlm.models.qwen4_exp.language", reason="mlx-vlm is not installed (pip install -e '.[clients]')"
-    )
-    from mlx_vlm.models.qwen4_exp.config import TextConfig
-
-    config = TextConfig(
+    config = vlm_config.TextConfig(
         model_type="qwen4_exp", hidden_size=HIDDEN, num_hidden_layers=4, num_attention_heads=HQ,
         num_key_value_heads=HKV, head_dim=HEAD_DIM, linear_num_value_heads=2, linear_num_key_heads=2,
         linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4, num_experts=2,
@@ -64,6 +64,7 @@ def _step(mx, language, attention, q_len: int, past: int):
     return step, [mx.random.normal((1, q_len, HIDDEN)), *state]
 
 
+@requires("mlx.core", "mlx_vlm")
 @pytest.mark.parametrize("q_len, past", [(1, 8), (5, 8), (5, 40)], ids=["decode", "verify", "verify-sparse"])
 def test_qwen4_exp_attention_round_trips_bit_exactly(qwen4_attention, q_len, past):
     mx, language, attention = qwen4_attention
@@ -88,8 +89,8 @@ def test_qwen4_exp_attention_round_trips_bit_exactly(qwen4_attention, q_len, pas
 # ----------------------------------------------------------------------------- a JAX layer
 
 
+@requires("jax", "mlx.core")
 def test_jax_attention_layer_round_trips_through_jax_and_mlx(rng):
-    jax = pytest.importorskip("jax")
     s, t = 5, 13
     wq = (rng.standard_normal((HIDDEN, HQ * HEAD_DIM)) / 8).astype(np.float32)
     wk = (rng.standard_normal((HIDDEN, HKV * HEAD_DIM)) / 8).astype(np.float32)

@@ -13,10 +13,10 @@ from attnpass.backends.export import export_mlx, export_stablehlo, placeholders
 from attnpass.lowering import lower
 from attnpass.models import QSAConfig, build_layer, make_inputs, narrowed_inputs, verify_step
 from attnpass.passes import PassManager, parse_pipeline
-from tests.util import assert_bits_equal, random_array
+from tests.util import assert_bits_equal, lazy_import, random_array, requires
 
-mx = pytest.importorskip("mlx.core")
-pytest.importorskip("jax")
+pytestmark = requires("mlx.core", "jax")
+mx = lazy_import("mlx.core")
 
 SMALL_QSA = QSAConfig(n_q_heads=4, n_kv_heads=2, head_dim=16, idx_dim=16, budget=32, mask_rows=4, rotary_dim=8)
 

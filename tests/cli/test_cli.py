@@ -18,6 +18,9 @@ from attnpass.ir import Graph
 from attnpass.ir.core import rendering as render_module
 from attnpass.models import verify_step
 from attnpass.passes import PassManager, parse_pipeline, registry
+from tests.util import lazy_import, requires
+
+mx = lazy_import("mlx.core")
 
 PIPELINE = "dce,head-chunk,qsa-gather,narrow-inputs"
 SVG = "{http://www.w3.org/2000/svg}"
@@ -152,6 +155,7 @@ def _node_fills(svg_path: Path) -> dict[str, set[str]]:
     return fills
 
 
+@requires(graphviz=True)
 def test_render_svg_highlights_what_the_pipeline_rewrote(cli, verify_json, chunked_json, tmp_path):
     svg = tmp_path / "chunked.svg"
     status, out, _ = cli("render", chunked_json, "-o", svg, "--highlight-against", verify_json)
@@ -165,6 +169,7 @@ def test_render_svg_highlights_what_the_pipeline_rewrote(cli, verify_json, chunk
     assert "13 added (orange), 0 changed (yellow), 1 removed (sdpa)" in svg.read_text()
 
 
+@requires(graphviz=True)
 def test_render_png_and_dot(cli, verify_json, chunked_json, tmp_path):
     png = tmp_path / "g.png"
     assert cli("render", chunked_json, "-o", png)[0] == 0
@@ -197,7 +202,11 @@ def test_render_without_graphviz_says_how_to_get_it(cli, verify_json, tmp_path, 
 
 @pytest.mark.parametrize(
     "target, call",
-    [("numpy", "ref.sdpa("), ("mlx", "mx.fast.scaled_dot_product_attention"), ("jax", "jax.nn.dot_product_attention")],
+    [
+        ("numpy", "ref.sdpa("),
+        pytest.param("mlx", "mx.fast.scaled_dot_product_attention", marks=requires("mlx.core")),
+        pytest.param("jax", "jax.nn.dot_product_attention", marks=requires("jax")),
+    ],
 )
 def test_lower_prints_the_generated_source(cli, verify_json, target, call):
     status, out, _ = cli("lower", "--target", target, verify_json)
@@ -207,9 +216,8 @@ def test_lower_prints_the_generated_source(cli, verify_json, target, call):
     assert "#" not in cli("lower", "-t", target, "--no-comments", verify_json)[1].split('"""')[-1]
 
 
+@requires("mlx.core", "jax")
 def test_export_writes_mlxfn_and_stablehlo(cli, chunked_json, tmp_path):
-    mx = pytest.importorskip("mlx.core")
-    pytest.importorskip("jax")
     mlxfn = tmp_path / "out.mlxfn"
     assert cli("export", "--target", "mlx", chunked_json, "-o", mlxfn) == (
         0, f"// wrote {mlxfn} (load it with mlx.core.import_function)\n", ""
@@ -316,7 +324,7 @@ def test_plugin_pass_crash_writes_a_reproducer_that_the_cli_replays(cli, verify_
     assert err.splitlines() == [
         "attnpass: error: pass 'cli-explode' failed (after: dce): RuntimeError: kaboom",
         f"crash reproducer: {repro}",
-        f"replay with: attnpass run --reproducer {repro}",
+        f"replay with: attnpass --load {plugin} run --reproducer {repro}",
     ]
     assert json.loads(repro.read_text())["pipeline"] == "cli-explode{why=kaboom}"
 

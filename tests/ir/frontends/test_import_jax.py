@@ -8,10 +8,11 @@ import pytest
 from attnpass.backends import run
 from attnpass.ir import ModelImportError, from_jax
 from attnpass.lowering import lower
-from tests.util import assert_close
+from tests.util import assert_close, lazy_import, requires
 
-jax = pytest.importorskip("jax")
-jnp = pytest.importorskip("jax.numpy")
+pytestmark = requires("jax")
+jax = lazy_import("jax")
+jnp = lazy_import("jax.numpy")
 
 
 def _ops(graph):
@@ -24,6 +25,7 @@ def _check_targets(imported, fn, *args):
         assert_close(run(lower(imported.graph, target), *args, **imported.params), expected)
 
 
+@requires("jax", "mlx.core")
 @pytest.mark.parametrize(
     "spec, shapes",
     [
@@ -45,6 +47,7 @@ def test_dot_general_becomes_transpose_reshape_matmul(rng, spec, shapes):
     _check_targets(imported, contract, a, b)
 
 
+@requires("jax", "mlx.core")
 def test_nested_jit_and_custom_derivatives_are_inlined(rng):
     x = rng.standard_normal((3, 9)).astype(np.float32)
     w = rng.standard_normal((9, 9)).astype(np.float32)
@@ -66,6 +69,7 @@ def test_nested_jit_and_custom_derivatives_are_inlined(rng):
     _check_targets(imported, outer, x)
 
 
+@requires("jax", "mlx.core")
 def test_shape_dtype_structs_iota_slices_and_broadcasts(rng):
     spec = jax.ShapeDtypeStruct((2, 6), jnp.float32)
 

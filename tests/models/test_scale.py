@@ -7,7 +7,6 @@ from collections import Counter
 
 import networkx as nx
 import numpy as np
-import pytest
 
 from attnpass.backends import run
 from attnpass.lowering import lower
@@ -22,14 +21,14 @@ from attnpass.models import (
     narrowed_inputs,
 )
 from attnpass.passes import PassManager, parse_pipeline
-from tests.util import assert_close
+from tests.util import assert_close, requires
 
 PIPELINE = EXAMPLES["qwen38-model"].pipeline  # qsa-gather{max_rows=4},head-chunk,dce,narrow-inputs,dce
 SMALL = QSAConfig(n_q_heads=4, n_kv_heads=2, head_dim=16, idx_dim=16, budget=32, mask_rows=4, rotary_dim=8)
 
 
+@requires("mlx.core")
 def test_48_layers_trace_rewrite_and_lower_to_mlx():
-    pytest.importorskip("mlx.core")
     start = time.perf_counter()
     graph = build_model(48)
     result = PassManager(parse_pipeline(PIPELINE)).run(graph)
@@ -80,8 +79,8 @@ def model_inputs(n_layers: int, n_kv: int, positions: np.ndarray) -> dict[str, n
     return inputs
 
 
+@requires("mlx.core")
 def test_the_rewritten_model_computes_the_same_step():
-    pytest.importorskip("mlx.core")
     n_layers, n_kv = 8, 128
     masked = build_model(n_layers, q_len=4, n_kv=n_kv, cfg=SMALL)
     result = PassManager(parse_pipeline(PIPELINE.replace("head-chunk", "head-chunk{budget=4}"))).run(masked)

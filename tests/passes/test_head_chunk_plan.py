@@ -1,4 +1,4 @@
-"""head_chunk_plan (SPEC §2): the pinned 24q/2kv table, an exhaustive grid checked against a
+"""head_chunk_plan (docs/semantics.md §2.2): the pinned 24q/2kv table, an exhaustive grid checked against a
 brute-force reading of the rules, and hypothesis properties (never raises, subcalls ineligible)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from attnpass.passes import head_chunk_plan
 from attnpass.passes.head_chunk import head_chunks
 
-# SPEC §2: 24 q / 2 kv, budget 32.
+# docs/semantics.md §2.2: 24 q / 2 kv, budget 32.
 TABLE_24_2 = [
     (-1, None), (0, None), (1, None), (2, None), (3, (10, 4)), (4, (8, 4)), (5, (6, 4)), (6, (5, 6)),
     (7, (4, 6)), (8, (4, 6)), (9, (3, 8)), (16, (2, 12)), (31, (1, 24)), (32, (1, 24)), (33, None),
@@ -33,7 +33,7 @@ def test_spec_remainders_24q_2kv():
 
 
 def brute_force(q_len: int, n_q: int, n_kv: int, budget: int) -> tuple[int, int] | None:
-    """The SPEC rules read literally: search the largest chunk that fits, then lay the chunks out."""
+    """The rules of docs/semantics.md §2.2 read literally: search the largest chunk that fits, then lay the chunks out."""
     if n_kv <= 0 or n_q % n_kv != 0 or n_q // n_kv <= 0:
         return None
     gqa = n_q // n_kv

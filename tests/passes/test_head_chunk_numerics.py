@@ -1,7 +1,7 @@
 """HeadChunkSDPA numerics and primitive counts on the real backends (MLX CPU, JAX CPU, numpy reference).
 
 Per case: the chunked MLX program is bit-identical (raw bits) to a hand-written
-per-chunk loop of ``mx.fast.scaled_dot_product_attention`` (SPEC §2's oracle),
+per-chunk loop of ``mx.fast.scaled_dot_product_attention`` (docs/semantics.md §2.4),
 and equal within rounding to the unchunked program on MLX, the numpy reference
 and (for a representative subset, since every JAX case costs a compilation) JAX.
 """
@@ -10,9 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-import jax
 import ml_dtypes
-import mlx.core as mx
 import numpy as np
 import pytest
 
@@ -22,6 +20,10 @@ from attnpass.lowering import lower
 from attnpass.lowering.targets.mlx import primitives
 from attnpass.passes import HeadChunkSDPA, head_chunk_plan
 from attnpass.passes.head_chunk import ENV_VAR
+from tests.util import lazy_import, requires, target_params
+
+mx = lazy_import("mlx.core")
+jax = lazy_import("jax")
 
 NUMPY_MAX_T = 4097  # every context in the case list is checked against the float64 reference
 MASK_KINDS = ("none", "bool_b1", "add_11", "bool_2d", "add_row", "add_full", "bool_full", "bool_h3")
@@ -195,7 +197,7 @@ def make_inputs(c: Case, seed: int) -> list[np.ndarray]:
 
 
 def mlx_oracle(c: Case, arrays: list[np.ndarray]) -> np.ndarray:
-    """SPEC §2 by hand: per KV group the one-head K/V slice, per chunk one fused call, concatenated."""
+    """docs/semantics.md §2.3 by hand: per KV group the one-head K/V slice, per chunk one fused call, concatenated."""
     q, k, v, *mask = [mx.array(a) for a in arrays]
     q, k, v = prepare(c, q, k, v)
     scale = scale_of(c) if c.scale is not None else c.d**-0.5
@@ -234,6 +236,7 @@ def chunk_pass(c: Case, monkeypatch) -> HeadChunkSDPA:
     return HeadChunkSDPA(enabled=False if c.policy == "explicit_off" else None)
 
 
+@requires("mlx.core", "jax")
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_chunked_attention_numerics(case: Case, monkeypatch):
     graph = build(case)
@@ -279,6 +282,7 @@ def heads_carried(shape: tuple[int, ...]) -> int:
     return shape[1] * shape[2]
 
 
+@requires("mlx.core")
 def test_mlx_counts_and_no_kv_expansion_24q_2kv_q_len_4(monkeypatch):
     """On CPU every call takes MLX's unfused fallback, which views q as [B, Hkv, G, S, D] and
     Broadcasts each KV head's K^T / V to its G query heads inside the matmul. Unchunked, that is
@@ -300,13 +304,14 @@ def test_mlx_counts_and_no_kv_expansion_24q_2kv_q_len_4(monkeypatch):
     assert max(heads_carried(s) for s in full) == 24  # what the rewrite removes
 
 
+@requires("jax")
 def test_jax_counts_24q_2kv_q_len_4(monkeypatch):
     chunked, unchunked, arrays = verify_programs("jax", monkeypatch)
     assert_primitive_counts(chunked, {"dot_general": 8, "exp": 4, "concatenate": 1}, *arrays)
     assert_primitive_counts(unchunked, {"dot_general": 2, "exp": 1, "concatenate": 0}, *arrays)
 
 
-@pytest.mark.parametrize("target", ["mlx", "jax"])
+@pytest.mark.parametrize("target", target_params("mlx", "jax"))
 def test_policy_off_keeps_the_graph_and_single_call_counts(target, monkeypatch):
     graph = build(VERIFY)
     monkeypatch.setenv(ENV_VAR, "off")

@@ -12,6 +12,7 @@ import pytest
 from attnpass.backends import assert_primitive_counts
 from attnpass.lowering import lower
 from attnpass.models import QSAConfig, build_layer, gather_pipeline, make_inputs, narrowed_inputs
+from tests.util import requires
 
 SMALL = QSAConfig(n_q_heads=4, n_kv_heads=2, head_dim=16, idx_dim=16, budget=32, mask_rows=4, rotary_dim=8)
 N_KV, W = 128, 35
@@ -26,6 +27,7 @@ def layers():
     return {"masked": (masked, inputs), "gather": (gathered, narrowed_inputs(gathered, inputs))}
 
 
+@requires("mlx.core")
 def test_mlx_gather_has_one_softmax_of_width_w_and_gathers_k_and_v_once(layers):
     from attnpass.lowering.targets.mlx import primitives
 
@@ -47,6 +49,7 @@ def test_mlx_gather_has_one_softmax_of_width_w_and_gathers_k_and_v_once(layers):
     )  # Matmul: indexer scores, q k^T, p v; Gather: 2 RoPE rows; GatherAxis: K, V, visibility; Partition: top-k
 
 
+@requires("mlx.core")
 def test_mlx_masked_attends_the_whole_cache(layers):
     from attnpass.lowering.targets.mlx import primitives
 
@@ -74,6 +77,7 @@ def _shapes(variables):
     return [tuple(getattr(v.aval, "shape", ())) for v in variables]
 
 
+@requires("jax")
 def test_jax_gather_has_one_exp_of_width_w_and_gathers_k_and_v_once(layers):
     from attnpass.lowering.targets.jax import jaxpr
 
@@ -91,6 +95,7 @@ def test_jax_gather_has_one_exp_of_width_w_and_gathers_k_and_v_once(layers):
     )
 
 
+@requires("jax")
 def test_jax_masked_attends_the_whole_cache(layers):
     from attnpass.lowering.targets.jax import jaxpr
 

@@ -15,6 +15,11 @@ from attnpass.backends import run
 from attnpass.ir import TensorSpec, from_jax, from_mlx, ops, trace
 from attnpass.lowering import lower
 from attnpass.passes import HeadChunkSDPA, PassManager, RaiseAttention, head_chunk_plan
+from tests.util import lazy_import, requires
+
+mx = lazy_import("mlx.core")
+jax = lazy_import("jax")
+jnp = lazy_import("jax.numpy")
 
 B, HQ, HKV, S, T, D = 1, 6, 2, 3, 7, 8
 G = HQ // HKV
@@ -118,9 +123,7 @@ def test_softmax_rule_checks_the_axes():
 # ----------------------------------------------------------------------------- MLX's fallback form
 
 
-mx = pytest.importorskip("mlx.core")
-
-
+@requires("mlx.core")
 @pytest.mark.parametrize("mask_kind", ["none", "bool", "additive", "causal"])
 @pytest.mark.parametrize("hkv", [HKV, HQ])
 def test_mlx_fast_sdpa_fallback_raises_bit_exactly(rng, mask_kind, hkv):
@@ -144,6 +147,7 @@ def test_mlx_fast_sdpa_fallback_raises_bit_exactly(rng, mask_kind, hkv):
     np.testing.assert_array_equal(run(lower(result.graph, "mlx"), *args), expected)
 
 
+@requires("mlx.core")
 def test_mlx_handwritten_attention_with_repeat_kv(rng):
     q, k, v, mask = (mx.array(a) for a in _inputs(rng))
 
@@ -162,10 +166,7 @@ def test_mlx_handwritten_attention_with_repeat_kv(rng):
 # ----------------------------------------------------------------------------- JAX
 
 
-jax = pytest.importorskip("jax")
-jnp = pytest.importorskip("jax.numpy")
-
-
+@requires("jax", "mlx.core")
 @pytest.mark.parametrize("kind", ["mask", "bias", "causal"])
 def test_jax_dot_product_attention_raises(rng, kind):
     q, k, v, _ = _inputs(rng)
@@ -188,6 +189,7 @@ def test_jax_dot_product_attention_raises(rng, kind):
         np.testing.assert_allclose(run(lower(result.graph, target), q, k, v, m), expected, rtol=1e-5, atol=1e-6)
 
 
+@requires("jax")
 def test_jax_handwritten_einsum_attention_with_repeat_kv(rng):
     q, k, v, mask = _inputs(rng)
 

@@ -16,23 +16,23 @@ from attnpass.backends import run
 from attnpass.ir import TensorSpec, ops, trace
 from attnpass.lowering import lower
 from attnpass.models import rms_norm, rope
+from tests.util import lazy_import, requires
 
-torch = pytest.importorskip("torch", reason="torch is not installed (optional extra 'peers')")
-modeling = pytest.importorskip(
-    "transformers.models.qwen4_exp.modeling_qwen4_exp",
-    reason="transformers is not installed, or has no models/qwen4_exp (optional extra 'peers')",
-)
-if not hasattr(modeling, "Qwen4ExpTextQSAIndexer"):
-    pytest.skip("transformers.models.qwen4_exp has no Qwen4ExpTextQSAIndexer class", allow_module_level=True)
-from transformers.models.qwen4_exp.configuration_qwen4_exp import Qwen4ExpTextConfig  # noqa: E402
+# transformers with models/qwen4_exp (the peers extra); the numerics run on every target.
+pytestmark = requires("torch", "transformers.models.qwen4_exp", "mlx.core", "jax")
+torch = lazy_import("torch")
+modeling = lazy_import("transformers.models.qwen4_exp.modeling_qwen4_exp")
+configuration = lazy_import("transformers.models.qwen4_exp.configuration_qwen4_exp")
 
 T, HIDDEN, HEADS, DIM, RATIO, BUDGET, ROTARY, EPS = 96, 32, 4, 16, 4, 16, 8, 1e-6
 K = BUDGET // RATIO
 
 
 def torch_indexer(seed: int):
+    if not hasattr(modeling, "Qwen4ExpTextQSAIndexer"):
+        pytest.skip("transformers.models.qwen4_exp has no Qwen4ExpTextQSAIndexer class")
     torch.manual_seed(seed)
-    config = Qwen4ExpTextConfig(
+    config = configuration.Qwen4ExpTextConfig(
         hidden_size=HIDDEN, num_attention_heads=2, num_key_value_heads=1, head_dim=16, rms_norm_eps=EPS,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": ROTARY / 16},
         indexer_n_heads=HEADS, indexer_kv_heads=1, indexer_head_dim=DIM, indexer_budget=BUDGET,

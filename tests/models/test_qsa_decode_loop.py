@@ -8,13 +8,13 @@ Projections, MLP and logits run in numpy; the attention layer is the traced QSA 
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 from attnpass.backends import run
 from attnpass.lowering import lower
 from attnpass.models import QSAConfig, build_layer, gather_pipeline, make_inputs, narrowed_inputs, padded_mask
+from tests.util import requires
 
-pytest.importorskip("mlx.core")
+pytestmark = requires("mlx.core")
 
 VOCAB, D_MODEL, LAYERS, N_KV, STEPS = 64, 64, 3, 96, 64
 CFG = QSAConfig(n_q_heads=4, n_kv_heads=2, head_dim=16, idx_dim=16, budget=32, mask_rows=1, rotary_dim=8)

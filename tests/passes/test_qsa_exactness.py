@@ -14,6 +14,9 @@ from attnpass.backends import run
 from attnpass.lowering import lower
 from attnpass.models import QSAConfig, build_layer, gather_pipeline, make_inputs, narrowed_inputs
 from attnpass.passes import DeadCodeElimination, QSAGather
+from tests.util import lazy_import, requires, target_params
+
+jax = lazy_import("jax")
 
 SMALL = QSAConfig(n_q_heads=4, n_kv_heads=2, head_dim=16, idx_dim=16, budget=32, mask_rows=4, rotary_dim=8)
 K, R = SMALL.top_k_blocks, SMALL.ratio
@@ -26,8 +29,6 @@ def compiled(graph, target: str):
     program = lower(graph, target)
     if target != "jax":
         return lambda **kw: run(program, **kw)
-    import jax
-
     fn = jax.jit(program.fn)
 
     def call(**kw):
@@ -70,6 +71,7 @@ def check_cell_sets(n_kv: int, positions: np.ndarray, seed: int, tied: bool, tar
 DEPTHS = [70, 71, 73, 128]  # at the threshold 2 * W = 70 and around it
 
 
+@requires("mlx.core", "jax")
 @pytest.mark.parametrize("n_kv", DEPTHS)
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(data=st.data())
@@ -82,6 +84,7 @@ def test_gathered_cells_are_exactly_the_masked_set(n_kv, data):
         check_cell_sets(n_kv, positions, seed, tied, target)
 
 
+@requires("mlx.core", "jax")
 @pytest.mark.parametrize("tail", range(R))
 def test_every_tail_length_at_depth(tail):
     n_kv = 72
@@ -92,7 +95,7 @@ def test_every_tail_length_at_depth(tail):
 
 
 @pytest.mark.parametrize("visibility", ["additive", "bool"])
-@pytest.mark.parametrize("target", ["numpy", "mlx", "jax"])
+@pytest.mark.parametrize("target", target_params("numpy", "mlx", "jax"))
 def test_outputs_agree_with_the_masked_program(target, visibility):
     n_kv = 96
     masked = build_layer(SMALL, n_kv, batch=BATCH, visibility=visibility)

@@ -10,6 +10,7 @@ from attnpass.backends.mlx import Route, sdpa_route, sdpa_routes
 from attnpass.ir import TensorSpec, ops, trace
 from attnpass.lowering import lower
 from attnpass.passes import HeadChunkSDPA
+from tests.util import requires
 
 
 def route(q, k, mask=None, **kw) -> Route:
@@ -17,6 +18,8 @@ def route(q, k, mask=None, **kw) -> Route:
 
 
 def verify_program(q_len: int, t: int, chunk: bool, d: int = 256):
+    """The MLX program of a 24q/2kv sdpa (lowering to mlx needs mlx: its tests carry requires("mlx.core"))."""
+
     def attention(q, k, v):
         return ops.sdpa(q, k, v, scale=1 / 16)
 
@@ -25,6 +28,7 @@ def verify_program(q_len: int, t: int, chunk: bool, d: int = 256):
     return lower(HeadChunkSDPA(enabled=chunk)(graph).graph, "mlx")
 
 
+@requires("mlx.core")
 @pytest.mark.parametrize("q_len", [3, 4, 5, 6, 7, 8])
 @pytest.mark.parametrize("t, kernel", [(128, "vector"), (4097, "vector_2pass")])
 def test_rows_3_to_8_go_from_one_fallback_to_all_vector_subcalls(q_len, t, kernel):
@@ -36,6 +40,7 @@ def test_rows_3_to_8_go_from_one_fallback_to_all_vector_subcalls(q_len, t, kerne
     assert all(name.startswith("sdpa_c") for name, _ in after)
 
 
+@requires("mlx.core")
 @pytest.mark.parametrize("q_len", [9, 12, 16, 24, 32])
 def test_rows_9_to_32_stay_fallback_after_chunking(q_len):
     """Head dim 256 with more than 8 rows: the default heuristic prefers the unfused path either way."""
@@ -46,11 +51,13 @@ def test_rows_9_to_32_stay_fallback_after_chunking(q_len):
     assert len(sdpa_routes(verify_program(q_len, 128, chunk=True))) > 1
 
 
+@requires("mlx.core")
 @pytest.mark.parametrize("q_len", [1, 2])
 def test_small_rows_already_take_the_vector_kernel(q_len):
     assert [r.kernel for _, r in sdpa_routes(verify_program(q_len, 128, chunk=True))] == ["vector"]
 
 
+@requires("mlx.core")
 @pytest.mark.parametrize("q", [(1, 24, 4, 256), (1, 8, 1, 64), (1, 32, 64, 128)])
 def test_cpu_is_always_the_fallback(q):
     r = route(q, (1, 8, 4096, q[3]), device="cpu")
@@ -94,6 +101,7 @@ def test_kernel_families(q, k, kw, kernel):
     assert route(q, k, **kw).kernel == kernel
 
 
+@requires("mlx.core")
 def test_routes_follow_the_mlx_lowering_of_causal_masks():
     """Causal bottom-right with q_len <= k_len lowers to MLX's "causal" string; otherwise an explicit array."""
 
@@ -109,6 +117,7 @@ def test_routes_follow_the_mlx_lowering_of_causal_masks():
     assert route((1, 8, 16, 64), (1, 2, 8, 64), mask="causal").kernel == "fallback"
 
 
+@requires("mlx.core", "jax")
 def test_invalid_arguments_and_targets():
     with pytest.raises(ValueError, match="not a float type"):
         route((1, 8, 4, 64), (1, 2, 64, 64), dtype="int32")
