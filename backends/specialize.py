@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 import warnings
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Sequence, TextIO
 
@@ -150,9 +150,11 @@ class Specialization:
     """What one signature compiled to, or why it runs the original function.
 
     ``imported`` is the imported graph and its captured arrays, ``result`` the
-    pipeline's result (``graph`` and ``remarks`` are shortcuts), ``program``
-    the lowered program; ``reason`` is None when compiled, else the failed stage
-    and its error; ``seconds`` is the time the signature took to build.
+    pipeline's result (``graph``, ``remarks`` and ``ops`` are shortcuts),
+    ``program`` the lowered program; ``reason`` is None when compiled, else the
+    failed stage and its error; ``seconds`` is the time the signature took to
+    build; ``call(arrays)`` runs the compiled program on a call's array
+    arguments (None when the signature runs the original function).
     """
 
     signature: str
@@ -176,6 +178,11 @@ class Specialization:
     @property
     def remarks(self) -> tuple[Remark, ...]:
         return self.result.remarks if self.result is not None else ()
+
+    @functools.cached_property
+    def ops(self) -> Counter[str]:
+        """How many nodes of each op the rewritten graph computes (inputs not counted; empty without a graph)."""
+        return Counter(n.op for n in self.graph.nodes() if n.op != "input") if self.graph is not None else Counter()
 
     def explain(self, *, graph: bool = False) -> str:
         """The signature, what it compiled to (or the fallback reason), every remark; the graph if asked."""

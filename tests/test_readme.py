@@ -37,7 +37,7 @@ def test_the_top_of_the_readme_is_make_demo_then_make_test():
     assert TEXT.split("```")[1].split() == ["make", "demo", "make", "test"]
 
 
-@requires("mlx.core", "jax", graphviz=True)
+@requires("mlx.core", "jax", "mlx_lm", graphviz=True)
 def test_python_blocks_run_in_order(capsys, monkeypatch):
     python = blocks("python")
     assert len(python) == 11

@@ -133,7 +133,7 @@ def graphviz_available() -> bool:
 
 
 # The extra of pyproject.toml that installs each optional top-level module (for skip reasons).
-EXTRAS = {"mlx": "mlx", "jax": "jax", "mlx_vlm": "clients", "torch": "peers", "transformers": "peers"}
+EXTRAS = {"mlx": "mlx", "jax": "jax", "mlx_vlm": "clients", "mlx_lm": "zoo", "torch": "peers", "transformers": "peers"}
 
 
 def requires(*modules: str, graphviz: bool = False) -> pytest.MarkDecorator:

@@ -20,7 +20,11 @@ passed as they are (one signature per length).
 **Declined** calls run mlx-lm's helper and are counted by reason in
 :attr:`OptimizedModel.declined`: attention sinks, caches other than
 ``KVCache`` (quantized, rotating, batched, ...: no buffer to key on), string
-masks other than ``"causal"``.
+masks other than ``"causal"``, signatures that fell back to the original
+function, and signatures whose rewritten graph is still one MLX fused call
+(:data:`FUSED`: the helper computes the same on the valid keys, without the
+buffer padding). So a model is only as fast as the pipeline's rewrites make it,
+and never pays the padding for nothing.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from ..specialize import MAX_SIGNATURES, CompiledFunction
 from .compiled import compile
 
 HELPER = "scaled_dot_product_attention"
+FUSED = "the pipeline kept MLX's fused call: mlx-lm's helper runs it on the valid keys, without the buffer padding"
 
 _ACTIVE: ContextVar[OptimizedModel | None] = ContextVar("attnpass_optimized_model", default=None)
 _LOCK = threading.Lock()
@@ -90,36 +95,35 @@ class OptimizedModel:
 
     def attend(self, queries: Any, keys: Any, values: Any, cache: Any, scale: float, mask: Any, sinks: Any) -> Any:
         """One attention call of the model: its compiled program, or mlx-lm's helper when declined."""
-        from mlx_lm.models.cache import KVCache
-
-        reason = None
-        if sinks is not None:
-            reason = "attention sinks"
-        elif cache is not None and type(cache) is not KVCache:
-            reason = f"{type(cache).__name__}: only KVCache has a buffer to key signatures on"
-        elif isinstance(mask, str) and mask != "causal":
-            reason = f"string mask {mask!r}"
-        elif cache is not None and keys.shape[2] != cache.offset:
-            reason = f"keys hold {keys.shape[2]} rows, the cache {cache.offset}"
-        elif cache is not None and mask is not None and not isinstance(mask, str) and mask.shape[-1] != cache.offset:
-            reason = f"the mask covers {mask.shape[-1]} keys, the cache holds {cache.offset}"
-        if reason is not None:
-            with self._lock:
-                self.declined[reason] += 1
-            return _helper()(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
+        reason = _unroutable(keys, cache, mask, sinks)
+        if reason is None:
+            args = self._program_arguments(queries, keys, values, cache, mask)
+            entry = self.compiled.specialization(*args, scale)
+            if not entry.compiled:
+                reason = f"no compiled program: {entry.reason.splitlines()[0]}"
+            elif {op: n for op, n in entry.ops.items() if op != "reshape"} == {"sdpa": 1}:
+                reason = FUSED
+            else:
+                with self._lock:
+                    self.routed += 1
+                return entry.call([a for a in args if a is not None])
         with self._lock:
-            self.routed += 1
+            self.declined[reason] += 1
+        return _helper()(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
+
+    def _program_arguments(self, queries: Any, keys: Any, values: Any, cache: Any, mask: Any) -> tuple:
+        """``(queries, keys, values, mask)`` for the program: the cache's whole buffer and a mask of its valid rows."""
         rows = queries.shape[2]
         if cache is None:
             if isinstance(mask, str):
                 mask = self._valid(rows, keys.shape[2], keys.shape[2], causal=True)
-            return self.compiled(queries, keys, values, mask, scale)
+            return queries, keys, values, mask
         length = cache.keys.shape[2]
         if mask is None or isinstance(mask, str):
             mask = self._valid(rows, cache.offset, length, causal=mask is not None)
         elif length > cache.offset:
             mask = _pad_last(mask, length - cache.offset)
-        return self.compiled(queries, cache.keys, cache.values, mask, scale)
+        return queries, cache.keys, cache.values, mask
 
     def _valid(self, rows: int, offset: int, length: int, *, causal: bool) -> Any:
         """bool ``[1, 1, rows|1, length]``: key ``j`` valid below ``offset``, and causal (bottom-right) if asked."""
@@ -170,6 +174,23 @@ class OptimizedModel:
         state = "restored" if self._restored else "active"
         name = self._original_class.__name__
         return f"<OptimizedModel {name} ({state}): {self.traces} trace(s), {self.routed} routed>"
+
+
+def _unroutable(keys: Any, cache: Any, mask: Any, sinks: Any) -> str | None:
+    """Why a call cannot take the program (None when it can): sinks, a cache without a buffer, odd masks."""
+    from mlx_lm.models.cache import KVCache
+
+    if sinks is not None:
+        return "attention sinks"
+    if cache is not None and type(cache) is not KVCache:
+        return f"{type(cache).__name__}: only KVCache has a buffer to key signatures on"
+    if isinstance(mask, str) and mask != "causal":
+        return f"string mask {mask!r}"
+    if cache is not None and keys.shape[2] != cache.offset:
+        return f"keys hold {keys.shape[2]} rows, the cache {cache.offset}"
+    if cache is not None and mask is not None and not isinstance(mask, str) and mask.shape[-1] != cache.offset:
+        return f"the mask covers {mask.shape[-1]} keys, the cache holds {cache.offset}"
+    return None
 
 
 def _pad_last(mask: Any, count: int) -> Any:
