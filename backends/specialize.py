@@ -11,8 +11,9 @@ arguments.
 
 Failures: with ``strict=False`` a signature whose import, pipeline, lowering or
 first compiled call fails runs the original function from then on, and one
-:class:`FallbackWarning` per signature names the stage and the reason; with
-``strict=True`` the call raises :class:`SpecializationError`.
+:class:`FallbackWarning` per signature (again only if it was evicted and comes
+back) names the stage and the reason; with ``strict=True`` the call raises
+:class:`SpecializationError`.
 
 The cache holds at most ``max_signatures`` signatures and evicts the least
 recently used (an evicted signature is rebuilt, and counted as a trace, when it
