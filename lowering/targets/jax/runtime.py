@@ -14,9 +14,13 @@ with a ratio that is not a power of two may differ from numpy/MLX by one ulp.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+
 import jax
 import jax.numpy as jnp
 
+from attnpass.lowering.checks import check_qsa_operands
 from attnpass.lowering.qsa_array_api import QSAOps
 
 
@@ -48,4 +52,14 @@ def _put(array: jax.Array, indices: jax.Array, values: jax.Array) -> jax.Array:
     return jnp.put_along_axis(array, indices, values, axis=-1, inplace=False)
 
 
-qsa = QSAOps(jnp, top_k=_top_k, put=_put)
+def _check(op: str, selection: jax.Array, positions: jax.Array, ratio: int, kv_len: int) -> None:
+    """Check concrete operands at once; traced ones (under ``jax.jit``) through ``jax.debug.callback``."""
+    check = functools.partial(check_qsa_operands, op, ratio=ratio, kv_len=kv_len)
+    if isinstance(selection, jax.core.Tracer) or isinstance(positions, jax.core.Tracer):
+        jax.debug.callback(check, selection, positions)
+    else:
+        check(selection, positions)
+
+
+qsa = QSAOps(jnp, top_k=_top_k, put=_put, check=_check)
+qsa_checked = dataclasses.replace(qsa, checks=True)  # the ``qsa`` of programs lowered with checks=True
