@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo bench clean
+.PHONY: test demo fuzz bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,13 @@ test: $(STAMP)
 
 demo: $(STAMP)
 	$(PY) examples/qwen38_attention.py
+
+# The differential fuzzer beyond CI's 2,000 graphs: `make fuzz N=100000 SEED=1` prints its rate and, on a
+# failure, a shrunk reproducer with its replay command (tests/fuzz).
+N ?= 100000
+SEED ?= 0
+fuzz: $(STAMP)
+	$(PY) -m tests.fuzz --n $(N) --seed $(SEED)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis
