@@ -34,12 +34,15 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     for outcome in failures:
         print(report(outcome), end="\n\n")
+    known = applied.pop("known loader crash", 0)
     rewrites = ", ".join(f"{name} {count}" for name, count in sorted(applied.items())) or "none"
     if failures:
         print(f"// fuzz: stopped after {len(failures)} failure(s), seed {args.seed}, {seconds:.1f} s")
     else:
         print(f"// fuzz: {args.n} cases, seed {args.seed}, no failure, {seconds:.1f} s ({args.n / seconds:.1f} cases/s)")
     print(f"// rewrites applied: {rewrites}")
+    if known:
+        print(f"// known loader crashes (json_mutation.KNOWN_LOADER_CRASHES, fixed on another branch): {known}")
     return 1 if failures else 0
 
 

@@ -19,6 +19,20 @@ from .choices import Choices
 from .differential import Failure
 from .families import FAMILIES
 
+# Loader crashes issue 14 item 1 fixes on another branch (tests/test_fuzz.py keeps one reproducer of each, marked
+# xfail(strict=True)): counted, not failures. When that branch lands, those tests fail as XPASS: delete this table.
+KNOWN_LOADER_CRASHES = (
+    ("loader", "Graph.from_json raised RecursionError"),
+    ("loader", "Graph.from_json raised ValueError: Exceeds the limit"),
+    ("loader", "Graph.from_json raised OverflowError"),
+    ("round-trip", "a loaded graph does not round-trip: ValueError: Out of range float values"),
+)
+
+
+def known_loader_crash(failure: Failure) -> bool:
+    return any(failure.kind == kind and failure.message.startswith(text) for kind, text in KNOWN_LOADER_CRASHES)
+
+
 HOSTILE: tuple[Any, ...] = (
     None, True, 0, -1, 1.5, "", "x", [], {}, 2**31, 2**40, -(2**63), 10**400, 1e308, float("inf"), float("nan"),
     "a b", "\n", "é", "\x00", "float32", "bool", "none", "-inf", {"float": "inf"}, {"float": "x"}, [1, [2]],

@@ -24,7 +24,7 @@ import numpy as np
 from .choices import Choices, shrink
 from .differential import Failure, check, describe
 from .families import FAMILIES
-from .json_mutation import check_loader, mutated_json
+from .json_mutation import check_loader, known_loader_crash, mutated_json
 from .pipelines import random_pipeline
 
 KINDS = (*FAMILIES, "json")
@@ -112,13 +112,17 @@ def fuzz(
 ) -> tuple[list[Outcome], float]:
     """Run ``n`` cases, kinds taking turns; returns the shrunk failures (at most ``max_failures``) and the seconds.
 
-    ``applied`` counts the rewrites the differential cases made, per pass.
+    ``applied`` counts the rewrites the differential cases made, per pass, and the known loader crashes
+    (:data:`~tests.fuzz.json_mutation.KNOWN_LOADER_CRASHES`, not failures) under ``known loader crash``.
     """
     failures: list[Outcome] = []
     start = time.perf_counter()
     for i in range(n):
         outcome = run_case(kinds[i % len(kinds)], seed, i, applied)
-        if outcome.failure is not None:
+        if outcome.failure is not None and known_loader_crash(outcome.failure):
+            if applied is not None:
+                applied["known loader crash"] += 1
+        elif outcome.failure is not None:
             failures.append(minimise(outcome, shrink_seconds))
             if len(failures) >= max_failures:
                 break
