@@ -20,7 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.replay:
         kind, _, choices = args.replay.partition(":")
-        outcome = replay(kind, [int(x) for x in choices.split(",") if x])
+        outcome = replay(kind, [int(x) for x in choices.split(",") if x], text=True)
         print(report(outcome) if outcome.failure else f"// passes:\n{outcome.reproducer}")
         return 1 if outcome.failure else 0
     kinds = [k for k in args.kinds.split(",") if k]

@@ -132,7 +132,7 @@ def _dims(c: Choices) -> dict:
     d = c.pick([8, 4, 16])
     return {
         "b": c.int(1, 2), "hkv": hkv, "hq": hkv * c.pick([1, 2, 4, 12, 3, 6, 8]), "s": c.int(1, 9),
-        "t": c.int(1, 12), "d": d, "dv": d if c.flag(0.75) else c.pick([4, 8]), "dtype": c.pick(FLOATS, (4, 1, 1)),
+        "t": c.int(1, 12), "d": d, "dv": c.pick([4, 8]) if c.flag(0.25) else d, "dtype": c.pick(FLOATS, (4, 1, 1)),
     }  # fmt: skip
 
 

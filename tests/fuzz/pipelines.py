@@ -2,7 +2,7 @@
 
 Passes defined elsewhere in a test process (the README's ``broken`` pass, say)
 are left out: a pass joins when its class lives in an ``attnpass`` module or
-comes from an entry point. Options are drawn by their type from small pools
+comes from an entry point, and it can be built with its defaults. Options are drawn by their type from small pools
 (ints around head-chunk's budgets and qsa-gather's widths, floats around
 depth factors, ``None`` where optional); a combination the pass rejects
 falls back to its defaults.
@@ -28,11 +28,20 @@ POOLS: dict[type, tuple[Any, ...]] = {
 }
 
 
+def _with_defaults(name: str) -> bool:
+    try:
+        get_pass(name)()
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
 @functools.cache
 def fuzzed_passes() -> tuple[str, ...]:
-    """The registered pass names the fuzzer draws from (sorted)."""
+    """The registered pass names the fuzzer draws from (sorted): ours and entry points, constructible by default."""
     entry_points = {ep.name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
-    return tuple(n for n in available_passes() if n in entry_points or get_pass(n).__module__.startswith("attnpass."))
+    ours = [n for n in available_passes() if n in entry_points or get_pass(n).__module__.startswith("attnpass.")]
+    return tuple(n for n in ours if _with_defaults(n))
 
 
 def _value(c: Choices, option: PassOption) -> Any:

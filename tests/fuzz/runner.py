@@ -47,12 +47,12 @@ class Outcome:
     reproducer: str
 
 
-def _differential(kind: str, c: Choices, applied: Counter | None) -> tuple[Failure | None, str]:
+def _differential(kind: str, c: Choices, applied: Counter | None, text: bool) -> tuple[Failure | None, str]:
     pipeline = random_pipeline(c, FAVOURITES[kind])
     fixed_point = c.flag(0.15)
     case = FAMILIES[kind](c)
     failure = check(case, pipeline, fixed_point=fixed_point, applied=applied)
-    return failure, describe(case, pipeline, fixed_point) if failure else ""
+    return failure, describe(case, pipeline, fixed_point) if failure or text else ""
 
 
 def _json(c: Choices) -> tuple[Failure | None, str]:
@@ -66,14 +66,22 @@ def _abridged(text: str) -> str:
 
 
 def replay(
-    kind: str, record: Sequence[int] = (), rng: random.Random | None = None, applied: Counter | None = None
+    kind: str,
+    record: Sequence[int] = (),
+    rng: random.Random | None = None,
+    applied: Counter | None = None,
+    *,
+    text: bool = False,
 ) -> Outcome:
-    """Build and check the case of ``kind`` from ``record`` (or fresh draws from ``rng``); see :func:`check`."""
+    """Build and check the case of ``kind`` from ``record`` (or fresh draws from ``rng``); see :func:`check`.
+
+    The outcome's reproducer text is written for a failure, or always with ``text``.
+    """
     c = Choices(rng, record)
     with warnings.catch_warnings(), np.errstate(all="ignore"):  # NaN rows are compared, not reported twice
         warnings.simplefilter("ignore", RuntimeWarning)
-        failure, text = _json(c) if kind == "json" else _differential(kind, c, applied)
-    return Outcome(kind, tuple(c.record), failure, text)
+        failure, shown = _json(c) if kind == "json" else _differential(kind, c, applied, text)
+    return Outcome(kind, tuple(c.record), failure, shown)
 
 
 def run_case(kind: str, seed: int, index: int, applied: Counter | None = None) -> Outcome:
