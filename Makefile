@@ -21,12 +21,13 @@ test: $(STAMP)
 demo: $(STAMP)
 	$(PY) examples/qwen38_attention.py
 
-# The differential fuzzer beyond CI's 2,000 graphs: `make fuzz N=100000 SEED=1` prints its rate and, on a
-# failure, a shrunk reproducer with its replay command (tests/fuzz).
+# The differential fuzzer beyond CI's 2,000 graphs: `make fuzz N=100000 SEED=1 JOBS=2` prints its rate and,
+# on a failure, a shrunk reproducer with its replay command (tests/fuzz).
 N ?= 100000
 SEED ?= 0
+JOBS ?= 2
 fuzz: $(STAMP)
-	$(PY) -m tests.fuzz --n $(N) --seed $(SEED)
+	$(PY) -m tests.fuzz --n $(N) --seed $(SEED) --jobs $(JOBS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

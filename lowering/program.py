@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -19,6 +20,7 @@ class IdentityMismatch(AttnpassError):
     """A saved graph or artifact belongs to a program other than the one expected."""
 
 
+@functools.cache  # reading package metadata takes ~25 ms; a process does not change its installed backends
 def backend_version(distribution: str) -> str:
     try:
         return importlib.metadata.version(distribution)

@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections import Counter
 
-from .runner import KINDS, fuzz, print_progress, replay, report
+from .runner import KINDS, fuzz, replay, report
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -15,6 +15,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--kinds", default=",".join(KINDS), help=f"comma-separated subset of {', '.join(KINDS)}")
     parser.add_argument("--max-failures", type=int, default=1, help="stop after this many (shrunk) failures")
+    parser.add_argument("--jobs", type=int, default=1, help="processes (cases are split between them)")
     parser.add_argument("--shrink-seconds", type=float, default=60.0)
     parser.add_argument("--replay", metavar="KIND:CHOICES", help="rebuild and check one printed case")
     args = parser.parse_args(argv)
@@ -29,8 +30,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown kinds {unknown}; choose from {', '.join(KINDS)}")
     applied: Counter = Counter()
     failures, seconds = fuzz(
-        args.n, args.seed, kinds, shrink_seconds=args.shrink_seconds, max_failures=args.max_failures,
-        progress=print_progress(sys.stderr), applied=applied,
+        args.n, args.seed, kinds, jobs=args.jobs, shrink_seconds=args.shrink_seconds, max_failures=args.max_failures,
+        progress_every=1000, applied=applied,
     )  # fmt: skip
     for outcome in failures:
         print(report(outcome), end="\n\n")

@@ -51,9 +51,14 @@ def _value(c: Choices, option: PassOption) -> Any:
     return c.pick(pool) if pool else option.default
 
 
+@functools.cache
+def _options(cls: type[Pass]) -> list[PassOption]:
+    return pass_options(cls)
+
+
 def random_pass(c: Choices, name: str) -> Pass:
     cls = get_pass(name)
-    options = {o.name: _value(c, o) for o in pass_options(cls) if o.kinds and c.flag(0.5)}
+    options = {o.name: _value(c, o) for o in _options(cls) if o.kinds and c.flag(0.5)}
     try:
         return cls(**options)
     except (TypeError, ValueError):

@@ -6,18 +6,22 @@ graph of its family (families take turns by index), so shrinking the graph
 leaves the pipeline alone. A JSON case mutates the JSON of a generated graph
 (:mod:`.json_mutation`). Shrinking keeps the failure's kind (a crash stays a
 crash) and replays in :func:`replay`, which ``python -m tests.fuzz --replay``
-calls with the printed choice sequence.
+calls with the printed choice sequence. With ``jobs > 1`` the cases are split
+between processes (case ``i`` goes to process ``i % jobs``), and the failing
+case of lowest index is shrunk.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import random
 import re
+import sys
 import time
 import warnings
 from collections import Counter
 from dataclasses import dataclass
-from typing import Callable, Sequence, TextIO
+from typing import Sequence
 
 import numpy as np
 
@@ -108,40 +112,54 @@ def report(outcome: Outcome) -> str:
     )
 
 
+def _scan(
+    n: int, seed: int, kinds: Sequence[str], first: int, step: int, max_failures: int, every: int
+) -> tuple[list[tuple[int, Outcome]], Counter]:
+    """Cases ``first, first + step, ...`` below ``n``: the failing ones (unshrunk, at most ``max_failures``) and counts."""
+    failed: list[tuple[int, Outcome]] = []
+    applied: Counter = Counter()
+    start = time.perf_counter()
+    for done, i in enumerate(range(first, n, step), 1):
+        outcome = run_case(kinds[i % len(kinds)], seed, i, applied)
+        if outcome.failure is not None and known_loader_crash(outcome.failure):
+            applied["known loader crash"] += 1
+        elif outcome.failure is not None:
+            failed.append((i, outcome))
+            if len(failed) >= max_failures:
+                break
+        if every and done % every == 0:
+            who = f"worker {first}: " if step > 1 else ""
+            seconds = time.perf_counter() - start
+            print(f"// {who}{done} cases in {seconds:.1f} s ({done / seconds:.1f} cases/s)", file=sys.stderr, flush=True)
+    return failed, applied
+
+
 def fuzz(
     n: int,
     seed: int = 0,
     kinds: Sequence[str] = KINDS,
     *,
+    jobs: int = 1,
     shrink_seconds: float = 60.0,
     max_failures: int = 1,
-    progress: Callable[[int, float], None] | None = None,
+    progress_every: int = 0,
     applied: Counter | None = None,
 ) -> tuple[list[Outcome], float]:
-    """Run ``n`` cases, kinds taking turns; returns the shrunk failures (at most ``max_failures``) and the seconds.
+    """Run ``n`` cases, kinds taking turns, in ``jobs`` processes; returns the shrunk failures and the seconds.
 
-    ``applied`` counts the rewrites the differential cases made, per pass, and the known loader crashes
+    At most ``max_failures`` failures (the first by case index) are shrunk and returned. ``applied`` counts
+    the rewrites the differential cases made, per pass, and the known loader crashes
     (:data:`~tests.fuzz.json_mutation.KNOWN_LOADER_CRASHES`, not failures) under ``known loader crash``.
     """
-    failures: list[Outcome] = []
     start = time.perf_counter()
-    for i in range(n):
-        outcome = run_case(kinds[i % len(kinds)], seed, i, applied)
-        if outcome.failure is not None and known_loader_crash(outcome.failure):
-            if applied is not None:
-                applied["known loader crash"] += 1
-        elif outcome.failure is not None:
-            failures.append(minimise(outcome, shrink_seconds))
-            if len(failures) >= max_failures:
-                break
-        if progress is not None:
-            progress(i + 1, time.perf_counter() - start)
-    return failures, time.perf_counter() - start
-
-
-def print_progress(stream: TextIO, every: int = 1000) -> Callable[[int, float], None]:
-    def show(done: int, seconds: float) -> None:
-        if done % every == 0:
-            print(f"// {done} cases in {seconds:.1f} s ({done / seconds:.1f} cases/s)", file=stream, flush=True)
-
-    return show
+    scans = [(n, seed, tuple(kinds), j, jobs, max_failures, progress_every) for j in range(jobs)]
+    if jobs == 1:
+        parts = [_scan(*scans[0])]
+    else:
+        with multiprocessing.get_context("fork").Pool(jobs) as pool:
+            parts = pool.starmap(_scan, scans)
+    for _failed, counts in parts:
+        if applied is not None:
+            applied.update(counts)
+    first = sorted((i, o) for failed, _counts in parts for i, o in failed)[:max_failures]
+    return [minimise(o, shrink_seconds) for _i, o in first], time.perf_counter() - start
