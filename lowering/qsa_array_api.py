@@ -1,8 +1,9 @@
 """The QSA runtime written once over a numpy-named array library ``xp`` (``mlx.core``, ``jax.numpy``).
 
-A target binds ``xp`` and adds what differs, its exact top-k and its scatter:
-``qsa = QSAOps(jnp, top_k=..., put=...)`` in its runtime module is the
-``qsa`` helper its generated code calls. Out-of-range block ids and positions
+A target binds ``xp`` and adds what differs, its exact top-k, its scatter and
+how it reads values on the host for a check: ``qsa = QSAOps(jnp, top_k=...,
+put=..., check=...)`` in its runtime module is the ``qsa`` helper its
+generated code calls. Out-of-range block ids and positions
 beyond the cache are dropped (never read out of bounds), unless runtime
 checks are on (:mod:`attnpass.lowering.checks`): then ``mask``, ``cells`` and
 ``cell_valid`` raise as the numpy reference does.
