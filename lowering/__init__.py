@@ -8,7 +8,8 @@ from .registry import available_targets, export_formats, get_target, register_ta
 from .target import Export, Target
 
 __all__ = [
-    "Artifact", "ArtifactError", "Export", "IdentityMismatch", "LoweringError", "Program", "RuntimeCheckError", "Target",
+    "Artifact", "ArtifactError", "Export", "IdentityMismatch", "LoweringError", "Program", "RuntimeCheckError",
+    "Target",
     "available_targets", "export_formats", "get_target", "load_artifact", "lower", "program_identity",
     "register_target", "save_artifact",
 ]  # fmt: skip

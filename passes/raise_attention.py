@@ -170,7 +170,8 @@ def _attention_rewrite(rw: Rewriter, m: Attention) -> None:
         mask = rw.reshape(m.mask, m.mask_shape, f"{name}_mask") if _needs_reshape(rw, m) else m.mask
         if m.mask_fill == -math.inf:  # the source's rows with no key are 0/0: keep them NaN
             dtype = rw.type(m.pv.name).dtype
-            mask = rw.op("where", [mask, rw.scalar(0.0, dtype, "zero"), rw.scalar(-math.inf, dtype, "neg_inf")], hint=f"{name}_bias")
+            fills = [rw.scalar(0.0, dtype, "zero"), rw.scalar(-math.inf, dtype, "neg_inf")]
+            mask = rw.op("where", [mask, *fills], hint=f"{name}_bias")
         operands.append(mask)
     out = rw.op("sdpa", operands, {"scale": m.scale, "causal": "none"}, f"{name}_sdpa")
     rw.replace_matched(_view(rw, out, m.out_layout, m.pv.type.shape, f"{name}_out"), prune=True)

@@ -12,7 +12,8 @@ The peers' cases: an all-False bool mask row (the MLX test suite's
 ``test_sdpa_fully_masked``), bottom-right causal with ``q_len > kv_len``
 (its rows ``< q_len - kv_len`` see no key), and both with an additive mask.
 Each runs on every target, against the peers' own fused functions, and after
-head-chunk.
+head-chunk; qsa-gather keeps a hidden row NaN (additive visibility) or keeps
+the masked path (bool visibility).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import pytest
 from attnpass.backends import run
 from attnpass.ir import DType, TensorSpec, ops, trace
 from attnpass.lowering import lower
-from attnpass.passes import HeadChunkSDPA
+from attnpass.passes import HeadChunkSDPA, PassManager, QSAGather, parse_pipeline
 from tests.util import assert_close, random_array, requires
 
 pytestmark = requires("mlx.core", "jax")
@@ -96,12 +97,14 @@ def case(name: str, dtype: DType, dv: int = D):
 
 NAMES = ("bool-row", "bool-per-head", "bottom-right", "bottom-right-bool", "bottom-right-additive", "top-left-bool")
 CASES = [pytest.param(n, F32, D, id=f"{n}-f32") for n in NAMES]
-CASES += [pytest.param(n, dt, D, id=f"{n}-{dt.short}") for n in ("bool-row", "bottom-right-additive") for dt in (F16, BF16)]
+CASES += [
+    pytest.param(n, dt, D, id=f"{n}-{dt.short}") for n in ("bool-row", "bottom-right-additive") for dt in (F16, BF16)
+]
 CASES += [pytest.param(n, F32, 4, id=f"{n}-dv4") for n in ("bool-row", "bottom-right-additive")]  # JAX's explicit form
 
 
 def test_oracle_pins_the_mean_of_v():
-    graph, (q, k, v, m), expected = case("bool-row", F32)
+    _graph, (_q, _k, v, _m), expected = case("bool-row", F32)
     mean = v.astype(np.float64).mean(axis=2)  # [B, Hkv, Dv]
     np.testing.assert_allclose(expected[0, :, 1], np.repeat(mean[0], HQ // HKV, axis=0), rtol=1e-6)
 
@@ -175,3 +178,27 @@ def test_additive_rows_of_minus_infinity_are_nan_everywhere():
     assert np.isnan(expected[:, :, 0]).all() and np.isfinite(expected[:, :, 1:]).all()
     for out in outs:
         assert_close(out, expected)
+
+
+def test_qsa_gather_keeps_a_hidden_row_nan_and_bool_visibility_masked():
+    """The additive visibility form hides a row to NaN on both paths; the bool form is not gathered at all."""
+
+    def decode(q, k, v, scores, positions, vis):
+        sel = ops.qsa_select(scores, positions, ratio=2, top_k_blocks=2)
+        keep = ops.qsa_mask(sel, positions, ratio=2, kv_len=12)
+        mask = ops.where(keep, vis, -math.inf) if vis.dtype is F32 else ops.logical_and(keep, vis)
+        return ops.sdpa(q, k, v, mask=mask)
+
+    shapes = [(1, HQ, 1, D), (1, HKV, 12, D), (1, HKV, 12, D), (1, 1, 6)]
+    rng = np.random.default_rng(3)
+    xs = [random_array(rng, s, F32) for s in shapes] + [np.array([[10]], np.int32)]
+    vis = np.full((1, 1, 1, 12), -np.inf, np.float32)  # every cell hidden
+    graph = trace(decode, *[TensorSpec(x.shape, DType.from_numpy(x.dtype)) for x in xs + [vis]])
+    gathered = PassManager(parse_pipeline("qsa-gather{enabled=true},dce")).run(graph).graph
+    assert "take" in {n.op for n in gathered.nodes()}
+    for target in TARGETS:
+        assert np.isnan(run(lower(graph, target), *xs, vis)).all()
+        assert np.isnan(run(lower(gathered, target), *xs, vis)).all()
+    specs = [TensorSpec(x.shape, DType.from_numpy(x.dtype)) for x in xs]
+    bool_graph = trace(decode, *specs, TensorSpec((1, 1, 1, 12), "bool"))
+    assert not QSAGather(enabled=True)(bool_graph).changed

@@ -24,7 +24,6 @@ N_GRAPHS = 2000
 N_JSON = 1000
 
 
-
 def test_pipelines_preserve_what_graphs_compute():
     failures, _seconds = fuzz(N_GRAPHS, SEED, tuple(FAMILIES), shrink_seconds=30)
     assert not failures, report(failures[0])
@@ -38,12 +37,16 @@ def test_the_loader_loads_or_refuses_with_an_attnpass_error():
 
 def _doc(**attrs) -> dict:
     """A one-sdpa graph document; ``attrs`` replace the sdpa attributes."""
+
     def node(name, op, inputs, node_attrs, shape):
         loc = {"file": "model.py", "line": 3, "function": "f"}
         return {"name": name, "op": op, "inputs": inputs, "attrs": node_attrs,
                 "type": {"shape": shape, "dtype": "float32"}, "loc": loc}  # fmt: skip
 
-    inputs = [node(n, "input", [], {"shape": [1, 1, 2, 4], "dtype": "float32", "role": "streamed"}, [1, 1, 2, 4]) for n in "qkv"]
+    inputs = [
+        node(n, "input", [], {"shape": [1, 1, 2, 4], "dtype": "float32", "role": "streamed"}, [1, 1, 2, 4])
+        for n in "qkv"
+    ]
     sdpa = node("o", "sdpa", ["q", "k", "v"], {"scale": None, "causal": "none", **attrs}, [1, 1, 2, 4])
     return {"format": "attnpass.graph", "version": 1, "name": "g", "inputs": list("qkv"), "outputs": ["o"],
             "nodes": inputs + [sdpa]}  # fmt: skip

@@ -1,4 +1,4 @@
-"""Wrong rewrites and crashes the fuzzer found (tests/fuzz), each kept as its shrunk reproducer: graph text + pipeline."""
+"""Wrong rewrites and crashes the fuzzer found (tests/fuzz), each kept as its shrunk reproducer (graph text, pipeline)."""
 
 from __future__ import annotations
 
@@ -40,7 +40,9 @@ def _case(body: str, last: str, *, dtype: str = "float32", mask: str = "bool", f
     body = body.format(dt=dt, dtype=dtype, fill=fill_text)
     graph = parse_graph(ATTENTION.format(dt=dt, mask=mask_type, body=body, last=last))
     rng = np.random.default_rng(0)
-    arrays = {name: rng.uniform(-1, 1, t.shape).astype(t.dtype.numpy) for name, t in zip(graph.inputs, graph.input_types())}
+    arrays = {
+        name: rng.uniform(-1, 1, t.shape).astype(t.dtype.numpy) for name, t in zip(graph.inputs, graph.input_types())
+    }
     if mask == "bool":
         arrays["mask"] = np.array([[False, False, False], [True, False, True]])  # row 0 attends no key
     else:

@@ -88,7 +88,9 @@ def test_under_jax_jit_the_error_carries_the_message():
 
     program = lower(_graph("qsa_mask"), "jax", checks=True)
     jitted = jax.jit(program.fn)
-    np.testing.assert_array_equal(jitted(GOOD_SEL, GOOD_POS), run(lower(_graph("qsa_mask"), "numpy"), GOOD_SEL, GOOD_POS))
+    np.testing.assert_array_equal(
+        jitted(GOOD_SEL, GOOD_POS), run(lower(_graph("qsa_mask"), "numpy"), GOOD_SEL, GOOD_POS)
+    )
     with pytest.raises(Exception, match=r"qsa_mask: block id 21 is out of range") as info:
         np.asarray(jitted(*BAD[0][:2]))
     assert isinstance(info.value, (RuntimeCheckError, jax.errors.JaxRuntimeError))

@@ -40,7 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     if failures:
         print(f"// fuzz: stopped after {len(failures)} failure(s), seed {args.seed}, {seconds:.1f} s")
     else:
-        print(f"// fuzz: {args.n} cases, seed {args.seed}, no failure, {seconds:.1f} s ({args.n / seconds:.1f} cases/s)")
+        print(
+            f"// fuzz: {args.n} cases, seed {args.seed}, no failure, {seconds:.1f} s ({args.n / seconds:.1f} cases/s)"
+        )
     print(f"// rewrites applied: {rewrites}")
     if known:
         print(f"// known loader crashes (json_mutation.KNOWN_LOADER_CRASHES, fixed on another branch): {known}")

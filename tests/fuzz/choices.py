@@ -85,7 +85,10 @@ def shrink(
                 i -= 1
         for i in range(len(best)):
             while i < len(best) and best[i] > 0:
-                if not (attempt(best[:i] + [best[i] // 2] + best[i + 1 :]) or attempt(best[:i] + [best[i] - 1] + best[i + 1 :])):
+                if not (
+                    attempt(best[:i] + [best[i] // 2] + best[i + 1 :])
+                    or attempt(best[:i] + [best[i] - 1] + best[i + 1 :])
+                ):
                     break
                 improved = True
     return best

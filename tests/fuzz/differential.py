@@ -58,7 +58,9 @@ class InputViews(Instrumentation):
                 continue
             found = [attrs for t, attrs in before if t == graph.node(name).type]
             if not found:
-                self.unmapped.append(f"{pass_.name} retyped input {name} to {graph.node(name).type}, not through a slice")
+                self.unmapped.append(
+                    f"{pass_.name} retyped input {name} to {graph.node(name).type}, not through a slice"
+                )
             elif found[0] is not None:
                 bounds = zip(found[0]["start"], found[0]["stop"], found[0]["step"])
                 self.views[name] += (tuple(slice(*b) for b in bounds),)
@@ -106,7 +108,9 @@ def compare(actual: np.ndarray, expected: np.ndarray) -> str | None:
     return None
 
 
-def check(case: Case, pipeline: list[Pass], *, fixed_point: bool = False, applied: Counter | None = None) -> Failure | None:
+def check(
+    case: Case, pipeline: list[Pass], *, fixed_point: bool = False, applied: Counter | None = None
+) -> Failure | None:
     """Run ``pipeline`` on the case's graph and compare both graphs on the numpy reference.
 
     ``applied`` counts the passes' applied remarks (how much rewriting the case exercised).

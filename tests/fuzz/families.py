@@ -58,7 +58,9 @@ class _Maker:
         self.rng = np.random.default_rng(c.int(0, 2**16))
         self.arrays: dict[str, np.ndarray] = {}
 
-    def input(self, name: str, shape: tuple[int, ...], dtype: DType, values: np.ndarray | None = None, role: str = "streamed") -> str:
+    def input(
+        self, name: str, shape: tuple[int, ...], dtype: DType, values: np.ndarray | None = None, role: str = "streamed"
+    ) -> str:
         self.graph.add_input(name, TensorType(tuple(shape), dtype), role)
         if values is None:
             values = self.rng.uniform(-1.0, 1.0, shape) if dtype.is_float else self.rng.random(shape) < 0.5
@@ -118,7 +120,10 @@ def _sdpa(m: _Maker, tag: str, q: str | None, kv: tuple[str, str] | None, dims: 
         q = m.input(f"q{tag}", (bsz, hq, s, d), dtype)
     if kv is None:
         role = c.pick(["streamed", "resident"])
-        kv = m.input(f"k{tag}", (bsz, hkv, t, d), dtype, role=role), m.input(f"v{tag}", (bsz, hkv, t, dv), dtype, role=role)
+        kv = (
+            m.input(f"k{tag}", (bsz, hkv, t, d), dtype, role=role),
+            m.input(f"v{tag}", (bsz, hkv, t, dv), dtype, role=role),
+        )
     operands = [q, *kv]
     kind = c.pick([None, BOOL, dtype])
     if kind is not None:
@@ -212,6 +217,7 @@ def decomposed_family(c: Choices) -> Case:
     score_scale = scale / q_part if m.graph.node(k).op != "mul" else 1.0
     gqa = c.pick(["repeat", "fold", "tile"], (6, 3, 1)) if group > 1 else "none"
     if gqa in ("repeat", "tile"):  # K/V broadcast to every query head, repeated (sdpa's GQA) or tiled (not)
+
         def expand(x: str, width: int) -> str:
             axis = 2 if gqa == "repeat" else 1
             five = b.reshape(x, (bsz, hkv, 1, t, width) if axis == 2 else (bsz, 1, hkv, t, width), "kv5")
@@ -283,7 +289,9 @@ def qsa_family(c: Choices) -> Case:
         scores = m.input("block_scores", (bsz, rows, n_blocks), F32, values)
     else:  # computed by the indexer ops
         raw = m.input("raw_keys", (bsz, n_blocks * ratio, 4), dtype)
-        scores = b.op("qsa_block_scores", [m.input("idx_q", (bsz, rows, 2, 4), dtype), b.op("qsa_pool", [raw], {"ratio": ratio})])
+        scores = b.op(
+            "qsa_block_scores", [m.input("idx_q", (bsz, rows, 2, 4), dtype), b.op("qsa_pool", [raw], {"ratio": ratio})]
+        )
     sel = b.op("qsa_select", [scores, pos], {"ratio": ratio, "top_k_blocks": top_k})
     keep = b.op("qsa_mask", [sel, pos], {"ratio": ratio, "kv_len": t})
     form = c.pick(["where", "none", "logical_and", "where-zero"], (5, 3, 1, 1))
@@ -301,7 +309,9 @@ def qsa_family(c: Choices) -> Case:
             mask = b.op("logical_and", [keep, vis] if c.flag() else [vis, keep])
         else:
             mask = b.op("where", [keep, vis, m.const(0.0 if form == "where-zero" else -math.inf, dtype)], hint="attend")
-    out = b.op("sdpa", [q, k, v, mask], {"scale": c.pick([None, 0.25]), "causal": c.pick(["none", "bottom_right"], (9, 1))})
+    out = b.op(
+        "sdpa", [q, k, v, mask], {"scale": c.pick([None, 0.25]), "causal": c.pick(["none", "bottom_right"], (9, 1))}
+    )
     return m.case("qsa", [out])
 
 

@@ -56,7 +56,11 @@ def _at(doc: Any, path: tuple) -> Any:
 
 def _names(doc: Any) -> list[str]:
     nodes = doc.get("nodes") if isinstance(doc, dict) else None
-    return [n["name"] for n in nodes if isinstance(n, dict) and isinstance(n.get("name"), str)] if isinstance(nodes, list) else []
+    return (
+        [n["name"] for n in nodes if isinstance(n, dict) and isinstance(n.get("name"), str)]
+        if isinstance(nodes, list)
+        else []
+    )
 
 
 # Values Python's json cannot build or write (deep nesting, more digits than int() converts) enter the

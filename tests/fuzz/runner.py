@@ -115,7 +115,7 @@ def report(outcome: Outcome) -> str:
 def _scan(
     n: int, seed: int, kinds: Sequence[str], first: int, step: int, max_failures: int, every: int
 ) -> tuple[list[tuple[int, Outcome]], Counter]:
-    """Cases ``first, first + step, ...`` below ``n``: the failing ones (unshrunk, at most ``max_failures``) and counts."""
+    """Cases ``first, first + step, ...`` below ``n``: the failing ones (unshrunk, up to ``max_failures``), counts."""
     failed: list[tuple[int, Outcome]] = []
     applied: Counter = Counter()
     start = time.perf_counter()
@@ -130,7 +130,9 @@ def _scan(
         if every and done % every == 0:
             who = f"worker {first}: " if step > 1 else ""
             seconds = time.perf_counter() - start
-            print(f"// {who}{done} cases in {seconds:.1f} s ({done / seconds:.1f} cases/s)", file=sys.stderr, flush=True)
+            print(
+                f"// {who}{done} cases in {seconds:.1f} s ({done / seconds:.1f} cases/s)", file=sys.stderr, flush=True
+            )
     return failed, applied
 
 

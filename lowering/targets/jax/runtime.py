@@ -23,7 +23,6 @@ import jax.numpy as jnp
 from attnpass.lowering.checks import check_qsa_operands
 from attnpass.lowering.qsa_array_api import QSAOps
 
-
 _EXCLUDED = float(jnp.finfo(jnp.float32).min)
 
 
@@ -35,7 +34,7 @@ def explicit_sdpa(q, k, v, mask, *, scale: float, mask_is_bool: bool):
     # float32 logits (products of half inputs are exact in float32; no float16 overflow of q.k).
     scores = jnp.matmul(qg.astype(jnp.float32), jnp.swapaxes(k, -1, -2).astype(jnp.float32)) * scale
     scores = jnp.reshape(scores, (b, hq, s, k.shape[2]))
-    if mask is not None:  # excluded keys get a finite fill, as in jax.nn.dot_product_attention: no key left -> mean of V
+    if mask is not None:  # excluded keys get a finite fill, as in jax.nn.dot_product_attention: no key -> mean of V
         scores = jnp.where(mask, scores, _EXCLUDED) if mask_is_bool else scores + mask.astype(jnp.float32)
     probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
     out = jnp.matmul(jnp.reshape(probs, (b, hkv, (hq // hkv) * s, k.shape[2])), v)

@@ -12,9 +12,8 @@ from the key's low 32 bits. The other ops are shared with JAX
 
 from __future__ import annotations
 
-import math
-
 import dataclasses
+import math
 
 import mlx.core as mx
 import numpy as np
