@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
-import numpy as np
+import ml_dtypes
 
 from attnpass.ir import DType, Graph, Node
 
@@ -62,6 +62,7 @@ class Attention:
     kv_perm: tuple[int, ...]
     mask: str | None
     mask_shape: tuple[int, ...] | None
+    mask_fill: float | None  # a bool mask's fill for the masked scores (None: additive or no mask)
     scale: float
     out_layout: Layout
     summary: str
@@ -265,7 +266,7 @@ class _Matcher:
                 node = g.node(node.inputs[0] if node.op in la.LAYOUT_OPS else _scale_operand(g, node)[0])
             elif node.op == "where":
                 fill = scalar_constant(g, node.inputs[2])
-                limit = float(np.finfo(node.type.dtype.numpy).min) * 0.5
+                limit = float(ml_dtypes.finfo(node.type.dtype.numpy).min) * 0.5  # np.finfo rejects bfloat16
                 if fill is None or fill > limit:
                     return self.fail(
                         f"where {node.name} fills masked scores with {node.inputs[2]} "
@@ -334,6 +335,11 @@ class _Matcher:
         by_node = {n.name: (m, sv) for n, m, sv in masks}
         for node in s_nodes:
             if node.name not in by_node:
+                if mask_info is not None and node.op in ("mul", "div"):
+                    return self.fail(
+                        f"{node.op} {node.name} scales the scores after the mask {mask_info[0]}, so it scales the mask "
+                        "too; sdpa adds its mask to the scaled scores", node.name, 5,
+                    )  # fmt: skip
                 layout = replay(g, [node], layout)
                 if layout is None:
                     return self.fail(f"reshape {node.name} mixes score axes unevenly", node.name, 5)
@@ -385,13 +391,15 @@ class _Matcher:
         scale = chains["q"].scale * chains["k"].scale * math.prod(
             _scale_operand(g, n)[1] for n in s_nodes if n.op in ("mul", "div") and _scale_operand(g, n) is not None
         )
-        mask, mask_shape = (mask_info[1], mask_info[2]) if mask_info else (None, None)
+        mask, mask_shape, mask_fill = (mask_info[1], mask_info[2], mask_info[3]) if mask_info else (None, None, None)
         summary = (
             f"q {q} ({q_order}), k {k} and v {v} ({kv_order}); {hq} query heads over {hkv} KV heads (GQA {group}); "
             f"S={qs[qr]} T={sizes[3]} D={d}; scale {scale:g}; mask {mask_info[0] + ' -> ' + mask if mask_info else 'none'}"
         )
         perm = lambda heads_at, rows_at: (0, heads_at, rows_at, 3)  # noqa: E731
-        return Attention(self.pv, q, k, v, perm(qh, qr), perm(kh, kr), mask, mask_shape, scale, tuple(out_layout), summary)
+        return Attention(
+            self.pv, q, k, v, perm(qh, qr), perm(kh, kr), mask, mask_shape, mask_fill, scale, tuple(out_layout), summary
+        )
 
     @staticmethod
     def _score_atom(qa, ka, q_roles, k_roles, group, hkv, q_names, k_names) -> Atom | str:
@@ -434,8 +442,10 @@ class _Matcher:
             return Atom(2, pa.size, pa.stride)
         return f"P's {ROLE_NAMES[pa.axis]} axis pairs with v's {v_names[va.axis] if va else 'nothing'}"
 
-    def mask(self, node: Node, value: str, layout: Layout, sizes: tuple[int, ...]) -> tuple[str, tuple[int, ...]] | Fail:
-        """The mask root and its [B, Hq, S, T]-broadcastable shape, or why it does not fit."""
+    def mask(
+        self, node: Node, value: str, layout: Layout, sizes: tuple[int, ...]
+    ) -> tuple[str, tuple[int, ...], float | None] | Fail:
+        """The mask root, its [B, Hq, S, T]-broadcastable shape and a bool mask's fill, or why it does not fit."""
         g = self.g
         kind = "bool" if node.op == "where" else "additive"
         mtype = g.node(value).type
@@ -475,7 +485,7 @@ class _Matcher:
         shape4 = [1, 1, 1, 1]
         for role, size in zip(order, [n for n in shape if n != 1]):
             shape4[role] = size
-        return root, tuple(shape4)
+        return root, tuple(shape4), scalar_constant(g, node.inputs[2]) if kind == "bool" else None
 
 
 def _skip_true_and(graph: Graph, chain: Chain) -> tuple[str, tuple[Node, ...]]:

@@ -18,9 +18,11 @@ candidate that failed (the reason names what did not match), one
 
 Exactness: the raised ``sdpa`` computes the same function. Rounding may
 differ where the source scaled q or k instead of the scores (exact for a
-power-of-two scale), and a bool mask filled with a large finite negative
-(MLX uses the dtype's min) becomes sdpa's ``-inf``: identical except on rows
-that attend no key at all, where MLX's own fast sdpa behaves as the source.
+power-of-two scale). A bool mask filled with a large finite negative (MLX
+and JAX use the dtype's min) stays a bool mask: on a row that attends no key
+both weigh every key equally (sdpa's pinned fully-masked row). A bool mask
+filled with ``-inf`` makes such a row NaN in the source, so it becomes the
+additive mask ``where(mask, 0, -inf)``, NaN there too.
 """
 
 from __future__ import annotations
@@ -165,7 +167,12 @@ def _attention_rewrite(rw: Rewriter, m: Attention) -> None:
         rw.transpose(m.v, m.kv_perm, f"{name}_v"),
     ]
     if m.mask is not None:
-        operands.append(rw.reshape(m.mask, m.mask_shape, f"{name}_mask") if _needs_reshape(rw, m) else m.mask)
+        mask = rw.reshape(m.mask, m.mask_shape, f"{name}_mask") if _needs_reshape(rw, m) else m.mask
+        if m.mask_fill == -math.inf:  # the source's rows with no key are 0/0: keep them NaN
+            dtype = rw.type(m.pv.name).dtype
+            fills = [rw.scalar(0.0, dtype, "zero"), rw.scalar(-math.inf, dtype, "neg_inf")]
+            mask = rw.op("where", [mask, *fills], hint=f"{name}_bias")
+        operands.append(mask)
     out = rw.op("sdpa", operands, {"scale": m.scale, "causal": "none"}, f"{name}_sdpa")
     rw.replace_matched(_view(rw, out, m.out_layout, m.pv.type.shape, f"{name}_out"), prune=True)
 

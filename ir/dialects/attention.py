@@ -84,6 +84,8 @@ register(
         "softmax(q @ k^T * scale + mask) @ v; layout [B, H, S, D]; GQA: query head h uses kv head "
         "h // (Hq / Hkv); scale None = 1/sqrt(D); mask bool (True = attend) or additive in q's dtype, broadcast "
         "to [B, Hq, S, T]; causal 'top_left' (JAX: query i sees keys <= i) or 'bottom_right' "
-        "(MLX: query i sees keys <= i + T - S).",
+        "(MLX: query i sees keys <= i + T - S). A row that the bool mask and causal leave without any key "
+        "weighs all T keys equally (the mean of V, as MLX's and JAX's fused calls return); an additive mask "
+        "is added to the scores, so a row of -inf is NaN.",
     )
 )

@@ -10,12 +10,19 @@ from __future__ import annotations
 
 from attnpass.ir import DType, Node
 from attnpass.lowering.codegen import EmitEnv, Emitter
-from attnpass.lowering.common import array_api_emitters, causal_offset, dtype_expr, sdpa_scale, with_causal
+from attnpass.lowering.common import (
+    array_api_emitters,
+    causal_offset,
+    dtype_expr,
+    sdpa_scale,
+    with_causal,
+    zero_dead_rows,
+)
 from attnpass.lowering.qsa_emitters import QSA_EMITTERS
 
 
 def _sdpa(n: Node, a: list[str], env: EmitEnv) -> str:
-    q, k, v = a[:3]
+    q, k, v = zero_dead_rows(n, env, "jnp", a[0]), a[1], a[2]
     offset = causal_offset(n, env)
     # jax.nn.dot_product_attention asks for float32 logits from float16 operands (F16_F16_F32), which
     # XLA:CPU rejects under jit; float16 and unequal value head dims take the explicit form.

@@ -6,7 +6,14 @@ from typing import Literal
 
 from attnpass.ir import Node
 from attnpass.lowering.codegen import EmitEnv, Emitter, py_literal
-from attnpass.lowering.common import array_api_emitters, causal_offset, sdpa_lengths, sdpa_scale, with_causal
+from attnpass.lowering.common import (
+    array_api_emitters,
+    causal_offset,
+    sdpa_lengths,
+    sdpa_scale,
+    with_causal,
+    zero_dead_rows,
+)
 from attnpass.lowering.qsa_emitters import QSA_EMITTERS
 
 
@@ -41,7 +48,7 @@ def mask_kind(n: Node, env: EmitEnv) -> Literal["causal", "array"] | None:
 
 
 def _sdpa(n: Node, a: list[str], env: EmitEnv) -> str:
-    q, k, v = a[:3]
+    q, k, v = zero_dead_rows(n, env, "mx", a[0]), a[1], a[2]
     if mask_kind(n, env) == "causal":
         mask = '"causal"'
     else:

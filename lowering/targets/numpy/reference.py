@@ -49,7 +49,10 @@ def sdpa(q, k, v, mask=None, *, scale: float, causal: str, dtype: str) -> np.nda
     """softmax(q k^T * scale + mask) v in float64; query head h reads kv head h // (Hq / Hkv).
 
     The query heads of each KV group are folded into the rows of one matmul
-    per KV head, so K/V are never copied per query head.
+    per KV head, so K/V are never copied per query head. A bool mask and
+    ``causal`` exclude keys; a row they leave without any key weighs all ``T``
+    keys equally (the mean of V), as MLX's and JAX's fused calls do. An
+    additive mask is arithmetic: a row it sets to -inf everywhere is NaN.
     """
     q, k, v = wide(q), wide(k), wide(v)
     (b, hq, s, _), (hkv, t) = q.shape, k.shape[1:3]
@@ -64,9 +67,11 @@ def sdpa(q, k, v, mask=None, *, scale: float, causal: str, dtype: str) -> np.nda
             scores = scores + wide(mask)
     if allowed is not None:
         scores = np.where(allowed, scores, -np.inf)
+        scores = np.where(np.any(allowed, axis=-1, keepdims=True), scores, 0.0)  # no key left: uniform
     peak = np.max(scores, axis=-1, keepdims=True)
     e = np.exp(scores - np.where(np.isfinite(peak), peak, 0.0))
-    probs = (e / np.sum(e, axis=-1, keepdims=True)).reshape(b, hkv, (hq // hkv) * s, t)
+    with np.errstate(invalid="ignore"):  # an additive row of -inf: 0/0 = NaN, as in MLX and JAX
+        probs = (e / np.sum(e, axis=-1, keepdims=True)).reshape(b, hkv, (hq // hkv) * s, t)
     return rounded(np.matmul(probs, v).reshape(b, hq, s, v.shape[3]), dtype)
 
 
