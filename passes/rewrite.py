@@ -1,6 +1,7 @@
 """The shared rewrite layer: rules as data, one walker, one rewriter; no pass writes remark plumbing.
 
-A :class:`Rule` is an anchor op plus two functions:
+A :class:`Rule` is an anchor op (or :data:`ANY`, every node but the graph
+inputs: constant folding, common subexpressions) plus two functions:
 
 - ``match(graph, node) -> M | Decline | None``: ``None`` means "not a
   candidate" (silent, e.g. an ``sdpa`` without a mask for a mask rule);
@@ -97,10 +98,17 @@ class Rewriter(Builder):
         self.done = True
 
 
+ANY = "*"  # the anchor of a rule that looks at every node except the graph inputs
+
+
+def _anchors(rule: Rule[Any], node: Node) -> bool:
+    return rule.op == node.op or (rule.op == ANY and node.op != "input")
+
+
 def _candidates(graph: Graph, op: str) -> list[str]:
     if op == "input":
         return list(graph.inputs)
-    return [n.name for n in graph.nodes() if n.op == op]
+    return [n.name for n in graph.nodes() if n.op == op or (op == ANY and n.op != "input")]
 
 
 def apply_rules(
@@ -124,7 +132,7 @@ def apply_rules(
                 continue
             node = graph.node(name)  # re-read: an earlier rewrite may have renamed its operands
             for rule in rules:
-                if rule.op != node.op:
+                if not _anchors(rule, node):
                     continue
                 found = Decline(decline_all) if decline_all is not None else rule.match(graph, node)
                 if found is None:
@@ -149,7 +157,7 @@ def apply_rules(
         if kind == "applied" or name in graph:
             getattr(remarks, kind)(name, message, loc)
     if not decisions and not prefixed:
-        remarks.declined(None, f"no {rules[0].op} nodes")
+        remarks.declined(None, "no nodes" if rules[0].op == ANY else f"no {rules[0].op} nodes")
     if prefixed:
         declined = sum(1 for (_r, n), (kind, _m, _l) in decisions.items() if kind == "declined" and n in graph)
         counts = ", ".join(f"{r.name} {hits[r.name]}" for r in rules)
@@ -157,4 +165,4 @@ def apply_rules(
     return hits
 
 
-__all__ = ["Decline", "Rewriter", "Rule", "apply_rules"]
+__all__ = ["ANY", "Decline", "Rewriter", "Rule", "apply_rules"]
