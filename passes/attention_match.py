@@ -156,6 +156,11 @@ def replay(graph: Graph, chain: Sequence[Node], layout: Layout) -> Layout | None
     return layout
 
 
+def _walks(atoms: Sequence[Atom], axis: int, size: int) -> bool:
+    """Do ``atoms`` walk exactly the whole of root axis ``axis`` (of ``size``) in order? (size 1: no atoms)."""
+    return la.normalize(atoms) == ((Atom(axis, size, 1),) if size > 1 else ())
+
+
 def _first_problem(layout: list[list[Atom | str]]) -> str | None:
     """The most telling problem among the factors: a tiled KV grouping first, else the first one."""
     problems = [a for atoms in layout for a in atoms if isinstance(a, str)]
@@ -216,14 +221,18 @@ def _pair_heads(qa: Atom, ka: Atom | None, k_role: str | None, group: int, hkv: 
     return None
 
 
-def _probability_change(graph: Graph, value: str) -> Fail | None:
-    """A candidate one op away from P·V: ``value`` changes a softmax output before P·V reads it."""
+def _probability_change(graph: Graph, value: str, depth: int = 3) -> Fail | None:
+    """A candidate a few elementwise ops (or a slice) away from P·V: ``value`` changes a softmax output
+    before P·V reads it. The failure names the op next to the softmax."""
     node = graph.node(walk(graph, value).root)
-    if node.opdef.family != "elementwise" and node.op != "slice":
+    if depth == 0 or (node.opdef.family != "elementwise" and node.op != "slice"):
         return None
     for operand in node.inputs:
         softmax = graph.node(walk(graph, operand).root)
         if softmax.op != "softmax":
+            found = _probability_change(graph, operand, depth - 1)
+            if found is not None:
+                return found
             continue
         if node.op == "slice":
             source = graph.node(walk(graph, softmax.inputs[0]).root)
@@ -282,15 +291,15 @@ class _Matcher:
         if isinstance(algebra, Decline):
             return Fail(algebra.reason, algebra.node or softmax.name, 1)
         best: Fail | None = None  # the most telling failure of the roots as they are; views only add successes
-        for flip_qk in (False, True):  # q·kᵀ, or (q·kᵀ)ᵀ written as k·qᵀ
-            chains = {"q": walk(g, qk.inputs[1 if flip_qk else 0], scales=True),
-                      "k": walk(g, qk.inputs[0 if flip_qk else 1], scales=True), "v": v_chain}  # fmt: skip
-            if not flip_qk:
-                named = chains  # the no-reading message names q and k as written
-            bad = [f"{r} {g.node(c.root).type}" for r, c in chains.items() if not g.node(c.root).type.dtype.is_float]
-            if bad:
-                return Fail(f"the roots {', '.join(bad)} are not float tensors", pv.name, 2)
-            for roots_of in (value_roots, view_roots):
+        for roots_of in (value_roots, view_roots):
+            for flip_qk in (False, True):  # q·kᵀ, or (q·kᵀ)ᵀ written as k·qᵀ
+                chains = {"q": walk(g, qk.inputs[1 if flip_qk else 0], scales=True),
+                          "k": walk(g, qk.inputs[0 if flip_qk else 1], scales=True), "v": v_chain}  # fmt: skip
+                if not flip_qk:
+                    named = chains  # the no-reading message names q and k as written
+                bad = [f"{r} {g.node(c.root).type}" for r, c in chains.items() if not g.node(c.root).type.dtype.is_float]
+                if bad:
+                    return Fail(f"the roots {', '.join(bad)} are not float tensors", pv.name, 2)
                 roots = {r: roots_of(g, c) for r, c in chains.items()}
                 for q, k, v, orders in self.readings(roots):
                     result = self.check({"q": q, "k": k, "v": v}, orders, (flip_qk, flip_pv), steps, algebra, qk, softmax, p_chain)
@@ -340,9 +349,9 @@ class _Matcher:
             return Fail("a reshape on the q or k path mixes axes unevenly", qk.name, 2)
         if flips[0]:
             a_layout, b_layout = _swap_last(a_layout), _swap_last(b_layout)
-        if la.normalize(a_layout[-1]) != (Atom(3, d, 1),):
+        if not _walks(a_layout[-1], 3, d):
             return Fail(f"q·kᵀ contracts q over {describe(a_layout[-1], q_names)}, not q's last axis (head dim {d})", qk.name, 3)
-        if la.normalize(b_layout[-2]) != (Atom(3, ks[3], 1),) or ks[3] != d:
+        if not _walks(b_layout[-2], 3, ks[3]) or ks[3] != d:
             return Fail(
                 f"q·kᵀ contracts k over {describe(b_layout[-2], k_names)}, not k's last axis (head dim {ks[3]}): "
                 "check the transpose of k", qk.name, 3,
@@ -370,7 +379,7 @@ class _Matcher:
             return found
         layout, mask = found
         axis = softmax.attrs["axis"] % softmax.type.rank
-        if la.normalize(layout[axis]) != (Atom(3, sizes[3], 1),):
+        if not _walks(layout[axis], 3, sizes[3]):
             got = describe(layout[axis], ROLE_NAMES)
             return Fail(f"softmax {softmax.name} normalizes axis {softmax.attrs['axis']} walking {got}, not the keys (t:{sizes[3]})", softmax.name, 6)
         p_layout = replay(g, p_chain.nodes, layout)
@@ -379,12 +388,12 @@ class _Matcher:
             return Fail("a reshape on the probabilities or v path mixes axes unevenly", self.pv.name, 7)
         if flips[1]:
             p_layout, v_layout = _swap_last(p_layout), _swap_last(v_layout)
-        if la.normalize(p_layout[-1]) != (Atom(3, sizes[3], 1),) or la.normalize(v_layout[-2]) != (Atom(vr, vs[vr], 1),) or vs[vr] != sizes[3]:
+        if not _walks(p_layout[-1], 3, sizes[3]) or not _walks(v_layout[-2], vr, vs[vr]) or vs[vr] != sizes[3]:
             return Fail(
                 f"P·V contracts P over {describe(p_layout[-1], ROLE_NAMES)} and v over {describe(v_layout[-2], v_names)}; "
                 f"sdpa contracts keys t:{sizes[3]} with v's rows", self.pv.name, 7,
             )  # fmt: skip
-        if la.normalize(v_layout[-1]) != (Atom(3, vs[3], 1),):
+        if not _walks(v_layout[-1], 3, vs[3]):
             return Fail(f"P·V keeps {describe(v_layout[-1], v_names)} of v, not v's last axis (head dim)", self.pv.name, 7)
         pv_factors = _matmul_factors(p_layout, v_layout)
         if isinstance(pv_factors, str):
