@@ -2,7 +2,7 @@
 
 Hypothesis generates decomposed attentions (at least :data:`EXAMPLES` in CI, derandomized)
 with scales and biases in every position (on q, k, v, the scores before and after each
-mask, the mask, the probabilities), bool and additive masks in either order, several
+mask, the mask, the probabilities; a bias on the scores is a second additive mask), bool and additive masks in either order, several
 layouts per root (batched or not, heads or rows first), GQA by repeat, tile, broadcast
 or a grouped einsum, q·kᵀ and P·V written either way round, softmax as the op,
 decomposed, or accumulated in float32 around a bf16 attention. For each one:
@@ -20,6 +20,7 @@ decomposed, or accumulated in float32 around a bf16 attention. For each one:
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 
@@ -38,7 +39,7 @@ EXAMPLES = 2000
 GENERATED: list[int] = []
 FACTORS = (0.5, 2.0, 0.3, -1.0, 0.125, 3.0)
 SCALE_AT = ("q", "k", "v", "scores", "after_add", "after_where", "mask", "probs")
-BIAS_AT = ("q", "k", "v", "scores", "mask", "probs")
+BIAS_AT = ("q", "k", "v", "before_mask", "scores", "mask", "probs")
 
 
 @dataclass
@@ -67,31 +68,39 @@ class Case:
         return self.hkv * self.group
 
 
+ORDERS = list(itertools.product(["heads-first", "rows-first"], repeat=3))
+SIZES = list(itertools.product([1, 2, 3], [1, 2, 4], [2, 4], [2, 3]))  # s, t, d, dv
+
+
+def _placements(positions: tuple[str, ...], values: tuple[float, ...]):
+    """Up to three (position, value) pairs, one draw each."""
+    return st.lists(st.sampled_from(list(itertools.product(positions, values))), max_size=3).map(dict)
+
+
 @st.composite
 def cases(draw) -> Case:
     dtype = draw(st.sampled_from(["float32", "bfloat16"]))
     group = draw(st.sampled_from([1, 2, 3]))
-    mask = draw(st.sampled_from(["none", "bool", "additive", "add-then-where", "where-then-add"]))
-    finfo_min = float(DType.parse(dtype).finfo.min)
+    s, t, d, dv = draw(st.sampled_from(SIZES))
     return Case(
         dtype=dtype,
         batch=draw(st.sampled_from([None, 1, 2])),
         hkv=draw(st.sampled_from([1, 2])),
         group=group,
-        s=draw(st.integers(1, 3)),
-        t=draw(st.integers(1, 4)),
-        d=draw(st.sampled_from([2, 4])),
-        dv=draw(st.sampled_from([2, 3])),
-        orders=tuple(draw(st.sampled_from(["heads-first", "rows-first"])) for _ in range(3)),
+        s=s,
+        t=t,
+        d=d,
+        dv=dv,
+        orders=draw(st.sampled_from(ORDERS)),
         gqa=draw(st.sampled_from(["repeat", "tile", "broadcast", "grouped"])) if group > 1 else "repeat",
-        flips=(draw(st.booleans()), draw(st.booleans())),
-        mask=mask,
-        fill=draw(st.sampled_from([-math.inf, finfo_min, -1e4])),
+        flips=draw(st.sampled_from([(False, False), (False, True), (True, False), (True, True)])),
+        mask=draw(st.sampled_from(["none", "bool", "additive", "add-then-where", "where-then-add"])),
+        fill=draw(st.sampled_from([-math.inf, float(DType.parse(dtype).finfo.min), -1e4])),
         mask_shape=draw(st.sampled_from(["st", "11st", "bhst"])),
         softmax=draw(st.sampled_from(["op", "decomposed"] + (["f32-sum", "f32-cast"] if dtype == "bfloat16" else []))),
         seed=draw(st.integers(0, 2**16)),
-        scales=draw(st.dictionaries(st.sampled_from(SCALE_AT), st.sampled_from(FACTORS), max_size=3)),
-        biases=draw(st.dictionaries(st.sampled_from(BIAS_AT), st.sampled_from([0.5, -1.25]), max_size=2)),
+        scales=draw(_placements(SCALE_AT, FACTORS)),
+        biases=draw(_placements(BIAS_AT, (0.5, -1.25))),
     )
 
 
@@ -105,10 +114,13 @@ def expressible(case: Case) -> bool:
         return False
     additive = case.mask in ("additive", "add-then-where", "where-then-add")
     where = case.mask in ("bool", "add-then-where", "where-then-add")
-    if additive and "scores" in case.biases:
+    if additive + ("scores" in case.biases) + ("before_mask" in case.biases) > 1:
         return False  # two additive masks
     after_add = case.scales.get("after_add", 1.0) * (case.scales.get("after_where", 1.0) if case.mask == "add-then-where" else 1.0)
     if additive and not _power_of_two(after_add):
+        return False
+    after_bias = case.scales.get("after_where", 1.0) if where else 1.0  # the scales after a bias before the masks
+    if "before_mask" in case.biases and not _power_of_two(after_bias):
         return False
     if where:
         after = case.scales.get("after_where", 1.0) * (case.scales.get("after_add", 1.0) if case.mask == "where-then-add" else 1.0)
@@ -181,6 +193,7 @@ def build(case: Case):
         else:
             scores = matmul_t(q, repeat(k, case.gqa == "tile") if case.group > 1 else k)
         scores = scores * case.scales["scores"] if "scores" in case.scales else scores
+        scores = scores + case.biases["before_mask"] if "before_mask" in case.biases else scores
         for step in {"bool": ["where"], "additive": ["add"], "add-then-where": ["add", "where"],
                      "where-then-add": ["where", "add"], "none": []}[case.mask]:  # fmt: skip
             if step == "add":
