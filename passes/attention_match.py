@@ -32,7 +32,7 @@ from typing import Any, Sequence
 from attnpass.ir import DType, Graph, Node
 
 from . import layout_algebra as la
-from .chains import Chain, chain_scale, elementwise_steps, exact_cast, walk
+from .chains import Chain, chain_scale, elementwise_steps, exact_cast, replay, walk
 from .layout_algebra import Atom, Layout
 from .rewrite import Decline
 from .score_path import MaskUse, ScoreAlgebra, Step, score_algebra, score_steps
@@ -111,7 +111,7 @@ def view_roots(graph: Graph, chain: Chain) -> list[Root]:
     into, the last factor (the head dim) alone: for roots whose [B, H, S, D] form no value on the chain has
     (a projection [S, H*D] that a canonicalized reshape turns straight into [B, S, Hkv, G, D])."""
     shape = graph.node(chain.root).type.shape
-    layout = replay(graph, chain.nodes, la.root_layout(shape))
+    layout = replay(chain.nodes, la.root_layout(shape))
     if layout is None:
         return []
     factors = []
@@ -131,29 +131,15 @@ def view_roots(graph: Graph, chain: Chain) -> list[Root]:
 
 def start_layout(graph: Graph, root: Root) -> Layout | None:
     """The layout at the matmul of an operand rooted at ``root`` (atoms name the axes of its lifted view)."""
-    layout = la.root_layout(root.view)
+    layout: Layout | None = la.root_layout(root.view)
     shape = graph.node(root.value).type.shape
     if root.view != shape:
         layout = la.reshape(layout, shape)
-    return None if layout is None else replay(graph, root.nodes, layout)
+    return replay(root.nodes, layout)
 
 
 def lifted(shape: Sequence[int]) -> tuple[int, ...]:
     return (1,) * (4 - len(shape)) + tuple(shape)
-
-
-def replay(graph: Graph, chain: Sequence[Node], layout: Layout) -> Layout | None:
-    """Push ``layout`` through layout ops (casts and scales keep it; None: a reshape that is not a regrouping)."""
-    for node in chain:
-        if node.op == "transpose":
-            layout = la.transpose(layout, node.attrs["perm"])
-        elif node.op == "reshape":
-            layout = la.reshape(layout, node.type.shape)
-            if layout is None:
-                return None
-        elif node.op == "broadcast_to":
-            layout = la.broadcast(layout, node.type.shape)
-    return layout
 
 
 def _walks(atoms: Sequence[Atom], axis: int, size: int) -> bool:
@@ -173,7 +159,9 @@ def _swap_last(layout: Layout) -> Layout:
 
 
 def describe(atoms: Sequence[Atom], names: Sequence[str]) -> str:
-    parts = [f"{names[a.axis]}:{a.size}" + (f"/{a.stride}" if a.stride != 1 else "") for a in atoms if a.axis is not None]
+    parts = [
+        f"{names[a.axis]}:{a.size}" + (f"/{a.stride}" if a.stride != 1 else "") for a in atoms if a.axis is not None
+    ]
     return "(" + ", ".join(parts) + ")" if parts else "(broadcast)"
 
 
@@ -204,12 +192,15 @@ def _matmul_factors(a: Layout, b: Layout) -> list[list[tuple[Atom | None, Atom |
 def _pair_heads(qa: Atom, ka: Atom | None, k_role: str | None, group: int, hkv: int, who: str) -> str | None:
     """Check the factor of q's head axis: digits >= G pair with kv head h // G, the others with none."""
     if ka is not None and k_role != "h":
-        return f"query heads (digit stride {qa.stride}) pair with {who}'s {k_role or 'head dim'} axis, not with its heads"
+        return (
+            f"query heads (digit stride {qa.stride}) pair with {who}'s {k_role or 'head dim'} axis, not with its heads"
+        )
     if qa.stride >= group:
         if ka is None or k_role != "h":
             return f"query heads (digit stride {qa.stride}) are not paired with {who} heads; sdpa needs kv head h // {group}"
         if qa.stride % group or ka.stride * group != qa.stride:
-            return f"query head digit stride {qa.stride} pairs with {who} head stride {ka.stride}; sdpa needs stride {qa.stride // group if qa.stride % group == 0 else '?'}"
+            need = qa.stride // group if qa.stride % group == 0 else "?"
+            return f"query head digit stride {qa.stride} pairs with {who} head stride {ka.stride}; sdpa needs stride {need}"
         return None
     if ka is not None and k_role == "h":
         return (
@@ -242,10 +233,20 @@ def _probability_change(graph: Graph, value: str, depth: int = 3) -> Fail | None
                     "also normalizes over columns P·V drops (attention sinks, as gpt_oss and MLX's sinks=); "
                     "sdpa has no sinks", node.name, 1,
                 )  # fmt: skip
-            return Fail(f"P·V reads slice {node.name} of softmax {softmax.name}; sdpa reads all the keys it normalizes over", node.name, 1)
+            return Fail(
+                f"P·V reads slice {node.name} of softmax {softmax.name}; sdpa reads all the keys it normalizes over",
+                node.name,
+                1,
+            )
         if node.op in ("mul", "div"):
-            return Fail(f"{node.op} {node.name} scales the probabilities after the softmax; sdpa scales the scores", node.name, 1)
-        return Fail(f"{node.op} {node.name} changes the probabilities between softmax {softmax.name} and P·V", node.name, 1)
+            return Fail(
+                f"{node.op} {node.name} scales the probabilities after the softmax; sdpa scales the scores",
+                node.name,
+                1,
+            )
+        return Fail(
+            f"{node.op} {node.name} changes the probabilities between softmax {softmax.name} and P·V", node.name, 1
+        )
     return None
 
 
@@ -253,7 +254,9 @@ def _mask_chain(graph: Graph, value: str) -> tuple[str, tuple[Node, ...]]:
     """A mask's root through layout ops and value-keeping casts (a rounding cast is part of the mask's value)."""
     nodes: list[Node] = []
     node = graph.node(value)
-    while node.op in la.LAYOUT_OPS or (node.op == "cast" and exact_cast(graph.node(node.inputs[0]).type.dtype, node.type.dtype)):
+    while node.op in la.LAYOUT_OPS or (
+        node.op == "cast" and exact_cast(graph.node(node.inputs[0]).type.dtype, node.type.dtype)
+    ):
         nodes.append(node)
         node = graph.node(node.inputs[0])
     return node.name, tuple(reversed(nodes))
@@ -297,12 +300,16 @@ class _Matcher:
                           "k": walk(g, qk.inputs[0 if flip_qk else 1], scales=True), "v": v_chain}  # fmt: skip
                 if not flip_qk:
                     named = chains  # the no-reading message names q and k as written
-                bad = [f"{r} {g.node(c.root).type}" for r, c in chains.items() if not g.node(c.root).type.dtype.is_float]
+                bad = [
+                    f"{r} {g.node(c.root).type}" for r, c in chains.items() if not g.node(c.root).type.dtype.is_float
+                ]
                 if bad:
                     return Fail(f"the roots {', '.join(bad)} are not float tensors", pv.name, 2)
                 roots = {r: roots_of(g, c) for r, c in chains.items()}
                 for q, k, v, orders in self.readings(roots):
-                    result = self.check({"q": q, "k": k, "v": v}, orders, (flip_qk, flip_pv), steps, algebra, qk, softmax, p_chain)
+                    result = self.check(
+                        {"q": q, "k": k, "v": v}, orders, (flip_qk, flip_pv), steps, algebra, qk, softmax, p_chain
+                    )
                     if isinstance(result, Attention):
                         return result
                     if roots_of is value_roots and (best is None or result.stage > best.stage):
@@ -320,6 +327,7 @@ class _Matcher:
     def readings(roots: dict[str, list[Root]]):
         """(q, k, v roots, their orders) under which k and v have one number of heads dividing q's and one
         length, and q and k one head dim."""
+
         def read(root: Root, order: str) -> tuple[int, int, int]:
             heads_at, rows_at = ORDERS[order]
             return root.view[heads_at], root.view[rows_at], root.view[3]
@@ -336,7 +344,9 @@ class _Matcher:
                     if d == dk and hq % hk == 0:
                         yield q, k, v, (qo, ko, vo)
 
-    def check(self, chains, orders, flips, steps: list[Step], algebra: ScoreAlgebra, qk, softmax, p_chain) -> Attention | Fail:
+    def check(
+        self, chains, orders, flips, steps: list[Step], algebra: ScoreAlgebra, qk, softmax, p_chain
+    ) -> Attention | Fail:
         g = self.g
         qs, ks, vs = (chains[r].view for r in "qkv")
         (qh, qr), (kh, kr), (vh, vr) = (ORDERS[o] for o in orders)
@@ -350,7 +360,9 @@ class _Matcher:
         if flips[0]:
             a_layout, b_layout = _swap_last(a_layout), _swap_last(b_layout)
         if not _walks(a_layout[-1], 3, d):
-            return Fail(f"q·kᵀ contracts q over {describe(a_layout[-1], q_names)}, not q's last axis (head dim {d})", qk.name, 3)
+            return Fail(
+                f"q·kᵀ contracts q over {describe(a_layout[-1], q_names)}, not q's last axis (head dim {d})", qk.name, 3
+            )
         if not _walks(b_layout[-2], 3, ks[3]) or ks[3] != d:
             return Fail(
                 f"q·kᵀ contracts k over {describe(b_layout[-2], k_names)}, not k's last axis (head dim {ks[3]}): "
@@ -373,7 +385,11 @@ class _Matcher:
         sizes = (qs[0], hq, qs[qr], ks[kr])
         for role, size in enumerate(sizes):
             if not la.covers([a for axis in score_layout for a in axis if a.axis == role], size):
-                return Fail(f"the scores do not cover query/key {ROLE_NAMES[role]} (size {size}) exactly once {where}", qk.name, 4)
+                return Fail(
+                    f"the scores do not cover query/key {ROLE_NAMES[role]} (size {size}) exactly once {where}",
+                    qk.name,
+                    4,
+                )
         found = self.masks(steps, algebra, tuple(score_layout), sizes)
         if isinstance(found, Fail):
             return found
@@ -381,8 +397,12 @@ class _Matcher:
         axis = softmax.attrs["axis"] % softmax.type.rank
         if not _walks(layout[axis], 3, sizes[3]):
             got = describe(layout[axis], ROLE_NAMES)
-            return Fail(f"softmax {softmax.name} normalizes axis {softmax.attrs['axis']} walking {got}, not the keys (t:{sizes[3]})", softmax.name, 6)
-        p_layout = replay(g, p_chain.nodes, layout)
+            return Fail(
+                f"softmax {softmax.name} normalizes axis {softmax.attrs['axis']} walking {got}, not the keys (t:{sizes[3]})",
+                softmax.name,
+                6,
+            )
+        p_layout = replay(p_chain.nodes, layout)
         v_layout = start_layout(g, chains["v"])
         if p_layout is None or v_layout is None:
             return Fail("a reshape on the probabilities or v path mixes axes unevenly", self.pv.name, 7)
@@ -394,7 +414,9 @@ class _Matcher:
                 f"sdpa contracts keys t:{sizes[3]} with v's rows", self.pv.name, 7,
             )  # fmt: skip
         if not _walks(v_layout[-1], 3, vs[3]):
-            return Fail(f"P·V keeps {describe(v_layout[-1], v_names)} of v, not v's last axis (head dim)", self.pv.name, 7)
+            return Fail(
+                f"P·V keeps {describe(v_layout[-1], v_names)} of v, not v's last axis (head dim)", self.pv.name, 7
+            )
         pv_factors = _matmul_factors(p_layout, v_layout)
         if isinstance(pv_factors, str):
             return Fail(f"P·V: {pv_factors}", self.pv.name, 7)
@@ -412,22 +434,27 @@ class _Matcher:
         out_sizes = (qs[0], hq, qs[qr], vs[3])
         for role, size in enumerate(out_sizes):
             if not la.covers([a for axis in out_layout for a in axis if a.axis == role], size):
-                return Fail(f"P·V does not produce every output {('b', 'h', 's', 'dv')[role]} exactly once", self.pv.name, 8)
+                return Fail(
+                    f"P·V does not produce every output {('b', 'h', 's', 'dv')[role]} exactly once", self.pv.name, 8
+                )
         scale = chains["q"].scale * chains["k"].scale * algebra.scale
         if scale == 0 or not math.isfinite(scale):
-            return Fail(f"the scales on q, k and the scores multiply to {scale:g}; sdpa needs a finite, non-zero scale", qk.name, 8)
+            return Fail(
+                f"the scales on q, k and the scores multiply to {scale:g}; sdpa needs a finite, non-zero scale",
+                qk.name,
+                8,
+            )
         return self.result(chains, orders, mask, scale, tuple(out_layout), group, sizes, d, qk, softmax)
 
     def masks(self, steps: list[Step], algebra: ScoreAlgebra, layout: Layout, sizes) -> tuple[Layout, MaskPlan] | Fail:
         """The scores layout at the softmax, and every mask laid out as sdpa takes it."""
-        g = self.g
         uses = {u.step.node.name: u for u in (*algebra.bools, *((algebra.additive,) if algebra.additive else ()))}
         bools, additive = [], None
         current: Layout | None = layout
         for step in steps:
             use = uses.get(step.node.name)
             if use is None:
-                current = replay(g, [step.node], current)
+                current = replay([step.node], current)
                 if current is None:
                     return Fail(f"reshape {step.node.name} mixes score axes unevenly", step.node.name, 5)
                 continue
@@ -452,7 +479,7 @@ class _Matcher:
             return Fail(f"the {kind} mask {value} of {node.name} has dtype {mtype.dtype.value}", node.name, 5)
         root, nodes = _mask_chain(g, value)
         shape = g.node(root).type.shape
-        m_layout = replay(g, nodes, la.root_layout(shape))
+        m_layout = replay(nodes, la.root_layout(shape))
         if m_layout is None:
             return Fail(f"a reshape on the mask path of {node.name} mixes axes unevenly", node.name, 5)
         pairs = []
@@ -473,7 +500,9 @@ class _Matcher:
             (role,) = roles
             whole = size == sizes[role] and la.covers([sa for sa, _ma in mine], size)
             if not whole or any(sa.stride != ma.stride for sa, ma in mine):
-                return Fail(f"mask {root} axis {axis} (size {size}) is not the whole {ROLE_NAMES[role]} axis", node.name, 5)
+                return Fail(
+                    f"mask {root} axis {axis} (size {size}) is not the whole {ROLE_NAMES[role]} axis", node.name, 5
+                )
             order.append(role)
         if order != sorted(order):
             shown = ", ".join(ROLE_NAMES[r] for r in order)
@@ -495,10 +524,15 @@ class _Matcher:
             heads_at, rows_at = ORDERS[order]
             steps = elementwise_steps(g, chain.nodes, scales=role == "v")
             operands.append(Operand(chain.value, chain.view, (0, heads_at, rows_at, 3), steps))
-        notes = [f"{role} {c.value} cast from {g.node(c.value).type.dtype.short}" for role, c in chains.items()
-                 if g.node(c.value).type.dtype is not dtype and not any(op == "cast" for op, _x in elementwise_steps(g, c.nodes, scales=False))]  # fmt: skip
+        notes = []
+        for role, x in zip("qkv", operands):
+            own = next((arg for op, arg in reversed(x.steps) if op == "cast"), g.node(x.root).type.dtype)
+            if own is not dtype:  # a cast the source does not have: sdpa takes one dtype
+                notes.append(f"{role} {x.root} cast from {own.short}")
         if mask.additive is not None and not exact_cast(g.node(mask.additive[0]).type.dtype, dtype):
-            notes.append(f"mask {mask.additive[0]} rounded from {g.node(mask.additive[0]).type.dtype.short} to {dtype.short}")
+            notes.append(
+                f"mask {mask.additive[0]} rounded from {g.node(mask.additive[0]).type.dtype.short} to {dtype.short}"
+            )
         computed = {"q·kᵀ": qk.type.dtype, "the softmax": softmax.type.dtype, "P·V": dtype}
         rounding = _rounding(computed, dtype, notes)
         masks = [f"{root} (bool)" for root, _s in mask.bools]

@@ -50,8 +50,8 @@ import numpy as np
 from attnpass.ir import DType, Graph, Node, TensorType
 from attnpass.ir.dialects.evaluate import EVALUATORS, constant, evaluate
 
-from .base import Pass, Remarks
 from . import layout_algebra as la
+from .base import Pass, Remarks
 from .chains import exact_cast, splat
 from .registry import register_pass
 from .rewrite import ANY, Decline, Rewriter, Rule, apply_rules
@@ -81,7 +81,11 @@ def _array(node: Node) -> np.ndarray:
 
 
 def _bits(array: np.ndarray) -> np.ndarray:
-    return array.view({2: np.uint16, 4: np.uint32, 8: np.uint64}[array.itemsize]) if array.dtype.kind not in "biu" else array
+    return (
+        array.view({2: np.uint16, 4: np.uint32, 8: np.uint64}[array.itemsize])
+        if array.dtype.kind not in "biu"
+        else array
+    )
 
 
 def _python_values(array: np.ndarray, dtype: DType) -> tuple:
@@ -132,8 +136,14 @@ def _fold_match(graph: Graph, node: Node, mode: str) -> _Folded | Decline | None
     if not sources or None in sources or node.type.size == 0:
         return None
     if node.op not in EVALUATORS:
-        return Decline(f"{node.op} of constants is not folded: {_NOT_FOLDED.get(node.op, 'it has no reference evaluator')}")
-    if mode == "exact" and node.op not in _TARGET_EXACT and not (node.op == "floor_divide" and node.type.dtype is DType.int32):
+        return Decline(
+            f"{node.op} of constants is not folded: {_NOT_FOLDED.get(node.op, 'it has no reference evaluator')}"
+        )
+    if (
+        mode == "exact"
+        and node.op not in _TARGET_EXACT
+        and not (node.op == "floor_divide" and node.type.dtype is DType.int32)
+    ):
         return Decline(
             f"{node.op} of constants is not folded: MLX and JAX compute {node.op} in their own way, so folding it with "
             "the reference would change the program's last bits (canonicalize{fold=reference} folds it)"
@@ -143,22 +153,31 @@ def _fold_match(graph: Graph, node: Node, mode: str) -> _Folded | Decline | None
         return _Folded(node, sources[0].attrs["value"], node.type.shape)
     if node.op == "broadcast_to":
         stored = len(sources[0].attrs["value"])
-        return Decline(f"broadcast_to of a constant is not folded: it would store {stored} values {node.type.size // stored} times")
+        return Decline(
+            f"broadcast_to of a constant is not folded: it would store {stored} values {node.type.size // stored} times"
+        )
     rank = node.type.rank
     if elementwise or node.op == "cast":
         shapes = [(1,) * rank if one else (1,) * (rank - c.type.rank) + c.type.shape for c, one in zip(sources, splats)]
         core = tuple(np.broadcast_shapes(*shapes))
-        operands = [_array(c).reshape(-1)[:1].reshape(sh) if one else _array(c).reshape(sh) for c, one, sh in zip(sources, splats, shapes)]
+        operands = [
+            _array(c).reshape(-1)[:1].reshape(sh) if one else _array(c).reshape(sh)
+            for c, one, sh in zip(sources, splats, shapes)
+        ]
     else:
         core = node.type.shape
         operands = [np.broadcast_to(_array(c), graph.node(i).type.shape) for c, i in zip(sources, node.inputs)]
     biggest = max([math.prod(core)] + [a.size for a in operands])
     if biggest > FOLD_LIMIT:
-        return Decline(f"{node.op} of constants is not folded: {biggest} elements (more than {FOLD_LIMIT}) and not a splat")
+        return Decline(
+            f"{node.op} of constants is not folded: {biggest} elements (more than {FOLD_LIMIT}) and not a splat"
+        )
     if node.op == "cast" and node.type.dtype is DType.int32 and operands[0].dtype.kind not in "biu":
         values = operands[0].astype(np.float64)
         if not (np.isfinite(values).all() and (np.abs(values) < 2.0**31).all()):
-            return Decline("cast of constants to int32 is not folded: a value is not finite or out of range (target-defined)")
+            return Decline(
+                "cast of constants to int32 is not folded: a value is not finite or out of range (target-defined)"
+            )
     try:
         return _folded(node, evaluate(node.op, node.attrs, operands, TensorType(core, node.type.dtype)))
     except (IndexError, ValueError) as exc:
@@ -218,7 +237,9 @@ def _reshape_chain(graph: Graph, node: Node) -> _Forward | None:
     inner = _producer(graph, node, "reshape")
     if inner is None:
         return None
-    return _Forward(node, inner.inputs[0], "reshape", (("shape", node.type.shape),), f"reshape(reshape({inner.inputs[0]}))")
+    return _Forward(
+        node, inner.inputs[0], "reshape", (("shape", node.type.shape),), f"reshape(reshape({inner.inputs[0]}))"
+    )
 
 
 def _unit_axes_only(shape_in: tuple[int, ...], shape_out: tuple[int, ...]) -> bool:
@@ -229,19 +250,31 @@ def _broadcast_as_reshape(graph: Graph, node: Node) -> _Forward | None:
     x = graph.node(node.inputs[0])
     if x.type.size != node.type.size or x.type.shape == node.type.shape:
         return None
-    return _Forward(node, x.name, "reshape", (("shape", node.type.shape),), f"broadcast_to({x.name}) adding unit axes only")
+    return _Forward(
+        node, x.name, "reshape", (("shape", node.type.shape),), f"broadcast_to({x.name}) adding unit axes only"
+    )
 
 
 def _broadcast_chain(graph: Graph, node: Node) -> _Forward | None:
     inner = _producer(graph, node, "broadcast_to")
     if inner is None:
         return None
-    return _Forward(node, inner.inputs[0], "broadcast_to", (("shape", node.type.shape),), f"broadcast_to(broadcast_to({inner.inputs[0]}))")
+    return _Forward(
+        node,
+        inner.inputs[0],
+        "broadcast_to",
+        (("shape", node.type.shape),),
+        f"broadcast_to(broadcast_to({inner.inputs[0]}))",
+    )
 
 
 def _transpose_identity(graph: Graph, node: Node) -> _Forward | None:
     perm = node.attrs["perm"]
-    return _Forward(node, node.inputs[0], why=f"transpose({node.inputs[0]}) by the identity") if list(perm) == sorted(perm) else None
+    return (
+        _Forward(node, node.inputs[0], why=f"transpose({node.inputs[0]}) by the identity")
+        if list(perm) == sorted(perm)
+        else None
+    )
 
 
 def _transpose_chain(graph: Graph, node: Node) -> _Forward | None:
@@ -258,22 +291,32 @@ def _transpose_as_reshape(graph: Graph, node: Node) -> _Forward | None:
     moved = [p for p in perm if x.type.shape[p] != 1]
     if list(perm) == sorted(perm) or moved != sorted(moved):
         return None
-    return _Forward(node, x.name, "reshape", (("shape", node.type.shape),), f"transpose({x.name}) moving unit axes only")
+    return _Forward(
+        node, x.name, "reshape", (("shape", node.type.shape),), f"transpose({x.name}) moving unit axes only"
+    )
 
 
 def _whole_slice(graph: Graph, node: Node) -> _Forward | None:
     x = graph.node(node.inputs[0])
-    whole = node.attrs["start"] == (0,) * x.type.rank and node.attrs["stop"] == x.type.shape and set(node.attrs["step"]) <= {1}
+    whole = (
+        node.attrs["start"] == (0,) * x.type.rank
+        and node.attrs["stop"] == x.type.shape
+        and set(node.attrs["step"]) <= {1}
+    )
     return _Forward(node, x.name, why=f"slice({x.name}) of all of it") if whole else None
 
 
 def _single_concat(graph: Graph, node: Node) -> _Forward | None:
-    return _Forward(node, node.inputs[0], why=f"concat({node.inputs[0]}) of one operand") if len(node.inputs) == 1 else None
+    return (
+        _Forward(node, node.inputs[0], why=f"concat({node.inputs[0]}) of one operand")
+        if len(node.inputs) == 1
+        else None
+    )
 
 
 @dataclass(frozen=True)
 class _Relayout:
-    """``node`` is ``root`` reshaped to ``split``, transposed by ``perm`` and reshaped: ``ops`` ops instead of ``length``."""
+    """``node`` is ``root`` reshaped to ``split``, transposed by ``perm`` and reshaped: ``ops`` ops, not ``length``."""
 
     node: Node
     root: str
@@ -323,8 +366,7 @@ def _as_transpose(layout: la.Layout, shape: tuple[int, ...]) -> tuple[int, ...] 
 
 
 def _relayout(rw: Rewriter, m: _Relayout) -> None:
-    hint = m.node.name
-    rw.replace_matched(rw.reshape(rw.transpose(rw.reshape(m.root, m.split, hint), m.perm, hint), m.node.type.shape, hint), prune=True)
+    rw.replace_matched(rw.relayout(m.root, m.split, m.perm, m.node.type.shape, m.node.name), prune=True)
 
 
 # ----------------------------------------------------------------------------- casts
@@ -455,7 +497,9 @@ def canonicalize_rules(fold: str = "exact") -> list[Rule]:
     """``fold`` (a :data:`FOLD_MODES` mode), :data:`RULES` and a fresh ``cse`` (it numbers the values of one run)."""
     numbers = _ValueNumbers()
     return [
-        Rule("fold", ANY, lambda g, n: _fold_match(g, n, fold), _fold_rewrite, _describe_fold),  # op(constants) -> constant
+        Rule(
+            "fold", ANY, lambda g, n: _fold_match(g, n, fold), _fold_rewrite, _describe_fold
+        ),  # op(constants) -> constant
         *RULES,
         Rule("cse", ANY, numbers.match, _cse_rewrite, lambda m: f"same as {m.earlier}"),  # op(x) twice -> op(x) once
     ]
@@ -482,4 +526,4 @@ class Canonicalize(Pass):
         return canonicalize(graph, remarks, self.fold)
 
 
-__all__ = ["Canonicalize", "FOLD_LIMIT", "FOLD_MODES", "RULES", "canonicalize", "canonicalize_rules"]
+__all__ = ["FOLD_LIMIT", "FOLD_MODES", "RULES", "Canonicalize", "canonicalize", "canonicalize_rules"]

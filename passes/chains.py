@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
 from attnpass.ir import DType, Graph, Node
 from attnpass.ir.dialects.evaluate import constant
 
+from . import layout_algebra as la
 from .layout_algebra import LAYOUT_OPS
-
 
 _HOLDS = {  # dtype -> the dtypes that hold every one of its values
     DType.bool: frozenset(DType),
@@ -105,6 +105,23 @@ def walk(graph: Graph, value: str, *, scales: bool = False) -> Chain:
         node = graph.node(scaled[0])
 
 
+def replay(nodes: Sequence[Node], layout: la.Layout | None) -> la.Layout | None:
+    """Push ``layout`` through the layout ops among ``nodes`` (root side first); casts and scales keep it.
+
+    None when a reshape is not a regrouping of the atoms (or ``layout`` is None).
+    """
+    for node in nodes:
+        if layout is None:
+            return None
+        if node.op == "transpose":
+            layout = la.transpose(layout, node.attrs["perm"])
+        elif node.op == "reshape":
+            layout = la.reshape(layout, node.type.shape)
+        elif node.op == "broadcast_to":
+            layout = la.broadcast(layout, node.type.shape)
+    return layout
+
+
 def elementwise_steps(graph: Graph, nodes: tuple[Node, ...], *, scales: bool) -> tuple[tuple[str, Any], ...]:
     """The casts (and, with ``scales``, the scales) among ``nodes`` as ``(op, dtype or constant)``, in order:
     replayed on the root laid out differently, they give the same values (layout ops move, they compute)."""
@@ -114,7 +131,9 @@ def elementwise_steps(graph: Graph, nodes: tuple[Node, ...], *, scales: bool) ->
             steps.append(("cast", node.type.dtype))
         elif scales and scale_operand(graph, node) is not None:
             other = scale_operand(graph, node)[0]
-            steps.append((node.op, scalar_constant(graph, node.inputs[1] if node.inputs[0] == other else node.inputs[0])))
+            steps.append(
+                (node.op, scalar_constant(graph, node.inputs[1] if node.inputs[0] == other else node.inputs[0]))
+            )
     return tuple(steps)
 
 
@@ -123,4 +142,7 @@ def chain_scale(graph: Graph, nodes: tuple[Node, ...]) -> float:
     return math.prod(scale_operand(graph, n)[1] for n in nodes if n.op in ("mul", "div"))
 
 
-__all__ = ["Chain", "chain_scale", "elementwise_steps", "exact_cast", "is_float_cast", "is_transparent", "scalar_constant", "scale_operand", "splat", "walk"]
+__all__ = [
+    "Chain", "chain_scale", "elementwise_steps", "exact_cast", "is_float_cast", "is_transparent", "replay",
+    "scalar_constant", "scale_operand", "splat", "walk",
+]  # fmt: skip

@@ -145,6 +145,6 @@ def covers(atoms: Sequence[Atom], size: int) -> bool:
 
 
 __all__ = [
-    "Atom", "LAYOUT_OPS", "Layout", "broadcast", "covers", "normalize", "refine", "reshape", "root_layout", "transpose",
+    "LAYOUT_OPS", "Atom", "Layout", "broadcast", "covers", "normalize", "refine", "reshape", "root_layout", "transpose",
     "view_plan",
 ]  # fmt: skip

@@ -80,18 +80,14 @@ def _attention_match(graph: Graph, node: Node) -> Attention | Decline | None:
     return Decline(found.reason, found.node) if isinstance(found, Fail) else found
 
 
-def _view(rw: Rewriter, src: str, layout: la.Layout, shape: tuple[int, ...], hint: str) -> str:
-    """Lay ``src`` (a canonical [B, H, S, D] value) out as ``layout`` of shape ``shape``: reshape, transpose, reshape."""
-    split, perm = la.view_plan(layout, rw.type(src).shape)
-    if list(perm) == sorted(perm):
-        return rw.reshape(src, shape, hint)
-    return rw.reshape(rw.transpose(rw.reshape(src, split, hint), perm, hint), shape, hint)
-
-
 def _operand(rw: Rewriter, x: Operand, dtype: DType, hint: str) -> str:
     value = rw.transpose(rw.reshape(x.root, x.shape4, hint), x.perm, hint)
     for op, arg in x.steps:
-        value = rw.cast(value, arg, hint) if op == "cast" else rw.op(op, [value, rw.scalar(arg, rw.type(value).dtype, f"{hint}_scale")], hint=hint)
+        value = (
+            rw.cast(value, arg, hint)
+            if op == "cast"
+            else rw.op(op, [value, rw.scalar(arg, rw.type(value).dtype, f"{hint}_scale")], hint=hint)
+        )
     return rw.cast(value, dtype, hint)
 
 
@@ -123,8 +119,11 @@ def _attention_rewrite(rw: Rewriter, m: Attention) -> None:
     name = m.pv.name
     operands = [_operand(rw, x, m.dtype, f"{name}_{role}") for role, x in zip("qkv", (m.q, m.k, m.v))]
     mask = _mask(rw, m.mask, m.dtype, f"{name}_mask")
-    out = rw.op("sdpa", operands + ([mask] if mask is not None else []), {"scale": m.scale, "causal": "none"}, f"{name}_sdpa")
-    rw.replace_matched(_view(rw, out, m.out_layout, m.pv.type.shape, f"{name}_out"), prune=True)
+    out = rw.op(
+        "sdpa", operands + ([mask] if mask is not None else []), {"scale": m.scale, "causal": "none"}, f"{name}_sdpa"
+    )
+    split, perm = la.view_plan(m.out_layout, rw.type(out).shape)  # [B, H, S, D] laid out as P·V was
+    rw.replace_matched(rw.relayout(out, split, perm, m.pv.type.shape, f"{name}_out"), prune=True)
 
 
 RULES: list[Rule] = [

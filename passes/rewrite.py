@@ -92,6 +92,13 @@ class Rewriter(Builder):
             self.graph.prune(self.anchor.inputs)
         self.done = True
 
+    def relayout(self, x: str, split: Sequence[int], perm: Sequence[int], shape: Sequence[int], hint: str) -> str:
+        """``x`` reshaped to ``split``, transposed by ``perm``, reshaped to ``shape`` (one reshape when
+        ``perm`` keeps the order; identities skipped): how :func:`.layout_algebra.view_plan` lays a value out."""
+        if list(perm) == sorted(perm):
+            return self.reshape(x, shape, hint)
+        return self.reshape(self.transpose(self.reshape(x, split, hint), perm, hint), shape, hint)
+
     def retype_matched(self, type: TensorType) -> None:
         """Give the anchor, a graph input, a new type in place; rewire its readers to match."""
         self.graph.retype_input(self.anchor.name, type)

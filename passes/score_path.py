@@ -104,21 +104,39 @@ class _ScorePath:
         if node.op in ("add", "sub"):
             sides = [i for i in (0, 1) if self.reaches_matmul(node.inputs[i])]
             if node.op == "sub" and sides == [1]:
-                return Decline(f"sub {node.name} subtracts the scores from {node.inputs[0]}; sdpa adds a mask to them", node.name)
+                return Decline(
+                    f"sub {node.name} subtracts the scores from {node.inputs[0]}; sdpa adds a mask to them", node.name
+                )
             if sides:
-                i = next((i for i in sides if g.node(node.inputs[i]).type == node.type), sides[0]) if node.op == "add" else 0
-                return Step(node, "add", node.inputs[i], factor=-1.0 if node.op == "sub" else 1.0, mask=node.inputs[1 - i])
+                i = (
+                    next((i for i in sides if g.node(node.inputs[i]).type == node.type), sides[0])
+                    if node.op == "add"
+                    else 0
+                )
+                return Step(
+                    node, "add", node.inputs[i], factor=-1.0 if node.op == "sub" else 1.0, mask=node.inputs[1 - i]
+                )
         if node.op == "where":
             if not self.reaches_matmul(node.inputs[1]):
                 if self.reaches_matmul(node.inputs[2]):
-                    return Decline(f"where {node.name} keeps the scores where {node.inputs[0]} is False; sdpa's bool mask keeps them where it is True", node.name)
+                    return Decline(
+                        f"where {node.name} keeps the scores where {node.inputs[0]} is False; "
+                        "sdpa's bool mask keeps them where it is True",
+                        node.name,
+                    )
             else:
                 fill = scalar_constant(g, node.inputs[2])
                 if fill is None:
-                    return Decline(f"where {node.name} fills masked scores with {node.inputs[2]}, not a constant", node.name)
+                    return Decline(
+                        f"where {node.name} fills masked scores with {node.inputs[2]}, not a constant", node.name
+                    )
                 return Step(node, "where", node.inputs[1], mask=node.inputs[0], fill=fill)
         what = NOT_SDPA.get(node.op, "a step sdpa does not have")
-        return Decline(f"the scores pass through {node.op} {node.name} before the softmax: {what}; sdpa computes softmax(q·kᵀ·scale + mask)", node.name)
+        return Decline(
+            f"the scores pass through {node.op} {node.name} before the softmax: {what}; "
+            "sdpa computes softmax(q·kᵀ·scale + mask)",
+            node.name,
+        )
 
 
 def score_steps(graph: Graph, value: str) -> tuple[list[Step], Node] | Decline:
@@ -148,7 +166,10 @@ def score_algebra(graph: Graph, steps: list[Step]) -> ScoreAlgebra | Decline:
     wheres = [(i, MaskUse(s, later[i + 1])) for i, s in enumerate(steps) if s.kind == "where"]
     if len(adds) > 1:
         names = ", ".join(u.step.mask for u in adds)
-        return Decline(f"additive masks {names} all reach the scores; sdpa takes one, and their sum would round", adds[1].step.node.name)
+        return Decline(
+            f"additive masks {names} all reach the scores; sdpa takes one, and their sum would round",
+            adds[1].step.node.name,
+        )
     for use in adds:
         if use.factor not in (1.0, -1.0) and not _power_of_two(use.factor):
             return Decline(
@@ -160,7 +181,11 @@ def score_algebra(graph: Graph, steps: list[Step]) -> ScoreAlgebra | Decline:
         node, fill, factor = use.step.node, use.step.fill, use.factor
         limit = 0.5 * float(node.type.dtype.finfo.min)
         if factor < 0:
-            return Decline(f"the scores masked by where {node.name} are scaled by {factor:g} after it: the fill {fill:g} no longer masks", node.name)
+            return Decline(
+                f"the scores masked by where {node.name} are scaled by {factor:g} after it: "
+                f"the fill {fill:g} no longer masks",
+                node.name,
+            )
         if fill > limit or (math.isfinite(fill) and fill * factor > limit):
             return Decline(
                 f"where {node.name} fills masked scores with {fill:g}"
@@ -168,8 +193,12 @@ def score_algebra(graph: Graph, steps: list[Step]) -> ScoreAlgebra | Decline:
                 + f"; a mask needs -inf or a value <= {limit:.3g} (half the {node.type.dtype.value} min)", node.name,
             )  # fmt: skip
         if math.isfinite(fill) and any(u.step.node.name in {s.node.name for s in steps[i + 1 :]} for u in adds):
-            return Decline(f"where {node.name} fills with the finite {fill:g} and a mask is added after it: the sum is no longer a fill", node.name)
+            return Decline(
+                f"where {node.name} fills with the finite {fill:g} and a mask is added after it: "
+                "the sum is no longer a fill",
+                node.name,
+            )
     return ScoreAlgebra(later[0], adds[0] if adds else None, tuple(u for _i, u in wheres))
 
 
-__all__ = ["MaskUse", "NOT_SDPA", "ScoreAlgebra", "Step", "score_algebra", "score_steps"]
+__all__ = ["NOT_SDPA", "MaskUse", "ScoreAlgebra", "Step", "score_algebra", "score_steps"]

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from attnpass.ir import DType, Graph, Node
 
 from . import layout_algebra as la
-from .chains import is_float_cast, is_transparent, scalar_constant
-from .layout_algebra import Atom, Layout
+from .chains import is_float_cast, is_transparent, replay, scalar_constant, walk
+from .layout_algebra import Atom
 from .rewrite import Decline
 
 
@@ -38,23 +38,8 @@ class Softmax:
 
 def _lineage(graph: Graph, value: str) -> list[Node]:
     """``value``'s node and its producers through transparent ops, value side first."""
-    nodes = [graph.node(value)]
-    while is_transparent(graph, nodes[-1]):
-        nodes.append(graph.node(nodes[-1].inputs[0]))
-    return nodes
-
-
-def _replay(layout: Layout | None, nodes: list[Node]) -> Layout | None:
-    for node in nodes:
-        if layout is None:
-            return None
-        if node.op == "transpose":
-            layout = la.transpose(layout, node.attrs["perm"])
-        elif node.op == "reshape":
-            layout = la.reshape(layout, node.type.shape)
-        elif node.op == "broadcast_to":
-            layout = la.broadcast(layout, node.type.shape)
-    return layout
+    chain = walk(graph, value)
+    return [*reversed(chain.nodes), graph.node(chain.root)]
 
 
 def _sorted_atoms(atoms: tuple[Atom, ...]) -> list[Atom]:
@@ -85,16 +70,18 @@ def reduced_axis(graph: Graph, value: str, kind: str, source: str) -> int | Decl
     if common is None:
         return Decline(f"{kind} {node.name} reduces {y}, which is not {source} up to layout and rounding", node.name)
     base = la.root_layout(common.type.shape)
-    lx = _replay(base, source_line[: source_names.index(common.name)][::-1])
-    ly = _replay(base, y_line[: [n.name for n in y_line].index(common.name)][::-1])
+    lx = replay(source_line[: source_names.index(common.name)][::-1], base)
+    ly = replay(y_line[: [n.name for n in y_line].index(common.name)][::-1], base)
     axes = sorted({a % graph.node(y).type.rank for a in node.attrs["axes"]})
     if lx is None or ly is None:
         return Decline(f"a reshape between {common.name} and {kind} {node.name} mixes axes unevenly", node.name)
     reduced = tuple(a for i in axes for a in ly[i])
-    kept = tuple(() if i in axes else atoms for i, atoms in enumerate(ly)) if node.attrs["keepdims"] else tuple(
-        atoms for i, atoms in enumerate(ly) if i not in axes
+    kept = (
+        tuple(() if i in axes else atoms for i, atoms in enumerate(ly))
+        if node.attrs["keepdims"]
+        else tuple(atoms for i, atoms in enumerate(ly) if i not in axes)
     )
-    lm = _replay(kept, outer[::-1])
+    lm = replay(outer[::-1], kept)
     shape = graph.node(source).type.shape
     if lm is None or len(lm) > len(shape):
         return Decline(f"the layout ops after {kind} {node.name} do not broadcast it back onto {source}", node.name)
@@ -105,7 +92,8 @@ def reduced_axis(graph: Graph, value: str, kind: str, source: str) -> int | Decl
         if all(la.normalize(lm[i]) == la.normalize(lx[i]) for i in range(len(shape)) if i != axis):
             return axis
     return Decline(
-        f"{kind} {node.name} over axes {axes} of {y}, broadcast back, is not the {kind} of {source} along one of its axes",
+        f"{kind} {node.name} over axes {axes} of {y}, broadcast back, is not the {kind} of {source} "
+        "along one of its axes",
         node.name,
     )
 
@@ -129,7 +117,10 @@ def match_softmax(graph: Graph, div: Node) -> Softmax | Decline | None:
     x = sub.inputs[0]
     x_type = graph.node(x).type
     if not x_type.dtype.is_float or sub.type.shape != x_type.shape:
-        return Decline(f"exp({sub.name}) subtracts {sub.inputs[1]} from {x} : {x_type}, which is not a float tensor it reduces", sub.name)
+        return Decline(
+            f"exp({sub.name}) subtracts {sub.inputs[1]} from {x} : {x_type}, which is not a float tensor it reduces",
+            sub.name,
+        )
     max_axis = reduced_axis(graph, sub.inputs[1], "max", x)
     if isinstance(max_axis, Decline):
         return Decline(f"exp({sub.name}) does not subtract the max of {x}: {max_axis.reason}", max_axis.node)
@@ -137,12 +128,14 @@ def match_softmax(graph: Graph, div: Node) -> Softmax | Decline | None:
     if isinstance(sum_axis, Decline):
         return Decline(f"{div.name} does not divide by the sum of {exp.name}: {sum_axis.reason}", sum_axis.node)
     if max_axis != sum_axis:
-        return Decline(f"the max reduces axes [{max_axis}] and the sum axes [{sum_axis}]; softmax needs one shared axis", div.name)
+        return Decline(
+            f"the max reduces axes [{max_axis}] and the sum axes [{sum_axis}]; softmax needs one shared axis", div.name
+        )
     if div.type.shape != x_type.shape:
         return Decline(f"{div.name} is {div.type}, {x} is {x_type}: the division broadcasts", div.name)
     summed = _lineage(graph, div.inputs[1])[-1]
-    steps = {"exp": exp.type.dtype, "the sum": graph.node(summed.inputs[0]).type.dtype if summed.op == "sum" else exp.type.dtype,
-             "the division": div.type.dtype}  # fmt: skip
+    sum_dtype = graph.node(summed.inputs[0]).type.dtype if summed.op == "sum" else exp.type.dtype
+    steps = {"exp": exp.type.dtype, "the sum": sum_dtype, "the division": div.type.dtype}
     rounding = ""
     if num_casts or exp_casts or len(set(steps.values()) | {x_type.dtype}) > 1:
         shown = ", ".join(f"{what} in {dtype.short}" for what, dtype in steps.items())

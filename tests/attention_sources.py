@@ -13,8 +13,15 @@ from typing import Any, Callable
 
 
 def llama_attention(
-    dtype: Any, *, qk_norm: bool = False, heads: int = 4, kv_heads: int = 2, dim: int = 32, length: int = 7,
-    mask: Any = "causal", sinks: bool = False,
+    dtype: Any,
+    *,
+    qk_norm: bool = False,
+    heads: int = 4,
+    kv_heads: int = 2,
+    dim: int = 32,
+    length: int = 7,
+    mask: Any = "causal",
+    sinks: bool = False,
 ) -> tuple[Callable, Any]:
     """``(attention(x), x)``: a random-initialised layer in ``dtype`` and an input ``[1, length, dim]``."""
     import mlx.core as mx

@@ -30,7 +30,9 @@ def _traced_bool_mask_attention():
 
     def attention(q, k, v, mask):
         def repeat(x):
-            return ops.reshape(ops.broadcast_to(ops.reshape(x, (B, HKV, 1, T, D)), (B, HKV, HQ // HKV, T, D)), (B, HQ, T, D))
+            return ops.reshape(
+                ops.broadcast_to(ops.reshape(x, (B, HKV, 1, T, D)), (B, HKV, HQ // HKV, T, D)), (B, HQ, T, D)
+            )
 
         scores = ops.matmul(q * 0.35, ops.transpose(repeat(k), (0, 1, 3, 2)))
         fill = ops.constant(float(np.finfo(np.float32).min), "bfloat16", like=q)  # rounds to the bf16 min

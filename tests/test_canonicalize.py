@@ -33,7 +33,9 @@ def _ops(graph):
 def _same_bits_everywhere(before, after, *args, params=None):
     """The canonical graph computes the original's bits on every target."""
     for target in TARGETS:
-        assert_bits_equal(run(lower(after, target), *args, **(params or {})), run(lower(before, target), *args, **(params or {})))
+        assert_bits_equal(
+            run(lower(after, target), *args, **(params or {})), run(lower(before, target), *args, **(params or {}))
+        )
 
 
 def _rules(result):
@@ -115,7 +117,9 @@ def test_folding_an_elementwise_op_of_broadcast_constants_stores_what_varies():
     result = _canonical(graph)
     folded = [n for n in result.graph.nodes() if n.op == "constant" and n.type.dtype is DType.bool]
     assert [n.type.size for n in folded] == [s * t]  # the [S, T] pattern, not the [2, 3, S, T] broadcast
-    np.testing.assert_array_equal(np.array(folded[0].attrs["value"]).reshape(s, t), np.tril(np.ones((s, t), bool), t - s))
+    np.testing.assert_array_equal(
+        np.array(folded[0].attrs["value"]).reshape(s, t), np.tril(np.ones((s, t), bool), t - s)
+    )
     _same_bits_everywhere(graph, result.graph, random_array(np.random.default_rng(1), (2, 3, s, t), "float32"))
 
 
@@ -215,7 +219,14 @@ def test_neutral_elements_are_removed_with_the_sign_of_zero_kept(rng):
 
     graph = trace(identities, TensorSpec((4,)), TensorSpec((4,), "bool"))
     result = _canonical(graph)
-    assert sorted(set(_rules(result)) - {"cse"}) == ["add-zero", "and-true", "div-one", "mul-one", "or-false", "sub-zero"]
+    assert sorted(set(_rules(result)) - {"cse"}) == [
+        "add-zero",
+        "and-true",
+        "div-one",
+        "mul-one",
+        "or-false",
+        "sub-zero",
+    ]
     assert _ops(result.graph) == ["constant", "add"]  # only x + 0.0 is left
     x = np.array([-0.0, 0.0, 1.5, -2.0], np.float32)
     out = run(lower(result.graph, "numpy"), x, np.array([True, False, True, False]))
@@ -230,7 +241,9 @@ def test_where_on_a_splatted_condition_picks_its_branch(rng):
     graph = trace(select, TensorSpec((2, 3)), TensorSpec((2, 3)))
     result = _canonical(graph)
     assert _ops(result.graph) == ["add"] and result.graph.node(result.graph.outputs[0]).inputs == ("x", "y")
-    _same_bits_everywhere(graph, result.graph, random_array(rng, (2, 3), "float32"), random_array(rng, (2, 3), "float32"))
+    _same_bits_everywhere(
+        graph, result.graph, random_array(rng, (2, 3), "float32"), random_array(rng, (2, 3), "float32")
+    )
 
 
 # ----------------------------------------------------------------------------- common subexpressions

@@ -116,14 +116,18 @@ def expressible(case: Case) -> bool:
     where = case.mask in ("bool", "add-then-where", "where-then-add")
     if additive + ("scores" in case.biases) + ("before_mask" in case.biases) > 1:
         return False  # two additive masks
-    after_add = case.scales.get("after_add", 1.0) * (case.scales.get("after_where", 1.0) if case.mask == "add-then-where" else 1.0)
+    after_add = case.scales.get("after_add", 1.0) * (
+        case.scales.get("after_where", 1.0) if case.mask == "add-then-where" else 1.0
+    )
     if additive and not _power_of_two(after_add):
         return False
     after_bias = case.scales.get("after_where", 1.0) if where else 1.0  # the scales after a bias before the masks
     if "before_mask" in case.biases and not _power_of_two(after_bias):
         return False
     if where:
-        after = case.scales.get("after_where", 1.0) * (case.scales.get("after_add", 1.0) if case.mask == "where-then-add" else 1.0)
+        after = case.scales.get("after_where", 1.0) * (
+            case.scales.get("after_add", 1.0) if case.mask == "where-then-add" else 1.0
+        )
         finite = math.isfinite(case.fill)
         limit = 0.5 * float(DType.parse(case.dtype).finfo.min)
         if after < 0 or case.fill > limit or (finite and case.fill * after > limit):
@@ -166,7 +170,11 @@ def build(case: Case):
     def matmul_pv(p, v):  # p @ v, or (vᵀ @ pᵀ)ᵀ
         rank = p.type.rank
         swap = tuple(range(rank - 2)) + (rank - 1, rank - 2)
-        return ops.transpose(ops.matmul(ops.transpose(v, swap), ops.transpose(p, swap)), swap) if case.flips[1] else ops.matmul(p, v)
+        return (
+            ops.transpose(ops.matmul(ops.transpose(v, swap), ops.transpose(p, swap)), swap)
+            if case.flips[1]
+            else ops.matmul(p, v)
+        )
 
     def softmax(x):
         if case.softmax == "op":
@@ -174,7 +182,11 @@ def build(case: Case):
         if case.softmax == "f32-cast":
             return ops.cast(ops.softmax(ops.cast(x, "float32"), -1), case.dtype)
         e = ops.exp(x - ops.max(x, -1, keepdims=True))
-        total = ops.sum(e, -1, keepdims=True) if case.softmax == "decomposed" else ops.cast(ops.sum(ops.cast(e, "float32"), -1, keepdims=True), case.dtype)
+        total = (
+            ops.sum(e, -1, keepdims=True)
+            if case.softmax == "decomposed"
+            else ops.cast(ops.sum(ops.cast(e, "float32"), -1, keepdims=True), case.dtype)
+        )
         return e / total
 
     def attention(q, k, v, *masks):
@@ -215,7 +227,9 @@ def build(case: Case):
         return matmul_pv(p, repeat(v, case.gqa == "tile") if case.group > 1 else v)
 
     rng = np.random.default_rng(case.seed)
-    mask_shape = {"st": (case.s, case.t), "11st": (1, 1, case.s, case.t), "bhst": (b, case.hq, case.s, case.t)}[case.mask_shape]
+    mask_shape = {"st": (case.s, case.t), "11st": (1, 1, case.s, case.t), "bhst": (b, case.hq, case.s, case.t)}[
+        case.mask_shape
+    ]
     shapes = [root_shape(case.orders[0], case.hq, case.s, case.d), root_shape(case.orders[1], case.hkv, case.t, case.d),
               root_shape(case.orders[2], case.hkv, case.t, case.dv)]  # fmt: skip
     specs = [TensorSpec(shape, case.dtype) for shape in shapes]
@@ -241,7 +255,9 @@ def interpret(graph, arrays):
         if node.op == "constant":
             values[node.name] = constant(node.attrs["value"], node.type.shape, node.type.dtype)
         elif node.op == "sdpa":
-            values[node.name] = reference.sdpa(*xs, scale=node.attrs["scale"], causal=node.attrs["causal"], dtype=node.type.dtype.value)
+            values[node.name] = reference.sdpa(
+                *xs, scale=node.attrs["scale"], causal=node.attrs["causal"], dtype=node.type.dtype.value
+            )
         elif node.op != "input":
             values[node.name] = evaluate(node.op, node.attrs, xs, node.type)
     return values[graph.outputs[0]]
@@ -259,7 +275,11 @@ def test_raising_never_changes_the_function(case):
     raised = decisions[0].kind == "applied"
     assert raised or not expressible(case), str(decisions[0])
     if raised:
-        assert_close(interpret(result.graph, arrays), interpret(graph, arrays), rtol={"float32": 1e-4, "float16": 0.02, "bfloat16": 0.1}[case.dtype])
+        assert_close(
+            interpret(result.graph, arrays),
+            interpret(graph, arrays),
+            rtol={"float32": 1e-4, "float16": 0.02, "bfloat16": 0.1}[case.dtype],
+        )
 
 
 def test_the_property_ran_on_enough_attentions():
