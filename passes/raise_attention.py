@@ -73,7 +73,7 @@ def _softmax_rewrite(rw: Rewriter, m: Softmax) -> None:
 
 
 def _attention_match(graph: Graph, node: Node) -> Attention | Decline | None:
-    """A matmul with a softmax (through layout ops, casts, or one more op) on either side, proven an sdpa."""
+    """A matmul with a softmax (through layout ops and casts, or a few ops that change it) on a side, proven an sdpa."""
     found = match_attention(graph, node)
     if found is None:
         return None

@@ -131,6 +131,10 @@ class _ScorePath:
                         f"where {node.name} fills masked scores with {node.inputs[2]}, not a constant", node.name
                     )
                 return Step(node, "where", node.inputs[1], mask=node.inputs[0], fill=fill)
+        if node.op in ("add", "sub", "where"):
+            return Decline(
+                f"the softmax input does not come from a q·kᵀ matmul (it reaches {node.op} {node.name})", node.name
+            )
         what = NOT_SDPA.get(node.op, "a step sdpa does not have")
         return Decline(
             f"the scores pass through {node.op} {node.name} before the softmax: {what}; "
@@ -186,7 +190,7 @@ def score_algebra(graph: Graph, steps: list[Step]) -> ScoreAlgebra | Decline:
                 f"the fill {fill:g} no longer masks",
                 node.name,
             )
-        if fill > limit or (math.isfinite(fill) and fill * factor > limit):
+        if math.isnan(fill) or fill > limit or (math.isfinite(fill) and fill * factor > limit):
             return Decline(
                 f"where {node.name} fills masked scores with {fill:g}"
                 + (f", scaled by {factor:g} after it to {fill * factor:g}" if factor != 1 else "")

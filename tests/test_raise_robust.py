@@ -363,3 +363,15 @@ def test_a_head_mismatch_names_shapes_not_misread_axes():
     (remark,) = _decisions(result, "attention")
     assert remark.kind == "declined" and not _sdpas(result.graph)
     assert "no reading of the roots q [1, 4, 3, 8], k [1, 2, 5, 8], v [1, 1, 5, 8]" in remark.message
+
+
+@pytest.mark.parametrize("fill", [float("nan"), -1e4, 1.0])
+def test_a_fill_that_does_not_mask_is_declined(fill):
+    def attention(q, k, v, m):
+        scores = ops.matmul(q, ops.transpose(_repeat(k), (0, 1, 3, 2)))
+        masked = ops.where(ops.greater_equal(m, 0.0), scores, ops.constant(fill, like=scores))
+        return ops.matmul(_softmax(masked), _repeat(v))
+
+    result = _raise(trace(attention, *_specs()))
+    (remark,) = _decisions(result, "attention")
+    assert remark.kind == "declined" and "a mask needs -inf or a value <= -1.7e+38" in remark.message
