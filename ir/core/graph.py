@@ -307,9 +307,12 @@ class Graph:
             n for n in self.nodes()
             if n.name not in live and (among is None or n.name in among) and not (keep_inputs and n.op == "input")
         ]  # fmt: skip
-        for node in reversed(dead):
-            self.remove_node(node.name)
-        return dead
+        removed: set[str] = set()
+        for node in reversed(dead):  # a value some kept (dead but out-of-cone) node reads stays
+            if all(reader in removed for reader in self._dag.successors(node.name)):
+                self.remove_node(node.name)
+                removed.add(node.name)
+        return [n for n in dead if n.name in removed]
 
     def copy(self) -> "Graph":
         """An independent graph with the same nodes (immutable, so shared), signature and outputs."""

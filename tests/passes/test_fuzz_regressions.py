@@ -64,12 +64,15 @@ def test_raise_attention_keeps_a_minus_inf_filled_row_nan(fill):
     assert [n.op for n in raised.nodes() if n.op == "sdpa"] == ["sdpa"]
 
 
-def test_raise_attention_declines_a_scale_after_the_mask():
-    """(s + m) * c scales the mask too; it was raised as sdpa(scale=c, mask=m), i.e. s * c + m."""
+def test_raise_attention_scales_the_mask_after_the_mask_add():
+    """(s + m) * c scales the mask too; it was raised as sdpa(scale=c, mask=m), i.e. s * c + m.
+
+    Now raised exactly as sdpa(scale=c, mask=m * c): the remark names the scaled mask.
+    """
     case = _case(BIASED_THEN_SCALED, "scaled", mask="additive")
     assert check(case, parse_pipeline("raise-attention")) is None
     result = parse_pipeline("raise-attention")[0](case.graph)
-    assert "scales the mask too" in " ".join(r.message for r in result.declined())
+    assert "mask mask·0.5 (additive)" in " ".join(r.message for r in result.applied())
 
 
 def test_raise_attention_reads_bfloat16_fills():

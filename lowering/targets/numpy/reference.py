@@ -2,39 +2,15 @@
 
 This is the oracle the tests compare MLX and JAX programs with. Integer and
 boolean ops stay exact; layout ops (slice, reshape, take, ...) move values
-without arithmetic.
+without arithmetic. ``wide``, ``rounded``, ``constant`` and ``softmax`` are the op semantics
+of :mod:`attnpass.ir.dialects.evaluate`, which constant folding shares.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from attnpass.ir import DType
-
-
-def wide(x: np.ndarray) -> np.ndarray:
-    """float64 for floating operands, int64 for integers, bool as is."""
-    x = np.asarray(x)
-    if x.dtype == np.bool_:
-        return x
-    if x.dtype.kind in "iu":
-        return x.astype(np.int64)
-    return x.astype(np.float64)
-
-
-def rounded(x: np.ndarray, dtype: str) -> np.ndarray:
-    return np.asarray(x).astype(DType.parse(dtype).numpy)
-
-
-def constant(values: tuple, shape: tuple[int, ...], dtype: str) -> np.ndarray:
-    flat = np.asarray(values, dtype=np.float64 if DType.parse(dtype).is_float else None)
-    return rounded(np.broadcast_to(flat.reshape(()), shape) if flat.size == 1 else flat.reshape(shape), dtype)
-
-
-def softmax(x: np.ndarray, axis: int, dtype: str) -> np.ndarray:
-    x = wide(x)
-    e = np.exp(x - np.max(x, axis=axis, keepdims=True))
-    return rounded(e / np.sum(e, axis=axis, keepdims=True), dtype)
+from attnpass.ir.dialects.evaluate import constant, rounded, softmax, wide  # noqa: F401  (``ref.*`` in generated code)
 
 
 def causal_mask(s: int, t: int, causal: str) -> np.ndarray | None:
