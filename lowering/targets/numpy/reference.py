@@ -7,6 +7,8 @@ without arithmetic.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from attnpass.ir import DType
@@ -29,6 +31,11 @@ def rounded(x: np.ndarray, dtype: str) -> np.ndarray:
 def constant(values: tuple, shape: tuple[int, ...], dtype: str) -> np.ndarray:
     flat = np.asarray(values, dtype=np.float64 if DType.parse(dtype).is_float else None)
     return rounded(np.broadcast_to(flat.reshape(()), shape) if flat.size == 1 else flat.reshape(shape), dtype)
+
+
+def erf(x: np.ndarray) -> np.ndarray:
+    """The error function, elementwise in float64 (numpy has none; ``math.erf`` per element)."""
+    return np.vectorize(math.erf, otypes=[np.float64])(x)
 
 
 def softmax(x: np.ndarray, axis: int, dtype: str) -> np.ndarray:
