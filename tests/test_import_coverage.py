@@ -15,7 +15,7 @@ import pytest
 from attnpass.backends import run
 from attnpass.ir import DType, ModelImportError, ShapeError, TensorSpec, from_jax, from_mlx, ops, trace
 from attnpass.lowering import lower
-from tests.util import assert_close, random_array, requires
+from tests.util import assert_close, assert_mlx_import_reproduces, random_array, requires
 
 UNARY = ("tanh", "erf", "log", "log1p", "expm1", "sqrt", "abs", "sign")
 BINARY = ("minimum", "power", "logaddexp")
@@ -99,16 +99,9 @@ def test_addmm_rounds_once_on_every_target(rng, dtype):
 mlx_only = requires("mlx.core")
 
 
-def _check_mlx(fn, *args, exact=True):
-    """The import reproduces ``fn``: bit-exact on MLX (unless ``exact`` is False), within rounding on numpy/JAX."""
+def _check_mlx(fn, *args):
     imported = from_mlx(fn, *args)
-    expected = np.array(fn(*args))
-    got = run(lower(imported.graph, "mlx"), *args, **imported.params)
-    if exact:
-        np.testing.assert_array_equal(got, expected)
-    host = [np.array(a) for a in args]
-    for target in ("numpy", "jax"):
-        assert_close(run(lower(imported.graph, target), *host, **imported.params), expected)
+    assert_mlx_import_reproduces(imported, fn, *args)
     return imported
 
 
