@@ -176,3 +176,16 @@ def test_cli_reads_the_sibling_weights_and_writes_them_beside_the_output(tmp_pat
     assert "no weights file beside it (g.safetensors)" in capsys.readouterr().err
     assert main(["run", "-p", "dce", "g.json", "--params", "elsewhere.safetensors", "-o", "again.json"]) == 0
     assert ImportedGraph.load("again.json").params.keys() == imported.params.keys()
+
+
+def test_two_weight_inputs_with_one_path_are_refused(tmp_path):
+    from attnpass.ir import TensorType
+    from attnpass.ir.frontends.weights import save_weights
+
+    graph = Graph("twins")
+    for name in ("a", "b"):
+        graph.add_input(name, TensorType((2,), "float32"), "resident", path="layers.0.weight")
+    graph.set_outputs(["a", "b"])
+    values = {"a": np.zeros(2, np.float32), "b": np.ones(2, np.float32)}
+    with pytest.raises(WeightsError, match=r"several weight inputs have the path layers.0.weight"):
+        save_weights(graph, values, tmp_path / "twins.safetensors")

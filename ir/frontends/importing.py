@@ -4,7 +4,9 @@ An importer walks a backend's own program (MLX export records, a jaxpr) and
 rebuilds it as a :class:`Graph` through a :class:`GraphBuilder`. The function's
 arguments become streamed graph inputs; arrays the function closes over
 (weights) become ``constant`` nodes when small and *resident* graph inputs
-otherwise, whose values travel in :attr:`ImportedGraph.params`.
+otherwise, named after where the function reaches them (:func:`captured_paths`),
+whose values travel in :attr:`ImportedGraph.params` and, on disk, in a
+safetensors file beside the graph JSON (:mod:`.weights`).
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ present, same dtype, same shape.
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from typing import Mapping
 
@@ -47,6 +48,9 @@ def save_weights(graph: Graph, params: Mapping[str, np.ndarray], file: str | Pat
     missing = sorted(set(inputs) - set(params))
     if missing:
         raise WeightsError(f"graph {graph.name}: no values for weight input(s) {', '.join(missing)}")
+    shared = sorted(path for path, count in Counter(inputs.values()).items() if count > 1)
+    if shared:
+        raise WeightsError(f"graph {graph.name}: several weight inputs have the path {', '.join(shared)}")
     tensors = {}
     for name, path in inputs.items():
         _check(graph, name, path, params[name])
