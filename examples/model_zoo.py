@@ -273,7 +273,8 @@ def _randomized(tree: Any, dtype: str, seed: int) -> Any:
 
 
 def _tokens(dtype: str, shape: tuple[int, ...], seed: int) -> np.ndarray:
-    return np.random.default_rng(seed).standard_normal(shape).astype(DType.parse("bfloat16" if dtype == "bf16" else "float32").numpy)
+    np_dtype = DType.parse("bfloat16" if dtype == "bf16" else "float32").numpy
+    return np.random.default_rng(seed).standard_normal(shape).astype(np_dtype)
 
 
 def flax_case(dtype: str) -> Case:
@@ -372,7 +373,9 @@ def _jit(fn: Callable) -> Callable:
 
 
 def _silence(raised: int, layers: int) -> str:
-    return f"raise-attention left no remark on the {layers - raised} layer(s) it did not raise" if raised < layers else ""
+    if raised == layers:
+        return ""
+    return f"raise-attention left no remark on the {layers - raised} layer(s) it did not raise"
 
 
 def run_case(case: Case) -> Row:

@@ -74,7 +74,8 @@ def test_a_closure_names_the_module_unprefixed_and_other_state_by_its_variable(r
         return block(x) + (x @ memory["keys"][0].T).sum()
 
     imported = from_mlx(step, mx.array(random_array(rng, (2, 16), "float32")))
-    assert set(weight_inputs(imported.graph).values()) == {"layers.0.weight", "layers.0.bias", "layers.1.weight", "memory.keys.0"}
+    paths = set(weight_inputs(imported.graph).values())
+    assert paths == {"layers.0.weight", "layers.0.bias", "layers.1.weight", "memory.keys.0"}
 
 
 @requires("jax")
@@ -99,7 +100,8 @@ def test_equinox_module_weights_are_named_by_pytree_path(rng):
     x = random_array(rng, (16,), "float32")
     imported = from_jax(lambda x: linear(x), x)
     assert weight_inputs(imported.graph) == {"weight": "weight"}
-    np.testing.assert_allclose(run(lower(imported.graph, "jax"), x, **imported.params), np.asarray(linear(x)), rtol=1e-6)
+    got = run(lower(imported.graph, "jax"), x, **imported.params)
+    np.testing.assert_allclose(got, np.asarray(linear(x)), rtol=1e-6)
 
 
 @mlx_only
@@ -124,7 +126,8 @@ def test_save_and_load_round_trip_graph_and_safetensors(tmp_path, rng, dtype):
     for name, value in imported.params.items():
         assert_bits_equal(loaded.params[name], value)
     host = np.array(x.astype(mx.float32)).astype(imported.graph.node("x").type.dtype.numpy)
-    assert_bits_equal(run(lower(loaded.graph, "mlx"), host, **loaded.params), run(lower(imported.graph, "mlx"), host, **imported.params))
+    expected = run(lower(imported.graph, "mlx"), host, **imported.params)
+    assert_bits_equal(run(lower(loaded.graph, "mlx"), host, **loaded.params), expected)
 
 
 @mlx_only
@@ -136,7 +139,8 @@ def test_the_json_alone_names_its_weights_and_loading_it_says_what_is_missing(tm
     path.write_text(imported.graph.to_json())
     inputs = {n["name"]: n["attrs"]["path"] for n in json.loads(path.read_text())["nodes"] if n["op"] == "input"}
     assert inputs["layers_0_weight"] == "layers.0.weight" and inputs["x"] is None
-    with pytest.raises(WeightsError, match=r"3 imported weight input\(s\) \(layers.0.weight, .*no weights file beside it"):
+    missing = r"3 imported weight input\(s\) \(layers.0.weight, .*no weights file beside it"
+    with pytest.raises(WeightsError, match=missing):
         ImportedGraph.load(path)
     assert Graph.from_json(path.read_text()) == imported.graph  # the graph itself loads
 

@@ -146,7 +146,7 @@ class _Importer:
             return [self._integer_pow(x[0], params["y"])]
         if name == "pow":
             if b.type(x[0]).dtype is not b.type(x[1]).dtype:
-                raise ModelImportError(f"pow of {b.type(x[0])} by {b.type(x[1])}: only equal float dtypes are supported")
+                raise ModelImportError(f"pow of {b.type(x[0])} by {b.type(x[1])}: only equal dtypes are supported")
             return [b.op("power", x)]
         if name == "ne":
             return [b.op("logical_not", [b.op("equal", x)])]
@@ -239,7 +239,8 @@ class _Importer:
         index_shape = b.type(indices).shape
         batch_shape = index_shape[:-1]
         starts = [int(d) for d in dn.start_index_map]
-        points = [b.reshape(b.slice_axis(indices, len(index_shape) - 1, j, j + 1), batch_shape) for j in range(len(starts))]
+        last = len(index_shape) - 1
+        points = [b.reshape(b.slice_axis(indices, last, j, j + 1), batch_shape) for j in range(len(starts))]
         for axis, index_axis in zip(dn.operand_batching_dims, dn.start_indices_batching_dims):
             ramp = np.arange(batch_shape[index_axis], dtype=np.int32)
             ramp = ramp.reshape([-1 if a == index_axis else 1 for a in range(len(batch_shape))])
@@ -253,7 +254,9 @@ class _Importer:
         out = b.reshape(out, batch_shape + tuple(offsets))
         offset_dims, rank = [int(d) for d in dn.offset_dims], len(batch_shape) + len(offsets)
         batch_positions = iter(range(len(batch_shape)))
-        perm = [len(batch_shape) + offset_dims.index(p) if p in offset_dims else next(batch_positions) for p in range(rank)]
+        perm = [
+            len(batch_shape) + offset_dims.index(p) if p in offset_dims else next(batch_positions) for p in range(rank)
+        ]
         return b.transpose(out, perm)
 
     def _dot_general(self, lhs: str, rhs: str, params: dict) -> str:

@@ -47,8 +47,10 @@ def _is_user(filename: str) -> bool:
 
 def _signature(record: dict) -> tuple:
     """What identifies a primitive across exports: name, arguments, operand and result types."""
-    types = tuple((tuple(s), str(d)) for _k, s, d in record["inputs"]), tuple((tuple(s), str(d)) for _k, s, d in record["outputs"])
-    return record["name"], repr(record.get("arguments", ())), types
+    def types(values: list) -> tuple:
+        return tuple((tuple(shape), str(dtype)) for _key, shape, dtype in values)
+
+    return record["name"], repr(record.get("arguments", ())), types(record["inputs"]), types(record["outputs"])
 
 
 class _Replay:

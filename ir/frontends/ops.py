@@ -21,8 +21,8 @@ __all__ = [
     "sigmoid", "logical_and", "logical_or", "equal", "less", "greater_equal", "cast", "reshape",
     "broadcast_to", "transpose", "slice", "concat", "take", "where", "sum", "max", "matmul", "softmax",
     "sdpa", "constant", "argpartition", "put_along_axis", "qsa_pool", "qsa_block_scores", "qsa_select",
-    "qsa_mask", "qsa_cells", "qsa_cell_valid", "addmm", "take_along_axis", "tanh", "erf", "log", "log1p", "expm1", "sqrt",
-    "abs", "sign", "logical_not", "minimum", "power", "logaddexp",
+    "qsa_mask", "qsa_cells", "qsa_cell_valid", "addmm", "take_along_axis", "tanh", "erf", "log", "log1p", "expm1",
+    "sqrt", "abs", "sign", "logical_not", "minimum", "power", "logaddexp",
 ]  # fmt: skip
 
 

@@ -83,7 +83,8 @@ def _check(graph: Graph, name: str, path: str, value: np.ndarray, where: str | N
     if value.shape != expected.shape or value.dtype != expected.dtype.numpy:
         source = f"{where}: " if where else ""
         raise WeightsError(
-            f"{source}weight {path} is {value.dtype}{list(value.shape)}, but graph {graph.name} input {name} is {expected}"
+            f"{source}weight {path} is {value.dtype}{list(value.shape)}, "
+            f"but graph {graph.name} input {name} is {expected}"
         )
 
 
@@ -107,4 +108,6 @@ def require_weights_file(graph: Graph, graph_file: str | Path, file: str | Path 
     return None
 
 
-__all__ = ["FORMAT", "WeightsError", "load_weights", "require_weights_file", "save_weights", "weight_inputs", "weights_file"]
+__all__ = [
+    "FORMAT", "WeightsError", "load_weights", "require_weights_file", "save_weights", "weight_inputs", "weights_file",
+]  # fmt: skip
