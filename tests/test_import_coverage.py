@@ -52,6 +52,7 @@ def test_shape_rules_quote_the_operands():
         )  # fmt: skip
 
 
+@requires("mlx.core", "jax")
 @pytest.mark.filterwarnings("ignore:divide by zero encountered in log:RuntimeWarning")
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_new_elementwise_ops_agree_on_every_target(rng, dtype):
@@ -71,6 +72,7 @@ def test_new_elementwise_ops_agree_on_every_target(rng, dtype):
             assert_close(got, want, elementwise=name not in ("expm1", "log1p", "logaddexp")), (target, name)
 
 
+@requires("mlx.core", "jax")
 def test_take_along_axis_broadcasts_and_agrees_on_every_target(rng):
     graph = trace(
         lambda x, i: ops.take_along_axis(x, i, axis=1), TensorSpec((2, 5, 3), "float32"), TensorSpec((1, 4, 3), "int32")
@@ -82,6 +84,7 @@ def test_take_along_axis_broadcasts_and_agrees_on_every_target(rng):
         np.testing.assert_array_equal(run(lower(graph, target), x, idx), expected)
 
 
+@requires("mlx.core", "jax")
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_addmm_rounds_once_on_every_target(rng, dtype):
     graph = trace(
@@ -96,7 +99,7 @@ def test_addmm_rounds_once_on_every_target(rng, dtype):
 
 # ----------------------------------------------------------------------------- from_mlx
 
-mlx_only = requires("mlx.core")
+mlx_only = requires("mlx.core", "jax")  # the MLX import is checked on the JAX target too
 
 
 def _check_mlx(fn, *args):
@@ -134,7 +137,7 @@ def test_mlx_binary_comparison_and_select_primitives(rng):
     assert {"minimum", "logaddexp", "power", "logical_not", "equal", "greater_equal", "maximum", "where"} <= used
 
 
-@mlx_only
+@requires("mlx.core")
 def test_mlx_log_of_another_base_is_refused():
     import mlx.core as mx
 
@@ -142,7 +145,7 @@ def test_mlx_log_of_another_base_is_refused():
         from_mlx(mx.log2, mx.ones((2,)))
 
 
-@mlx_only
+@requires("mlx.core")
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_mlx_addmm_keeps_alpha_and_beta_and_is_bit_exact(rng, dtype):
     import mlx.core as mx
@@ -189,7 +192,7 @@ def test_mlx_gather_axis_and_gather_mm(rng):
     assert "take_along_axis" in _ops(imported.graph) and "matmul" in _ops(imported.graph)
 
 
-@mlx_only
+@requires("mlx.core")
 def test_mlx_errors_name_the_users_source_line():
     import mlx.core as mx
 
@@ -208,7 +211,7 @@ def test_mlx_errors_name_the_users_source_line():
     assert "primitive #" not in message
 
 
-@mlx_only
+@requires("mlx.core")
 def test_mlx_errors_inside_library_layers_name_the_calling_line():
     import mlx.core as mx
     import mlx.nn as nn
@@ -226,7 +229,7 @@ def test_mlx_errors_inside_library_layers_name_the_calling_line():
 
 # ----------------------------------------------------------------------------- from_jax
 
-jax_only = requires("jax")
+jax_only = requires("jax", "mlx.core")  # the JAX import is checked on the MLX target too
 
 
 def _check_jax(fn, *args):
@@ -292,7 +295,7 @@ def test_jax_gathers_embedding_take_and_take_along_axis(rng):
     _check_jax(lambda x, i: jnp.take_along_axis(x, i, axis=1), x, idx)
 
 
-@jax_only
+@requires("jax")
 def test_jax_window_gathers_are_refused(rng):
     import jax
 

@@ -145,7 +145,10 @@ def graphviz_available() -> bool:
 
 
 # The extra of pyproject.toml that installs each optional top-level module (for skip reasons).
-EXTRAS = {"mlx": "mlx", "jax": "jax", "mlx_vlm": "clients", "torch": "peers", "transformers": "peers"}
+EXTRAS = {
+    "mlx": "mlx", "jax": "jax", "mlx_vlm": "clients", "torch": "peers", "transformers": "peers", "mlx_lm": "zoo",
+    "flax": "zoo", "equinox": "zoo",
+}  # fmt: skip
 
 
 def requires(*modules: str, graphviz: bool = False) -> pytest.MarkDecorator:
