@@ -19,7 +19,7 @@ $(PY):
 
 $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[mlx,jax,dev,clients,render]"
+	$(PY) -m pip install --quiet -e ".[mlx,jax,dev,clients,render,zoo]"
 	touch $(STAMP)
 
 $(PY_CORE):

@@ -106,8 +106,13 @@ _CALL2 = {
     "add": "add", "sub": "subtract", "mul": "multiply", "div": "divide", "maximum": "maximum",
     "logical_and": "logical_and", "logical_or": "logical_or", "equal": "equal", "less": "less",
     "greater_equal": "greater_equal", "floor_divide": "floor_divide",
+    "minimum": "minimum", "power": "power", "logaddexp": "logaddexp",
 }  # fmt: skip
-_CALL1 = {"neg": "negative", "exp": "exp", "sin": "sin", "cos": "cos"}
+_CALL1 = {
+    "neg": "negative", "exp": "exp", "sin": "sin", "cos": "cos",
+    "tanh": "tanh", "log": "log", "log1p": "log1p", "expm1": "expm1", "sqrt": "sqrt", "abs": "abs", "sign": "sign",
+    "logical_not": "logical_not",
+}  # fmt: skip
 
 
 def array_api_emitters(xp: str) -> dict[str, Emitter]:

@@ -87,13 +87,13 @@ class Graph:
         return f"{base}_{i}"
 
     def add_input(
-        self, name: str, type: TensorType, role: str = "streamed", loc: SourceLoc | None = None
+        self, name: str, type: TensorType, role: str = "streamed", loc: SourceLoc | None = None, path: str | None = None
     ) -> str:
-        """Append a graph input (its position is its place in the signature)."""
+        """Append a graph input (its position is its place in the signature); ``path``: an imported value's origin."""
         check_identifier(name, "input name")
         if name in self._nodes:
             raise VerifyError(f"graph {self.name}: duplicate name {name!r}")
-        attrs = {"shape": type.shape, "dtype": type.dtype, "role": role}
+        attrs = {"shape": type.shape, "dtype": type.dtype, "role": role, "path": path}
         self.insert(Node(name, "input", (), get_op("input").normalize_attrs(attrs, name), type, loc))
         self._inputs.append(name)
         return name

@@ -91,3 +91,27 @@ register(
         "is added to the scores, so a row of -inf is NaN.",
     )
 )
+
+
+def _infer_addmm(ts, *, alpha, beta):
+    c, a, b = ts
+    product = _infer_matmul([a, b])
+    same_dtype("addmm", ts)
+    require_dtype("addmm", a, FLOATS)
+    padded = (1,) * (product.rank - c.rank) + c.shape
+    if c.rank > product.rank or any(d not in (1, n) for d, n in zip(padded, product.shape)):
+        raise ShapeError(f"addmm: c {c} does not broadcast to the product a @ b = {product}")
+    return product
+
+
+register(
+    OpDef(
+        "addmm",
+        ("c", "a", "b"),
+        _infer_addmm,
+        {"alpha": attr("float", 1.0), "beta": attr("float", 1.0)},
+        "attention",
+        "beta * c + alpha * (a @ b) (MLX's fused addmm: a biased linear layer), rounded once where the target "
+        "fuses it; c broadcasts to the product.",
+    )
+)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Literal
 
 from attnpass.ir import Node
-from attnpass.lowering.codegen import EmitEnv, Emitter, py_literal
+from attnpass.lowering.codegen import EmitEnv, Emitter, py_float, py_literal
 from attnpass.lowering.common import (
     array_api_emitters,
     causal_offset,
@@ -68,3 +68,15 @@ EMITTERS: dict[str, Emitter] = {
     "put_along_axis": lambda n, a, env: f"mx.put_along_axis({a[0]}, {a[1]}, {a[2]}, axis={n.attrs['axis']})",
     **QSA_EMITTERS,
 }
+
+
+# Ops of imported models (attnpass.ir.from_mlx / from_jax) that MLX spells its own way.
+EMITTERS.update(
+    {
+        "erf": lambda n, a, env: f"mx.erf({a[0]})",
+        "addmm": lambda n, a, env: (
+            f"mx.addmm({a[0]}, {a[1]}, {a[2]}, alpha={py_float(n.attrs['alpha'])}, beta={py_float(n.attrs['beta'])})"
+        ),
+        "take_along_axis": lambda n, a, env: f"mx.take_along_axis({a[0]}, {a[1]}, axis={n.attrs['axis']})",
+    }
+)

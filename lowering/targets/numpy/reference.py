@@ -8,9 +8,16 @@ of :mod:`attnpass.ir.dialects.evaluate`, which constant folding shares.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from attnpass.ir.dialects.evaluate import constant, rounded, softmax, wide  # noqa: F401  (``ref.*`` in generated code)
+
+
+def erf(x: np.ndarray) -> np.ndarray:
+    """The error function, elementwise in float64 (numpy has none; ``math.erf`` per element)."""
+    return np.vectorize(math.erf, otypes=[np.float64])(x)
 
 
 def causal_mask(s: int, t: int, causal: str) -> np.ndarray | None:
