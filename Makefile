@@ -12,7 +12,7 @@ VENV_CORE := .venv-core
 PY_CORE := $(VENV_CORE)/bin/python
 STAMP_CORE := $(VENV_CORE)/.installed
 
-.PHONY: test test-core demo bench clean
+.PHONY: test test-core demo fuzz bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,14 @@ test-core: $(STAMP_CORE)
 
 demo: $(STAMP)
 	$(PY) examples/qwen38_attention.py
+
+# The differential fuzzer beyond CI's 2,000 graphs: `make fuzz N=100000 SEED=1 JOBS=2` prints its rate and,
+# on a failure, a shrunk reproducer with its replay command (tests/fuzz).
+N ?= 100000
+SEED ?= 0
+JOBS ?= 2
+fuzz: $(STAMP)
+	$(PY) -m tests.fuzz --n $(N) --seed $(SEED) --jobs $(JOBS)
 
 clean:
 	rm -rf $(VENV) $(VENV_CORE) build *.egg-info .pytest_cache .hypothesis

@@ -2,9 +2,11 @@
 
 Graph files are the JSON of ``Graph.to_json()`` or the printed text form
 (``print(graph)``, read back with ``parse_graph``); ``-`` reads standard input.
-Errors are raised as exceptions and turned into one-line messages by
-:func:`attnpass.cli.main.main`. Each command imports the layers it needs when
-it runs: lowering only to lower, a backend only to run or export a program.
+The weights of an imported graph (``ImportedGraph.save``) are read from
+``--params`` or the graph file's sibling ``.safetensors`` and written beside
+``run -o OUT``. Errors are raised as exceptions and turned into one-line
+messages by :func:`attnpass.cli.main.main`. Each command imports the layers it
+needs when it runs: lowering only to lower, a backend only to run or export a program.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from attnpass.ir import AttnpassError, Graph, GraphFormatError, PrintSettings, format_graph, parse_graph
 from attnpass.ir.core.serialize import MAX_JSON_BYTES
@@ -95,12 +98,24 @@ def _print_remarks(args: argparse.Namespace, remarks, *, summary_after: bool = F
             print(line)
 
 
+def _read_weights(args: argparse.Namespace, graph: Graph) -> dict[str, Any]:
+    """The weights of an imported graph: ``--params FILE`` or the GRAPH file's sibling ``.safetensors``."""
+    from attnpass.ir.frontends.weights import load_weights, require_weights_file
+
+    if args.graph is None:  # a reproducer carries no weights
+        return {}
+    file = require_weights_file(graph, args.graph, args.params)
+    return load_weights(graph, file) if file is not None else {}
+
+
 def run(args: argparse.Namespace) -> int:
+    from attnpass.ir.frontends.weights import save_weights, weight_inputs, weights_file
     from attnpass.passes import PassTimings, PrintAfterChange
 
     timings = PassTimings()
     hooks: list = [PrintAfterChange()] if args.print_after_change else []
     graph, result = _run_pipeline(args, hooks + [timings] if args.timings else hooks)
+    weights = _read_weights(args, graph)
     _print_remarks(args, result.remarks)
     if args.timings:
         print(timings.table())
@@ -109,6 +124,10 @@ def run(args: argparse.Namespace) -> int:
         if not args.quiet:
             status = "changed" if result.changed else "unchanged"
             print(f"// wrote {args.output}: {status}, {len(graph)} -> {len(result.graph)} nodes")
+        if weight_inputs(result.graph):
+            written = save_weights(result.graph, weights, weights_file(args.output))
+            if not args.quiet:
+                print(f"// wrote {written}: {len(weight_inputs(result.graph))} weights")
     else:
         print(result.graph)
     return 0

@@ -128,6 +128,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub.add_argument("--timings", action="store_true", help="print a per-pass timing table")
     sub.add_argument("-q", "--quiet", action="store_true", help="print no remarks and no '// wrote' line")
+    sub.add_argument(
+        "--params",
+        metavar="FILE",
+        help="weights of an imported graph (safetensors; default: GRAPH's sibling .safetensors); "
+        "with -o they are written beside OUT",
+    )
 
     sub = add("explain", "explain", "print every remark of a pipeline (applied and declined), nothing else")
     _pipeline_options(sub)

@@ -40,7 +40,7 @@ def test_the_top_of_the_readme_is_make_demo_then_make_test():
 @requires("mlx.core", "jax", "mlx_lm", graphviz=True)
 def test_python_blocks_run_in_order(capsys, monkeypatch):
     python = blocks("python")
-    assert len(python) == 11
+    assert len(python) == 13
     module = types.ModuleType("readme")  # one module for all blocks, as if the README were a script
     monkeypatch.setitem(sys.modules, "readme", module)
     for line, body in python:
@@ -49,9 +49,10 @@ def test_python_blocks_run_in_order(capsys, monkeypatch):
         except Exception as exc:
             pytest.fail(f"README.md python block at line {line} failed: {type(exc).__name__}: {exc}")
     out = capsys.readouterr().out
-    assert "attnpass.backends.mlx.compile(decode): 1 signature(s) cached, 1 trace(s)" in out
-    assert "24 query heads over 2 KV heads (GQA 12)" in out and "(1, 8, 4, 64) 1" in out
+    assert "attnpass.backends.mlx.compile(decode): 1 signature(s) cached, 1 trace(s)" in out and "(1, 8, 4, 64) 1" in out
     assert re.search(r"<OptimizedModel Model \(restored\): 2 trace\(s\), \d+ routed>", out)
+    assert "model.layers.0.self_attn.q_proj.weight" in out and "24 query heads over 2 KV heads (GQA 12)" in out
+    assert Path("verify.json").is_file() and Path("verify.safetensors").is_file()
     assert "[head-chunk] applied sdpa: q_len*gqa = 60 > 32 (q_len 5, gqa 12): 4 subcalls" in out
     assert "// after head-chunk" in out and "// 13 added, 1 removed, 0 changed (nodes 5 -> 17, inputs 4 -> 4)" in out
     assert "head-chunk{budget=16},count-sdpa{warn_above=4},dce" in out

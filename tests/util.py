@@ -104,6 +104,18 @@ def assert_close(
         )
 
 
+def assert_mlx_import_reproduces(imported, fn, *args) -> None:
+    """An MLX import reproduces ``fn(*args)``: bit-exact lowered to MLX, within rounding on numpy and JAX."""
+    from attnpass.backends import run
+    from attnpass.lowering import lower
+
+    expected = np.array(fn(*args))
+    np.testing.assert_array_equal(run(lower(imported.graph, "mlx"), *args, **imported.params), expected)
+    host = [np.array(a) for a in args]
+    for target in ("numpy", "jax"):
+        assert_close(run(lower(imported.graph, target), *host, **imported.params), expected)
+
+
 EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "examples"
 
 
@@ -133,7 +145,10 @@ def graphviz_available() -> bool:
 
 
 # The extra of pyproject.toml that installs each optional top-level module (for skip reasons).
-EXTRAS = {"mlx": "mlx", "jax": "jax", "mlx_vlm": "clients", "mlx_lm": "zoo", "torch": "peers", "transformers": "peers"}
+EXTRAS = {
+    "mlx": "mlx", "jax": "jax", "mlx_vlm": "clients", "torch": "peers", "transformers": "peers", "mlx_lm": "zoo",
+    "flax": "zoo", "equinox": "zoo",
+}  # fmt: skip
 
 
 def requires(*modules: str, graphviz: bool = False) -> pytest.MarkDecorator:

@@ -87,13 +87,13 @@ class Graph:
         return f"{base}_{i}"
 
     def add_input(
-        self, name: str, type: TensorType, role: str = "streamed", loc: SourceLoc | None = None
+        self, name: str, type: TensorType, role: str = "streamed", loc: SourceLoc | None = None, path: str | None = None
     ) -> str:
-        """Append a graph input (its position is its place in the signature)."""
+        """Append a graph input (its position is its place in the signature); ``path``: an imported value's origin."""
         check_identifier(name, "input name")
         if name in self._nodes:
             raise VerifyError(f"graph {self.name}: duplicate name {name!r}")
-        attrs = {"shape": type.shape, "dtype": type.dtype, "role": role}
+        attrs = {"shape": type.shape, "dtype": type.dtype, "role": role, "path": path}
         self.insert(Node(name, "input", (), get_op("input").normalize_attrs(attrs, name), type, loc))
         self._inputs.append(name)
         return name
@@ -307,9 +307,12 @@ class Graph:
             n for n in self.nodes()
             if n.name not in live and (among is None or n.name in among) and not (keep_inputs and n.op == "input")
         ]  # fmt: skip
-        for node in reversed(dead):
-            self.remove_node(node.name)
-        return dead
+        removed: set[str] = set()
+        for node in reversed(dead):  # a value some kept (dead but out-of-cone) node reads stays
+            if all(reader in removed for reader in self._dag.successors(node.name)):
+                self.remove_node(node.name)
+                removed.add(node.name)
+        return [n for n in dead if n.name in removed]
 
     def copy(self) -> "Graph":
         """An independent graph with the same nodes (immutable, so shared), signature and outputs."""

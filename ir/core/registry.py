@@ -87,6 +87,12 @@ def _scalars(v: Any) -> tuple[int | float | bool, ...]:
     return tuple(math.nan if isinstance(x, float) and math.isnan(x) else x for x in v)
 
 
+def _optional_str(v: Any) -> str | None:
+    if v is not None and not isinstance(v, str):
+        raise ValueError(f"expected a string or None, got {v!r}")
+    return v
+
+
 def _choice(*options: str) -> Callable[[Any], str]:
     def check(v: Any) -> str:
         if v not in options:
@@ -104,7 +110,7 @@ def _dtype(v: Any) -> DType:
 
 
 def attr(kind: str, default: Any = _REQUIRED) -> AttrSpec:
-    """Build an attribute spec. Kinds: int, ints, bool, float, float?, scalars, dtype, or ``choice:a|b``."""
+    """Build an attribute spec. Kinds: int, ints, bool, float, float?, str?, scalars, dtype, or ``choice:a|b``."""
     if kind.startswith("choice:"):
         return AttrSpec(kind, _choice(*kind[len("choice:") :].split("|")), default)
     checks = {
@@ -113,6 +119,7 @@ def attr(kind: str, default: Any = _REQUIRED) -> AttrSpec:
         "bool": _bool,
         "float": _float,
         "float?": _optional_float,
+        "str?": _optional_str,
         "scalars": _scalars,
         "dtype": _dtype,
     }

@@ -82,6 +82,18 @@ class DType(enum.Enum):
             return np.dtype(ml_dtypes.bfloat16)
         return np.dtype(self.value)
 
+    @property
+    def finfo(self) -> np.finfo:
+        """Machine limits of a float dtype (``min``, ``max``, ``eps``, ``tiny``); bfloat16 included.
+
+        The one dtype query for limits: ``np.finfo`` rejects bfloat16, ``ml_dtypes.finfo`` takes all three.
+        """
+        if not self.is_float:
+            raise ShapeError(f"finfo: {self.value} is not a float dtype")
+        import ml_dtypes
+
+        return ml_dtypes.finfo(self.numpy)
+
     @staticmethod
     def parse(value: "DType | str") -> "DType":
         """Accept a DType, a canonical name (``"bfloat16"``) or a short name (``"bf16"``)."""

@@ -285,7 +285,7 @@ def test_the_printed_replay_command_works_as_printed(tmp_path, graph_json):
     assert again.stderr == "attnpass: error: pass 'hardening-boom' failed (after: none): RuntimeError: boom\n"
     alone = subprocess.run(["attnpass", "run", "--reproducer", str(repro)], capture_output=True, text=True, env=env)
     assert alone.returncode == 1 and alone.stderr.count("\n") == 1
-    assert f"unknown pass 'hardening-boom'" in alone.stderr and f"needs --load {shlex.quote(str(plugin))}" in alone.stderr
+    assert "unknown pass 'hardening-boom'" in alone.stderr and f"needs --load {shlex.quote(str(plugin))}" in alone.stderr
 
 
 def test_builtin_pass_crashes_record_no_load(cli, graph_json, tmp_path, monkeypatch):

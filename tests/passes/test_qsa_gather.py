@@ -70,7 +70,7 @@ def test_golden_rewrite_of_a_tiny_decode_step():
     assert "attention width n_kv=12 -> 5" in message
 
 
-@pytest.mark.parametrize("visibility", ["additive", "bool", "none"])
+@pytest.mark.parametrize("visibility", ["additive", "none"])
 def test_model_forms_are_rewritten_and_agree_with_the_masked_output(visibility):
     n_kv = 96
     masked = build_layer(SMALL, n_kv, visibility=visibility)
@@ -88,21 +88,19 @@ def test_model_forms_are_rewritten_and_agree_with_the_masked_output(visibility):
     np.testing.assert_allclose(run(lower(result.graph, "numpy"), **inputs), expected, rtol=1e-6, atol=1e-7)
 
 
-def test_logical_and_in_either_operand_order():
+@pytest.mark.parametrize("vis_first", [True, False])
+def test_bool_visibility_keeps_the_masked_path(vis_first):
+    """A row hidden completely is the mean of V over all n_kv cells; a gather over W cells cannot give that."""
+
     def decode_bool(q, k, v, scores, positions, vis):
         sel = ops.qsa_select(scores, positions, ratio=2, top_k_blocks=2)
         keep = ops.qsa_mask(sel, positions, ratio=2, kv_len=12)
-        return ops.sdpa(q, k, v, mask=ops.logical_and(vis, keep))
+        return ops.sdpa(q, k, v, mask=ops.logical_and(vis, keep) if vis_first else ops.logical_and(keep, vis))
 
     specs = DECODE_SPECS[:5] + (TensorSpec((1, 4, 1, 12), "bool"),)  # a per-head visibility mask
     result = gather(trace(decode_bool, *specs))
-    assert "visibility: logical_and with vis" in remark_of(result, "applied")
-    rng = np.random.default_rng(0)
-    args = [rng.standard_normal(s.shape).astype(np.float32) for s in specs[:4]]
-    args += [np.array([[10]], np.int32), rng.random((1, 4, 1, 12)) < 0.7]
-    args[-1][..., 10] = True
-    want = run(lower(trace(decode_bool, *specs), "numpy"), *args)
-    np.testing.assert_allclose(run(lower(result.graph, "numpy"), *args), want, rtol=1e-6)
+    assert "a gather over W cells cannot reproduce" in remark_of(result, "declined")
+    assert not result.changed
 
 
 def _variant(mask_fn, *, extra=(1, 1), q_rows=1, n_kv=12, causal=None):
@@ -139,7 +137,7 @@ def _select(scores, positions, ratio=2):
         (lambda: _variant(lambda s, p, vis, _: ops.where(ops.less(vis, 1.0), vis, -math.inf)), "the condition is not a qsa_mask"),
         (lambda: _variant(lambda s, p, vis, _: ops.logical_and(ops.qsa_mask(_select(s, p), p, ratio=2, kv_len=12),
                                                             ops.qsa_mask(_select(s, p), p, ratio=2, kv_len=12))),
-         "need exactly one qsa_mask"),
+         "is a bool logical_and"),
         (lambda: _variant(lambda s, p, vis, sel: ops.qsa_mask(sel, p, ratio=2, kv_len=12), extra=(1, 1, 2)),
          "the selection extra of qsa_mask is input, not qsa_select"),
         (lambda: _variant(lambda s, p, vis, p2: ops.qsa_mask(_select(s, p), p2, ratio=2, kv_len=12)),
