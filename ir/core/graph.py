@@ -366,14 +366,18 @@ class Graph:
         return graph_from_json(text)
 
     def __eq__(self, other: object) -> bool:
-        """Structural equality: same name, signature, outputs and nodes (source locations ignored)."""
+        """Structural equality: same name, signature, outputs and nodes.
+
+        Metadata that does not change what the graph computes is ignored, as by :meth:`fingerprint`:
+        source locations and an input's weight ``path`` (kept in JSON, not in the text form).
+        """
         if not isinstance(other, Graph):
             return NotImplemented
         return (
             self.name == other.name
             and self._inputs == other._inputs
             and self._outputs == other._outputs
-            and self._nodes == other._nodes
+            and _without_paths(self._nodes) == _without_paths(other._nodes)
         )
 
     __hash__ = None  # type: ignore[assignment]
@@ -397,6 +401,14 @@ class Graph:
             digests[n.name] = _sha([n.op, attrs, str(n.type), [digests[i] for i in n.inputs]])
         signature = [digests[i] for i in self._inputs]
         return _sha(["graph", signature, [digests[o] for o in self._outputs]])
+
+
+def _without_paths(nodes: Mapping[str, Node]) -> dict[str, Node]:
+    """``nodes`` with the inputs' ``path`` metadata dropped (for structural equality)."""
+    return {
+        name: node.replace(attrs={k: v for k, v in node.attrs.items() if k != "path"}) if node.op == "input" else node
+        for name, node in nodes.items()
+    }
 
 
 def _sha(obj: Any) -> str:
