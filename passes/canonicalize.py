@@ -10,8 +10,11 @@ graph computes bit for bit the same function afterwards.
   evaluated with the reference semantics of
   :mod:`attnpass.ir.dialects.evaluate` in the op's dtype. By default only
   ops that MLX and JAX compute bit for bit as the reference does are folded
-  (correctly rounded arithmetic, comparisons, selection, moves), so the
-  lowered program keeps its bits on every target; ``fold="reference"`` folds
+  (correctly rounded arithmetic ``+ - * /`` and ``sqrt``, comparisons,
+  selection, moves), so the lowered program keeps its bits on every target;
+  where IEEE leaves the bits to the target the fold is declined: a subnormal
+  operand or result (XLA on CPU flushes them to zero), a NaN result, ``+0.0``
+  and ``-0.0`` meeting in a max. ``fold="reference"`` folds
   exp, sin, cos, rsqrt, sigmoid, softmax, sum and matmul of constants too
   (exact under the IR's semantics, not bit for bit what MLX or JAX compute). An elementwise op
   is evaluated on the shape its operands vary over (looking through
@@ -63,13 +66,19 @@ _NOT_FOLDED = {
     "put_along_axis": "which of several writes to one cell wins is target-defined",
 }
 FOLD_MODES = ("exact", "reference")
-# Ops every target computes bit for bit as the reference does: correctly rounded arithmetic (float64
-# then one rounding is the correctly rounded result for + - * /), comparisons, selection and moves.
-# exp, sin, cos, rsqrt, sigmoid, softmax, sum and matmul are computed by each target in its own way.
+# Ops every target computes bit for bit as the reference does: correctly rounded arithmetic, comparisons,
+# selection and moves. + - * / and sqrt are correctly rounded in IEEE arithmetic; the reference computes them
+# in float64 and rounds once, which is the correctly rounded result in float32, bfloat16 and float16 (53 >=
+# 2p + 2 bits for each: double rounding is innocuous), and so is what a target gets computing in the dtype
+# itself or in float32 and rounding once (24 >= 2p + 2 for bf16 and f16). exp, sin, cos, rsqrt, sigmoid,
+# softmax, sum and matmul are computed by each target in its own way (not correctly rounded).
 _TARGET_EXACT = frozenset({
-    "add", "sub", "mul", "div", "maximum", "neg", "relu", "equal", "less", "greater_equal", "logical_and",
+    "add", "sub", "mul", "div", "sqrt", "maximum", "neg", "relu", "equal", "less", "greater_equal", "logical_and",
     "logical_or", "where", "cast", "reshape", "transpose", "broadcast_to", "slice", "concat", "take", "max",
 })  # fmt: skip
+# Exact ops that copy bits (or flip a sign bit) without arithmetic: subnormals and NaNs pass through them alike.
+_BIT_COPYING = frozenset({"neg", "where", "cast", "reshape", "transpose", "broadcast_to", "slice", "concat", "take"})
+_SIGNED_ZERO_PICKS = frozenset({"maximum", "relu", "max"})  # which of +0.0 and -0.0 they return is target-defined
 _VALUE_MOVING = frozenset({"reshape", "transpose", "broadcast_to", "slice"})  # a splat stays that splat
 
 
@@ -179,9 +188,43 @@ def _fold_match(graph: Graph, node: Node, mode: str) -> _Folded | Decline | None
                 "cast of constants to int32 is not folded: a value is not finite or out of range (target-defined)"
             )
     try:
-        return _folded(node, evaluate(node.op, node.attrs, operands, TensorType(core, node.type.dtype)))
+        result = evaluate(node.op, node.attrs, operands, TensorType(core, node.type.dtype))
     except (IndexError, ValueError) as exc:
         return Decline(f"{node.op} of constants is not folded: evaluating it fails ({exc})")
+    if mode == "exact":
+        unsure = _target_defined(node.op, operands, result)
+        if unsure:
+            return Decline(f"{node.op} of constants is not folded: {unsure}")
+    return _folded(node, result)
+
+
+def _target_defined(op: str, operands: list[np.ndarray], result: np.ndarray) -> str | None:
+    """Why the targets may disagree on the bits of this fold, or None. IEEE pins the rounding of + - * / and
+    sqrt, but not subnormals (XLA on CPU flushes them to zero, in arithmetic and in comparisons), not a NaN's
+    sign and payload, and not which zero ``max(+0.0, -0.0)`` returns (numpy, MLX and JAX differ)."""
+    if op in _BIT_COPYING:
+        return None
+    floats = [a for a in operands if DType.from_numpy(a.dtype).is_float]
+    for array in floats:
+        if _subnormal(array):
+            return "an operand is subnormal, and targets may flush subnormals to zero (XLA on CPU does)"
+    if not DType.from_numpy(result.dtype).is_float:
+        return None
+    if _subnormal(result):
+        return "the result is subnormal, and targets may flush subnormals to zero (XLA on CPU does)"
+    if np.isnan(np.asarray(result, np.float64)).any():
+        return "the result holds a NaN, whose sign and payload each target chooses"
+    if op in _SIGNED_ZERO_PICKS:
+        wide = [np.asarray(a, np.float64) for a in floats]
+        signs = np.concatenate([np.signbit(v[v == 0]).reshape(-1) for v in wide] + [np.zeros(int(op == "relu"), bool)])
+        if signs.any() and not signs.all():
+            return "+0.0 and -0.0 meet, and which one it returns differs between targets"
+    return None
+
+
+def _subnormal(array: np.ndarray) -> bool:
+    values = np.abs(np.asarray(array, np.float64))
+    return bool(((values > 0) & (values < float(DType.from_numpy(array.dtype).finfo.tiny))).any())
 
 
 def _describe_fold(m: _Folded) -> str:

@@ -75,6 +75,7 @@ EVALUATORS: dict[str, Evaluator] = {
     "exp": _arith(np.exp),
     "relu": _arith(lambda x: np.maximum(x, 0)),
     "rsqrt": _arith(lambda x: 1.0 / np.sqrt(x)),
+    "sqrt": _arith(np.sqrt),
     "sin": _arith(np.sin),
     "cos": _arith(np.cos),
     "sigmoid": _arith(lambda x: 1.0 / (1.0 + np.exp(-x))),

@@ -17,7 +17,7 @@ from attnpass.ir.dialects.evaluate import EVALUATORS, evaluate
 from attnpass.lowering import lower
 from attnpass.passes import Canonicalize, PassManager, parse_pipeline
 from attnpass.passes.canonicalize import FOLD_LIMIT
-from tests.util import assert_bits_equal, available, random_array, requires
+from tests.util import assert_bits_equal, available, bits, random_array, requires, target_params
 
 TARGETS = ["numpy"] + [t for t, m in (("mlx", "mlx.core"), ("jax", "jax")) if available(m)]
 
@@ -51,6 +51,7 @@ EVALUATOR_CASES = {
        for op in ("add", "sub", "mul", "div", "maximum")},
     "floor_divide": [([I32, I32], {})],
     **{op: [([F32], {}), ([BF16], {})] for op in ("neg", "exp", "relu", "rsqrt", "sin", "cos", "sigmoid")},
+    "sqrt": [([F32], {}), ([BF16], {}), ([F16], {})],
     "matmul": [([TensorType((2, 3, 4), "float32"), TensorType((4, 5), "float32")], {}), ([BF16, TensorType((4, 2), "bfloat16")], {})],
     **{op: [([BOOL, BOOL], {})] for op in ("logical_and", "logical_or")},
     **{op: [([F32, F32], {}), ([BF16, BF16], {})] for op in ("equal", "less", "greater_equal")},
@@ -81,10 +82,96 @@ def test_fold_evaluates_like_the_numpy_target_bit_for_bit(rng, op, types, attrs)
     graph = Graph("one_op")
     names = [graph.add_input(f"x{i}", t) for i, t in enumerate(types)]
     graph.set_outputs([graph.add_node(op, names, attrs)])
-    low = {"rsqrt": 0.25, "floor_divide": 1, "take": 0}.get(op, -2.0)  # no zero divisors, no negative indices
+    low = {"rsqrt": 0.25, "sqrt": 0.0, "floor_divide": 1, "take": 0}.get(op, -2.0)  # no zero divisors, no negative indices
     arrays = [random_array(rng, t.shape, t.dtype, low=low, high=4 if op == "take" else 2.0) for t in types]
     node = graph.node(graph.outputs[0])
     assert_bits_equal(evaluate(op, node.attrs, arrays, node.type), run(lower(graph, "numpy"), *arrays))
+
+
+# ----------------------------------------------------------------------------- correctly rounded folds
+
+
+CORRECTLY_ROUNDED = ("add", "sub", "mul", "div", "sqrt")
+
+
+def _samples(rng, dtype: DType, n: int) -> np.ndarray:
+    """Every value of a 2-byte float (shuffled, ``n`` of them at most), or ``n`` values of float32: half random
+    bit patterns (subnormals, infinities, NaNs, extremes), half ordinary magnitudes."""
+    if dtype.numpy.itemsize == 2:
+        every = np.arange(2**16, dtype=np.uint16).view(dtype.numpy)
+        return rng.permutation(np.resize(every, n))
+    patterns = rng.integers(0, 2**32, n // 2, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    ordinary = (rng.standard_normal(n - n // 2) * 10.0 ** rng.integers(-6, 7, n - n // 2)).astype(np.float32)
+    return np.concatenate([patterns, ordinary])
+
+
+def _target_defined(dtype: DType, *arrays: np.ndarray) -> np.ndarray:
+    """Where IEEE leaves the bits to the target: a subnormal operand or result, a NaN result (the last array)."""
+    tiny = float(dtype.finfo.tiny)
+    wide = [np.abs(np.asarray(a, np.float64)) for a in arrays]
+    out = np.isnan(wide[-1])
+    for w in wide:
+        out |= (w > 0) & (w < tiny)
+    return out
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # NaN and overflow are values like any other here
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("target", target_params("numpy", "mlx", "jax"))
+def test_correctly_rounded_folds_are_what_every_target_computes(target, dtype):
+    """+ - * / and sqrt of constants fold to the reference's float64-then-round value: bit for bit what MLX and
+    JAX compute, for every bf16/f16 value under sqrt and 2**16 operand pairs per op, wherever IEEE pins the bits
+    (the fold declines subnormal operands or results and NaN results)."""
+    dtype, rng = DType.parse(dtype), np.random.default_rng(7)
+    n = 2**16
+    for op in CORRECTLY_ROUNDED:
+        arity = 1 if op == "sqrt" else 2
+        arrays = [_samples(rng, dtype, n) for _ in range(arity)]
+        graph = Graph(op)
+        graph.set_outputs([graph.add_node(op, [graph.add_input(f"x{i}", TensorType((n,), dtype)) for i in range(arity)])])
+        folded = evaluate(op, {}, arrays, graph.node(graph.outputs[0]).type)
+        got = run(lower(graph, target), *arrays)
+        keep = ~_target_defined(dtype, *arrays, folded)
+        assert keep.sum() > n // 4, op
+        mismatch = np.flatnonzero(bits(got)[keep] != bits(folded)[keep])
+        assert not mismatch.size, (op, [a[keep][mismatch[:3]] for a in arrays], folded[keep][mismatch[:3]])
+
+
+def _fold_one(fn, *specs):
+    graph = trace(fn, *specs)
+    result = _canonical(graph)
+    return graph, result, [r.message.split(": ", 1)[1] for r in result.declined()]
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_sqrt_of_a_constant_folds_in_its_own_dtype():
+    for dtype, expected in (("bfloat16", 0x4035), ("float16", 0x41A8), ("float32", 0x403504F3)):
+        graph, result, declined = _fold_one(lambda x: x / ops.sqrt(ops.constant(8.0, dtype, like=x)), TensorSpec((4,), dtype))
+        assert _ops(result.graph) == ["constant", "div"] and not declined, declined
+        (c,) = [n for n in result.graph.nodes() if n.op == "constant"]
+        value = np.asarray(c.attrs["value"], np.float64).astype(DType.parse(dtype).numpy)
+        assert int(bits(value)[0]) == expected, (dtype, hex(int(bits(value)[0])))  # sqrt(8) rounded once
+        x = random_array(np.random.default_rng(3), (4,), dtype)
+        _same_bits_everywhere(graph, result.graph, x)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize(
+    "fn, reason",
+    [
+        (lambda x: x + ops.constant(1e-20, like=x) * ops.constant(1e-20, like=x), "the result is subnormal"),
+        (lambda x: x + ops.sqrt(ops.constant(1e-40, like=x)), "an operand is subnormal"),
+        (lambda x: x + ops.sqrt(ops.constant(-1.0, like=x)), "the result holds a NaN"),
+        (lambda x: x + ops.maximum(ops.constant(0.0, like=x), ops.constant(-0.0, like=x)), "+0.0 and -0.0 meet"),
+        (lambda x: x + ops.relu(ops.constant(-0.0, like=x)), "+0.0 and -0.0 meet"),
+    ],
+    ids=["subnormal-result", "subnormal-operand", "nan", "signed-zeros", "relu-of-minus-zero"],
+)
+def test_folds_whose_bits_the_target_chooses_are_declined(fn, reason):
+    graph, result, declined = _fold_one(fn, TensorSpec((4,), "float32"))
+    assert any(reason in d for d in declined), declined
+    assert "fold" not in _rules(result)
+    _same_bits_everywhere(graph, result.graph, random_array(np.random.default_rng(4), (4,), "float32"))
 
 
 # ----------------------------------------------------------------------------- folding
