@@ -14,9 +14,15 @@ reordering its ``[..., S, T]`` axes. Each failure is a :class:`Fail` naming
 what did not match.
 
 Roots are rank 4 (``[B, H, S, D]`` or ``[B, S, H, D]``) or unbatched rank 3
-(``[H, S, D]`` or ``[S, H, D]``), the head dim last; q, k and v are read in
-their own layouts (mlx-lm's V is a plain transpose of its projection while
-Q and K come through norm and RoPE). Scales on q, k and the scores become
+(``[H, S, D]`` or ``[S, H, D]``; sdpa gets them with a unit batch axis in
+front), the head dim last; q, k and v are read in their own layouts (mlx-lm's
+V is a plain transpose of its projection while Q and K come through norm and
+RoPE). Where the matmul proves otherwise, the head dim is what it contracts
+(q and k) or keeps (v), wherever it sits in the root after the batch: a
+projection computed feature-major (``[H*D, S]``, as JAX writes a vmapped
+``W @ x``, equinox's layers) or a k stored transposed reads as ``[B, H, D, S]``;
+a head dim spread over several root axes that a reshape merges (interleaved
+RoPE's ``[..., D/2, 2]``) reads as one. Scales on q, k and the scores become
 sdpa's scale; a scale on v stays in v's root (``P·(v·c)``: v is that
 product). sdpa runs in the dtype of the ``P·V`` matmul; roots in other
 dtypes are cast to it, and the summary states where the source rounded.
@@ -27,7 +33,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from attnpass.ir import DType, Graph, Node
 
@@ -38,7 +44,23 @@ from .rewrite import Decline
 from .score_path import MaskUse, ScoreAlgebra, Step, score_algebra, score_steps
 
 ROLE_NAMES = ("b", "h", "s", "t")  # axes of the canonical score tensor [B, Hq, S, T]
-ORDERS = {"heads-first": (1, 2), "rows-first": (2, 1)}  # lifted root axis holding heads, rows (B axis 0, head dim 3)
+Order = tuple[int, int, int]  # the axes of a root's lifted view holding its heads, rows and head dim (batch: 0)
+
+
+def orders(dim_at: int) -> tuple[Order, Order]:
+    """The readings of a view whose head dim is axis ``dim_at``: heads before rows, then rows before heads."""
+    first, second = (a for a in (1, 2, 3) if a != dim_at)
+    return (first, second, dim_at), (second, first, dim_at)
+
+
+def order_name(order: Order, rows: str = "s") -> str:
+    """``heads-first`` / ``rows-first`` for the head dim last, else the axes spelled out (``[B, H, D, S]``)."""
+    heads_at, rows_at, dim_at = order
+    if dim_at == 3:
+        return "heads-first" if heads_at < rows_at else "rows-first"
+    names = ["B", "", "", ""]
+    names[heads_at], names[rows_at], names[dim_at] = "H", rows.upper(), "D"
+    return "[" + ", ".join(names) + "]"
 
 
 @dataclass(frozen=True)
@@ -88,46 +110,89 @@ class Attention:
 @dataclass(frozen=True)
 class Root:
     """Where an operand starts: graph ``value`` read as ``view`` (a regrouping of its shape as [B, H, S, D] or
-    [B, S, H, D], B = 1 for an unbatched root), the ``nodes`` from it to the matmul and their ``scale``."""
+    [B, S, H, D], B = 1 for an unbatched root; the head dim at axis ``dim_at``), the ``nodes`` from it to the
+    matmul and their ``scale``."""
 
     value: str
     view: tuple[int, ...]
     nodes: tuple[Node, ...]
     scale: float
+    dim_at: int = 3
 
 
-def value_roots(graph: Graph, chain: Chain) -> list[Root]:
-    """The rank-4 and rank-3 values on ``chain``, earliest first, read as they are."""
+def value_roots(graph: Graph, chain: Chain, dim_axis: int) -> list[Root]:
+    """The rank-4 and rank-3 values on ``chain``, earliest first, read as they are with the head dim last; then
+    those whose axis that the matmul's ``dim_axis`` walks whole is another one after the batch, read with the head
+    dim there (after all the others: a value that holds the heads at axis 0 must not pass for the batch)."""
     values = [chain.root] + [n.name for n in chain.nodes]
-    found = []
+    found, elsewhere = [], []
     for i, name in enumerate(values):
         shape = graph.node(name).type.shape
-        if len(shape) in (3, 4):
-            found.append(Root(name, lifted(shape), chain.nodes[i:], chain_scale(graph, chain.nodes[i:])))
-    return found
+        if len(shape) not in (3, 4):
+            continue
+        root = Root(name, lifted(shape), chain.nodes[i:], chain_scale(graph, chain.nodes[i:]))
+        found.append(root)
+        layout = replay(root.nodes, la.root_layout(shape))
+        atoms = la.normalize(layout[dim_axis]) if layout is not None else ()
+        if len(atoms) == 1 and atoms[0].stride == 1 and atoms[0].size == shape[atoms[0].axis]:
+            dim_at = atoms[0].axis + 4 - len(shape)
+            if dim_at not in (0, 3):
+                elsewhere.append(Root(root.value, root.view, root.nodes, root.scale, dim_at))
+    return found + elsewhere
 
 
-def view_roots(graph: Graph, chain: Chain) -> list[Root]:
+def _partitions(factors: Sequence[int], groups: int) -> Iterator[tuple[list[int], set[int]]]:
+    """Every split of ``factors`` into ``groups`` contiguous (possibly empty) groups: the groups' products and
+    the positions cut between two factors (position i: between factors i - 1 and i)."""
+    if groups == 0:
+        if not factors:
+            yield [], set()
+        return
+    for cuts in itertools.combinations_with_replacement(range(len(factors) + 1), groups - 1):
+        bounds = (0, *cuts, len(factors))
+        yield [math.prod(factors[lo:hi]) for lo, hi in zip(bounds, bounds[1:])], set(cuts) - {0, len(factors)}
+
+
+def _unnatural(axes: Sequence[int | None], cuts: set[int]) -> int:
+    """How far a regrouping of factors (of root ``axes``) strays from the root's own axes: cuts inside one root
+    axis plus boundaries between two root axes left uncut."""
+    return sum((i in cuts) == (axes[i - 1] == axes[i]) for i in range(1, len(axes)))
+
+
+def view_roots(graph: Graph, chain: Chain, dim_axis: int) -> list[Root]:
     """``chain``'s root read as every rank-4 and rank-3 regrouping of the factors its layout ops split it
-    into, the last factor (the head dim) alone: for roots whose [B, H, S, D] form no value on the chain has
-    (a projection [S, H*D] that a canonicalized reshape turns straight into [B, S, Hkv, G, D])."""
+    into, the head dim one group: for roots whose [B, H, S, D] form no value on the chain has (a projection
+    [S, H*D] that a canonicalized reshape turns straight into [B, S, Hkv, G, D]). The head dim is the run of
+    factors the matmul's ``dim_axis`` walks (possibly several root axes, possibly not last), else the last factor."""
     shape = graph.node(chain.root).type.shape
     layout = replay(chain.nodes, la.root_layout(shape))
     if layout is None:
         return []
-    factors = []
+    atoms_in_order: list[Atom] = []
     for axis, n in enumerate(shape):
-        atoms = sorted((a for atoms in layout for a in atoms if a.axis == axis), key=lambda a: -a.stride)
-        factors += [a.size for a in atoms] if atoms else ([n] if n > 1 else [])
+        atoms_in_order += sorted((a for atoms in layout for a in atoms if a.axis == axis), key=lambda a: -a.stride)
+    factors = [a.size for a in atoms_in_order]
     if not factors:
         return []
-    head, last = factors[:-1], factors[-1]
-    views: dict[tuple[int, ...], None] = {}
-    for rank in (4, 3):
-        for cuts in itertools.combinations_with_replacement(range(len(head) + 1), rank - 2):
-            bounds = (0, *cuts, len(head))
-            views.setdefault(lifted([math.prod(head[lo:hi]) for lo, hi in zip(bounds, bounds[1:])] + [last]))
-    return [Root(chain.root, view, chain.nodes, chain.scale) for view in views]
+    lo, hi = len(factors) - 1, len(factors)
+    walked = [a for a in layout[dim_axis] if a.axis is not None and a.size > 1]
+    if walked and all(a in atoms_in_order for a in walked):
+        at = [atoms_in_order.index(a) for a in walked]
+        if at == list(range(at[0], at[0] + len(at))):
+            lo, hi = at[0], at[-1] + 1
+    before, dim, after = factors[:lo], math.prod(factors[lo:hi]), factors[hi:]
+    axes = [a.axis for a in atoms_in_order]
+    views: dict[tuple[tuple[int, ...], int], int] = {}
+    for dim_at in (3, 2, 1) if after else (3,):
+        for head, head_cuts in _partitions(before, dim_at):
+            for tail, tail_cuts in _partitions(after, 3 - dim_at):
+                stray = _unnatural(axes[:lo], head_cuts) + _unnatural(axes[hi:], tail_cuts)
+                key = (tuple(head + [dim] + tail), dim_at)
+                views[key] = min(views.get(key, stray), stray)
+    # the root's own axes first: every regrouping that check() proves computes the source's function, but one that
+    # folds query rows into heads or kv heads into the batch (exact without a mask) does not name the source's axes
+    natural = sorted(views, key=views.__getitem__)
+    return [Root(chain.root, view, chain.nodes, chain.scale, dim_at) for view, dim_at in natural]
 
 
 def start_layout(graph: Graph, root: Root) -> Layout | None:
@@ -137,6 +202,13 @@ def start_layout(graph: Graph, root: Root) -> Layout | None:
     if root.view != shape:
         layout = la.reshape(layout, shape)
     return replay(root.nodes, layout)
+
+
+def _broadcast_before(chain: Chain, root: Root) -> bool:
+    """Is ``root`` (a value on ``chain``) computed by a broadcast_to on the chain: does it hold repeated heads that
+    a root further up holds once (sdpa's GQA reads kv head h // G itself)?"""
+    upstream = chain.nodes[: len(chain.nodes) - len(root.nodes)]
+    return any(n.op == "broadcast_to" for n in upstream)
 
 
 def lifted(shape: Sequence[int]) -> tuple[int, ...]:
@@ -155,6 +227,10 @@ def _first_problem(layout: list[list[Atom | str]]) -> str | None:
     return (tiled or problems or [None])[0]
 
 
+def _dim_axis(dim_at: int) -> str:
+    return "last axis" if dim_at == 3 else f"head-dim axis {dim_at}"
+
+
 def _swap_last(layout: Layout) -> Layout:
     return tuple(layout[:-2]) + (layout[-1], layout[-2])
 
@@ -166,10 +242,10 @@ def describe(atoms: Sequence[Atom], names: Sequence[str]) -> str:
     return "(" + ", ".join(parts) + ")" if parts else "(broadcast)"
 
 
-def _axis_names(prefix: str, order: str, rows: str) -> tuple[str, ...]:
-    heads_at, rows_at = ORDERS[order]
-    names = ["b", "", "", "d"]
-    names[heads_at], names[rows_at] = "h", rows
+def _axis_names(prefix: str, order: Order, rows: str) -> tuple[str, ...]:
+    heads_at, rows_at, dim_at = order
+    names = ["b", "", "", ""]
+    names[heads_at], names[rows_at], names[dim_at] = "h", rows, "d"
     return tuple(f"{prefix}.{n}" for n in names)
 
 
@@ -295,10 +371,14 @@ class _Matcher:
         if isinstance(algebra, Decline):
             return Fail(algebra.reason, algebra.node or softmax.name, 1)
         best: Fail | None = None  # the most telling failure of the roots as they are; views only add successes
+        repeated: Attention | None = None  # a success whose k or v root repeats heads: kept while a GQA one is sought
         for roots_of in (value_roots, view_roots):
             for flip_qk in (False, True):  # q·kᵀ, or (q·kᵀ)ᵀ written as k·qᵀ
                 chains = {"q": walk(g, qk.inputs[1 if flip_qk else 0], scales=True),
                           "k": walk(g, qk.inputs[0 if flip_qk else 1], scales=True), "v": v_chain}  # fmt: skip
+                # the matmul axis holding each operand's head dim: q·kᵀ contracts q's last and k's second-to-last
+                # axis (swapped for k·qᵀ); P·V keeps v's last (vᵀ·Pᵀ: its second-to-last)
+                dim_axis = {"q": -2 if flip_qk else -1, "k": -1 if flip_qk else -2, "v": -2 if flip_pv else -1}
                 if not flip_qk:
                     named = chains  # the no-reading message names q and k as written
                 bad = [
@@ -306,15 +386,22 @@ class _Matcher:
                 ]
                 if bad:
                     return Fail(f"the roots {', '.join(bad)} are not float tensors", pv.name, 2)
-                roots = {r: roots_of(g, c) for r, c in chains.items()}
+                roots = {r: roots_of(g, c, dim_axis[r]) for r, c in chains.items()}
                 for q, k, v, orders in self.readings(roots):
+                    repeats = _broadcast_before(chains["k"], k) or _broadcast_before(chains["v"], v)
+                    if repeated is not None and repeats:
+                        continue
                     result = self.check(
                         {"q": q, "k": k, "v": v}, orders, (flip_qk, flip_pv), steps, algebra, qk, softmax, p_chain
                     )
                     if isinstance(result, Attention):
-                        return result
-                    if roots_of is value_roots and (best is None or result.stage > best.stage):
+                        if not repeats:
+                            return result
+                        repeated = repeated or result
+                    elif roots_of is value_roots and (best is None or result.stage > best.stage):
                         best = result
+        if repeated is not None:
+            return repeated
         if best is None:
             shapes = ", ".join(f"{r} {list(g.node(c.root).type.shape)}" for r, c in named.items())
             best = Fail(
@@ -329,16 +416,16 @@ class _Matcher:
         """(q, k, v roots, their orders) under which k and v have one number of heads dividing q's and one
         length, and q and k one head dim."""
 
-        def read(root: Root, order: str) -> tuple[int, int, int]:
-            heads_at, rows_at = ORDERS[order]
-            return root.view[heads_at], root.view[rows_at], root.view[3]
+        def read(root: Root, order: Order) -> tuple[int, int, int]:
+            heads_at, rows_at, dim_at = order
+            return root.view[heads_at], root.view[rows_at], root.view[dim_at]
 
         pairs = [
-            (k, ko, v, vo) for k in roots["k"] for ko in ORDERS for v in roots["v"] for vo in ORDERS
+            (k, ko, v, vo) for k in roots["k"] for ko in orders(k.dim_at) for v in roots["v"] for vo in orders(v.dim_at)
             if read(k, ko)[0] and read(k, ko)[:2] == read(v, vo)[:2]
         ]  # fmt: skip
         for q in roots["q"]:
-            for qo in ORDERS:
+            for qo in orders(q.dim_at):
                 hq, _s, d = read(q, qo)
                 for k, ko, v, vo in pairs:
                     hk, _t, dk = read(k, ko)
@@ -350,24 +437,26 @@ class _Matcher:
     ) -> Attention | Fail:
         g = self.g
         qs, ks, vs = (chains[r].view for r in "qkv")
-        (qh, qr), (kh, kr), (vh, vr) = (ORDERS[o] for o in orders)
-        hq, hkv, d = qs[qh], ks[kh], qs[3]
+        (qh, qr, qd), (kh, kr, kd), (vh, vr, vd) = orders
+        hq, hkv, d = qs[qh], ks[kh], qs[qd]
         q_names, k_names, v_names = (_axis_names(p, o, r) for p, o, r in zip("qkv", orders, "stt"))
-        where = f"(q {orders[0]}, k {orders[1]}, v {orders[2]})"
+        where = f"(q {order_name(orders[0])}, k {order_name(orders[1], 't')}, v {order_name(orders[2], 't')})"
         group = hq // hkv
         a_layout, b_layout = start_layout(g, chains["q"]), start_layout(g, chains["k"])
         if a_layout is None or b_layout is None:
             return Fail("a reshape on the q or k path mixes axes unevenly", qk.name, 2)
         if flips[0]:
             a_layout, b_layout = _swap_last(a_layout), _swap_last(b_layout)
-        if not _walks(a_layout[-1], 3, d):
+        if not _walks(a_layout[-1], qd, d):
             return Fail(
-                f"q·kᵀ contracts q over {describe(a_layout[-1], q_names)}, not q's last axis (head dim {d})", qk.name, 3
+                f"q·kᵀ contracts q over {describe(a_layout[-1], q_names)}, not q's {_dim_axis(qd)} (head dim {d})",
+                qk.name,
+                3,
             )
-        if not _walks(b_layout[-2], 3, ks[3]) or ks[3] != d:
+        if not _walks(b_layout[-2], kd, ks[kd]) or ks[kd] != d:
             return Fail(
-                f"q·kᵀ contracts k over {describe(b_layout[-2], k_names)}, not k's last axis (head dim {ks[3]}): "
-                "check the transpose of k", qk.name, 3,
+                f"q·kᵀ contracts k over {describe(b_layout[-2], k_names)}, not k's {_dim_axis(kd)} "
+                f"(head dim {ks[kd]}): check the transpose of k", qk.name, 3,
             )  # fmt: skip
         factors = _matmul_factors(a_layout, b_layout)
         if isinstance(factors, str):
@@ -414,7 +503,7 @@ class _Matcher:
                 f"P·V contracts P over {describe(p_layout[-1], ROLE_NAMES)} and v over {describe(v_layout[-2], v_names)}; "
                 f"sdpa contracts keys t:{sizes[3]} with v's rows", self.pv.name, 7,
             )  # fmt: skip
-        if not _walks(v_layout[-1], 3, vs[3]):
+        if not _walks(v_layout[-1], vd, vs[vd]):
             return Fail(
                 f"P·V keeps {describe(v_layout[-1], v_names)} of v, not v's last axis (head dim)", self.pv.name, 7
             )
@@ -432,7 +521,7 @@ class _Matcher:
         out_layout = [la.normalize(atoms) for atoms in out_layout]
         if flips[1]:
             out_layout = list(_swap_last(tuple(out_layout)))
-        out_sizes = (qs[0], hq, qs[qr], vs[3])
+        out_sizes = (qs[0], hq, qs[qr], vs[vd])
         for role, size in enumerate(out_sizes):
             if not la.covers([a for axis in out_layout for a in axis if a.axis == role], size):
                 return Fail(
@@ -523,9 +612,8 @@ class _Matcher:
         operands = []
         for role, order in zip("qkv", orders):
             chain = chains[role]
-            heads_at, rows_at = ORDERS[order]
             steps = elementwise_steps(g, chain.nodes, scales=role == "v")
-            operands.append(Operand(chain.value, chain.view, (0, heads_at, rows_at, 3), steps))
+            operands.append(Operand(chain.value, chain.view, (0, *order), steps))
         notes = []
         for role, x in zip("qkv", operands):
             own = next((arg for op, arg in reversed(x.steps) if op == "cast"), g.node(x.root).type.dtype)
@@ -541,10 +629,11 @@ class _Matcher:
         if mask.additive is not None:
             root, _shape, factor = mask.additive
             masks.append(f"{root}" + (f"·{factor:g}" if factor != 1 else "") + " (additive)")
+        names = [order_name(o, rows) for o, rows in zip(orders, "stt")]
         summary = (
-            f"q {operands[0].root} ({orders[0]}), k {operands[1].root} ({orders[1]}), v {operands[2].root}"
+            f"q {operands[0].root} ({names[0]}), k {operands[1].root} ({names[1]}), v {operands[2].root}"
             + "".join(f"{'·' if op == 'mul' else '/'}{c:g}" for op, c in operands[2].steps if op != "cast")
-            + f" ({orders[2]}); "
+            + f" ({names[2]}); "
             f"{sizes[1]} query heads over {sizes[1] // group} KV heads (GQA {group}); S={sizes[2]} T={sizes[3]} D={d}; "
             f"scale {scale:g}; mask {' and '.join(masks) or 'none'}{rounding}"
         )

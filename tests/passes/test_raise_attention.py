@@ -86,19 +86,32 @@ def test_handwritten_repeat_kv_raises_to_one_gqa_sdpa(rng):
     assert _raise(result.graph).changed is False  # a second run finds nothing: the fixed point terminates
 
 
+def test_an_untransposed_k_is_a_k_stored_transposed(rng):
+    """q·k without the transpose (T == D) contracts k's axis 2: that is attention over keys k[..., :, t] (k stored
+    [B, H, D, T]), and sdpa gets k transposed; the same function, not a decline."""
+    specs = _specs((B, HQ, S, D), (B, HKV, D, D), (B, HKV, D, D), (S, D))
+    graph = trace(lambda q, k, v, mask: handwritten(q, k, v, mask, k_perm=(0, 1, 2, 3)), *specs)
+    result = _raise(graph)
+    (sdpa,) = _sdpas(result.graph)
+    (remark,) = [r for r in result.applied() if r.message.startswith("attention")]
+    assert "k k ([B, H, D, T])" in remark.message, remark.message
+    q, k, v, mask = _inputs(rng, (S, D))
+    k, v = (rng.standard_normal((B, HKV, D, D)).astype(np.float32) for _ in range(2))
+    expected = run(lower(graph, "numpy"), q, k, v, mask)
+    np.testing.assert_allclose(run(lower(result.graph, "numpy"), q, k, v, mask), expected, rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.parametrize(
     "options, reason",
     [
-        ({"k_perm": (0, 1, 2, 3)}, "contracts k over (k.t:8), not k's last axis (head dim 8)"),
         ({"softmax_axis": -2}, "normalizes axis 2 walking (s:3), not the keys (t:7)"),
         ({"mask_t": True}, "has axes (t, s)"),
     ],
-    ids=["wrong-transpose-axes", "softmax-wrong-axis", "mask-wrong-axes"],
+    ids=["softmax-wrong-axis", "mask-wrong-axes"],
 )
 def test_negative_cases_are_declined_and_leave_the_graph(options, reason):
-    t = D if options.get("k_perm") else T  # an untransposed k only type-checks when T == D
-    mask_shape = (t, S) if options.get("mask_t") else (S, t)
-    specs = _specs((B, HQ, S, D), (B, HKV, t, D), (B, HKV, t, D), mask_shape)
+    mask_shape = (T, S) if options.get("mask_t") else (S, T)
+    specs = _specs((B, HQ, S, D), (B, HKV, T, D), (B, HKV, T, D), mask_shape)
     graph = trace(lambda q, k, v, mask: handwritten(q, k, v, mask, **options), *specs, name="negative")
     before = graph.fingerprint()
     result = PassManager([RaiseAttention()]).run(graph)

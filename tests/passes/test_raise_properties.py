@@ -3,7 +3,8 @@
 Hypothesis generates decomposed attentions (at least :data:`EXAMPLES` in CI, derandomized)
 with scales and biases in every position (on q, k, v, the scores before and after each
 mask, the mask, the probabilities; a bias on the scores is a second additive mask), bool and additive masks in either order, several
-layouts per root (batched or not, heads or rows first), GQA by repeat, tile, broadcast
+layouts per root (batched or not, heads or rows first, or stored transposed: the head dim before
+the rows), GQA by repeat, tile, broadcast
 or a grouped einsum, q·kᵀ and P·V written either way round, f32, bf16 or f16, softmax
 as the op, decomposed, or accumulated in float32 around a half-float attention. For each one:
 
@@ -68,7 +69,7 @@ class Case:
         return self.hkv * self.group
 
 
-ORDERS = list(itertools.product(["heads-first", "rows-first"], repeat=3))
+ORDERS = list(itertools.product(["heads-first", "rows-first", "heads-dim-rows"], repeat=3))
 SIZES = list(itertools.product([1, 2, 3], [1, 2, 4], [2, 4], [2, 3]))  # s, t, d, dv
 
 
@@ -139,12 +140,12 @@ def expressible(case: Case) -> bool:
 
 def build(case: Case):
     """The traced source graph and its input arrays."""
-    perms = {"heads-first": (0, 1, 2, 3), "rows-first": (0, 2, 1, 3)}
+    perms = {"heads-first": (0, 1, 2, 3), "rows-first": (0, 2, 1, 3), "heads-dim-rows": (0, 1, 3, 2)}
     b = case.batch or 1
 
     def root_shape(order, heads, rows, dim):
-        dims = (heads, rows, dim) if order == "heads-first" else (rows, heads, dim)
-        return dims if case.batch is None else (b, *dims)
+        dims = {"heads-first": (heads, rows, dim), "rows-first": (rows, heads, dim), "heads-dim-rows": (heads, dim, rows)}
+        return dims[order] if case.batch is None else (b, *dims[order])
 
     def canonical(x, order):
         x = x if case.batch is not None else ops.reshape(x, (1, *x.type.shape))
