@@ -12,9 +12,14 @@ from __future__ import annotations
 
 from fnmatch import fnmatch
 
+import numpy as np
 import pytest
 
-from tests.util import load_example, requires
+from attnpass.backends import run
+from attnpass.ir import from_jax, from_mlx
+from attnpass.lowering import lower
+from attnpass.passes import PassManager, parse_pipeline
+from tests.util import assert_bits_equal, assert_close, load_example, requires
 
 zoo = load_example("model_zoo")
 
@@ -22,13 +27,17 @@ zoo = load_example("model_zoo")
 RAISED: list[tuple[str, int]] = [
     ("gemma2/*", 0),  # tanh logit soft-capping between the scores and the softmax: declined by name
     ("gpt_oss/*", 0),  # attention sinks (an extra softmax column): declined by name
-    ("cohere2/prefill/*", 1),  # the sliding-window layer raises, the global one is declined
-    ("jax.einsum-gqa/*", 0),  # the 1/jnp.sqrt(d) scale: canonicalize folds only ops every target rounds alike
-    ("equinox.MultiheadAttention/*", 0),  # equinox's unbatched per-head layout is declined
     ("jax.*", 1),
     ("flax.*", 1),
+    ("equinox.*", 1),
     ("*", 2),
 ]
+
+# Cases raise-attention declined before it folded sqrt of a constant (the 1/jnp.sqrt(d) scale), read a root's head
+# dim where the matmul contracts it (equinox's feature-major [H*D, S] projections) and a head dim spread over two
+# root axes (cohere2's interleaved RoPE, [..., D/2, 2], on its sliding-window layers).
+FORMERLY_DECLINED = [f"{name}/{dtype}" for name in ("cohere2/prefill", "jax.einsum-gqa", "equinox.MultiheadAttention")
+                     for dtype in ("f32", "bf16")]  # fmt: skip
 
 
 # cases where raise-attention leaves no remark on a layer it does not raise (it should always leave one)
@@ -81,3 +90,50 @@ def test_the_table_prints_one_row_per_case(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == zoo.HEADER and len(lines) == 2
     assert lines[1].split()[:4] == ["jax.dot_product_attention/mask", "yes", "1/1", "-"]
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.id in FORMERLY_DECLINED])
+def test_formerly_declined_cases_raise_the_same_function(case):
+    """Differential, per case: canonicalize keeps every bit on the case's backend and the numpy reference; the
+    raised graph computes what the unraised one does (numpy reference target, the dtype's tolerance) and what the
+    module computes (the zoo's tolerance)."""
+    fn, args, reference = case.make()
+    imported = (from_mlx if case.backend == "mlx" else from_jax)(fn, *args)
+    host = [np.asarray(a) for a in args]
+
+    def on(graph, target):
+        return run(lower(graph, target), *host, **imported.params)
+
+    canonical = PassManager(parse_pipeline("canonicalize")).run(imported.graph).graph
+    raised = PassManager(parse_pipeline("raise-attention")).run(imported.graph).graph
+    assert sum(n.op == "sdpa" for n in raised.nodes()) == case.layers
+    for target in ("numpy", case.backend):
+        assert_bits_equal(on(canonical, target), on(imported.graph, target))
+    got = on(raised, "numpy")
+    assert_close(got, on(imported.graph, "numpy"))
+    expected = reference()
+    assert np.max(np.abs(got.astype(np.float64) - expected)) <= zoo.tolerance(case.dtype, expected)
+
+
+@requires("jax", "equinox")
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_equinox_attention_vmapped_over_a_batch_raises(dtype):
+    """equinox's MultiheadAttention has no batch axis; vmapped over one, its attention raises with that batch."""
+    import equinox as eqx
+    import jax
+
+    shapes = eqx.filter_eval_shape(eqx.nn.MultiheadAttention, zoo.HQ, zoo.HIDDEN, key=jax.random.PRNGKey(0))
+    mha = zoo._randomized(shapes, dtype, 5)
+    x = zoo._tokens(dtype, (2, zoo.VERIFY, zoo.HIDDEN), 3)
+
+    def batched(x):
+        return jax.vmap(lambda row: mha(row, row, row))(x)
+
+    imported = from_jax(batched, x)
+    raised = PassManager(parse_pipeline("raise-attention")).run(imported.graph).graph
+    (sdpa,) = [n for n in raised.nodes() if n.op == "sdpa"]
+    assert raised.node(sdpa.inputs[0]).type.shape == (2, zoo.HQ, zoo.VERIFY, zoo.HEAD_DIM)
+    got = run(lower(raised, "numpy"), x, **imported.params)
+    assert_close(got, run(lower(imported.graph, "numpy"), x, **imported.params))
+    expected = np.asarray(jax.jit(batched)(x), np.float32)
+    assert np.max(np.abs(got.astype(np.float64) - expected)) <= zoo.tolerance(dtype, expected)
