@@ -37,6 +37,8 @@ def graph_to_json(graph: "Graph", indent: int | None = None) -> str:
         "outputs": list(graph.outputs),
         "nodes": nodes,
     }
+    if graph.state_pairs():
+        doc["state"] = [[name, out] for name, out in graph.state_pairs()]
     return json.dumps(doc, indent=indent, allow_nan=False)
 
 
@@ -94,6 +96,13 @@ def graph_from_json(text: str | bytes) -> "Graph":
             graph.insert(Node(name, op.name, tuple(operands), attrs, _type(raw.get("type"), where), _loc(raw.get("loc"), where)))
         graph.set_inputs(inputs)
         graph.set_outputs(_field(doc, "outputs", list, "graph"))
+        state = doc.get("state", [])
+        if not isinstance(state, list):
+            raise GraphFormatError("graph: field 'state' has the wrong kind (expected a list)")
+        for pair in state:
+            if not (isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], str) and type(pair[1]) is int):
+                raise GraphFormatError(f"graph: state entry {pair!r} must be [input name, output position]")
+            graph.pair_state(*pair)
         return graph.verify()
     except GraphFormatError:
         raise

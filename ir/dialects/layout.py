@@ -1,4 +1,5 @@
-"""Layout ops: cast, reshape, transpose, slice, concat, take, broadcast_to, put_along_axis (no arithmetic)."""
+"""Layout ops: cast, reshape, transpose, slice, concat, take, broadcast_to, put_along_axis,
+dynamic_update_slice (no arithmetic)."""
 
 from __future__ import annotations
 
@@ -137,5 +138,29 @@ register(
         "layout",
         "numpy.put_along_axis on a copy of x: indices in [-n, n) (negative ones wrap); values broadcast to "
         "the indices. Writes to one cell must agree, otherwise which one wins is target-defined.",
+    )
+)
+
+
+def _infer_dynamic_update_slice(ts):
+    buffer, update, start = ts
+    same_dtype("dynamic_update_slice", [buffer, update])
+    require_dtype("dynamic_update_slice", start, (DType.int32,), "start")
+    if update.rank != buffer.rank or any(u > n for u, n in zip(update.shape, buffer.shape)):
+        raise ShapeError(f"dynamic_update_slice: update {update} must have the rank of buffer {buffer} and fit in it")
+    if start.shape != (buffer.rank,):
+        raise ShapeError(f"dynamic_update_slice: start {start} must be i32[{buffer.rank}], one index per axis of {buffer}")
+    return buffer
+
+
+register(
+    OpDef(
+        "dynamic_update_slice",
+        ("buffer", "update", "start"),
+        _infer_dynamic_update_slice,
+        {},
+        "layout",
+        "A copy of buffer with update written at the runtime offset start (i32[rank]), each index clamped "
+        "to [0, dim - update_dim] as jax.lax.dynamic_update_slice does.",
     )
 )

@@ -21,7 +21,7 @@ __all__ = [
     "sigmoid", "logical_and", "logical_or", "equal", "less", "greater_equal", "cast", "reshape",
     "broadcast_to", "transpose", "slice", "concat", "take", "where", "sum", "max", "matmul", "softmax",
     "sdpa", "constant", "argpartition", "put_along_axis", "qsa_pool", "qsa_block_scores", "qsa_select",
-    "qsa_mask", "qsa_cells", "qsa_cell_valid",
+    "qsa_mask", "qsa_cells", "qsa_cell_valid", "dynamic_update_slice",
 ]  # fmt: skip
 
 
@@ -205,5 +205,10 @@ def argpartition(x: Tensor, kth: int, axis: int = -1) -> Tensor:
 def put_along_axis(x: Tensor, indices: Tensor, values: Tensor, axis: int) -> Tensor:
     """numpy.put_along_axis on a copy of ``x``."""
     return emit("put_along_axis", [x, indices, values], {"axis": int(axis)})
+
+
+def dynamic_update_slice(buffer: Tensor, update: Tensor, start: Tensor) -> Tensor:
+    """A copy of ``buffer`` with ``update`` written at the int32 offsets ``start`` (clamped so it fits)."""
+    return emit("dynamic_update_slice", [buffer, update, start])
 
 

@@ -84,3 +84,4 @@ EMITTERS.update(
         "put_along_axis": lambda n, a, env: f"ref.put_along_axis({a[0]}, {a[1]}, {a[2]}, {n.attrs['axis']})",
     }
 )
+EMITTERS["dynamic_update_slice"] = lambda n, a, env: f"ref.dynamic_update_slice({a[0]}, {a[1]}, {a[2]})"
