@@ -15,14 +15,16 @@ from .narrow_inputs import NarrowInputs
 from .pipeline import format_pipeline, parse_pipeline
 from .policy import SwitchedPass
 from .qsa_gather import QSAGather
+from .qsa_pool_cache import QSAPoolCache
 from .raise_attention import RaiseAttention
 from .registry import PipelineError, available_passes, get_pass, register_pass
 from .reproducer import Reproducer, load_reproducer
 from .rewrite import Decline, Rewriter, Rule, apply_rules
 
 __all__ = [
-    "DeadCodeElimination", "Decline", "HeadChunkSDPA", "Instrumentation", "NarrowInputs", "Pass", "PassError",
-    "PassManager", "PassResult", "PassTimings", "PipelineError", "PrintAfterChange", "QSAGather", "RaiseAttention",
-    "Remark", "Remarks", "Reproducer", "Rewriter", "Rule", "SwitchedPass", "apply_rules", "available_passes",
-    "format_pipeline", "get_pass", "head_chunk_plan", "load_reproducer", "parse_pipeline", "register_pass",
+    "DeadCodeElimination", "Decline", "HeadChunkSDPA", "Instrumentation", "NarrowInputs", "Pass",
+    "PassError", "PassManager", "PassResult", "PassTimings", "PipelineError", "PrintAfterChange", "QSAGather",
+    "QSAPoolCache", "RaiseAttention", "Remark", "Remarks", "Reproducer", "Rewriter", "Rule", "SwitchedPass",
+    "apply_rules", "available_passes", "format_pipeline", "get_pass", "head_chunk_plan",
+    "load_reproducer", "parse_pipeline", "register_pass",
 ]  # fmt: skip
