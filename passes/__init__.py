@@ -8,11 +8,13 @@ Built-in passes register themselves by name when imported here.
 
 from .base import Pass, PassError, PassResult, Remark, Remarks
 from .dce import DeadCodeElimination
+from .decompose_sdpa import DecomposeSDPA
 from .head_chunk import HeadChunkSDPA, head_chunk_plan
 from .instrument import Instrumentation, PassTimings, PrintAfterChange
 from .manager import PassManager
 from .narrow_inputs import NarrowInputs
 from .pipeline import format_pipeline, parse_pipeline
+from .pipelines import default_pipeline
 from .policy import SwitchedPass
 from .qsa_gather import QSAGather
 from .qsa_pool_cache import QSAPoolCache
@@ -22,9 +24,9 @@ from .reproducer import Reproducer, load_reproducer
 from .rewrite import Decline, Rewriter, Rule, apply_rules
 
 __all__ = [
-    "DeadCodeElimination", "Decline", "HeadChunkSDPA", "Instrumentation", "NarrowInputs", "Pass",
+    "DeadCodeElimination", "Decline", "DecomposeSDPA", "HeadChunkSDPA", "Instrumentation", "NarrowInputs", "Pass",
     "PassError", "PassManager", "PassResult", "PassTimings", "PipelineError", "PrintAfterChange", "QSAGather",
     "QSAPoolCache", "RaiseAttention", "Remark", "Remarks", "Reproducer", "Rewriter", "Rule", "SwitchedPass",
-    "apply_rules", "available_passes", "format_pipeline", "get_pass", "head_chunk_plan",
+    "apply_rules", "available_passes", "default_pipeline", "format_pipeline", "get_pass", "head_chunk_plan",
     "load_reproducer", "parse_pipeline", "register_pass",
 ]  # fmt: skip
