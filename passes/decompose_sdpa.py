@@ -4,7 +4,7 @@ The decomposed form of ``sdpa(q[B,Hq,S,D], k[B,Hkv,T,D], v[B,Hkv,T,Dv], mask)``
 with ``G = Hq / Hkv``, computed in float32 (half operands are cast first, the
 result is cast back)::
 
-    scores = (q.reshape(B, Hkv, G*S, D) * scale) @ k^T      # one matmul per KV head, K read once
+    scores = (k @ (q.reshape(B, Hkv, G*S, D) * scale)^T)^T  # one matmul per KV head, K read once
     scores = where(mask, scores, -inf) | scores + mask       # viewed as [B, Hkv, G, S, T]
     out    = softmax(scores) @ v -> reshape(B, Hq, S, Dv)
 
@@ -92,7 +92,10 @@ class DecomposeSDPA(Pass):
             return Decline(head + f"causal={node.attrs['causal']!r} stays with the fused call (no [S, T] constant)")
         if s > self.max_q_len:
             return Decline(head + f"q_len {s} > max_q_len={self.max_q_len}: prefill-shaped, the score plane dominates")
-        folded = f"GQA-folded [B, {hkv}, {gqa}*{s}, {d}] @ k^T over {t} keys, softmax, @ v, in float32"
+        folded = (
+            f"GQA-folded: the {gqa}*{s} query rows of each of {hkv} KV heads in one matmul over its {t} keys "
+            "(k @ q^T), softmax, @ v, in float32"
+        )
         if self.device == "metal":
             served = _metal_vector_kernel(s, gqa, d, dv, t)
             if served is not None:
@@ -110,7 +113,10 @@ def _rewrite(rw: Rewriter, plan: _Plan) -> None:
     g, dv = hq // hkv, rw.type(v).shape[3]
     scale = node.attrs["scale"] if node.attrs["scale"] is not None else 1.0 / math.sqrt(d)
     folded = rw.op("mul", [rw.reshape(q, (b, hkv, g * s, d), "q_folded"), rw.scalar(scale, DType.float32, "scale")])
-    scores = rw.op("matmul", [folded, rw.transpose(k, (0, 1, 3, 2), "k_t")], hint="scores")
+    # k @ q^T, then the small [T, G*S] result transposed: K is read in its own layout (q @ k^T made XLA
+    # transpose all of K first, twice as slow at decode)
+    scores_t = rw.op("matmul", [k, rw.transpose(folded, (0, 1, 3, 2), "q_t")], hint="scores_t")
+    scores = rw.transpose(scores_t, (0, 1, 3, 2), "scores")
     if len(node.inputs) == 4:
         scores = _masked(rw, rw.reshape(scores, (b, hkv, g, s, t), "scores"), node.inputs[3], hkv, g)
     probs = rw.op("softmax", [scores], {"axis": -1}, "probs")

@@ -68,8 +68,9 @@ def test_decomposed_matches_the_fused_call_within_rounding(dtype, mask, s):
 def test_the_folded_form_reads_k_once_per_kv_head_in_f32():
     g = attention(s=3, dtype="bfloat16", mask="bool")
     graph = DecomposeSDPA()(g).graph
-    (scores,) = [n for n in graph.nodes() if n.op == "matmul" and n.name == "scores"]
-    assert str(scores.type) == "f32[2,2,18,40]"  # [B, Hkv, G*S, T]: 6 query heads x 3 rows fold into one matmul
+    scores = graph.node("scores_t")
+    assert scores.op == "matmul" and scores.inputs[0] == "k_f32"
+    assert str(scores.type) == "f32[2,2,40,18]"  # [B, Hkv, T, G*S]: 6 query heads x 3 rows fold into one matmul
     assert str(graph.node(graph.outputs[0]).type) == "bf16[2,12,3,16]"
     args = arrays(g)
     assert_primitive_counts(lower(graph, "mlx"), {"Matmul": 2, "Softmax": 1}, *args)
