@@ -9,12 +9,15 @@ Decode step (one query row), per depth, dtype and backend, timed interleaved in 
 - ``masked``: the layer as traced (indexer with in-graph pooling, full-width mask, fused sdpa);
 - ``pool``: ``default_pipeline("cpu")`` without ``qsa-pool-cache``: gather, GQA-folded f32
   attention, but every block still pooled, normed and rotated each step;
-- ``cache``: ``default_pipeline("cpu")``: the indexer scores against the resident block-key
-  cache (built once by ``QSAPoolCache().prefill``) and pools only the newest block;
+- ``cache``: ``default_pipeline("cpu")``: the indexer reads the resident pooled-key cache
+  (built once by ``QSAPoolCache().prefill``) and pools only the newest block; RMSNorm and RoPE
+  still run over every block;
+- ``keys``: the same with ``qsa-pool-cache{store=keys}``: the cache holds the normed, rotated
+  block keys, so only the newest block is normed and rotated;
 - ``bound``: the backend's own plain reduction (``mx.sum`` / ``jnp.sum`` under ``jax.jit``) over
-  a buffer of as many bytes as the cached step must read (the block-key cache, the W gathered
-  cells of K and V, the newest block of raw keys, q and the indexer query): the time the step
-  would take if it only streamed those bytes at this backend's streaming rate.
+  a buffer of as many bytes as the cached step must read (the key cache, the W gathered cells of
+  K and V, the newest block of raw keys, q and the indexer query): the time the step would take
+  if it only streamed those bytes at this backend's streaming rate.
 
 Verify step (S = 5 query rows, f32): ``masked``, ``per-row`` (the cached pipeline with
 ``qsa-gather{batched=false}``: one gather and one attention per row) and ``batched`` (the cached
@@ -52,10 +55,11 @@ VERIFY_ROWS = 5
 Step = Callable[[], np.ndarray]
 
 
-def pipelines(*, pool_cache: bool = True, batched: bool = True) -> PassManager:
-    """``default_pipeline("cpu")``, optionally without the pooled-key cache or with per-row gathers."""
-    passes = [p for p in default_pipeline("cpu") if pool_cache or not isinstance(p, QSAPoolCache)]
-    return PassManager([QSAGather(batched=False) if isinstance(p, QSAGather) and not batched else p for p in passes])
+def pipelines(*, pool_cache: str | None = "pooled", batched: bool = True) -> PassManager:
+    """``default_pipeline("cpu")`` with the pooled-key cache storing ``pool_cache`` (None: no cache), batched or not."""
+    swap = {QSAPoolCache: QSAPoolCache(store=pool_cache or "pooled"), QSAGather: QSAGather(batched=batched)}
+    passes = [swap.get(type(p), p) for p in default_pipeline("cpu") if pool_cache or not isinstance(p, QSAPoolCache)]
+    return PassManager(passes)
 
 
 def step_function(backend: str, graph: Graph, inputs: dict[str, np.ndarray], prefill: Graph | None) -> Step:
@@ -123,7 +127,7 @@ def bytes_to_read(cfg: QSAConfig, n_kv: int, rows: int = 1) -> dict[str, int]:
     return {
         "block keys": n_kv // cfg.ratio * cfg.idx_dim * 4,
         "K/V cells": rows * width * cfg.n_kv_heads * cfg.head_dim * 2 * item,
-        "other": rows * (cfg.ratio * cfg.idx_dim * 4 + cfg.n_q_heads * cfg.head_dim * item + cfg.idx_heads * cfg.idx_dim * 4),
+        "other": rows * (cfg.ratio * cfg.idx_dim * 4 + cfg.idx_heads * cfg.idx_dim * 4 + cfg.n_q_heads * cfg.head_dim * item),
     }
 
 
@@ -137,7 +141,8 @@ def measure(steps: dict[str, Step], reps: int) -> tuple[dict[str, float], dict[s
             start = time.perf_counter()
             steps[path]()
             times[path].append(time.perf_counter() - start)
-    diffs = {p: float(np.abs(o - outputs["masked"]).max()) for p, o in outputs.items() if o.shape == outputs["masked"].shape}
+    masked = outputs["masked"]
+    diffs = {p: float(np.abs(o - masked).max()) for p, o in outputs.items() if o.shape == masked.shape}
     return {path: statistics.median(ts) for path, ts in times.items()}, diffs
 
 
@@ -158,8 +163,9 @@ def run_decode(depths: tuple[int, ...], dtypes: tuple[str, ...], backends: tuple
         cfg = QSAConfig(dtype=dtype)
         for n_kv in depths:
             masked = build_layer(cfg, n_kv)
-            pooled, cached = pipelines(pool_cache=False).run(masked).graph, pipelines().run(masked).graph
-            prefill = QSAPoolCache().prefill(masked)
+            pooled, cached = pipelines(pool_cache=None).run(masked).graph, pipelines().run(masked).graph
+            keys = pipelines(pool_cache="keys").run(masked).graph
+            prefill, prefill_keys = QSAPoolCache().prefill(masked), QSAPoolCache(store="keys").prefill(masked)
             inputs = make_inputs(cfg, n_kv, np.array([[n_kv - 3]]), seed=n_kv)
             read = bytes_to_read(cfg, n_kv)
             for backend in backends:
@@ -167,14 +173,16 @@ def run_decode(depths: tuple[int, ...], dtypes: tuple[str, ...], backends: tuple
                     "masked": step_function(backend, masked, inputs, None),
                     "pool": step_function(backend, pooled, inputs, None),
                     "cache": step_function(backend, cached, inputs, prefill),
+                    "keys": step_function(backend, keys, inputs, prefill_keys),
                     "bound": bound_function(backend, sum(read.values())),
                 }
                 ms, diff = measure(steps, reps)
-                rows.append(Row(backend, dtype, n_kv, {p: t * 1e3 for p, t in ms.items()}, diff, sum(read.values()) / 1e6))
+                ms = {p: t * 1e3 for p, t in ms.items()}
+                rows.append(Row(backend, dtype, n_kv, ms, diff, sum(read.values()) / 1e6))
                 print(format_decode(rows[-1]), flush=True)
                 del steps
                 gc.collect()
-            del masked, pooled, cached, prefill, inputs
+            del masked, pooled, cached, keys, prefill, prefill_keys, inputs
             gc.collect()
     return rows
 
@@ -205,8 +213,9 @@ def run_verify(depths: tuple[int, ...], backends: tuple[str, ...], reps: int) ->
 
 
 DECODE_HEADER = (
-    f"{'backend':<7} {'dtype':<8} {'n_kv':>8} {'masked':>9} {'pool':>8} {'cache':>8} {'bound':>7} "
-    f"{'masked/cache':>12} {'pool/cache':>10} {'cache/bound':>11} {'read MB':>8} {'max |diff|':>10}"
+    f"{'backend':<7} {'dtype':<8} {'n_kv':>8} {'masked':>9} {'pool':>8} {'cache':>8} {'keys':>7} {'bound':>7} "
+    f"{'masked/cache':>12} {'cache/bound':>11} {'masked/keys':>11} {'keys/bound':>10} {'read MB':>8} "
+    f"{'max |diff|':>10}"
 )
 VERIFY_HEADER = (
     f"{'backend':<7} {'n_kv':>8} {'masked':>9} {'per-row':>8} {'batched':>8} "
@@ -218,8 +227,9 @@ def format_decode(r: Row) -> str:
     m = r.ms
     return (
         f"{r.backend:<7} {r.dtype:<8} {r.n_kv:>8,} {m['masked']:>9.1f} {m['pool']:>8.1f} {m['cache']:>8.1f} "
-        f"{m['bound']:>7.2f} {m['masked'] / m['cache']:>11.1f}x {m['pool'] / m['cache']:>9.1f}x "
-        f"{m['cache'] / m['bound']:>10.1f}x {r.read_mb:>8.1f} {max(r.diff.values()):>10.2e}"
+        f"{m['keys']:>7.1f} {m['bound']:>7.2f} {m['masked'] / m['cache']:>11.1f}x {m['cache'] / m['bound']:>10.1f}x "
+        f"{m['masked'] / m['keys']:>10.1f}x {m['keys'] / m['bound']:>9.1f}x {r.read_mb:>8.1f} "
+        f"{max(r.diff.values()):>10.2e}"
     )
 
 
@@ -232,16 +242,14 @@ def format_verify(r: Row) -> str:
 
 
 def flatness(rows: list[Row]) -> list[str]:
-    """The cached step's time at the deepest over the shallowest depth, per backend and dtype."""
+    """The cached steps' and the bound's time at the deepest over the shallowest depth, per backend and dtype."""
     lines = []
     for key in sorted({(r.backend, r.dtype) for r in rows}):
         mine = sorted((r for r in rows if (r.backend, r.dtype) == key), key=lambda r: r.n_kv)
         if len(mine) > 1:
             lo, hi = mine[0], mine[-1]
-            lines.append(
-                f"{key[0]} {key[1]}: cache {hi.ms['cache']:.1f} ms at {hi.n_kv:,} / {lo.ms['cache']:.1f} ms at "
-                f"{lo.n_kv:,} = {hi.ms['cache'] / lo.ms['cache']:.2f}x"
-            )
+            ratios = ", ".join(f"{p} {hi.ms[p] / lo.ms[p]:.2f}x" for p in ("cache", "keys", "bound"))
+            lines.append(f"{key[0]} {key[1]} ({hi.n_kv:,} / {lo.n_kv:,}): {ratios}")
     return lines
 
 
@@ -255,13 +263,14 @@ def plot(decode: list[Row], verify: list[Row], path: Path) -> None:
     for (backend, dtype), color in zip(sorted({(r.backend, r.dtype) for r in decode}), plt.cm.tab10.colors):
         mine = [r for r in decode if (r.backend, r.dtype) == (backend, dtype)]
         depth = [r.n_kv for r in mine]
-        for path, style in zip(("masked", "pool", "cache", "bound"), ("o-", "s--", "^-", ":")):
-            label = f"{backend} {dtype} {path}"
-            ax_decode.plot(depth, [r.ms[path] for r in mine], style, color=color, label=label, alpha=0.85)
+        for step, style in zip(("masked", "pool", "cache", "keys", "bound"), ("o-", "s--", "^-", "v-.", ":")):
+            label = f"{backend} {dtype} {step}"
+            ax_decode.plot(depth, [r.ms[step] for r in mine], style, color=color, label=label, alpha=0.85)
     for backend, color in zip(sorted({r.backend for r in verify}), plt.cm.Set1.colors):
         mine = [r for r in verify if r.backend == backend]
-        for path, style in zip(("masked", "per-row", "batched"), ("o-", "s--", "^-")):
-            ax_verify.plot([r.n_kv for r in mine], [r.ms[path] for r in mine], style, color=color, label=f"{backend} {path}")
+        for step, style in zip(("masked", "per-row", "batched"), ("o-", "s--", "^-")):
+            label = f"{backend} {step}"
+            ax_verify.plot([r.n_kv for r in mine], [r.ms[step] for r in mine], style, color=color, label=label)
     for ax, title in ((ax_decode, "decode step (1 row)"), (ax_verify, f"verify step ({VERIFY_ROWS} rows, f32)")):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
@@ -292,7 +301,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"QSA layer (24q/2kv/256, indexer 4x128, K=512 blocks x 4) on CPU ({os.cpu_count()} cores, load average "
           f"{load}), {reps} reps, medians in ms")
     decode = run_decode(depths, dtypes, backends, reps)
-    print("flat in depth: " + "; ".join(flatness(decode)))
+    print("deepest / shallowest: " + "; ".join(flatness(decode)))
     verify = [] if args.no_verify else run_verify(depths, backends, reps)
     print(f"load average after: {' / '.join(f'{x:.2f}' for x in os.getloadavg())}")
     if args.plot:

@@ -83,8 +83,9 @@ class DecomposeSDPA(Pass):
         return bool(apply_rules(graph, [rule], remarks))
 
     def _match(self, graph: Graph, node: Node) -> _Plan | Decline:
-        (_b, hq, s, d), (_bk, hkv, t, _dk) = graph.node(node.inputs[0]).type.shape, graph.node(node.inputs[1]).type.shape
-        dv, gqa = graph.node(node.inputs[2]).type.shape[3], hq // hkv
+        q, k, v = (graph.node(name).type.shape for name in node.inputs[:3])
+        (_b, hq, s, d), (_bk, hkv, t, _dk), dv = q, k, v[3]
+        gqa = hq // hkv
         head = f"strategy fused (device {self.device}): "
         if self.device == "gpu":
             return Decline(head + "jax.nn.dot_product_attention lowers to a fused attention kernel on GPU")

@@ -137,7 +137,7 @@ class QSAGather(SwitchedPass):
         if n_blocks * ratio > t:
             return _kept(f"block scores cover {n_blocks} blocks x ratio {ratio} = {n_blocks * ratio} cells > n_kv={t}")
         if s > self.max_rows:
-            return _kept(f"prefill-shaped: {s} query rows per stream > max_rows={self.max_rows} (decode and verify only)")
+            return _kept(f"prefill-shaped: {s} query rows per stream > max_rows={self.max_rows} (decode, verify only)")
         if self.batched and b * k.shape[1] * t >= 2**31:
             return _kept(f"B*Hkv*n_kv = {b * k.shape[1] * t} cells overflow the int32 row index of the batched gather")
         width = self.width(top_k, ratio)
@@ -258,7 +258,8 @@ def _rewrite_batched(rw: Rewriter, m: _Match) -> None:
             mask = rw.op("where", [valid, vis, rw.scalar(-math.inf, rw.type(vis).dtype, "neg_inf")], hint="gather_mask")
         else:
             mask = rw.op("logical_and", [valid, vis], hint="gather_mask")
-    out = rw.op("sdpa", [_rows_to_batch(rw, q), *kv, mask], {"scale": rw.anchor.attrs["scale"], "causal": "none"}, "sdpa_gather")
+    sdpa_attrs = {"scale": rw.anchor.attrs["scale"], "causal": "none"}
+    out = rw.op("sdpa", [_rows_to_batch(rw, q), *kv, mask], sdpa_attrs, "sdpa_gather")
     rw.replace_matched(_batch_to_rows(rw, out, b, s))
 
 

@@ -1,4 +1,4 @@
-"""QSA pooled-key cache: score against a resident f32 cache of block keys, pool only the newest block(s).
+"""QSA pooled-key cache: a resident f32 cache of pooled block keys, pooling only the newest block(s).
 
 The masked and gathered QSA layers pool every block of the raw indexer-key
 cache at every step (``qsa_pool`` over ``[B, T, D]``), then normalise and rotate
@@ -8,38 +8,49 @@ work per step for keys that never change once their block is complete
 ``qsa_block_scores(idx_q, block_keys)``, finds the ``qsa_pool`` that
 ``block_keys`` derives from and rewrites the step to
 
-- read ``block_keys`` from a new resident f32 input, the *block-key cache*
-  ``[B, NB, Dk]`` (f32 whatever the keys' dtype: an f16 store changed which
-  blocks a GLM analogue selected; the read casts back, exactly);
+- read the stored value from a new resident f32 input ``[B, NB, D]``, the
+  cache (f32 whatever the keys' dtype: an f16 store changed which blocks a
+  GLM analogue selected; the read casts back, exactly). ``store="pooled"``
+  (default) stores the pooled keys, and the ops between the pool and
+  ``block_keys`` still run over every block; ``store="keys"`` stores
+  ``block_keys`` itself, so those ops run on the new blocks only;
 - for each stream ``b`` and query row ``s`` at position ``p``: take the ``r`` raw
-  rows of block ``p // r``, run the same chain (pool, then every op between
-  the pool and ``block_keys``) on that one block, reading per-block operands
-  (a RoPE row) at the block, and write the result into the cache with
+  rows of block ``p // r``, pool them (``store="keys"``: and run the ops up to
+  ``block_keys`` on that one block, reading per-block operands such as a RoPE
+  row at the block), and write the result into the cache with
   ``dynamic_update_slice`` at ``[b, p // r, 0]``;
 - make the updated cache a graph output paired with the new input (state), so
   a decode loop feeds it back (:meth:`attnpass.ir.Graph.state_pairs`).
 
 Why it is exact: the scores of block ``b`` matter only where ``b`` is visible,
 ``b < (p + 1) // r``, and the only readers of the scores are ``qsa_select``
-nodes, which ignore invisible blocks. Every visible block is complete, so its
-raw rows are final; it was written either by the prefill
-(:meth:`QSAPoolCache.prefill`, the same ops over the whole cache) or at the
-step whose row completed it, by the same ops on the same rows. A block that
-is still incomplete is written too (invisible, rewritten when it completes).
-The contract a caller keeps (the masked layer's too): cell ``c`` of the raw
-cache holds position ``c``, and each step's rows are the newest positions,
-written to the raw cache before the step (a rejected draft is rewritten by
-the step that replaces it, since its block is that step's first row's).
+nodes, which ignore invisible blocks (the ops between pool and scores work
+row by row, so a stale invisible row changes no visible one). Every visible
+block is complete, so its raw rows are final; it was written either by the
+prefill (:meth:`QSAPoolCache.prefill`, the same ops over the whole cache) or at
+the step whose row completed it, by the same ops on the same rows. The pool
+adds each block's rows elementwise in a fixed order, so one block pooled alone
+has the bits it has among all blocks, on every target. ``store="keys"`` also
+needs the ops up to ``block_keys`` to give one block the bits it gets among
+all blocks: true of numpy and MLX, but XLA on CPU vectorises RMSNorm's
+reduction by shape, and at head dim 128 most rows differ in the last bit (so
+on JAX, ``store="keys"`` equals re-pooling only up to that rounding).
+
+A block that is still incomplete is written too (invisible, rewritten when
+it completes). The contract a caller keeps (the masked layer's too): cell
+``c`` of the raw cache holds position ``c``, and each step's rows are the
+newest positions, written to the raw cache before the step (a rejected draft
+is rewritten by the step that replaces it, since its block is that step's
+first row's).
 
 Preconditions (each decline says which failed): the raw keys are a resident
 graph input ``[B, T, D]`` read whole (the history, not a slice of it) with
 ``T % r == 0`` (a clamped write could not then land on the last block); every
 op between the pool and ``block_keys`` works on each block row separately
 (elementwise, casts, reductions and slices and concats over the last axis),
-and is read by nothing else;
-``block_keys`` feeds only this anchor, and the scores feed only
-``qsa_select`` with the pool's ratio and one positions value ``[B, S]``, ``S <=
-max_rows`` (decode and verify steps).
+and is read by nothing else; ``block_keys`` feeds only this anchor, and the
+scores feed only ``qsa_select`` with the pool's ratio and one positions value
+``[B, S]``, ``S <= max_rows`` (decode and verify steps).
 
 Policy: ``enabled=None`` reads ``ATTNPASS_QSA_POOL_CACHE`` when the pass runs
 (false/off/no/0 keep the in-graph pooling); an explicit value wins.
@@ -61,14 +72,16 @@ from .rewrite import Decline, Rewriter, Rule, apply_rules
 ENV_VAR = "ATTNPASS_QSA_POOL_CACHE"
 CACHE_DTYPE = DType.float32
 BLOCK_AXIS = 1  # every value of the chain is [B, NB, *]
+STORES = ("pooled", "keys")
 
 
 @dataclass(frozen=True)
 class _Match:
     pool: Node
     raw: Node
-    keys: Node  # the block_keys operand: what the cache holds
+    keys: Node  # the block_keys operand
     chain: tuple[Node, ...]  # the ops after the pool up to and including ``keys``, topologically ordered
+    stored: Node  # what the cache holds: the pool, or ``keys``
     positions: str
     streams: int
     rows: int
@@ -106,11 +119,14 @@ class QSAPoolCache(SwitchedPass):
     name: ClassVar[str] = "qsa-pool-cache"
     env_var: ClassVar[str] = ENV_VAR
     max_rows: int = 8
+    store: str = "pooled"
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if isinstance(self.max_rows, bool) or not isinstance(self.max_rows, int) or self.max_rows < 1:
             raise ValueError(f"QSAPoolCache: max_rows must be an int >= 1, got {self.max_rows!r}")
+        if self.store not in STORES:
+            raise ValueError(f"QSAPoolCache: store must be one of {', '.join(STORES)}, got {self.store!r}")
 
     def run(self, graph: Graph, remarks: Remarks) -> bool:
         rule = Rule("qsa-pool-cache", "qsa_block_scores", self._match, _rewrite, _describe)
@@ -119,7 +135,7 @@ class QSAPoolCache(SwitchedPass):
     def prefill(self, graph: Graph) -> Graph:
         """The graph that builds the initial caches from ``graph`` (before this pass) in one call.
 
-        It computes each matched ``block_keys`` value over the whole raw cache, cast to f32,
+        It computes each stored value (pooled keys or ``block_keys``) over the whole raw cache, cast to f32,
         with the same ops as ``graph``; output ``i`` is named like, and is the first value of,
         the ``i``-th state input this pass adds (``dict(zip(prefill.outputs, results))``).
         """
@@ -129,7 +145,7 @@ class QSAPoolCache(SwitchedPass):
         for node in graph.nodes():
             if node.op == "qsa_block_scores" and isinstance(m := self._match(graph, node), _Match):
                 name = out.fresh_name(m.cache)
-                caches.append(out.add_node("cast", [m.keys.name], {"dtype": CACHE_DTYPE}, name=name, loc=m.pool.loc))
+                caches.append(out.add_node("cast", [m.stored.name], {"dtype": CACHE_DTYPE}, name=name, loc=m.pool.loc))
         if not caches:
             raise ValueError(f"{self.name}: graph {graph.name} has no pooled block keys to cache")
         out.set_outputs(caches)
@@ -154,7 +170,10 @@ class QSAPoolCache(SwitchedPass):
             return _kept(f"the raw keys {raw.name}:{raw.type} are not [B, T, D]")
         (b, t, _d), n_blocks = raw.type.shape, raw.type.shape[1] // ratio
         if t % ratio:
-            return _kept(f"n_kv={t} of {raw.name} is not a multiple of ratio {ratio}: the last block is never pooled")
+            return _kept(
+                f"n_kv={t} of {raw.name} is not a multiple of ratio {ratio}: a row in the trailing partial block "
+                "would write over the last whole block"
+            )
         cone = (graph.ancestors([keys.name]) & _descendants(graph, pool.name)) - {pool.name}
         chain = tuple(n for n in graph.nodes() if n.name in cone)
         for node in (pool, *chain):
@@ -164,16 +183,17 @@ class QSAPoolCache(SwitchedPass):
             if node.name in graph.outputs:
                 readers.add("the graph outputs")
             if readers:
-                return _kept(f"{node.name} is also read by {', '.join(sorted(readers))}, which would still need every block")
+                listed = ", ".join(sorted(readers))
+                return _kept(f"{node.name} is also read by {listed}, which would still need every block")
         for node in chain:
             why = _row_wise(graph, node, n_blocks)
             if why is not None:
                 return _kept(why)
         selects = graph.users(anchor.name)
-        if anchor.name in graph.outputs or not selects or any(s.op != "qsa_select" or s.inputs[0] != anchor.name for s in selects):
-            ops = sorted({s.op for s in selects} | ({"the graph outputs"} if anchor.name in graph.outputs else set()))
-            ops = ops or ["nothing"]
-            return _kept(f"the scores are read by {', '.join(ops)}, not only qsa_select (which ignores invisible blocks)")
+        readers = {s.op for s in selects} | ({"the graph outputs"} if anchor.name in graph.outputs else set())
+        if readers != {"qsa_select"} or any(s.inputs[0] != anchor.name for s in selects):
+            listed = ", ".join(sorted(readers)) or "nothing"
+            return _kept(f"the scores are read by {listed}, not only qsa_select (which ignores invisible blocks)")
         if any(s.attrs["ratio"] != ratio for s in selects):
             return _kept(f"a qsa_select reading the scores has a ratio other than the pool's {ratio}")
         positions = {s.inputs[1] for s in selects}
@@ -186,7 +206,8 @@ class QSAPoolCache(SwitchedPass):
         if rows > self.max_rows:
             return _kept(f"prefill-shaped: {rows} query rows per stream > max_rows={self.max_rows}")
         cache = graph.fresh_name(f"{raw.name}_blocks")
-        return _Match(pool, raw, keys, chain, pos, streams, rows, cache, len(graph.outputs))
+        stored = pool if self.store == "pooled" else keys
+        return _Match(pool, raw, keys, chain, stored, pos, streams, rows, cache, len(graph.outputs))
 
 
 def _kept(reason: str) -> Decline:
@@ -209,12 +230,13 @@ def _descendants(graph: Graph, name: str) -> set[str]:
 def _rewrite(rw: Rewriter, m: _Match) -> None:
     """Pool and transform one block per (stream, row), write it into the cache, score against the cache."""
     graph, raw, ratio = rw.graph, m.raw.name, m.pool.attrs["ratio"]
-    cache = graph.add_input(m.cache, TensorType(m.keys.type.shape, CACHE_DTYPE), "resident", rw.anchor.loc)
+    cache = graph.add_input(m.cache, TensorType(m.stored.type.shape, CACHE_DTYPE), "resident", rw.anchor.loc)
 
     def int32s(values: tuple[int, ...], hint: str) -> str:
         return rw.op("constant", [], {"value": values, "shape": (len(values),), "dtype": DType.int32}, hint)
 
-    r, offsets, zero = rw.scalar(ratio, DType.int32, "ratio"), int32s(tuple(range(ratio)), "in_block"), int32s((0,), "zero")
+    r, zero = rw.scalar(ratio, DType.int32, "ratio"), int32s((0,), "zero")
+    offsets = int32s(tuple(range(ratio)), "in_block")
     current = cache
     for b in range(m.streams):
         stream = int32s((b,), "stream")
@@ -228,15 +250,16 @@ def _rewrite(rw: Rewriter, m: _Match) -> None:
             current = rw.op("dynamic_update_slice", [current, value, start], hint=f"{cache}_next")
     graph.set_outputs([*graph.outputs, current])
     graph.pair_state(cache, m.output)
-    keys = rw.cast(current, m.keys.type.dtype, "block_keys")
-    rw.replace_matched(rw.op("qsa_block_scores", [rw.anchor.inputs[0], keys], hint="block_scores"), prune=True)
+    graph.replace_all_uses(m.stored.name, rw.cast(current, m.stored.type.dtype, "stored"))
+    graph.prune([m.stored.name])  # the whole-cache pool (and, storing keys, the ops after it)
+    rw.replace_matched(rw.op("qsa_block_scores", list(graph.node(rw.anchor.name).inputs), hint="block_scores"))
 
 
 def _replay(rw: Rewriter, m: _Match, rows: str, block: str, stream: int) -> str:
-    """The chain pool -> block_keys on one block's raw rows ``[1, r, D]``: the block's ``[1, 1, Dk]`` value."""
+    """The stored value of one block from its raw rows ``[1, r, D]``: pooled (then the chain up to block_keys)."""
     value = {m.pool.name: rw.op("qsa_pool", [rows], m.pool.attrs, "pooled_new")}
     outside: dict[str, str] = {}
-    for node in m.chain:
+    for node in m.chain if m.stored is m.keys else ():
         for i in node.inputs:
             if i not in value and i not in outside:
                 outside[i] = _block_row(rw, i, block, stream)
@@ -246,7 +269,7 @@ def _replay(rw: Rewriter, m: _Match, rows: str, block: str, stream: int) -> str:
             attrs["start"] = (0, 0, *attrs["start"][2:])
             attrs["stop"] = (1, 1, *attrs["stop"][2:])
         value[node.name] = rw.op(node.op, operands, attrs, f"{node.name}_new")
-    return value[m.keys.name]
+    return value[m.stored.name]
 
 
 def _block_row(rw: Builder, name: str, block: str, stream: int) -> str:
@@ -277,18 +300,23 @@ def _block_row(rw: Builder, name: str, block: str, stream: int) -> str:
 
 def _describe(m: _Match) -> str:
     ratio, raw = m.pool.attrs["ratio"], m.raw.type
-    cache = TensorType(m.keys.type.shape, CACHE_DTYPE)
+    cache = TensorType(m.stored.type.shape, CACHE_DTYPE)
     read = m.streams * m.rows * ratio * raw.shape[2] * raw.dtype.itemsize
-    ops = sorted({n.op for n in m.chain})
-    then = f" then {len(m.chain)} row-wise op(s) ({', '.join(ops)})" if m.chain else ""
+    ops = f"{len(m.chain)} row-wise op(s) ({', '.join(sorted({n.op for n in m.chain}))})" if m.chain else "no op"
+    blocks = m.stored.type.shape[1]
+    after = (
+        f"{ops} up to the block keys {m.keys.name} still run over all {blocks:,} blocks"
+        if m.stored is m.pool
+        else f"{ops} up to the block keys run on the new block(s) only, not on {blocks:,}"
+    )
+    what = "pooled keys" if m.stored is m.pool else f"block keys {m.keys.name}"
     return (
-        f"block keys {m.keys.name}:{m.keys.type} (qsa_pool of {m.raw.name}{then}) now come from the new resident "
-        f"input {m.cache}:{cache}, {cache.nbytes:,} bytes, whose next value is output #{m.output}; per step "
-        f"{m.streams * m.rows} block(s) of {ratio} rows ({read:,} bytes) are pooled and written instead of all "
-        f"{raw.shape[1]:,} rows of {m.raw.name} ({raw.nbytes:,} bytes): {raw.nbytes - read:,} bytes no longer read, "
-        f"and {m.keys.name} is no longer recomputed for {m.keys.type.shape[1]:,} blocks; start the cache with "
+        f"{what} (qsa_pool of {m.raw.name}) now come from the new resident input {m.cache}:{cache}, "
+        f"{cache.nbytes:,} bytes, whose next value is output #{m.output}; per step {m.streams * m.rows} block(s) of "
+        f"{ratio} rows ({read:,} bytes) are pooled and written instead of all {raw.shape[1]:,} rows of {m.raw.name} "
+        f"({raw.nbytes:,} bytes): {raw.nbytes - read:,} bytes no longer read; {after}; start the cache with "
         "QSAPoolCache().prefill(graph) and feed it back (Graph.state_pairs)"
     )
 
 
-__all__ = ["ENV_VAR", "QSAPoolCache"]
+__all__ = ["ENV_VAR", "STORES", "QSAPoolCache"]

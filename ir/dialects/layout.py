@@ -149,7 +149,9 @@ def _infer_dynamic_update_slice(ts):
     if update.rank != buffer.rank or any(u > n for u, n in zip(update.shape, buffer.shape)):
         raise ShapeError(f"dynamic_update_slice: update {update} must have the rank of buffer {buffer} and fit in it")
     if start.shape != (buffer.rank,):
-        raise ShapeError(f"dynamic_update_slice: start {start} must be i32[{buffer.rank}], one index per axis of {buffer}")
+        raise ShapeError(
+            f"dynamic_update_slice: start {start} must be i32[{buffer.rank}], one index per axis of {buffer}"
+        )
     return buffer
 
 

@@ -95,5 +95,5 @@ JAX = Target(
     count_primitives=count_primitives,
     placeholders=placeholders,
     export=Export("stablehlo", export_stablehlo),
-    donate=lambda fn, argnums: f"{fn} = jax.jit({fn}, donate_argnums={argnums!r})  # state buffers are updated in place",
+    donate=lambda fn, argnums: f"{fn} = jax.jit({fn}, donate_argnums={argnums!r})  # state updated in place",
 )
