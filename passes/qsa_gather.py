@@ -12,7 +12,7 @@ value and ``ratio`` in ``qsa_select`` and ``qsa_mask``, ``kv_len`` equal to the
 cache length, ``block_scores`` covering no more cells than the cache, the
 ``-inf`` really a constant ``-inf``, and a deep enough cache:
 ``n_kv >= min_depth_factor * W`` with ``W = K*ratio + ratio - 1`` rounded up to
-``pad_multiple``.
+``pad_multiple``; batched, ``B * Hkv * n_kv < 2**31`` (the int32 row index).
 
 Rewrite (``batched=True``, the default): ``qsa_cells``/``qsa_cell_valid`` give
 each row ``W`` slots; one ``take`` of rows of ``k``/``v`` viewed as ``[B*Hkv*T,

@@ -10,14 +10,8 @@ from __future__ import annotations
 
 from attnpass.ir import DType, Node
 from attnpass.lowering.codegen import EmitEnv, Emitter
-from attnpass.lowering.common import (
-    array_api_emitters,
-    causal_offset,
-    dtype_expr,
-    sdpa_scale,
-    update_start,
-    with_causal,
-)
+from attnpass.lowering.common import array_api_emitters, causal_offset, dtype_expr, sdpa_scale, with_causal
+from attnpass.lowering.common import update_start
 from attnpass.lowering.qsa_emitters import QSA_EMITTERS
 
 

@@ -6,14 +6,8 @@ from typing import Literal
 
 from attnpass.ir import Node
 from attnpass.lowering.codegen import EmitEnv, Emitter, py_literal
-from attnpass.lowering.common import (
-    array_api_emitters,
-    causal_offset,
-    sdpa_lengths,
-    sdpa_scale,
-    update_start,
-    with_causal,
-)
+from attnpass.lowering.common import array_api_emitters, causal_offset, sdpa_lengths, sdpa_scale, with_causal
+from attnpass.lowering.common import update_start
 from attnpass.lowering.qsa_emitters import QSA_EMITTERS
 
 
