@@ -127,7 +127,8 @@ def bytes_to_read(cfg: QSAConfig, n_kv: int, rows: int = 1) -> dict[str, int]:
     return {
         "block keys": n_kv // cfg.ratio * cfg.idx_dim * 4,
         "K/V cells": rows * width * cfg.n_kv_heads * cfg.head_dim * 2 * item,
-        "other": rows * (cfg.ratio * cfg.idx_dim * 4 + cfg.idx_heads * cfg.idx_dim * 4 + cfg.n_q_heads * cfg.head_dim * item),
+        "other": rows
+        * (cfg.ratio * cfg.idx_dim * 4 + cfg.idx_heads * cfg.idx_dim * 4 + cfg.n_q_heads * cfg.head_dim * item),
     }
 
 
@@ -298,8 +299,10 @@ def main(argv: list[str] | None = None) -> None:
     dtypes = ("float32",) if args.quick else tuple(args.dtypes.split(","))
     reps, backends = (2 if args.quick else args.reps), tuple(args.backends.split(","))
     load = " / ".join(f"{x:.2f}" for x in os.getloadavg())
-    print(f"QSA layer (24q/2kv/256, indexer 4x128, K=512 blocks x 4) on CPU ({os.cpu_count()} cores, load average "
-          f"{load}), {reps} reps, medians in ms")
+    print(
+        f"QSA layer (24q/2kv/256, indexer 4x128, K=512 blocks x 4) on CPU ({os.cpu_count()} cores, load average "
+        f"{load}), {reps} reps, medians in ms"
+    )
     decode = run_decode(depths, dtypes, backends, reps)
     print("deepest / shallowest: " + "; ".join(flatness(decode)))
     verify = [] if args.no_verify else run_verify(depths, backends, reps)

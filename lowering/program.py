@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -10,6 +11,7 @@ from typing import Any, Callable
 import numpy as np
 
 from attnpass.ir import AttnpassError, Graph, TensorType
+from attnpass.ir.core.types import type_str
 
 from .codegen import LoweringError, Source, generate
 from .registry import get_target
@@ -19,6 +21,7 @@ class IdentityMismatch(AttnpassError):
     """A saved graph or artifact belongs to a program other than the one expected."""
 
 
+@functools.cache  # reading package metadata takes ~25 ms; a process does not change its installed backends
 def backend_version(distribution: str) -> str:
     try:
         return importlib.metadata.version(distribution)
@@ -44,7 +47,7 @@ def check_argument(name: str, expected: TensorType, value: Any) -> None:
         raise AttnpassError(f"input {name}: expected an array of type {expected}, got {type(value).__name__}")
     dtype = _dtype_name(value).replace("bool_", "bool")
     if tuple(shape) != expected.shape or dtype != expected.dtype.value:
-        raise AttnpassError(f"input {name}: expected {expected}, got {dtype}{list(shape)}")
+        raise AttnpassError(f"input {name}: expected {expected}, got {type_str(shape, dtype)}")
 
 
 class Program:
@@ -58,10 +61,10 @@ class Program:
     ``identity``. A decode loop carries state with :meth:`next_state`.
     """
 
-    def __init__(self, graph: Graph, target: str, *, comments: bool = True) -> None:
+    def __init__(self, graph: Graph, target: str, *, comments: bool = True, checks: bool = False) -> None:
         self.target = get_target(target)
         self.graph = graph.copy()
-        generated: Source = generate(self.graph, self.target, comments=comments)
+        generated: Source = generate(self.graph, self.target, comments=comments, checks=checks)
         self.source = generated.text
         self.line_to_node = generated.line_to_node
         namespace: dict[str, Any] = {"__name__": f"attnpass_generated_{target}"}
@@ -113,6 +116,9 @@ class Program:
         return f"<Program {self.graph.name} target={self.target.name} inputs={list(self.input_names)}>"
 
 
-def lower(graph: Graph, target: str, *, comments: bool = True) -> Program:
-    """Lower ``graph`` to the target registered as ``target`` ("mlx", "jax", "numpy", ...) and compile it."""
-    return Program(graph, target, comments=comments)
+def lower(graph: Graph, target: str, *, comments: bool = True, checks: bool = False) -> Program:
+    """Lower ``graph`` to the target registered as ``target`` ("mlx", "jax", "numpy", ...) and compile it.
+
+    ``checks=True``: values outside an op's contract raise at run time (:mod:`attnpass.lowering.checks`).
+    """
+    return Program(graph, target, comments=comments, checks=checks)

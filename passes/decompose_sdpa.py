@@ -5,20 +5,24 @@ with ``G = Hq / Hkv``, computed in float32 (half operands are cast first, the
 result is cast back)::
 
     scores = (k @ (q.reshape(B, Hkv, G*S, D) * scale)^T)^T  # one matmul per KV head, K read once
-    scores = where(mask, scores, -inf) | scores + mask       # viewed as [B, Hkv, G, S, T]
+    scores = where(mask, scores, lowest) | scores + mask     # viewed as [B, Hkv, G, S, T]
     out    = softmax(scores) @ v -> reshape(B, Hq, S, Dv)
 
 It is the fused call's math with the query heads of each KV group folded into
 the rows of one matmul, so K/V are never repeated per query head; results
-agree with the fused call within rounding (a row that attends no key gives
-NaN here, like the numpy reference, where the fused kernels return finite values).
+agree with the fused call within rounding. A bool mask fills the scores it
+hides with float32's lowest finite value, as the fused kernels do: a hidden key
+weighs exp(lowest - max) = 0 next to any visible one, and a row that attends no
+key weighs all keys equally, the mean of V, like the fused call and the numpy
+reference (docs/semantics.md §4). An additive mask is added: a row it sets to
+-inf everywhere is NaN, as on every target.
 
 Which strategy, per ``device`` (the remark of every ``sdpa`` says which and why):
 
 - ``"cpu"``: decompose calls with at most ``max_q_len`` query rows (decode,
   verify, gathered attention). Neither MLX nor XLA has a fused CPU attention
   kernel; MLX's CPU fallback broadcasts K/V to every query head inside its
-  matmul (SPEC §4: 100 ms vs 13 ms on 2,051 gathered cells, same bits in f32).
+  matmul (docs/semantics.md §4: 100 ms vs 13 ms on 2,051 gathered cells, same bits in f32).
 - ``"metal"``: keep the calls MLX's fused Metal vector kernel serves (``S <= 8``,
   ``S * G <= 32``, ``D == Dv`` in {64, 96, 128, 256} or 192/128; run ``head-chunk``
   first to bring wide GQA calls under the budget) and decompose the other
@@ -26,6 +30,9 @@ Which strategy, per ``device`` (the remark of every ``sdpa`` says which and why)
   (:func:`attnpass.backends.mlx.sdpa_route` is the full route model).
 - ``"gpu"``: keep every call: ``jax.nn.dot_product_attention`` lowers to XLA's
   or cuDNN's fused attention there.
+- ``"tpu"`` (what ``jax.default_backend()`` names a TPU, for the drop-in
+  wrappers): keep every call; XLA compiles the attention for the TPU itself
+  (not measured on one here).
 
 Calls with a ``causal`` attribute or more than ``max_q_len`` rows keep the
 fused form on every device (their causal diagonal would be a ``[S, T]``
@@ -44,7 +51,7 @@ from .base import Pass, Remarks
 from .registry import register_pass
 from .rewrite import Decline, Rewriter, Rule, apply_rules
 
-DEVICES = ("cpu", "metal", "gpu")
+DEVICES = ("cpu", "metal", "gpu", "tpu")
 METAL_VECTOR_MAX_ROWS = 8
 METAL_VECTOR_BUDGET = 32  # q_len * gqa
 METAL_VECTOR_HEAD_DIMS = frozenset({64, 96, 128, 256})
@@ -89,6 +96,8 @@ class DecomposeSDPA(Pass):
         head = f"strategy fused (device {self.device}): "
         if self.device == "gpu":
             return Decline(head + "jax.nn.dot_product_attention lowers to a fused attention kernel on GPU")
+        if self.device == "tpu":
+            return Decline(head + "XLA compiles jax.nn.dot_product_attention for the TPU itself")
         if node.attrs["causal"] != "none":
             return Decline(head + f"causal={node.attrs['causal']!r} stays with the fused call (no [S, T] constant)")
         if s > self.max_q_len:
@@ -126,12 +135,14 @@ def _rewrite(rw: Rewriter, plan: _Plan) -> None:
 
 
 def _masked(rw: Rewriter, scores: str, mask: str, hkv: int, g: int) -> str:
-    """Scores ``[B, Hkv, G, S, T]`` with the sdpa mask applied (bool: -inf where False; additive: added)."""
+    """Scores ``[B, Hkv, G, S, T]`` with the sdpa mask applied (bool: float32's lowest where False; additive: added)."""
     shape = rw.type(mask).shape
     mb, mh, ms, mt = (1,) * (4 - len(shape)) + shape
     mask = rw.reshape(mask, (mb, 1, 1, ms, mt) if mh == 1 else (mb, hkv, g, ms, mt), "mask_folded")
     if rw.type(mask).dtype is DType.bool:
-        return rw.op("where", [mask, scores, rw.scalar(-math.inf, DType.float32, "neg_inf")], hint="scores")
+        # finite, as the fused kernels fill: a row with no key is the mean of V, not NaN
+        lowest = rw.scalar(float(DType.float32.finfo.min), DType.float32, "lowest")
+        return rw.op("where", [mask, scores, lowest], hint="scores")
     return rw.op("add", [scores, rw.cast(mask, DType.float32)], hint="scores")
 
 

@@ -13,6 +13,13 @@
   into f32 matmuls where it does not (CPU decode and gathered attention);
   its remarks say which strategy each call got and why;
 - then ``dce``, ``narrow-inputs`` (the padded mask shrinks to the rows read), ``dce``.
+
+``keep_signature=True`` leaves out the two passes that change the program's
+signature, ``qsa-pool-cache`` (adds a state input and output) and
+``narrow-inputs`` (retypes inputs), and the ``dce`` after them: the pipeline
+of a drop-in wrapper (:func:`attnpass.backends.specialize.default_pipeline`),
+whose program is called with the function's own arguments. ``"tpu"`` keeps
+every attention call fused, as ``"gpu"`` does.
 """
 
 from __future__ import annotations
@@ -26,11 +33,16 @@ from .qsa_gather import QSAGather
 from .qsa_pool_cache import QSAPoolCache
 
 
-def default_pipeline(device: str) -> list[Pass]:
-    """The passes for ``device`` (``"cpu"``, ``"metal"`` or ``"gpu"``), in order."""
+def default_pipeline(device: str, *, keep_signature: bool = False) -> list[Pass]:
+    """The passes for ``device`` (``"cpu"``, ``"metal"``, ``"gpu"`` or ``"tpu"``), in order.
+
+    ``keep_signature``: only passes that keep the graph's inputs and outputs as they are (dead inputs may go).
+    """
     if device not in DEVICES:
         raise ValueError(f"default_pipeline: device must be one of {', '.join(DEVICES)}, got {device!r}")
     chunk: list[Pass] = [HeadChunkSDPA()] if device == "metal" else []
+    if keep_signature:
+        return [QSAGather(), *chunk, DecomposeSDPA(device=device), DeadCodeElimination()]
     return [
         QSAPoolCache(),
         QSAGather(),

@@ -4,7 +4,7 @@ The masked and gathered QSA layers pool every block of the raw indexer-key
 cache at every step (``qsa_pool`` over ``[B, T, D]``), then normalise and rotate
 all ``T / r`` pooled keys (RMSNorm, RoPE at ``b*r``) before scoring: O(n_kv)
 work per step for keys that never change once their block is complete
-(SPEC §3, "follow-up the anchors left open"). This pass, anchored at
+(docs/semantics.md §3.7, "Left open"). This pass, anchored at
 ``qsa_block_scores(idx_q, block_keys)``, finds the ``qsa_pool`` that
 ``block_keys`` derives from and rewrites the step to
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .registry import get_op
-from .types import AttnpassError, DType, GraphFormatError, TensorType
+from .types import AttnpassError, DType, GraphFormatError, TensorType, short_repr
 
 if TYPE_CHECKING:
     from .graph import Graph, Node
@@ -90,16 +90,21 @@ def format_graph(graph: "Graph", settings: PrintSettings = PrintSettings()) -> s
 _TYPE = re.compile(r"(\w+)\[([0-9,]*)\]\Z")
 _HEADER = re.compile(r"graph (\w+)\((.*)\) \{\Z")
 _PARAM = re.compile(r"(\w+):(\w+\[[0-9,]*\])(?:\{(\w+)\})?\Z")
-_NODE = re.compile(r"(\w+):(\w+\[[0-9,]*\]) = (\w+)(?:\[(.*)\])?((?: \w+)*)\Z")
+_NODE_HEAD = re.compile(r"(\w+):(\w+\[[0-9,]*\]) = (\w+)")
+_OPERANDS = re.compile(r"(?: \w+)*\Z")
 _NONFINITE = {"inf": math.inf, "nan": math.nan}
+MAX_TEXT_CHARS = 256 << 20  # as for JSON (serialize.MAX_JSON_BYTES)
+MAX_DIGITS = 20  # a dimension or an attribute integer: int64 and a sign
 
 
 def parse_type(text: str) -> TensorType:
     m = _TYPE.match(text.strip())
     if not m:
-        raise GraphFormatError(f"malformed type {text!r}; expected e.g. bf16[1,24,5,256]")
-    dims = tuple(int(d) for d in m.group(2).split(",") if d)
-    return TensorType(dims, DType.parse(m.group(1)))
+        raise GraphFormatError(f"malformed type {short_repr(text)}; expected e.g. bf16[1,24,5,256]")
+    digits = m.group(2).split(",")
+    if any(len(d) > MAX_DIGITS for d in digits):
+        raise GraphFormatError(f"type {short_repr(text)}: a dimension is out of range")
+    return TensorType(tuple(int(d) for d in digits if d), DType.parse(m.group(1)))
 
 
 def _literal(node: ast.AST) -> Any:
@@ -120,35 +125,52 @@ def _parse_attrs(text: str | None) -> dict[str, Any]:
         assert isinstance(call, ast.Call) and not call.args
         assert all(kw.arg is not None for kw in call.keywords), "expected name=value pairs"
         return {kw.arg: _literal(kw.value) for kw in call.keywords}
-    except (SyntaxError, ValueError, TypeError, AssertionError) as exc:
-        raise GraphFormatError(f"malformed attributes [{text}]: {exc}") from None
+    except (SyntaxError, ValueError, TypeError, AssertionError, RecursionError, MemoryError) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise GraphFormatError(f"malformed attributes [{short_repr(text)[1:-1]}]: {reason}") from None
+
+
+def _parse_node(lineno: int, line: str) -> tuple[str, str, str, str | None, list[str]]:
+    """``name, type, op, attrs text (or None), operands`` of one node line (linear time: no regex backtracking)."""
+    m = _NODE_HEAD.match(line)
+    rest = line[m.end() :] if m else ""
+    attrs = None
+    if m and rest.startswith("["):
+        close = rest.rfind("]")  # operands never contain ']', so the attributes end at the last one
+        attrs, rest = (rest[1:close], rest[close + 1 :]) if close > 0 else (None, "?")
+    if not m or not _OPERANDS.match(rest):
+        raise GraphFormatError(f"line {lineno}: malformed node {short_repr(line)}")
+    return m.group(1), m.group(2), m.group(3), attrs, rest.split()
 
 
 def parse_graph(text: str) -> "Graph":
     """Read the text form back into a verified Graph. Never evaluates code."""
     from .graph import Graph, Node
 
+    if not isinstance(text, str):
+        raise GraphFormatError(f"expected graph text, got {type(text).__name__}")
+    if len(text) > MAX_TEXT_CHARS:
+        raise GraphFormatError(f"graph text of {len(text)} characters is more than the {MAX_TEXT_CHARS} a loader reads")
     lines = [ln.split("  #")[0].rstrip() for ln in text.strip().splitlines()]
     lines = [ln for ln in lines if ln.strip()]
     if len(lines) < 3 or lines[-1].strip() != "}" or not lines[-2].strip().startswith("return "):
         raise GraphFormatError("malformed graph text: expected 'graph NAME(...) {', node lines, 'return ...', '}'")
     header = _HEADER.match(lines[0].strip())
     if not header:
-        raise GraphFormatError(f"malformed graph header {lines[0]!r}")
+        raise GraphFormatError(f"malformed graph header {short_repr(lines[0])}")
     try:
         graph = Graph(header.group(1))
         for param in filter(None, (p.strip() for p in header.group(2).split(", "))):
             m = _PARAM.match(param)
             if not m:
-                raise GraphFormatError(f"malformed graph input {param!r}; expected name:type or name:type{{role}}")
+                raise GraphFormatError(
+                    f"malformed graph input {short_repr(param)}; expected name:type or name:type{{role}}"
+                )
             graph.add_input(m.group(1), parse_type(m.group(2)), m.group(3) or "streamed")
         for lineno, line in enumerate(lines[1:-2], start=2):
-            m = _NODE.match(line.strip())
-            if not m:
-                raise GraphFormatError(f"line {lineno}: malformed node {line.strip()!r}")
-            name, type_, op, attrs, args = m.groups()
-            norm = get_op(op).normalize_attrs(_parse_attrs(attrs))
-            graph.insert(Node(name, op, tuple(args.split()), norm, parse_type(type_)))
+            name, type_, op, attrs, args = _parse_node(lineno, line.strip())
+            norm = get_op(op).normalize_attrs(_parse_attrs(attrs), name)
+            graph.insert(Node(name, op, tuple(args), norm, parse_type(type_)))
         results = [o.strip().partition(" -> ") for o in lines[-2].strip()[len("return ") :].split(",")]
         graph.set_outputs([value for value, _, _ in results])
         for i, (_value, arrow, state) in enumerate(results):

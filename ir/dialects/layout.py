@@ -1,5 +1,5 @@
-"""Layout ops: cast, reshape, transpose, slice, concat, take, broadcast_to, put_along_axis,
-dynamic_update_slice (no arithmetic)."""
+"""Layout ops (no arithmetic): cast, reshape, transpose, slice, concat, take, take_along_axis, broadcast_to,
+put_along_axis, dynamic_update_slice, ..."""
 
 from __future__ import annotations
 
@@ -142,6 +142,16 @@ register(
 )
 
 
+def _infer_take_along_axis(ts, *, axis):
+    x, idx = ts
+    require_dtype("take_along_axis", idx, (DType.int32,), "indices")
+    if x.rank == 0 or idx.rank != x.rank:
+        raise ShapeError(f"take_along_axis: indices {idx} must have the rank of x {x} (rank >= 1)")
+    ax = normalize_axis("take_along_axis", axis, x.rank)
+    outer = broadcast_shapes("take_along_axis", x.shape[:ax] + x.shape[ax + 1 :], idx.shape[:ax] + idx.shape[ax + 1 :])
+    return TensorType(outer[:ax] + (idx.shape[ax],) + outer[ax:], x.dtype)
+
+
 def _infer_dynamic_update_slice(ts):
     buffer, update, start = ts
     same_dtype("dynamic_update_slice", [buffer, update])
@@ -155,6 +165,17 @@ def _infer_dynamic_update_slice(ts):
     return buffer
 
 
+register(
+    OpDef(
+        "take_along_axis",
+        ("x", "indices"),
+        _infer_take_along_axis,
+        {"axis": attr("int")},
+        "layout",
+        "numpy.take_along_axis: out[..., i, ...] = x[..., indices[..., i, ...], ...] along axis; x and indices "
+        "broadcast on the other axes; int32 indices must lie in [0, dim).",
+    )
+)
 register(
     OpDef(
         "dynamic_update_slice",

@@ -91,7 +91,11 @@ JAX = Target(
     emitters=EMITTERS,
     array_module="jaxlib",
     from_numpy=from_numpy,
-    runtime={"jrt": "attnpass.lowering.targets.jax.runtime", "qsa": "attnpass.lowering.targets.jax.runtime.qsa"},
+    runtime={
+        "jrt": "attnpass.lowering.targets.jax.runtime",
+        "qsa": "attnpass.lowering.targets.jax.runtime.qsa",
+        "qsa_checked": "attnpass.lowering.targets.jax.runtime.qsa_checked",
+    },
     count_primitives=count_primitives,
     placeholders=placeholders,
     export=Export("stablehlo", export_stablehlo),

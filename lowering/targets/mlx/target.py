@@ -108,7 +108,10 @@ MLX = Target(
     emitters=EMITTERS,
     array_module="mlx",
     from_numpy=from_numpy,
-    runtime={"qsa": "attnpass.lowering.targets.mlx.runtime.qsa"},
+    runtime={
+        "qsa": "attnpass.lowering.targets.mlx.runtime.qsa",
+        "qsa_checked": "attnpass.lowering.targets.mlx.runtime.qsa_checked",
+    },
     to_numpy=to_numpy,
     count_primitives=count_primitives,
     placeholders=placeholders,
