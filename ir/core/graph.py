@@ -20,7 +20,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from . import builtin as _builtin  # noqa: F401  (registers input and constant)
 from .registry import AttrValue, OpDef, encode_attr, get_op
-from .types import AttnpassError, SourceLoc, TensorType, VerifyError, check_identifier
+from .types import AttnpassError, SourceLoc, TensorType, VerifyError, check_identifier, short_repr
 
 ROLES = ("streamed", "resident")
 
@@ -152,6 +152,8 @@ class Graph:
         The verifier checks the pair: a resident input, an output of the same type, each
         input and each output in at most one pair.
         """
+        if input_name not in self._inputs:
+            raise VerifyError(f"graph {self.name}: state {short_repr(input_name)} is not a graph input")
         if input_name in self._state:
             raise VerifyError(
                 f"graph {self.name}: state input {input_name} is already updated by output #{self._state[input_name]}"

@@ -181,12 +181,9 @@ def graph_from_doc(doc: Any) -> "Graph":
             graph.insert(Node(name, op.name, tuple(operands), attrs, node_type, loc))
         graph.set_inputs(inputs)
         graph.set_outputs(_field(doc, "outputs", list, "graph"))
-        state = doc.get("state", [])
-        if not isinstance(state, list):
-            raise GraphFormatError("graph: field 'state' has the wrong kind (expected a list)")
-        for pair in state:
+        for pair in _field(doc, "state", list, "graph", []):
             if not (isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], str) and type(pair[1]) is int):
-                raise GraphFormatError(f"graph: state entry {pair!r} must be [input name, output position]")
+                raise GraphFormatError(f"graph: state entry {short_repr(pair)} must be [input name, output position]")
             graph.pair_state(*pair)
         return graph.verify()
     except GraphFormatError:

@@ -59,7 +59,10 @@ def test_state_round_trips_through_text_and_json():
     [
         (STATEFUL.replace("{resident}", ""), "must be a resident input, cache is streamed"),
         (STATEFUL.replace("return sum, dynamic_update_slice -> cache", "return sum -> cache"), "differs in type"),
-        (STATEFUL.replace("-> cache", "-> nothing"), "nothing is not a graph input"),
+        (STATEFUL.replace("-> cache", "-> nothing"), "state 'nothing' is not a graph input"),
+        (STATEFUL.replace("-> cache", "-> cache -> cache"), "state 'cache -> cache' is not a graph input"),
+        (STATEFUL.replace("-> cache", "-> " + "c" * 10_000), r"state 'c+\.\.\.c+' is not a graph input"),
+        (STATEFUL.replace("-> cache", "-> x"), "must be a resident input, x is streamed"),
     ],
 )
 def test_verifier_rejects_bad_pairs(text, message):
@@ -78,8 +81,18 @@ def test_each_input_and_each_output_in_one_pair_at_most():
     doc = stateful().to_json().replace('"state": [["cache", 1]]', '"state": [["cache", 1], ["cache", 1]]')
     with pytest.raises(GraphFormatError, match="already updated"):
         Graph.from_json(doc)
-    with pytest.raises(GraphFormatError, match="must be \\[input name, output position\\]"):
-        Graph.from_json(stateful().to_json().replace('[["cache", 1]]', '[["cache", "1"]]'))
+    for bad in ('[["cache", "1"]]', '[["cache", true]]', '[["cache"]]', '["cache"]', '[["cache", 1, 2]]'):
+        with pytest.raises(GraphFormatError, match="must be \\[input name, output position\\]"):
+            Graph.from_json(stateful().to_json().replace('[["cache", 1]]', bad))
+    for bad, message in (
+        ('{"cache": 1}', "field 'state' has the wrong kind"),
+        ('[["cache", 2]]', "the graph has 2 output"),
+        ('[["cache", -1]]', "the graph has 2 output"),
+        ('[["' + "n" * 100_000 + '", 1]]', "is not a graph input"),
+    ):
+        with pytest.raises(GraphFormatError, match=message) as info:
+            Graph.from_json(stateful().to_json().replace('[["cache", 1]]', bad))
+        assert len(str(info.value)) < 400  # quoted input stays short
 
 
 def test_state_inputs_survive_dce_and_narrowing():
