@@ -37,9 +37,12 @@ reduction by shape, and at head dim 128 most rows differ in the last bit (so
 on JAX, ``store="keys"`` equals re-pooling only up to that rounding).
 
 A block that is still incomplete is written too (invisible, rewritten when
-it completes). The contract a caller keeps (the masked layer's too): cell
-``c`` of the raw cache holds position ``c``, and each step's rows are the
-newest positions, written to the raw cache before the step (a rejected draft
+it completes). A position past the raw cache's last block (the attention's
+cache may be longer than the indexer's) writes the last block instead, with
+the value it already holds: every block is complete and visible then. The
+contract a caller keeps (the masked layer's too): cell ``c`` of the raw cache
+holds position ``c``, and each step's rows are the newest positions, written
+to the raw cache before the step (a rejected draft
 is rewritten by the step that replaces it, since its block is that step's
 first row's).
 
@@ -236,13 +239,14 @@ def _rewrite(rw: Rewriter, m: _Match) -> None:
         return rw.op("constant", [], {"value": values, "shape": (len(values),), "dtype": DType.int32}, hint)
 
     r, zero = rw.scalar(ratio, DType.int32, "ratio"), int32s((0,), "zero")
+    last = rw.scalar(m.raw.type.shape[1] // ratio - 1, DType.int32, "last_block")
     offsets = int32s(tuple(range(ratio)), "in_block")
     current = cache
     for b in range(m.streams):
         stream = int32s((b,), "stream")
         for s in range(m.rows):
             p = rw.reshape(rw.pick(m.positions, {0: b, 1: s}), (1,), "row_position")
-            block = rw.op("floor_divide", [p, r], hint="new_block")
+            block = rw.op("minimum", [rw.op("floor_divide", [p, r]), last], hint="new_block")
             cells = rw.op("add", [rw.op("mul", [block, r]), offsets], hint="new_cells")
             rows = rw.op("take", [rw.pick(raw, {0: b}), cells], {"axis": 1}, f"{raw}_new")
             value = rw.cast(_replay(rw, m, rows, block, b), CACHE_DTYPE)

@@ -274,3 +274,25 @@ def test_bf16_keys_are_cached_in_f32_and_read_back_exactly():
     out, _ = run(lower(cached, "mlx"), **args, raw_blocks=cache)
     assert_bits_equal(out, run(lower(g, "mlx"), **args))
 
+
+def test_positions_past_the_raw_cache_rewrite_its_last_block():
+    """The attention's cache may be longer than the indexer's: a row past the raw keys writes the last block again."""
+
+    def step(q, k, raw, idx_q, positions):
+        sel = ops.qsa_select(ops.qsa_block_scores(idx_q, ops.qsa_pool(raw, ratio=2)), positions, ratio=2, top_k_blocks=2)
+        return ops.sdpa(q, k, k, mask=ops.qsa_mask(sel, positions, ratio=2, kv_len=12))
+
+    specs = (
+        TensorSpec((1, 2, 1, 8)), TensorSpec((1, 1, 12, 8), role="resident"), TensorSpec((1, 6, 8), role="resident"),
+        TensorSpec((1, 1, 2, 8)), TensorSpec((1, 1), "int32"),
+    )  # fmt: skip
+    g = trace(step, *specs)
+    cached = cache_pipeline().run(g).graph
+    rng = np.random.default_rng(5)
+    args = {n: rng.standard_normal(cached.node(n).type.shape, dtype=np.float32) for n in ("q", "k", "raw", "idx_q")}
+    first = run(lower(QSAPoolCache().prefill(g), "numpy"), raw=args["raw"])
+    for p in (5, 7, 11):  # the raw keys hold positions 0..5
+        positions = np.array([[p]], np.int32)
+        out, after = run(lower(cached, "numpy"), **args, raw_blocks=first, positions=positions)
+        assert_bits_equal(out, run(lower(g, "numpy"), **args, positions=positions))
+        assert_bits_equal(after, first)  # every block complete: the last one written with the value it holds
