@@ -34,27 +34,25 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Sequence, TextIO
 
-from attnpass import passes as passes_package
 from attnpass.ir import AttnpassError, DType, Graph, ImportedGraph, TensorType
 from attnpass.ir.frontends.importing import graph_name
 from attnpass.lowering import Program, lower
 from attnpass.passes import Pass, PassManager, PassResult, Remark, format_pipeline, parse_pipeline
+from attnpass.passes import default_pipeline as device_pipeline
 
 MAX_SIGNATURES = 64
 RAISE = "raise-attention"  # imported graphs hold attention as primitives: raise it to sdpa before anything else
-FALLBACK_PIPELINES = {"metal": "head-chunk,dce"}  # without passes.default_pipeline; other devices: "dce"
 
 
 def default_pipeline(device: str) -> list[Pass]:
     """The pipeline a wrapper runs when given none: ``raise-attention``, then the device's default pipeline.
 
     ``device`` is ``"cpu"``, ``"metal"``, ``"gpu"`` or ``"tpu"``. The device part is
-    :func:`attnpass.passes.default_pipeline` where that exists, else ``head-chunk,dce``
-    on Metal (the fused kernel's budget) and ``dce`` elsewhere.
+    :func:`attnpass.passes.default_pipeline` with ``keep_signature=True``: the passes that
+    would add or retype inputs (``qsa-pool-cache``, ``narrow-inputs``) are left out, since
+    the program is called with the function's own arguments.
     """
-    device_pipeline = getattr(passes_package, "default_pipeline", None)
-    rest = device_pipeline(device) if device_pipeline is not None else FALLBACK_PIPELINES.get(device, "dce")
-    return parse_pipeline(RAISE) + as_passes(rest)
+    return parse_pipeline(RAISE) + device_pipeline(device, keep_signature=True)
 
 
 def as_passes(pipeline: str | Sequence[Pass]) -> list[Pass]:

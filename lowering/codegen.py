@@ -131,6 +131,9 @@ def generate(graph: Graph, target: Target, *, comments: bool = True, checks: boo
         line_to_node[len(lines)] = node.name
     outs = [ns(o) for o in graph.outputs]
     lines.append(f"    return {', '.join(outs)}")
+    state = tuple(graph.inputs.index(name) for name, _ in graph.state_pairs())
+    if state and target.donate is not None:
+        lines += ["", "", target.donate(fn_name, state)]
     header = [*target.prelude, *env.imports, "", ""]
     line_to_node = {line + len(header): name for line, name in line_to_node.items()}
     return Source("\n".join(header + lines) + "\n", fn_name, line_to_node)

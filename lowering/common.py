@@ -94,6 +94,13 @@ def zero_dead_rows(node: Node, env: EmitEnv, xp: str, q: str) -> str:
     return f"{xp}.where({_live(xp, node, env)}, {q}, {xp}.array(0, dtype={dtype_expr(xp, node.type.dtype)}))"
 
 
+def update_start(node: Node, start: str, env: EmitEnv, xp: str) -> str:
+    """The clamped start of a ``dynamic_update_slice``: ``xp.clip(start, 0, dim - update_dim)``."""
+    buffer, update = env.type_of(node.inputs[0]).shape, env.type_of(node.inputs[1]).shape
+    limit = py_literal(tuple(n - u for n, u in zip(buffer, update)))
+    return f"{xp}.clip({start}, 0, {xp}.array({limit}, dtype={xp}.int32))"
+
+
 def constant_values(node: Node) -> tuple:
     """A constant's values, floats already rounded to the node's dtype (no double rounding later)."""
     values = node.attrs["value"]

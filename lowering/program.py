@@ -55,8 +55,10 @@ class Program:
 
     Attributes: ``graph`` (the lowered graph), ``target`` (the registered
     :class:`Target`), ``source`` (generated Python), ``fn`` (the raw generated
-    function, for ``mx.compile``/``jax.jit`` or export), ``input_names``,
-    ``line_to_node`` and ``identity``.
+    function, for ``mx.compile``/``jax.jit`` or export; for a graph with state
+    the target may have wrapped it to donate the state buffers, as JAX's
+    ``jax.jit(..., donate_argnums=...)``), ``input_names``, ``line_to_node`` and
+    ``identity``. A decode loop carries state with :meth:`next_state`.
     """
 
     def __init__(self, graph: Graph, target: str, *, comments: bool = True, checks: bool = False) -> None:
@@ -101,6 +103,11 @@ class Program:
             check_argument(name, t, bound[name])
         convert = self.target.from_numpy  # numpy arrays only: backend arrays and tracers pass as they are
         return [convert(bound[n]) if isinstance(bound[n], np.ndarray) else bound[n] for n in names]
+
+    def next_state(self, outputs: Any) -> dict[str, Any]:
+        """``{state input: its next value}`` taken from one call's ``outputs``, to pass to the next call."""
+        outs = outputs if isinstance(outputs, tuple) else (outputs,)
+        return {name: outs[position] for name, position in self.graph.state_pairs()}
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*self.bind(*args, **kwargs))

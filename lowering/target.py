@@ -60,6 +60,9 @@ class Target:
     count_primitives: Callable[..., Counter] | None = None  # (program, *args, **kwargs) -> primitive names
     placeholders: Callable[[Sequence[TensorType]], list[Any]] | None = None  # zero-cost example arguments
     export: Export | None = None
+    # (function name, state argument positions) -> a module-level line rebinding the function so the
+    # backend may update state buffers in place (JAX: jax.jit with donate_argnums); None: no donation
+    donate: Callable[[str, tuple[int, ...]], str] | None = None
 
     @property
     def reserved(self) -> frozenset[str]:

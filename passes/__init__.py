@@ -9,22 +9,25 @@ Built-in passes register themselves by name when imported here.
 from .base import Pass, PassError, PassResult, Remark, Remarks
 from .canonicalize import Canonicalize
 from .dce import DeadCodeElimination
+from .decompose_sdpa import DecomposeSDPA
 from .head_chunk import HeadChunkSDPA, head_chunk_plan
 from .instrument import Instrumentation, PassTimings, PrintAfterChange
 from .manager import PassManager
 from .narrow_inputs import NarrowInputs
 from .pipeline import format_pipeline, parse_pipeline
+from .pipelines import default_pipeline
 from .policy import SwitchedPass
 from .qsa_gather import QSAGather
+from .qsa_pool_cache import QSAPoolCache
 from .raise_attention import RaiseAttention
 from .registry import PipelineError, available_passes, get_pass, register_pass
 from .reproducer import Reproducer, load_reproducer
 from .rewrite import ANY, Decline, Rewriter, Rule, apply_rules
 
 __all__ = [
-    "ANY", "Canonicalize", "DeadCodeElimination", "Decline", "HeadChunkSDPA", "Instrumentation", "NarrowInputs",
-    "Pass", "PassError", "PassManager", "PassResult", "PassTimings", "PipelineError", "PrintAfterChange", "QSAGather",
-    "RaiseAttention", "Remark", "Remarks", "Reproducer", "Rewriter", "Rule", "SwitchedPass", "apply_rules",
-    "available_passes", "format_pipeline", "get_pass", "head_chunk_plan", "load_reproducer", "parse_pipeline",
-    "register_pass",
+    "ANY", "Canonicalize", "DeadCodeElimination", "Decline", "DecomposeSDPA", "HeadChunkSDPA", "Instrumentation",
+    "NarrowInputs", "Pass", "PassError", "PassManager", "PassResult", "PassTimings", "PipelineError",
+    "PrintAfterChange", "QSAGather", "QSAPoolCache", "RaiseAttention", "Remark", "Remarks", "Reproducer", "Rewriter",
+    "Rule", "SwitchedPass", "apply_rules", "available_passes", "default_pipeline", "format_pipeline", "get_pass",
+    "head_chunk_plan", "load_reproducer", "parse_pipeline", "register_pass",
 ]  # fmt: skip

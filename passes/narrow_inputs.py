@@ -43,6 +43,8 @@ def _match(graph: Graph, node: Node) -> _Narrowing | Decline:
     name, readers = node.name, graph.users(node.name)
     if name in graph.outputs:
         return Decline("it is a graph output")
+    if name in dict(graph.state_pairs()):
+        return Decline("it is state: its type must stay that of its next value")
     if not readers:
         return Decline("it is never read (dead-code elimination removes it)")
     others = sorted({n.op for n in readers if n.op != "slice"})

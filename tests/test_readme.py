@@ -40,7 +40,7 @@ def test_the_top_of_the_readme_is_make_demo_then_make_test():
 @requires("mlx.core", "jax", "mlx_lm", graphviz=True)
 def test_python_blocks_run_in_order(capsys, monkeypatch):
     python = blocks("python")
-    assert len(python) == 13
+    assert len(python) == 14
     module = types.ModuleType("readme")  # one module for all blocks, as if the README were a script
     monkeypatch.setitem(sys.modules, "readme", module)
     for line, body in python:
@@ -57,6 +57,9 @@ def test_python_blocks_run_in_order(capsys, monkeypatch):
     assert "// after head-chunk" in out and "// 13 added, 1 removed, 0 changed (nodes 5 -> 17, inputs 4 -> 4)" in out
     assert "head-chunk{budget=16},count-sdpa{warn_above=4},dce" in out
     assert "[count-sdpa] analysis: 8 sdpa call(s) (too many)" in out
+    assert "[qsa-pool-cache] applied qsa_block_scores: pooled keys (qsa_pool of idx_keys) now come from" in out
+    assert "[decompose-sdpa] applied sdpa_gather: strategy decomposed (device cpu)" in out
+    assert "(('idx_keys_blocks', 1),)" in out
     assert "[square-causal] applied sdpa: causal top_left -> bottom_right (" in out
     assert re.search(r"replay with: attnpass run --reproducer crashes/attnpass-crash-[0-9a-f]{8}\.json", out)
     assert "func.func public @main(%arg0: tensor<1x24x5x256xbf16>" in out

@@ -1,7 +1,9 @@
 """Nodes (immutable values) and the Graph, whose topology lives in networkx.
 
 Every node produces one value, named by the node. Graph inputs are nodes of op
-``input``; their order is the program signature. Our classes hold op
+``input``; their order is the program signature. A graph may carry *state*: a
+resident input paired with the graph output that is its next value (a cache
+a decode loop feeds back; :meth:`Graph.state_pairs`). Our classes hold op
 semantics (through the registry); the ``networkx.DiGraph`` holds the edges and
 answers ordering and reachability queries. networkx is imported when the first
 graph is built, not with :mod:`attnpass.ir` (it costs ~100 ms of startup).
@@ -18,7 +20,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from . import builtin as _builtin  # noqa: F401  (registers input and constant)
 from .registry import AttrValue, OpDef, encode_attr, get_op
-from .types import AttnpassError, SourceLoc, TensorType, VerifyError, check_identifier
+from .types import AttnpassError, SourceLoc, TensorType, VerifyError, check_identifier, short_repr
 
 ROLES = ("streamed", "resident")
 
@@ -65,6 +67,7 @@ class Graph:
         self._next_rank = 0
         self._inputs: list[str] = []
         self._outputs: list[str] = []
+        self._state: dict[str, int] = {}  # resident input -> position of its next value in the outputs
         self._order: list[str] | None = None
         self._position: dict[str, int] = {}
         self._suffix: dict[str, int] = {}  # fresh_name's first suffix to try per base: O(1), not O(uses)
@@ -142,6 +145,24 @@ class Graph:
             if not isinstance(n, str) or n not in self._nodes:
                 raise VerifyError(f"graph {self.name}: output {n!r} is not defined")
         self._outputs = list(names)
+
+    def pair_state(self, input_name: str, output: int) -> None:
+        """Declare output number ``output`` the next value of resident input ``input_name``.
+
+        The verifier checks the pair: a resident input, an output of the same type, each
+        input and each output in at most one pair.
+        """
+        if input_name not in self._inputs:
+            raise VerifyError(f"graph {self.name}: state {short_repr(input_name)} is not a graph input")
+        if input_name in self._state:
+            raise VerifyError(
+                f"graph {self.name}: state input {input_name} is already updated by output #{self._state[input_name]}"
+            )
+        self._state[input_name] = int(output)
+
+    def state_pairs(self) -> tuple[tuple[str, int], ...]:
+        """``(resident input, output position)`` per state, in signature order: what a decode loop carries."""
+        return tuple((name, self._state[name]) for name in self._inputs if name in self._state)
 
     def set_inputs(self, names: Sequence[str]) -> None:
         """Reorder the signature: ``names`` must be exactly the graph's input nodes."""
@@ -276,6 +297,8 @@ class Graph:
         readers = sorted(self._dag.successors(name), key=self._rank.__getitem__)  # no topological sort: O(readers)
         if readers or name in self._outputs:
             raise VerifyError(f"remove_node: {name} is still used by {readers or 'the graph outputs'}")
+        if name in self._state:
+            raise VerifyError(f"remove_node: {name} is state, updated by output #{self._state[name]}")
         del self._nodes[name]
         del self._rank[name]
         stem, _, suffix = name.rpartition("_")
@@ -302,7 +325,7 @@ class Graph:
         return self._remove_unread(self.ancestors([v for v in values if v in self._nodes]), keep_inputs=True)
 
     def _remove_unread(self, among: Set[str] | None, *, keep_inputs: bool) -> list[Node]:
-        live = self.ancestors(self._outputs)
+        live = self.ancestors(self._outputs) | set(self._state)  # state inputs stay even when unread
         dead = [
             n for n in self.nodes()
             if n.name not in live and (among is None or n.name in among) and not (keep_inputs and n.op == "input")
@@ -323,6 +346,7 @@ class Graph:
         g._next_rank = self._next_rank
         g._inputs = list(self._inputs)
         g._outputs = list(self._outputs)
+        g._state = dict(self._state)
         g._order = None if self._order is None else list(self._order)
         g._position = dict(self._position)
         g._suffix = dict(self._suffix)
@@ -366,7 +390,7 @@ class Graph:
         return graph_from_json(text)
 
     def __eq__(self, other: object) -> bool:
-        """Structural equality: same name, signature, outputs and nodes.
+        """Structural equality: same name, signature, outputs, state and nodes.
 
         Metadata that does not change what the graph computes is ignored, as by :meth:`fingerprint`:
         source locations and an input's weight ``path`` (kept in JSON, not in the text form).
@@ -377,6 +401,7 @@ class Graph:
             self.name == other.name
             and self._inputs == other._inputs
             and self._outputs == other._outputs
+            and self._state == other._state
             and _without_paths(self._nodes) == _without_paths(other._nodes)
         )
 
@@ -387,7 +412,7 @@ class Graph:
 
         Value and input names, node order, source locations and dead nodes do not
         enter it; ops, attributes, types, input positions and roles, and the
-        dataflow into each output do.
+        dataflow into each output and the state pairs do.
         """
         live = self.ancestors(self._outputs)
         digests: dict[str, str] = {}
@@ -400,7 +425,8 @@ class Graph:
             attrs = {k: encode_attr(v) for k, v in sorted(n.attrs.items())}
             digests[n.name] = _sha([n.op, attrs, str(n.type), [digests[i] for i in n.inputs]])
         signature = [digests[i] for i in self._inputs]
-        return _sha(["graph", signature, [digests[o] for o in self._outputs]])
+        state = [[self._inputs.index(i), o] for i, o in self.state_pairs()]
+        return _sha(["graph", signature, [digests[o] for o in self._outputs]] + ([state] if state else []))
 
 
 def _without_paths(nodes: Mapping[str, Node]) -> dict[str, Node]:

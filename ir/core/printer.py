@@ -9,7 +9,8 @@
 
 Attribute values are Python literals (non-finite floats print as ``inf``,
 ``-inf``, ``nan``); :func:`parse_graph` reads them back with ``ast`` (nothing
-is evaluated), so ``parse_graph(format_graph(g)) == g``.
+is evaluated), so ``parse_graph(format_graph(g)) == g``. An output that is the
+next value of a state input reads ``return out, cache_next -> cache``.
 """
 
 from __future__ import annotations
@@ -77,7 +78,9 @@ def format_graph(graph: "Graph", settings: PrintSettings = PrintSettings()) -> s
     for n in graph.nodes():
         if n.op != "input":
             lines.append(settings.indent + format_node(n, settings))
-    lines.append(f"{settings.indent}return {', '.join(graph.outputs)}")
+    state = {out: name for name, out in graph.state_pairs()}
+    results = [o + (f" -> {state[i]}" if i in state else "") for i, o in enumerate(graph.outputs)]
+    lines.append(f"{settings.indent}return {', '.join(results)}")
     lines.append("}")
     return "\n".join(lines)
 
@@ -168,7 +171,11 @@ def parse_graph(text: str) -> "Graph":
             name, type_, op, attrs, args = _parse_node(lineno, line.strip())
             norm = get_op(op).normalize_attrs(_parse_attrs(attrs), name)
             graph.insert(Node(name, op, tuple(args), norm, parse_type(type_)))
-        graph.set_outputs([o.strip() for o in lines[-2].strip()[len("return ") :].split(",")])
+        results = [o.strip().partition(" -> ") for o in lines[-2].strip()[len("return ") :].split(",")]
+        graph.set_outputs([value for value, _, _ in results])
+        for i, (_value, arrow, state) in enumerate(results):
+            if arrow:
+                graph.pair_state(state, i)
         return graph.verify()
     except GraphFormatError:
         raise

@@ -109,6 +109,8 @@ def graph_to_json(graph: "Graph", indent: int | None = None) -> str:
         "outputs": list(graph.outputs),
         "nodes": nodes,
     }
+    if graph.state_pairs():
+        doc["state"] = [[name, out] for name, out in graph.state_pairs()]
     return json.dumps(doc, indent=indent, allow_nan=False)
 
 
@@ -179,6 +181,10 @@ def graph_from_doc(doc: Any) -> "Graph":
             graph.insert(Node(name, op.name, tuple(operands), attrs, node_type, loc))
         graph.set_inputs(inputs)
         graph.set_outputs(_field(doc, "outputs", list, "graph"))
+        for pair in _field(doc, "state", list, "graph", []):
+            if not (isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], str) and type(pair[1]) is int):
+                raise GraphFormatError(f"graph: state entry {short_repr(pair)} must be [input name, output position]")
+            graph.pair_state(*pair)
         return graph.verify()
     except GraphFormatError:
         raise

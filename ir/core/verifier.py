@@ -1,7 +1,9 @@
 """The verifier, in two layers run at every pass boundary.
 
 1. Structure: names are identifiers, every operand is defined, the graph is
-   acyclic, inputs are ``input`` nodes and vice versa, outputs exist.
+   acyclic, inputs are ``input`` nodes and vice versa, outputs exist; each state
+   pair joins a resident input to an output of the same type, and neither is
+   in two pairs.
 2. Types: every node's shape rule is re-run on its operand types and must
    reproduce the annotated type.
 
@@ -77,6 +79,25 @@ def _check_structure(graph: "Graph") -> None:
         if o not in nodes:
             raise VerifyError(f"graph {graph.name}: output {o!r} is not defined")
     graph.nodes()  # raises VerifyError naming a cycle
+    _check_state(graph)
+
+
+def _check_state(graph: "Graph") -> None:
+    updated_by: dict[int, str] = {}
+    for name, out in graph._state.items():
+        where = f"graph {graph.name}: state {name} <- output #{out}"
+        if name not in graph.inputs:
+            raise VerifyError(f"{where}: {name} is not a graph input")
+        if graph.input_role(name) != "resident":
+            raise VerifyError(f"{where}: state must be a resident input, {name} is {graph.input_role(name)}")
+        if not 0 <= out < len(graph.outputs):
+            raise VerifyError(f"{where}: the graph has {len(graph.outputs)} output(s)")
+        if out in updated_by:
+            raise VerifyError(f"{where}: that output already updates {updated_by[out]}")
+        updated_by[out] = name
+        have, want = graph.node(graph.outputs[out]).type, graph.node(name).type
+        if have != want:
+            raise VerifyError(f"{where}: next value {graph.outputs[out]}:{have} differs in type from {name}:{want}")
 
 
 def _check_types(graph: "Graph") -> None:

@@ -1,4 +1,5 @@
-"""Layout ops (no arithmetic): cast, reshape, transpose, slice, concat, take, take_along_axis, broadcast_to, ..."""
+"""Layout ops (no arithmetic): cast, reshape, transpose, slice, concat, take, take_along_axis, broadcast_to,
+put_along_axis, dynamic_update_slice, ..."""
 
 from __future__ import annotations
 
@@ -151,6 +152,19 @@ def _infer_take_along_axis(ts, *, axis):
     return TensorType(outer[:ax] + (idx.shape[ax],) + outer[ax:], x.dtype)
 
 
+def _infer_dynamic_update_slice(ts):
+    buffer, update, start = ts
+    same_dtype("dynamic_update_slice", [buffer, update])
+    require_dtype("dynamic_update_slice", start, (DType.int32,), "start")
+    if update.rank != buffer.rank or any(u > n for u, n in zip(update.shape, buffer.shape)):
+        raise ShapeError(f"dynamic_update_slice: update {update} must have the rank of buffer {buffer} and fit in it")
+    if start.shape != (buffer.rank,):
+        raise ShapeError(
+            f"dynamic_update_slice: start {start} must be i32[{buffer.rank}], one index per axis of {buffer}"
+        )
+    return buffer
+
+
 register(
     OpDef(
         "take_along_axis",
@@ -160,5 +174,16 @@ register(
         "layout",
         "numpy.take_along_axis: out[..., i, ...] = x[..., indices[..., i, ...], ...] along axis; x and indices "
         "broadcast on the other axes; int32 indices must lie in [0, dim).",
+    )
+)
+register(
+    OpDef(
+        "dynamic_update_slice",
+        ("buffer", "update", "start"),
+        _infer_dynamic_update_slice,
+        {},
+        "layout",
+        "A copy of buffer with update written at the runtime offset start (i32[rank]), each index clamped "
+        "to [0, dim - update_dim] as jax.lax.dynamic_update_slice does.",
     )
 )

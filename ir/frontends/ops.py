@@ -21,8 +21,8 @@ __all__ = [
     "sigmoid", "logical_and", "logical_or", "equal", "less", "greater_equal", "cast", "reshape",
     "broadcast_to", "transpose", "slice", "concat", "take", "where", "sum", "max", "matmul", "softmax",
     "sdpa", "constant", "argpartition", "put_along_axis", "qsa_pool", "qsa_block_scores", "qsa_select",
-    "qsa_mask", "qsa_cells", "qsa_cell_valid", "addmm", "take_along_axis", "tanh", "erf", "log", "log1p", "expm1",
-    "sqrt", "abs", "sign", "logical_not", "minimum", "power", "logaddexp",
+    "qsa_mask", "qsa_cells", "qsa_cell_valid", "dynamic_update_slice", "addmm", "take_along_axis", "tanh", "erf",
+    "log", "log1p", "expm1", "sqrt", "abs", "sign", "logical_not", "minimum", "power", "logaddexp",
 ]  # fmt: skip
 
 
@@ -208,6 +208,9 @@ def put_along_axis(x: Tensor, indices: Tensor, values: Tensor, axis: int) -> Ten
     return emit("put_along_axis", [x, indices, values], {"axis": int(axis)})
 
 
+def dynamic_update_slice(buffer: Tensor, update: Tensor, start: Tensor) -> Tensor:
+    """A copy of ``buffer`` with ``update`` written at the int32 offsets ``start`` (clamped so it fits)."""
+    return emit("dynamic_update_slice", [buffer, update, start])
 
 
 def addmm(c: Tensor, a: Tensor, b: Tensor, alpha: float = 1.0, beta: float = 1.0) -> Tensor:

@@ -15,16 +15,19 @@ from attnpass.passes import format_pipeline
 from tests.util import assert_bits_equal, assert_close, requires
 
 SCALE = 128**-0.5
+FUSED = "raise-attention,dce"  # leaves the attention one fused call: the wrapper's results are the call's bits
 
 
-def test_default_pipeline_raises_attention_first_and_uses_the_device_pipeline_where_there_is_one(monkeypatch):
-    monkeypatch.delattr(passes, "default_pipeline", raising=False)
-    assert format_pipeline(default_pipeline("cpu")) == "raise-attention,dce"
-    assert format_pipeline(default_pipeline("metal")) == "raise-attention,head-chunk,dce"
-    device_pipelines = {"cpu": "narrow-inputs,dce", "metal": passes.parse_pipeline("head-chunk")}
-    monkeypatch.setattr(passes, "default_pipeline", device_pipelines.get, raising=False)
-    assert format_pipeline(default_pipeline("cpu")) == "raise-attention,narrow-inputs,dce"
-    assert format_pipeline(default_pipeline("metal")) == "raise-attention,head-chunk"
+def test_default_pipeline_raises_attention_first_then_the_device_pipeline_that_keeps_the_signature():
+    assert format_pipeline(default_pipeline("cpu")) == "raise-attention,qsa-gather,decompose-sdpa,dce"
+    assert format_pipeline(default_pipeline("metal")) == (
+        "raise-attention,qsa-gather,head-chunk,decompose-sdpa{device=metal},dce"
+    )
+    for device in ("cpu", "metal", "gpu", "tpu"):
+        rest = default_pipeline(device)[1:]
+        assert rest == passes.default_pipeline(device, keep_signature=True)
+        # the program is called with the function's own arguments: no pass that adds or retypes inputs
+        assert not {"qsa-pool-cache", "narrow-inputs"} & {p.name for p in rest}
 
 
 @requires("mlx.core")
@@ -48,7 +51,7 @@ class TestMLXCompile:
     def test_one_trace_per_signature_and_the_fused_call_bit_for_bit(self):
         from attnpass.backends.mlx import compile
 
-        fast = compile(self.attention)
+        fast = compile(self.attention, pipeline=FUSED)
         q, k, v, mask = self.inputs()
         for _ in range(3):
             assert_bits_equal(to_numpy(fast(q, k, v, SCALE, mask=mask)), to_numpy(self.attention(q, k, v, SCALE, mask)))
@@ -61,7 +64,7 @@ class TestMLXCompile:
     def test_each_signature_shows_its_rewritten_graph_and_remarks(self, capsys):
         from attnpass.backends.mlx import compile
 
-        fast = compile(self.attention)
+        fast = compile(self.attention, pipeline=FUSED)
         q, k, v, mask = self.inputs()
         entry = fast.specialization(q, k, v, SCALE, mask=mask)
         assert entry.compiled and entry.reason is None
@@ -74,6 +77,18 @@ class TestMLXCompile:
         kv = "k:bf16[1,2,64,128], v:bf16[1,2,64,128]"
         assert f"q:bf16[1,24,1,128], {kv}, scale={SCALE!r}, mask:bool[1,1,1,64]" in out
         assert "[raise-attention] applied" in out and "= sdpa[" in out
+
+    def test_the_default_pipeline_is_the_devices_and_agrees_with_the_fused_call(self):
+        from attnpass.backends.mlx import compile
+
+        fast = compile(self.attention, strict=True)
+        q, k, v, mask = self.inputs()
+        assert_close(to_numpy(fast(q, k, v, SCALE, mask=mask)), to_numpy(self.attention(q, k, v, SCALE, mask)))
+        (entry,) = fast.specializations
+        assert entry.pipeline == fast.pipeline and fast.pipeline.startswith("raise-attention,qsa-gather,")
+        # one decision per attention call on the device: kept fused or GQA-folded, saying why
+        (strategy,) = [r for r in entry.remarks if r.pass_name == "decompose-sdpa"]
+        assert "strategy " in strategy.message
 
     def test_a_primitive_the_importer_lacks_runs_the_original_with_one_warning_per_signature(self):
         import mlx.core as mx
@@ -211,7 +226,9 @@ class TestJAXJit:
         fast(q, k, v, scale=0.25)
         assert fast.traces == 2
         entry = fast.specializations[-1]
-        assert entry.signature.endswith("scale=0.25") and [n.op for n in entry.graph.nodes()].count("sdpa") == 1
+        assert entry.signature.endswith("scale=0.25")
+        raised = [r for r in entry.remarks if r.pass_name == "raise-attention" and r.kind == "applied"]
+        assert any(r.message.startswith("attention: ") and " -> sdpa" in r.message for r in raised)
         positional = jit(self.attention, static_argnums=3)
         assert_close(np.asarray(positional(q, k, v, 0.125)), np.asarray(self.attention(q, k, v, 0.125)))
         assert positional.specializations[0].compiled

@@ -247,7 +247,10 @@ def test_passes_lists_names_and_typed_options(cli):
     [
         (["show", "missing.json"], "No such file or directory: missing.json"),
         (["show", "{bad}"], "{bad}: malformed JSON: Expecting value"),
-        (["run", "-p", "dce,fuse", "{graph}"], "unknown pass 'fuse'; available passes: canonicalize, dce, head-chunk"),
+        (
+            ["run", "-p", "dce,fuse", "{graph}"],
+            "unknown pass 'fuse'; available passes: canonicalize, dce, decompose-sdpa, head-chunk",
+        ),
         (["run", "-p", "head-chunk{budget=x}", "{graph}"], "pass head-chunk: option budget: expected int, got 'x'"),
         (["run", "{graph}"], "give --pipeline TEXT and a GRAPH file (or --reproducer FILE)"),
         (["run", "--reproducer", "{graph}", "-p", "dce"], "--reproducer replays a saved crash"),

@@ -3,7 +3,11 @@
 Both graphs run on the numpy reference (float64 arithmetic, rounded per
 node) with the same inputs. A pass that drops an input (dce) is fed the
 rest by name; a pass that narrows an input (narrow-inputs) is fed the slice
-its readers took, found by :class:`InputViews` around every pass. Outputs
+its readers took, found by :class:`InputViews` around every pass. A pass
+that adds state (qsa-pool-cache: a resident input paired with an output) is
+fed the state's first value from its ``prefill(graph)`` on the graph it
+rewrote, and the outputs it pairs with the state are left out of the
+comparison (the graph's own outputs must still match). Outputs
 must match within :data:`TOLERANCE` relative to their magnitude (the
 rewrites differ from their source in rounding only: reduction order, and a
 decomposed half-precision attention rounds every intermediate where sdpa
@@ -42,17 +46,25 @@ class InputViews(Instrumentation):
     def __init__(self, graph: Graph) -> None:
         self.views: dict[str, tuple[tuple[slice, ...], ...]] = {name: () for name in graph.inputs}
         self.unmapped: list[str] = []
+        # state input -> (the pass that added it, the graph it rewrote, the views then): see _first_state
+        self.states: dict[str, tuple[Pass, Graph, dict]] = {}
         self._slices: dict[str, list] = {}
+        self._before: Graph = graph
 
     def before_pass(self, pass_: Pass, graph: Graph) -> None:
+        self._before = graph.copy()  # the pass rewrites this graph in place
         self._slices = {
             name: [(n.type, n.attrs) for n in graph.users(name) if n.op == "slice"] + [(graph.node(name).type, None)]
             for name in graph.inputs
         }
 
     def after_pass(self, pass_: Pass, graph: Graph, changed: bool, seconds: float) -> None:
+        states = dict(graph.state_pairs())
         for name in graph.inputs:
             before = self._slices.get(name)
+            if before is None and name in states and callable(getattr(pass_, "prefill", None)):
+                self.states[name], self.views[name] = (pass_, self._before, dict(self.views)), ()
+                continue
             if before is None:
                 self.unmapped.append(f"{pass_.name} added input {name}")
                 continue
@@ -66,13 +78,24 @@ class InputViews(Instrumentation):
                 self.views[name] += (tuple(slice(*b) for b in bounds),)
 
     def arrays(self, original: dict[str, np.ndarray], graph: Graph) -> dict[str, np.ndarray]:
+        return self._arrays(original, graph.inputs, self.views)
+
+    def _arrays(self, original: dict[str, np.ndarray], names, views) -> dict[str, np.ndarray]:
         out = {}
-        for name in graph.inputs:
-            array = original[name]
-            for index in self.views[name]:
+        for name in names:
+            array = self._first_state(name, original) if name in self.states else original[name]
+            for index in views[name]:
                 array = array[index]
             out[name] = array
         return out
+
+    def _first_state(self, name: str, original: dict[str, np.ndarray]) -> np.ndarray:
+        """The value a state input starts from: the adding pass's prefill of the graph it rewrote, on that graph's
+        inputs as they were then (the views applied up to that pass)."""
+        pass_, before, views = self.states[name]
+        prefill = pass_.prefill(before)
+        values = _outputs(prefill, self._arrays(original, prefill.inputs, views))
+        return dict(zip(prefill.outputs, values))[name]
 
 
 def _outputs(graph: Graph, arrays: dict[str, np.ndarray]) -> list[np.ndarray]:
@@ -134,6 +157,8 @@ def check(
         actual = _outputs(rewritten, views.arrays(case.arrays, rewritten))
     except Exception as exc:  # noqa: BLE001  a rewritten graph that does not lower or run is a finding
         return Failure("crash", f"the rewritten graph does not run: {type(exc).__name__}: {exc}\n{rewritten}")
+    added = {out for name, out in rewritten.state_pairs() if name in views.states}  # next values of added state
+    actual = [a for i, a in enumerate(actual) if i not in added]
     if len(actual) != len(expected):
         return Failure("mismatch", f"{len(actual)} outputs, expected {len(expected)}")
     for i, (a, e) in enumerate(zip(actual, expected)):

@@ -16,7 +16,8 @@ draw is the simplest):
   min, the softmax fused or spelled out, and near misses (softmax over the
   wrong axis, a scale on v or on the probabilities, tiled K/V heads);
 - ``qsa``: decode-shaped masked QSA (``qsa_select``/``qsa_mask``, with block
-  scores given or computed by ``qsa_pool``/``qsa_block_scores``) with tied
+  scores given or computed by ``qsa_pool``/``qsa_block_scores`` from a
+  resident or streamed raw-key cache) with tied
   scores, every tail length, depths around ``min_depth_factor * W``, every
   visibility form, and padded visibility masks read through a slice.
 """
@@ -287,8 +288,8 @@ def qsa_family(c: Choices) -> Case:
         values = rng.integers(0, c.pick([3, 2, 100]), (bsz, rows, n_blocks)).astype(np.float32)
         values *= np.where(rng.random(values.shape) < 0.5, 1.0, -1.0)
         scores = m.input("block_scores", (bsz, rows, n_blocks), F32, values)
-    else:  # computed by the indexer ops
-        raw = m.input("raw_keys", (bsz, n_blocks * ratio, 4), dtype)
+    else:  # computed by the indexer ops; a resident raw-key cache is what qsa-pool-cache caches the pooling of
+        raw = m.input("raw_keys", (bsz, n_blocks * ratio, 4), dtype, role=c.pick(["resident", "streamed"]))
         scores = b.op(
             "qsa_block_scores", [m.input("idx_q", (bsz, rows, 2, 4), dtype), b.op("qsa_pool", [raw], {"ratio": ratio})]
         )

@@ -1,7 +1,9 @@
 """JSON mutation fuzzing of ``Graph.from_json``: any text loads or raises an ``AttnpassError``, nothing else.
 
-A case serialises a generated graph and applies one to three mutations to the
-decoded document (delete a key or element, duplicate or swap elements,
+A case serialises a generated graph (a third of them stateful: a resident
+buffer of the first output's type, updated by ``dynamic_update_slice`` and
+paired with the new output, so ``"state"`` is mutated too) and applies one to
+three mutations to the decoded document (delete a key or element, duplicate or swap elements,
 replace a value with a hostile one: wrong kinds, huge or non-finite numbers,
 deep nesting, odd strings, another value's name) or to the text (truncate,
 insert a character). A graph that loads must serialise again, load back equal
@@ -13,7 +15,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from attnpass.ir import AttnpassError, Graph, parse_graph
+from attnpass.ir import AttnpassError, DType, Graph, TensorType, parse_graph
 
 from .choices import Choices
 from .differential import Failure
@@ -98,9 +100,23 @@ def _mutate(c: Choices, doc: Any) -> Any:
     return doc
 
 
+def stateful(graph: Graph) -> Graph:
+    """``graph`` with one state pair: a resident buffer of its first output's type, written whole at a runtime start."""
+    first = graph.node(graph.outputs[0])
+    if first.type.rank == 0:
+        return graph
+    g = graph.copy()
+    buffer = g.add_input(g.fresh_name("cache"), first.type, "resident")
+    start = g.add_input(g.fresh_name("at"), TensorType((first.type.rank,), DType.int32))
+    g.set_outputs([*g.outputs, g.add_node("dynamic_update_slice", [buffer, first.name, start], hint="cache_next")])
+    g.pair_state(buffer, len(g.outputs) - 1)
+    return g.verify()
+
+
 def mutated_json(c: Choices) -> str:
     """The JSON of a generated graph, mutated."""
-    doc = json.loads(FAMILIES[c.pick(sorted(FAMILIES))](c).graph.to_json())
+    graph = FAMILIES[c.pick(sorted(FAMILIES))](c).graph
+    doc = json.loads((stateful(graph) if c.flag(1 / 3) else graph).to_json())
     for node in doc["nodes"]:  # source locations, as traced graphs carry them
         node["loc"] = {"file": "model.py", "line": c.int(1, 99), "function": c.pick(["f", "", "<lambda>"])}
     for _ in range(c.int(1, 3)):

@@ -34,10 +34,10 @@ from .pipelines import random_pipeline
 KINDS = (*FAMILIES, "json")
 # The passes each family is written for, drawn more often in its pipelines (every registered pass still takes part).
 FAVOURITES = {
-    "sdpa": ("head-chunk", "narrow-inputs"),
+    "sdpa": ("head-chunk", "narrow-inputs", "decompose-sdpa"),
     "chain": ("head-chunk", "dce"),
     "decomposed": ("raise-attention",),
-    "qsa": ("qsa-gather", "dce", "narrow-inputs"),
+    "qsa": ("qsa-gather", "qsa-pool-cache", "dce", "narrow-inputs"),
 }
 
 

@@ -37,14 +37,21 @@ GOLDEN_AFTER = """\
 graph decode(q:f32[1,4,1,8], k:f32[1,2,12,8]{resident}, v:f32[1,2,12,8]{resident}, scores:f32[1,1,6], positions:i32[1,1], vis:f32[1,1,1,12]) {
   qsa_select:i32[1,1,2] = qsa_select[ratio=2, top_k_blocks=2] scores positions
   qsa_cells:i32[1,1,5] = qsa_cells[ratio=2, width=5, kv_len=12] qsa_select positions
+  cells:i32[1,1,1,5] = reshape[shape=(1, 1, 1, 5)] qsa_cells
   qsa_cell_valid:bool[1,1,5] = qsa_cell_valid[ratio=2, width=5, kv_len=12] qsa_select positions
-  neg_inf:f32[] = constant[value=(-inf,), shape=(), dtype='float32']
-  cell_idx:i32[5] = reshape[shape=(5,)] qsa_cells
   cell_ok:bool[1,1,1,5] = reshape[shape=(1, 1, 1, 5)] qsa_cell_valid
-  vis_gathered:f32[1,1,1,5] = take[axis=3] vis cell_idx
+  kv_rows_base:i32[1,1,2,1] = constant[value=(0, 12), shape=(1, 1, 2, 1), dtype='int32']
+  kv_rows:i32[1,1,2,5] = add cells kv_rows_base
+  k_rows:f32[24,8] = reshape[shape=(24, 8)] k
+  k_cells:f32[1,1,2,5,8] = take[axis=0] k_rows kv_rows
+  k_gathered:f32[1,2,5,8] = reshape[shape=(1, 2, 5, 8)] k_cells
+  v_rows:f32[24,8] = reshape[shape=(24, 8)] v
+  v_cells:f32[1,1,2,5,8] = take[axis=0] v_rows kv_rows
+  v_gathered:f32[1,2,5,8] = reshape[shape=(1, 2, 5, 8)] v_cells
+  vis_flat:f32[12] = reshape[shape=(12,)] vis
+  vis_gathered:f32[1,1,1,5] = take[axis=0] vis_flat cells
+  neg_inf:f32[] = constant[value=(-inf,), shape=(), dtype='float32']
   gather_mask:f32[1,1,1,5] = where cell_ok vis_gathered neg_inf
-  k_gathered:f32[1,2,5,8] = take[axis=2] k cell_idx
-  v_gathered:f32[1,2,5,8] = take[axis=2] v cell_idx
   sdpa_gather:f32[1,4,1,8] = sdpa[scale=0.5, causal='none'] q k_gathered v_gathered gather_mask
   return sdpa_gather
 }"""
@@ -77,8 +84,9 @@ def test_model_forms_are_rewritten_and_agree_with_the_masked_output(visibility):
     result = gather(masked)
     assert "applied" in {r.kind for r in result.remarks if r.pass_name == "qsa-gather"}
     (sdpa,) = [n for n in result.graph.nodes() if n.op == "sdpa"]
-    k_op = result.graph.node(sdpa.inputs[1])
-    assert k_op.op == "take" and k_op.inputs[0] == "k_cache" and k_op.type.shape == (1, 2, W_SMALL, 16)
+    k_op = result.graph.node(result.graph.node(sdpa.inputs[1]).inputs[0])  # k_gathered = reshape(take(k rows))
+    assert k_op.op == "take" and k_op.type.shape == (1, 1, 2, W_SMALL, 16)
+    assert result.graph.node(k_op.inputs[0]).inputs == ("k_cache",)
     assert "qsa_mask" not in {n.op for n in result.graph.nodes()}
     inputs = make_inputs(SMALL, n_kv, np.array([[90]]), seed=1, hidden_fraction=0.2)
     expected = run(lower(masked, "numpy"), **inputs)
@@ -148,8 +156,8 @@ def _select(scores, positions, ratio=2):
          "qsa_mask has kv_len=1 but the cache k has n_kv=12"),
         (lambda: _variant(lambda s, p, vis, _: ops.qsa_mask(_select(s, p), p, ratio=2, kv_len=10), n_kv=10),
          "block scores cover 6 blocks x ratio 2 = 12 cells > n_kv=10"),
-        (lambda: _variant(lambda s, p, vis, _: ops.qsa_mask(_select(s, p), p, ratio=2, kv_len=12), q_rows=2),
-         "prefill-shaped: 2 query rows per stream > max_rows=1"),
+        (lambda: _variant(lambda s, p, vis, _: ops.qsa_mask(_select(s, p), p, ratio=2, kv_len=12), q_rows=9),
+         "prefill-shaped: 9 query rows per stream > max_rows=8"),
         (lambda: _variant(lambda s, p, vis, _: ops.qsa_mask(_select(s, p), p, ratio=2, kv_len=12), n_kv=12),
          None),  # the control: this one applies
     ],
@@ -176,17 +184,18 @@ def test_depth_threshold(n_kv, applies):
         )
 
 
-def test_prefill_rows_within_max_rows_and_several_streams_rewrite_per_stream_and_row():
+def test_rows_within_max_rows_and_several_streams_rewrite_batched_or_per_row():
     n_kv, positions = 80, np.array([[70, 71], [79, 40]], dtype=np.int32)
     masked = build_layer(SMALL, n_kv, batch=2, rows=2)
-    declined = gather(masked)
+    declined = gather(masked, max_rows=1)
     assert "2 query rows per stream > max_rows=1" in remark_of(declined)
-    result = gather(masked, max_rows=2)
-    assert "2 stream(s) x 2 row(s)" in remark_of(result, "applied")
-    assert sum(n.op == "sdpa" for n in result.graph.nodes()) == 4
     inputs = make_inputs(SMALL, n_kv, positions, seed=5, hidden_fraction=0.1)
     want = run(lower(masked, "numpy"), **inputs)
-    np.testing.assert_allclose(run(lower(result.graph, "numpy"), **inputs), want, rtol=1e-6, atol=1e-7)
+    for batched, calls in ((True, 1), (False, 4)):
+        result = gather(masked, batched=batched)
+        assert "2 stream(s) x 2 row(s)" in remark_of(result, "applied")
+        assert sum(n.op == "sdpa" for n in result.graph.nodes()) == calls
+        np.testing.assert_allclose(run(lower(result.graph, "numpy"), **inputs), want, rtol=1e-6, atol=1e-7)
 
 
 def test_pad_multiple_widens_the_gather_with_masked_slots():
@@ -237,7 +246,10 @@ def test_rerun_and_fixed_point_terminate():
 def test_graph_without_sdpa_and_bad_options():
     g = trace(lambda x: ops.exp(x), TensorSpec((2,)))
     assert remark_of(gather(g)) == "no sdpa nodes"
-    for bad in ({"max_rows": 0}, {"pad_multiple": 2.0}, {"enabled": "yes"}, {"min_depth_factor": -1}, {"max_rows": True}):
+    for bad in (
+        {"max_rows": 0}, {"pad_multiple": 2.0}, {"enabled": "yes"}, {"min_depth_factor": -1}, {"max_rows": True},
+        {"batched": 1},
+    ):  # fmt: skip
         with pytest.raises(ValueError, match="QSAGather"):
             QSAGather(**bad)
     assert QSAGather(pad_multiple=256).width(512, 4) == 2304

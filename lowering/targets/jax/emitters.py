@@ -15,6 +15,7 @@ from attnpass.lowering.common import (
     causal_offset,
     dtype_expr,
     sdpa_scale,
+    update_start,
     with_causal,
     zero_dead_rows,
 )
@@ -53,6 +54,9 @@ EMITTERS: dict[str, Emitter] = {
     "sigmoid": lambda n, a, env: f"jax.nn.sigmoid({a[0]})",
     "put_along_axis": lambda n, a, env: (
         f"jnp.put_along_axis({a[0]}, {a[1]}, {a[2]}, axis={n.attrs['axis']}, inplace=False)"
+    ),
+    "dynamic_update_slice": lambda n, a, env: (
+        f"jax.lax.dynamic_update_slice({a[0]}, {a[1]}, {update_start(n, a[2], env, 'jnp')})"
     ),
     **QSA_EMITTERS,
 }

@@ -1,7 +1,9 @@
 """The JAX target: its emitters and runtime, and the JAX facts the backends use.
 
 Primitive counts come from the jaxpr, recursing into nested jaxprs;
-placeholders are ``jax.ShapeDtypeStruct``; the export is StableHLO text.
+placeholders are ``jax.ShapeDtypeStruct``; the export is StableHLO text. A
+program of a graph with state is ``jax.jit``-ed with its state inputs donated
+(``donate_argnums``), so XLA updates those buffers in place.
 ``jax`` is imported only when one of these functions runs.
 """
 
@@ -97,4 +99,5 @@ JAX = Target(
     count_primitives=count_primitives,
     placeholders=placeholders,
     export=Export("stablehlo", export_stablehlo),
+    donate=lambda fn, argnums: f"{fn} = jax.jit({fn}, donate_argnums={argnums!r})  # state updated in place",
 )

@@ -11,6 +11,7 @@ from attnpass.lowering.common import (
     causal_offset,
     sdpa_lengths,
     sdpa_scale,
+    update_start,
     with_causal,
     zero_dead_rows,
 )
@@ -66,6 +67,10 @@ EMITTERS: dict[str, Emitter] = {
     "rsqrt": lambda n, a, env: f"mx.rsqrt({a[0]})",
     "sigmoid": lambda n, a, env: f"mx.sigmoid({a[0]})",
     "put_along_axis": lambda n, a, env: f"mx.put_along_axis({a[0]}, {a[1]}, {a[2]}, axis={n.attrs['axis']})",
+    "dynamic_update_slice": lambda n, a, env: (
+        f"mx.slice_update({a[0]}, {a[1]}, {update_start(n, a[2], env, 'mx')}, "
+        f"axes={py_literal(tuple(range(n.type.rank)))})"
+    ),
     **QSA_EMITTERS,
 }
 

@@ -101,3 +101,4 @@ EMITTERS.update(
         ),
     }
 )
+EMITTERS["dynamic_update_slice"] = lambda n, a, env: f"ref.dynamic_update_slice({a[0]}, {a[1]}, {a[2]})"

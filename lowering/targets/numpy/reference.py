@@ -63,3 +63,12 @@ def put_along_axis(x: np.ndarray, indices: np.ndarray, values: np.ndarray, axis:
     out = np.array(x, copy=True)
     np.put_along_axis(out, indices, np.broadcast_to(values, indices.shape), axis)
     return out
+
+
+def dynamic_update_slice(buffer: np.ndarray, update: np.ndarray, start: np.ndarray) -> np.ndarray:
+    """A copy of ``buffer`` with ``update`` at ``start``, each index clamped to ``[0, dim - update_dim]``."""
+    limit = np.subtract(buffer.shape, update.shape)
+    at = np.clip(np.asarray(start, dtype=np.int64), 0, limit)
+    out = np.array(buffer, copy=True)
+    out[tuple(slice(a, a + n) for a, n in zip(at, update.shape))] = update
+    return out

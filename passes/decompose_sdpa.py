@@ -1,0 +1,149 @@
+"""Device-aware attention strategy: keep the fused ``sdpa`` or decompose it into a GQA-folded form.
+
+The decomposed form of ``sdpa(q[B,Hq,S,D], k[B,Hkv,T,D], v[B,Hkv,T,Dv], mask)``
+with ``G = Hq / Hkv``, computed in float32 (half operands are cast first, the
+result is cast back)::
+
+    scores = (k @ (q.reshape(B, Hkv, G*S, D) * scale)^T)^T  # one matmul per KV head, K read once
+    scores = where(mask, scores, lowest) | scores + mask     # viewed as [B, Hkv, G, S, T]
+    out    = softmax(scores) @ v -> reshape(B, Hq, S, Dv)
+
+It is the fused call's math with the query heads of each KV group folded into
+the rows of one matmul, so K/V are never repeated per query head; results
+agree with the fused call within rounding. A bool mask fills the scores it
+hides with float32's lowest finite value, as the fused kernels do: a hidden key
+weighs exp(lowest - max) = 0 next to any visible one, and a row that attends no
+key weighs all keys equally, the mean of V, like the fused call and the numpy
+reference (docs/semantics.md §4). An additive mask is added: a row it sets to
+-inf everywhere is NaN, as on every target.
+
+Which strategy, per ``device`` (the remark of every ``sdpa`` says which and why):
+
+- ``"cpu"``: decompose calls with at most ``max_q_len`` query rows (decode,
+  verify, gathered attention). Neither MLX nor XLA has a fused CPU attention
+  kernel; MLX's CPU fallback broadcasts K/V to every query head inside its
+  matmul (docs/semantics.md §4: 100 ms vs 13 ms on 2,051 gathered cells, same bits in f32).
+- ``"metal"``: keep the calls MLX's fused Metal vector kernel serves (``S <= 8``,
+  ``S * G <= 32``, ``D == Dv`` in {64, 96, 128, 256} or 192/128; run ``head-chunk``
+  first to bring wide GQA calls under the budget) and decompose the other
+  decode-shaped calls, which take the same fallback as on CPU
+  (:func:`attnpass.backends.mlx.sdpa_route` is the full route model).
+- ``"gpu"``: keep every call: ``jax.nn.dot_product_attention`` lowers to XLA's
+  or cuDNN's fused attention there.
+- ``"tpu"`` (what ``jax.default_backend()`` names a TPU, for the drop-in
+  wrappers): keep every call; XLA compiles the attention for the TPU itself
+  (not measured on one here).
+
+Calls with a ``causal`` attribute or more than ``max_q_len`` rows keep the
+fused form on every device (their causal diagonal would be a ``[S, T]``
+constant; prefill is dominated by its score plane either way).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+from attnpass.ir import DType, Graph, Node
+
+from .base import Pass, Remarks
+from .registry import register_pass
+from .rewrite import Decline, Rewriter, Rule, apply_rules
+
+DEVICES = ("cpu", "metal", "gpu", "tpu")
+METAL_VECTOR_MAX_ROWS = 8
+METAL_VECTOR_BUDGET = 32  # q_len * gqa
+METAL_VECTOR_HEAD_DIMS = frozenset({64, 96, 128, 256})
+
+
+@dataclass(frozen=True)
+class _Plan:
+    reason: str
+
+
+def _metal_vector_kernel(q_len: int, gqa: int, d: int, dv: int, kv_len: int) -> str | None:
+    """Why MLX's Metal vector kernel serves this call, or None when it takes the unfused fallback."""
+    if q_len <= METAL_VECTOR_MAX_ROWS and q_len * gqa <= METAL_VECTOR_BUDGET and q_len <= kv_len:
+        if (d == dv and d in METAL_VECTOR_HEAD_DIMS) or (d, dv) == (192, 128):
+            return f"q_len {q_len} <= 8, q_len*gqa = {q_len * gqa} <= 32, head dims {d}/{dv}: MLX's fused vector kernel"
+    return None
+
+
+@register_pass
+@dataclass(frozen=True)
+class DecomposeSDPA(Pass):
+    """Per ``device``, rewrite decode-shaped ``sdpa`` into GQA-folded f32 matmul/softmax, or keep it fused."""
+
+    name: ClassVar[str] = "decompose-sdpa"
+    device: str = "cpu"
+    max_q_len: int = 8
+
+    def __post_init__(self) -> None:
+        if self.device not in DEVICES:
+            raise ValueError(f"DecomposeSDPA: device must be one of {', '.join(DEVICES)}, got {self.device!r}")
+        if isinstance(self.max_q_len, bool) or not isinstance(self.max_q_len, int) or self.max_q_len < 1:
+            raise ValueError(f"DecomposeSDPA: max_q_len must be an int >= 1, got {self.max_q_len!r}")
+
+    def run(self, graph: Graph, remarks: Remarks) -> bool:
+        rule = Rule("decompose-sdpa", "sdpa", self._match, _rewrite, lambda plan: plan.reason)
+        return bool(apply_rules(graph, [rule], remarks))
+
+    def _match(self, graph: Graph, node: Node) -> _Plan | Decline:
+        q, k, v = (graph.node(name).type.shape for name in node.inputs[:3])
+        (_b, hq, s, d), (_bk, hkv, t, _dk), dv = q, k, v[3]
+        gqa = hq // hkv
+        head = f"strategy fused (device {self.device}): "
+        if self.device == "gpu":
+            return Decline(head + "jax.nn.dot_product_attention lowers to a fused attention kernel on GPU")
+        if self.device == "tpu":
+            return Decline(head + "XLA compiles jax.nn.dot_product_attention for the TPU itself")
+        if node.attrs["causal"] != "none":
+            return Decline(head + f"causal={node.attrs['causal']!r} stays with the fused call (no [S, T] constant)")
+        if s > self.max_q_len:
+            return Decline(head + f"q_len {s} > max_q_len={self.max_q_len}: prefill-shaped, the score plane dominates")
+        folded = (
+            f"GQA-folded: the {gqa}*{s} query rows of each of {hkv} KV heads in one matmul over its {t} keys "
+            "(k @ q^T), softmax, @ v, in float32"
+        )
+        if self.device == "metal":
+            served = _metal_vector_kernel(s, gqa, d, dv, t)
+            if served is not None:
+                return Decline(head + served)
+            why = f"q_len {s}, gqa {gqa}, head dims {d}/{dv}: MLX's Metal vector kernel does not serve it"
+        else:
+            why = "no fused attention kernel on CPU; MLX's fallback broadcasts K/V to every query head"
+        return _Plan(f"strategy decomposed (device {self.device}): {why}; {folded}")
+
+
+def _rewrite(rw: Rewriter, plan: _Plan) -> None:
+    node = rw.anchor
+    q, k, v = (rw.cast(x, DType.float32, f"{x}_f32") for x in node.inputs[:3])
+    (b, hq, s, d), (_bk, hkv, t, _dk) = rw.type(q).shape, rw.type(k).shape
+    g, dv = hq // hkv, rw.type(v).shape[3]
+    scale = node.attrs["scale"] if node.attrs["scale"] is not None else 1.0 / math.sqrt(d)
+    folded = rw.op("mul", [rw.reshape(q, (b, hkv, g * s, d), "q_folded"), rw.scalar(scale, DType.float32, "scale")])
+    # k @ q^T, then the small [T, G*S] result transposed: K is read in its own layout (q @ k^T made XLA
+    # transpose all of K first, twice as slow at decode)
+    scores_t = rw.op("matmul", [k, rw.transpose(folded, (0, 1, 3, 2), "q_t")], hint="scores_t")
+    scores = rw.transpose(scores_t, (0, 1, 3, 2), "scores")
+    if len(node.inputs) == 4:
+        scores = _masked(rw, rw.reshape(scores, (b, hkv, g, s, t), "scores"), node.inputs[3], hkv, g)
+    probs = rw.op("softmax", [scores], {"axis": -1}, "probs")
+    out = rw.op("matmul", [rw.reshape(probs, (b, hkv, g * s, t), "probs"), v], hint="attended")
+    rw.replace_matched(rw.cast(rw.reshape(out, (b, hq, s, dv), "attended"), node.type.dtype, f"{node.name}_out"))
+
+
+def _masked(rw: Rewriter, scores: str, mask: str, hkv: int, g: int) -> str:
+    """Scores ``[B, Hkv, G, S, T]`` with the sdpa mask applied (bool: float32's lowest where False; additive: added)."""
+    shape = rw.type(mask).shape
+    mb, mh, ms, mt = (1,) * (4 - len(shape)) + shape
+    mask = rw.reshape(mask, (mb, 1, 1, ms, mt) if mh == 1 else (mb, hkv, g, ms, mt), "mask_folded")
+    if rw.type(mask).dtype is DType.bool:
+        # finite, as the fused kernels fill: a row with no key is the mean of V, not NaN
+        lowest = rw.scalar(float(DType.float32.finfo.min), DType.float32, "lowest")
+        return rw.op("where", [mask, scores, lowest], hint="scores")
+    return rw.op("add", [scores, rw.cast(mask, DType.float32)], hint="scores")
+
+
+__all__ = ["DEVICES", "DecomposeSDPA"]

@@ -1,0 +1,57 @@
+"""Default pipelines per device: which rewrites a QSA decode or verify step gets where it runs.
+
+``default_pipeline(device)`` returns the passes (``PassManager(...)`` runs them;
+``format_pipeline`` prints them):
+
+- every device: ``qsa-pool-cache`` (the indexer scores against a resident f32
+  block-key cache instead of re-pooling the whole raw key cache; the graph
+  gains a state pair the caller carries) and ``qsa-gather`` (attention over
+  the selected cells only, every row of a verify step in one gather);
+- ``"metal"``: ``head-chunk``, so GQA calls fit MLX's fused vector kernel;
+- every device: ``decompose-sdpa{device=...}``, which keeps the fused
+  ``sdpa`` where the device has a fused kernel for the call and folds GQA
+  into f32 matmuls where it does not (CPU decode and gathered attention);
+  its remarks say which strategy each call got and why;
+- then ``dce``, ``narrow-inputs`` (the padded mask shrinks to the rows read), ``dce``.
+
+``keep_signature=True`` leaves out the two passes that change the program's
+signature, ``qsa-pool-cache`` (adds a state input and output) and
+``narrow-inputs`` (retypes inputs), and the ``dce`` after them: the pipeline
+of a drop-in wrapper (:func:`attnpass.backends.specialize.default_pipeline`),
+whose program is called with the function's own arguments. ``"tpu"`` keeps
+every attention call fused, as ``"gpu"`` does.
+"""
+
+from __future__ import annotations
+
+from .base import Pass
+from .dce import DeadCodeElimination
+from .decompose_sdpa import DEVICES, DecomposeSDPA
+from .head_chunk import HeadChunkSDPA
+from .narrow_inputs import NarrowInputs
+from .qsa_gather import QSAGather
+from .qsa_pool_cache import QSAPoolCache
+
+
+def default_pipeline(device: str, *, keep_signature: bool = False) -> list[Pass]:
+    """The passes for ``device`` (``"cpu"``, ``"metal"``, ``"gpu"`` or ``"tpu"``), in order.
+
+    ``keep_signature``: only passes that keep the graph's inputs and outputs as they are (dead inputs may go).
+    """
+    if device not in DEVICES:
+        raise ValueError(f"default_pipeline: device must be one of {', '.join(DEVICES)}, got {device!r}")
+    chunk: list[Pass] = [HeadChunkSDPA()] if device == "metal" else []
+    if keep_signature:
+        return [QSAGather(), *chunk, DecomposeSDPA(device=device), DeadCodeElimination()]
+    return [
+        QSAPoolCache(),
+        QSAGather(),
+        *chunk,
+        DecomposeSDPA(device=device),
+        DeadCodeElimination(),
+        NarrowInputs(),
+        DeadCodeElimination(),
+    ]
+
+
+__all__ = ["default_pipeline"]

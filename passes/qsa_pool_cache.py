@@ -1,0 +1,326 @@
+"""QSA pooled-key cache: a resident f32 cache of pooled block keys, pooling only the newest block(s).
+
+The masked and gathered QSA layers pool every block of the raw indexer-key
+cache at every step (``qsa_pool`` over ``[B, T, D]``), then normalise and rotate
+all ``T / r`` pooled keys (RMSNorm, RoPE at ``b*r``) before scoring: O(n_kv)
+work per step for keys that never change once their block is complete
+(docs/semantics.md §3.7, "Left open"). This pass, anchored at
+``qsa_block_scores(idx_q, block_keys)``, finds the ``qsa_pool`` that
+``block_keys`` derives from and rewrites the step to
+
+- read the stored value from a new resident f32 input ``[B, NB, D]``, the
+  cache (f32 whatever the keys' dtype: an f16 store changed which blocks a
+  GLM analogue selected; the read casts back, exactly). ``store="pooled"``
+  (default) stores the pooled keys, and the ops between the pool and
+  ``block_keys`` still run over every block; ``store="keys"`` stores
+  ``block_keys`` itself, so those ops run on the new blocks only;
+- for each stream ``b`` and query row ``s`` at position ``p``: take the ``r`` raw
+  rows of block ``p // r``, pool them (``store="keys"``: and run the ops up to
+  ``block_keys`` on that one block, reading per-block operands such as a RoPE
+  row at the block), and write the result into the cache with
+  ``dynamic_update_slice`` at ``[b, p // r, 0]``;
+- make the updated cache a graph output paired with the new input (state), so
+  a decode loop feeds it back (:meth:`attnpass.ir.Graph.state_pairs`).
+
+Why it is exact: the scores of block ``b`` matter only where ``b`` is visible,
+``b < (p + 1) // r``, and the only readers of the scores are ``qsa_select``
+nodes, which ignore invisible blocks (the ops between pool and scores work
+row by row, so a stale invisible row changes no visible one). Every visible
+block is complete, so its raw rows are final; it was written either by the
+prefill (:meth:`QSAPoolCache.prefill`, the same ops over the whole cache) or at
+the step whose row completed it, by the same ops on the same rows. The pool
+adds each block's rows elementwise in a fixed order, so one block pooled alone
+has the bits it has among all blocks, on every target. ``store="keys"`` also
+needs the ops up to ``block_keys`` to give one block the bits it gets among
+all blocks: true of numpy and MLX, but XLA on CPU vectorises RMSNorm's
+reduction by shape, and at head dim 128 most rows differ in the last bit (so
+on JAX, ``store="keys"`` equals re-pooling only up to that rounding).
+
+A block that is still incomplete is written too (invisible, rewritten when
+it completes). A position past the raw cache's last block (the attention's
+cache may be longer than the indexer's) writes the last block instead, with
+the value it already holds: every block is complete and visible then. The
+contract a caller keeps (the masked layer's too): cell ``c`` of the raw cache
+holds position ``c``, and each step's rows are the newest positions, written
+to the raw cache before the step (a rejected draft
+is rewritten by the step that replaces it, since its block is that step's
+first row's).
+
+Preconditions (each decline says which failed): the raw keys are a resident
+graph input ``[B, T, D]`` read whole (the history, not a slice of it) with
+``T % r == 0`` (a clamped write could not then land on the last block); every
+op between the pool and ``block_keys`` works on each block row separately
+(elementwise, casts, reductions and slices and concats over the last axis),
+and is read by nothing else; ``block_keys`` feeds only this anchor, and the
+scores feed only ``qsa_select`` with the pool's ratio and one positions value
+``[B, S]``, ``S <= max_rows`` (decode and verify steps).
+
+Policy: ``enabled=None`` reads ``ATTNPASS_QSA_POOL_CACHE`` when the pass runs
+(false/off/no/0 keep the in-graph pooling); an explicit value wins.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from attnpass.ir import DType, Graph, Node, TensorType, get_op
+from attnpass.ir.core.builder import Builder
+
+from .base import Remarks
+from .policy import SwitchedPass
+from .registry import register_pass
+from .rewrite import Decline, Rewriter, Rule, apply_rules
+
+ENV_VAR = "ATTNPASS_QSA_POOL_CACHE"
+CACHE_DTYPE = DType.float32
+BLOCK_AXIS = 1  # every value of the chain is [B, NB, *]
+STORES = ("pooled", "keys")
+
+
+@dataclass(frozen=True)
+class _Match:
+    pool: Node
+    raw: Node
+    keys: Node  # the block_keys operand
+    chain: tuple[Node, ...]  # the ops after the pool up to and including ``keys``, topologically ordered
+    stored: Node  # what the cache holds: the pool, or ``keys``
+    positions: str
+    streams: int
+    rows: int
+    cache: str  # the new state input's name
+    output: int  # the position of its next value among the outputs
+
+
+def _row_wise(graph: Graph, node: Node, n_blocks: int) -> str | None:
+    """Why ``node`` (a [B, NB, *] value of the chain) may mix block rows, or None when it works row by row."""
+    rank = node.type.rank
+    if rank != 3 or node.type.shape[BLOCK_AXIS] != n_blocks:
+        return f"{node.name} is {node.type}, not [B, {n_blocks}, D] with one row per block"
+    family = get_op(node.op).family
+    if node.op in ("sum", "max"):
+        if not node.attrs["keepdims"] or {a % rank for a in node.attrs["axes"]} != {2}:
+            return f"{node.name} = {node.op}[axes={node.attrs['axes']}] does not reduce only the last axis keeping dims"
+    elif node.op == "slice":
+        start, stop, step = (node.attrs[k][:2] for k in ("start", "stop", "step"))
+        source = graph.node(node.inputs[0]).type.shape[:2]
+        if start != (0, 0) or stop != source or step != (1, 1):
+            return f"{node.name} slices the stream or block axis"
+    elif node.op == "concat":
+        if node.attrs["axis"] % rank != 2:
+            return f"{node.name} concatenates along axis {node.attrs['axis']}, not the last"
+    elif family != "elementwise" and node.op != "cast":
+        return f"{node.name} ({node.op}) is not known to act on each block row separately"
+    return None  # broadcasting to [B, NB, *] aligns every operand: one row per block, or one row for all
+
+
+@register_pass
+@dataclass(frozen=True)
+class QSAPoolCache(SwitchedPass):
+    """Replace per-step pooling of the whole raw key cache by a resident f32 block-key cache (state)."""
+
+    name: ClassVar[str] = "qsa-pool-cache"
+    env_var: ClassVar[str] = ENV_VAR
+    max_rows: int = 8
+    store: str = "pooled"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if isinstance(self.max_rows, bool) or not isinstance(self.max_rows, int) or self.max_rows < 1:
+            raise ValueError(f"QSAPoolCache: max_rows must be an int >= 1, got {self.max_rows!r}")
+        if self.store not in STORES:
+            raise ValueError(f"QSAPoolCache: store must be one of {', '.join(STORES)}, got {self.store!r}")
+
+    def run(self, graph: Graph, remarks: Remarks) -> bool:
+        rule = Rule("qsa-pool-cache", "qsa_block_scores", self._match, _rewrite, _describe)
+        return bool(apply_rules(graph, [rule], remarks, decline_all=self.disabled()))
+
+    def prefill(self, graph: Graph) -> Graph:
+        """The graph that builds the initial caches from ``graph`` (before this pass) in one call.
+
+        It computes each stored value (pooled keys or ``block_keys``) over the whole raw cache, cast to f32,
+        with the same ops as ``graph``; output ``i`` is named like, and is the first value of,
+        the ``i``-th state input this pass adds (``dict(zip(prefill.outputs, results))``).
+        """
+        out = graph.copy()
+        out.name = f"{graph.name}_prefill"
+        caches = []
+        for node in graph.nodes():
+            if node.op == "qsa_block_scores" and isinstance(m := self._match(graph, node), _Match):
+                name = out.fresh_name(m.cache)
+                caches.append(out.add_node("cast", [m.stored.name], {"dtype": CACHE_DTYPE}, name=name, loc=m.pool.loc))
+        if not caches:
+            raise ValueError(f"{self.name}: graph {graph.name} has no pooled block keys to cache")
+        out.set_outputs(caches)
+        out.remove_dead()
+        return out.verify()
+
+    # ------------------------------------------------------------------ check
+
+    def _match(self, graph: Graph, anchor: Node) -> _Match | Decline:
+        keys = graph.node(anchor.inputs[1])
+        pools = [graph.node(n) for n in graph.ancestors([keys.name]) if graph.node(n).op == "qsa_pool"]
+        if len(pools) != 1:
+            found = "no qsa_pool" if not pools else f"{len(pools)} qsa_pool nodes"
+            return Decline(f"in-graph pooling kept: the block keys {keys.name} derive from {found} (need exactly one)")
+        pool = pools[0]
+        raw = graph.node(pool.inputs[0])
+        ratio = pool.attrs["ratio"]
+        if raw.op != "input" or raw.attrs["role"] != "resident":
+            what = f"a {raw.attrs['role']} input" if raw.op == "input" else f"computed by {raw.op}"
+            return _kept(f"the raw keys {raw.name} are {what}, not a resident input holding the whole history")
+        if raw.type.rank != 3:
+            return _kept(f"the raw keys {raw.name}:{raw.type} are not [B, T, D]")
+        (b, t, _d), n_blocks = raw.type.shape, raw.type.shape[1] // ratio
+        if t % ratio:
+            return _kept(
+                f"n_kv={t} of {raw.name} is not a multiple of ratio {ratio}: a row in the trailing partial block "
+                "would write over the last whole block"
+            )
+        cone = (graph.ancestors([keys.name]) & _descendants(graph, pool.name)) - {pool.name}
+        chain = tuple(n for n in graph.nodes() if n.name in cone)
+        for node in (pool, *chain):
+            readers = {u.name for u in graph.users(node.name)} - cone
+            if node.name == keys.name:
+                readers.discard(anchor.name)
+            if node.name in graph.outputs:
+                readers.add("the graph outputs")
+            if readers:
+                listed = ", ".join(sorted(readers))
+                return _kept(f"{node.name} is also read by {listed}, which would still need every block")
+        for node in chain:
+            why = _row_wise(graph, node, n_blocks)
+            if why is not None:
+                return _kept(why)
+        selects = graph.users(anchor.name)
+        readers = {s.op for s in selects} | ({"the graph outputs"} if anchor.name in graph.outputs else set())
+        if readers != {"qsa_select"} or any(s.inputs[0] != anchor.name for s in selects):
+            listed = ", ".join(sorted(readers)) or "nothing"
+            return _kept(f"the scores are read by {listed}, not only qsa_select (which ignores invisible blocks)")
+        if any(s.attrs["ratio"] != ratio for s in selects):
+            return _kept(f"a qsa_select reading the scores has a ratio other than the pool's {ratio}")
+        positions = {s.inputs[1] for s in selects}
+        if len(positions) > 1:
+            return _kept(f"the qsa_select nodes read different positions: {', '.join(sorted(positions))}")
+        (pos,) = positions
+        streams, rows = graph.node(pos).type.shape
+        if streams != b:
+            return _kept(f"positions {pos} have {streams} stream(s), the raw keys {raw.name} {b}")
+        if rows > self.max_rows:
+            return _kept(f"prefill-shaped: {rows} query rows per stream > max_rows={self.max_rows}")
+        cache = graph.fresh_name(f"{raw.name}_blocks")
+        stored = pool if self.store == "pooled" else keys
+        return _Match(pool, raw, keys, chain, stored, pos, streams, rows, cache, len(graph.outputs))
+
+
+def _kept(reason: str) -> Decline:
+    return Decline(f"in-graph pooling kept: {reason}")
+
+
+def _descendants(graph: Graph, name: str) -> set[str]:
+    out, stack = {name}, [name]
+    while stack:
+        for user in graph.users(stack.pop()):
+            if user.name not in out:
+                out.add(user.name)
+                stack.append(user.name)
+    return out
+
+
+# ---------------------------------------------------------------------- rewrite
+
+
+def _rewrite(rw: Rewriter, m: _Match) -> None:
+    """Pool and transform one block per (stream, row), write it into the cache, score against the cache."""
+    graph, raw, ratio = rw.graph, m.raw.name, m.pool.attrs["ratio"]
+    cache = graph.add_input(m.cache, TensorType(m.stored.type.shape, CACHE_DTYPE), "resident", rw.anchor.loc)
+
+    def int32s(values: tuple[int, ...], hint: str) -> str:
+        return rw.op("constant", [], {"value": values, "shape": (len(values),), "dtype": DType.int32}, hint)
+
+    r, zero = rw.scalar(ratio, DType.int32, "ratio"), int32s((0,), "zero")
+    last = rw.scalar(m.raw.type.shape[1] // ratio - 1, DType.int32, "last_block")
+    offsets = int32s(tuple(range(ratio)), "in_block")
+    current = cache
+    for b in range(m.streams):
+        stream = int32s((b,), "stream")
+        for s in range(m.rows):
+            p = rw.reshape(rw.pick(m.positions, {0: b, 1: s}), (1,), "row_position")
+            block = rw.op("minimum", [rw.op("floor_divide", [p, r]), last], hint="new_block")
+            cells = rw.op("add", [rw.op("mul", [block, r]), offsets], hint="new_cells")
+            rows = rw.op("take", [rw.pick(raw, {0: b}), cells], {"axis": 1}, f"{raw}_new")
+            value = rw.cast(_replay(rw, m, rows, block, b), CACHE_DTYPE)
+            start = rw.concat([stream, block, zero], 0, "cache_at")
+            current = rw.op("dynamic_update_slice", [current, value, start], hint=f"{cache}_next")
+    graph.set_outputs([*graph.outputs, current])
+    graph.pair_state(cache, m.output)
+    graph.replace_all_uses(m.stored.name, rw.cast(current, m.stored.type.dtype, "stored"))
+    graph.prune([m.stored.name])  # the whole-cache pool (and, storing keys, the ops after it)
+    rw.replace_matched(rw.op("qsa_block_scores", list(graph.node(rw.anchor.name).inputs), hint="block_scores"))
+
+
+def _replay(rw: Rewriter, m: _Match, rows: str, block: str, stream: int) -> str:
+    """The stored value of one block from its raw rows ``[1, r, D]``: pooled (then the chain up to block_keys)."""
+    value = {m.pool.name: rw.op("qsa_pool", [rows], m.pool.attrs, "pooled_new")}
+    outside: dict[str, str] = {}
+    for node in m.chain if m.stored is m.keys else ():
+        for i in node.inputs:
+            if i not in value and i not in outside:
+                outside[i] = _block_row(rw, i, block, stream)
+        operands = [value[i] if i in value else outside[i] for i in node.inputs]
+        attrs = dict(node.attrs)
+        if node.op == "slice":
+            attrs["start"] = (0, 0, *attrs["start"][2:])
+            attrs["stop"] = (1, 1, *attrs["stop"][2:])
+        value[node.name] = rw.op(node.op, operands, attrs, f"{node.name}_new")
+    return value[m.stored.name]
+
+
+def _block_row(rw: Builder, name: str, block: str, stream: int) -> str:
+    """Operand ``name`` (outside the chain) as the chain's one-block replay reads it.
+
+    Aligned right to ``[B, NB, *]``: its stream ``stream`` where it has one per stream, its row
+    ``block`` where it has one per block (through a static slice: the slice's source row), else as is.
+    """
+    t = rw.type(name)
+    lead = 3 - t.rank
+    if lead == 0 and t.shape[0] > 1:
+        name = rw.pick(name, {0: stream})
+    axis = BLOCK_AXIS - lead
+    if axis < 0 or rw.type(name).shape[axis] == 1:
+        return name
+    node = rw.graph.node(name)
+    if node.op != "slice":
+        return rw.op("take", [name, block], {"axis": axis}, f"{name}_row")
+    start, stop, step = (list(node.attrs[k]) for k in ("start", "stop", "step"))
+    index = rw.op("mul", [block, rw.scalar(step[axis], DType.int32, "step")]) if step[axis] != 1 else block
+    index = rw.op("add", [index, rw.scalar(start[axis], DType.int32, "start")]) if start[axis] else index
+    row = rw.op("take", [node.inputs[0], index], {"axis": axis}, f"{node.inputs[0]}_row")
+    start[axis], stop[axis], step[axis] = 0, 1, 1
+    if (tuple(start), tuple(stop), tuple(step)) == ((0,) * len(start), rw.type(row).shape, (1,) * len(start)):
+        return row
+    return rw.op("slice", [row], {"start": tuple(start), "stop": tuple(stop), "step": tuple(step)}, f"{name}_row")
+
+
+def _describe(m: _Match) -> str:
+    ratio, raw = m.pool.attrs["ratio"], m.raw.type
+    cache = TensorType(m.stored.type.shape, CACHE_DTYPE)
+    read = m.streams * m.rows * ratio * raw.shape[2] * raw.dtype.itemsize
+    ops = f"{len(m.chain)} row-wise op(s) ({', '.join(sorted({n.op for n in m.chain}))})" if m.chain else "no op"
+    blocks = m.stored.type.shape[1]
+    after = (
+        f"{ops} up to the block keys {m.keys.name} still run over all {blocks:,} blocks"
+        if m.stored is m.pool
+        else f"{ops} up to the block keys run on the new block(s) only, not on {blocks:,}"
+    )
+    what = "pooled keys" if m.stored is m.pool else f"block keys {m.keys.name}"
+    return (
+        f"{what} (qsa_pool of {m.raw.name}) now come from the new resident input {m.cache}:{cache}, "
+        f"{cache.nbytes:,} bytes, whose next value is output #{m.output}; per step {m.streams * m.rows} block(s) of "
+        f"{ratio} rows ({read:,} bytes) are pooled and written instead of all {raw.shape[1]:,} rows of {m.raw.name} "
+        f"({raw.nbytes:,} bytes): {raw.nbytes - read:,} bytes no longer read; {after}; start the cache with "
+        "QSAPoolCache().prefill(graph) and feed it back (Graph.state_pairs)"
+    )
+
+
+__all__ = ["ENV_VAR", "STORES", "QSAPoolCache"]

@@ -1,0 +1,164 @@
+"""decompose-sdpa and the per-device default pipelines: strategy remarks, numerics against the fused call, counts."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from attnpass.backends import assert_primitive_counts, run
+from attnpass.backends.mlx import sdpa_route
+from attnpass.ir import DType, TensorSpec, ops, trace
+from attnpass.lowering import lower
+from attnpass.models import QSAConfig, build_layer, make_inputs, narrowed_inputs
+from attnpass.passes import DecomposeSDPA, PassManager, QSAPoolCache, default_pipeline, format_pipeline, parse_pipeline
+from attnpass.passes.decompose_sdpa import _metal_vector_kernel
+from tests.util import assert_close, random_array, requires
+
+SMALL = QSAConfig(n_q_heads=4, n_kv_heads=2, head_dim=16, idx_dim=16, budget=32, mask_rows=8, rotary_dim=8)
+
+
+def attention(hq=12, hkv=2, s=1, t=40, d=16, dv=None, dtype="float32", mask=None, causal=None):
+    """A bare sdpa graph; ``mask`` is None, "bool", "additive" or "bool-per-head"."""
+    specs = [
+        TensorSpec((2, hq, s, d), dtype),
+        TensorSpec((2, hkv, t, d), dtype),
+        TensorSpec((2, hkv, t, dv or d), dtype),
+    ]
+    if mask is not None:
+        heads = hq if mask.endswith("per-head") else 1
+        specs.append(TensorSpec((2, heads, s, t), "bool" if mask.startswith("bool") else dtype))
+
+    def unmasked(q, k, v):
+        return ops.sdpa(q, k, v, scale=0.3, causal=causal)
+
+    def masked(q, k, v, m):
+        return ops.sdpa(q, k, v, mask=m, scale=0.3, causal=causal)
+
+    return trace(masked if mask else unmasked, *specs)
+
+
+def arrays(graph, seed=0):
+    rng = np.random.default_rng(seed)
+    out = [random_array(rng, t.shape, t.dtype) for t in graph.input_types()]
+    if len(out) == 4 and out[3].dtype == bool:
+        out[3][..., -1] = True  # every row attends at least one key
+    return out
+
+
+def remark(result) -> str:
+    (r,) = [r for r in result.remarks if r.pass_name == "decompose-sdpa"]
+    return f"{r.kind}: {r.message}"
+
+
+@requires("mlx.core", "jax")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("mask", [None, "bool", "additive", "bool-per-head"])
+@pytest.mark.parametrize("s", [1, 5])
+def test_decomposed_matches_the_fused_call_within_rounding(dtype, mask, s):
+    g = attention(s=s, dtype=dtype, mask=mask, dv=24)
+    result = DecomposeSDPA()(g)
+    assert remark(result).startswith("applied: strategy decomposed (device cpu)")
+    assert "sdpa" not in {n.op for n in result.graph.nodes()}
+    args = arrays(g, seed=s)
+    reference = run(lower(g, "numpy"), *args)
+    assert_close(run(lower(result.graph, "numpy"), *args), reference)
+    for target in ("mlx", "jax"):
+        fused, decomposed = run(lower(g, target), *args), run(lower(result.graph, target), *args)
+        assert_close(decomposed, reference)
+        assert_close(decomposed, fused, rtol=4e-2 if dtype == "bfloat16" else None)
+
+
+@requires("mlx.core", "jax")
+def test_the_folded_form_reads_k_once_per_kv_head_in_f32():
+    g = attention(s=3, dtype="bfloat16", mask="bool")
+    graph = DecomposeSDPA()(g).graph
+    scores = graph.node("scores_t")
+    assert scores.op == "matmul" and scores.inputs[0] == "k_f32"
+    assert str(scores.type) == "f32[2,2,40,18]"  # [B, Hkv, T, G*S]: 6 query heads x 3 rows fold into one matmul
+    assert str(graph.node(graph.outputs[0]).type) == "bf16[2,12,3,16]"
+    args = arrays(g)
+    assert_primitive_counts(lower(graph, "mlx"), {"Matmul": 2, "Softmax": 1}, *args)
+    assert_primitive_counts(lower(graph, "jax"), {"dot_general": 2}, *args)
+
+
+@pytest.mark.parametrize(
+    "device, graph, expected",
+    [
+        ("cpu", lambda: attention(), "applied: strategy decomposed (device cpu): no fused attention kernel on CPU"),
+        ("gpu", lambda: attention(), "declined: strategy fused (device gpu): jax.nn.dot_product_attention lowers"),
+        ("tpu", lambda: attention(), "declined: strategy fused (device tpu): XLA compiles"),
+        (
+            "metal",
+            lambda: attention(d=64),
+            "declined: strategy fused (device metal): q_len 1 <= 8, q_len*gqa = 6 <= 32",
+        ),
+        (
+            "metal",
+            lambda: attention(d=16),
+            "applied: strategy decomposed (device metal): q_len 1, gqa 6, head dims 16/16",
+        ),
+        ("metal", lambda: attention(d=64, s=6), "applied: strategy decomposed (device metal)"),  # 6*6 > 32
+        (
+            "cpu",
+            lambda: attention(causal="bottom_right"),
+            "declined: strategy fused (device cpu): causal='bottom_right'",
+        ),
+        ("cpu", lambda: attention(s=9), "declined: strategy fused (device cpu): q_len 9 > max_q_len=8"),
+    ],
+)
+def test_each_device_says_which_strategy_and_why(device, graph, expected):
+    result = DecomposeSDPA(device=device)(graph())
+    assert remark(result).startswith(expected), remark(result)
+
+
+def test_the_metal_rule_agrees_with_the_route_model():
+    for s, gqa, d, dv, t in itertools.product((1, 4, 8, 9), (1, 4, 12), (64, 80, 128, 192, 256), (128, 256), (4, 4096)):
+        route = sdpa_route((1, 2 * gqa, s, d), (1, 2, t, d), dtype="float16", mask="array", v_head_dim=dv)
+        fused = route.kernel in ("vector", "vector_2pass")
+        if s <= 8 and (d, dv) != (192, 192):  # 192/192: the route model's default heuristic, no fused kernel either
+            assert (_metal_vector_kernel(s, gqa, d, dv, t) is not None) == fused, (s, gqa, d, dv, t, route)
+
+
+def test_options_and_pipeline_text():
+    assert parse_pipeline("decompose-sdpa{device=metal,max_q_len=4}") == [DecomposeSDPA(device="metal", max_q_len=4)]
+    for bad in ({"device": "npu"}, {"max_q_len": 0}, {"max_q_len": True}):
+        with pytest.raises(ValueError, match="DecomposeSDPA"):
+            DecomposeSDPA(**bad)
+    assert format_pipeline(default_pipeline("cpu")) == "qsa-pool-cache,qsa-gather,decompose-sdpa,dce,narrow-inputs,dce"
+    assert format_pipeline(default_pipeline("metal")) == (
+        "qsa-pool-cache,qsa-gather,head-chunk,decompose-sdpa{device=metal},dce,narrow-inputs,dce"
+    )
+    assert (
+        format_pipeline(default_pipeline("gpu"))
+        == "qsa-pool-cache,qsa-gather,decompose-sdpa{device=gpu},dce,narrow-inputs,dce"
+    )
+    assert (
+        format_pipeline(default_pipeline("tpu"))
+        == "qsa-pool-cache,qsa-gather,decompose-sdpa{device=tpu},dce,narrow-inputs,dce"
+    )
+    assert format_pipeline(default_pipeline("cpu", keep_signature=True)) == "qsa-gather,decompose-sdpa,dce"
+    with pytest.raises(ValueError, match="device must be one of cpu, metal, gpu, tpu"):
+        default_pipeline("npu")
+
+
+@requires("mlx.core", "jax")
+@pytest.mark.parametrize("device, rows", [("cpu", 1), ("cpu", 5), ("metal", 5), ("gpu", 5)])
+def test_default_pipelines_rewrite_the_qsa_layer_and_agree_with_the_masked_step(device, rows):
+    n_kv = 96
+    masked = build_layer(SMALL, n_kv, batch=2, rows=rows)
+    result = PassManager(default_pipeline(device)).run(masked)
+    applied = {r.pass_name for r in result.applied()}
+    assert {"qsa-pool-cache", "qsa-gather", "narrow-inputs"} <= applied
+    assert ("decompose-sdpa" in applied) == (device != "gpu")  # metal: head dim 16 has no vector kernel
+    graph = result.graph
+    positions = np.stack([np.arange(90 - rows, 90), np.arange(60, 60 + rows)]).astype(np.int32)
+    inputs = make_inputs(SMALL, n_kv, positions, seed=rows, hidden_fraction=0.1)
+    want = run(lower(masked, "numpy"), **inputs)
+    prefill = QSAPoolCache().prefill(masked)
+    for target in ("numpy", "mlx", "jax"):
+        state = dict(zip(prefill.outputs, [run(lower(prefill, target), **{n: inputs[n] for n in prefill.inputs})]))
+        out, _cache = run(lower(graph, target), **narrowed_inputs(graph, {**inputs, **state}))
+        assert_close(out, want)
+    assert graph.node(graph.state_pairs()[0][0]).type.dtype is DType.float32

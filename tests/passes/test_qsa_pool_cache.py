@@ -1,0 +1,298 @@
+"""The qsa-pool-cache pass: a decode loop from a prefilled block-key cache equals re-pooling every step, bit for bit.
+
+Small model: K = 8 blocks of ratio 4, n_kv = 96 (24 blocks). The raw indexer-key cache holds the true
+keys up to the current position and zeros beyond (a real cache before those cells are written), so a
+block the cache missed or pooled too early would change the scores.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+import pytest
+
+from attnpass.backends import run
+from attnpass.ir import Graph, TensorSpec, ops, parse_graph, trace
+from attnpass.lowering import lower
+from attnpass.models import QSAConfig, build_layer, make_inputs, narrowed_inputs, padded_mask
+from attnpass.passes import DeadCodeElimination, PassManager, QSAPoolCache, parse_pipeline
+from tests.util import assert_bits_equal, lazy_import, requires, target_params
+
+jax = lazy_import("jax")
+
+SMALL = QSAConfig(n_q_heads=4, n_kv_heads=2, head_dim=16, idx_dim=16, budget=32, mask_rows=4, rotary_dim=8)
+MODEL_INDEXER = QSAConfig(n_q_heads=4, n_kv_heads=2, head_dim=16, budget=32, mask_rows=4)  # indexer 4 x 128, RoPE 64
+N_KV, R = 96, SMALL.ratio
+
+
+def cache_pipeline(**options) -> PassManager:
+    return PassManager([QSAPoolCache(**options), DeadCodeElimination()])
+
+
+def remark_of(result, kind: str = "declined") -> str:
+    (remark,) = [r for r in result.remarks if r.pass_name == "qsa-pool-cache"]
+    assert remark.kind == kind, str(remark)
+    return remark.message
+
+
+def step_function(graph: Graph, target: str):
+    """Inputs by name -> a tuple of numpy outputs; JAX runs under jax.jit (a stateful program is jitted by lowering)."""
+    program = lower(graph, target)
+    if target == "jax" and not graph.state_pairs():
+        program.fn = jax.jit(program.fn)
+
+    def call(**kw):
+        out = run(program, **kw)
+        return out if isinstance(out, tuple) else (out,)
+
+    return program, call
+
+
+def decode_loop(
+    target: str, *, batch: int, rows: int, steps: int, cfg: QSAConfig = SMALL, store: str = "pooled"
+) -> None:
+    """Run the cached and the re-pooling layer side by side; compare selections and outputs bit for bit."""
+    masked = build_layer(cfg, N_KV, batch=batch, rows=rows)
+    masked.set_outputs([*masked.outputs, "qsa_select"])
+    cached = cache_pipeline(store=store).run(masked).graph
+    _, run_masked = step_function(masked, target)
+    program, run_cached = step_function(cached, target)
+    rng = np.random.default_rng(rows * 10 + batch)
+    base = make_inputs(cfg, N_KV, np.zeros((batch, rows), np.int32), seed=rows)
+    history = rng.integers(38, 46, size=batch)  # tokens already in the cache per stream
+    keys = base["idx_keys"].copy()
+    raw = np.where(np.arange(N_KV)[None, :, None] < history[:, None, None], keys, 0).astype(np.float32)
+    prefill = QSAPoolCache(store=store).prefill(masked)
+    _, run_prefill = step_function(prefill, target)
+    state = dict(zip(prefill.outputs, run_prefill(**{n: raw if n == "idx_keys" else base[n] for n in prefill.inputs})))
+    assert list(state) == [name for name, _ in cached.state_pairs()]
+    blocks_crossed = set()
+    for step in range(steps):
+        positions = (history[:, None] + step * rows + np.arange(rows)[None]).astype(np.int32)
+        for b in range(batch):
+            raw[b, positions[b]] = keys[b, positions[b]]  # this step's tokens enter the raw cache first
+        blocks_crossed |= {int(p) // R for p in positions.ravel()}
+        inputs = dict(base, idx_keys=raw.copy(), positions=positions, mask=padded_mask(cfg, positions, N_KV))
+        inputs["q"] = rng.standard_normal(base["q"].shape, dtype=np.float32)
+        inputs["idx_q"] = rng.standard_normal(base["idx_q"].shape, dtype=np.float32)
+        out_masked, sel_masked = run_masked(**narrowed_inputs(masked, inputs))
+        outs = run_cached(**narrowed_inputs(cached, {**inputs, **state}))
+        assert_bits_equal(outs[1], sel_masked)
+        assert_bits_equal(outs[0], out_masked)
+        state = program.next_state(outs)
+    assert len(blocks_crossed) >= 4 and max(history) + steps * rows > cfg.top_k_blocks * R  # selections drop blocks
+
+
+@pytest.mark.parametrize("target", target_params("numpy", "mlx", "jax"))
+def test_decode_loop_equals_repooling_bit_for_bit(target):
+    decode_loop(target, batch=2, rows=1, steps=3 * R + 1)
+
+
+@pytest.mark.parametrize("target", target_params("numpy", "mlx", "jax"))
+def test_decode_loop_at_the_model_indexer_dims(target):
+    decode_loop(target, batch=1, rows=1, steps=3 * R + 1, cfg=MODEL_INDEXER)
+
+
+@pytest.mark.parametrize("target", target_params("numpy", "mlx", "jax"))
+def test_verify_loop_with_several_rows_per_step(target):
+    decode_loop(target, batch=1, rows=3, steps=6)
+
+
+@pytest.mark.parametrize(
+    "target", target_params("numpy", "mlx")
+)  # XLA rounds RMSNorm's reduction by shape at head dim 128
+@pytest.mark.parametrize("cfg", [SMALL, MODEL_INDEXER], ids=["small", "model-indexer"])
+def test_storing_the_block_keys_is_exact_where_the_ops_round_alike(target, cfg):
+    decode_loop(target, batch=2, rows=1, steps=3 * R + 1, cfg=cfg, store="keys")
+
+
+def test_rewrite_adds_one_state_pair_and_says_what_changed():
+    masked = build_layer(SMALL, N_KV)
+    result = cache_pipeline().run(masked)
+    graph = result.graph
+    assert graph.state_pairs() == (("idx_keys_blocks", 1),)
+    assert str(graph.node("idx_keys_blocks").type) == "f32[1,24,16]"
+    assert graph.input_role("idx_keys_blocks") == "resident"
+    assert "qsa_pool" not in {n.op for n in graph.nodes() if n.type.shape[-2:] == (24, 16)}  # no whole-cache pool
+    assert [n.op for n in graph.nodes()].count("dynamic_update_slice") == 1
+    message = remark_of(result, "applied")
+    for part in (
+        "pooled keys (qsa_pool of idx_keys) now come from the new resident input idx_keys_blocks:f32[1,24,16], "
+        "1,536 bytes, whose next value is output #1",
+        "1 block(s) of 4 rows (256 bytes) are pooled and written instead of all 96 rows of idx_keys (6,144 bytes)",
+        "5,888 bytes no longer read; 17 row-wise op(s) (add, concat, div, mul, rsqrt, slice, sub, sum) up to the "
+        "block keys concat still run over all 24 blocks",
+    ):
+        assert part in message, message
+    keys = cache_pipeline(store="keys").run(masked)
+    assert "block keys concat (qsa_pool of idx_keys)" in remark_of(keys, "applied")
+    assert (
+        "17 row-wise op(s) (add, concat, div, mul, rsqrt, slice, sub, sum) up to the block keys run on the new "
+        "block(s) only, not on 24" in remark_of(keys, "applied")
+    )
+    assert "rsqrt" not in {n.op for n in keys.graph.nodes() if n.type.shape[:2] == (1, 24)}
+    assert parse_graph(str(graph)) == graph
+    assert Graph.from_json(graph.to_json()) == graph
+    assert "return sdpa, idx_keys_blocks_next -> idx_keys_blocks" in str(graph)
+    again = cache_pipeline().run(graph)
+    assert not again.changed and "the raw keys idx_keys_new are computed by take" in remark_of(again)
+
+
+def _indexer(post=None, raw_role="resident", n_kv=12, rows=1, extra_output=False, raw_from=None):
+    """A bare indexer step: pool -> post(pooled, table) -> scores -> select -> mask -> sdpa."""
+
+    def step(q, k, raw, table, idx_q, positions):
+        pooled = ops.qsa_pool(raw_from(raw) if raw_from else raw, ratio=2)
+        keys = post(pooled, table) if post else pooled
+        scores = ops.qsa_block_scores(idx_q, keys)
+        sel = ops.qsa_select(scores, positions, ratio=2, top_k_blocks=2)
+        out = ops.sdpa(q, k, k, mask=ops.qsa_mask(sel, positions, ratio=2, kv_len=n_kv))
+        return (out, scores) if extra_output else out
+
+    return trace(
+        step,
+        TensorSpec((1, 2, rows, 8)),
+        TensorSpec((1, 1, n_kv, 8), role="resident"),
+        TensorSpec((1, n_kv, 8), role=raw_role),
+        TensorSpec((n_kv, 8), role="resident"),
+        TensorSpec((1, rows, 2, 8)),
+        TensorSpec((1, rows), "int32"),
+    )
+
+
+@pytest.mark.parametrize(
+    "graph, reason",
+    [
+        (lambda: _indexer(raw_role="streamed"), "the raw keys raw are a streamed input, not a resident input"),
+        (lambda: _indexer(raw_from=lambda r: r * 2.0), "the raw keys mul are computed by mul"),
+        (lambda: _indexer(n_kv=13), "n_kv=13 of raw is not a multiple of ratio 2"),
+        (
+            lambda: _indexer(post=lambda p, t: ops.softmax(p, axis=1)),
+            "softmax (softmax) is not known to act on each block",
+        ),
+        (
+            lambda: _indexer(post=lambda p, t: ops.transpose(ops.transpose(p, (0, 2, 1)), (0, 2, 1))),
+            "transpose is f32[1,8,6], not [B, 6, D] with one row per block",
+        ),
+        (
+            lambda: _indexer(post=lambda p, t: p - ops.sum(p, axis=0, keepdims=True)),
+            "sum = sum[axes=(0,)] does not reduce only the last axis keeping dims",
+        ),
+        (
+            lambda: _indexer(extra_output=True),
+            "the scores are read by qsa_select, the graph outputs, not only qsa_select",
+        ),
+        (lambda: _indexer(rows=9), "prefill-shaped: 9 query rows per stream > max_rows=8"),
+        (lambda: _indexer(), None),  # the control: this one applies
+    ],
+)
+def test_each_precondition_declines_with_its_reason(graph, reason):
+    g = graph()
+    result = QSAPoolCache()(g)
+    if reason is None:
+        remark_of(result, "applied")
+        return
+    assert reason in remark_of(result), remark_of(result)
+    assert not result.changed and result.graph == g
+
+
+def test_pooled_keys_read_elsewhere_keep_the_pooling():
+    g = _indexer()
+    g.set_outputs([*g.outputs, "qsa_pool"])
+    assert "qsa_pool is also read by the graph outputs" in remark_of(QSAPoolCache()(g))
+
+
+@pytest.mark.parametrize("table", ["strided", "direct"])
+def test_per_block_operands_are_read_at_the_new_block(table):
+    """A table with one row per block, read through a strided slice or directly, is read at the block."""
+
+    def post(pooled, t):
+        rows = t[0:12:2] if table == "strided" else t[6:12]
+        return pooled * rows - rows
+
+    g = _indexer(post=post)
+    cached = cache_pipeline(store="keys").run(g).graph
+    takes = [n for n in cached.nodes() if n.op == "take" and n.inputs[0] in ("table", "slice")]
+    assert len(takes) == 1 and cached.node(takes[0].name).type.shape[0] == 1  # one row, shared by both reads
+    rng = np.random.default_rng(3)
+    args = {
+        n: rng.standard_normal(cached.node(n).type.shape, dtype=np.float32) for n in ("q", "k", "raw", "table", "idx_q")
+    }
+    state = {
+        "raw_blocks": run(lower(QSAPoolCache(store="keys").prefill(g), "numpy"), raw=args["raw"], table=args["table"])
+    }
+    for p in range(5, 12):
+        want = run(lower(g, "numpy"), **args, positions=np.array([[p]], np.int32))
+        out, state["raw_blocks"] = run(lower(cached, "numpy"), **args, **state, positions=np.array([[p]], np.int32))
+        assert_bits_equal(out, want)
+
+
+def test_environment_switch_and_options(monkeypatch):
+    g = build_layer(SMALL, N_KV)
+    monkeypatch.setenv("ATTNPASS_QSA_POOL_CACHE", " Off ")
+    assert remark_of(QSAPoolCache()(g)) == "disabled by ATTNPASS_QSA_POOL_CACHE=Off"
+    assert os.environ["ATTNPASS_QSA_POOL_CACHE"] == " Off "
+    remark_of(QSAPoolCache(enabled=True)(g), "applied")
+    assert parse_pipeline("qsa-pool-cache{max_rows=2,store=keys}") == [QSAPoolCache(max_rows=2, store="keys")]
+    for bad in ({"max_rows": 0}, {"max_rows": True}, {"enabled": "yes"}, {"store": "raw"}):
+        with pytest.raises(ValueError, match="QSAPoolCache"):
+            QSAPoolCache(**bad)
+    with pytest.raises(ValueError, match="no pooled block keys"):
+        QSAPoolCache().prefill(trace(lambda x: ops.exp(x), TensorSpec((2,))))
+
+
+@requires("mlx.core")
+def test_bf16_keys_are_cached_in_f32_and_read_back_exactly():
+    def post(pooled):
+        return ops.cast(pooled, "bfloat16")
+
+    def step(q, k, raw, idx_q, positions):
+        keys = post(ops.qsa_pool(raw, ratio=2))
+        sel = ops.qsa_select(ops.qsa_block_scores(idx_q, keys), positions, ratio=2, top_k_blocks=2)
+        return ops.sdpa(q, k, k, mask=ops.qsa_mask(sel, positions, ratio=2, kv_len=12), scale=1 / math.sqrt(8))
+
+    specs = (
+        TensorSpec((1, 2, 1, 8)), TensorSpec((1, 1, 12, 8), role="resident"), TensorSpec((1, 12, 8), role="resident"),
+        TensorSpec((1, 1, 2, 8), "bfloat16"), TensorSpec((1, 1), "int32"),
+    )  # fmt: skip
+    g = trace(step, *specs)
+    cached = cache_pipeline(store="keys").run(g).graph
+    assert str(cached.node("raw_blocks").type) == "f32[1,6,8]"
+    assert cached.node(cached.node("block_scores").inputs[1]).op == "cast"  # bf16 keys read back from the f32 store
+    rng = np.random.default_rng(0)
+    args = {
+        "q": rng.standard_normal((1, 2, 1, 8), dtype=np.float32),
+        "k": rng.standard_normal((1, 1, 12, 8), dtype=np.float32),
+        "raw": rng.standard_normal((1, 12, 8), dtype=np.float32),
+        "idx_q": rng.standard_normal((1, 1, 2, 8)).astype(specs[3].type.dtype.numpy),
+        "positions": np.array([[9]], np.int32),
+    }
+    prefill = lower(QSAPoolCache(store="keys").prefill(g), "mlx")
+    cache = run(prefill, raw=args["raw"])
+    out, _ = run(lower(cached, "mlx"), **args, raw_blocks=cache)
+    assert_bits_equal(out, run(lower(g, "mlx"), **args))
+
+
+def test_positions_past_the_raw_cache_rewrite_its_last_block():
+    """The attention's cache may be longer than the indexer's: a row past the raw keys writes the last block again."""
+
+    def step(q, k, raw, idx_q, positions):
+        sel = ops.qsa_select(ops.qsa_block_scores(idx_q, ops.qsa_pool(raw, ratio=2)), positions, ratio=2, top_k_blocks=2)
+        return ops.sdpa(q, k, k, mask=ops.qsa_mask(sel, positions, ratio=2, kv_len=12))
+
+    specs = (
+        TensorSpec((1, 2, 1, 8)), TensorSpec((1, 1, 12, 8), role="resident"), TensorSpec((1, 6, 8), role="resident"),
+        TensorSpec((1, 1, 2, 8)), TensorSpec((1, 1), "int32"),
+    )  # fmt: skip
+    g = trace(step, *specs)
+    cached = cache_pipeline().run(g).graph
+    rng = np.random.default_rng(5)
+    args = {n: rng.standard_normal(cached.node(n).type.shape, dtype=np.float32) for n in ("q", "k", "raw", "idx_q")}
+    first = run(lower(QSAPoolCache().prefill(g), "numpy"), raw=args["raw"])
+    for p in (5, 7, 11):  # the raw keys hold positions 0..5
+        positions = np.array([[p]], np.int32)
+        out, after = run(lower(cached, "numpy"), **args, raw_blocks=first, positions=positions)
+        assert_bits_equal(out, run(lower(g, "numpy"), **args, positions=positions))
+        assert_bits_equal(after, first)  # every block complete: the last one written with the value it holds
