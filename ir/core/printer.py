@@ -9,7 +9,9 @@
 
 Attribute values are Python literals (non-finite floats print as ``inf``,
 ``-inf``, ``nan``); :func:`parse_graph` reads them back with ``ast`` (nothing
-is evaluated), so ``parse_graph(format_graph(g)) == g``.
+is evaluated), so ``parse_graph(format_graph(g)) == g``. A graph with a mesh
+prints it after the inputs (``... ) mesh(data=2, model=4) {``) and a sharded
+value writes its mesh axis after the dimension it splits: ``bf16[1,24@model,5,256]``.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .registry import get_op
+from .sharding import Sharding
 from .types import AttnpassError, DType, GraphFormatError, TensorType
 
 if TYPE_CHECKING:
@@ -35,8 +38,12 @@ class PrintSettings:
     indent: str = "  "
 
 
-def format_type(t: TensorType) -> str:
-    return str(t)
+def format_type(t: TensorType, sharding: Sharding | None = None) -> str:
+    """``bf16[1,24,5,256]``; with a sharding, each split dimension names its mesh axis: ``24@model``."""
+    if sharding is None:
+        return str(t)
+    dims = ",".join(f"{d}@{a}" if a else str(d) for d, a in zip(t.shape, sharding))
+    return f"{t.dtype.short}[{dims}]"
 
 
 def _format_value(v: Any) -> str:
@@ -59,7 +66,7 @@ def format_slice(node: "Node") -> str:
 def format_node(node: "Node", settings: PrintSettings = PrintSettings()) -> str:
     """``name:type = op[attrs] operands`` for one node."""
     attrs = ", ".join(f"{k}={_format_value(v)}" for k, v in node.attrs.items())
-    head = f"{node.name}:{format_type(node.type)} = {node.op}{f'[{attrs}]' if attrs else ''}"
+    head = f"{node.name}:{format_type(node.type, node.sharding)} = {node.op}{f'[{attrs}]' if attrs else ''}"
     line = " ".join([head, *node.inputs])
     if settings.show_locs and node.loc is not None:
         line += f"  # {node.loc}"
@@ -72,8 +79,9 @@ def format_graph(graph: "Graph", settings: PrintSettings = PrintSettings()) -> s
     for name in graph.inputs:
         n = graph.node(name)
         role = n.attrs.get("role", "streamed")
-        params.append(f"{name}:{format_type(n.type)}" + ("" if role == "streamed" else f"{{{role}}}"))
-    lines = [f"graph {graph.name}({', '.join(params)}) {{"]
+        params.append(f"{name}:{format_type(n.type, n.sharding)}" + ("" if role == "streamed" else f"{{{role}}}"))
+    mesh = ", ".join(f"{axis}={size}" for axis, size in graph.mesh_axes.items())
+    lines = [f"graph {graph.name}({', '.join(params)}){f' mesh({mesh})' if mesh else ''} {{"]
     for n in graph.nodes():
         if n.op != "input":
             lines.append(settings.indent + format_node(n, settings))
@@ -84,19 +92,40 @@ def format_graph(graph: "Graph", settings: PrintSettings = PrintSettings()) -> s
 
 # ----------------------------------------------------------------------------- parsing
 
-_TYPE = re.compile(r"(\w+)\[([0-9,]*)\]\Z")
-_HEADER = re.compile(r"graph (\w+)\((.*)\) \{\Z")
-_PARAM = re.compile(r"(\w+):(\w+\[[0-9,]*\])(?:\{(\w+)\})?\Z")
-_NODE = re.compile(r"(\w+):(\w+\[[0-9,]*\]) = (\w+)(?:\[(.*)\])?((?: \w+)*)\Z")
+_SHARDED_TYPE = re.compile(r"(\w+)\[((?:\d+(?:@\w+)?(?:,\d+(?:@\w+)?)*)?)\]\Z")
+_HEADER = re.compile(r"graph (\w+)\(([^()]*)\)(?: mesh\(([^()]*)\))? \{\Z")
+_PARAM = re.compile(r"(\w+):(\w+\[[\w@,]*\])(?:\{(\w+)\})?\Z")
+_NODE = re.compile(r"(\w+):(\w+\[[\w@,]*\]) = (\w+)(?:\[(.*)\])?((?: \w+)*)\Z")
 _NONFINITE = {"inf": math.inf, "nan": math.nan}
 
 
 def parse_type(text: str) -> TensorType:
-    m = _TYPE.match(text.strip())
+    """``bf16[1,24,5,256]`` -> the TensorType (a sharded type is an error here)."""
+    type_, sharding = parse_sharded_type(text)
+    if sharding is not None:
+        raise GraphFormatError(f"type {text!r} names mesh axes; expected a plain type such as bf16[1,24,5,256]")
+    return type_
+
+
+def parse_sharded_type(text: str) -> tuple[TensorType, Sharding | None]:
+    """``bf16[1,24@model,5,256]`` -> the type and its sharding (None when no dimension names an axis)."""
+    m = _SHARDED_TYPE.match(text.strip())
     if not m:
-        raise GraphFormatError(f"malformed type {text!r}; expected e.g. bf16[1,24,5,256]")
-    dims = tuple(int(d) for d in m.group(2).split(",") if d)
-    return TensorType(dims, DType.parse(m.group(1)))
+        raise GraphFormatError(f"malformed type {text!r}; expected e.g. bf16[1,24,5,256] or bf16[1,24@model,5,256]")
+    dims = [d.partition("@") for d in m.group(2).split(",")] if m.group(2) else []
+    sharding = tuple(axis or None for _, _, axis in dims)
+    type_ = TensorType(tuple(int(d) for d, _, _ in dims), DType.parse(m.group(1)))
+    return type_, sharding if any(sharding) else None
+
+
+def _parse_mesh(text: str | None) -> list[tuple[str, int]]:
+    pairs = []
+    for item in filter(None, (p.strip() for p in (text or "").split(","))):
+        name, eq, size = item.partition("=")
+        if not eq or not size.strip().isdigit():
+            raise GraphFormatError(f"malformed mesh axis {item!r}; expected name=size")
+        pairs.append((name.strip(), int(size)))
+    return pairs
 
 
 def _literal(node: ast.AST) -> Any:
@@ -134,18 +163,22 @@ def parse_graph(text: str) -> "Graph":
         raise GraphFormatError(f"malformed graph header {lines[0]!r}")
     try:
         graph = Graph(header.group(1))
+        graph.set_mesh(_parse_mesh(header.group(3)))
         for param in filter(None, (p.strip() for p in header.group(2).split(", "))):
             m = _PARAM.match(param)
             if not m:
                 raise GraphFormatError(f"malformed graph input {param!r}; expected name:type or name:type{{role}}")
-            graph.add_input(m.group(1), parse_type(m.group(2)), m.group(3) or "streamed")
+            type_, sharding = parse_sharded_type(m.group(2))
+            graph.add_input(m.group(1), type_, m.group(3) or "streamed")
+            graph.set_sharding(m.group(1), sharding)
         for lineno, line in enumerate(lines[1:-2], start=2):
             m = _NODE.match(line.strip())
             if not m:
                 raise GraphFormatError(f"line {lineno}: malformed node {line.strip()!r}")
             name, type_, op, attrs, args = m.groups()
             norm = get_op(op).normalize_attrs(_parse_attrs(attrs))
-            graph.insert(Node(name, op, tuple(args.split()), norm, parse_type(type_)))
+            type_, sharding = parse_sharded_type(type_)
+            graph.insert(Node(name, op, tuple(args.split()), norm, type_, sharding=sharding))
         graph.set_outputs([o.strip() for o in lines[-2].strip()[len("return ") :].split(",")])
         return graph.verify()
     except GraphFormatError:
@@ -154,4 +187,6 @@ def parse_graph(text: str) -> "Graph":
         raise GraphFormatError(f"malformed graph text: {exc}") from None
 
 
-__all__ = ["PrintSettings", "format_graph", "format_node", "format_type", "parse_graph", "parse_type"]
+__all__ = [
+    "PrintSettings", "format_graph", "format_node", "format_type", "parse_graph", "parse_sharded_type", "parse_type",
+]  # fmt: skip

@@ -1,4 +1,8 @@
-"""JSON form of a graph. Loading validates every field and never executes anything."""
+"""JSON form of a graph. Loading validates every field and never executes anything.
+
+Optional fields, written only when set: the graph's ``mesh`` (``[[axis, size], ...]``
+in mesh order) and a node's ``sharding`` (one axis name or null per dimension).
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from .registry import decode_attr, encode_attr, get_op
+from .sharding import decode_sharding
 from .types import AttnpassError, DType, GraphFormatError, SourceLoc, TensorType
 
 if TYPE_CHECKING:
@@ -29,6 +34,8 @@ def graph_to_json(graph: "Graph", indent: int | None = None) -> str:
                 "loc": loc,
             }
         )
+        if n.sharding is not None:
+            nodes[-1]["sharding"] = list(n.sharding)
     doc = {
         "format": FORMAT,
         "version": VERSION,
@@ -37,6 +44,8 @@ def graph_to_json(graph: "Graph", indent: int | None = None) -> str:
         "outputs": list(graph.outputs),
         "nodes": nodes,
     }
+    if graph.mesh_axes:
+        doc["mesh"] = [[axis, size] for axis, size in graph.mesh_axes.items()]
     return json.dumps(doc, indent=indent, allow_nan=False)
 
 
@@ -77,6 +86,10 @@ def graph_from_json(text: str | bytes) -> "Graph":
         raise GraphFormatError(f"unsupported graph version {doc.get('version')!r}; this library reads {VERSION}")
     try:
         graph = Graph(_field(doc, "name", str, "graph"))
+        mesh = doc.get("mesh", [])
+        if not isinstance(mesh, list) or not all(isinstance(p, list) for p in mesh):
+            raise GraphFormatError(f"graph: field 'mesh' must be a list of [axis, size] pairs, got {mesh!r}")
+        graph.set_mesh(mesh)
         inputs = _field(doc, "inputs", list, "graph")
         for i, raw in enumerate(_field(doc, "nodes", list, "graph")):
             where = f"node #{i}"
@@ -91,7 +104,9 @@ def graph_from_json(text: str | bytes) -> "Graph":
             except ValueError as exc:
                 raise GraphFormatError(f"{where}: {exc}") from None
             attrs = op.normalize_attrs(attrs)
-            graph.insert(Node(name, op.name, tuple(operands), attrs, _type(raw.get("type"), where), _loc(raw.get("loc"), where)))
+            sharding = decode_sharding(raw.get("sharding"), where)
+            type_, loc = _type(raw.get("type"), where), _loc(raw.get("loc"), where)
+            graph.insert(Node(name, op.name, tuple(operands), attrs, type_, loc, sharding))
         graph.set_inputs(inputs)
         graph.set_outputs(_field(doc, "outputs", list, "graph"))
         return graph.verify()
