@@ -105,6 +105,10 @@ def array_api_emitters(xp: str) -> dict[str, Emitter]:
 
         return emit
 
+    def sdpa_lse(n: Node, a: list[str], env: EmitEnv) -> str:
+        mask, is_bool = with_causal(n, env, xp, a[3] if len(a) == 4 else None, causal_offset(n, env))
+        return f"{env.runtime('lse')}({a[0]}, {a[1]}, {mask}, scale={sdpa_scale(n, env)}, mask_is_bool={is_bool})"
+
     table: dict[str, Emitter] = {
         **{op: (lambda fn: lambda n, a, env: f"{xp}.{fn}({a[0]}, {a[1]})")(fn) for op, fn in _CALL2.items()},
         **{op: (lambda fn: lambda n, a, env: f"{xp}.{fn}({a[0]})")(fn) for op, fn in _CALL1.items()},
@@ -119,6 +123,7 @@ def array_api_emitters(xp: str) -> dict[str, Emitter]:
         "concat": lambda n, a, env: f"{xp}.concatenate([{', '.join(a)}], axis={n.attrs['axis']})",
         "sum": reduce("sum"),
         "max": reduce("max"),
+        "sdpa_lse": sdpa_lse,
         "argpartition": lambda n, a, env: (
             f"{xp}.argpartition({a[0]}, {n.attrs['kth']}, axis={n.attrs['axis']}).astype({xp}.int32)"
         ),

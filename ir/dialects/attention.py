@@ -1,4 +1,4 @@
-"""Attention ops: matmul, softmax and the fused ``sdpa`` (GQA, masks, causal kinds)."""
+"""Attention ops: matmul, softmax, the fused ``sdpa`` (GQA, masks, causal kinds) and its ``sdpa_lse`` companion."""
 
 from __future__ import annotations
 
@@ -63,6 +63,11 @@ def _infer_sdpa(ts, *, scale, causal):
     return TensorType((b, hq, s, v.shape[3]), q.dtype)
 
 
+def _infer_sdpa_lse(ts, *, scale, causal):
+    b, hq, s, _ = _infer_sdpa(ts, scale=scale, causal=causal).shape
+    return TensorType((b, hq, s), DType.float32)
+
+
 register(OpDef("matmul", ("a", "b"), _infer_matmul, {}, "attention", "Batched a @ b with broadcast batch dims."))
 register(
     OpDef(
@@ -85,5 +90,18 @@ register(
         "h // (Hq / Hkv); scale None = 1/sqrt(D); mask bool (True = attend) or additive in q's dtype, broadcast "
         "to [B, Hq, S, T]; causal 'top_left' (JAX: query i sees keys <= i) or 'bottom_right' "
         "(MLX: query i sees keys <= i + T - S).",
+    )
+)
+register(
+    OpDef(
+        "sdpa_lse",
+        ("q", "k", "v", "mask?"),
+        _infer_sdpa_lse,
+        {"scale": attr("float?", None), "causal": attr("choice:" + "|".join(CAUSAL_KINDS), "none")},
+        "attention",
+        "Companion of sdpa (its optional log-sum-exp output, JAX's return_residual): f32[B, Hq, S] = "
+        "logsumexp over the keys of the scaled, masked logits of the sdpa with the same operands and "
+        "attributes. Kept in float32 (JAX casts its residual to the key dtype). A row that attends no key "
+        "gives the target's fill: -inf on numpy, a large finite negative on MLX/JAX, as their sdpa does.",
     )
 )

@@ -20,7 +20,7 @@ __all__ = [
     "add", "sub", "mul", "div", "maximum", "floor_divide", "neg", "exp", "relu", "rsqrt", "sin", "cos",
     "sigmoid", "logical_and", "logical_or", "equal", "less", "greater_equal", "cast", "reshape",
     "broadcast_to", "transpose", "slice", "concat", "take", "where", "sum", "max", "matmul", "softmax",
-    "sdpa", "constant", "argpartition", "put_along_axis", "qsa_pool", "qsa_block_scores", "qsa_select",
+    "sdpa", "sdpa_lse", "constant", "argpartition", "put_along_axis", "qsa_pool", "qsa_block_scores", "qsa_select",
     "qsa_mask", "qsa_cells", "qsa_cell_valid",
 ]  # fmt: skip
 
@@ -152,8 +152,25 @@ def sdpa(
     ``mask``: bool (True = attend) or additive float, broadcastable to ``[B, Hq, S, T]``.
     ``causal``: None, ``"top_left"`` (JAX ``is_causal``) or ``"bottom_right"`` (MLX ``"causal"``).
     """
+    return _attention("sdpa", q, k, v, scale, mask, causal)
+
+
+def sdpa_lse(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    scale: float | None = None,
+    mask: Tensor | None = None,
+    causal: str | None = None,
+) -> Tensor:
+    """The log-sum-exp output of :func:`sdpa` with the same arguments: f32 ``[B, Hq, S]`` (JAX's ``return_residual``)."""
+    return _attention("sdpa_lse", q, k, v, scale, mask, causal)
+
+
+def _attention(op: str, q: Tensor, k: Tensor, v: Tensor, scale, mask, causal) -> Tensor:
     operands = [q, k, v] + ([mask] if mask is not None else [])
-    return emit("sdpa", operands, {"scale": scale, "causal": causal or "none"})
+    return emit(op, operands, {"scale": scale, "causal": causal or "none"})
 
 
 # ----------------------------------------------------------------------------- QSA (attnpass.ir.qsa)

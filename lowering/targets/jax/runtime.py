@@ -1,4 +1,4 @@
-"""Runtime of the JAX target: the ``jrt`` helpers and the ``qsa`` helper, from ``jax.numpy``/``jax.lax``.
+"""Runtime of the JAX target: the ``jrt``, ``qsa`` and ``lse`` helpers, from ``jax.numpy``/``jax.lax``.
 
 ``explicit_sdpa`` is the attention the JAX lowering writes where
 ``jax.nn.dot_product_attention`` does not fit. Exact top-k with ties to the
@@ -14,9 +14,12 @@ with a ratio that is not a power of two may differ from numpy/MLX by one ulp.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
+from attnpass.lowering import attention_array_api
 from attnpass.lowering.qsa_array_api import QSAOps
 
 
@@ -46,3 +49,4 @@ def _put(array: jax.Array, indices: jax.Array, values: jax.Array) -> jax.Array:
 
 
 qsa = QSAOps(jnp, top_k=_top_k, put=_put)
+sdpa_lse = functools.partial(attention_array_api.sdpa_lse, jnp)  # the ``lse`` helper

@@ -89,7 +89,11 @@ JAX = Target(
     emitters=EMITTERS,
     array_module="jaxlib",
     from_numpy=from_numpy,
-    runtime={"jrt": "attnpass.lowering.targets.jax.runtime", "qsa": "attnpass.lowering.targets.jax.runtime.qsa"},
+    runtime={
+        "jrt": "attnpass.lowering.targets.jax.runtime",
+        "qsa": "attnpass.lowering.targets.jax.runtime.qsa",
+        "lse": "attnpass.lowering.targets.jax.runtime.sdpa_lse",
+    },
     count_primitives=count_primitives,
     placeholders=placeholders,
     export=Export("stablehlo", export_stablehlo),

@@ -1,4 +1,4 @@
-"""Runtime of the MLX target: the ``qsa`` helper, the shared QSA ops over native ``mlx.core`` primitives.
+"""Runtime of the MLX target: the ``qsa`` helper (the shared QSA ops over native ``mlx.core`` primitives) and ``lse``.
 
 Exact top-k with ties to the lower block id, without relying on the tie
 behaviour of ``mx.topk``/``argpartition``: each score becomes a unique int64
@@ -12,10 +12,12 @@ from the key's low 32 bits. The other ops are shared with JAX
 
 from __future__ import annotations
 
+import functools
 import math
 
 import mlx.core as mx
 
+from attnpass.lowering import attention_array_api
 from attnpass.lowering.qsa_array_api import QSAOps
 
 _LOW = 2**32 - 1
@@ -40,3 +42,4 @@ def _put(array: mx.array, indices: mx.array, values: mx.array) -> mx.array:
 
 
 qsa = QSAOps(mx, top_k=_top_k, put=_put)
+sdpa_lse = functools.partial(attention_array_api.sdpa_lse, mx)  # the ``lse`` helper

@@ -45,13 +45,9 @@ def causal_mask(s: int, t: int, causal: str) -> np.ndarray | None:
     return np.arange(t)[None, :] <= np.arange(s)[:, None] + offset
 
 
-def sdpa(q, k, v, mask=None, *, scale: float, causal: str, dtype: str) -> np.ndarray:
-    """softmax(q k^T * scale + mask) v in float64; query head h reads kv head h // (Hq / Hkv).
-
-    The query heads of each KV group are folded into the rows of one matmul
-    per KV head, so K/V are never copied per query head.
-    """
-    q, k, v = wide(q), wide(k), wide(v)
+def _logits(q, k, mask, scale: float, causal: str) -> np.ndarray:
+    """float64 ``q k^T * scale`` plus an additive mask, -inf where a bool mask or causality forbids."""
+    q, k = wide(q), wide(k)
     (b, hq, s, _), (hkv, t) = q.shape, k.shape[1:3]
     folded = q.reshape(b, hkv, (hq // hkv) * s, q.shape[3])
     scores = np.matmul(folded, np.swapaxes(k, -1, -2)).reshape(b, hq, s, t) * scale
@@ -62,12 +58,30 @@ def sdpa(q, k, v, mask=None, *, scale: float, causal: str, dtype: str) -> np.nda
             allowed = mask if allowed is None else np.logical_and(mask, allowed)
         else:
             scores = scores + wide(mask)
-    if allowed is not None:
-        scores = np.where(allowed, scores, -np.inf)
+    return scores if allowed is None else np.where(allowed, scores, -np.inf)
+
+
+def sdpa(q, k, v, mask=None, *, scale: float, causal: str, dtype: str) -> np.ndarray:
+    """softmax(q k^T * scale + mask) v in float64; query head h reads kv head h // (Hq / Hkv).
+
+    The query heads of each KV group are folded into the rows of one matmul
+    per KV head, so K/V are never copied per query head.
+    """
+    scores = _logits(q, k, mask, scale, causal)
+    (b, hq, s, t), hkv = scores.shape, k.shape[1]
     peak = np.max(scores, axis=-1, keepdims=True)
     e = np.exp(scores - np.where(np.isfinite(peak), peak, 0.0))
     probs = (e / np.sum(e, axis=-1, keepdims=True)).reshape(b, hkv, (hq // hkv) * s, t)
-    return rounded(np.matmul(probs, v).reshape(b, hq, s, v.shape[3]), dtype)
+    return rounded(np.matmul(probs, wide(v)).reshape(b, hq, s, v.shape[3]), dtype)
+
+
+def sdpa_lse(q, k, mask=None, *, scale: float, causal: str) -> np.ndarray:
+    """float32 logsumexp over the keys of sdpa's logits (-inf for a row that attends no key)."""
+    scores = _logits(q, k, mask, scale, causal)
+    peak = np.max(scores, axis=-1)
+    finite = np.where(np.isfinite(peak), peak, 0.0)
+    with np.errstate(divide="ignore"):  # log(0) = -inf for a row that attends no key
+        return rounded(finite + np.log(np.sum(np.exp(scores - finite[..., None]), axis=-1)), "float32")
 
 
 def put_along_axis(x: np.ndarray, indices: np.ndarray, values: np.ndarray, axis: int) -> np.ndarray:
