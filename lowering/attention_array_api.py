@@ -4,7 +4,8 @@ The logits are formed as the JAX lowering's explicit attention forms them
 (float32, the query heads of each KV group folded into the rows of one matmul
 per KV head); a bool mask fills forbidden keys with JAX's finite large
 negative (``-0.7 * float32 max``, as ``jax.nn.dot_product_attention`` does),
-so a row that attends no key gets a finite value, like the targets' own sdpa.
+so a row that attends no key gets a finite value, like the targets' own sdpa
+(an additive mask of -inf everywhere gives -inf).
 """
 
 from __future__ import annotations
@@ -26,4 +27,5 @@ def sdpa_lse(xp: Any, q: Any, k: Any, mask: Any, *, scale: float, mask_is_bool: 
     if mask is not None:
         logits = xp.where(mask, logits, LARGE_NEGATIVE) if mask_is_bool else logits + mask.astype(xp.float32)
     peak = xp.max(logits, axis=-1, keepdims=True)
+    peak = xp.where(xp.isfinite(peak), peak, 0.0)  # an additive -inf row: log(0) = -inf, not NaN
     return xp.log(xp.sum(xp.exp(logits - peak), axis=-1)) + peak[..., 0]
