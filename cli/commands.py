@@ -13,7 +13,8 @@ from collections import Counter
 from pathlib import Path
 
 from attnpass.ir import AttnpassError, Graph, PrintSettings, diff_graphs, format_graph, parse_graph, render
-from attnpass.lowering import export_formats, lower
+from attnpass.ir.core.sharding import parse_mesh
+from attnpass.lowering import Target, export_formats, get_target, lower
 from attnpass.models import EXAMPLES, build_example
 from attnpass.passes import (
     Instrumentation,
@@ -51,8 +52,8 @@ def show(args: argparse.Namespace) -> int:
 def _run_pipeline(args: argparse.Namespace, instrumentations: list[Instrumentation]) -> tuple[Graph, PassResult]:
     """Load the graph (or the reproducer) and run the pipeline with the requested instrumentation."""
     if args.reproducer is not None:
-        if args.pipeline is not None or args.graph is not None:
-            raise AttnpassError("--reproducer replays a saved crash: give neither --pipeline nor GRAPH")
+        if args.pipeline is not None or args.graph is not None or args.mesh is not None:
+            raise AttnpassError("--reproducer replays a saved crash: give neither --pipeline, --mesh nor GRAPH")
         rep = load_reproducer(args.reproducer)
         after = ", ".join(rep.after) or "none"
         print(f"// replaying {args.reproducer}: pipeline {rep.pipeline!r} (ran after: {after})")
@@ -61,6 +62,8 @@ def _run_pipeline(args: argparse.Namespace, instrumentations: list[Instrumentati
         if args.pipeline is None or args.graph is None:
             raise AttnpassError("give --pipeline TEXT and a GRAPH file (or --reproducer FILE)")
         passes, graph, reproducer_dir = parse_pipeline(args.pipeline), load_graph(args.graph), args.reproducer_dir
+        if args.mesh is not None:
+            graph.set_mesh(parse_mesh(args.mesh))
     manager = PassManager(
         passes, fixed_point=args.fixed_point, instrumentations=instrumentations, reproducer_dir=reproducer_dir
     )
@@ -110,14 +113,24 @@ def render_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _mesh(target: Target, axes: str | None) -> object:
+    """The target's mesh for ``--mesh AXES`` (None without the option)."""
+    if axes is None:
+        return None
+    if target.spmd is None:
+        raise AttnpassError(f"--mesh: target {target.name!r} has no sharded lowering")
+    return target.spmd.make_mesh(parse_mesh(axes))
+
+
 def lower_command(args: argparse.Namespace) -> int:
-    print(lower(load_graph(args.graph), args.target, comments=not args.no_comments).source.rstrip("\n"))
+    mesh = _mesh(get_target(args.target), args.mesh)
+    print(lower(load_graph(args.graph), args.target, comments=not args.no_comments, mesh=mesh).source.rstrip("\n"))
     return 0
 
 
 def export(args: argparse.Namespace) -> int:
     target = export_formats()[args.target]
-    program = lower(load_graph(args.graph), target.name)
+    program = lower(load_graph(args.graph), target.name, mesh=_mesh(target, args.mesh))
     spec = target.export
     if spec.suffix:
         if not args.output:

@@ -26,6 +26,7 @@ from attnpass.passes import PassError
 from . import commands
 
 PIPELINE_HELP = "textual pipeline, e.g. 'dce,head-chunk{budget=16},qsa-gather{pad_multiple=256}' (see: attnpass passes)"
+MESH_HELP = "device mesh axes in order, e.g. data=2,model=4"
 
 
 def _version() -> str:
@@ -40,6 +41,7 @@ def _pipeline_options(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--pipeline", "-p", metavar="TEXT", help=PIPELINE_HELP)
     sub.add_argument("--reproducer", metavar="FILE", help="replay a crash reproducer instead of --pipeline/GRAPH")
     sub.add_argument("--fixed-point", action="store_true", help="repeat the pipeline until nothing changes (bounded)")
+    sub.add_argument("--mesh", metavar="AXES", help=f"declare the graph's mesh before the pipeline ({MESH_HELP})")
     sub.add_argument(
         "--reproducer-dir",
         metavar="DIR",
@@ -98,11 +100,13 @@ def build_parser() -> argparse.ArgumentParser:
     targets = [t.name for t in available_targets()]
     sub.add_argument("--target", "-t", required=True, choices=targets, help="lowering target")
     sub.add_argument("--no-comments", action="store_true", help="omit the comments pointing back to graph nodes")
+    sub.add_argument("--mesh", metavar="AXES", help=f"the sharded program over a mesh with these axes ({MESH_HELP})")
 
     sub = add("export", commands.export, "export a graph for other compilers: MLX .mlxfn or StableHLO text")
     sub.add_argument("graph", metavar="GRAPH", help="graph JSON file; - for stdin")
     sub.add_argument("--target", "-t", required=True, choices=list(export_formats()), help="export format")
     sub.add_argument("-o", "--output", metavar="FILE", help="output file (stablehlo: default stdout)")
+    sub.add_argument("--mesh", metavar="AXES", help=f"export the sharded program ({MESH_HELP})")
 
     sub = add("example", commands.example, "write a built-in example graph as JSON (no NAME: list them)")
     sub.add_argument("name", nargs="?", metavar="NAME", help=", ".join(EXAMPLES))

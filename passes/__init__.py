@@ -19,11 +19,12 @@ from .raise_attention import RaiseAttention
 from .registry import PipelineError, available_passes, get_pass, register_pass
 from .reproducer import Reproducer, load_reproducer
 from .rewrite import Decline, Rewriter, Rule, apply_rules
+from .shard_attention import ShardAttention
 from .split_kv import SplitKV
 
 __all__ = [
     "DeadCodeElimination", "Decline", "HeadChunkSDPA", "Instrumentation", "NarrowInputs", "Pass", "PassError",
     "PassManager", "PassResult", "PassTimings", "PipelineError", "PrintAfterChange", "QSAGather", "RaiseAttention",
-    "Remark", "Remarks", "Reproducer", "Rewriter", "Rule", "SplitKV", "SwitchedPass", "apply_rules", "available_passes",
+    "Remark", "Remarks", "Reproducer", "Rewriter", "Rule", "ShardAttention", "SplitKV", "SwitchedPass", "apply_rules", "available_passes",
     "format_pipeline", "get_pass", "head_chunk_plan", "load_reproducer", "parse_pipeline", "register_pass",
 ]  # fmt: skip

@@ -91,6 +91,11 @@ class Rewriter(Builder):
             self.graph.prune(self.anchor.inputs)
         self.done = True
 
+    def annotate_matched(self, sharding: Sequence[str | None]) -> None:
+        """Keep the anchor and give it a sharding annotation (a rewrite that only places values)."""
+        self.graph.set_sharding(self.anchor.name, sharding)
+        self.done = True
+
     def retype_matched(self, type: TensorType) -> None:
         """Give the anchor, a graph input, a new type in place; rewire its readers to match."""
         self.graph.retype_input(self.anchor.name, type)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .registry import get_op
-from .sharding import Sharding
+from .sharding import Sharding, parse_mesh
 from .types import AttnpassError, DType, GraphFormatError, TensorType
 
 if TYPE_CHECKING:
@@ -118,16 +118,6 @@ def parse_sharded_type(text: str) -> tuple[TensorType, Sharding | None]:
     return type_, sharding if any(sharding) else None
 
 
-def _parse_mesh(text: str | None) -> list[tuple[str, int]]:
-    pairs = []
-    for item in filter(None, (p.strip() for p in (text or "").split(","))):
-        name, eq, size = item.partition("=")
-        if not eq or not size.strip().isdigit():
-            raise GraphFormatError(f"malformed mesh axis {item!r}; expected name=size")
-        pairs.append((name.strip(), int(size)))
-    return pairs
-
-
 def _literal(node: ast.AST) -> Any:
     if isinstance(node, ast.Name) and node.id in _NONFINITE:
         return _NONFINITE[node.id]
@@ -163,7 +153,7 @@ def parse_graph(text: str) -> "Graph":
         raise GraphFormatError(f"malformed graph header {lines[0]!r}")
     try:
         graph = Graph(header.group(1))
-        graph.set_mesh(_parse_mesh(header.group(3)))
+        graph.set_mesh(parse_mesh(header.group(3) or ""))
         for param in filter(None, (p.strip() for p in header.group(2).split(", "))):
             m = _PARAM.match(param)
             if not m:

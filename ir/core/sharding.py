@@ -47,6 +47,17 @@ def normalize_mesh(axes: Mapping[str, int] | Sequence[tuple[str, int]]) -> dict[
     return out
 
 
+def parse_mesh(text: str) -> dict[str, int]:
+    """``"data=2, model=4"`` -> ``{"data": 2, "model": 4}`` (validated; GraphFormatError when malformed)."""
+    pairs = []
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        name, eq, size = item.partition("=")
+        if not eq or not size.strip().isdigit():
+            raise GraphFormatError(f"malformed mesh axis {item!r}; expected name=size")
+        pairs.append((name.strip(), int(size)))
+    return normalize_mesh(pairs)
+
+
 def sharding_problem(node: "Node", mesh_axes: Mapping[str, int]) -> str | None:
     """Why ``node``'s sharding is invalid on a mesh with ``mesh_axes``, or None when it is valid."""
     sharding = node.sharding
@@ -87,5 +98,6 @@ def decode_sharding(raw: Any, where: str) -> Sharding | None:
 
 
 __all__ = [
-    "Sharding", "decode_sharding", "format_sharding", "normalize_mesh", "normalize_sharding", "sharding_problem",
+    "Sharding", "decode_sharding", "format_sharding", "normalize_mesh", "normalize_sharding", "parse_mesh",
+    "sharding_problem",
 ]  # fmt: skip
