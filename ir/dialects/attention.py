@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from attnpass.ir.core.registry import OpDef, attr, register
+from attnpass.ir.core.registry import OpDef, attr, get_op, register
 from attnpass.ir.core.types import DType, ShapeError, TensorType
 
 from .rules import FLOATS, NUMERIC, broadcast_shapes, normalize_axis, require_dtype, same_dtype
@@ -92,12 +92,13 @@ register(
         "(MLX: query i sees keys <= i + T - S).",
     )
 )
+_SDPA = get_op("sdpa")
 register(
     OpDef(
         "sdpa_lse",
-        ("q", "k", "v", "mask?"),
+        _SDPA.operands,
         _infer_sdpa_lse,
-        {"scale": attr("float?", None), "causal": attr("choice:" + "|".join(CAUSAL_KINDS), "none")},
+        _SDPA.attrs,  # the companion takes exactly sdpa's attributes
         "attention",
         "Companion of sdpa (its optional log-sum-exp output, JAX's return_residual): f32[B, Hq, S] = "
         "logsumexp over the keys of the scaled, masked logits of the sdpa with the same operands and "

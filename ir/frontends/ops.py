@@ -152,23 +152,21 @@ def sdpa(
     ``mask``: bool (True = attend) or additive float, broadcastable to ``[B, Hq, S, T]``.
     ``causal``: None, ``"top_left"`` (JAX ``is_causal``) or ``"bottom_right"`` (MLX ``"causal"``).
     """
-    return _attention("sdpa", q, k, v, scale, mask, causal)
+    return _attention("sdpa", q, k, v, scale=scale, mask=mask, causal=causal)
 
 
-def sdpa_lse(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    *,
-    scale: float | None = None,
-    mask: Tensor | None = None,
+def sdpa_lse(q: Tensor, k: Tensor, v: Tensor, **options: Any) -> Tensor:
+    """The log-sum-exp output of :func:`sdpa` for the same arguments (``scale``, ``mask``, ``causal``).
+
+    f32 ``[B, Hq, S]``: logsumexp over the keys of the scaled, masked logits (JAX's ``return_residual``).
+    """
+    return _attention("sdpa_lse", q, k, v, **options)
+
+
+def _attention(
+    op: str, q: Tensor, k: Tensor, v: Tensor, *, scale: float | None = None, mask: Tensor | None = None,
     causal: str | None = None,
 ) -> Tensor:
-    """The log-sum-exp output of :func:`sdpa` with the same arguments: f32 ``[B, Hq, S]`` (JAX's ``return_residual``)."""
-    return _attention("sdpa_lse", q, k, v, scale, mask, causal)
-
-
-def _attention(op: str, q: Tensor, k: Tensor, v: Tensor, scale, mask, causal) -> Tensor:
     operands = [q, k, v] + ([mask] if mask is not None else [])
     return emit(op, operands, {"scale": scale, "causal": causal or "none"})
 
