@@ -70,7 +70,9 @@ def main() -> None:
     parser.add_argument("--n-kv", type=int, default=131072)
     args = parser.parse_args()
     print(f"{args.layers} layers, n_kv {args.n_kv}, q_len 4, bf16, 8 simulated devices")
-    header = f"{'configuration':<24} {'applied':>7} {'declined':>8} {'K/V total':>12} {'K/V per device':>15} {'share':>6}"
+    header = (
+        f"{'configuration':<24} {'applied':>7} {'declined':>8} {'K/V total':>12} {'K/V per device':>15} {'share':>6}"
+    )
     header += f" {'all-reduce':>10} {'others':>6} {'reduced bytes':>13}"
     print(header)
     for label, kv_heads, q_heads, axes, options in CONFIGS:

@@ -18,7 +18,7 @@ LARGE_NEGATIVE = -0.7 * float(np.finfo(np.float32).max)
 
 
 def sdpa_lse(xp: Any, q: Any, k: Any, mask: Any, *, scale: float, mask_is_bool: bool) -> Any:
-    """float32 ``logsumexp`` over T of ``q k^T * scale`` masked (``[B, Hq, S, D]``, ``[B, Hkv, T, D]`` -> ``[B, Hq, S]``)."""
+    """float32 logsumexp over T of the masked ``q k^T * scale``: q ``[B, Hq, S, D]``, k ``[B, Hkv, T, D]``."""
     b, hq, s, d = q.shape
     hkv, t = k.shape[1], k.shape[2]
     folded = xp.reshape(q, (b, hkv, (hq // hkv) * s, d)).astype(xp.float32)

@@ -13,8 +13,9 @@ the same size; it may have more axes (values are replicated over them).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from attnpass.ir import Graph
 from attnpass.ir.core.sharding import Sharding
@@ -44,7 +45,7 @@ class Spmd:
     mesh_axes: Callable[[Any], Mapping[str, int]]
     constrain: Callable[[str, Sharding], str]
     entry: Callable[[str, str, Sequence[Placed], Sequence[Placed]], list[str]]
-    place: Callable[[Any, Any, "Sharding | None"], Any]
+    place: Callable[[Any, Any, Sharding | None], Any]
     make_mesh: Callable[[Mapping[str, int]], Any]
 
 
@@ -54,7 +55,9 @@ def check_mesh(graph: Graph, spmd: Spmd, mesh: Any) -> None:
     wrong = [f"{axis}={size}" for axis, size in graph.mesh_axes.items() if sizes.get(axis) != size]
     if wrong:
         have = ", ".join(f"{a}={n}" for a, n in sizes.items()) or "no axes"
-        raise LoweringError(f"graph {graph.name} is annotated for mesh axes {', '.join(wrong)}, but the mesh has {have}")
+        raise LoweringError(
+            f"graph {graph.name} is annotated for mesh axes {', '.join(wrong)}, but the mesh has {have}"
+        )
 
 
 __all__ = ["Placed", "Spmd", "check_mesh"]

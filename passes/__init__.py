@@ -25,6 +25,6 @@ from .split_kv import SplitKV
 __all__ = [
     "DeadCodeElimination", "Decline", "HeadChunkSDPA", "Instrumentation", "NarrowInputs", "Pass", "PassError",
     "PassManager", "PassResult", "PassTimings", "PipelineError", "PrintAfterChange", "QSAGather", "RaiseAttention",
-    "Remark", "Remarks", "Reproducer", "Rewriter", "Rule", "ShardAttention", "SplitKV", "SwitchedPass", "apply_rules", "available_passes",
-    "format_pipeline", "get_pass", "head_chunk_plan", "load_reproducer", "parse_pipeline", "register_pass",
+    "Remark", "Remarks", "Reproducer", "Rewriter", "Rule", "ShardAttention", "SplitKV", "SwitchedPass", "apply_rules",
+    "available_passes", "format_pipeline", "get_pass", "head_chunk_plan", "load_reproducer", "parse_pipeline", "register_pass",
 ]  # fmt: skip

@@ -100,7 +100,9 @@ class ShardAttention(Pass):
         hits = apply_rules(graph, rules, remarks)
         inherited = _propagate(graph) if hits else 0
         if inherited:
-            remarks.analysis(None, f"{inherited} value(s) inherited the sharding of what they read elementwise or concatenate")
+            remarks.analysis(
+                None, f"{inherited} value(s) inherited the sharding of what they read elementwise or concatenate"
+            )
         return bool(hits)
 
     # ------------------------------------------------------------------ matching
@@ -194,11 +196,15 @@ class ShardAttention(Pass):
             held = graph.node(value).sharding
             if held is not None and held != sharding:
                 return Decline(
-                    f"{value} is already sharded {format_sharding(held)}; this attention needs {format_sharding(sharding)}"
+                    f"{value} is already sharded {format_sharding(held)}; "
+                    f"this attention needs {format_sharding(sharding)}"
                 )
         out = self._sharding(QKV_LABELS)
-        if chunks is None and split is None and anchor.sharding == out and all(
-            graph.node(n).sharding == s for n, s in values.items()
+        if (
+            chunks is None
+            and split is None
+            and anchor.sharding == out
+            and all(graph.node(n).sharding == s for n, s in values.items())
         ):
             return Decline("already sharded as planned")
         message = self._describe(graph, anchor, hkv, hq, b, chunks, split, values)
@@ -213,10 +219,9 @@ class ShardAttention(Pass):
         while node.op in ("slice", "take", "cast"):
             source = graph.node(node.inputs[0])
             if node.op == "slice":
-                cut = [
-                    d for d, axis in enumerate(sharding)
-                    if axis and (node.attrs["start"][d], node.attrs["stop"][d], node.attrs["step"][d]) != (0, source.type.shape[d], 1)
-                ]  # fmt: skip
+                whole = [(0, n, 1) for n in source.type.shape]
+                bounds = list(zip(node.attrs["start"], node.attrs["stop"], node.attrs["step"]))
+                cut = [d for d, axis in enumerate(sharding) if axis and bounds[d] != whole[d]]
                 if cut:
                     return Decline(
                         f"{value} is read through slice {node.name} [{format_slice(node)}], which cuts dimension "
@@ -366,7 +371,9 @@ def _head_chunk_group(
         q, h0, h1 = _head_range(graph, call.inputs[0])
         (k, j0, j1), (v, v0, v1) = (_head_range(graph, x) for x in call.inputs[1:3])
         if (j0, j1) != (v0, v1) or j1 - j0 != 1 or h0 != position:
-            return Decline(f"not one head-chunked attention: {call.name} reads query heads {h0}:{h1} and K/V heads {j0}:{j1}")
+            return Decline(
+                f"not one head-chunked attention: {call.name} reads query heads {h0}:{h1} and K/V heads {j0}:{j1}"
+            )
         sources.add((q, k, v))
         offsets.setdefault(j0, []).append((h0, h1))
         position = h1
@@ -378,7 +385,9 @@ def _head_chunk_group(
     local = {j: tuple((h0 - j * group, h1 - j * group) for h0, h1 in chunks) for j, chunks in offsets.items()}
     chunks = local.get(0, ())
     if position != hq or sorted(local) != list(range(hkv)) or any(c != chunks for c in local.values()):
-        return Decline(f"not one head-chunked attention: the chunks of {concat.name} are not the same in every KV group")
+        return Decline(
+            f"not one head-chunked attention: the chunks of {concat.name} are not the same in every KV group"
+        )
     if any(not 0 <= start < stop <= group for start, stop in chunks):
         return Decline(f"not one head-chunked attention: a chunk of {concat.name} spans two KV groups")
     return (q, k, v, first.inputs[3] if len(first.inputs) == 4 else None), chunks

@@ -32,8 +32,9 @@ discarded); a row masked everywhere stays what the target's own sdpa gives.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, ClassVar, Sequence
+from typing import ClassVar
 
 from attnpass.ir import DType, Graph, Node
 
@@ -75,7 +76,9 @@ class SplitPlan:
 
 def is_split_partial(graph: Graph, node: Node) -> bool:
     """Whether ``node`` (an sdpa) already has its ``sdpa_lse`` companion: a split-KV partial."""
-    return any(u.op == "sdpa_lse" and u.inputs == node.inputs and u.attrs == node.attrs for u in graph.users(node.inputs[0]))
+    return any(
+        u.op == "sdpa_lse" and u.inputs == node.inputs and u.attrs == node.attrs for u in graph.users(node.inputs[0])
+    )
 
 
 def match_split(graph: Graph, node: Node, shards: int) -> SplitPlan | Decline:
@@ -184,12 +187,18 @@ def _causal_and(rw: Rewriter, mask: str | None, causal: str, full: tuple[int, in
     hi = max(hi, lo)
     pieces = []
     if lo:
-        pieces.append(rw.op("constant", [], {"value": (True,), "shape": (1, 1, s, lo), "dtype": DType.bool}, "causal_seen"))
+        pieces.append(
+            rw.op("constant", [], {"value": (True,), "shape": (1, 1, s, lo), "dtype": DType.bool}, "causal_seen")
+        )
     if hi > lo:
         triangle = tuple(j <= i + offset for i in range(s) for j in range(lo, hi))
-        pieces.append(rw.op("constant", [], {"value": triangle, "shape": (1, 1, s, hi - lo), "dtype": DType.bool}, "causal_edge"))
+        pieces.append(
+            rw.op("constant", [], {"value": triangle, "shape": (1, 1, s, hi - lo), "dtype": DType.bool}, "causal_edge")
+        )
     if t > hi:
-        pieces.append(rw.op("constant", [], {"value": (False,), "shape": (1, 1, s, t - hi), "dtype": DType.bool}, "causal_unseen"))
+        pieces.append(
+            rw.op("constant", [], {"value": (False,), "shape": (1, 1, s, t - hi), "dtype": DType.bool}, "causal_unseen")
+        )
     allowed = rw.concat(pieces, 3, "causal")
     if mask is None:
         return allowed
@@ -209,9 +218,7 @@ def _owned_cells(rw: Rewriter, cells: str, n: int, tn: int) -> tuple[str, str]:
     return local, owned
 
 
-def _owned_mask(
-    rw: Rewriter, mask: str | None, owned: str, n: int, b: int, hq: int, s: int, place: Place
-) -> str:
+def _owned_mask(rw: Rewriter, mask: str | None, owned: str, n: int, b: int, hq: int, s: int, place: Place) -> str:
     """The gathered sdpa's mask restricted to the slots each shard owns, as ``[n*B, Hm, Sm, W]``."""
     width = rw.type(owned).shape[1]
     shape = rw.type(mask).shape if mask is not None else (1, 1, 1, width)
@@ -246,7 +253,9 @@ def _combine(
     weight = rw.op("exp", [rw.op("sub", [lse5, peak], hint=f"{name}_lse_shift")], hint=f"{name}_weight")
     zero = rw.scalar(0.0, DType.float32, "zero")
     dropped = rw.op("equal", [weight, zero], hint=f"{name}_dropped")  # a fully masked shard's partial may be NaN
-    weighted = rw.op("where", [dropped, zero, rw.op("mul", [weight, o], hint=f"{name}_weighted")], hint=f"{name}_weighted")
+    weighted = rw.op(
+        "where", [dropped, zero, rw.op("mul", [weight, o], hint=f"{name}_weighted")], hint=f"{name}_weighted"
+    )
     num = rw.op("sum", [weighted], {"axes": (0,)}, f"{name}_num")
     den = rw.op("sum", [weight], {"axes": (0,)}, f"{name}_den")
     for value in (num, den):
@@ -283,4 +292,13 @@ class SplitKV(Pass):
         return bool(apply_rules(graph, [rule], remarks))
 
 
-__all__ = ["Labels", "Place", "SplitKV", "SplitPlan", "is_split_partial", "match_split", "no_placement", "rewrite_split"]
+__all__ = [
+    "Labels",
+    "Place",
+    "SplitKV",
+    "SplitPlan",
+    "is_split_partial",
+    "match_split",
+    "no_placement",
+    "rewrite_split",
+]

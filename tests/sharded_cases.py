@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -27,10 +28,12 @@ from attnpass.passes import PassManager, parse_pipeline
 MESH_1X8 = {"data": 1, "model": 8}
 MESH_2X4 = {"data": 2, "model": 4}
 N_KV = 8192
+QWEN = QSAConfig()  # 24 q / 2 kv heads, head dim 256
+QWEN_BF16 = QSAConfig(dtype="bfloat16")
 WIDE_KV = QSAConfig(n_q_heads=32, n_kv_heads=8)  # 8 KV heads: a heads axis of 8 divides them
 
 
-def verify_graph(cfg: QSAConfig = QSAConfig(), batch: int = 1, q_len: int = 4, kv_len: int = 4096) -> Graph:
+def verify_graph(cfg: QSAConfig = QWEN, batch: int = 1, q_len: int = 4, kv_len: int = 4096) -> Graph:
     """The verify step's attention (bf16, head dim 256) with ``cfg``'s head counts and ``batch`` streams."""
     q = TensorSpec((batch, cfg.n_q_heads, q_len, cfg.head_dim), "bfloat16")
     kv = TensorSpec((batch, cfg.n_kv_heads, kv_len, cfg.head_dim), "bfloat16", role="resident")
@@ -46,7 +49,7 @@ def verify_inputs(graph: Graph) -> dict[str, np.ndarray]:
 
 
 def model_inputs(graph: Graph, cfg: QSAConfig) -> dict[str, np.ndarray]:
-    """Random hidden state and caches; the QSA layers' indexer inputs from :func:`make_inputs` (decode rows at the end)."""
+    """Random hidden state and caches; the QSA layers' indexer inputs from :func:`make_inputs` (rows at the end)."""
     rng = np.random.default_rng(0)
     q_len = graph.node("hidden").type.shape[2]
     qsa = make_inputs(cfg, N_KV, np.arange(N_KV - q_len, N_KV, dtype=np.int32)[None])
@@ -58,17 +61,17 @@ def model_inputs(graph: Graph, cfg: QSAConfig) -> dict[str, np.ndarray]:
     return arrays
 
 
-def verify_case(cfg: QSAConfig = QSAConfig(), batch: int = 1) -> tuple[Graph, dict[str, np.ndarray], str]:
+def verify_case(cfg: QSAConfig = QWEN, batch: int = 1) -> tuple[Graph, dict[str, np.ndarray], str]:
     graph = verify_graph(cfg, batch)
     return graph, verify_inputs(graph), "head-chunk"
 
 
-def qsa_case(cfg: QSAConfig = QSAConfig()) -> tuple[Graph, dict[str, np.ndarray], str]:
+def qsa_case(cfg: QSAConfig = QWEN) -> tuple[Graph, dict[str, np.ndarray], str]:
     graph = gather_pipeline().run(build_layer(cfg, N_KV)).graph
     return graph, make_inputs(cfg, N_KV, np.array([[5000]]), hidden_fraction=0.1), ""
 
 
-def model_case(cfg: QSAConfig = QSAConfig(dtype="bfloat16")) -> tuple[Graph, dict[str, np.ndarray], str]:
+def model_case(cfg: QSAConfig = QWEN_BF16) -> tuple[Graph, dict[str, np.ndarray], str]:
     graph = build_model(4, q_len=4, n_kv=N_KV, cfg=cfg)
     return graph, model_inputs(graph, cfg), EXAMPLES["qwen38-model"].pipeline
 

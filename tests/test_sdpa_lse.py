@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from attnpass.ir import DType, ShapeError, TensorSpec, ops, trace
 from attnpass.backends import run
+from attnpass.ir import DType, ShapeError, TensorSpec, ops, trace
 from attnpass.lowering import lower
 from tests.util import assert_close, available, random_array, requires
 

@@ -1,4 +1,4 @@
-"""shard-attention on one device: what it annotates and rewrites, what it declines and why, and that values stay equal."""
+"""shard-attention on one device: what it annotates and rewrites, what it declines and why; values stay equal."""
 
 from __future__ import annotations
 
@@ -34,7 +34,9 @@ def shard(graph: Graph, pipeline: str, mesh: dict[str, int]):
 def test_a_head_chunked_attention_is_regrouped_over_all_kv_groups():
     graph, remarks = shard(verify_step(q_len=4, kv_len=256), "head-chunk,shard-attention{heads=model}", {"model": 2})
     assert remarks[0].startswith("[shard-attention] applied sdpa_heads: head-chunked: regrouped 4 head-chunk subcalls")
-    assert "KV heads over model: 2/2 = 1 KV head(s) per device with their 12 query heads (whole GQA groups)" in remarks[0]
+    assert (
+        "KV heads over model: 2/2 = 1 KV head(s) per device with their 12 query heads (whole GQA groups)" in remarks[0]
+    )
     calls = [n for n in graph.nodes() if n.op == "sdpa"]
     assert [graph.node(c.inputs[0]).type.shape[1] for c in calls] == [16, 8]  # chunks 8 and 4, both KV groups at once
     assert all(c.inputs[1:3] == ("k_cache", "v_cache") for c in calls)  # K/V whole: no one-head slices left
@@ -55,8 +57,12 @@ def test_regrouped_and_split_attention_computes_the_same_values(target):
 
 
 def test_a_plain_sdpa_is_annotated_in_place_and_a_second_run_changes_nothing():
-    graph, remarks = shard(verify_graph(QSAConfig(n_q_heads=32, n_kv_heads=8)), "shard-attention{heads=model}", {"model": 8})
-    assert "applied sdpa: sdpa: KV heads over model: 8/8 = 1 KV head(s) per device with their 4 query heads" in remarks[0]
+    graph, remarks = shard(
+        verify_graph(QSAConfig(n_q_heads=32, n_kv_heads=8)), "shard-attention{heads=model}", {"model": 8}
+    )
+    assert (
+        "applied sdpa: sdpa: KV heads over model: 8/8 = 1 KV head(s) per device with their 4 query heads" in remarks[0]
+    )
     assert graph.node("sdpa").sharding == HEADS and graph.node("mask").sharding is None
     again = PassManager(parse_pipeline("shard-attention{heads=model}")).run(graph)
     assert not again.changed and "declined sdpa: sdpa (rule at" in str(again.remarks[0])
@@ -68,7 +74,10 @@ def test_the_whole_model_is_annotated_through_its_residual_adds():
     graph = PassManager(parse_pipeline(EXAMPLES["qwen38-model"].pipeline)).run(model).graph
     sharded, remarks = shard(graph, "shard-attention{heads=model}", {"model": 2})
     assert sum("] applied " in r for r in remarks) == 3 + 4  # 3 head-chunked dense layers, 4 gathered rows
-    assert remarks[-1] == "[shard-attention] analysis: 2 value(s) inherited the sharding of what they read elementwise or concatenate"
+    assert (
+        remarks[-1]
+        == "[shard-attention] analysis: 2 value(s) inherited the sharding of what they read elementwise or concatenate"
+    )
     assert sharded.node(sharded.outputs[0]).sharding == HEADS
     assert all(sharded.node(n).sharding == HEADS for n in sharded.inputs if n.startswith(("k_cache", "v_cache")))
     assert all(sharded.node(n).sharding is None for n in sharded.inputs if n.startswith(("idx_", "rope_")))
@@ -77,9 +86,21 @@ def test_the_whole_model_is_annotated_through_its_residual_adds():
 @pytest.mark.parametrize(
     ("pipeline", "mesh", "reason"),
     [
-        ("head-chunk,shard-attention{heads=model}", {"data": 1}, "mesh axis model is not declared on the graph (mesh: data=1)"),
-        ("head-chunk,shard-attention{heads=model}", {"model": 4}, "model has 4 devices but the attention has 2 KV head(s): 4 does not divide 2"),
-        ("shard-attention{batch=data}", {"data": 2}, "batch: mesh axis data has 2 devices, which does not divide 1 stream(s)"),
+        (
+            "head-chunk,shard-attention{heads=model}",
+            {"data": 1},
+            "mesh axis model is not declared on the graph (mesh: data=1)",
+        ),
+        (
+            "head-chunk,shard-attention{heads=model}",
+            {"model": 4},
+            "model has 4 devices but the attention has 2 KV head(s): 4 does not divide 2",
+        ),
+        (
+            "shard-attention{batch=data}",
+            {"data": 2},
+            "batch: mesh axis data has 2 devices, which does not divide 1 stream(s)",
+        ),
         ("shard-attention{seq=model}", {"model": 3}, "seq: kv_len 256 of k_cache is not divisible by 3 shards"),
     ],
 )

@@ -50,7 +50,9 @@ def test_every_annotated_value_is_constrained_and_the_entry_point_places_inputs_
     graph = sharded()
     source = lower(graph, "jax", mesh=abstract(model=2)).source
     annotated = [n.name for n in graph.nodes() if n.sharding is not None and n.op != "input"]
-    constrained = re.findall(r"^    (\w+) = jax\.lax\.with_sharding_constraint\(\1, NamedSharding\(mesh, P\(", source, re.M)
+    constrained = re.findall(
+        r"^    (\w+) = jax\.lax\.with_sharding_constraint\(\1, NamedSharding\(mesh, P\(", source, re.M
+    )
     assert constrained == annotated
     assert "from jax.sharding import NamedSharding, PartitionSpec as P" in source
     assert "        NamedSharding(mesh, P(None, 'model', None, None)),  # k_cache\n" in source
@@ -64,7 +66,7 @@ def test_stablehlo_export_keeps_the_shardings():
     text = export_stablehlo(lower(sharded(), "jax", mesh=abstract(model=2)))
     main_line = next(line for line in text.splitlines() if "func.func public @main" in line)
     assert main_line.count('sdy.sharding = #sdy.sharding<@mesh, [{}, {"model"}, {}, {}]>') == 4  # q, k, v, result
-    assert 'sdy.sharding = #sdy.sharding<@mesh, [{}, {}, {}, {}]>' in main_line  # the replicated mask
+    assert "sdy.sharding = #sdy.sharding<@mesh, [{}, {}, {}, {}]>" in main_line  # the replicated mask
     assert "sdy.sharding_constraint" in text
     assert "sdy.sharding" not in export_stablehlo(lower(sharded(), "jax"))
 
@@ -112,7 +114,9 @@ def test_explicit_mesh_axes_are_rejected_with_the_fix():
     from jax.sharding import AbstractMesh, AxisType
 
     explicit = AbstractMesh((2,), ("model",), axis_types=(AxisType.Explicit,))
-    with pytest.raises(LoweringError, match=re.escape("build the mesh with axis_types=(jax.sharding.AxisType.Auto,) * n")):
+    with pytest.raises(
+        LoweringError, match=re.escape("build the mesh with axis_types=(jax.sharding.AxisType.Auto,) * n")
+    ):
         lower(sharded(), "jax", mesh=explicit)
     with pytest.raises(LoweringError, match="mesh must be a jax.sharding.Mesh or AbstractMesh, got dict"):
         lower(sharded(), "jax", mesh={"model": 2})
@@ -122,7 +126,21 @@ def test_explicit_mesh_axes_are_rejected_with_the_fix():
 def test_the_command_line_declares_lowers_and_exports_over_a_mesh(tmp_path, capsys):
     graph_file, out_file = tmp_path / "g.json", tmp_path / "s.json"
     graph_file.write_text(verify_step(q_len=4, kv_len=256).to_json())
-    assert main(["run", "--mesh", "model=2", "-p", "head-chunk,shard-attention{heads=model}", str(graph_file), "-o", str(out_file)]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "--mesh",
+                "model=2",
+                "-p",
+                "head-chunk,shard-attention{heads=model}",
+                str(graph_file),
+                "-o",
+                str(out_file),
+            ]
+        )
+        == 0
+    )
     assert json.loads(out_file.read_text())["mesh"] == [["model", 2]]
     assert main(["lower", "--target", "jax", "--mesh", "model=2", str(out_file)]) == 0
     assert "attention_sharded = jax.jit(" in capsys.readouterr().out

@@ -51,7 +51,12 @@ def test_the_head_chunked_verify_step_split_four_ways_equals_the_unsplit_one(tar
 
 
 def test_in_float64_arithmetic_the_combine_is_exact(rng):
-    specs = [TensorSpec((2, 6, 3, 16)), TensorSpec((2, 2, 64, 16)), TensorSpec((2, 2, 64, 8)), TensorSpec((2, 1, 3, 64), "bool")]
+    specs = [
+        TensorSpec((2, 6, 3, 16)),
+        TensorSpec((2, 2, 64, 16)),
+        TensorSpec((2, 2, 64, 8)),
+        TensorSpec((2, 1, 3, 64), "bool"),
+    ]
 
     def attention(q, k, v, m):
         return ops.sdpa(q, k, v, scale=0.25, mask=m)

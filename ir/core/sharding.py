@@ -12,7 +12,8 @@ device holds exactly ``1/size`` of it).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from .types import GraphFormatError, check_identifier
 
@@ -58,7 +59,7 @@ def parse_mesh(text: str) -> dict[str, int]:
     return normalize_mesh(pairs)
 
 
-def sharding_problem(node: "Node", mesh_axes: Mapping[str, int]) -> str | None:
+def sharding_problem(node: Node, mesh_axes: Mapping[str, int]) -> str | None:
     """Why ``node``'s sharding is invalid on a mesh with ``mesh_axes``, or None when it is valid."""
     sharding = node.sharding
     if sharding is None:
@@ -72,7 +73,10 @@ def sharding_problem(node: "Node", mesh_axes: Mapping[str, int]) -> str | None:
             continue
         if not isinstance(axis, str) or axis not in mesh_axes:
             declared = ", ".join(mesh_axes) or "none"
-            return f"dimension {dim} is sharded over {axis!r}, which is not a mesh axis of the graph (declared: {declared})"
+            return (
+                f"dimension {dim} is sharded over {axis!r}, which is not a mesh axis of the graph "
+                f"(declared: {declared})"
+            )
         if axis in seen:
             return f"mesh axis {axis} shards more than one dimension"
         seen.add(axis)

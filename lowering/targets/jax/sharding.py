@@ -22,8 +22,9 @@ between the constrained values); an ``Explicit``-axis mesh (the default of
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from math import prod
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from attnpass.ir.core.sharding import Sharding
 from attnpass.lowering.codegen import LoweringError

@@ -108,7 +108,10 @@ MLX = Target(
     emitters=EMITTERS,
     array_module="mlx",
     from_numpy=from_numpy,
-    runtime={"qsa": "attnpass.lowering.targets.mlx.runtime.qsa", "lse": "attnpass.lowering.targets.mlx.runtime.sdpa_lse"},
+    runtime={
+        "qsa": "attnpass.lowering.targets.mlx.runtime.qsa",
+        "lse": "attnpass.lowering.targets.mlx.runtime.sdpa_lse",
+    },
     to_numpy=to_numpy,
     count_primitives=count_primitives,
     placeholders=placeholders,
