@@ -123,7 +123,7 @@ def rewrite_split(rw: Rewriter, plan: SplitPlan, place: Place) -> str:
     v_split = _split_keys(rw, plan.v_source, n, place, f"{name}_v_split")
     mask = node.inputs[3] if len(node.inputs) == 4 else None
     if plan.cells is None:
-        mask = _causal_and(rw, mask, node.attrs["causal"], (b, hq, s, plan.kv_len))
+        mask = _causal_and(rw, mask, node.attrs["causal"], s, plan.kv_len)
         mask = None if mask is None else _split_mask(rw, mask, n, b, hq, place)
     else:
         local, owned = _owned_cells(rw, plan.cells, n, tn)
@@ -177,11 +177,10 @@ def _reuse(rw: Rewriter, op: str, x: str, attrs: dict, hint: str) -> str:
     return rw.op(op, [x], attrs, hint)
 
 
-def _causal_and(rw: Rewriter, mask: str | None, causal: str, full: tuple[int, int, int, int]) -> str | None:
+def _causal_and(rw: Rewriter, mask: str | None, causal: str, s: int, t: int) -> str | None:
     """``mask`` with the causal attribute folded in as an explicit bool ``[1, 1, S, T]`` (None if neither)."""
     if causal == "none":
         return mask
-    _, _, s, t = full
     offset = t - s if causal == "bottom_right" else 0
     lo, hi = min(t, max(0, offset + 1)), min(t, max(0, offset + s))  # key j sees query i iff j <= i + offset
     hi = max(hi, lo)

@@ -68,6 +68,7 @@ def test_in_float64_arithmetic_the_combine_is_exact(rng):
     assert_close(run(lower(result, "numpy"), *arrays), run(lower(graph, "numpy"), *arrays), rtol=1e-6)
 
 
+@NAN_PARTIAL  # top-left: the shards past the first S keys see nothing
 @pytest.mark.parametrize("causal", ["bottom_right", "top_left"])
 @pytest.mark.parametrize("target", TARGETS)
 def test_a_causal_attribute_becomes_an_explicit_mask_per_shard(causal, target, rng):
