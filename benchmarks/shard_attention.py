@@ -71,7 +71,7 @@ def main() -> None:
     args = parser.parse_args()
     print(f"{args.layers} layers, n_kv {args.n_kv}, q_len 4, bf16, 8 simulated devices")
     header = (
-        f"{'configuration':<24} {'applied':>7} {'declined':>8} {'K/V total':>12} {'K/V per device':>15} {'share':>6}"
+        f"{'configuration':<24} {'applied':>7} {'declined':>8} {'K/V total':>15} {'K/V per device':>15} {'share':>6}"
     )
     header += f" {'all-reduce':>10} {'others':>6} {'reduced bytes':>13}"
     print(header)
@@ -79,7 +79,7 @@ def main() -> None:
         r = measure(args.layers, args.n_kv, kv_heads, q_heads, axes, options)
         others = sum(n for op, n in r["counts"].items() if op != "all-reduce")
         print(
-            f"{label:<24} {r['applied']:>7} {r['declined']:>8} {r['kv_total']:>12,} {r['kv_device']:>15,} "
+            f"{label:<24} {r['applied']:>7} {r['declined']:>8} {r['kv_total']:>15,} {r['kv_device']:>15,} "
             f"{r['kv_device'] / r['kv_total']:>6.3f} {r['counts']['all-reduce']:>10} {others:>6} {r['reduced']:>13,}"
         )
 

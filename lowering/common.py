@@ -68,6 +68,15 @@ def with_causal(
     return f"{xp}.where({allowed}, {mask}, {neg_inf})", False
 
 
+def iota_expr(xp: str, node: Node) -> str:
+    """``arange`` along the iota's axis, reshaped and broadcast to its shape, in the library imported as ``xp``."""
+    shape = node.type.shape
+    axis = node.attrs["axis"] % len(shape)
+    along = tuple(n if i == axis else 1 for i, n in enumerate(shape))
+    arange = f"{xp}.arange({shape[axis]}, dtype={xp}.int32)"
+    return f"{xp}.broadcast_to({xp}.reshape({arange}, {py_literal(along)}), {py_literal(shape)})"
+
+
 def constant_values(node: Node) -> tuple:
     """A constant's values, floats already rounded to the node's dtype (no double rounding later)."""
     values = node.attrs["value"]
@@ -124,6 +133,7 @@ def array_api_emitters(xp: str) -> dict[str, Emitter]:
         "sum": reduce("sum"),
         "max": reduce("max"),
         "sdpa_lse": sdpa_lse,
+        "iota": lambda n, a, env: iota_expr(xp, n),
         "argpartition": lambda n, a, env: (
             f"{xp}.argpartition({a[0]}, {n.attrs['kth']}, axis={n.attrs['axis']}).astype({xp}.int32)"
         ),

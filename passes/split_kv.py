@@ -15,8 +15,8 @@ and two sums over ``[B, Hq, S(, Dv)]``).
 Forms:
 
 - dense: ``k``/``v`` are read whole (``[B, Hkv, T, D]``); a causal attribute
-  becomes an explicit bool mask built from three small constants (the shards
-  need their own offsets);
+  becomes an explicit bool mask compared from iotas (the shards need their own
+  key offsets; each device computes only its part);
 - gathered (QSA): ``k = take(K, cells, axis=2)`` and ``v = take(V, cells,
   axis=2)`` with the same 1-D ``cells``; the gather *source* is split. Every
   shard gathers ``cells % Tn`` from its own slice and masks the slots whose cell
@@ -123,8 +123,10 @@ def rewrite_split(rw: Rewriter, plan: SplitPlan, place: Place) -> str:
     v_split = _split_keys(rw, plan.v_source, n, place, f"{name}_v_split")
     mask = node.inputs[3] if len(node.inputs) == 4 else None
     if plan.cells is None:
-        mask = _causal_and(rw, mask, node.attrs["causal"], s, plan.kv_len)
         mask = None if mask is None else _split_mask(rw, mask, n, b, hq, place)
+        if node.attrs["causal"] != "none":
+            seen = _causal_split(rw, node.attrs["causal"], s, plan.kv_len, n, b, place)
+            mask = seen if mask is None else _and_mask(rw, mask, seen, hq, place)
     else:
         local, owned = _owned_cells(rw, plan.cells, n, tn)
         k_split = rw.op("take", [k_split, local], {"axis": 2}, f"{name}_k_gathered")
@@ -157,12 +159,13 @@ def _split_mask(rw: Rewriter, mask: str, n: int, b: int, hq: int, place: Place) 
     """A mask broadcastable to ``[B, Hq, S, T]`` as ``[n*B, Hm, S, T/n]`` matching the split keys."""
     shape = rw.type(mask).shape
     bm, hm, s, t = (1,) * (4 - len(shape)) + shape
+    heads = "heads" if hm == hq else None
+    place(mask, (("batch" if bm == b else None, heads, None, "shard"))[4 - len(shape) :])  # e.g. a folded causal mask
     hint = f"{mask}_split"
     r = _reuse(rw, "reshape", mask, {"shape": (bm, hm, s, n, t // n)}, hint)
     r = _reuse(rw, "transpose", r, {"perm": (3, 0, 1, 2, 4)}, hint)
     if bm != b:
         r = _reuse(rw, "broadcast_to", r, {"shape": (n, b, hm, s, t // n)}, hint)
-    heads = "heads" if hm == hq else None
     place(r, ("shard", "batch", heads, None, None))
     r = _reuse(rw, "reshape", r, {"shape": (n * b, hm, s, t // n)}, hint)
     place(r, ("shard", heads, None, None))
@@ -177,33 +180,32 @@ def _reuse(rw: Rewriter, op: str, x: str, attrs: dict, hint: str) -> str:
     return rw.op(op, [x], attrs, hint)
 
 
-def _causal_and(rw: Rewriter, mask: str | None, causal: str, s: int, t: int) -> str | None:
-    """``mask`` with the causal attribute folded in as an explicit bool ``[1, 1, S, T]`` (None if neither)."""
-    if causal == "none":
-        return mask
+def _causal_split(rw: Rewriter, causal: str, s: int, t: int, n: int, b: int, place: Place) -> str:
+    """The causal attribute as a bool ``[n*B, 1, S, T/n]`` in the split layout: key ``j`` of shard ``i`` is seen by
+    row ``r`` iff ``i*T/n + j <= r + offset``, from iotas (so each device computes only its own keys' part)."""
+    tn, shape = t // n, (n * b, 1, 1, t // n)
+    shard = rw.op("iota", [], {"shape": shape, "axis": 0}, "key_shard")
+    if b > 1:  # the leading axis enumerates (shard, stream) pairs
+        shard = rw.op("floor_divide", [shard, rw.scalar(b, DType.int32, "streams")], hint="key_shard")
+    start = rw.op("mul", [shard, rw.scalar(tn, DType.int32, "shard_len")], hint="key_start")
+    key = rw.op("add", [start, rw.op("iota", [], {"shape": shape, "axis": 3}, "key_local")], hint="key_position")
     offset = t - s if causal == "bottom_right" else 0
-    lo, hi = min(t, max(0, offset + 1)), min(t, max(0, offset + s))  # key j sees query i iff j <= i + offset
-    hi = max(hi, lo)
-    pieces = []
-    if lo:
-        pieces.append(
-            rw.op("constant", [], {"value": (True,), "shape": (1, 1, s, lo), "dtype": DType.bool}, "causal_seen")
-        )
-    if hi > lo:
-        triangle = tuple(j <= i + offset for i in range(s) for j in range(lo, hi))
-        pieces.append(
-            rw.op("constant", [], {"value": triangle, "shape": (1, 1, s, hi - lo), "dtype": DType.bool}, "causal_edge")
-        )
-    if t > hi:
-        pieces.append(
-            rw.op("constant", [], {"value": (False,), "shape": (1, 1, s, t - hi), "dtype": DType.bool}, "causal_unseen")
-        )
-    allowed = rw.concat(pieces, 3, "causal")
-    if mask is None:
-        return allowed
+    row = rw.op("iota", [], {"shape": (1, 1, s, 1), "axis": 2}, "query_row")
+    last = rw.op("add", [row, rw.scalar(offset, DType.int32, "causal_offset")], hint="last_key")
+    seen = rw.op("greater_equal", [last, key], hint="causal")
+    for value in (shard, start, key, seen):
+        place(value, ("shard", None, None, None))
+    return seen
+
+
+def _and_mask(rw: Rewriter, mask: str, seen: str, hq: int, place: Place) -> str:
+    """A split mask (bool, or additive in q's dtype) restricted to the keys ``seen`` allows."""
     if rw.type(mask).dtype is DType.bool:
-        return rw.op("logical_and", [mask, allowed], hint="causal_mask")
-    return rw.op("where", [allowed, mask, rw.scalar(-math.inf, rw.type(mask).dtype, "neg_inf")], hint="causal_mask")
+        both = rw.op("logical_and", [mask, seen], hint="causal_mask")
+    else:
+        both = rw.op("where", [seen, mask, rw.scalar(-math.inf, rw.type(mask).dtype, "neg_inf")], hint="causal_mask")
+    place(both, ("shard", "heads" if rw.type(both).shape[1] == hq else None, None, None))
+    return both
 
 
 def _owned_cells(rw: Rewriter, cells: str, n: int, tn: int) -> tuple[str, str]:

@@ -163,6 +163,28 @@ def _abstract(axes: dict[str, int]) -> Any:
     return AbstractMesh(tuple(axes.values()), tuple(axes), axis_types=(AxisType.Auto,) * len(axes))
 
 
+def compiled_at_128k() -> dict[str, Any]:
+    """The 4-layer model at n_kv 131072 on 2 x 4 (heads and keys), compiled on placeholders, never run.
+
+    At this length XLA once resharded a causal mask built by concatenating constants with all-to-alls;
+    the iota-built mask it has now partitions without any.
+    """
+    from attnpass.backends.spmd import collectives, compiled_hlo, input_bytes_per_device
+    from attnpass.lowering.targets.jax.sharding import make_mesh
+
+    graph = build_model(4, q_len=4, n_kv=131072, cfg=QWEN_BF16)
+    graph.set_mesh(MESH_2X4)
+    pipeline = f"{EXAMPLES['qwen38-model'].pipeline},shard-attention{{heads=data,seq=model}}"
+    program = lower(PassManager(parse_pipeline(pipeline)).run(graph).graph, "jax", mesh=make_mesh(MESH_2X4))
+    kv = [n for n in program.input_names if n.startswith(("k_cache", "v_cache"))]
+    return {
+        "case": "model-2x4-heads-seq-128k-compiled",
+        "collectives": collectives(compiled_hlo(program)),
+        "kv_bytes_per_device_from_sharding": sum(input_bytes_per_device(program)[n] for n in kv),
+        "kv_bytes_total": sum(t.nbytes for n, t in zip(program.input_names, program.input_types) if n in kv),
+    }
+
+
 def readme_block() -> dict[str, Any]:
     """Run the README's first ``py`` block of "Shard over a device mesh" (the one that needs 8 devices)."""
     import contextlib
@@ -180,8 +202,9 @@ def readme_block() -> dict[str, Any]:
 
 
 def main(names: list[str]) -> None:
-    for name in names or [*CASES, "qsa-2hosts-x-4", "readme"]:
-        print(json.dumps(readme_block() if name == "readme" else measure(name)), flush=True)
+    special = {"readme": readme_block, "model-2x4-heads-seq-128k-compiled": compiled_at_128k}
+    for name in names or [*CASES, "qsa-2hosts-x-4", *special]:
+        print(json.dumps(special[name]() if name in special else measure(name)), flush=True)
 
 
 if __name__ == "__main__":

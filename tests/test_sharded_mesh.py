@@ -97,6 +97,14 @@ def test_sharded_keys_communicate_only_the_small_combine(cases, name):
     assert_equals_single_device(case)
 
 
+def test_a_long_cache_compiles_with_only_the_combine(cases):
+    case = cases["model-2x4-heads-seq-128k-compiled"]
+    for op in FORBIDDEN:
+        assert not case["collectives"][op], (op, case["collectives"])
+    assert case["collectives"]["all-reduce"]
+    assert case["kv_bytes_per_device_from_sharding"] * 8 == case["kv_bytes_total"]
+
+
 @pytest.mark.parametrize("name", DECLINED)
 def test_a_heads_axis_that_does_not_divide_the_kv_heads_is_declined(cases, name):
     case = cases[name]

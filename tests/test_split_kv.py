@@ -69,20 +69,28 @@ def test_in_float64_arithmetic_the_combine_is_exact(rng):
 
 
 @NAN_PARTIAL  # top-left: the shards past the first S keys see nothing
+@pytest.mark.parametrize("mask", [None, "bool", "additive"])
 @pytest.mark.parametrize("causal", ["bottom_right", "top_left"])
 @pytest.mark.parametrize("target", TARGETS)
-def test_a_causal_attribute_becomes_an_explicit_mask_per_shard(causal, target, rng):
-    specs = [TensorSpec((1, 4, 5, 16)), TensorSpec((1, 2, 32, 16)), TensorSpec((1, 2, 32, 16))]
+def test_a_causal_attribute_becomes_a_mask_computed_per_shard(causal, mask, target, rng):
+    specs = [TensorSpec((2, 4, 5, 16)), TensorSpec((2, 2, 32, 16)), TensorSpec((2, 2, 32, 16))]
+    if mask is not None:
+        specs.append(TensorSpec((2, 1, 5, 32), "bool" if mask == "bool" else "float32"))
 
-    def attention(q, k, v):
+    def masked(q, k, v, m):
+        return ops.sdpa(q, k, v, causal=causal, mask=m)
+
+    def unmasked(q, k, v):
         return ops.sdpa(q, k, v, causal=causal)
 
-    graph = trace(attention, *specs)
+    graph = trace(unmasked if mask is None else masked, *specs)
     result, remarks = split(graph, "split-kv{shards=4}")
     assert "applied" in remarks[0]
-    edge = [n for n in result.nodes() if n.name.startswith("causal_edge")]
-    assert len(edge) == 1 and edge[0].type.shape == (1, 1, 5, 4)  # the only non-splat constant: S x (S-1) bools
+    assert [n.attrs["axis"] for n in result.nodes() if n.op == "iota"] == [0, 3, 2]  # shard, key, query row
+    assert all(len(n.attrs["value"]) == 1 for n in result.nodes() if n.op == "constant")  # no T-sized literal
     arrays = [random_array(rng, s.shape, s.dtype) for s in specs]
+    if mask is not None:
+        arrays[3][..., 0] = True if mask == "bool" else 0.0  # key 0 stays visible to every row (top-left)
     assert_close(execute(lower(result, target), *arrays), run(lower(graph, "numpy"), *arrays))
 
 

@@ -1,4 +1,4 @@
-"""Layout ops: cast, reshape, transpose, slice, concat, take, broadcast_to, put_along_axis (no arithmetic)."""
+"""Layout ops: cast, reshape, transpose, slice, concat, take, broadcast_to, put_along_axis, iota (no arithmetic)."""
 
 from __future__ import annotations
 
@@ -137,5 +137,24 @@ register(
         "layout",
         "numpy.put_along_axis on a copy of x: indices in [-n, n) (negative ones wrap); values broadcast to "
         "the indices. Writes to one cell must agree, otherwise which one wins is target-defined.",
+    )
+)
+
+
+def _infer_iota(ts, *, shape, axis):
+    if any(d < 0 for d in shape):
+        raise ShapeError(f"iota: shape {list(shape)} has negative dims")
+    normalize_axis("iota", axis, len(shape))
+    return TensorType(shape, DType.int32)
+
+
+register(
+    OpDef(
+        "iota",
+        (),
+        _infer_iota,
+        {"shape": attr("ints"), "axis": attr("int")},
+        "layout",
+        "int32 positions along axis, broadcast over the other axes (numpy: arange reshaped and broadcast).",
     )
 )
