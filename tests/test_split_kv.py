@@ -50,6 +50,7 @@ def test_the_head_chunked_verify_step_split_four_ways_equals_the_unsplit_one(tar
     assert_close(execute(lower(result, target), *arrays), execute(lower(chunked, target), *arrays))
 
 
+@NAN_PARTIAL  # some 8-key shard of a random mask hides every key from a row
 def test_in_float64_arithmetic_the_combine_is_exact(rng):
     specs = [
         TensorSpec((2, 6, 3, 16)),
