@@ -8,9 +8,9 @@ import pytest
 from attnpass.backends import run
 from attnpass.ir import Graph, ShapeError
 from attnpass.lowering import lower
-from tests.util import available
+from tests.util import installed_targets
 
-TARGETS = [t for t, module in (("numpy", "numpy"), ("jax", "jax"), ("mlx", "mlx.core")) if available(module)]
+TARGETS = installed_targets()
 
 
 def iota_graph(shape: tuple[int, ...], axis: int) -> Graph:

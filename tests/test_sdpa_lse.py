@@ -8,9 +8,9 @@ import pytest
 from attnpass.backends import run
 from attnpass.ir import DType, ShapeError, TensorSpec, ops, trace
 from attnpass.lowering import lower
-from tests.util import assert_close, available, random_array, requires
+from tests.util import assert_close, installed_targets, random_array, requires
 
-TARGETS = [t for t, module in (("numpy", "numpy"), ("jax", "jax"), ("mlx", "mlx.core")) if available(module)]
+TARGETS = installed_targets()
 
 
 def lse_graph(dtype: str, mask: str | None, causal: str | None, hq: int = 6, hkv: int = 2, s: int = 3, t: int = 10):

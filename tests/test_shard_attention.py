@@ -20,7 +20,7 @@ from attnpass.models import (
 )
 from attnpass.passes import PassManager, ShardAttention, parse_pipeline
 from tests.sharded_cases import verify_graph, verify_inputs
-from tests.util import assert_close
+from tests.util import assert_close, installed_targets
 
 HEADS = (None, "model", None, None)
 
@@ -46,7 +46,7 @@ def test_a_head_chunked_attention_is_regrouped_over_all_kv_groups():
     assert graph.node(graph.outputs[0]).sharding == HEADS
 
 
-@pytest.mark.parametrize("target", ["numpy", "jax", "mlx"])
+@pytest.mark.parametrize("target", installed_targets())
 def test_regrouped_and_split_attention_computes_the_same_values(target):
     original = verify_step(q_len=4, kv_len=256)
     arrays = verify_inputs(original)

@@ -10,11 +10,11 @@ from attnpass.ir import TensorSpec, ops, trace
 from attnpass.lowering import lower
 from attnpass.models import QSAConfig, build_layer, gather_pipeline, make_inputs, narrowed_inputs, verify_step
 from attnpass.passes import PassManager, SplitKV, parse_pipeline
-from tests.util import assert_close, available, random_array
+from tests.util import assert_close, installed_targets, random_array
 
 # The numpy reference's partial of a shard that sees no key is 0/0 = NaN (then discarded by the combine).
 NAN_PARTIAL = pytest.mark.filterwarnings("ignore:invalid value encountered in divide:RuntimeWarning")
-TARGETS = [t for t, module in (("numpy", "numpy"), ("jax", "jax"), ("mlx", "mlx.core")) if available(module)]
+TARGETS = installed_targets()
 
 
 def execute(program, *args, **kwargs) -> np.ndarray:

@@ -105,3 +105,8 @@ def requires(*modules: str) -> pytest.MarkDecorator:
     """The one marker for optional backends: skip unless every module imports (``requires("mlx.core", "jax")``)."""
     missing = [m for m in modules if not available(m)]
     return pytest.mark.skipif(bool(missing), reason=f"needs {', '.join(missing)} (optional extra)")
+
+
+def installed_targets() -> list[str]:
+    """The built-in lowering targets whose backend is installed here (numpy always)."""
+    return [t for t, module in (("numpy", "numpy"), ("jax", "jax"), ("mlx", "mlx.core")) if available(module)]
