@@ -1,25 +1,54 @@
 # `make test` and `make demo` each work on a fresh machine with Python 3.11 and pip:
 # they create .venv if missing and install the package with its extras.
+# `make test-core` runs the same suite in .venv-core, which has only the core
+# dependencies and pytest: tests that need an extra (mlx, jax, mlx-vlm, Graphviz) skip,
+# saying which. CI runs both (.ci/run). Any non-zero pytest status fails the target,
+# including 5 (no tests collected).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+VENV_CORE := .venv-core
+PY_CORE := $(VENV_CORE)/bin/python
+STAMP_CORE := $(VENV_CORE)/.installed
 
-.PHONY: test demo bench clean
+.PHONY: test test-core demo fuzz bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
 $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[mlx,jax,dev,clients,render]"
+	$(PY) -m pip install --quiet -e ".[mlx,jax,dev,clients,render,zoo]"
 	touch $(STAMP)
+
+$(PY_CORE):
+	$(PYTHON) -m venv $(VENV_CORE)
+
+$(STAMP_CORE): pyproject.toml | $(PY_CORE)
+	$(PY_CORE) -m pip install --quiet --upgrade pip
+	$(PY_CORE) -m pip install --quiet -e ".[dev]"
+	touch $(STAMP_CORE)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
 
+test-core: $(STAMP_CORE)
+	@$(PY_CORE) -c "import importlib.util as u, sys; \
+	found = [m for m in ('mlx', 'jax', 'mlx_vlm', 'torch') if u.find_spec(m)]; \
+	sys.exit(f'$(VENV_CORE) is not core-only: it has {found}' if found else 0)"
+	$(PY_CORE) -m pytest -q
+
 demo: $(STAMP)
 	$(PY) examples/qwen38_attention.py
 
+# The differential fuzzer beyond CI's 2,000 graphs: `make fuzz N=100000 SEED=1 JOBS=2` prints its rate and,
+# on a failure, a shrunk reproducer with its replay command (tests/fuzz).
+N ?= 100000
+SEED ?= 0
+JOBS ?= 2
+fuzz: $(STAMP)
+	$(PY) -m tests.fuzz --n $(N) --seed $(SEED) --jobs $(JOBS)
+
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) $(VENV_CORE) build *.egg-info .pytest_cache .hypothesis

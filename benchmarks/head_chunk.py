@@ -7,7 +7,7 @@ repetition (alternating order), and the table reports medians:
 - ``unchunked``: the traced graph lowered to MLX as is (one SDPA call);
 - ``chunked``: the same graph after :class:`HeadChunkSDPA`, lowered to MLX
   (one lazy graph: every chunk's score plane is alive at the final eval);
-- ``eval/chunk``: the same chunks by hand, evaluated one by one (SPEC §4: this
+- ``eval/chunk``: the same chunks by hand, evaluated one by one (docs/semantics.md §4: this
   is what bounds the transient to one chunk's plane).
 
 Peak memory is ``mx.get_peak_memory()`` after ``mx.reset_peak_memory()``,

@@ -11,7 +11,7 @@ this script sets ``XLA_FLAGS=--xla_force_host_platform_device_count=8`` for
 its own process when it is unset, before JAX starts). Nothing is run or
 allocated: each program is compiled on placeholders; the K/V bytes per device
 come from each input's ``NamedSharding`` shard shape (what
-``addressable_shards`` would hold, as ``tests/test_sharded_mesh.py`` checks on
+``addressable_shards`` would hold, as ``tests/backends/test_sharded_mesh.py`` checks on
 real arrays), the collectives from the partitioned HLO. Times on simulated
 devices sharing two cores say nothing about real meshes and are not reported.
 

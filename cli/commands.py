@@ -1,41 +1,41 @@
 """The subcommands of ``attnpass``: each takes the parsed arguments and prints to stdout.
 
-Graph files are the JSON of ``Graph.to_json()`` (the printed text form is
-accepted too); ``-`` reads standard input. Errors are raised as exceptions
-and turned into one-line messages by :func:`attnpass.cli.main.main`.
+Graph files are the JSON of ``Graph.to_json()`` or the printed text form
+(``print(graph)``, read back with ``parse_graph``); ``-`` reads standard input.
+The weights of an imported graph (``ImportedGraph.save``) are read from
+``--params`` or the graph file's sibling ``.safetensors`` and written beside
+``run -o OUT``. Errors are raised as exceptions and turned into one-line
+messages by :func:`attnpass.cli.main.main`. Each command imports the layers it
+needs when it runs: lowering only to lower, a backend only to run or export a program.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections import Counter
 from pathlib import Path
+from typing import Any
 
-from attnpass.ir import AttnpassError, Graph, PrintSettings, diff_graphs, format_graph, parse_graph, render
-from attnpass.ir.core.sharding import parse_mesh
-from attnpass.lowering import Target, export_formats, get_target, lower
-from attnpass.models import EXAMPLES, build_example
-from attnpass.passes import (
-    Instrumentation,
-    PassManager,
-    PassResult,
-    PassTimings,
-    PipelineError,
-    PrintAfterChange,
-    available_passes,
-    get_pass,
-    load_reproducer,
-    parse_pipeline,
-)
-from attnpass.passes.pipeline import pass_options
+from attnpass.ir import AttnpassError, Graph, GraphFormatError, PrintSettings, format_graph, parse_graph
+from attnpass.ir.core.serialize import MAX_JSON_BYTES
+
+from . import output
 
 
 def load_graph(path: str) -> Graph:
-    """A graph from a JSON (or printed text) file, or from stdin for ``-``."""
-    text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    """A graph from a JSON (or printed text) file, or from stdin for ``-``; at most MAX_JSON_BYTES are read."""
+    if path == "-":
+        data = sys.stdin.buffer.read(MAX_JSON_BYTES + 1) if hasattr(sys.stdin, "buffer") else sys.stdin.read()
+    else:
+        with open(path, "rb") as f:
+            data = f.read(MAX_JSON_BYTES + 1)
     try:
+        text = data if isinstance(data, str) else data.decode("utf-8")
+        if len(text) > MAX_JSON_BYTES:
+            raise GraphFormatError(f"more than the {MAX_JSON_BYTES} bytes a graph file may hold")
         return Graph.from_json(text) if text.lstrip().startswith("{") else parse_graph(text)
+    except UnicodeDecodeError as exc:
+        raise GraphFormatError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     except AttnpassError as exc:
         raise type(exc)(f"{path}: {exc}") from None
 
@@ -45,43 +45,95 @@ def save_graph(graph: Graph, path: str) -> None:
 
 
 def show(args: argparse.Namespace) -> int:
-    print(format_graph(load_graph(args.graph), PrintSettings(show_locs=args.locs)))
+    graph = load_graph(args.graph)
+    if args.locs:
+        graph = output.relocate(graph, output.path_style(args.full_paths))
+    print(format_graph(graph, PrintSettings(show_locs=args.locs)))
     return 0
 
 
-def _run_pipeline(args: argparse.Namespace, instrumentations: list[Instrumentation]) -> tuple[Graph, PassResult]:
+def _run_pipeline(args: argparse.Namespace, instrumentations: list):
     """Load the graph (or the reproducer) and run the pipeline with the requested instrumentation."""
+    import tempfile
+
+    from attnpass.ir.core.types import printable
+    from attnpass.passes import PassManager, load_reproducer, parse_pipeline
+
     if args.reproducer is not None:
         if args.pipeline is not None or args.graph is not None or args.mesh is not None:
             raise AttnpassError("--reproducer replays a saved crash: give neither --pipeline, --mesh nor GRAPH")
         rep = load_reproducer(args.reproducer)
-        after = ", ".join(rep.after) or "none"
+        after = ", ".join(map(printable, rep.after)) or "none"
         print(f"// replaying {args.reproducer}: pipeline {rep.pipeline!r} (ran after: {after})")
         passes, graph, reproducer_dir = rep.passes, rep.graph, None
     else:
         if args.pipeline is None or args.graph is None:
             raise AttnpassError("give --pipeline TEXT and a GRAPH file (or --reproducer FILE)")
-        passes, graph, reproducer_dir = parse_pipeline(args.pipeline), load_graph(args.graph), args.reproducer_dir
+        if not args.pipeline.strip():  # as a missing --pipeline: running no pass is never what `run` is for
+            raise AttnpassError("--pipeline is empty: name at least one pass, e.g. -p dce (see: attnpass passes)")
+        passes, graph = parse_pipeline(args.pipeline), load_graph(args.graph)
+        reproducer_dir = args.reproducer_dir or tempfile.gettempdir()
         if args.mesh is not None:
-            graph.set_mesh(parse_mesh(args.mesh))
+            axes = _mesh_axes(args.mesh)
+            try:
+                graph.set_mesh(axes)
+            except AttnpassError as exc:
+                raise type(exc)(f"--mesh: {exc}") from None
     manager = PassManager(
         passes, fixed_point=args.fixed_point, instrumentations=instrumentations, reproducer_dir=reproducer_dir
     )
     return graph, manager.run(graph)
 
 
+def _print_remarks(args: argparse.Namespace, remarks, *, summary_after: bool = False) -> None:
+    """Every remark (wrapped on a terminal), or with ``--summary`` one line per pass; ``--quiet`` prints nothing.
+
+    ``--remarks-json FILE`` gets every remark, whole, in any case.
+    """
+    paths = output.path_style(args.full_paths)
+    if args.remarks_json:
+        Path(args.remarks_json).write_text(output.remarks_json(remarks, paths))
+    if getattr(args, "quiet", False):
+        return
+    if not args.summary:
+        width = output.terminal_width() if args.width is None else args.width
+        for remark in remarks:
+            print(output.format_remark(remark, paths, width))
+    if args.summary or summary_after:
+        for line in output.summary_lines(remarks):
+            print(line)
+
+
+def _read_weights(args: argparse.Namespace, graph: Graph) -> dict[str, Any]:
+    """The weights of an imported graph: ``--params FILE`` or the GRAPH file's sibling ``.safetensors``."""
+    from attnpass.ir.frontends.weights import load_weights, require_weights_file
+
+    if args.graph is None:  # a reproducer carries no weights
+        return {}
+    file = require_weights_file(graph, args.graph, args.params)
+    return load_weights(graph, file) if file is not None else {}
+
+
 def run(args: argparse.Namespace) -> int:
+    from attnpass.ir.frontends.weights import save_weights, weight_inputs, weights_file
+    from attnpass.passes import PassTimings, PrintAfterChange
+
     timings = PassTimings()
-    hooks: list[Instrumentation] = [PrintAfterChange()] if args.print_after_change else []
+    hooks: list = [PrintAfterChange()] if args.print_after_change else []
     graph, result = _run_pipeline(args, hooks + [timings] if args.timings else hooks)
-    for remark in result.remarks:
-        print(remark)
+    weights = _read_weights(args, graph)
+    _print_remarks(args, result.remarks)
     if args.timings:
         print(timings.table())
     if args.output:
         save_graph(result.graph, args.output)
-        status = "changed" if result.changed else "unchanged"
-        print(f"// wrote {args.output}: {status}, {len(graph)} -> {len(result.graph)} nodes")
+        if not args.quiet:
+            status = "changed" if result.changed else "unchanged"
+            print(f"// wrote {args.output}: {status}, {len(graph)} -> {len(result.graph)} nodes")
+        if weight_inputs(result.graph):
+            written = save_weights(result.graph, weights, weights_file(args.output))
+            if not args.quiet:
+                print(f"// wrote {written}: {len(weight_inputs(result.graph))} weights")
     else:
         print(result.graph)
     return 0
@@ -89,15 +141,13 @@ def run(args: argparse.Namespace) -> int:
 
 def explain(args: argparse.Namespace) -> int:
     _, result = _run_pipeline(args, [])
-    for remark in result.remarks:
-        print(remark)
-    counts = Counter((r.pass_name, r.kind) for r in result.remarks)
-    for name in dict.fromkeys(r.pass_name for r in result.remarks):
-        print(f"// {name}: {counts[name, 'applied']} applied, {counts[name, 'declined']} declined")
+    _print_remarks(args, result.remarks, summary_after=True)
     return 0
 
 
 def diff(args: argparse.Namespace) -> int:
+    from attnpass.ir import diff_graphs
+
     result = diff_graphs(load_graph(args.before), load_graph(args.after))
     text = result.unified((args.before, args.after), args.context)
     if text:
@@ -107,40 +157,84 @@ def diff(args: argparse.Namespace) -> int:
 
 
 def render_command(args: argparse.Namespace) -> int:
+    from attnpass.ir import render
+
     against = load_graph(args.highlight_against) if args.highlight_against else None
     path = render(load_graph(args.graph), args.output, against=against)
     print(f"// wrote {path}")
     return 0
 
 
-def _mesh(target: Target, axes: str | None) -> object:
-    """The target's mesh for ``--mesh AXES`` (None without the option)."""
-    if axes is None:
-        return None
+def _mesh_axes(text: str) -> dict[str, int]:
+    """``--mesh data=2,model=4`` as mesh axes, name -> size in order."""
+    from attnpass.ir.core.sharding import parse_mesh
+
+    try:
+        axes = parse_mesh(text)
+    except AttnpassError as exc:
+        raise type(exc)(f"--mesh: {exc}") from None
+    if not axes:
+        raise AttnpassError("--mesh is empty: name the mesh axes with their sizes, e.g. --mesh model=8")
+    return axes
+
+
+def _spmd(target: Any) -> Any:
+    """The target's sharded lowering, for ``--mesh`` (an error naming the targets that have one)."""
+    from attnpass.lowering import available_targets
+
     if target.spmd is None:
-        raise AttnpassError(f"--mesh: target {target.name!r} has no sharded lowering")
-    return target.spmd.make_mesh(parse_mesh(axes))
+        having = ", ".join(t.name for t in available_targets() if t.spmd is not None) or "none"
+        raise AttnpassError(f"--mesh: target {target.name!r} has no sharded lowering; targets with one: {having}")
+    return target.spmd
 
 
 def lower_command(args: argparse.Namespace) -> int:
-    mesh = _mesh(get_target(args.target), args.mesh)
-    print(lower(load_graph(args.graph), args.target, comments=not args.no_comments, mesh=mesh).source.rstrip("\n"))
+    """The generated source only: the program is not compiled, so the backend is not imported."""
+    from attnpass.lowering import get_target
+    from attnpass.lowering.codegen import generate
+    from attnpass.lowering.sharding import check_mesh_axes
+
+    graph, target = load_graph(args.graph), get_target(args.target)
+    spmd = None
+    if args.mesh is not None:  # the sharded source: the axes must fit the graph's mesh; no devices needed
+        spmd = _spmd(target)
+        check_mesh_axes(graph, _mesh_axes(args.mesh))
+    print(generate(graph, target, comments=not args.no_comments, spmd=spmd).text.rstrip("\n"))
     return 0
 
 
+def _writable(path: str) -> Path:
+    """``path``, once its directory is known to exist (a backend's own error for that is not one line)."""
+    parent = Path(path).resolve().parent
+    if not parent.is_dir():
+        raise AttnpassError(f"cannot write {path}: no directory {parent}")
+    return Path(path)
+
+
 def export(args: argparse.Namespace) -> int:
+    from attnpass.lowering import export_formats, lower
+
+    graph = load_graph(args.graph)
     target = export_formats()[args.target]
-    program = lower(load_graph(args.graph), target.name, mesh=_mesh(target, args.mesh))
+    axes, spmd = (None, None) if args.mesh is None else (_mesh_axes(args.mesh), _spmd(target))
     spec = target.export
-    if spec.suffix:
-        if not args.output:
-            raise AttnpassError(f"--target {spec.format} writes a binary {spec.suffix} file: give -o FILE{spec.suffix}")
-        path = spec.function(program, args.output)
-        print(f"// wrote {path} (load it with {spec.loader})")
-        return 0
-    text = spec.function(program)
-    if args.output:
-        Path(args.output).write_text(text)
+    if spec.suffix and not args.output:
+        raise AttnpassError(f"--target {spec.format} writes a binary {spec.suffix} file: give -o FILE{spec.suffix}")
+    out = _writable(args.output) if args.output else None
+    try:
+        mesh = None if spmd is None else spmd.make_mesh(axes)  # abstract when there are fewer devices
+        program = lower(graph, target.name, mesh=mesh)
+        if spec.suffix:
+            print(f"// wrote {spec.function(program, out)} (load it with {spec.loader})")
+            return 0
+        text = spec.function(program)
+    except (AttnpassError, ImportError, OSError):
+        raise
+    except Exception as exc:  # the backend's own failure (MLX raises RuntimeError, JAX XlaRuntimeError, ...)
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise AttnpassError(f"export to {spec.format} failed in the backend: {type(exc).__name__}: {reason}") from None
+    if out is not None:
+        out.write_text(text)
         print(f"// wrote {args.output}")
     else:
         print(text.rstrip("\n"))
@@ -148,13 +242,18 @@ def export(args: argparse.Namespace) -> int:
 
 
 def example(args: argparse.Namespace) -> int:
+    from attnpass.models import EXAMPLES, build_example
+
     if args.name is None:
         for name, ex in EXAMPLES.items():
             options = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in ex.options.items())
             print(f"{name}  ({options})\n    {ex.summary}\n    try: --pipeline '{ex.pipeline}'")
         return 0
     options = {k: getattr(args, k) for k in ("layers", "q_len", "n_kv") if getattr(args, k) is not None}
-    text = build_example(args.name, **options).to_json(indent=1) + "\n"
+    graph = build_example(args.name, **options)
+    if not args.full_paths:  # no install path in the file: the module's own path
+        graph = output.relocate(graph, lambda file: output.module_path(file) or file)
+    text = graph.to_json(indent=1) + "\n"
     if args.output:
         Path(args.output).write_text(text)
     else:
@@ -163,6 +262,9 @@ def example(args: argparse.Namespace) -> int:
 
 
 def passes(args: argparse.Namespace) -> int:
+    from attnpass.passes import PipelineError, available_passes, get_pass
+    from attnpass.passes.pipeline import pass_options
+
     for name in available_passes():
         try:
             cls = get_pass(name)

@@ -1,43 +1,90 @@
 """attnpass: inspect graphs, run textual pass pipelines, diff, render, lower and export.
 
-Every subcommand has ``--help``. A usage mistake or bad input ends with one
-line on stderr (``attnpass: error: ...``) and exit status 2 (usage) or 1;
+Every subcommand has ``--help``. Every failure ends with one line on stderr
+(``attnpass: error: ...``) and exit status 2 (usage) or 1, backend errors
+included (``--traceback`` shows the Python traceback of an unexpected one);
 a crashing pass prints its PassError, the crash reproducer it wrote and the
-command that replays it.
+command that replays it. Warnings are one line too (``attnpass: warning: ...``).
+
+Startup stays cheap (``benchmarks/startup.py``): this module imports only the
+standard library; a subcommand imports what it needs when it runs
+(:mod:`attnpass.cli.commands`), so ``attnpass --help`` loads no numpy,
+networkx or backend.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.metadata
 import importlib.util
 import os
 import sys
-import tempfile
+import warnings
 from pathlib import Path
-from typing import Sequence
-
-from attnpass.ir import AttnpassError
-from attnpass.lowering import available_targets, export_formats
-from attnpass.models import EXAMPLES
-from attnpass.passes import PassError
-
-from . import commands
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 PIPELINE_HELP = "textual pipeline, e.g. 'dce,head-chunk{budget=16},qsa-gather{pad_multiple=256}' (see: attnpass passes)"
 MESH_HELP = "device mesh axes in order, e.g. data=2,model=4"
+GRAPH_HELP = "graph file: JSON (Graph.to_json) or the printed text form (print(graph)); - for stdin"
+FULL_PATHS_HELP = "show source locations as recorded (default: relative to the working directory or the module)"
 
 
-def _version() -> str:
-    try:
-        return importlib.metadata.version("attnpass")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
+class LazyNames:
+    """argparse ``choices`` computed only when parsing or help needs them (``names`` imports what it reads)."""
+
+    def __init__(self, names: Callable[[], Iterable[str]]) -> None:
+        self.names = names
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self.names()))
+
+    def __contains__(self, name: object) -> bool:
+        return name in list(self.names())
+
+
+def _target_names() -> list[str]:
+    from attnpass.lowering import available_targets
+
+    return [t.name for t in available_targets()]
+
+
+def _export_names() -> list[str]:
+    from attnpass.lowering import export_formats
+
+    return list(export_formats())
+
+
+class LazyVersion(argparse.Action):
+    """``--version``: reads the installed version only when asked (importlib.metadata is slow to import)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        import importlib.metadata
+
+        try:
+            version = importlib.metadata.version("attnpass")
+        except importlib.metadata.PackageNotFoundError:
+            version = "unknown"
+        sys.stdout.write(f"{parser.prog} {version}\n")
+        parser.exit()
+
+
+def _remark_options(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("--summary", action="store_true", help="one line per pass (applied/declined counts), no remarks")
+    sub.add_argument("--remarks-json", metavar="FILE", help="also write every remark, whole, as JSON to FILE")
+    sub.add_argument("--full-paths", action="store_true", help=FULL_PATHS_HELP)
+    sub.add_argument(
+        "--width",
+        type=int,
+        metavar="N",
+        help="wrap remarks at N columns, 0 never (default: the terminal's width, at most 100; no wrapping off a terminal)",
+    )
 
 
 def _pipeline_options(sub: argparse.ArgumentParser) -> None:
-    sub.add_argument("graph", nargs="?", metavar="GRAPH", help="graph JSON file (from Graph.to_json); - for stdin")
+    sub.add_argument("graph", nargs="?", metavar="GRAPH", help=GRAPH_HELP)
     sub.add_argument("--pipeline", "-p", metavar="TEXT", help=PIPELINE_HELP)
     sub.add_argument("--reproducer", metavar="FILE", help="replay a crash reproducer instead of --pipeline/GRAPH")
     sub.add_argument("--fixed-point", action="store_true", help="repeat the pipeline until nothing changes (bounded)")
@@ -45,14 +92,14 @@ def _pipeline_options(sub: argparse.ArgumentParser) -> None:
     sub.add_argument(
         "--reproducer-dir",
         metavar="DIR",
-        default=tempfile.gettempdir(),
-        help="where a crashing pass writes attnpass-crash-<hash>.json (default: %(default)s)",
+        help="where a crashing pass writes attnpass-crash-<hash>.json (default: the system temp directory)",
     )
+    _remark_options(sub)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="attnpass", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument("--version", action=LazyVersion, help="show the version and exit")
     parser.add_argument(
         "--load",
         action="append",
@@ -60,81 +107,106 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="MODULE",
         help="import a module (name or .py file) that registers passes with @register_pass; repeatable",
     )
+    parser.add_argument(
+        "--traceback", action="store_true", help="on an unexpected error, show the Python traceback (for bug reports)"
+    )
     subs = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def add(name: str, func, help: str) -> argparse.ArgumentParser:
+    def add(name: str, func: str, help: str) -> argparse.ArgumentParser:
         sub = subs.add_parser(name, help=help, description=help)
         sub.set_defaults(func=func)
         return sub
 
-    sub = add("show", commands.show, "print a saved graph in the text form")
-    sub.add_argument("graph", metavar="GRAPH", help="graph JSON file; - for stdin")
+    sub = add("show", "show", "print a saved graph in the text form")
+    sub.add_argument("graph", metavar="GRAPH", help=GRAPH_HELP)
     sub.add_argument("--locs", action="store_true", help="append each node's source location")
+    sub.add_argument("--full-paths", action="store_true", help=FULL_PATHS_HELP)
 
-    sub = add("run", commands.run, "apply a textual pipeline to a saved graph, print remarks, save the result")
+    sub = add("run", "run", "apply a textual pipeline to a saved graph, print remarks, save the result")
     _pipeline_options(sub)
     sub.add_argument("-o", "--output", metavar="OUT", help="write the result as JSON (default: print its text form)")
     sub.add_argument(
         "--print-after-change", action="store_true", help="print the graph after every pass that changed it"
     )
     sub.add_argument("--timings", action="store_true", help="print a per-pass timing table")
+    sub.add_argument("-q", "--quiet", action="store_true", help="print no remarks and no '// wrote' line")
+    sub.add_argument(
+        "--params",
+        metavar="FILE",
+        help="weights of an imported graph (safetensors; default: GRAPH's sibling .safetensors); "
+        "with -o they are written beside OUT",
+    )
 
-    sub = add("explain", commands.explain, "print every remark of a pipeline (applied and declined), nothing else")
+    sub = add("explain", "explain", "print every remark of a pipeline (applied and declined), nothing else")
     _pipeline_options(sub)
 
-    sub = add("diff", commands.diff, "unified diff of two graphs' text forms plus added/removed/changed nodes")
-    sub.add_argument("before", metavar="A", help="graph JSON file (before)")
-    sub.add_argument("after", metavar="B", help="graph JSON file (after)")
+    sub = add("diff", "diff", "unified diff of two graphs' text forms plus added/removed/changed nodes")
+    sub.add_argument("before", metavar="A", help="graph file (before): JSON or text form")
+    sub.add_argument("after", metavar="B", help="graph file (after): JSON or text form")
     sub.add_argument("-U", "--context", type=int, default=3, metavar="N", help="lines of context (default: 3)")
     sub.add_argument("--exit-code", action="store_true", help="exit with status 1 when the graphs differ")
 
-    sub = add("render", commands.render_command, "draw a graph (Graphviz dot layout) to SVG, PNG or DOT")
-    sub.add_argument("graph", metavar="GRAPH", help="graph JSON file; - for stdin")
+    sub = add("render", "render_command", "draw a graph (Graphviz dot layout) to SVG, PNG or DOT")
+    sub.add_argument("graph", metavar="GRAPH", help=GRAPH_HELP)
     sub.add_argument("-o", "--output", required=True, metavar="FILE", help="FILE.svg, FILE.png or FILE.dot")
     sub.add_argument(
         "--highlight-against", metavar="BEFORE", help="highlight nodes added (orange) or changed (yellow) since BEFORE"
     )
 
-    sub = add("lower", commands.lower_command, "print the generated source of a graph lowered to a target")
-    sub.add_argument("graph", metavar="GRAPH", help="graph JSON file; - for stdin")
-    targets = [t.name for t in available_targets()]
-    sub.add_argument("--target", "-t", required=True, choices=targets, help="lowering target")
+    sub = add("lower", "lower_command", "print the generated source of a graph lowered to a target")
+    sub.add_argument("graph", metavar="GRAPH", help=GRAPH_HELP)
+    targets = LazyNames(_target_names)
+    sub.add_argument("--target", "-t", required=True, choices=targets, metavar="TARGET", help="%(choices)s")
     sub.add_argument("--no-comments", action="store_true", help="omit the comments pointing back to graph nodes")
     sub.add_argument("--mesh", metavar="AXES", help=f"the sharded program over a mesh with these axes ({MESH_HELP})")
 
-    sub = add("export", commands.export, "export a graph for other compilers: MLX .mlxfn or StableHLO text")
-    sub.add_argument("graph", metavar="GRAPH", help="graph JSON file; - for stdin")
-    sub.add_argument("--target", "-t", required=True, choices=list(export_formats()), help="export format")
+    sub = add("export", "export", "export a graph for other compilers: MLX .mlxfn or StableHLO text")
+    sub.add_argument("graph", metavar="GRAPH", help=GRAPH_HELP)
+    formats = LazyNames(_export_names)
+    sub.add_argument("--target", "-t", required=True, choices=formats, metavar="FORMAT", help="%(choices)s")
     sub.add_argument("-o", "--output", metavar="FILE", help="output file (stablehlo: default stdout)")
     sub.add_argument("--mesh", metavar="AXES", help=f"export the sharded program ({MESH_HELP})")
 
-    sub = add("example", commands.example, "write a built-in example graph as JSON (no NAME: list them)")
-    sub.add_argument("name", nargs="?", metavar="NAME", help=", ".join(EXAMPLES))
+    sub = add("example", "example", "write a built-in example graph as JSON (no NAME: list them)")
+    sub.add_argument("name", nargs="?", metavar="NAME", help="example name (attnpass example lists them)")
     sub.add_argument("--layers", type=int, help="number of layers (qwen38-model)")
     sub.add_argument("--q-len", type=int, help="query rows per step")
     sub.add_argument("--n-kv", type=int, help="KV cache length in cells")
     sub.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
+    sub.add_argument(
+        "--full-paths", action="store_true", help="keep source locations as traced (default: module paths)"
+    )
 
-    add("passes", commands.passes, "list the registered passes and their options")
+    add("passes", "passes", "list the registered passes and their options")
     return parser
 
 
 def load_plugin(spec: str) -> None:
-    """Import a pass plugin given as a module name or a path to a .py file."""
-    if spec.endswith(".py"):
-        path = Path(spec)
-        module_name = f"attnpass_plugin_{path.stem}"  # never shadows an imported module of the same stem
-        module_spec = importlib.util.spec_from_file_location(module_name, path)
-        if module_spec is None or module_spec.loader is None or not path.is_file():
-            raise AttnpassError(f"--load {spec}: no such Python file")
-        module = importlib.util.module_from_spec(module_spec)
-        sys.modules[module_name] = module
-        module_spec.loader.exec_module(module)
-    else:
-        try:
+    """Import a pass plugin given as a module name or a path to a .py file; any failure is an AttnpassError."""
+    from attnpass.ir import AttnpassError
+
+    try:
+        if spec.endswith(".py"):
+            path = Path(spec)
+            module_name = f"attnpass_plugin_{path.stem}"  # never shadows an imported module of the same stem
+            module_spec = importlib.util.spec_from_file_location(module_name, path)
+            if module_spec is None or module_spec.loader is None or not path.is_file():
+                raise AttnpassError(f"--load {spec}: no such Python file")
+            module = importlib.util.module_from_spec(module_spec)
+            sys.modules[module_name] = module
+            try:
+                module_spec.loader.exec_module(module)
+            except BaseException:
+                del sys.modules[module_name]
+                raise
+        else:
             importlib.import_module(spec)
-        except ImportError as exc:
-            raise AttnpassError(f"--load {spec}: {exc}") from None
+    except AttnpassError:
+        raise
+    except ImportError as exc:
+        raise AttnpassError(f"--load {spec}: {exc}") from None
+    except Exception as exc:  # a syntax error, or the plugin itself failing as it is imported
+        raise AttnpassError(f"--load {spec}: {type(exc).__name__}: {exc}") from None
 
 
 def _fail(message: str, status: int = 1) -> int:
@@ -142,22 +214,61 @@ def _fail(message: str, status: int = 1) -> int:
     return status
 
 
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    print(f"attnpass: warning: {_first_line(message) if isinstance(message, Warning) else message}", file=sys.stderr)
+
+
+def _run(args: argparse.Namespace) -> int:
+    for spec in args.load:
+        load_plugin(spec)
+    command: Callable[[argparse.Namespace], int] = getattr(importlib.import_module("attnpass.cli.commands"), args.func)
+    if not args.load:
+        return command(args)
+    from attnpass.passes.reproducer import cli_loads
+
+    loads = [str(Path(spec).resolve()) if spec.endswith(".py") else spec for spec in args.load]
+    with cli_loads(loads):  # a crash reproducer records them, and its replay command loads them again
+        return command(args)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
+    shown = warnings.showwarning
+    warnings.showwarning = _show_warning  # one line, like the errors
     try:
-        for spec in args.load:
-            load_plugin(spec)
-        return args.func(args)
-    except PassError as exc:  # a crashing pass: the whole message, with the reproducer and how to replay it
-        return _fail(str(exc))
-    except (AttnpassError, ValueError) as exc:
-        return _fail(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+        return _run(args)
     except BrokenPipeError:  # e.g. `attnpass show big.json | head`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except OSError as exc:
-        return _fail(f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc))
-    except ImportError as exc:
-        return _fail(f"a backend is missing: {exc}")
+    except KeyboardInterrupt:
+        return _fail("interrupted", 130)
+    except Exception as exc:
+        if args.traceback:
+            raise
+        return _fail(describe(exc))
+    finally:
+        warnings.showwarning = shown
+
+
+def describe(exc: Exception) -> str:
+    """The one-line message of a failure (a crashing pass keeps its reproducer lines)."""
+    from attnpass.ir import AttnpassError
+    from attnpass.passes import PassError
+
+    if isinstance(exc, PassError):  # the whole message: the reproducer and how to replay it
+        return str(exc)
+    if isinstance(exc, (AttnpassError, ValueError)):
+        return _first_line(exc)
+    if isinstance(exc, OSError):
+        return f"{exc.strerror or exc}: {exc.filename}" if exc.filename else _first_line(exc)
+    if isinstance(exc, ImportError):
+        return f"a backend is missing: {exc}"
+    if isinstance(exc, MemoryError):
+        return "out of memory"
+    return f"{type(exc).__name__}: {_first_line(exc)} (unexpected: rerun with --traceback to see where)"

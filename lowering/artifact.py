@@ -7,7 +7,7 @@ File layout: one JSON header line, then the tensor payload (``.npz`` bytes)::
     <npz bytes>
 
 :func:`load_artifact` reads the header line from an unbuffered file and checks
-the identity (SPEC §2 "state identity") before a single payload byte is read,
+the identity (docs/semantics.md §2.7, "State identity") before a single payload byte is read,
 so a mismatched artifact fails fast with :class:`IdentityMismatch` whatever
 its tensor data holds. The identity is :func:`program_identity` of the
 *rewritten* graph: a pass pipeline that changed nothing keeps it.
@@ -24,7 +24,9 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from attnpass.ir import AttnpassError, DType, Graph, GraphFormatError
+from attnpass.ir import AttnpassError, DType, Graph, GraphFormatError, TensorType
+from attnpass.ir.core.serialize import check_envelope, graph_from_doc, read_json
+from attnpass.ir.core.types import printable, short_repr, type_str
 
 from .codegen import LoweringError
 from .program import IdentityMismatch, Program, lower, program_identity
@@ -33,6 +35,7 @@ from .registry import get_target
 FORMAT = "attnpass.artifact"
 VERSION = 1
 MAX_HEADER_BYTES = 64 << 20
+NPY_HEADER_BYTES = 1 << 16  # what an .npy member may hold beyond its array's bytes
 
 
 class ArtifactError(AttnpassError):
@@ -84,17 +87,14 @@ def read_header(f: io.RawIOBase) -> dict[str, Any]:
     line = f.readline(MAX_HEADER_BYTES + 1)
     if not line.endswith(b"\n"):
         raise ArtifactError(f"artifact header: no header line within {MAX_HEADER_BYTES} bytes")
-    try:
-        header = json.loads(line)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ArtifactError(f"artifact header is not JSON: {exc}") from None
-    if not isinstance(header, dict) or header.get("format") != FORMAT:
-        raise ArtifactError(f'not an attnpass artifact: expected a header with "format": "{FORMAT}"')
-    if header.get("version") != VERSION:
-        raise ArtifactError(f"unsupported artifact version {header.get('version')!r}; this library reads {VERSION}")
+    header = read_json(line, "artifact header", ArtifactError)
+    check_envelope(header, FORMAT, VERSION, "artifact", ArtifactError)
     for key, kind in (("identity", str), ("target", str), ("graph", dict), ("state", dict)):
         if not isinstance(header.get(key), kind):
             raise ArtifactError(f"artifact header: field {key!r} is missing or not a {kind.__name__}")
+    identity = header["identity"]
+    if len(identity) != 64 or any(c not in "0123456789abcdef" for c in identity):
+        raise ArtifactError(f"artifact header: identity {short_repr(identity)} is not a sha256 hex digest")
     return header
 
 
@@ -108,18 +108,19 @@ def load_artifact(path: str | os.PathLike, expected_identity: str) -> Artifact:
     """
     with open(path, "rb", buffering=0) as f:
         header = read_header(f)
-        found = header["identity"]
+        found, target = header["identity"], printable(header["target"][:40])
         if found != expected_identity:
             raise IdentityMismatch(
-                f"artifact {os.fspath(path)!r} belongs to program {found[:16]}… ({header['target']}), "
+                f"artifact {os.fspath(path)!r} belongs to program {found[:16]}… ({target}), "
                 f"expected {expected_identity[:16]}…; its state cannot be restored into this program"
             )
         try:
             get_target(header["target"])
         except LoweringError as exc:
-            raise ArtifactError(f"artifact header: {exc}") from None
+            valid = str(exc).rsplit("; ", 1)[-1]  # the registry's "valid targets: ..."
+            raise ArtifactError(f"artifact header: unknown target {short_repr(header['target'])}; {valid}") from None
         try:
-            graph = Graph.from_json(json.dumps(header["graph"]))
+            graph = graph_from_doc(header["graph"])
         except GraphFormatError as exc:
             raise ArtifactError(f"artifact header: {exc}") from None
         if program_identity(graph, header["target"]) != found:
@@ -131,25 +132,42 @@ def load_artifact(path: str | os.PathLike, expected_identity: str) -> Artifact:
     return Artifact(found, header["target"], graph, _decode_state(payload, header["state"]))
 
 
+def _manifest_types(manifest: Mapping[str, Any]) -> dict[str, TensorType]:
+    """The header's state entries as types (each one checked: a known dtype, a shape in range)."""
+    types = {}
+    for name, entry in manifest.items():
+        try:
+            types[name] = TensorType(tuple(entry["shape"]), DType.parse(entry["dtype"]))
+        except (AttnpassError, KeyError, TypeError):
+            raise ArtifactError(
+                f"artifact header: malformed state entry {short_repr(name)}: {short_repr(entry)}"
+            ) from None
+    return types
+
+
 def _decode_state(payload: bytes, manifest: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    types = _manifest_types(manifest)
     try:
+        with zipfile.ZipFile(io.BytesIO(payload)) as archive:  # sizes first: no member inflates past its type
+            sizes = {info.filename.removesuffix(".npy"): info.file_size for info in archive.infolist()}
+        if set(sizes) != set(types):
+            raise ArtifactError(
+                f"artifact payload holds {short_repr(sorted(sizes))}, its header lists {short_repr(sorted(types))}"
+            )
+        for name, size in sizes.items():
+            if size > types[name].nbytes + NPY_HEADER_BYTES:
+                raise ArtifactError(f"artifact state {short_repr(name)}: {size} bytes for type {types[name]}")
         with np.load(io.BytesIO(payload), allow_pickle=False) as npz:
             arrays = {name: npz[name] for name in npz.files}
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
         raise ArtifactError(f"artifact tensor payload is unreadable: {exc}") from None
-    if set(arrays) != set(manifest):
-        raise ArtifactError(f"artifact payload holds {sorted(arrays)}, its header lists {sorted(manifest)}")
     state = {}
     for name, raw in arrays.items():
-        entry = manifest[name]
-        try:
-            dtype = DType.parse(entry["dtype"]).numpy
-            shape = list(entry["shape"])
-        except (AttnpassError, KeyError, TypeError):
-            raise ArtifactError(f"artifact header: malformed state entry {name!r}: {entry!r}") from None
+        dtype = types[name].dtype.numpy
         stored = np.dtype(np.uint16) if dtype == DType.bfloat16.numpy else dtype
-        if raw.dtype != stored or list(raw.shape) != shape:
-            raise ArtifactError(f"artifact state {name!r}: payload {raw.dtype}{list(raw.shape)} != header {entry}")
+        if raw.dtype != stored or raw.shape != types[name].shape:
+            found = type_str(raw.shape, types[name].dtype if raw.dtype == stored else raw.dtype)
+            raise ArtifactError(f"artifact state {short_repr(name)}: payload {found} != header {types[name]}")
         state[name] = raw.view(dtype)
     return state
 

@@ -32,6 +32,7 @@ class EmitEnv:
 
     graph: Graph
     target: Target
+    checks: bool = False  # import the runtime helpers' checked variants (attnpass.lowering.checks)
     imports: dict[str, None] = field(default_factory=dict)
 
     def type_of(self, name: str) -> TensorType:
@@ -39,7 +40,7 @@ class EmitEnv:
 
     def runtime(self, alias: str) -> str:
         """Import the target's runtime helper ``alias`` into the generated module (once); returns the alias."""
-        path = self.target.runtime.get(alias)
+        path = self.checks and self.target.runtime.get(f"{alias}_checked") or self.target.runtime.get(alias)
         if path is None:
             raise LoweringError(f"target {self.target.name!r} has no runtime helper {alias!r}")
         module, _, name = path.rpartition(".")
@@ -101,8 +102,10 @@ class Source:
     line_to_node: Mapping[int, str]
 
 
-def generate(graph: Graph, target: Target, *, comments: bool = True, spmd: Spmd | None = None) -> Source:
-    """Emit one Python function computing ``graph`` with ``target``'s emitter table.
+def generate(
+    graph: Graph, target: Target, *, comments: bool = True, checks: bool = False, spmd: Spmd | None = None
+) -> Source:
+    """Emit one Python function computing ``graph`` with ``target``'s emitter table (``checks``: see EmitEnv).
 
     With ``spmd`` (a sharded lowering, :mod:`attnpass.lowering.sharding`), every
     annotated value gets a second line keeping it on its sharding, and the
@@ -110,7 +113,7 @@ def generate(graph: Graph, target: Target, *, comments: bool = True, spmd: Spmd 
     """
     graph.verify()
     ns = Namespace(target.reserved | (spmd.reserved if spmd else frozenset()))
-    env = EmitEnv(graph, target)
+    env = EmitEnv(graph, target, checks)
     fn_name = ns(graph.name)
     params = tuple(ns(i) for i in graph.inputs)
     lines = [f"def {fn_name}({', '.join(params)}):"]

@@ -64,8 +64,34 @@ def with_causal(
         return allowed, True
     if is_bool:
         return f"{xp}.logical_and({mask}, {allowed})", True
-    neg_inf = f"{xp}.array({py_float(float('-inf'))}, dtype={dtype_expr(xp, node.type.dtype)})"
-    return f"{xp}.where({allowed}, {mask}, {neg_inf})", False
+    fill = f"{xp}.array({py_float(float('-inf'))}, dtype={dtype_expr(xp, node.type.dtype)})"
+    if dead_rows(node, env):  # see zero_dead_rows: 0, not -inf, on the rows causality leaves no key
+        fill = f"{xp}.where({_live(xp, node, env)}, {fill}, {xp}.array(0, dtype={dtype_expr(xp, node.type.dtype)}))"
+    return f"{xp}.where({allowed}, {mask}, {fill})", False
+
+
+def dead_rows(node: Node, env: EmitEnv) -> int:
+    """How many leading query rows causality leaves without any key (bottom_right with S > T)."""
+    offset = causal_offset(node, env)
+    return 0 if offset is None else min(sdpa_lengths(node, env)[0], max(0, -offset))
+
+
+def _live(xp: str, node: Node, env: EmitEnv) -> str:
+    return f"({xp}.arange({sdpa_lengths(node, env)[0]}) >= {dead_rows(node, env)})[:, None]"
+
+
+def zero_dead_rows(node: Node, env: EmitEnv, xp: str, q: str) -> str:
+    """``q`` with the rows causality leaves without a key zeroed, when the mask is additive.
+
+    A row with no key is the mean of V (the peers' finite fill). Bool masks get
+    it from the backends' own fill; an additive mask is arithmetic, so those
+    rows get all-zero scores instead (zero query, 0 in the mask of
+    :func:`with_causal`): equal weights, the same mean.
+    """
+    additive = len(node.inputs) == 4 and env.type_of(node.inputs[3]).dtype is not DType.bool
+    if not (additive and dead_rows(node, env)):
+        return q
+    return f"{xp}.where({_live(xp, node, env)}, {q}, {xp}.array(0, dtype={dtype_expr(xp, node.type.dtype)}))"
 
 
 def iota_expr(xp: str, node: Node) -> str:
@@ -89,8 +115,13 @@ _CALL2 = {
     "add": "add", "sub": "subtract", "mul": "multiply", "div": "divide", "maximum": "maximum",
     "logical_and": "logical_and", "logical_or": "logical_or", "equal": "equal", "less": "less",
     "greater_equal": "greater_equal", "floor_divide": "floor_divide",
+    "minimum": "minimum", "power": "power", "logaddexp": "logaddexp",
 }  # fmt: skip
-_CALL1 = {"neg": "negative", "exp": "exp", "sin": "sin", "cos": "cos"}
+_CALL1 = {
+    "neg": "negative", "exp": "exp", "sin": "sin", "cos": "cos",
+    "tanh": "tanh", "log": "log", "log1p": "log1p", "expm1": "expm1", "sqrt": "sqrt", "abs": "abs", "sign": "sign",
+    "logical_not": "logical_not",
+}  # fmt: skip
 
 
 def array_api_emitters(xp: str) -> dict[str, Emitter]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -10,6 +11,7 @@ from typing import Any, Callable
 import numpy as np
 
 from attnpass.ir import AttnpassError, Graph, TensorType
+from attnpass.ir.core.types import type_str
 
 from .codegen import LoweringError, Source, generate
 from .registry import available_targets, get_target
@@ -20,6 +22,7 @@ class IdentityMismatch(AttnpassError):
     """A saved graph or artifact belongs to a program other than the one expected."""
 
 
+@functools.cache  # reading package metadata takes ~25 ms; a process does not change its installed backends
 def backend_version(distribution: str) -> str:
     try:
         return importlib.metadata.version(distribution)
@@ -45,7 +48,7 @@ def check_argument(name: str, expected: TensorType, value: Any) -> None:
         raise AttnpassError(f"input {name}: expected an array of type {expected}, got {type(value).__name__}")
     dtype = _dtype_name(value).replace("bool_", "bool")
     if tuple(shape) != expected.shape or dtype != expected.dtype.value:
-        raise AttnpassError(f"input {name}: expected {expected}, got {dtype}{list(shape)}")
+        raise AttnpassError(f"input {name}: expected {expected}, got {type_str(shape, dtype)}")
 
 
 class Program:
@@ -59,7 +62,9 @@ class Program:
     same values).
     """
 
-    def __init__(self, graph: Graph, target: str, *, comments: bool = True, mesh: Any = None) -> None:
+    def __init__(
+        self, graph: Graph, target: str, *, comments: bool = True, checks: bool = False, mesh: Any = None
+    ) -> None:
         self.target = get_target(target)
         self.graph = graph.copy()
         self.mesh = mesh
@@ -70,7 +75,7 @@ class Program:
                 having = ", ".join(t.name for t in available_targets() if t.spmd is not None) or "none"
                 raise LoweringError(f"target {target!r} has no sharded lowering (mesh=); targets with one: {having}")
             check_mesh(self.graph, spmd, mesh)
-        generated: Source = generate(self.graph, self.target, comments=comments, spmd=spmd)
+        generated: Source = generate(self.graph, self.target, comments=comments, checks=checks, spmd=spmd)
         self.source = generated.text
         self.line_to_node = generated.line_to_node
         namespace: dict[str, Any] = {"__name__": f"attnpass_generated_{target}", "mesh": mesh}
@@ -120,10 +125,11 @@ class Program:
         return f"<Program {self.graph.name} target={self.target.name} inputs={list(self.input_names)}>"
 
 
-def lower(graph: Graph, target: str, *, comments: bool = True, mesh: Any = None) -> Program:
+def lower(graph: Graph, target: str, *, comments: bool = True, checks: bool = False, mesh: Any = None) -> Program:
     """Lower ``graph`` to the target registered as ``target`` ("mlx", "jax", "numpy", ...) and compile it.
 
+    ``checks=True``: values outside an op's contract raise at run time (:mod:`attnpass.lowering.checks`).
     ``mesh`` (e.g. a ``jax.sharding.Mesh``): lower with the graph's sharding annotations
     placed on it (:mod:`attnpass.lowering.sharding`); without one they are ignored.
     """
-    return Program(graph, target, comments=comments, mesh=mesh)
+    return Program(graph, target, comments=comments, checks=checks, mesh=mesh)

@@ -1,10 +1,12 @@
 """The QSA runtime written once over a numpy-named array library ``xp`` (``mlx.core``, ``jax.numpy``).
 
-A target binds ``xp`` and adds what differs, its exact top-k and its scatter:
-``qsa = QSAOps(jnp, top_k=..., put=...)`` in its runtime module is the
-``qsa`` helper its generated code calls. Out-of-range block ids and positions
-beyond the cache are dropped (never read out of bounds); the numpy reference
-raises on them instead.
+A target binds ``xp`` and adds what differs, its exact top-k, its scatter and
+how it reads values on the host for a check: ``qsa = QSAOps(jnp, top_k=...,
+put=..., check=...)`` in its runtime module is the ``qsa`` helper its
+generated code calls. Out-of-range block ids and positions
+beyond the cache are dropped (never read out of bounds), unless runtime
+checks are on (:mod:`attnpass.lowering.checks`): then ``mask``, ``cells`` and
+``cell_valid`` raise as the numpy reference does.
 """
 
 from __future__ import annotations
@@ -13,8 +15,12 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from .checks import env_checks
+
 TopK = Callable[[Any, int], Any]  # top_k(scores, k): ids of the k largest along the last axis, ties to the lower id
 Put = Callable[[Any, Any, Any], Any]  # put(array, indices, values) along the last axis, on a copy
+# check(op, selection, positions, ratio, kv_len): check_qsa_operands on this target's arrays
+Check = Callable[[str, Any, Any, int, int], None]
 
 
 @dataclass(frozen=True)
@@ -22,11 +28,18 @@ class QSAOps:
     """The QSA ops (``pool`` ... ``cell_valid``, named like the ops without ``qsa_``) over ``xp``.
 
     ``top_k`` must be exact: -0.0 equal to +0.0, NaN ranked with -inf, ties to the lower block id.
+    ``checks``: True checks every call; None checks when ``ATTNPASS_RUNTIME_CHECKS`` is on at the call.
     """
 
     xp: Any
     top_k: TopK
     put: Put
+    check: Check
+    checks: bool | None = None
+
+    def _check(self, op: str, selection: Any, positions: Any, ratio: int, kv_len: int) -> None:
+        if self.checks or (self.checks is None and env_checks()):
+            self.check(op, selection, positions, ratio, kv_len)
 
     def pool(self, raw_keys: Any, *, ratio: int) -> Any:
         """float32 mean of each complete block (the r rows added in order, then divided), cast back."""
@@ -62,6 +75,7 @@ class QSAOps:
 
     def mask(self, selection: Any, positions: Any, *, ratio: int, kv_len: int) -> Any:
         """bool [B, 1, S, kv_len]: (cells of the selected blocks | tail) & causal."""
+        self._check("qsa_mask", selection, positions, ratio, kv_len)
         xp = self.xp
         b, s, _k = selection.shape
         n_blocks = -(-kv_len // ratio)
@@ -74,9 +88,11 @@ class QSAOps:
         return ((xp.take(picked, cells // ratio, axis=-1) | tail) & (cells <= p))[:, None]
 
     def cells(self, selection: Any, positions: Any, *, ratio: int, width: int, kv_len: int) -> Any:
+        self._check("qsa_cells", selection, positions, ratio, kv_len)
         return self._slots(selection, positions, ratio, width, kv_len)[0]
 
     def cell_valid(self, selection: Any, positions: Any, *, ratio: int, width: int, kv_len: int) -> Any:
+        self._check("qsa_cell_valid", selection, positions, ratio, kv_len)
         return self._slots(selection, positions, ratio, width, kv_len)[1]
 
     def _slots(self, selection: Any, positions: Any, ratio: int, width: int, kv_len: int) -> tuple[Any, Any]:

@@ -51,7 +51,11 @@ class Spmd:
 
 def check_mesh(graph: Graph, spmd: Spmd, mesh: Any) -> None:
     """LoweringError unless ``mesh`` has every axis ``graph`` declares, each with the declared size."""
-    sizes = spmd.mesh_axes(mesh)
+    check_mesh_axes(graph, spmd.mesh_axes(mesh))
+
+
+def check_mesh_axes(graph: Graph, sizes: Mapping[str, int]) -> None:
+    """LoweringError unless a mesh of axes ``sizes`` (name -> size) has every axis ``graph`` declares, same size."""
     wrong = [f"{axis}={size}" for axis, size in graph.mesh_axes.items() if sizes.get(axis) != size]
     if wrong:
         have = ", ".join(f"{a}={n}" for a, n in sizes.items()) or "no axes"
@@ -60,4 +64,4 @@ def check_mesh(graph: Graph, spmd: Spmd, mesh: Any) -> None:
         )
 
 
-__all__ = ["Placed", "Spmd", "check_mesh"]
+__all__ = ["Placed", "Spmd", "check_mesh", "check_mesh_axes"]

@@ -54,7 +54,8 @@ class Target:
     emitters: Mapping[str, Emitter]
     array_module: str  # top-level module of the backend's array type, e.g. "mlx" for mlx.core.array
     from_numpy: Callable[[np.ndarray], Any]  # a numpy argument as the backend's array
-    # alias -> dotted path of a helper module or object, imported by the programs that use it (EmitEnv.runtime)
+    # alias -> dotted path of a helper module or object, imported by the programs that use it (EmitEnv.runtime);
+    # "<alias>_checked", when present, is imported as <alias> by programs lowered with checks=True
     runtime: Mapping[str, str] = field(default_factory=dict)
     to_numpy: Callable[[Any], np.ndarray] = np.asarray  # the backend's array as numpy, bit for bit
     count_primitives: Callable[..., Counter] | None = None  # (program, *args, **kwargs) -> primitive names

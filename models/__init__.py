@@ -1,4 +1,5 @@
-"""Example model graphs the library ships: Qwen3.8-Flash-Next's verify step, QSA decode layer and whole model.
+"""Example models the library ships: Qwen3.8-Flash-Next's verify step, QSA decode layer and whole model as graphs;
+tiny random mlx-lm models (:mod:`.tiny_lm`).
 
 Each is traced with :mod:`attnpass.ir` (so any user can trace the same way);
 :data:`EXAMPLES` names them for ``attnpass example NAME`` with their size
@@ -29,9 +30,10 @@ from .qwen38 import (
     verify_specs,
     verify_step,
 )
+from .tiny_lm import tiny_lm, tiny_tokenizer
 
 __all__ = [
     "EXAMPLES", "Example", "LAYER_QSA_INPUTS", "N_LAYERS", "SHARED_QSA_INPUTS", "QSAConfig", "build_example", "build_layer", "build_model",
     "gather_pipeline", "is_qsa_layer", "layer_specs", "make_inputs", "model_specs", "narrowed_inputs",
-    "padded_mask", "qsa_attention", "rms_norm", "rope", "verify_specs", "verify_step",
+    "padded_mask", "qsa_attention", "rms_norm", "rope", "tiny_lm", "tiny_tokenizer", "verify_specs", "verify_step",
 ]  # fmt: skip

@@ -1,4 +1,4 @@
-"""The Qwen3.8-Flash-Next QSA decode attention layer, traced in masked form (SPEC §3).
+"""The Qwen3.8-Flash-Next QSA decode attention layer, traced in masked form (docs/semantics.md §3).
 
 :func:`qsa_attention` is the layer's attention written with ``attnpass.ir.ops``
 (callable inside any trace, e.g. one layer of a whole model);

@@ -7,6 +7,7 @@ Built-in passes register themselves by name when imported here.
 """
 
 from .base import Pass, PassError, PassResult, Remark, Remarks
+from .canonicalize import Canonicalize
 from .dce import DeadCodeElimination
 from .head_chunk import HeadChunkSDPA, head_chunk_plan
 from .instrument import Instrumentation, PassTimings, PrintAfterChange
@@ -18,13 +19,14 @@ from .qsa_gather import QSAGather
 from .raise_attention import RaiseAttention
 from .registry import PipelineError, available_passes, get_pass, register_pass
 from .reproducer import Reproducer, load_reproducer
-from .rewrite import Decline, Rewriter, Rule, apply_rules
+from .rewrite import ANY, Decline, Rewriter, Rule, apply_rules
 from .shard_attention import ShardAttention
 from .split_kv import SplitKV
 
 __all__ = [
-    "DeadCodeElimination", "Decline", "HeadChunkSDPA", "Instrumentation", "NarrowInputs", "Pass", "PassError",
-    "PassManager", "PassResult", "PassTimings", "PipelineError", "PrintAfterChange", "QSAGather", "RaiseAttention",
-    "Remark", "Remarks", "Reproducer", "Rewriter", "Rule", "ShardAttention", "SplitKV", "SwitchedPass", "apply_rules",
-    "available_passes", "format_pipeline", "get_pass", "head_chunk_plan", "load_reproducer", "parse_pipeline", "register_pass",
+    "ANY", "Canonicalize", "DeadCodeElimination", "Decline", "HeadChunkSDPA", "Instrumentation", "NarrowInputs",
+    "Pass", "PassError", "PassManager", "PassResult", "PassTimings", "PipelineError", "PrintAfterChange", "QSAGather",
+    "RaiseAttention", "Remark", "Remarks", "Reproducer", "Rewriter", "Rule", "ShardAttention", "SplitKV",
+    "SwitchedPass", "apply_rules", "available_passes", "format_pipeline", "get_pass", "head_chunk_plan",
+    "load_reproducer", "parse_pipeline", "register_pass",
 ]  # fmt: skip

@@ -1,35 +1,44 @@
 """Proving that ``softmax(q·kᵀ·scale + mask)·v`` written with matmuls is an ``sdpa``.
 
 :func:`match_attention` starts at the ``P·V`` matmul, walks the producer
-chains of its operands (layout ops, scalar scales, the mask) back to the
-roots ``q``, ``k``, ``v`` and tracks, with :mod:`.layout_algebra`, which root
-coordinates every axis walks. It then checks the semantics of ``sdpa`` on
-those coordinates rather than on op spellings: the contraction runs over the
-head dims (the roots' last axes) in order; every score pairs query row
-``(b, h, s)`` with key row ``(b, h // G, t)`` exactly once; the softmax
-normalises over exactly the key axis; ``P·V`` pairs key ``t`` with value row
-``t`` of the same KV head; the mask reaches the scores without reordering its
-``[..., S, T]`` axes; scales multiply q, k or the scores (never v or the
-probabilities). Each failure is a :class:`Fail` naming what did not match.
-Roots are rank 4 with batch first and the head dim last; heads and rows may
-come in either order (``[B, H, S, D]`` as MLX, ``[B, S, H, D]`` as JAX).
+chains of its operands (layout ops, float casts, scalar scales; see
+:mod:`.chains`) back to the roots ``q``, ``k``, ``v``, reads the scores path
+as algebra (:mod:`.score_path`) and tracks, with :mod:`.layout_algebra`,
+which root coordinates every axis walks. It then checks the semantics of
+``sdpa`` on those coordinates rather than on op spellings: the contraction
+runs over the head dims (the roots' last axes) in order; every score pairs
+query row ``(b, h, s)`` with key row ``(b, h // G, t)`` exactly once; the
+softmax normalises over exactly the key axis; ``P·V`` pairs key ``t`` with
+value row ``t`` of the same KV head; each mask reaches the scores without
+reordering its ``[..., S, T]`` axes. Each failure is a :class:`Fail` naming
+what did not match.
+
+Roots are rank 4 (``[B, H, S, D]`` or ``[B, S, H, D]``) or unbatched rank 3
+(``[H, S, D]`` or ``[S, H, D]``), the head dim last; q, k and v are read in
+their own layouts (mlx-lm's V is a plain transpose of its projection while
+Q and K come through norm and RoPE). Scales on q, k and the scores become
+sdpa's scale; a scale on v stays in v's root (``P·(v·c)``: v is that
+product). sdpa runs in the dtype of the ``P·V`` matmul; roots in other
+dtypes are cast to it, and the summary states where the source rounded.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
-from typing import Sequence
-
-import numpy as np
+from typing import Any, Sequence
 
 from attnpass.ir import DType, Graph, Node
 
 from . import layout_algebra as la
+from .chains import Chain, chain_scale, elementwise_steps, exact_cast, replay, walk
 from .layout_algebra import Atom, Layout
+from .rewrite import Decline
+from .score_path import MaskUse, ScoreAlgebra, Step, score_algebra, score_steps
 
 ROLE_NAMES = ("b", "h", "s", "t")  # axes of the canonical score tensor [B, Hq, S, T]
-ORDERS = {"heads-first": (1, 2), "rows-first": (2, 1)}  # root axis holding heads, rows (B axis 0, head dim 3)
+ORDERS = {"heads-first": (1, 2), "rows-first": (2, 1)}  # lifted root axis holding heads, rows (B axis 0, head dim 3)
 
 
 @dataclass(frozen=True)
@@ -42,100 +51,101 @@ class Fail:
 
 
 @dataclass(frozen=True)
-class Chain:
-    """A value traced back to its root: the nodes in between (root side first) and their scale."""
+class Operand:
+    """An sdpa operand: ``root`` reshaped to ``shape4`` (leading 1s for an unbatched root), permuted, then
+    the source's own elementwise ``steps`` on its path (casts; for v, scales too) replayed in order."""
 
     root: str
-    nodes: tuple[Node, ...]
-    scale: float
+    shape4: tuple[int, ...]
+    perm: tuple[int, ...]
+    steps: tuple[tuple[str, Any], ...]
+
+
+@dataclass(frozen=True)
+class MaskPlan:
+    """sdpa's mask: bool roots (and-ed) and one additive root times ``factor``, each with its 4-d shape."""
+
+    bools: tuple[tuple[str, tuple[int, ...]], ...]
+    additive: tuple[str, tuple[int, ...], float] | None
+    nan_rows: bool = False  # a bool mask filled with -inf: a row with no key is 0/0 = NaN in the source
 
 
 @dataclass(frozen=True)
 class Attention:
-    """A proven attention: roots, their axis orders, the mask root and its 4-d shape, the output layout."""
+    """A proven attention: its operands, mask, scale, dtype, the output layout and a summary."""
 
     pv: Node
-    q: str
-    k: str
-    v: str
-    q_perm: tuple[int, ...]
-    kv_perm: tuple[int, ...]
-    mask: str | None
-    mask_shape: tuple[int, ...] | None
+    q: Operand
+    k: Operand
+    v: Operand
+    mask: MaskPlan
     scale: float
+    dtype: DType
     out_layout: Layout
     summary: str
 
 
-def scalar_constant(graph: Graph, value: str) -> float | None:
-    """The value of a splatted constant reached through layout ops, else None."""
-    node = graph.node(value)
-    while node.op in la.LAYOUT_OPS:
-        node = graph.node(node.inputs[0])
-    if node.op != "constant" or len(set(node.attrs["value"])) != 1:
-        return None
-    return float(node.attrs["value"][0])
+@dataclass(frozen=True)
+class Root:
+    """Where an operand starts: graph ``value`` read as ``view`` (a regrouping of its shape as [B, H, S, D] or
+    [B, S, H, D], B = 1 for an unbatched root), the ``nodes`` from it to the matmul and their ``scale``."""
+
+    value: str
+    view: tuple[int, ...]
+    nodes: tuple[Node, ...]
+    scale: float
 
 
-def _scale_operand(graph: Graph, node: Node) -> tuple[str, float] | None:
-    """``(other operand, factor)`` when ``node`` multiplies or divides by a scalar constant."""
-    if node.op not in ("mul", "div"):
-        return None
-    for i in ((0, 1) if node.op == "mul" else (1,)):
-        c = scalar_constant(graph, node.inputs[i])
-        other = node.inputs[1 - i]
-        if c is not None and graph.node(other).type == node.type and c != 0:
-            return other, (c if node.op == "mul" else 1.0 / c)
-    return None
-
-
-def walk(graph: Graph, value: str, *, scales: bool) -> tuple[Chain, Node | None]:
-    """Follow layout ops (and scalar scales when ``scales``) back to the first other producer.
-
-    Returns the chain and, when a scale was met but not allowed, the scaling node.
-    """
-    nodes: list[Node] = []
-    factor, refused = 1.0, None
-    node = graph.node(value)
-    while True:
-        if node.op in la.LAYOUT_OPS:
-            nodes.append(node)
-            node = graph.node(node.inputs[0])
-            continue
-        scaled = _scale_operand(graph, node)
-        if scaled is not None:
-            if not scales:
-                refused = refused or node
-            nodes.append(node)
-            factor *= scaled[1]
-            node = graph.node(scaled[0])
-            continue
-        return Chain(node.name, tuple(reversed(nodes)), factor), refused
-
-
-def rank4_root(graph: Graph, chain: Chain) -> Chain | None:
-    """Re-root ``chain`` at its earliest rank-4 value (scales before it belong to the root)."""
+def value_roots(graph: Graph, chain: Chain) -> list[Root]:
+    """The rank-4 and rank-3 values on ``chain``, earliest first, read as they are."""
     values = [chain.root] + [n.name for n in chain.nodes]
+    found = []
     for i, name in enumerate(values):
-        if graph.node(name).type.rank == 4:
-            rest = chain.nodes[i:]
-            scale = math.prod(_scale_operand(graph, n)[1] for n in rest if n.op not in la.LAYOUT_OPS)
-            return Chain(name, rest, scale)
-    return None
+        shape = graph.node(name).type.shape
+        if len(shape) in (3, 4):
+            found.append(Root(name, lifted(shape), chain.nodes[i:], chain_scale(graph, chain.nodes[i:])))
+    return found
 
 
-def replay(graph: Graph, chain: Sequence[Node], layout: Layout) -> Layout | None:
-    """Push ``layout`` through layout ops and scales (None: a reshape that is not a regrouping)."""
-    for node in chain:
-        if node.op == "transpose":
-            layout = la.transpose(layout, node.attrs["perm"])
-        elif node.op == "reshape":
-            layout = la.reshape(layout, node.type.shape)
-            if layout is None:
-                return None
-        elif node.op == "broadcast_to":
-            layout = la.broadcast(layout, node.type.shape)
-    return layout
+def view_roots(graph: Graph, chain: Chain) -> list[Root]:
+    """``chain``'s root read as every rank-4 and rank-3 regrouping of the factors its layout ops split it
+    into, the last factor (the head dim) alone: for roots whose [B, H, S, D] form no value on the chain has
+    (a projection [S, H*D] that a canonicalized reshape turns straight into [B, S, Hkv, G, D])."""
+    shape = graph.node(chain.root).type.shape
+    layout = replay(chain.nodes, la.root_layout(shape))
+    if layout is None:
+        return []
+    factors = []
+    for axis, n in enumerate(shape):
+        atoms = sorted((a for atoms in layout for a in atoms if a.axis == axis), key=lambda a: -a.stride)
+        factors += [a.size for a in atoms] if atoms else ([n] if n > 1 else [])
+    if not factors:
+        return []
+    head, last = factors[:-1], factors[-1]
+    views: dict[tuple[int, ...], None] = {}
+    for rank in (4, 3):
+        for cuts in itertools.combinations_with_replacement(range(len(head) + 1), rank - 2):
+            bounds = (0, *cuts, len(head))
+            views.setdefault(lifted([math.prod(head[lo:hi]) for lo, hi in zip(bounds, bounds[1:])] + [last]))
+    return [Root(chain.root, view, chain.nodes, chain.scale) for view in views]
+
+
+def start_layout(graph: Graph, root: Root) -> Layout | None:
+    """The layout at the matmul of an operand rooted at ``root`` (atoms name the axes of its lifted view)."""
+    layout: Layout | None = la.root_layout(root.view)
+    shape = graph.node(root.value).type.shape
+    if root.view != shape:
+        layout = la.reshape(layout, shape)
+    return replay(root.nodes, layout)
+
+
+def lifted(shape: Sequence[int]) -> tuple[int, ...]:
+    return (1,) * (4 - len(shape)) + tuple(shape)
+
+
+def _walks(atoms: Sequence[Atom], axis: int, size: int) -> bool:
+    """Do ``atoms`` walk exactly the whole of root axis ``axis`` (of ``size``) in order? (size 1: no atoms)."""
+    return la.normalize(atoms) == ((Atom(axis, size, 1),) if size > 1 else ())
 
 
 def _first_problem(layout: list[list[Atom | str]]) -> str | None:
@@ -150,7 +160,9 @@ def _swap_last(layout: Layout) -> Layout:
 
 
 def describe(atoms: Sequence[Atom], names: Sequence[str]) -> str:
-    parts = [f"{names[a.axis]}:{a.size}" + (f"/{a.stride}" if a.stride != 1 else "") for a in atoms if a.axis is not None]
+    parts = [
+        f"{names[a.axis]}:{a.size}" + (f"/{a.stride}" if a.stride != 1 else "") for a in atoms if a.axis is not None
+    ]
     return "(" + ", ".join(parts) + ")" if parts else "(broadcast)"
 
 
@@ -180,11 +192,16 @@ def _matmul_factors(a: Layout, b: Layout) -> list[list[tuple[Atom | None, Atom |
 
 def _pair_heads(qa: Atom, ka: Atom | None, k_role: str | None, group: int, hkv: int, who: str) -> str | None:
     """Check the factor of q's head axis: digits >= G pair with kv head h // G, the others with none."""
+    if ka is not None and k_role != "h":
+        return (
+            f"query heads (digit stride {qa.stride}) pair with {who}'s {k_role or 'head dim'} axis, not with its heads"
+        )
     if qa.stride >= group:
         if ka is None or k_role != "h":
             return f"query heads (digit stride {qa.stride}) are not paired with {who} heads; sdpa needs kv head h // {group}"
         if qa.stride % group or ka.stride * group != qa.stride:
-            return f"query head digit stride {qa.stride} pairs with {who} head stride {ka.stride}; sdpa needs stride {qa.stride // group if qa.stride % group == 0 else '?'}"
+            need = qa.stride // group if qa.stride % group == 0 else "?"
+            return f"query head digit stride {qa.stride} pairs with {who} head stride {ka.stride}; sdpa needs stride {need}"
         return None
     if ka is not None and k_role == "h":
         return (
@@ -196,202 +213,342 @@ def _pair_heads(qa: Atom, ka: Atom | None, k_role: str | None, group: int, hkv: 
     return None
 
 
+def _probability_change(graph: Graph, value: str, depth: int = 3) -> Fail | None:
+    """A candidate a few elementwise ops (or a slice) away from P·V: ``value`` changes a softmax output
+    before P·V reads it. The failure names the op next to the softmax."""
+    node = graph.node(walk(graph, value).root)
+    if depth == 0 or (node.opdef.family != "elementwise" and node.op != "slice"):
+        return None
+    for operand in node.inputs:
+        softmax = graph.node(walk(graph, operand).root)
+        if softmax.op != "softmax":
+            found = _probability_change(graph, operand, depth - 1)
+            if found is not None:
+                return found
+            continue
+        if node.op == "slice":
+            source = graph.node(walk(graph, softmax.inputs[0]).root)
+            if source.op == "concat":
+                return Fail(
+                    f"P·V reads slice {node.name} of softmax {softmax.name} over concat {source.name}: the softmax "
+                    "also normalizes over columns P·V drops (attention sinks, as gpt_oss and MLX's sinks=); "
+                    "sdpa has no sinks", node.name, 1,
+                )  # fmt: skip
+            return Fail(
+                f"P·V reads slice {node.name} of softmax {softmax.name}; sdpa reads all the keys it normalizes over",
+                node.name,
+                1,
+            )
+        if node.op in ("mul", "div"):
+            return Fail(
+                f"{node.op} {node.name} scales the probabilities after the softmax; sdpa scales the scores",
+                node.name,
+                1,
+            )
+        return Fail(
+            f"{node.op} {node.name} changes the probabilities between softmax {softmax.name} and P·V", node.name, 1
+        )
+    return None
+
+
+def _mask_chain(graph: Graph, value: str) -> tuple[str, tuple[Node, ...]]:
+    """A mask's root through layout ops and value-keeping casts (a rounding cast is part of the mask's value)."""
+    nodes: list[Node] = []
+    node = graph.node(value)
+    while node.op in la.LAYOUT_OPS or (
+        node.op == "cast" and exact_cast(graph.node(node.inputs[0]).type.dtype, node.type.dtype)
+    ):
+        nodes.append(node)
+        node = graph.node(node.inputs[0])
+    return node.name, tuple(reversed(nodes))
+
+
+def _rounding(dtypes: dict[str, DType], dtype: DType, notes: list[str]) -> str:
+    """The summary's rounding clause: where the source computes in another precision than sdpa's."""
+    if all(d is dtype for d in dtypes.values()) and dtype is DType.float32 and not notes:
+        return ""
+    shown = ", ".join(f"{what} in {d.short}" for what, d in dtypes.items())
+    extra = "; " + "; ".join(notes) if notes else ""
+    return f"; rounding: the source computes {shown}{extra}; sdpa({dtype.short}) rounds as its target does"
+
+
 class _Matcher:
     def __init__(self, graph: Graph, pv: Node) -> None:
         self.g = graph
         self.pv = pv
 
-    def fail(self, reason: str, node: str, stage: int) -> Fail:
-        return Fail(reason, node, stage)
-
     def run(self) -> Attention | Fail | None:
         g, pv = self.g, self.pv
         for flip_pv in (False, True):  # P·V, or (P·V)ᵀ written as vᵀ·Pᵀ
-            p_chain, refused = walk(g, pv.inputs[1 if flip_pv else 0], scales=False)
+            p_chain = walk(g, pv.inputs[1 if flip_pv else 0])
             if g.node(p_chain.root).op == "softmax":
                 break
         else:
-            return None  # not attention-shaped: neither operand is a softmax
+            return next((f for f in (_probability_change(g, x) for x in pv.inputs) if f is not None), None)
         softmax = g.node(p_chain.root)
-        if refused is not None:
-            return self.fail(f"{refused.op} {refused.name} scales the probabilities after the softmax; sdpa scales the scores", refused.name, 1)
-        v_chain, refused = walk(g, pv.inputs[0 if flip_pv else 1], scales=False)
-        if refused is not None:
-            return self.fail(f"{refused.op} {refused.name} scales v; sdpa applies its scale to the scores only", refused.name, 1)
-        found = self.scores_chain(softmax.inputs[0])
-        if isinstance(found, Fail):
-            return found
-        s_nodes, qk, masks = found
-        best: Fail | None = None
-        for flip_qk in (False, True):  # q·kᵀ, or (q·kᵀ)ᵀ written as k·qᵀ
-            chains = self.roots(qk, flip_qk, v_chain)
-            if isinstance(chains, Fail):
-                best = chains if best is None or chains.stage > best.stage else best
-                continue
-            for q_order in ORDERS:
-                for kv_order in ORDERS:
-                    flips = (flip_qk, flip_pv)
-                    result = self.check(chains, q_order, kv_order, flips, s_nodes, qk, softmax, p_chain, masks)
+        v_chain = walk(g, pv.inputs[0 if flip_pv else 1], scales=True)
+        found = score_steps(g, softmax.inputs[0])
+        if isinstance(found, Decline):
+            return Fail(found.reason, found.node or softmax.name, 1)
+        steps, qk = found
+        algebra = score_algebra(g, steps)
+        if isinstance(algebra, Decline):
+            return Fail(algebra.reason, algebra.node or softmax.name, 1)
+        best: Fail | None = None  # the most telling failure of the roots as they are; views only add successes
+        for roots_of in (value_roots, view_roots):
+            for flip_qk in (False, True):  # q·kᵀ, or (q·kᵀ)ᵀ written as k·qᵀ
+                chains = {"q": walk(g, qk.inputs[1 if flip_qk else 0], scales=True),
+                          "k": walk(g, qk.inputs[0 if flip_qk else 1], scales=True), "v": v_chain}  # fmt: skip
+                if not flip_qk:
+                    named = chains  # the no-reading message names q and k as written
+                bad = [
+                    f"{r} {g.node(c.root).type}" for r, c in chains.items() if not g.node(c.root).type.dtype.is_float
+                ]
+                if bad:
+                    return Fail(f"the roots {', '.join(bad)} are not float tensors", pv.name, 2)
+                roots = {r: roots_of(g, c) for r, c in chains.items()}
+                for q, k, v, orders in self.readings(roots):
+                    result = self.check(
+                        {"q": q, "k": k, "v": v}, orders, (flip_qk, flip_pv), steps, algebra, qk, softmax, p_chain
+                    )
                     if isinstance(result, Attention):
                         return result
-                    if best is None or result.stage > best.stage:
+                    if roots_of is value_roots and (best is None or result.stage > best.stage):
                         best = result
+        if best is None:
+            shapes = ", ".join(f"{r} {list(g.node(c.root).type.shape)}" for r, c in named.items())
+            best = Fail(
+                f"no reading of the roots {shapes} as [B, H, S, D] or [B, S, H, D] (unbatched: [H, S, D] or "
+                "[S, H, D]) gives k and v one number of heads dividing q's, one length and q and k one head dim",
+                qk.name, 2,
+            )  # fmt: skip
         return best
 
-    def roots(self, qk: Node, flip: bool, v_chain: Chain) -> dict[str, Chain] | Fail:
-        g = self.g
-        q_chain, _ = walk(g, qk.inputs[1 if flip else 0], scales=True)
-        k_chain, _ = walk(g, qk.inputs[0 if flip else 1], scales=True)
-        chains = {}
-        for role, chain in (("q", q_chain), ("k", k_chain), ("v", v_chain)):
-            rooted = rank4_root(g, chain)
-            if rooted is None:
-                return self.fail(f"{role} is not reached from a rank-4 [B, H, rows, D] tensor (root {chain.root})", chain.root, 2)
-            chains[role] = rooted
-        dtypes = {g.node(c.root).type.dtype for c in chains.values()}
-        if len(dtypes) != 1 or not next(iter(dtypes)).is_float:
-            return self.fail(f"q, k, v roots have dtypes {sorted(d.value for d in dtypes)}; sdpa needs one float dtype", self.pv.name, 2)
-        return chains
+    @staticmethod
+    def readings(roots: dict[str, list[Root]]):
+        """(q, k, v roots, their orders) under which k and v have one number of heads dividing q's and one
+        length, and q and k one head dim."""
 
-    def scores_chain(self, value: str) -> tuple[list[Node], Node, list[tuple[Node, str, str]]] | Fail:
-        """From the softmax input back to the q·kᵀ matmul: nodes (root side first), the matmul, masks."""
-        g = self.g
-        nodes: list[Node] = []
-        masks: list[tuple[Node, str, str]] = []
-        node = g.node(value)
-        while node.op != "matmul":
-            if node.op in la.LAYOUT_OPS or _scale_operand(g, node) is not None:
-                nodes.append(node)
-                node = g.node(node.inputs[0] if node.op in la.LAYOUT_OPS else _scale_operand(g, node)[0])
-            elif node.op == "where":
-                fill = scalar_constant(g, node.inputs[2])
-                limit = float(np.finfo(node.type.dtype.numpy).min) * 0.5
-                if fill is None or fill > limit:
-                    return self.fail(
-                        f"where {node.name} fills masked scores with {node.inputs[2]} "
-                        f"({'not a constant' if fill is None else fill}); a mask needs -inf or a value <= {limit:.3g}",
-                        node.name, 1,
-                    )  # fmt: skip
-                nodes.append(node)
-                masks.append((node, node.inputs[0], node.inputs[1]))
-                node = g.node(node.inputs[1])
-            elif node.op == "add":
-                side = 0 if g.node(node.inputs[0]).type == node.type else 1
-                nodes.append(node)
-                masks.append((node, node.inputs[1 - side], node.inputs[side]))
-                node = g.node(node.inputs[side])
-            else:
-                return self.fail(f"the softmax input comes from {node.op} {node.name}, not from a q·kᵀ matmul", node.name, 1)
-        return list(reversed(nodes)), node, masks
+        def read(root: Root, order: str) -> tuple[int, int, int]:
+            heads_at, rows_at = ORDERS[order]
+            return root.view[heads_at], root.view[rows_at], root.view[3]
 
-    def check(self, chains, q_order, kv_order, flips, s_nodes, qk, softmax, p_chain, masks) -> Attention | Fail:
+        pairs = [
+            (k, ko, v, vo) for k in roots["k"] for ko in ORDERS for v in roots["v"] for vo in ORDERS
+            if read(k, ko)[0] and read(k, ko)[:2] == read(v, vo)[:2]
+        ]  # fmt: skip
+        for q in roots["q"]:
+            for qo in ORDERS:
+                hq, _s, d = read(q, qo)
+                for k, ko, v, vo in pairs:
+                    hk, _t, dk = read(k, ko)
+                    if d == dk and hq % hk == 0:
+                        yield q, k, v, (qo, ko, vo)
+
+    def check(
+        self, chains, orders, flips, steps: list[Step], algebra: ScoreAlgebra, qk, softmax, p_chain
+    ) -> Attention | Fail:
         g = self.g
-        q, k, v = (chains[r].root for r in "qkv")
-        qs, ks, vs = (g.node(x).type.shape for x in (q, k, v))
-        qh, qr = ORDERS[q_order]
-        kh, kr = ORDERS[kv_order]
+        qs, ks, vs = (chains[r].view for r in "qkv")
+        (qh, qr), (kh, kr), (vh, vr) = (ORDERS[o] for o in orders)
         hq, hkv, d = qs[qh], ks[kh], qs[3]
-        q_names, k_names = _axis_names("q", q_order, "s"), _axis_names("k", kv_order, "t")
-        v_names = _axis_names("v", kv_order, "t")
-        where = f"(q {q_order}, k/v {kv_order})"
-        if hkv == 0 or hq % hkv or vs[kh] != hkv:
-            return self.fail(f"{hq} query heads, {hkv} k heads and {vs[kh]} v heads do not form GQA {where}", qk.name, 2)
+        q_names, k_names, v_names = (_axis_names(p, o, r) for p, o, r in zip("qkv", orders, "stt"))
+        where = f"(q {orders[0]}, k {orders[1]}, v {orders[2]})"
         group = hq // hkv
-        a_layout = replay(g, chains["q"].nodes, la.root_layout(qs))
-        b_layout = replay(g, chains["k"].nodes, la.root_layout(ks))
+        a_layout, b_layout = start_layout(g, chains["q"]), start_layout(g, chains["k"])
         if a_layout is None or b_layout is None:
-            return self.fail("a reshape on the q or k path mixes axes unevenly", qk.name, 2)
+            return Fail("a reshape on the q or k path mixes axes unevenly", qk.name, 2)
         if flips[0]:
             a_layout, b_layout = _swap_last(a_layout), _swap_last(b_layout)
-        if la.normalize(a_layout[-1]) != (Atom(3, d, 1),):
-            return self.fail(f"q·kᵀ contracts q over {describe(a_layout[-1], q_names)}, not q's last axis (head dim {d})", qk.name, 3)
-        if la.normalize(b_layout[-2]) != (Atom(3, ks[3], 1),) or ks[3] != d:
-            return self.fail(
+        if not _walks(a_layout[-1], 3, d):
+            return Fail(
+                f"q·kᵀ contracts q over {describe(a_layout[-1], q_names)}, not q's last axis (head dim {d})", qk.name, 3
+            )
+        if not _walks(b_layout[-2], 3, ks[3]) or ks[3] != d:
+            return Fail(
                 f"q·kᵀ contracts k over {describe(b_layout[-2], k_names)}, not k's last axis (head dim {ks[3]}): "
                 "check the transpose of k", qk.name, 3,
             )  # fmt: skip
         factors = _matmul_factors(a_layout, b_layout)
         if isinstance(factors, str):
-            return self.fail(f"q·kᵀ: {factors}", qk.name, 3)
-        q_roles = {0: "b", qh: "h", qr: "s"}
-        k_roles = {0: "b", kh: "h", kr: "t"}
+            return Fail(f"q·kᵀ: {factors}", qk.name, 3)
+        q_roles, k_roles = {0: "b", qh: "h", qr: "s"}, {0: "b", kh: "h", kr: "t"}
         score_layout = [
             [self._score_atom(qa, ka, q_roles, k_roles, group, hkv, q_names, k_names) for qa, ka in axis_factors]
             for axis_factors in factors
         ]
         bad = _first_problem(score_layout)
         if bad:
-            return self.fail(f"q·kᵀ {where}: {bad}", qk.name, 4)
+            return Fail(f"q·kᵀ {where}: {bad}", qk.name, 4)
         score_layout = [la.normalize(atoms) for atoms in score_layout]
         if flips[0]:
             score_layout = list(_swap_last(tuple(score_layout)))
         sizes = (qs[0], hq, qs[qr], ks[kr])
         for role, size in enumerate(sizes):
             if not la.covers([a for axis in score_layout for a in axis if a.axis == role], size):
-                return self.fail(f"the scores do not cover query/key {ROLE_NAMES[role]} (size {size}) exactly once {where}", qk.name, 4)
-        layout: Layout | None = tuple(score_layout)
-        mask_info = None
-        by_node = {n.name: (m, sv) for n, m, sv in masks}
-        for node in s_nodes:
-            if node.name not in by_node:
-                layout = replay(g, [node], layout)
-                if layout is None:
-                    return self.fail(f"reshape {node.name} mixes score axes unevenly", node.name, 5)
-                continue
-            mask_value, scores_value = by_node[node.name]
-            if node.type.shape != g.node(scores_value).type.shape:
-                return self.fail(f"the mask of {node.op} {node.name} broadcasts the scores to {node.type}", node.name, 5)
-            if mask_info is not None:
-                return self.fail(f"two masks reach the scores ({mask_info[0]} and {node.name}); sdpa takes one", node.name, 5)
-            found = self.mask(node, mask_value, layout, sizes)
-            if isinstance(found, Fail):
-                return found
-            mask_info = (node.name, *found)
+                return Fail(
+                    f"the scores do not cover query/key {ROLE_NAMES[role]} (size {size}) exactly once {where}",
+                    qk.name,
+                    4,
+                )
+        found = self.masks(steps, algebra, tuple(score_layout), sizes)
+        if isinstance(found, Fail):
+            return found
+        layout, mask = found
         axis = softmax.attrs["axis"] % softmax.type.rank
-        if la.normalize(layout[axis]) != (Atom(3, sizes[3], 1),):
+        if not _walks(layout[axis], 3, sizes[3]):
             got = describe(layout[axis], ROLE_NAMES)
-            return self.fail(f"softmax {softmax.name} normalizes axis {softmax.attrs['axis']} walking {got}, not the keys (t:{sizes[3]})", softmax.name, 6)
-        p_layout = replay(g, p_chain.nodes, layout)
-        v_layout = replay(g, chains["v"].nodes, la.root_layout(vs))
+            return Fail(
+                f"softmax {softmax.name} normalizes axis {softmax.attrs['axis']} walking {got}, not the keys (t:{sizes[3]})",
+                softmax.name,
+                6,
+            )
+        p_layout = replay(p_chain.nodes, layout)
+        v_layout = start_layout(g, chains["v"])
         if p_layout is None or v_layout is None:
-            return self.fail("a reshape on the probabilities or v path mixes axes unevenly", self.pv.name, 7)
+            return Fail("a reshape on the probabilities or v path mixes axes unevenly", self.pv.name, 7)
         if flips[1]:
             p_layout, v_layout = _swap_last(p_layout), _swap_last(v_layout)
-        if la.normalize(p_layout[-1]) != (Atom(3, sizes[3], 1),) or la.normalize(v_layout[-2]) != (Atom(kr, vs[kr], 1),) or vs[kr] != sizes[3]:
-            return self.fail(
+        if not _walks(p_layout[-1], 3, sizes[3]) or not _walks(v_layout[-2], vr, vs[vr]) or vs[vr] != sizes[3]:
+            return Fail(
                 f"P·V contracts P over {describe(p_layout[-1], ROLE_NAMES)} and v over {describe(v_layout[-2], v_names)}; "
                 f"sdpa contracts keys t:{sizes[3]} with v's rows", self.pv.name, 7,
             )  # fmt: skip
-        if la.normalize(v_layout[-1]) != (Atom(3, vs[3], 1),):
-            return self.fail(f"P·V keeps {describe(v_layout[-1], v_names)} of v, not v's last axis (head dim)", self.pv.name, 7)
+        if not _walks(v_layout[-1], 3, vs[3]):
+            return Fail(
+                f"P·V keeps {describe(v_layout[-1], v_names)} of v, not v's last axis (head dim)", self.pv.name, 7
+            )
         pv_factors = _matmul_factors(p_layout, v_layout)
         if isinstance(pv_factors, str):
-            return self.fail(f"P·V: {pv_factors}", self.pv.name, 7)
+            return Fail(f"P·V: {pv_factors}", self.pv.name, 7)
         last = len(pv_factors) - 1
         out_layout = [
-            [self._out_atom(pa, va, kh, group, hkv, v_names, last=i == last) for pa, va in axis_factors]
+            [self._out_atom(pa, va, vh, group, hkv, v_names, last=i == last) for pa, va in axis_factors]
             for i, axis_factors in enumerate(pv_factors)
         ]
         bad = _first_problem(out_layout)
         if bad:
-            return self.fail(f"P·V {where}: {bad}", self.pv.name, 8)
+            return Fail(f"P·V {where}: {bad}", self.pv.name, 8)
         out_layout = [la.normalize(atoms) for atoms in out_layout]
         if flips[1]:
             out_layout = list(_swap_last(tuple(out_layout)))
         out_sizes = (qs[0], hq, qs[qr], vs[3])
         for role, size in enumerate(out_sizes):
             if not la.covers([a for axis in out_layout for a in axis if a.axis == role], size):
-                return self.fail(f"P·V does not produce every output {('b', 'h', 's', 'dv')[role]} exactly once", self.pv.name, 8)
-        scale = chains["q"].scale * chains["k"].scale * math.prod(
-            _scale_operand(g, n)[1] for n in s_nodes if n.op in ("mul", "div") and _scale_operand(g, n) is not None
-        )
-        mask, mask_shape = (mask_info[1], mask_info[2]) if mask_info else (None, None)
+                return Fail(
+                    f"P·V does not produce every output {('b', 'h', 's', 'dv')[role]} exactly once", self.pv.name, 8
+                )
+        scale = chains["q"].scale * chains["k"].scale * algebra.scale
+        if scale == 0 or not math.isfinite(scale):
+            return Fail(
+                f"the scales on q, k and the scores multiply to {scale:g}; sdpa needs a finite, non-zero scale",
+                qk.name,
+                8,
+            )
+        return self.result(chains, orders, mask, scale, tuple(out_layout), group, sizes, d, qk, softmax)
+
+    def masks(self, steps: list[Step], algebra: ScoreAlgebra, layout: Layout, sizes) -> tuple[Layout, MaskPlan] | Fail:
+        """The scores layout at the softmax, and every mask laid out as sdpa takes it."""
+        uses = {u.step.node.name: u for u in (*algebra.bools, *((algebra.additive,) if algebra.additive else ()))}
+        bools, additive, nan_rows = [], None, False
+        current: Layout | None = layout
+        for step in steps:
+            use = uses.get(step.node.name)
+            if use is None:
+                current = replay([step.node], current)
+                if current is None:
+                    return Fail(f"reshape {step.node.name} mixes score axes unevenly", step.node.name, 5)
+                continue
+            found = self.mask(use, current, sizes)
+            if isinstance(found, Fail):
+                return found
+            if step.kind == "where":
+                bools.append(found)
+                nan_rows = nan_rows or step.fill == -math.inf
+            else:
+                additive = (*found, use.factor)
+        return current, MaskPlan(tuple(bools), additive, nan_rows)
+
+    def mask(self, use: MaskUse, layout: Layout, sizes: tuple[int, ...]) -> tuple[str, tuple[int, ...]] | Fail:
+        """The mask root and its [B, Hq, S, T]-broadcastable shape, or why it does not fit."""
+        g = self.g
+        node, value = use.step.node, use.step.mask
+        kind = "bool" if use.step.kind == "where" else "additive"
+        mtype = g.node(value).type
+        if node.type.shape != g.node(use.step.scores).type.shape:
+            return Fail(f"the mask of {node.op} {node.name} broadcasts the scores to {node.type}", node.name, 5)
+        if (kind == "bool") != (mtype.dtype is DType.bool):
+            return Fail(f"the {kind} mask {value} of {node.name} has dtype {mtype.dtype.value}", node.name, 5)
+        root, nodes = _mask_chain(g, value)
+        shape = g.node(root).type.shape
+        m_layout = replay(nodes, la.root_layout(shape))
+        if m_layout is None:
+            return Fail(f"a reshape on the mask path of {node.name} mixes axes unevenly", node.name, 5)
+        pairs = []
+        for axis, (s_atoms, m_atoms) in enumerate(zip(layout, la.broadcast(m_layout, node.type.shape))):
+            refined = la.refine(s_atoms, m_atoms)
+            if refined is None:
+                return Fail(f"mask {root} and the scores split axis {axis} of {node.name} differently", node.name, 5)
+            pairs += [(sa, ma) for sa, ma in refined if ma is not None]
+        order = []
+        for axis, size in enumerate(shape):
+            if size == 1:
+                continue
+            mine = [(sa, ma) for sa, ma in pairs if ma.axis == axis]
+            roles = {sa.axis if sa is not None else None for sa, _ma in mine}
+            if len(roles) != 1 or None in roles:
+                shown = ", ".join(sorted(ROLE_NAMES[r] if r is not None else "none" for r in roles)) or "none"
+                return Fail(f"mask {root} axis {axis} walks score axes ({shown}), not one of them", node.name, 5)
+            (role,) = roles
+            whole = size == sizes[role] and la.covers([sa for sa, _ma in mine], size)
+            if not whole or any(sa.stride != ma.stride for sa, ma in mine):
+                return Fail(
+                    f"mask {root} axis {axis} (size {size}) is not the whole {ROLE_NAMES[role]} axis", node.name, 5
+                )
+            order.append(role)
+        if order != sorted(order):
+            shown = ", ".join(ROLE_NAMES[r] for r in order)
+            return Fail(
+                f"mask {root} has axes ({shown}); sdpa masks are laid out [..., S, T] and a reordered mask is not raised",
+                node.name, 5,
+            )  # fmt: skip
+        shape4 = [1, 1, 1, 1]
+        for role, size in zip(order, [n for n in shape if n != 1]):
+            shape4[role] = size
+        return root, tuple(shape4)
+
+    def result(self, chains, orders, mask: MaskPlan, scale, out_layout, group, sizes, d, qk, softmax) -> Attention:
+        g, pv = self.g, self.pv
+        dtype = pv.type.dtype
+        operands = []
+        for role, order in zip("qkv", orders):
+            chain = chains[role]
+            heads_at, rows_at = ORDERS[order]
+            steps = elementwise_steps(g, chain.nodes, scales=role == "v")
+            operands.append(Operand(chain.value, chain.view, (0, heads_at, rows_at, 3), steps))
+        notes = []
+        for role, x in zip("qkv", operands):
+            own = next((arg for op, arg in reversed(x.steps) if op == "cast"), g.node(x.root).type.dtype)
+            if own is not dtype:  # a cast the source does not have: sdpa takes one dtype
+                notes.append(f"{role} {x.root} cast from {own.short}")
+        if mask.additive is not None and not exact_cast(g.node(mask.additive[0]).type.dtype, dtype):
+            notes.append(
+                f"mask {mask.additive[0]} rounded from {g.node(mask.additive[0]).type.dtype.short} to {dtype.short}"
+            )
+        computed = {"q·kᵀ": qk.type.dtype, "the softmax": softmax.type.dtype, "P·V": dtype}
+        rounding = _rounding(computed, dtype, notes)
+        masks = [f"{root} (bool)" for root, _s in mask.bools]
+        if mask.additive is not None:
+            root, _shape, factor = mask.additive
+            masks.append(f"{root}" + (f"·{factor:g}" if factor != 1 else "") + " (additive)")
         summary = (
-            f"q {q} ({q_order}), k {k} and v {v} ({kv_order}); {hq} query heads over {hkv} KV heads (GQA {group}); "
-            f"S={qs[qr]} T={sizes[3]} D={d}; scale {scale:g}; mask {mask_info[0] + ' -> ' + mask if mask_info else 'none'}"
+            f"q {operands[0].root} ({orders[0]}), k {operands[1].root} ({orders[1]}), v {operands[2].root}"
+            + "".join(f"{'·' if op == 'mul' else '/'}{c:g}" for op, c in operands[2].steps if op != "cast")
+            + f" ({orders[2]}); "
+            f"{sizes[1]} query heads over {sizes[1] // group} KV heads (GQA {group}); S={sizes[2]} T={sizes[3]} D={d}; "
+            f"scale {scale:g}; mask {' and '.join(masks) or 'none'}{rounding}"
         )
-        perm = lambda heads_at, rows_at: (0, heads_at, rows_at, 3)  # noqa: E731
-        return Attention(self.pv, q, k, v, perm(qh, qr), perm(kh, kr), mask, mask_shape, scale, tuple(out_layout), summary)
+        return Attention(pv, *operands, mask, scale, dtype, out_layout, summary)
 
     @staticmethod
     def _score_atom(qa, ka, q_roles, k_roles, group, hkv, q_names, k_names) -> Atom | str:
@@ -415,14 +572,14 @@ class _Matcher:
         return Atom(2, qa.size, qa.stride)
 
     @staticmethod
-    def _out_atom(pa, va, kh, group, hkv, v_names, *, last: bool) -> Atom | str:
+    def _out_atom(pa, va, vh, group, hkv, v_names, *, last: bool) -> Atom | str:
         if pa is None and va is None:
             return "the output repeats along a broadcast axis"
         if pa is None:
             if not last:
                 return f"v's {v_names[va.axis]} axis walks the output without a matching query axis"
             return Atom(3, va.size, va.stride)
-        v_role = {0: "b", kh: "h"}.get(va.axis) if va is not None else None
+        v_role = {0: "b", vh: "h"}.get(va.axis) if va is not None else None
         if pa.axis == 0:
             if v_role != "b" or va.stride != pa.stride:
                 return "the batch of P is not paired with v's batch"
@@ -434,66 +591,10 @@ class _Matcher:
             return Atom(2, pa.size, pa.stride)
         return f"P's {ROLE_NAMES[pa.axis]} axis pairs with v's {v_names[va.axis] if va else 'nothing'}"
 
-    def mask(self, node: Node, value: str, layout: Layout, sizes: tuple[int, ...]) -> tuple[str, tuple[int, ...]] | Fail:
-        """The mask root and its [B, Hq, S, T]-broadcastable shape, or why it does not fit."""
-        g = self.g
-        kind = "bool" if node.op == "where" else "additive"
-        mtype = g.node(value).type
-        if (kind == "bool") != (mtype.dtype is DType.bool) or (kind == "additive" and mtype.dtype != node.type.dtype):
-            return self.fail(f"the {kind} mask {value} of {node.name} has dtype {mtype.dtype.value}", node.name, 5)
-        root, nodes = _skip_true_and(g, walk(g, value, scales=False)[0])
-        shape = g.node(root).type.shape
-        m_layout = replay(g, nodes, la.root_layout(shape))
-        if m_layout is None:
-            return self.fail(f"a reshape on the mask path of {node.name} mixes axes unevenly", node.name, 5)
-        pairs = []
-        for axis, (s_atoms, m_atoms) in enumerate(zip(layout, la.broadcast(m_layout, node.type.shape))):
-            refined = la.refine(s_atoms, m_atoms)
-            if refined is None:
-                return self.fail(f"mask {root} and the scores split axis {axis} of {node.name} differently", node.name, 5)
-            pairs += [(sa, ma) for sa, ma in refined if ma is not None]
-        order = []
-        for axis, size in enumerate(shape):
-            if size == 1:
-                continue
-            mine = [(sa, ma) for sa, ma in pairs if ma.axis == axis]
-            roles = {sa.axis if sa is not None else None for sa, _ma in mine}
-            if len(roles) != 1 or None in roles:
-                shown = ", ".join(sorted(ROLE_NAMES[r] if r is not None else "none" for r in roles)) or "none"
-                return self.fail(f"mask {root} axis {axis} walks score axes ({shown}), not one of them", node.name, 5)
-            (role,) = roles
-            whole = size == sizes[role] and la.covers([sa for sa, _ma in mine], size)
-            if not whole or any(sa.stride != ma.stride for sa, ma in mine):
-                return self.fail(f"mask {root} axis {axis} (size {size}) is not the whole {ROLE_NAMES[role]} axis", node.name, 5)
-            order.append(role)
-        if order != sorted(order):
-            shown = ", ".join(ROLE_NAMES[r] for r in order)
-            return self.fail(
-                f"mask {root} has axes ({shown}); sdpa masks are laid out [..., S, T] and a reordered mask is not raised",
-                node.name, 5,
-            )  # fmt: skip
-        shape4 = [1, 1, 1, 1]
-        for role, size in zip(order, [n for n in shape if n != 1]):
-            shape4[role] = size
-        return root, tuple(shape4)
-
-
-def _skip_true_and(graph: Graph, chain: Chain) -> tuple[str, tuple[Node, ...]]:
-    """Look through ``logical_and(x, all-True constant)`` at the root of a mask chain."""
-    node, nodes = graph.node(chain.root), list(chain.nodes)
-    while node.op == "logical_and":
-        truth = [i for i in (0, 1) if scalar_constant(graph, node.inputs[i]) == 1.0]
-        if not truth or graph.node(node.inputs[1 - truth[0]]).type.shape != node.type.shape:
-            break
-        inner, _ = walk(graph, node.inputs[1 - truth[0]], scales=False)
-        nodes = list(inner.nodes) + nodes
-        node = graph.node(inner.root)
-    return node.name, tuple(nodes)
-
 
 def match_attention(graph: Graph, pv: Node) -> Attention | Fail | None:
     """Prove that matmul ``pv`` computes an sdpa; None when it is not P·V of a softmax at all."""
     return _Matcher(graph, pv).run()
 
 
-__all__ = ["Attention", "Fail", "match_attention", "scalar_constant", "walk"]
+__all__ = ["Attention", "Fail", "MaskPlan", "Operand", "lifted", "match_attention"]

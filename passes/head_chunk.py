@@ -1,4 +1,4 @@
-"""Head-chunked SDPA (SPEC §2): split the query heads of each KV group into small subcalls.
+"""Head-chunked SDPA (docs/semantics.md §2.3): split the query heads of each KV group into small subcalls.
 
 MLX's fused vector attention kernel serves only calls with ``q_len * gqa <=
 32``; wider GQA calls fall back to an unfused path that materialises a
@@ -131,7 +131,7 @@ def _rewrite(rw: Rewriter, plan: _Plan) -> None:
 @register_pass
 @dataclass(frozen=True)
 class HeadChunkSDPA(SwitchedPass):
-    """Rewrite every eligible ``sdpa`` into head-chunked subcalls (SPEC §2).
+    """Rewrite every eligible ``sdpa`` into head-chunked subcalls (docs/semantics.md §2.3).
 
     For ``sdpa(q[B,Hq,S,D], k[B,Hkv,T,D], v[B,Hkv,T,Dv])`` with a plan from
     :func:`head_chunk_plan` (``S`` rows, ``gqa = Hq / Hkv``):

@@ -123,6 +123,17 @@ def refine(left: Sequence[Atom], right: Sequence[Atom]) -> list[tuple[Atom | Non
     return [(a if a is None or a.axis is not None else None, b if b is None or b.axis is not None else None) for a, b in pairs]
 
 
+def view_plan(layout: Layout, shape: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """How a root of ``shape`` is laid out as ``layout`` (no broadcasts): reshape it to the first
+    tuple (each root axis split into its atoms, major first), transpose by the second, then reshape
+    to the layout's shape."""
+    factors = [a for atoms in layout for a in atoms]
+    split = []
+    for axis, size in enumerate(shape):
+        split += sorted((a for a in factors if a.axis == axis), key=lambda a: -a.stride) if size > 1 else []
+    return tuple(a.size for a in split), tuple(split.index(a) for a in factors)
+
+
 def covers(atoms: Sequence[Atom], size: int) -> bool:
     """Do ``atoms`` (of one root axis) enumerate every coordinate ``0..size-1`` exactly once?"""
     expect = 1
@@ -133,4 +144,7 @@ def covers(atoms: Sequence[Atom], size: int) -> bool:
     return expect == size
 
 
-__all__ = ["Atom", "LAYOUT_OPS", "Layout", "broadcast", "covers", "normalize", "refine", "reshape", "root_layout", "transpose"]
+__all__ = [
+    "LAYOUT_OPS", "Atom", "Layout", "broadcast", "covers", "normalize", "refine", "reshape", "root_layout", "transpose",
+    "view_plan",
+]  # fmt: skip

@@ -1,9 +1,8 @@
 """QSA decode gather: masked sparse attention -> gather the selected cells, dense attention over W.
 
-Pattern (SPEC §3, "masked form"): ``sdpa(q, k, v, mask=M)`` with ``M`` one of
+Pattern (docs/semantics.md §3.3, "masked form"): ``sdpa(q, k, v, mask=M)`` with ``M`` one of
 
 - ``qsa_mask(sel, pos)``;
-- ``logical_and(qsa_mask(sel, pos), vis)`` (either operand order), ``vis`` bool;
 - ``where(qsa_mask(sel, pos), vis, -inf)``, ``vis`` additive in q's dtype;
 
 and ``sel = qsa_select(block_scores, pos)``. Check: decode-shaped (at most
@@ -18,14 +17,19 @@ Rewrite, per stream ``b`` and query row ``s``: ``qsa_cells``/``qsa_cell_valid``
 give ``W`` slots; ``take`` along the T axis of ``k``/``v`` ``[B, Hkv, T, D]``
 gathers every KV head of a cell at once (no GQA expansion); ``vis`` is gathered
 the same way (a ``cast`` on it is moved after the gather); the invalid slots
-are masked (``False`` / ``-inf``) and one dense ``sdpa`` runs over the ``W``
-cells with the original scale. Streams and rows are concatenated back. The
+are masked ``-inf`` and one dense ``sdpa`` runs over the ``W`` cells with the
+original scale. Streams and rows are concatenated back. The
 masked path's nodes are left for :class:`DeadCodeElimination`.
 
 Why it is exact: for a ``qsa_select`` selection (distinct ids) the valid slots
 are exactly the cells ``qsa_mask`` sets, each once, and every other cell of the
 masked row contributes ``exp(-inf) = 0``; so both forms attend the same set
-with the same mask values, and differ only in reduction order.
+with the same mask values, and differ only in reduction order. A row that
+attends no cell is NaN on both paths with an additive visibility, and no row
+is empty without one (the tail or a selected block is always visible). A
+bool visibility, ``logical_and(qsa_mask, vis)``, is kept masked: a row it
+hides completely is the mean of V over all ``n_kv`` cells (the pinned
+fully-masked row of ``sdpa``), which no gather over ``W`` cells computes.
 
 Policy: ``enabled=None`` reads ``ATTNPASS_QSA_GATHER`` at each run (false, off,
 no or 0, any case, surrounding whitespace ignored, keeps the masked path; any
@@ -53,7 +57,7 @@ ENV_VAR = "ATTNPASS_QSA_GATHER"
 @dataclass(frozen=True)
 class _Match:
     select: Node
-    form: str  # "qsa_mask" | "logical_and" | "where"
+    form: str  # "qsa_mask" | "where"
     vis: str | None
     ratio: int
     top_k: int
@@ -159,11 +163,11 @@ def _split_mask(graph: Graph, mask: Node) -> tuple[str, Node, str | None] | Decl
     if mask.op == "qsa_mask":
         return "qsa_mask", mask, None
     if mask.op == "logical_and":
-        a, b = (graph.node(i) for i in mask.inputs)
-        if (a.op == "qsa_mask") == (b.op == "qsa_mask"):
-            return _kept(f"mask {mask.name} is logical_and({a.op} {a.name}, {b.op} {b.name}): need exactly one qsa_mask")
-        qmask, vis = (a, b) if a.op == "qsa_mask" else (b, a)
-        return "logical_and", qmask, vis.name
+        return _kept(
+            f"mask {mask.name} is a bool logical_and: a row it hides completely attends no key and is the mean "
+            "of V over all n_kv cells, which a gather over W cells cannot reproduce; write the visibility as "
+            "where(qsa_mask, vis, -inf) (such a row is then NaN on both paths)"
+        )
     if mask.op == "where":
         cond, vis, other = (graph.node(i) for i in mask.inputs)
         if cond.op != "qsa_mask":
@@ -174,10 +178,8 @@ def _split_mask(graph: Graph, mask: Node) -> tuple[str, Node, str | None] | Decl
                 "the else branch is not a constant -inf"
             )
         return "where", cond, vis.name
-    return _kept(
-        f"mask {mask.name} is {mask.op}, not qsa_mask, logical_and(qsa_mask, visibility) "
-        "or where(qsa_mask, visibility, -inf)"
-    )
+    what = f"graph input {mask.name}" if mask.op == "input" else f"{mask.op} {mask.name}"
+    return _kept(f"the mask is {what}, not qsa_mask or where(qsa_mask, visibility, -inf)")
 
 
 # ---------------------------------------------------------------------- rewrite
@@ -192,9 +194,7 @@ def _rewrite(rw: Rewriter, m: _Match) -> None:
     cells = rw.op("qsa_cells", [sel, positions], attrs)
     valid = rw.op("qsa_cell_valid", [sel, positions], attrs)
     vis, vis_cast = _gather_source(rw, m.vis)
-    neg_inf = None
-    if m.form == "where":
-        neg_inf = rw.scalar(-math.inf, vis_cast or rw.type(vis).dtype, "neg_inf")
+    neg_inf = None if vis is None else rw.scalar(-math.inf, vis_cast or rw.type(vis).dtype, "neg_inf")
     streams = []
     for b in range(n_streams):
         k_b, v_b, rows = rw.pick(k, {0: b}), rw.pick(v, {0: b}), []
@@ -207,8 +207,7 @@ def _rewrite(rw: Rewriter, m: _Match) -> None:
                     row = rw.op("take", [row, idx], {"axis": 3}, "vis_gathered")
                 if vis_cast is not None:
                     row = rw.op("cast", [row], {"dtype": vis_cast}, "vis_gathered")
-                combine = [mask, row] if neg_inf is None else [mask, row, neg_inf]
-                mask = rw.op("logical_and" if neg_inf is None else "where", combine, hint="gather_mask")
+                mask = rw.op("where", [mask, row, neg_inf], hint="gather_mask")
             operands = [
                 rw.pick(q, {0: b, 2: s}),
                 rw.op("take", [k_b, idx], {"axis": 2}, "k_gathered"),

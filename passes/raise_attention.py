@@ -1,26 +1,51 @@
-"""Canonicalization: raise decomposed attention (as MLX, JAX and hand-written code spell it) to ``sdpa``.
+"""Raise decomposed attention (as MLX, JAX and hand-written code spell it) to ``softmax`` and ``sdpa``.
 
-Three rules on the shared layer (:mod:`attnpass.passes.rewrite`; :data:`RULES`
-composes with ``+``), each a ``match`` that proves the rewrite exact or
-declines with the reason and node, and a ``rewrite``. In order:
+Two rules on the shared layer (:mod:`attnpass.passes.rewrite`; :data:`RULES`
+composes with ``+``), each a ``match`` that proves the rewrite or declines
+with the reason and node, and a ``rewrite``. In order:
 
-- ``and-true``   ``logical_and(x, True) -> x`` (JAX's masks carry one);
-- ``softmax``    ``exp(x - max(x, a)) / sum(exp(...), a) -> softmax(x, a)`` (the
-  max may be clamped by ``maximum(-inf, .)`` and pass ``stop_gradient``);
-- ``attention``  ``softmax(q·kᵀ·scale + mask)·v -> sdpa`` with GQA, proven on
-  coordinates by :func:`~attnpass.passes.attention_match.match_attention`.
+- ``softmax``    ``exp(x - max(x, a)) / sum(exp(...), a) -> softmax(x, a)``,
+  proven on coordinates (:mod:`.softmax_match`);
+- ``attention``  ``softmax(q·kᵀ·scale + mask)·v -> sdpa`` with GQA
+  (repeated K/V, broadcast K/V or a grouped 5-d einsum), each of q, k, v in
+  its own layout, proven on coordinates (:mod:`.attention_match`) with the
+  scores read as algebra (:mod:`.score_path`).
 
-Driver: the shared walker with up to :data:`MAX_SWEEPS` sweeps (a bounded
-fixed point). Values left dead by a rewrite are pruned at once (graph inputs
-are kept). Remarks: one ``applied`` per rewrite, one ``declined`` per
-candidate that failed (the reason names what did not match), one
-``analysis`` with the per-rule hit counts.
+The rules run after the ``canonicalize`` rules (:mod:`.canonicalize`, in the
+same sweeps), so a pipeline naming only ``raise-attention`` still sees
+imported graphs with constants folded and layout chains collapsed;
+``raise-attention{canonicalize=false}`` runs the raising rules alone. Driver:
+the shared walker with up to :data:`MAX_SWEEPS` sweeps; values left dead by a
+rewrite are pruned at once (graph inputs are kept). Remarks: one ``applied``
+or ``declined`` per candidate (a ``div`` of an exp; a ``matmul`` with a
+softmax, or one op applied to a softmax, on one side), one ``analysis`` with
+the per-rule hit counts.
 
-Exactness: the raised ``sdpa`` computes the same function. Rounding may
-differ where the source scaled q or k instead of the scores (exact for a
-power-of-two scale), and a bool mask filled with a large finite negative
-(MLX uses the dtype's min) becomes sdpa's ``-inf``: identical except on rows
-that attend no key at all, where MLX's own fast sdpa behaves as the source.
+Exactness: the raised ``sdpa`` computes the same real function as the source;
+where the two round differently the applied remark says so:
+
+- scales on q or k move into sdpa's scale (exact for a power of two);
+- float casts are roundings. A half-precision attention whose softmax the
+  source accumulates in float32 (JAX's cast up, sum, cast down; MLX
+  ``precise``) is raised, and the remark lists the dtypes the source computes
+  the scores, the softmax and P·V in; sdpa runs in P·V's dtype and rounds as
+  its target does (MLX and JAX compute it in at least float32);
+- scales after an additive mask and scales on the mask are moved only where
+  the algebra is exact (:mod:`.score_path`); everything else is declined;
+- a bool mask filled with a large finite negative (MLX and JAX use the
+  dtype's min) becomes sdpa's ``-inf``: identical except on rows that attend
+  no key at all, where MLX's and JAX's own fused attention behave as the source.
+
+Decisions on what ``sdpa`` does not express (declined with a remark naming it):
+
+- **attention sinks** (gpt_oss, MLX's ``sinks=``: the softmax also
+  normalizes over one extra column per head that P·V drops) and **logit
+  soft-capping** (gemma2: ``tanh(s / cap) * cap`` before the mask) are not
+  raised: MLX's fused kernel has sinks but JAX's has neither, and every pass
+  that reads sdpa's operands (head-chunk, qsa-gather) would need to carry
+  them, for kernels that then fall back to the same decomposed form;
+- an additive mask in a lower precision than q (a bf16 mask with float32 q)
+  is expressed: sdpa promotes a half-float mask to float32 exactly, as MLX does.
 """
 
 from __future__ import annotations
@@ -32,154 +57,82 @@ from typing import ClassVar
 from attnpass.ir import DType, Graph, Node
 
 from . import layout_algebra as la
-from .attention_match import Attention, Fail, match_attention, scalar_constant, walk
+from .attention_match import Attention, Fail, MaskPlan, Operand, lifted, match_attention
 from .base import Pass, Remarks
+from .canonicalize import canonicalize_rules
+from .chains import exact_cast
 from .registry import register_pass
 from .rewrite import Decline, Rewriter, Rule, apply_rules
+from .softmax_match import Softmax, match_softmax
 
-MAX_SWEEPS = 4
-
-
-# ----------------------------------------------------------------------------- and-true
+MAX_SWEEPS = 8
 
 
-def _and_true_match(graph: Graph, node: Node) -> str | None:
-    """The other operand of ``logical_and(x, True)``."""
-    for i in (0, 1):
-        if scalar_constant(graph, node.inputs[i]) == 1.0 and graph.node(node.inputs[i]).type.dtype is DType.bool:
-            return node.inputs[1 - i]
-    return None
-
-
-def _and_true_rewrite(rw: Rewriter, x: str) -> None:
-    rw.replace_matched(rw.broadcast(x, rw.anchor.type.shape, f"{rw.anchor.name}_b"), prune=True)
-
-
-# ----------------------------------------------------------------------------- softmax
-
-
-@dataclass(frozen=True)
-class _Softmax:
-    div: Node
-    x: str
-    axis: int
-
-
-def _through(graph: Graph, value: str, ops: frozenset[str]) -> tuple[Node, list[Node]]:
-    nodes, node = [], graph.node(value)
-    while node.op in ops:
-        nodes.append(node)
-        node = graph.node(node.inputs[0])
-    return node, nodes
-
-
-
-
-def _keepdims_chain(graph: Graph, nodes: list[Node], reduced: Node, x_shape: tuple[int, ...], axis: int) -> str | None:
-    """Why the layout ops after a reduction do anything but re-insert the reduced axis (None: they don't)."""
-    keep = tuple(1 if a == axis else n for a, n in enumerate(x_shape))
-    shape = reduced.type.shape
-    for n in reversed(nodes):
-        if n.op == "reshape" and n.type.shape == keep and shape in (keep, keep[:axis] + keep[axis + 1 :]):
-            shape = keep
-        elif n.op == "broadcast_to" and shape == keep and n.type.shape == x_shape:
-            shape = x_shape
-        else:
-            return f"{n.op} {n.name} turns {list(shape)} into {list(n.type.shape)}, not the reduction with axis {axis} kept"
-    if shape not in (keep, x_shape):
-        return f"the reduction {reduced.name} gives {list(shape)}, which does not broadcast back along axis {axis}"
-    return None
-
-
-def _softmax_match(graph: Graph, div: Node) -> _Softmax | Decline | None:
-    """``exp(x - max(x)) / sum(exp(...))`` over one shared axis, reductions broadcast back."""
-    e = graph.node(div.inputs[0])
-    if e.op != "exp" or graph.node(e.inputs[0]).op != "sub":
-        return None
-    sub = graph.node(e.inputs[0])
-    x = sub.inputs[0]
-    x_type = graph.node(x).type
-    layout_ops = frozenset({"reshape", "broadcast_to"})
-    m, m_chain = _through(graph, sub.inputs[1], layout_ops)
-    if m.op == "maximum":
-        clamp = [i for i in (0, 1) if scalar_constant(graph, m.inputs[i]) == -math.inf]
-        if not clamp:
-            return Decline(f"{m.name} clamps the max with {m.inputs}, not with -inf", m.name)
-        m = graph.node(m.inputs[1 - clamp[0]])
-    if m.op != "max" or m.inputs[0] != x:
-        return Decline(f"exp({sub.name}) subtracts {m.op} {m.name}, not the max of {x}", sub.name)
-    s, s_chain = _through(graph, div.inputs[1], layout_ops)
-    if s.op != "sum" or s.inputs[0] != e.name:
-        return Decline(f"{div.name} divides by {s.op} {s.name}, not by the sum of {e.name}", div.name)
-    axes_m = tuple(sorted(a % x_type.rank for a in m.attrs["axes"]))
-    axes_s = tuple(sorted(a % x_type.rank for a in s.attrs["axes"]))
-    if len(axes_m) != 1 or axes_m != axes_s:
-        return Decline(f"the max reduces axes {list(axes_m)} and the sum axes {list(axes_s)}; softmax needs one shared axis", div.name)
-    if div.type != x_type or not x_type.dtype.is_float:
-        return Decline(f"{div.name} is {div.type}, {x} is {x_type}", div.name)
-    for reduced, chain in ((m, m_chain), (s, s_chain)):
-        bad = _keepdims_chain(graph, chain, reduced, x_type.shape, axes_m[0])
-        if bad:
-            return Decline(bad, div.name)
-    return _Softmax(div, x, axes_m[0])
-
-
-def _softmax_rewrite(rw: Rewriter, m: _Softmax) -> None:
-    rw.replace_matched(rw.op("softmax", [m.x], {"axis": m.axis, "precise": False}, f"{m.div.name}_softmax"), prune=True)
-
-
-# ----------------------------------------------------------------------------- attention
+def _softmax_rewrite(rw: Rewriter, m: Softmax) -> None:
+    out = rw.op("softmax", [m.x], {"axis": m.axis, "precise": m.precise}, f"{m.div.name}_softmax")
+    rw.replace_matched(rw.cast(out, m.div.type.dtype, f"{m.div.name}_softmax"), prune=True)
 
 
 def _attention_match(graph: Graph, node: Node) -> Attention | Decline | None:
-    """A matmul with a softmax (through layout ops and scales) on either side, proven an sdpa on coordinates."""
-    roots = (graph.node(walk(graph, x, scales=True)[0].root).op for x in node.inputs)
-    if "softmax" not in roots:
-        return None
+    """A matmul with a softmax (through layout ops and casts, or a few ops that change it) on a side, proven an sdpa."""
     found = match_attention(graph, node)
     if found is None:
-        return Decline("P is not a softmax")
+        return None
     return Decline(found.reason, found.node) if isinstance(found, Fail) else found
 
 
-def _view(rw: Rewriter, src: str, layout: la.Layout, shape: tuple[int, ...], hint: str) -> str:
-    """Lay ``src`` (a canonical [B, H, S, D] value) out as ``layout`` of shape ``shape``: reshape, transpose, reshape."""
-    src_shape = rw.type(src).shape
-    factors = [(axis, a) for axis, atoms in enumerate(layout) for a in atoms]
-    split = []
-    for role, size in enumerate(src_shape):
-        mine = sorted((a for _axis, a in factors if a.axis == role), key=lambda a: -a.stride)
-        split += [(role, a) for a in mine] if size > 1 else []
-    order = [split.index((a.axis, a)) for _axis, a in factors]
-    value = rw.reshape(src, tuple(a.size for _r, a in split), hint)
-    if order != sorted(order):
-        value = rw.transpose(value, order, hint)
-    return rw.reshape(value, shape, hint)
+def _operand(rw: Rewriter, x: Operand, dtype: DType, hint: str) -> str:
+    value = rw.transpose(rw.reshape(x.root, x.shape4, hint), x.perm, hint)
+    for op, arg in x.steps:
+        value = (
+            rw.cast(value, arg, hint)
+            if op == "cast"
+            else rw.op(op, [value, rw.scalar(arg, rw.type(value).dtype, f"{hint}_scale")], hint=hint)
+        )
+    return rw.cast(value, dtype, hint)
+
+
+def _broadcastable(rw: Rewriter, root: str, shape4: tuple[int, ...], hint: str) -> str:
+    """``root`` as it broadcasts to [B, Hq, S, T] (reshaped only when left-padding with 1s is not enough)."""
+    return root if lifted(rw.type(root).shape) == shape4 else rw.reshape(root, shape4, hint)
+
+
+def _mask(rw: Rewriter, plan: MaskPlan, dtype: DType, hint: str) -> str | None:
+    """sdpa's one mask: the bool masks and-ed, the additive one scaled; both: ``where(bool, additive, -inf)``."""
+    allowed = None
+    for root, shape4 in plan.bools:
+        value = _broadcastable(rw, root, shape4, hint)
+        allowed = value if allowed is None else rw.op("logical_and", [allowed, value], hint=hint)
+    if plan.additive is None:
+        if allowed is None or not plan.nan_rows:
+            return allowed  # sdpa's bool mask: a row with no key is the mean of V, as with a finite fill
+        fills = [rw.scalar(0.0, dtype, f"{hint}_zero"), rw.scalar(-math.inf, dtype, f"{hint}_fill")]
+        return rw.op("where", [allowed, *fills], hint=hint)  # a -inf fill keeps such a row NaN, as in the source
+    root, shape4, factor = plan.additive
+    bias = _broadcastable(rw, root, shape4, hint)
+    if factor != 1:
+        bias = rw.op("mul", [bias, rw.scalar(factor, rw.type(bias).dtype, f"{hint}_factor")], hint=hint)
+    if not exact_cast(rw.type(bias).dtype, dtype):  # a half-float mask with float32 q is promoted by sdpa itself
+        bias = rw.cast(bias, dtype, hint)
+    if allowed is None:
+        return bias
+    return rw.op("where", [allowed, bias, rw.scalar(float("-inf"), rw.type(bias).dtype, f"{hint}_fill")], hint=hint)
 
 
 def _attention_rewrite(rw: Rewriter, m: Attention) -> None:
     name = m.pv.name
-    operands = [
-        rw.transpose(m.q, m.q_perm, f"{name}_q"),
-        rw.transpose(m.k, m.kv_perm, f"{name}_k"),
-        rw.transpose(m.v, m.kv_perm, f"{name}_v"),
-    ]
-    if m.mask is not None:
-        operands.append(rw.reshape(m.mask, m.mask_shape, f"{name}_mask") if _needs_reshape(rw, m) else m.mask)
-    out = rw.op("sdpa", operands, {"scale": m.scale, "causal": "none"}, f"{name}_sdpa")
-    rw.replace_matched(_view(rw, out, m.out_layout, m.pv.type.shape, f"{name}_out"), prune=True)
-
-
-def _needs_reshape(rw: Rewriter, m: Attention) -> bool:
-    shape = rw.type(m.mask).shape
-    return (1,) * (4 - len(shape)) + shape != m.mask_shape
+    operands = [_operand(rw, x, m.dtype, f"{name}_{role}") for role, x in zip("qkv", (m.q, m.k, m.v))]
+    mask = _mask(rw, m.mask, m.dtype, f"{name}_mask")
+    out = rw.op(
+        "sdpa", operands + ([mask] if mask is not None else []), {"scale": m.scale, "causal": "none"}, f"{name}_sdpa"
+    )
+    split, perm = la.view_plan(m.out_layout, rw.type(out).shape)  # [B, H, S, D] laid out as P·V was
+    rw.replace_matched(rw.relayout(out, split, perm, m.pv.type.shape, f"{name}_out"), prune=True)
 
 
 RULES: list[Rule] = [
-    Rule("and-true", "logical_and", _and_true_match, _and_true_rewrite,
-         lambda x: f"logical_and({x}, True) -> {x}"),  # logical_and(x, True) -> x
-    Rule("softmax", "div", _softmax_match, _softmax_rewrite,
-         lambda m: f"exp({m.x} - max) / sum -> softmax({m.x}, axis={m.axis})"),  # exp(x-max)/sum -> softmax
+    Rule("softmax", "div", match_softmax, _softmax_rewrite,
+         lambda m: f"exp({m.x} - max) / sum -> softmax({m.x}, axis={m.axis}{', precise' if m.precise else ''}){m.rounding}"),  # exp(x-max)/sum -> softmax
     Rule("attention", "matmul", _attention_match, _attention_rewrite,
          lambda m: f"softmax(q·kᵀ·scale + mask)·v -> sdpa: {m.summary}"),  # softmax(qk^T s + m) v -> sdpa
 ]  # fmt: skip
@@ -192,9 +145,11 @@ class RaiseAttention(Pass):
 
     name: ClassVar[str] = "raise-attention"
     rules: tuple[Rule, ...] = tuple(RULES)
+    canonicalize: bool = True
 
     def run(self, graph: Graph, remarks: Remarks) -> bool:
-        return bool(apply_rules(graph, self.rules, remarks, max_sweeps=MAX_SWEEPS))
+        rules = (canonicalize_rules() if self.canonicalize else []) + list(self.rules)
+        return bool(apply_rules(graph, rules, remarks, max_sweeps=MAX_SWEEPS))
 
 
 __all__ = ["RULES", "RaiseAttention", "Rule"]

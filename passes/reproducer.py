@@ -4,7 +4,11 @@ Like MLIR's local crash reproducer: the file holds the failing pass as a
 one-pass textual pipeline with every option spelled out, the graph that pass
 was handed (not the pipeline's input), the passes that ran before it and the
 error. It is named ``attnpass-crash-<8 hex>.json`` after a hash of graph and
-pipeline, so the same crash always maps to the same file. Replay it with
+pipeline, so the same crash always maps to the same file. A crash under the
+``attnpass`` command also records the modules it imported with ``--load``
+(unless the pass is one of attnpass's own), and the printed replay command
+loads them again: ``attnpass --load plugin.py run --reproducer FILE``. Loading
+a reproducer never imports them itself. Replay it with
 ``attnpass run --reproducer FILE`` or, in Python::
 
     rep = load_reproducer(path)
@@ -16,10 +20,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Iterator, Sequence
 
 from attnpass.ir import Graph, GraphFormatError
+from attnpass.ir.core.serialize import MAX_JSON_BYTES, check_envelope, graph_from_doc, read_json
 
 from .base import Pass
 from .pipeline import format_pipeline, parse_pipeline
@@ -28,20 +36,53 @@ from .registry import PipelineError, get_pass
 FORMAT = "attnpass.reproducer"
 VERSION = 1
 REPLAY = "attnpass run --reproducer {path}"
+_LOADED: list[str] = []  # the `attnpass --load` specs of the running command (names or absolute .py paths)
+
+
+@contextmanager
+def cli_loads(specs: Sequence[str]) -> Iterator[None]:
+    """While the ``attnpass`` command runs: the modules it imported with ``--load``, for reproducers to record."""
+    saved = list(_LOADED)
+    _LOADED[:] = specs
+    try:
+        yield
+    finally:
+        _LOADED[:] = saved
+
+
+def replay_command(path: str | os.PathLike, load: Sequence[str] = ()) -> str:
+    """The shell command that replays the reproducer at ``path`` (``--load`` first, every word quoted)."""
+    loads = "".join(f"--load {shlex.quote(spec)} " for spec in load)
+    return f"attnpass {loads}run --reproducer {shlex.quote(os.fspath(path))}"
+
+
+def needed_loads(pass_: Pass) -> tuple[str, ...]:
+    """The ``--load`` specs a replay of ``pass_`` needs: none for attnpass's own passes, else the command's."""
+    module = type(pass_).__module__
+    return () if module == "attnpass" or module.startswith("attnpass.") else tuple(_LOADED)
 
 
 @dataclass(frozen=True)
 class Reproducer:
-    """A failing pass (as pipeline text), the graph it received, what ran before it, and the error."""
+    """A failing pass (as pipeline text), the graph it received, what ran before it, the error,
+    and the ``--load`` modules (names or ``.py`` paths) that define the pass."""
 
     pipeline: str
     graph: Graph
     after: tuple[str, ...]
     error: str
+    load: tuple[str, ...] = ()
 
     @property
     def passes(self) -> list[Pass]:
-        return parse_pipeline(self.pipeline)
+        try:
+            return parse_pipeline(self.pipeline)
+        except PipelineError as exc:
+            if not self.load:
+                raise
+            loads = " ".join(f"--load {shlex.quote(spec)}" for spec in self.load)
+            hint = f"this reproducer needs {loads} (attnpass {loads} run --reproducer FILE)"
+            raise PipelineError(f"{exc}; {hint}") from None
 
     def to_json(self) -> str:
         doc = {
@@ -50,6 +91,7 @@ class Reproducer:
             "pipeline": self.pipeline,
             "after": list(self.after),
             "error": self.error,
+            "load": list(self.load),
             "graph": json.loads(self.graph.to_json()),
         }
         return json.dumps(doc, indent=1)
@@ -57,7 +99,7 @@ class Reproducer:
 
 def write_reproducer(directory: str | os.PathLike, pass_: Pass, graph: Graph, after: list[str], error: str) -> Path:
     """Write the reproducer of ``pass_`` failing on ``graph`` into ``directory``; returns its path."""
-    rep = Reproducer(format_pipeline([pass_], include_defaults=True), graph, tuple(after), error)
+    rep = Reproducer(format_pipeline([pass_], include_defaults=True), graph, tuple(after), error, needed_loads(pass_))
     key = hashlib.sha256(f"{graph.fingerprint()}|{rep.pipeline}".encode()).hexdigest()[:8]
     path = Path(directory) / f"attnpass-crash-{key}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -71,7 +113,7 @@ def crash_note(directory: str | os.PathLike, pass_: Pass, graph: Graph, after: l
         path = write_reproducer(directory, pass_, graph, after, error)
     except (OSError, PipelineError) as exc:
         return f"no crash reproducer written: {exc}"
-    note = f"crash reproducer: {path}\nreplay with: {REPLAY.format(path=path)}"
+    note = f"crash reproducer: {path}\nreplay with: {replay_command(path, needed_loads(pass_))}"
     try:
         registered = get_pass(pass_.name) is type(pass_)
     except PipelineError:
@@ -81,18 +123,33 @@ def crash_note(directory: str | os.PathLike, pass_: Pass, graph: Graph, after: l
     return note
 
 
+def _strings(doc: dict, key: str, where: str, default: Any = ...) -> list[str]:
+    value = doc.get(key, default)
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise GraphFormatError(f"{where}: reproducer field {key!r} must be a list of strings")
+    return value
+
+
 def load_reproducer(path: str | os.PathLike) -> Reproducer:
-    """Read a reproducer file; raises GraphFormatError when it is not one."""
-    try:
-        doc = json.loads(Path(path).read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise GraphFormatError(f"{path}: malformed JSON: {exc}") from None
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("version") != VERSION:
-        raise GraphFormatError(f"{path}: not an attnpass crash reproducer (format {FORMAT!r}, version {VERSION})")
-    pipeline, after, error = doc.get("pipeline"), doc.get("after"), doc.get("error")
-    if not isinstance(pipeline, str) or not isinstance(error, str) or not isinstance(after, list):
+    """Read a reproducer file; raises GraphFormatError when it is not one (OSError when it cannot be read).
+
+    Nothing in the file is executed or imported: its ``load`` list is only reported.
+    """
+    with open(path, "rb") as f:
+        text = f.read(MAX_JSON_BYTES + 1)
+    doc = check_envelope(read_json(text, os.fspath(path)), FORMAT, VERSION, f"crash reproducer ({path})")
+    pipeline, error = doc.get("pipeline"), doc.get("error")
+    if not isinstance(pipeline, str) or not isinstance(error, str) or not isinstance(doc.get("after"), list):
         raise GraphFormatError(f"{path}: reproducer fields pipeline, after and error are missing or malformed")
-    return Reproducer(pipeline, Graph.from_json(json.dumps(doc.get("graph"))), tuple(map(str, after)), error)
+    after, load = _strings(doc, "after", os.fspath(path)), _strings(doc, "load", os.fspath(path), [])
+    try:
+        graph = graph_from_doc(doc.get("graph"))
+    except GraphFormatError as exc:
+        raise GraphFormatError(f"{path}: graph: {exc}") from None
+    return Reproducer(pipeline, graph, tuple(after), error, tuple(load))
 
 
-__all__ = ["REPLAY", "Reproducer", "crash_note", "load_reproducer", "write_reproducer"]
+__all__ = [
+    "REPLAY", "Reproducer", "cli_loads", "crash_note", "load_reproducer", "needed_loads", "replay_command",
+    "write_reproducer",
+]  # fmt: skip

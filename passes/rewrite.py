@@ -1,6 +1,7 @@
 """The shared rewrite layer: rules as data, one walker, one rewriter; no pass writes remark plumbing.
 
-A :class:`Rule` is an anchor op plus two functions:
+A :class:`Rule` is an anchor op (or :data:`ANY`, every node but the graph
+inputs: constant folding, common subexpressions) plus two functions:
 
 - ``match(graph, node) -> M | Decline | None``: ``None`` means "not a
   candidate" (silent, e.g. an ``sdpa`` without a mask for a mask rule);
@@ -96,16 +97,30 @@ class Rewriter(Builder):
         self.graph.set_sharding(self.anchor.name, sharding)
         self.done = True
 
+    def relayout(self, x: str, split: Sequence[int], perm: Sequence[int], shape: Sequence[int], hint: str) -> str:
+        """``x`` reshaped to ``split``, transposed by ``perm``, reshaped to ``shape`` (one reshape when
+        ``perm`` keeps the order; identities skipped): how :func:`.layout_algebra.view_plan` lays a value out."""
+        if list(perm) == sorted(perm):
+            return self.reshape(x, shape, hint)
+        return self.reshape(self.transpose(self.reshape(x, split, hint), perm, hint), shape, hint)
+
     def retype_matched(self, type: TensorType) -> None:
         """Give the anchor, a graph input, a new type in place; rewire its readers to match."""
         self.graph.retype_input(self.anchor.name, type)
         self.done = True
 
 
+ANY = "*"  # the anchor of a rule that looks at every node except the graph inputs
+
+
+def _anchors(rule: Rule[Any], node: Node) -> bool:
+    return rule.op == node.op or (rule.op == ANY and node.op != "input")
+
+
 def _candidates(graph: Graph, op: str) -> list[str]:
     if op == "input":
         return list(graph.inputs)
-    return [n.name for n in graph.nodes() if n.op == op]
+    return [n.name for n in graph.nodes() if n.op == op or (op == ANY and n.op != "input")]
 
 
 def apply_rules(
@@ -129,7 +144,7 @@ def apply_rules(
                 continue
             node = graph.node(name)  # re-read: an earlier rewrite may have renamed its operands
             for rule in rules:
-                if rule.op != node.op:
+                if not _anchors(rule, node):
                     continue
                 found = Decline(decline_all) if decline_all is not None else rule.match(graph, node)
                 if found is None:
@@ -154,7 +169,7 @@ def apply_rules(
         if kind == "applied" or name in graph:
             getattr(remarks, kind)(name, message, loc)
     if not decisions and not prefixed:
-        remarks.declined(None, f"no {rules[0].op} nodes")
+        remarks.declined(None, "no nodes" if rules[0].op == ANY else f"no {rules[0].op} nodes")
     if prefixed:
         declined = sum(1 for (_r, n), (kind, _m, _l) in decisions.items() if kind == "declined" and n in graph)
         counts = ", ".join(f"{r.name} {hits[r.name]}" for r in rules)
@@ -162,4 +177,4 @@ def apply_rules(
     return hits
 
 
-__all__ = ["Decline", "Rewriter", "Rule", "apply_rules"]
+__all__ = ["ANY", "Decline", "Rewriter", "Rule", "apply_rules"]

@@ -2,7 +2,7 @@
 
 ``python -m tests.sharded_cases [CASE ...]`` must run with
 ``XLA_FLAGS=--xla_force_host_platform_device_count=8`` (set before JAX is
-imported, which is why :mod:`tests.test_sharded_mesh` starts it as a
+imported, which is why :mod:`tests.backends.test_sharded_mesh` starts it as a
 subprocess: the rest of the suite keeps its one CPU device). Each case builds
 a graph, declares the mesh, runs its pipeline, lowers it with and without the
 mesh, runs both on the same inputs and prints one JSON line of measurements:

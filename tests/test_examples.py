@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
-from tests.util import load_example
+from tests.util import load_example, requires
 
 demo = load_example("qwen38_attention")
 
-pytest.importorskip("mlx.core")
-pytest.importorskip("jax")
 
-
+@requires("mlx.core", "jax")
 def test_demo_runs_and_prints_ir_and_counts(capsys):
     demo.main(q_len=5, kv_len=64)
     out = capsys.readouterr().out

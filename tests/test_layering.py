@@ -23,7 +23,7 @@ ALLOWED = {
     "passes": {"ir", "ir.core", "ir.dialects", "ir.frontends"},
     "lowering": {"ir", "ir.core", "ir.dialects", "ir.frontends"},
     "models": {"ir", "ir.core", "ir.dialects", "ir.frontends", "passes"},
-    "backends": {"ir", "ir.core", "ir.dialects", "ir.frontends", "lowering"},
+    "backends": {"ir", "ir.core", "ir.dialects", "ir.frontends", "passes", "lowering"},
     "cli": {"ir", "ir.core", "ir.dialects", "ir.frontends", "passes", "lowering", "models", "backends"},
 }
 

@@ -12,6 +12,7 @@ import pytest
 
 from attnpass.cli.main import main
 from attnpass.passes import registry
+from tests.util import requires
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 TEXT = README.read_text()
@@ -36,9 +37,10 @@ def test_the_top_of_the_readme_is_make_demo_then_make_test():
     assert TEXT.split("```")[1].split() == ["make", "demo", "make", "test"]
 
 
+@requires("mlx.core", "jax", "mlx_lm", graphviz=True)
 def test_python_blocks_run_in_order(capsys, monkeypatch):
     python = blocks("python")
-    assert len(python) == 8
+    assert len(python) == 13
     module = types.ModuleType("readme")  # one module for all blocks, as if the README were a script
     monkeypatch.setitem(sys.modules, "readme", module)
     for line, body in python:
@@ -47,6 +49,10 @@ def test_python_blocks_run_in_order(capsys, monkeypatch):
         except Exception as exc:
             pytest.fail(f"README.md python block at line {line} failed: {type(exc).__name__}: {exc}")
     out = capsys.readouterr().out
+    assert "attnpass.backends.mlx.compile(decode): 1 signature(s) cached, 1 trace(s)" in out and "(1, 8, 4, 64) 1" in out
+    assert re.search(r"<OptimizedModel Model \(restored\): 2 trace\(s\), \d+ routed>", out)
+    assert "model.layers.0.self_attn.q_proj.weight" in out and "24 query heads over 2 KV heads (GQA 12)" in out
+    assert Path("verify.json").is_file() and Path("verify.safetensors").is_file()
     assert "[head-chunk] applied sdpa: q_len*gqa = 60 > 32 (q_len 5, gqa 12): 4 subcalls" in out
     assert "// after head-chunk" in out and "// 13 added, 1 removed, 0 changed (nodes 5 -> 17, inputs 4 -> 4)" in out
     assert "head-chunk{budget=16},count-sdpa{warn_above=4},dce" in out
@@ -62,6 +68,7 @@ def _pattern(shown: str) -> re.Pattern:
     return re.compile(".*".join(re.escape(part) for part in shown.split("…")))
 
 
+@requires("mlx.core", "jax", graphviz=True)
 def test_command_line_examples_run_and_print_what_the_readme_shows(capsys):
     (line, body), *more = blocks("console")
     assert not more

@@ -9,6 +9,26 @@ arithmetic) or relative to the magnitude of the result (``<= rtol * (|expected| 
 max|expected|)``, for reductions, matmuls, softmax and attention, whose small entries
 come from cancellation or from exponentials of rounded differences). Integer and bool
 results must be equal; layout ops must be bit-exact (:func:`assert_bits_equal`).
+
+Optional backends and peers (mlx, jax, mlx-vlm, torch/transformers, Graphviz) are handled
+one way, so that the suite collects and passes, with skips that name what is missing, in a
+venv with only the core dependencies (``make test-core``)::
+
+    from tests.util import lazy_import, requires, target_params
+
+    pytestmark = requires("mlx.core", "jax")  # a module that needs them throughout; else
+                                              # @requires("jax") on each test that does
+    mx = lazy_import("mlx.core")              # names of optional modules: imported on first use
+    lax = lazy_import("jax.lax")
+
+    @pytest.mark.parametrize("target", target_params("numpy", "mlx", "jax"))  # marks per target
+    def test_...(target): ...
+
+Never ``import mlx...`` or ``import jax...`` in a test module (top level or local), never
+``pytest.importorskip``. Code that runs at collection (decorators, parametrize lists, skipif
+conditions) must not read a lazy module's attributes: build such objects inside a function.
+A lazy module is read-only: patch the real one, ``monkeypatch.setattr("mlx.core.name", ...)``.
+``requires(graphviz=True)``: ``attnpass render`` finds a ``dot`` program (the ``render`` extra).
 """
 
 from __future__ import annotations
@@ -16,7 +36,7 @@ from __future__ import annotations
 import importlib.util
 import runpy
 from pathlib import Path
-from types import SimpleNamespace
+from types import ModuleType, SimpleNamespace
 
 import numpy as np
 import pytest
@@ -84,6 +104,17 @@ def assert_close(
         )
 
 
+def assert_mlx_import_reproduces(imported, fn, *args) -> None:
+    """An MLX import reproduces ``fn(*args)``: bit-exact lowered to MLX, within rounding on numpy and JAX."""
+    from attnpass.backends import run
+    from attnpass.lowering import lower
+
+    expected = np.array(fn(*args))
+    np.testing.assert_array_equal(run(lower(imported.graph, "mlx"), *args, **imported.params), expected)
+    host = [np.array(a) for a in args]
+    for target in ("numpy", "jax"):
+        assert_close(run(lower(imported.graph, target), *host, **imported.params), expected)
+
 
 EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "examples"
 
@@ -94,19 +125,84 @@ def load_example(name: str) -> SimpleNamespace:
 
 
 def available(module: str) -> bool:
-    """Whether ``module`` (e.g. ``"mlx.core"``) can be imported here."""
+    """Whether ``module`` (e.g. ``"mlx.core"``) can be imported here (found; its parents are imported)."""
     try:
         return importlib.util.find_spec(module) is not None
-    except ModuleNotFoundError:
+    except ImportError:
         return False
 
 
-def requires(*modules: str) -> pytest.MarkDecorator:
-    """The one marker for optional backends: skip unless every module imports (``requires("mlx.core", "jax")``)."""
-    missing = [m for m in modules if not available(m)]
-    return pytest.mark.skipif(bool(missing), reason=f"needs {', '.join(missing)} (optional extra)")
+def graphviz_available() -> bool:
+    """Whether ``attnpass render`` finds a ``dot`` program for SVG/PNG (the ``render`` extra)."""
+    from attnpass.ir import AttnpassError
+    from attnpass.ir.core.rendering import find_dot
+
+    try:
+        find_dot()
+    except AttnpassError:
+        return False
+    return True
 
 
-def installed_targets() -> list[str]:
-    """The built-in lowering targets whose backend is installed here (numpy always)."""
-    return [t for t, module in (("numpy", "numpy"), ("jax", "jax"), ("mlx", "mlx.core")) if available(module)]
+# The extra of pyproject.toml that installs each optional top-level module (for skip reasons).
+EXTRAS = {
+    "mlx": "mlx", "jax": "jax", "mlx_vlm": "clients", "torch": "peers", "transformers": "peers", "mlx_lm": "zoo",
+    "flax": "zoo", "equinox": "zoo",
+}  # fmt: skip
+
+
+def requires(*modules: str, graphviz: bool = False) -> pytest.MarkDecorator:
+    """The one marker for optional backends and peers: skip unless every module imports
+    (``requires("mlx.core", "jax")``) and, with ``graphviz``, a ``dot`` program is found."""
+    # Top-level packages first (finding them imports nothing); submodules only when all are there,
+    # since finding "transformers.models.qwen4_exp" imports transformers.
+    missing = [m for m in modules if not available(m.split(".")[0])]
+    missing = missing or [m for m in modules if not available(m)]
+    extras = sorted({EXTRAS.get(m.split(".")[0], "?") for m in missing})
+    if graphviz and not graphviz_available():
+        missing.append("Graphviz dot")
+        extras = sorted({*extras, "render"})
+    reason = f"needs {', '.join(missing)} (optional extra: pip install -e '.[{','.join(extras)}]')"
+    return pytest.mark.skipif(bool(missing), reason=reason)
+
+
+# What each lowering target needs installed to lower and run (numpy is a core dependency).
+TARGET_MODULES = {"numpy": (), "mlx": ("mlx.core",), "jax": ("jax",)}
+
+
+def target_params(*targets: str) -> list:
+    """``targets`` as parametrize values, each carrying :func:`requires` for its backend:
+    ``@pytest.mark.parametrize("target", target_params("numpy", "mlx", "jax"))`` (ids stay the names)."""
+    return [pytest.param(t, marks=requires(*TARGET_MODULES[t])) for t in targets]
+
+
+class _LazyModule(ModuleType):
+    """Stands for a module until one of its attributes is read, then imports it; read-only."""
+
+    def __getattr__(self, attr: str):
+        try:
+            module = importlib.import_module(self.__name__)
+        except ImportError:
+            if attr.startswith("__"):  # introspection (pytest's collection, hasattr): not there
+                raise AttributeError(attr) from None
+            raise  # a test that uses it without requires(...)
+        return getattr(module, attr)
+
+    def __setattr__(self, attr: str, value) -> None:
+        # Setting it here would not reach the real module (and monkeypatch's undo reads __dict__).
+        raise AttributeError(
+            f"{self.__name__} is a lazy_import stand-in: patch the module itself, "
+            f"monkeypatch.setattr({self.__name__ + '.' + attr!r}, ...)"
+        )
+
+    def __delattr__(self, attr: str) -> None:
+        self.__setattr__(attr, None)
+
+
+def lazy_import(module: str) -> ModuleType:
+    """``module`` (``"mlx.core"``, ``"jax.numpy"``), imported when a test first reads an attribute of it.
+
+    Module-level names of optional backends use this, so a test module collects without them;
+    the tests that read them carry :func:`requires`.
+    """
+    return _LazyModule(module)

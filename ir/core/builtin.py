@@ -14,7 +14,7 @@ def _check_source_shape(op: str, shape: tuple[int, ...]) -> None:
         raise ShapeError(f"{op}: shape {list(shape)} has negative dims")
 
 
-def _infer_input(ts, *, shape, dtype, role):
+def _infer_input(ts, *, shape, dtype, role, path):
     _check_source_shape("input", shape)
     return TensorType(shape, dtype)
 
@@ -37,9 +37,15 @@ register(
         "input",
         (),
         _infer_input,
-        {"shape": attr("ints"), "dtype": attr("dtype"), "role": attr("choice:streamed|resident", "streamed")},
+        {
+            "shape": attr("ints"),
+            "dtype": attr("dtype"),
+            "role": attr("choice:streamed|resident", "streamed"),
+            "path": attr("str?", None),
+        },
         "source",
-        "A graph input. role: 'streamed' (filled by the host every call) or 'resident' (lives on device).",
+        "A graph input. role: 'streamed' (filled by the host every call) or 'resident' (lives on device). "
+        "path: where an imported value came from (a module or pytree path, e.g. model.layers.0.q_proj.weight).",
     )
 )
 register(

@@ -3,7 +3,8 @@
 Every node produces one value, named by the node. Graph inputs are nodes of op
 ``input``; their order is the program signature. Our classes hold op
 semantics (through the registry); the ``networkx.DiGraph`` holds the edges and
-answers ordering and reachability queries.
+answers ordering and reachability queries. networkx is imported when the first
+graph is built, not with :mod:`attnpass.ir` (it costs ~100 ms of startup).
 """
 
 from __future__ import annotations
@@ -14,8 +15,6 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import AbstractSet as Set
 from typing import Any, Iterator, Mapping, Sequence
-
-import networkx as nx
 
 from . import builtin as _builtin  # noqa: F401  (registers input and constant)
 from .registry import AttrValue, OpDef, encode_attr, get_op
@@ -66,6 +65,8 @@ class Graph:
 
     def __init__(self, name: str = "graph") -> None:
         self.name = check_identifier(name, "graph name")
+        import networkx as nx  # here, not at import time: see the module docstring
+
         self._mesh: dict[str, int] = {}
         self._nodes: dict[str, Node] = {}
         self._dag = nx.DiGraph()
@@ -95,14 +96,14 @@ class Graph:
         return f"{base}_{i}"
 
     def add_input(
-        self, name: str, type: TensorType, role: str = "streamed", loc: SourceLoc | None = None
+        self, name: str, type: TensorType, role: str = "streamed", loc: SourceLoc | None = None, path: str | None = None
     ) -> str:
-        """Append a graph input (its position is its place in the signature)."""
+        """Append a graph input (its position is its place in the signature); ``path``: an imported value's origin."""
         check_identifier(name, "input name")
         if name in self._nodes:
             raise VerifyError(f"graph {self.name}: duplicate name {name!r}")
-        attrs = {"shape": type.shape, "dtype": type.dtype, "role": role}
-        self.insert(Node(name, "input", (), get_op("input").normalize_attrs(attrs), type, loc))
+        attrs = {"shape": type.shape, "dtype": type.dtype, "role": role, "path": path}
+        self.insert(Node(name, "input", (), get_op("input").normalize_attrs(attrs, name), type, loc))
         self._inputs.append(name)
         return name
 
@@ -126,7 +127,7 @@ class Graph:
         for i in inputs:
             if i not in self._nodes:
                 raise VerifyError(f"{op}: operand {i!r} is not defined in graph {self.name}")
-        norm = opdef.normalize_attrs(attrs or {})
+        norm = opdef.normalize_attrs(attrs or {}, name)
         type_ = opdef.result_type([self._nodes[i].type for i in inputs], norm, normalized=True)
         name = check_identifier(name) if name else self.fresh_name(hint or op)
         if name in self._nodes:
@@ -213,6 +214,8 @@ class Graph:
     def _topological_order(self) -> list[str]:
         """The cached order of ``nodes()`` (recomputed after a change), with ``_position`` to match."""
         if self._order is None:
+            import networkx as nx
+
             try:
                 self._order = list(nx.lexicographical_topological_sort(self._dag, key=lambda n: self._rank.get(n, -1)))
                 self._position = {n: i for i, n in enumerate(self._order)}
@@ -335,9 +338,12 @@ class Graph:
             n for n in self.nodes()
             if n.name not in live and (among is None or n.name in among) and not (keep_inputs and n.op == "input")
         ]  # fmt: skip
-        for node in reversed(dead):
-            self.remove_node(node.name)
-        return dead
+        removed: set[str] = set()
+        for node in reversed(dead):  # a value some kept (dead but out-of-cone) node reads stays
+            if all(reader in removed for reader in self._dag.successors(node.name)):
+                self.remove_node(node.name)
+                removed.add(node.name)
+        return [n for n in dead if n.name in removed]
 
     def copy(self) -> "Graph":
         """An independent graph with the same nodes (immutable, so shared), signature and outputs."""
@@ -392,7 +398,11 @@ class Graph:
         return graph_from_json(text)
 
     def __eq__(self, other: object) -> bool:
-        """Structural equality: same name, mesh, signature, outputs and nodes (source locations ignored)."""
+        """Structural equality: same name, mesh, signature, outputs and nodes (with their sharding annotations).
+
+        Metadata that does not change what the graph computes is ignored, as by :meth:`fingerprint`:
+        source locations and an input's weight ``path`` (kept in JSON, not in the text form).
+        """
         if not isinstance(other, Graph):
             return NotImplemented
         return (
@@ -400,7 +410,7 @@ class Graph:
             and list(self._mesh.items()) == list(other._mesh.items())
             and self._inputs == other._inputs
             and self._outputs == other._outputs
-            and self._nodes == other._nodes
+            and _without_paths(self._nodes) == _without_paths(other._nodes)
         )
 
     __hash__ = None  # type: ignore[assignment]
@@ -425,6 +435,14 @@ class Graph:
             digests[n.name] = _sha([n.op, attrs, str(n.type), [digests[i] for i in n.inputs]])
         signature = [digests[i] for i in self._inputs]
         return _sha(["graph", signature, [digests[o] for o in self._outputs]])
+
+
+def _without_paths(nodes: Mapping[str, Node]) -> dict[str, Node]:
+    """``nodes`` with the inputs' ``path`` metadata dropped (for structural equality)."""
+    return {
+        name: node.replace(attrs={k: v for k, v in node.attrs.items() if k != "path"}) if node.op == "input" else node
+        for name, node in nodes.items()
+    }
 
 
 def _sha(obj: Any) -> str:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from .registry import get_op
 from .sharding import Sharding, parse_mesh
-from .types import AttnpassError, DType, GraphFormatError, TensorType
+from .types import AttnpassError, DType, GraphFormatError, TensorType, short_repr
 
 if TYPE_CHECKING:
     from .graph import Graph, Node
@@ -92,18 +92,23 @@ def format_graph(graph: "Graph", settings: PrintSettings = PrintSettings()) -> s
 
 # ----------------------------------------------------------------------------- parsing
 
-_SHARDED_TYPE = re.compile(r"(\w+)\[((?:\d+(?:@\w+)?(?:,\d+(?:@\w+)?)*)?)\]\Z")
+_SHARDED_TYPE = re.compile(r"(\w+)\[((?:[0-9]+(?:@\w+)?(?:,[0-9]+(?:@\w+)?)*)?)\]\Z")  # dims, each maybe @axis
 _HEADER = re.compile(r"graph (\w+)\(([^()]*)\)(?: mesh\(([^()]*)\))? \{\Z")
 _PARAM = re.compile(r"(\w+):(\w+\[[\w@,]*\])(?:\{(\w+)\})?\Z")
-_NODE = re.compile(r"(\w+):(\w+\[[\w@,]*\]) = (\w+)(?:\[(.*)\])?((?: \w+)*)\Z")
+_NODE_HEAD = re.compile(r"(\w+):(\w+\[[\w@,]*\]) = (\w+)")
+_OPERANDS = re.compile(r"(?: \w+)*\Z")
 _NONFINITE = {"inf": math.inf, "nan": math.nan}
+MAX_TEXT_CHARS = 256 << 20  # as for JSON (serialize.MAX_JSON_BYTES)
+MAX_DIGITS = 20  # a dimension or an attribute integer: int64 and a sign
 
 
 def parse_type(text: str) -> TensorType:
     """``bf16[1,24,5,256]`` -> the TensorType (a sharded type is an error here)."""
     type_, sharding = parse_sharded_type(text)
     if sharding is not None:
-        raise GraphFormatError(f"type {text!r} names mesh axes; expected a plain type such as bf16[1,24,5,256]")
+        raise GraphFormatError(
+            f"type {short_repr(text)} names mesh axes; expected a plain type such as bf16[1,24,5,256]"
+        )
     return type_
 
 
@@ -111,8 +116,12 @@ def parse_sharded_type(text: str) -> tuple[TensorType, Sharding | None]:
     """``bf16[1,24@model,5,256]`` -> the type and its sharding (None when no dimension names an axis)."""
     m = _SHARDED_TYPE.match(text.strip())
     if not m:
-        raise GraphFormatError(f"malformed type {text!r}; expected e.g. bf16[1,24,5,256] or bf16[1,24@model,5,256]")
+        raise GraphFormatError(
+            f"malformed type {short_repr(text)}; expected e.g. bf16[1,24,5,256] or bf16[1,24@model,5,256]"
+        )
     dims = [d.partition("@") for d in m.group(2).split(",")] if m.group(2) else []
+    if any(len(d) > MAX_DIGITS for d, _, _ in dims):
+        raise GraphFormatError(f"type {short_repr(text)}: a dimension is out of range")
     sharding = tuple(axis or None for _, _, axis in dims)
     type_ = TensorType(tuple(int(d) for d, _, _ in dims), DType.parse(m.group(1)))
     return type_, sharding if any(sharding) else None
@@ -136,39 +145,56 @@ def _parse_attrs(text: str | None) -> dict[str, Any]:
         assert isinstance(call, ast.Call) and not call.args
         assert all(kw.arg is not None for kw in call.keywords), "expected name=value pairs"
         return {kw.arg: _literal(kw.value) for kw in call.keywords}
-    except (SyntaxError, ValueError, TypeError, AssertionError) as exc:
-        raise GraphFormatError(f"malformed attributes [{text}]: {exc}") from None
+    except (SyntaxError, ValueError, TypeError, AssertionError, RecursionError, MemoryError) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise GraphFormatError(f"malformed attributes [{short_repr(text)[1:-1]}]: {reason}") from None
+
+
+def _parse_node(lineno: int, line: str) -> tuple[str, str, str, str | None, list[str]]:
+    """``name, type, op, attrs text (or None), operands`` of one node line (linear time: no regex backtracking)."""
+    m = _NODE_HEAD.match(line)
+    rest = line[m.end() :] if m else ""
+    attrs = None
+    if m and rest.startswith("["):
+        close = rest.rfind("]")  # operands never contain ']', so the attributes end at the last one
+        attrs, rest = (rest[1:close], rest[close + 1 :]) if close > 0 else (None, "?")
+    if not m or not _OPERANDS.match(rest):
+        raise GraphFormatError(f"line {lineno}: malformed node {short_repr(line)}")
+    return m.group(1), m.group(2), m.group(3), attrs, rest.split()
 
 
 def parse_graph(text: str) -> "Graph":
     """Read the text form back into a verified Graph. Never evaluates code."""
     from .graph import Graph, Node
 
+    if not isinstance(text, str):
+        raise GraphFormatError(f"expected graph text, got {type(text).__name__}")
+    if len(text) > MAX_TEXT_CHARS:
+        raise GraphFormatError(f"graph text of {len(text)} characters is more than the {MAX_TEXT_CHARS} a loader reads")
     lines = [ln.split("  #")[0].rstrip() for ln in text.strip().splitlines()]
     lines = [ln for ln in lines if ln.strip()]
     if len(lines) < 3 or lines[-1].strip() != "}" or not lines[-2].strip().startswith("return "):
         raise GraphFormatError("malformed graph text: expected 'graph NAME(...) {', node lines, 'return ...', '}'")
     header = _HEADER.match(lines[0].strip())
     if not header:
-        raise GraphFormatError(f"malformed graph header {lines[0]!r}")
+        raise GraphFormatError(f"malformed graph header {short_repr(lines[0])}")
     try:
         graph = Graph(header.group(1))
         graph.set_mesh(parse_mesh(header.group(3) or ""))
         for param in filter(None, (p.strip() for p in header.group(2).split(", "))):
             m = _PARAM.match(param)
             if not m:
-                raise GraphFormatError(f"malformed graph input {param!r}; expected name:type or name:type{{role}}")
+                raise GraphFormatError(
+                    f"malformed graph input {short_repr(param)}; expected name:type or name:type{{role}}"
+                )
             type_, sharding = parse_sharded_type(m.group(2))
             graph.add_input(m.group(1), type_, m.group(3) or "streamed")
             graph.set_sharding(m.group(1), sharding)
         for lineno, line in enumerate(lines[1:-2], start=2):
-            m = _NODE.match(line.strip())
-            if not m:
-                raise GraphFormatError(f"line {lineno}: malformed node {line.strip()!r}")
-            name, type_, op, attrs, args = m.groups()
-            norm = get_op(op).normalize_attrs(_parse_attrs(attrs))
+            name, type_, op, attrs, args = _parse_node(lineno, line.strip())
+            norm = get_op(op).normalize_attrs(_parse_attrs(attrs), name)
             type_, sharding = parse_sharded_type(type_)
-            graph.insert(Node(name, op, tuple(args.split()), norm, type_, sharding=sharding))
+            graph.insert(Node(name, op, tuple(args), norm, type_, sharding=sharding))
         graph.set_outputs([o.strip() for o in lines[-2].strip()[len("return ") :].split(",")])
         return graph.verify()
     except GraphFormatError:

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from .types import DType, ShapeError, TensorType
+from .types import DType, ShapeError, TensorType, short_repr
 
 AttrValue = Any  # int | float | bool | str | None | DType | tuple[AttrValue, ...]
 
@@ -33,28 +33,36 @@ class AttrSpec:
         return self.default is _REQUIRED
 
 
+INT_RANGE = 2**63  # attribute ints lie in [-2**63, 2**63): what a backend's int64 takes
+
+
 def _int(v: Any) -> int:
     if isinstance(v, bool) or not isinstance(v, int):
-        raise ValueError(f"expected an int, got {v!r}")
+        raise ValueError(f"expected an int, got {short_repr(v)}")
+    if not -INT_RANGE <= v < INT_RANGE:
+        raise ValueError(f"int {short_repr(v)} is out of range (int64)")
     return int(v)
 
 
 def _ints(v: Any) -> tuple[int, ...]:
     if not isinstance(v, (tuple, list)):
-        raise ValueError(f"expected a tuple of ints, got {v!r}")
+        raise ValueError(f"expected a tuple of ints, got {short_repr(v)}")
     return tuple(_int(x) for x in v)
 
 
 def _bool(v: Any) -> bool:
     if not isinstance(v, bool):
-        raise ValueError(f"expected a bool, got {v!r}")
+        raise ValueError(f"expected a bool, got {short_repr(v)}")
     return v
 
 
 def _float(v: Any) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise ValueError(f"expected a number, got {v!r}")
-    f = float(v)
+        raise ValueError(f"expected a number, got {short_repr(v)}")
+    try:
+        f = float(v)
+    except OverflowError:
+        raise ValueError(f"number {short_repr(v)} is out of the float range") from None
     return math.nan if math.isnan(f) else f  # one NaN object, so equal graphs compare equal
 
 
@@ -63,7 +71,7 @@ def _optional_float(v: Any) -> float | None:
         return None
     f = _float(v)
     if not math.isfinite(f):
-        raise ValueError(f"expected a finite number or None, got {v!r}")
+        raise ValueError(f"expected a finite number or None, got {short_repr(v)}")
     return f
 
 
@@ -72,15 +80,23 @@ def _scalars(v: Any) -> tuple[int | float | bool, ...]:
         raise ValueError(f"expected a flat tuple of numbers, got {type(v).__name__}")
     for x in v:
         if not isinstance(x, (int, float, bool)):
-            raise ValueError(f"expected numbers, got {x!r}")
+            raise ValueError(f"expected numbers, got {short_repr(x)}")
+        if isinstance(x, int) and not isinstance(x, bool):
+            _int(x)  # the int64 range
     # One NaN object: containers compare NaN by identity, so round-tripped graphs stay equal.
     return tuple(math.nan if isinstance(x, float) and math.isnan(x) else x for x in v)
+
+
+def _optional_str(v: Any) -> str | None:
+    if v is not None and not isinstance(v, str):
+        raise ValueError(f"expected a string or None, got {v!r}")
+    return v
 
 
 def _choice(*options: str) -> Callable[[Any], str]:
     def check(v: Any) -> str:
         if v not in options:
-            raise ValueError(f"expected one of {', '.join(map(repr, options))}, got {v!r}")
+            raise ValueError(f"expected one of {', '.join(map(repr, options))}, got {short_repr(v)}")
         return v
 
     return check
@@ -94,7 +110,7 @@ def _dtype(v: Any) -> DType:
 
 
 def attr(kind: str, default: Any = _REQUIRED) -> AttrSpec:
-    """Build an attribute spec. Kinds: int, ints, bool, float, float?, scalars, dtype, or ``choice:a|b``."""
+    """Build an attribute spec. Kinds: int, ints, bool, float, float?, str?, scalars, dtype, or ``choice:a|b``."""
     if kind.startswith("choice:"):
         return AttrSpec(kind, _choice(*kind[len("choice:") :].split("|")), default)
     checks = {
@@ -103,6 +119,7 @@ def attr(kind: str, default: Any = _REQUIRED) -> AttrSpec:
         "bool": _bool,
         "float": _float,
         "float?": _optional_float,
+        "str?": _optional_str,
         "scalars": _scalars,
         "dtype": _dtype,
     }
@@ -136,21 +153,24 @@ class OpDef:
             want = f"{lo}" if lo == hi else (f"at least {lo}" if hi == math.inf else f"{lo} to {hi}")
             raise ShapeError(f"{self.name}: expected {want} operand(s) ({', '.join(self.operands)}), got {n}")
 
-    def normalize_attrs(self, attrs: Mapping[str, Any]) -> dict[str, AttrValue]:
-        """Validate ``attrs`` against the spec and fill defaults, in spec order."""
-        unknown = sorted(set(attrs) - set(self.attrs))
+    def normalize_attrs(self, attrs: Mapping[str, Any], node: str | None = None) -> dict[str, AttrValue]:
+        """Validate ``attrs`` against the spec and fill defaults, in spec order; errors name ``node`` if given."""
+        where = f"{self.name} {node}" if node else self.name
+        unknown = sorted(set(attrs) - set(self.attrs), key=str)
         if unknown:
             valid = ", ".join(self.attrs) or "none"
-            raise ShapeError(f"{self.name}: unknown attribute(s) {', '.join(unknown)}; valid attributes: {valid}")
+            plain = (lambda k: isinstance(k, str) and k.isidentifier() and len(k) <= 60)
+            names = ", ".join(k if plain(k) else short_repr(k) for k in unknown)
+            raise ShapeError(f"{where}: unknown attribute(s) {names}; valid attributes: {valid}")
         out: dict[str, AttrValue] = {}
         for key, spec in self.attrs.items():
             if key in attrs:
                 try:
                     out[key] = spec.check(attrs[key])
                 except ValueError as exc:
-                    raise ShapeError(f"{self.name}: attribute {key}: {exc}") from None
+                    raise ShapeError(f"{where}: attribute {key}: {exc}") from None
             elif spec.required:
-                raise ShapeError(f"{self.name}: missing required attribute {key} ({spec.kind})")
+                raise ShapeError(f"{where}: missing required attribute {key} ({spec.kind})")
             else:
                 out[key] = spec.default
         return out
@@ -203,7 +223,7 @@ def decode_attr(value: Any) -> AttrValue:
     if isinstance(value, dict):
         if set(value) == {"float"} and value["float"] in ("inf", "-inf", "nan"):
             return float(value["float"])
-        raise ValueError(f"unexpected attribute object {value!r}")
+        raise ValueError(f"unexpected attribute object {short_repr(value)}")
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
-    raise ValueError(f"unexpected attribute value {value!r}")
+    raise ValueError(f"unexpected attribute value {short_repr(value)}")

@@ -12,15 +12,17 @@ device holds exactly ``1/size`` of it).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .types import GraphFormatError, check_identifier
+from .types import MAX_DIM, GraphFormatError, check_identifier, short_repr
 
 if TYPE_CHECKING:
     from .graph import Node
 
 Sharding = tuple["str | None", ...]
+_MESH_ITEM = re.compile(r"\s*(\w+)\s*=\s*([0-9]{1,20})\s*\Z")
 
 
 def normalize_sharding(value: Sequence[str | None] | None) -> Sharding | None:
@@ -37,11 +39,11 @@ def normalize_mesh(axes: Mapping[str, int] | Sequence[tuple[str, int]]) -> dict[
     out: dict[str, int] = {}
     for pair in pairs:
         if len(pair) != 2:
-            raise GraphFormatError(f"mesh axis {pair!r}: expected (name, size)")
+            raise GraphFormatError(f"mesh axis {short_repr(pair)}: expected (name, size)")
         name, size = pair
         check_identifier(name, "mesh axis name")
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            raise GraphFormatError(f"mesh axis {name}: size must be an int >= 1, got {size!r}")
+        if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= MAX_DIM:
+            raise GraphFormatError(f"mesh axis {name}: size must be an int in [1, {MAX_DIM}], got {short_repr(size)}")
         if name in out:
             raise GraphFormatError(f"mesh axis {name} is declared twice")
         out[name] = size
@@ -52,10 +54,10 @@ def parse_mesh(text: str) -> dict[str, int]:
     """``"data=2, model=4"`` -> ``{"data": 2, "model": 4}`` (validated; GraphFormatError when malformed)."""
     pairs = []
     for item in filter(None, (p.strip() for p in text.split(","))):
-        name, eq, size = item.partition("=")
-        if not eq or not size.strip().isdigit():
-            raise GraphFormatError(f"malformed mesh axis {item!r}; expected name=size")
-        pairs.append((name.strip(), int(size)))
+        m = _MESH_ITEM.match(item)
+        if not m:
+            raise GraphFormatError(f"malformed mesh axis {short_repr(item)}; expected name=size, e.g. model=4")
+        pairs.append((m.group(1), int(m.group(2))))
     return normalize_mesh(pairs)
 
 
@@ -74,7 +76,7 @@ def sharding_problem(node: Node, mesh_axes: Mapping[str, int]) -> str | None:
         if not isinstance(axis, str) or axis not in mesh_axes:
             declared = ", ".join(mesh_axes) or "none"
             return (
-                f"dimension {dim} is sharded over {axis!r}, which is not a mesh axis of the graph "
+                f"dimension {dim} is sharded over {short_repr(axis)}, which is not a mesh axis of the graph "
                 f"(declared: {declared})"
             )
         if axis in seen:
@@ -97,7 +99,7 @@ def decode_sharding(raw: Any, where: str) -> Sharding | None:
     if raw is None:
         return None
     if not isinstance(raw, list) or not all(a is None or isinstance(a, str) for a in raw):
-        raise GraphFormatError(f"{where}: sharding must be a list of mesh axis names and nulls, got {raw!r}")
+        raise GraphFormatError(f"{where}: sharding must be a list of mesh axis names and nulls, got {short_repr(raw)}")
     return normalize_sharding(raw)
 
 

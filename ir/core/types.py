@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import keyword
 import re
+import reprlib
 from dataclasses import dataclass
 from math import prod
 
@@ -25,6 +26,29 @@ class VerifyError(AttnpassError):
 
 class GraphFormatError(AttnpassError):
     """A serialized graph (JSON or text) is malformed."""
+
+
+MAX_DIM = 2**31 - 1  # the largest dimension a shape may have (what MLX and int32 indexing take)
+MAX_ELEMENTS = 2**62  # the most elements a tensor may have (int64 sizes, in bytes too)
+MAX_NAME = 256  # the longest identifier (graph, input, value name)
+_SHORT_REPR = reprlib.Repr()
+for _key, _limit in {"maxlevel": 3, "maxtuple": 8, "maxlist": 8, "maxdict": 4, "maxstring": 60, "maxlong": 40}.items():
+    setattr(_SHORT_REPR, _key, _limit)
+
+
+def short_repr(value: object) -> str:
+    """``repr(value)``, bounded (long strings, numbers and lists elided with ``...``): quoted user input stays short."""
+    try:
+        return _SHORT_REPR.repr(value)
+    except (ValueError, RecursionError):  # an int past Python's digit limit, a self-referencing container
+        return f"<{type(value).__name__}>"
+
+
+def printable(text: str) -> str:
+    """``text`` with every non-printable character escaped (``\\n``, ``\\x1b``), so it stays on one line."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 class DType(enum.Enum):
@@ -57,6 +81,18 @@ class DType(enum.Enum):
 
             return np.dtype(ml_dtypes.bfloat16)
         return np.dtype(self.value)
+
+    @property
+    def finfo(self) -> np.finfo:
+        """Machine limits of a float dtype (``min``, ``max``, ``eps``, ``tiny``); bfloat16 included.
+
+        The one dtype query for limits: ``np.finfo`` rejects bfloat16, ``ml_dtypes.finfo`` takes all three.
+        """
+        if not self.is_float:
+            raise ShapeError(f"finfo: {self.value} is not a float dtype")
+        import ml_dtypes
+
+        return ml_dtypes.finfo(self.numpy)
 
     @staticmethod
     def parse(value: "DType | str") -> "DType":
@@ -103,8 +139,14 @@ class TensorType:
     def __post_init__(self) -> None:
         shape = tuple(self.shape)
         if not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 0 for d in shape):
-            raise ShapeError(f"shape must be a tuple of non-negative ints, got {self.shape!r}")
-        object.__setattr__(self, "shape", tuple(int(d) for d in shape))
+            raise ShapeError(f"shape must be a tuple of non-negative ints, got {short_repr(self.shape)}")
+        shape = tuple(int(d) for d in shape)
+        if any(d > MAX_DIM for d in shape) or prod(shape) > MAX_ELEMENTS:
+            raise ShapeError(
+                f"shape {short_repr(list(shape))} is out of range: dims at most {MAX_DIM} (2**31 - 1), "
+                f"at most 2**62 elements"
+            )
+        object.__setattr__(self, "shape", shape)
         object.__setattr__(self, "dtype", DType.parse(self.dtype))
 
     @property
@@ -132,8 +174,9 @@ class SourceLoc:
     function: str = ""
 
     def __str__(self) -> str:
-        where = f"{self.file}:{self.line}"
-        return f"{where} in {self.function}" if self.function else where
+        """``file:line in function``; control characters in the strings are escaped (one line, always)."""
+        where = f"{printable(self.file)}:{self.line}"
+        return f"{where} in {printable(self.function)}" if self.function else where
 
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -141,8 +184,18 @@ _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 def check_identifier(name: object, what: str = "name") -> str:
     """Return ``name`` if it is a safe identifier (used verbatim in text and generated code)."""
-    if not isinstance(name, str) or not _IDENT.match(name) or keyword.iskeyword(name):
+    if not isinstance(name, str) or not _IDENT.match(name) or keyword.iskeyword(name) or len(name) > MAX_NAME:
         raise GraphFormatError(
-            f"invalid {what} {name!r}: must match [A-Za-z_][A-Za-z0-9_]* and not be a Python keyword"
+            f"invalid {what} {short_repr(name)}: must match [A-Za-z_][A-Za-z0-9_]*, have at most {MAX_NAME} "
+            "characters and not be a Python keyword"
         )
     return name
+
+
+def type_str(shape: "tuple[int, ...] | list[int]", dtype: "DType | str | object") -> str:
+    """A type in the IR's one notation (``bf16[1,24,4,256]``), also for a foreign dtype name (``float64[2,3]``)."""
+    try:
+        name = DType.parse(dtype).short
+    except AttnpassError:
+        name = str(getattr(dtype, "name", None) or dtype)
+    return f"{name}[{','.join(str(int(d)) for d in shape)}]"

@@ -51,9 +51,10 @@ def _infer_sdpa(ts, *, scale, causal):
     if d != dk:
         raise ShapeError(f"sdpa: head dims differ: q={q} k={k} ({d} != {dk})")
     if mask is not None:
-        if mask.dtype not in (DType.bool, q.dtype):
+        if mask.dtype not in (DType.bool, q.dtype) and not (q.dtype is DType.float32 and mask.dtype in FLOATS):
             raise ShapeError(
-                f"sdpa: mask {mask} must be bool (True = attend) or additive with q's dtype {q.dtype.value}"
+                f"sdpa: mask {mask} must be bool (True = attend) or additive with q's dtype {q.dtype.value} "
+                "(with float32 q, a half-float mask is promoted exactly)"
             )
         if mask.rank > 4:
             raise ShapeError(f"sdpa: mask rank {mask.rank} > 4: {mask}")
@@ -87,9 +88,36 @@ register(
         {"scale": attr("float?", None), "causal": attr("choice:" + "|".join(CAUSAL_KINDS), "none")},
         "attention",
         "softmax(q @ k^T * scale + mask) @ v; layout [B, H, S, D]; GQA: query head h uses kv head "
-        "h // (Hq / Hkv); scale None = 1/sqrt(D); mask bool (True = attend) or additive in q's dtype, broadcast "
+        "h // (Hq / Hkv); scale None = 1/sqrt(D); mask bool (True = attend) or additive in q's dtype (a "
+        "half-float mask with float32 q is promoted exactly, as MLX does), broadcast "
         "to [B, Hq, S, T]; causal 'top_left' (JAX: query i sees keys <= i) or 'bottom_right' "
-        "(MLX: query i sees keys <= i + T - S).",
+        "(MLX: query i sees keys <= i + T - S). A row that the bool mask and causal leave without any key "
+        "weighs all T keys equally (the mean of V, as MLX's and JAX's fused calls return); an additive mask "
+        "is added to the scores, so a row of -inf is NaN.",
+    )
+)
+
+
+def _infer_addmm(ts, *, alpha, beta):
+    c, a, b = ts
+    product = _infer_matmul([a, b])
+    same_dtype("addmm", ts)
+    require_dtype("addmm", a, FLOATS)
+    padded = (1,) * (product.rank - c.rank) + c.shape
+    if c.rank > product.rank or any(d not in (1, n) for d, n in zip(padded, product.shape)):
+        raise ShapeError(f"addmm: c {c} does not broadcast to the product a @ b = {product}")
+    return product
+
+
+register(
+    OpDef(
+        "addmm",
+        ("c", "a", "b"),
+        _infer_addmm,
+        {"alpha": attr("float", 1.0), "beta": attr("float", 1.0)},
+        "attention",
+        "beta * c + alpha * (a @ b) (MLX's fused addmm: a biased linear layer), rounded once where the target "
+        "fuses it; c broadcasts to the product.",
     )
 )
 _SDPA = get_op("sdpa")

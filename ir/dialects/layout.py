@@ -1,4 +1,4 @@
-"""Layout ops: cast, reshape, transpose, slice, concat, take, broadcast_to, put_along_axis, iota (no arithmetic)."""
+"""Layout ops (no arithmetic): cast, reshape, transpose, slice, concat, take, take_along_axis, broadcast_to, ..."""
 
 from __future__ import annotations
 
@@ -137,6 +137,29 @@ register(
         "layout",
         "numpy.put_along_axis on a copy of x: indices in [-n, n) (negative ones wrap); values broadcast to "
         "the indices. Writes to one cell must agree, otherwise which one wins is target-defined.",
+    )
+)
+
+
+def _infer_take_along_axis(ts, *, axis):
+    x, idx = ts
+    require_dtype("take_along_axis", idx, (DType.int32,), "indices")
+    if x.rank == 0 or idx.rank != x.rank:
+        raise ShapeError(f"take_along_axis: indices {idx} must have the rank of x {x} (rank >= 1)")
+    ax = normalize_axis("take_along_axis", axis, x.rank)
+    outer = broadcast_shapes("take_along_axis", x.shape[:ax] + x.shape[ax + 1 :], idx.shape[:ax] + idx.shape[ax + 1 :])
+    return TensorType(outer[:ax] + (idx.shape[ax],) + outer[ax:], x.dtype)
+
+
+register(
+    OpDef(
+        "take_along_axis",
+        ("x", "indices"),
+        _infer_take_along_axis,
+        {"axis": attr("int")},
+        "layout",
+        "numpy.take_along_axis: out[..., i, ...] = x[..., indices[..., i, ...], ...] along axis; x and indices "
+        "broadcast on the other axes; int32 indices must lie in [0, dim).",
     )
 )
 

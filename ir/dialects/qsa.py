@@ -1,4 +1,4 @@
-"""The QSA dialect: Qwen Sparse Attention's indexer and selection ops (SPEC §3).
+"""The QSA dialect: Qwen Sparse Attention's indexer and selection ops (docs/semantics.md §3).
 
 Family ``qsa``. Conventions shared by every op:
 

@@ -25,9 +25,12 @@ from .importing import (
     GraphBuilder,
     ImportedGraph,
     ModelImportError,
+    captured_paths,
     dtype_of,
     graph_name,
+    join_path,
     parameter_names,
+    sanitize,
 )
 
 _BINARY = {
@@ -40,9 +43,13 @@ _BINARY = {
     "ge": "greater_equal",
     "and": "logical_and",
     "or": "logical_or",
+    "min": "minimum",
 }
 _SWAPPED = {"gt": "less", "le": "greater_equal"}  # x > y == y < x; x <= y == y >= x
-_UNARY = {"neg": "neg", "exp": "exp", "sin": "sin", "cos": "cos", "logistic": "sigmoid", "rsqrt": "rsqrt"}
+_UNARY = {
+    "neg": "neg", "exp": "exp", "sin": "sin", "cos": "cos", "logistic": "sigmoid", "rsqrt": "rsqrt", "sqrt": "sqrt",
+    "tanh": "tanh", "erf": "erf", "log": "log", "log1p": "log1p", "expm1": "expm1", "abs": "abs", "sign": "sign",
+}  # fmt: skip
 _ALIASES = ("stop_gradient", "copy", "copy_p", "optimization_barrier")
 _REDUCE = {"reduce_max": "max", "reduce_sum": "sum"}
 _CALLS = {"pjit": "jaxpr", "jit": "jaxpr", "closed_call": "call_jaxpr", "core_call": "call_jaxpr",
@@ -64,9 +71,11 @@ def _location(eqn: Any, fallback: SourceLoc) -> SourceLoc:
 
 
 class _Importer:
-    def __init__(self, builder: GraphBuilder) -> None:
+    def __init__(self, builder: GraphBuilder, paths: dict[int, str]) -> None:
         self.b = builder
+        self.paths = paths  # id of a captured array -> where fn reaches it
         self.count = 0
+        self.enclosing: SourceLoc | None = None  # the call being inlined: its location stands in for lost ones
 
     def read(self, atom: Any) -> str:
         if hasattr(atom, "val") and not hasattr(atom, "count"):  # a Literal
@@ -79,7 +88,8 @@ class _Importer:
         jaxpr = getattr(closed, "jaxpr", closed)
         for var, const in zip(jaxpr.constvars, getattr(closed, "consts", ())):
             array = np.asarray(const)
-            self.b.bind(var, self.b.constant(array, dtype_of(str(array.dtype), f"captured array {var}")))
+            dtype = dtype_of(str(array.dtype), f"captured array {var}")
+            self.b.bind(var, self.b.constant(array, dtype, path=self.paths.get(id(const))))
         for var, value in zip(jaxpr.invars, args):
             self.b.bind(var, value)
         for eqn in jaxpr.eqns:
@@ -89,12 +99,16 @@ class _Importer:
     def equation(self, eqn: Any) -> None:
         index, self.count = self.count, self.count + 1
         name = eqn.primitive.name
-        self.b.loc = _location(eqn, SourceLoc(f"jax:{self.b.graph.name}", index, name))
+        loc = self.b.loc = _location(eqn, self.enclosing or SourceLoc(f"jax:{self.b.graph.name}", index, name))
         args = [self.read(v) for v in eqn.invars]
         try:
             if name in _CALLS:
                 key = _CALLS[name] if _CALLS[name] in eqn.params else "call_jaxpr"
-                outs = self.jaxpr(eqn.params[key], args)
+                outer, self.enclosing = self.enclosing, loc
+                try:
+                    outs = self.jaxpr(eqn.params[key], args)
+                finally:
+                    self.enclosing, self.b.loc = outer, loc
             else:
                 outs = self._emit(name, eqn.params, args, eqn)
         except ModelImportError as exc:
@@ -130,12 +144,25 @@ class _Importer:
             return [b.op("mul", [x[0], x[0]])]
         if name == "integer_pow":
             return [self._integer_pow(x[0], params["y"])]
+        if name == "pow":
+            if b.type(x[0]).dtype is not b.type(x[1]).dtype:
+                raise ModelImportError(f"pow of {b.type(x[0])} by {b.type(x[1])}: only equal dtypes are supported")
+            return [b.op("power", x)]
+        if name == "ne":
+            return [b.op("logical_not", [b.op("equal", x)])]
+        if name == "not":
+            if b.type(x[0]).dtype is not DType.bool:
+                raise ModelImportError("bitwise not of integers is not in the IR (only bool not is)")
+            return [b.op("logical_not", x)]
+        if name == "clamp":
+            low, value, high = x
+            return [b.op("minimum", [b.op("maximum", [value, low]), high])]
+        if name == "gather":
+            return [self._gather(x[0], x[1], params)]
         if name == "convert_element_type":
             return [b.cast(x[0], dtype_of(str(params["new_dtype"]), "convert_element_type"))]
         if name == "select_n":
-            if len(x) != 3 or b.type(x[0]).dtype is not DType.bool:
-                raise ModelImportError("select_n is imported with a bool predicate and two cases only")
-            return [b.op("where", [x[0], x[2], x[1]])]  # select_n(p, a, b) = p ? b : a
+            return [self._select_n(x[0], x[1:])]
         if name == "broadcast_in_dim":
             shape, dims = tuple(params["shape"]), tuple(int(d) for d in params["broadcast_dimensions"])
             inner = [1] * len(shape)
@@ -172,12 +199,65 @@ class _Importer:
         raise ModelImportError(f"unsupported JAX primitive {name}")
 
     def _integer_pow(self, x: str, y: int) -> str:
-        if y < 1:
-            raise ModelImportError(f"integer_pow with y={y} (only y >= 1 is supported)")
-        out = x
-        for _ in range(y - 1):
-            out = self.b.op("mul", [out, x])
+        """``x ** y`` by JAX's own square-and-multiply (the same products in the same order); y < 0 is 1 / x**-y."""
+        b, dtype = self.b, self.b.type(x).dtype
+        if y == 0:
+            return b.broadcast(b.scalar(1, dtype), b.type(x).shape)
+        acc, base, n = None, x, abs(y)
+        while n:
+            if n & 1:
+                acc = base if acc is None else b.op("mul", [acc, base])
+            n >>= 1
+            if n:
+                base = b.op("mul", [base, base])
+        if y > 0:
+            return acc
+        if not dtype.is_float:
+            raise ModelImportError(f"integer_pow with y={y} of an integer tensor is not in the IR")
+        return b.op("div", [b.scalar(1.0, dtype), acc])
+
+    def _select_n(self, which: str, cases: list[str]) -> str:
+        """``select_n(p, *cases)``: ``cases[p]``; a bool ``p`` picks between two cases."""
+        b = self.b
+        if b.type(which).dtype is DType.bool:
+            if len(cases) != 2:
+                raise ModelImportError(f"select_n with a bool predicate and {len(cases)} cases")
+            return b.op("where", [which, cases[1], cases[0]])
+        out = cases[-1]
+        for i in range(len(cases) - 2, -1, -1):
+            out = b.op("where", [b.op("equal", [which, b.scalar(i, b.type(which).dtype)]), cases[i], out])
         return out
+
+    def _gather(self, x: str, indices: str, params: dict) -> str:
+        """``lax.gather`` of whole points (embedding lookups, ``take``, ``take_along_axis``).
+
+        Every indexed or batching operand axis has slice size 1; the other axes are sliced from 0.
+        Indices must be in range: the ``clip``/``fill`` modes differ only outside it.
+        """
+        b, dn = self.b, params["dimension_numbers"]
+        slice_sizes = tuple(int(d) for d in params["slice_sizes"])
+        index_shape = b.type(indices).shape
+        batch_shape = index_shape[:-1]
+        starts = [int(d) for d in dn.start_index_map]
+        last = len(index_shape) - 1
+        points = [b.reshape(b.slice_axis(indices, last, j, j + 1), batch_shape) for j in range(len(starts))]
+        for axis, index_axis in zip(dn.operand_batching_dims, dn.start_indices_batching_dims):
+            ramp = np.arange(batch_shape[index_axis], dtype=np.int32)
+            ramp = ramp.reshape([-1 if a == index_axis else 1 for a in range(len(batch_shape))])
+            starts.append(int(axis))
+            points.append(b.constant(ramp, DType.int32, "iota", inline=True))
+        dropped = set(int(d) for d in dn.collapsed_slice_dims) | set(int(d) for d in dn.operand_batching_dims)
+        if set(starts) != dropped:
+            raise ModelImportError(f"gather {dn}: only point gathers (every indexed axis collapsed) are supported")
+        out = b.gather(x, points, starts, slice_sizes)
+        offsets = [size for axis, size in enumerate(slice_sizes) if axis not in dropped]
+        out = b.reshape(out, batch_shape + tuple(offsets))
+        offset_dims, rank = [int(d) for d in dn.offset_dims], len(batch_shape) + len(offsets)
+        batch_positions = iter(range(len(batch_shape)))
+        perm = [
+            len(batch_shape) + offset_dims.index(p) if p in offset_dims else next(batch_positions) for p in range(rank)
+        ]
+        return b.transpose(out, perm)
 
     def _dot_general(self, lhs: str, rhs: str, params: dict) -> str:
         """``dot_general`` as transpose + reshape to ``[batch, M, K] @ [batch, K, N]`` + reshape back."""
@@ -203,24 +283,50 @@ class _Importer:
         return b.reshape(out, batch + [ls[d] for d in lf] + [rs[d] for d in rf])
 
 
-def from_jax(fn: Callable, *example_args: Any, name: str | None = None, inline_limit: int = INLINE_LIMIT) -> ImportedGraph:
-    """Import the JAX function ``fn`` traced on ``example_args`` (arrays or ``jax.ShapeDtypeStruct``).
+def _leaves(root: Any) -> list[tuple[str, Any]]:
+    """``(pytree path, array)`` of the JAX arrays in ``root`` (equinox and flax nnx modules are pytrees)."""
+    import jax
 
-    Arguments become streamed inputs named after ``fn``'s parameters; captured
-    arrays become constants (at most ``inline_limit`` elements, or splats) or
-    resident inputs whose values are in ``params``. Node locations are the
-    user's source lines where JAX recorded them.
+    try:
+        flat = jax.tree_util.tree_flatten_with_path(root)[0]
+    except Exception:  # an object JAX cannot flatten holds no arrays we can name
+        return []
+    return [(jax.tree_util.keystr(path), leaf) for path, leaf in flat if isinstance(leaf, jax.Array)]
+
+
+def _is_module(value: Any) -> bool:
+    """A model object (a pytree other than a plain container or an array)."""
+    import jax
+
+    return not isinstance(value, (list, tuple, dict, jax.Array)) and bool(_leaves(value))
+
+
+def from_jax(fn: Callable, *example_args: Any, name: str | None = None, inline_limit: int = INLINE_LIMIT) -> ImportedGraph:
+    """Import the JAX function ``fn`` traced on ``example_args`` (arrays, ``jax.ShapeDtypeStruct`` or pytrees of them).
+
+    Arguments become streamed inputs named after ``fn``'s parameters; the leaves
+    of a pytree argument after their pytree path too (``params['wq']`` ->
+    ``params_wq``, the path kept as the input's ``path``). Captured arrays
+    become constants (at most ``inline_limit`` elements, or splats) or resident
+    inputs whose values are in ``params``, named after their pytree path in the
+    module or variable ``fn`` reads them through. Node locations are the user's
+    source lines where JAX recorded them.
     """
     import jax
 
+    reachable = captured_paths(fn, _leaves, _is_module)  # holds the arrays: their ids stay theirs
+    paths = {id(array): path for path, array in reversed(reachable)}
     closed = jax.make_jaxpr(fn)(*example_args)
     b = GraphBuilder(graph_name(fn, name), inline_limit)
-    invars = closed.jaxpr.invars
+    arg_names = parameter_names(fn, len(example_args))
     args = []
-    for var, pname in zip(invars, parameter_names(fn, len(invars))):
+    for var, (key_path, _leaf) in zip(closed.jaxpr.invars, jax.tree_util.tree_flatten_with_path(example_args)[0]):
+        inner = jax.tree_util.keystr(key_path[1:])
+        path = join_path(arg_names[key_path[0].idx], inner) if inner else None
         aval = var.aval
-        args.append(b.input(var, pname, TensorType(tuple(aval.shape), dtype_of(str(aval.dtype), f"input {pname}"))))
-    outs = _Importer(b).jaxpr(closed, args)
+        type_ = TensorType(tuple(aval.shape), dtype_of(str(aval.dtype), f"input {path or arg_names[key_path[0].idx]}"))
+        args.append(b.input(var, sanitize(path) if path else arg_names[key_path[0].idx], type_, path))
+    outs = _Importer(b, paths).jaxpr(closed, args)
     b.graph.set_outputs(outs)
     return ImportedGraph(b.graph.verify(), b.params)
 

@@ -3,11 +3,16 @@
 MLX hands the callback one record per primitive (``name``, ``arguments``,
 ``inputs``/``outputs`` as ``(id, shape, dtype)``) plus the captured
 constants with their values. Each primitive maps to IR ops with its exact
-parameters (:data:`PRIMITIVES`); anything else raises
+parameters (:func:`_emit`); anything else raises
 :class:`~attnpass.ir.importing.ModelImportError` naming the primitive, its
-position, its arguments and its operand types. ``mx.compile``'d helpers cannot
-be exported, so the import runs with compilation disabled (the same
-primitives, unfused).
+arguments, its operand types and the user's source line that made it (the
+records carry none: :mod:`.mlx_source` finds it by replaying the function).
+``mx.compile``'d helpers cannot be exported, so the import runs with
+compilation disabled (the same primitives, unfused).
+
+Captured constants are matched, by the buffer they share, with the arrays the
+function reaches through its module, closure and globals, and named after
+that path (:func:`~attnpass.ir.frontends.importing.captured_paths`).
 
 Integers: the IR has int32 only. ``int64``/``uint32`` values are accepted
 where MLX makes them from int32 values or as indices (``AsType`` from int32,
@@ -17,6 +22,7 @@ is exact.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable
 
 import numpy as np
@@ -28,10 +34,12 @@ from .importing import (
     GraphBuilder,
     ImportedGraph,
     ModelImportError,
+    captured_paths,
     dtype_of,
     graph_name,
     parameter_names,
 )
+from .mlx_source import locate
 
 _WIDE_INTS = ("int64", "uint32")
 _REDUCE = {2: "sum", 5: "max"}  # mlx::core::Reduce::ReduceType: And, Or, Sum, Prod, Min, Max
@@ -48,9 +56,16 @@ _BINARY = {
     "GreaterEqual": "greater_equal",
     "LogicalAnd": "logical_and",
     "LogicalOr": "logical_or",
+    "Minimum": "minimum",
+    "Power": "power",
+    "LogAddExp": "logaddexp",
 }
 _SWAPPED = {"Greater": "less", "LessEqual": "greater_equal"}  # x > y == y < x; x <= y == y >= x
-_UNARY = {"Exp": "exp", "Negative": "neg", "Sin": "sin", "Cos": "cos", "Sigmoid": "sigmoid"}
+_UNARY = {
+    "Exp": "exp", "Negative": "neg", "Sin": "sin", "Cos": "cos", "Sigmoid": "sigmoid", "Tanh": "tanh", "Erf": "erf",
+    "Log1p": "log1p", "Expm1": "expm1", "Abs": "abs", "Sign": "sign", "LogicalNot": "logical_not",
+}  # fmt: skip
+_NATURAL_LOG = 2  # mlx::core::Log::Base: two, ten, e
 _ALIASES = ("Full", "Copy", "StopGradient")  # materialise or copy their operand: same values
 _RESHAPES = ("Reshape", "Flatten", "Unflatten", "ExpandDims", "Squeeze")  # the output shape says it all
 
@@ -62,8 +77,7 @@ def _dtype_name(dtype: Any) -> str:
 class _Record:
     """One primitive record, with the context an error message needs."""
 
-    def __init__(self, index: int, record: dict) -> None:
-        self.index = index
+    def __init__(self, record: dict) -> None:
         self.name: str = record["name"]
         self.args: list = list(record.get("arguments", ()))
         self.inputs: list = list(record["inputs"])
@@ -71,12 +85,24 @@ class _Record:
 
     def where(self) -> str:
         ins = ", ".join(f"{_dtype_name(d)}{list(s)}" for _i, s, d in self.inputs) or "none"
-        return f"primitive #{self.index} {self.name} (arguments {self.args!r}; operands {ins})"
+        return f"{self.name} (arguments {self.args!r}; operands {ins})"
 
     def out_type(self, k: int = 0) -> TensorType:
         _id, shape, dtype = self.outputs[k]
         name = _dtype_name(dtype)
         return TensorType(tuple(shape), DType.int32 if name in _WIDE_INTS else dtype_of(name, self.where()))
+
+
+def _gather_mm(b: GraphBuilder, a: str, w: str, lhs: str, rhs: str) -> str:
+    """``mx.gather_mm``: ``a[lhs] @ w[rhs]`` over the flattened batch axes (MoE experts) as takes and a matmul."""
+    index_shape = tuple(np.broadcast_shapes(b.type(lhs).shape, b.type(rhs).shape))
+    picked = []
+    for operand, indices in ((a, lhs), (w, rhs)):
+        shape = b.type(operand).shape
+        flat = b.reshape(operand, (int(np.prod(shape[:-2], dtype=np.int64)), *shape[-2:]))
+        idx = b.broadcast(b.cast(indices, DType.int32), index_shape)
+        picked.append(b.op("take", [flat, idx], {"axis": 0}))
+    return b.op("matmul", picked)
 
 
 def _emit(b: GraphBuilder, r: _Record) -> list[str]:
@@ -97,9 +123,20 @@ def _emit(b: GraphBuilder, r: _Record) -> list[str]:
     if name == "Square":
         return [b.op("mul", [x[0], x[0]])]
     if name == "Sqrt":
-        if r.args != [True]:
-            raise ModelImportError(f"{r.where()}: only the reciprocal square root (Sqrt[True]) is supported")
-        return [b.op("rsqrt", x)]
+        return [b.op("rsqrt" if r.args[0] else "sqrt", x)]
+    if name == "NotEqual":
+        return [b.op("logical_not", [b.op("equal", x)])]
+    if name == "Log":
+        if r.args[0] != _NATURAL_LOG:
+            raise ModelImportError(f"{r.where()}: only the natural logarithm is supported (not log2/log10)")
+        return [b.op("log", x)]
+    if name == "AddMM":
+        alpha, beta = r.args
+        return [b.op("addmm", [x[2], x[0], x[1]], {"alpha": alpha, "beta": beta})]
+    if name == "GatherAxis":
+        return [b.op("take_along_axis", [x[0], b.cast(x[1], DType.int32)], {"axis": r.args[0]})]
+    if name == "GatherMM":
+        return [_gather_mm(b, *x)]
     if name == "BitwiseBinary":
         if r.args[0] not in _BITWISE or b.type(x[0]).dtype is not DType.bool:
             raise ModelImportError(f"{r.where()}: only bool and/or are supported")
@@ -164,7 +201,89 @@ def _emit(b: GraphBuilder, r: _Record) -> list[str]:
             raise ModelImportError(f"{r.where()}: only plain put_along_axis (ScatterAxis None) is supported")
         return [b.op("put_along_axis", [x[0], b.cast(x[1], DType.int32), x[2]], {"axis": axis})]
     hint = " (evaluate the parameters first: mx.eval(model.parameters()))" if name == "RandomBits" else ""
-    raise ModelImportError(f"unsupported MLX primitive {name}: {r.where()}{hint}")
+    raise ModelImportError(f"unsupported MLX primitive {r.where()}{hint}")
+
+
+_WALK_DEPTH, _WALK_LIMIT = 12, 100_000  # how deep and how many objects _walk visits from one variable
+
+
+def _walk(root: Any, is_array: Callable[[Any], bool]) -> list[tuple[str, Any]]:
+    """``(path, array)`` for the arrays under ``root``: dict keys (an ``nn.Module`` is a dict), list
+    indices and object attributes, joined by dots (``model.layers.0.self_attn.q_proj.weight``, ``0.keys``)."""
+    found: list[tuple[str, Any]] = []
+    seen: set[int] = set()
+    stack: list[tuple[str, Any, int]] = [("", root, 0)]
+    while stack:
+        path, obj, depth = stack.pop()
+        if is_array(obj):
+            found.append((path, obj))
+            continue
+        if depth >= _WALK_DEPTH or id(obj) in seen or len(seen) >= _WALK_LIMIT:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, dict):
+            items = list(obj.items())
+        elif isinstance(obj, (list, tuple)):
+            items = list(enumerate(obj))
+        elif hasattr(obj, "__dict__") and not (inspect.isroutine(obj) or inspect.isclass(obj) or inspect.ismodule(obj)):
+            items = list(vars(obj).items())
+        else:
+            continue
+        stack += [(f"{path}.{key}" if path else str(key), value, depth + 1) for key, value in reversed(items)]
+    return found
+
+
+def _buffer_key(array: Any) -> tuple | None:
+    """Where an evaluated MLX array's data lives (address, shape, dtype): shared by every view of one buffer."""
+    try:
+        address = np.frombuffer(memoryview(array), np.uint8).__array_interface__["data"][0]
+    except Exception:  # empty, strided, or not evaluable (a tracer left by an earlier export): not matched
+        return None
+    return address, tuple(array.shape), _dtype_name(array.dtype)
+
+
+def _captured_names(reachable: list[tuple[str, Any]], constants: list[tuple[str, Any]]) -> dict[tuple, str]:
+    """Buffer key -> path of the reachable arrays that may be captured constants (same shape and dtype).
+
+    ``reachable`` is read before the export (which may replace state such as a KV cache's arrays);
+    only those candidates are evaluated for their address, and constants are evaluated already.
+    """
+    wanted = {(tuple(a.shape), _dtype_name(a.dtype)) for _key, a in constants}
+    names: dict[tuple, str] = {}
+    for path, array in reachable:
+        if (tuple(array.shape), _dtype_name(array.dtype)) in wanted:
+            key = _buffer_key(array)
+            if key is not None:
+                names.setdefault(key, path)
+    return names
+
+
+def _is_module(value: Any) -> bool:
+    import mlx.nn as nn
+
+    return isinstance(value, nn.Module)
+
+
+def _export(fn: Callable, example_args: tuple) -> tuple[list[dict], bool]:
+    """The export records of ``fn``, and whether compilation had to be turned off for them."""
+    import mlx.core as mx
+
+    records: list[dict] = []
+    try:
+        mx.export_function(records.append, fn, *example_args)
+        return records, False
+    except ValueError as exc:
+        if "primitive Compiled" not in str(exc):
+            raise
+    # A fused mx.compile'd helper cannot be exported: retry with compilation off. Reaching
+    # here means compilation was on, so turning it back on restores the caller's state.
+    records.clear()
+    mx.disable_compile()
+    try:
+        mx.export_function(records.append, fn, *example_args)
+    finally:
+        mx.enable_compile()
+    return records, True
 
 
 def from_mlx(fn: Callable, *example_args: Any, name: str | None = None, inline_limit: int = INLINE_LIMIT) -> ImportedGraph:
@@ -172,52 +291,43 @@ def from_mlx(fn: Callable, *example_args: Any, name: str | None = None, inline_l
 
     Arguments become streamed inputs named after ``fn``'s parameters; captured
     arrays become constants (at most ``inline_limit`` elements, or splats) or
-    resident inputs whose values are in ``params``. Node locations read
-    ``mlx:<fn>:<primitive index>``.
+    resident inputs whose values are in ``params``, named after where ``fn``
+    reaches them (a module path such as ``model.layers.0.self_attn.q_proj.weight``,
+    or ``cache.0.keys``; see :func:`~attnpass.ir.frontends.importing.captured_paths`).
+    Node locations read ``mlx:<fn>:<primitive index>``; an error names the
+    user's source line that created the primitive.
     """
     import mlx.core as mx
 
-    records: list[dict] = []
-    try:
-        mx.export_function(records.append, fn, *example_args)
-    except ValueError as exc:
-        if "primitive Compiled" not in str(exc):
-            raise
-        # A fused mx.compile'd helper cannot be exported: retry with compilation off. Reaching
-        # here means compilation was on, so turning it back on restores the caller's state.
-        records.clear()
-        mx.disable_compile()
-        try:
-            mx.export_function(records.append, fn, *example_args)
-        finally:
-            mx.enable_compile()
+    reachable = captured_paths(fn, lambda root: _walk(root, lambda a: isinstance(a, mx.array)), _is_module)
+    records, compile_off = _export(fn, example_args)
     b = GraphBuilder(graph_name(fn, name), inline_limit)
     by_type = {r["type"]: r for r in records if r["type"] != "primitive"}
     inputs = by_type["inputs"]["inputs"]
     for (key, shape, dtype), pname in zip(inputs, parameter_names(fn, len(inputs))):
         b.input(key, pname, TensorType(tuple(shape), dtype_of(_dtype_name(dtype), f"input {pname}")))
-    for key, array in by_type.get("constants", {}).get("constants", ()):
+    constants = by_type.get("constants", {}).get("constants", ())
+    names = _captured_names(reachable, constants)
+    for key, array in constants:
         dtype_name = _dtype_name(array.dtype)
-        if dtype_name == "bfloat16":
-            values = np.array(array.astype(mx.float32))
-        else:
-            values = np.array(array)
+        values = np.array(array.astype(mx.float32) if dtype_name == "bfloat16" else array)
         dtype = DType.int32 if dtype_name in _WIDE_INTS else dtype_of(dtype_name, f"captured array {key}")
-        b.bind(key, b.constant(values, dtype))
+        b.bind(key, b.constant(values, dtype, path=names.get(_buffer_key(array))))
     primitives = [r for r in records if r["type"] == "primitive"]
     for index, record in enumerate(primitives):
-        r = _Record(index, record)
+        r = _Record(record)
         b.loc = SourceLoc(f"mlx:{b.graph.name}", index, r.name)
         try:
             values = _emit(b, r)
-        except ModelImportError:
-            raise
-        except Exception as exc:  # a shape rule or a malformed record: say which primitive
-            raise ModelImportError(f"cannot import {r.where()}: {exc}") from None
-        for (key, shape, _dtype), value in zip(r.outputs, values):
-            if b.type(value).shape != tuple(shape):
-                raise ModelImportError(f"{r.where()}: imported as {b.type(value)}, MLX says shape {list(shape)}")
-            b.bind(key, value)
+            for (key, shape, _dtype), value in zip(r.outputs, values):
+                if b.type(value).shape != tuple(shape):
+                    raise ModelImportError(f"{r.where()}: imported as {b.type(value)}, MLX says shape {list(shape)}")
+                b.bind(key, value)
+        except Exception as exc:  # say where: the user's line that made the primitive
+            message = str(exc) if isinstance(exc, ModelImportError) else f"cannot import {r.where()}: {exc}"
+            loc = locate(fn, example_args, record, compile_off=compile_off)
+            at = f"at {loc}" if loc else f"at primitive #{index} of the export (its source line was not found)"
+            raise ModelImportError(f"{message}\n  {at}") from None
     b.graph.set_outputs([b.read(key) for key, _s, _d in by_type["outputs"]["outputs"]])
     return ImportedGraph(b.graph.verify(), b.params)
 

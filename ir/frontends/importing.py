@@ -4,15 +4,19 @@ An importer walks a backend's own program (MLX export records, a jaxpr) and
 rebuilds it as a :class:`Graph` through a :class:`GraphBuilder`. The function's
 arguments become streamed graph inputs; arrays the function closes over
 (weights) become ``constant`` nodes when small and *resident* graph inputs
-otherwise, whose values travel in :attr:`ImportedGraph.params`.
+otherwise, named after where the function reaches them (:func:`captured_paths`),
+whose values travel in :attr:`ImportedGraph.params` and, on disk, in a
+safetensors file beside the graph JSON (:mod:`.weights`).
 """
 
 from __future__ import annotations
 
 import inspect
 import math
+import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -21,6 +25,7 @@ from attnpass.ir.core.graph import Graph
 from attnpass.ir.core.types import AttnpassError, DType, TensorType
 
 from .tracer import graph_name
+from .weights import load_weights, require_weights_file, save_weights, weight_inputs, weights_file
 
 INLINE_LIMIT = 64  # captured arrays with at most this many elements become constant nodes
 
@@ -39,6 +44,84 @@ class ImportedGraph:
 
     graph: Graph
     params: Mapping[str, np.ndarray] = field(default_factory=dict)
+
+    def save(self, path: str | Path) -> tuple[Path, Path | None]:
+        """Write the graph JSON to ``path`` and the params beside it (``g.json`` -> ``g.safetensors``).
+
+        Returns both paths (the second None when the graph has no weight inputs). ``graph.to_json()``
+        alone writes the graph only; its weight inputs keep their paths, and loading it without the
+        weights file fails with a message that says so.
+        """
+        path = Path(path)
+        path.write_text(self.graph.to_json(indent=1) + "\n")
+        if not weight_inputs(self.graph):
+            return path, None
+        return path, save_weights(self.graph, self.params, weights_file(path))
+
+    @classmethod
+    def load(cls, path: str | Path, weights: str | Path | None = None) -> "ImportedGraph":
+        """Read a graph saved by :meth:`save` and its params (from ``weights``, else the file beside it)."""
+        graph = Graph.from_json(Path(path).read_text())
+        file = require_weights_file(graph, path, weights)
+        return cls(graph, load_weights(graph, file) if file is not None else {})
+
+
+def _roots(fn: Callable) -> list[tuple[str | None, Any]]:
+    """What ``fn`` reads captured arrays through: itself or its ``__self__`` (unnamed), its closure, its globals."""
+    func = fn.__func__ if inspect.ismethod(fn) else fn
+    owner = fn.__self__ if inspect.ismethod(fn) else fn
+    roots: list[tuple[str | None, Any]] = [] if inspect.isfunction(owner) else [(None, owner)]
+    if inspect.isfunction(func):
+        code = func.__code__
+        roots += [(n, c.cell_contents) for n, c in zip(code.co_freevars, func.__closure__ or ()) if _has_contents(c)]
+        roots += [(n, func.__globals__[n]) for n in code.co_names if n in func.__globals__]
+    return [(n, v) for n, v in roots if not inspect.ismodule(v) and not inspect.isclass(v) and not _is_code(v)]
+
+
+def _has_contents(cell: Any) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:  # an empty cell
+        return False
+    return True
+
+
+def _is_code(value: Any) -> bool:
+    """Functions and builtins: code, not state that may hold arrays."""
+    return inspect.isfunction(value) or inspect.isbuiltin(value) or inspect.ismethod(value)
+
+
+def captured_paths(
+    fn: Callable, leaves: Callable[[Any], Iterable[tuple[str, Any]]], is_module: Callable[[Any], bool]
+) -> list[tuple[str, Any]]:
+    """``(path, array)`` for every array ``fn`` can reach, in the order found; the first path of an array wins.
+
+    ``leaves(root)`` lists a root's arrays with their paths inside it (module paths, pytree paths).
+    A path is prefixed with the variable that holds the root (``cache.0.keys``), except for the
+    function's own object and, when the function reads exactly one module, that module's paths:
+    weights keep the names a checkpoint gives them (``model.layers.0.self_attn.q_proj.weight``).
+    """
+    roots = _roots(fn)
+    modules = [name for name, value in roots if name is not None and is_module(value)]
+    bare = {None} | ({modules[0]} if len(modules) == 1 else set())
+    found: list[tuple[str, Any]] = []
+    for name, root in roots:
+        for path, array in leaves(root):
+            found.append((join_path(None if name in bare else name, path), array))
+    return found
+
+
+def join_path(prefix: str | None, path: str) -> str:
+    """``model`` + ``layers.0.w`` -> ``model.layers.0.w``; pytree key strings (``['w']``, ``.w``) attach as they are."""
+    if not prefix:
+        return path.lstrip(".") or "param"
+    return prefix + path if path[:1] in ("[", ".") else ".".join(p for p in (prefix, path) if p)
+
+
+def sanitize(path: str) -> str:
+    """An input name for a parameter path: ``layers.0.q_proj.weight`` -> ``layers_0_q_proj_weight``."""
+    name = re.sub(r"[^0-9A-Za-z_]+", "_", path).strip("_") or "param"
+    return name if name[0].isalpha() or name[0] == "_" else f"p_{name}"
 
 
 def parameter_names(fn: Callable, count: int) -> list[str]:
@@ -66,8 +149,9 @@ class GraphBuilder(Builder):
         self.params: dict[str, np.ndarray] = {}
         self.inline_limit = inline_limit
 
-    def input(self, key: Any, name: str, type_: TensorType) -> str:
-        self.values[key] = self.graph.add_input(self.graph.fresh_name(name), type_)
+    def input(self, key: Any, name: str, type_: TensorType, path: str | None = None) -> str:
+        """A streamed graph input for an argument (``path``: its place in a pytree argument)."""
+        self.values[key] = self.graph.add_input(self.graph.fresh_name(name), type_, path=path)
         return self.values[key]
 
     def read(self, key: Any) -> str:
@@ -76,8 +160,14 @@ class GraphBuilder(Builder):
     def bind(self, key: Any, value: str) -> None:
         self.values[key] = value
 
-    def constant(self, array: np.ndarray, dtype: DType, hint: str = "const", *, inline: bool = False) -> str:
-        """An array: a constant node when ``inline``, small or splatted, else a resident input."""
+    def constant(
+        self, array: np.ndarray, dtype: DType, hint: str = "const", *, inline: bool = False, path: str | None = None
+    ) -> str:
+        """An array: a constant node when ``inline``, small or splatted, else a resident input.
+
+        The input is named after ``path`` (where the function found the array, e.g. its module path),
+        which it keeps as its ``path`` attribute; its values go to :attr:`params`.
+        """
         array = np.asarray(array)
         flat = array.reshape(-1)
         splat = flat.size > 0 and bool(np.all(flat == flat[0])) and not (dtype.is_float and np.isnan(flat).any())
@@ -91,7 +181,9 @@ class GraphBuilder(Builder):
                 py = tuple(int(v) for v in values)
             attrs = {"value": py, "shape": array.shape, "dtype": dtype}
             return self.op("constant", [], attrs, hint)
-        name = self.graph.add_input(self.graph.fresh_name("param"), TensorType(array.shape, dtype), "resident", self.loc)
+        name = self.graph.fresh_name(sanitize(path) if path else "param")
+        type_ = TensorType(array.shape, dtype)
+        self.graph.add_input(name, type_, "resident", self.loc, path=path or name)
         self.params[name] = array.astype(dtype.numpy)
         return name
 

@@ -1,6 +1,6 @@
 """The functions a traced model calls: ``from attnpass.ir import ops``.
 
-Each builds one node of the op set in :mod:`attnpass.ir.opdefs` (a few are
+Each builds one node of the op set in :mod:`attnpass.ir.dialects` (a few are
 composites of several). Python scalars are accepted wherever a broadcastable
 tensor fits and take the other operand's dtype.
 """
@@ -21,7 +21,8 @@ __all__ = [
     "sigmoid", "logical_and", "logical_or", "equal", "less", "greater_equal", "cast", "reshape",
     "broadcast_to", "transpose", "slice", "concat", "take", "where", "sum", "max", "matmul", "softmax",
     "sdpa", "sdpa_lse", "constant", "argpartition", "put_along_axis", "qsa_pool", "qsa_block_scores", "qsa_select",
-    "qsa_mask", "qsa_cells", "qsa_cell_valid",
+    "qsa_mask", "qsa_cells", "qsa_cell_valid", "addmm", "take_along_axis", "tanh", "erf", "log", "log1p", "expm1",
+    "sqrt", "abs", "sign", "logical_not", "minimum", "power", "logaddexp",
 ]  # fmt: skip
 
 
@@ -171,7 +172,7 @@ def _attention(
     return emit(op, operands, {"scale": scale, "causal": causal or "none"})
 
 
-# ----------------------------------------------------------------------------- QSA (attnpass.ir.qsa)
+# ----------------------------------------------------------------------------- QSA (attnpass.ir.dialects.qsa)
 
 
 def qsa_pool(raw_keys: Tensor, *, ratio: int) -> Tensor:
@@ -222,3 +223,28 @@ def put_along_axis(x: Tensor, indices: Tensor, values: Tensor, axis: int) -> Ten
     return emit("put_along_axis", [x, indices, values], {"axis": int(axis)})
 
 
+
+
+def addmm(c: Tensor, a: Tensor, b: Tensor, alpha: float = 1.0, beta: float = 1.0) -> Tensor:
+    """beta * c + alpha * (a @ b), rounded once where the target fuses it (MLX's addmm)."""
+    return emit("addmm", [c, a, b], {"alpha": float(alpha), "beta": float(beta)})
+
+
+def take_along_axis(x: Tensor, indices: Tensor, axis: int) -> Tensor:
+    """numpy.take_along_axis with int32 indices in range."""
+    return emit("take_along_axis", [x, indices], {"axis": int(axis)})
+
+
+# Ops of imported models, traceable too.
+tanh = _unary_builder("tanh")
+erf = _unary_builder("erf")
+log = _unary_builder("log")
+log1p = _unary_builder("log1p")
+expm1 = _unary_builder("expm1")
+sqrt = _unary_builder("sqrt")
+abs = _unary_builder("abs")  # noqa: A001
+sign = _unary_builder("sign")
+logical_not = _unary_builder("logical_not")
+minimum = _binary_builder("minimum")
+power = _binary_builder("power")
+logaddexp = _binary_builder("logaddexp")

@@ -266,7 +266,7 @@ def graph_name(fn: Callable, name: str | None = None) -> str:
     """``name``, else a valid graph name derived from ``fn.__name__``."""
     if name:
         return name
-    raw = getattr(fn, "__name__", "graph")
+    raw = getattr(fn, "__name__", None) or type(fn).__name__  # a callable object (a model): its class
     name = "".join(c if c.isalnum() or c == "_" else "_" for c in raw).strip("_") or "graph"
     if not name.isascii():
         return "graph"

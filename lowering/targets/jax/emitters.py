@@ -9,13 +9,20 @@ dtype is float16 (which ``jax.jit`` of it cannot compile on CPU).
 from __future__ import annotations
 
 from attnpass.ir import DType, Node
-from attnpass.lowering.codegen import EmitEnv, Emitter, py_literal
-from attnpass.lowering.common import array_api_emitters, causal_offset, dtype_expr, sdpa_scale, with_causal
+from attnpass.lowering.codegen import EmitEnv, Emitter, py_float, py_literal
+from attnpass.lowering.common import (
+    array_api_emitters,
+    causal_offset,
+    dtype_expr,
+    sdpa_scale,
+    with_causal,
+    zero_dead_rows,
+)
 from attnpass.lowering.qsa_emitters import QSA_EMITTERS
 
 
 def _sdpa(n: Node, a: list[str], env: EmitEnv) -> str:
-    q, k, v = a[:3]
+    q, k, v = zero_dead_rows(n, env, "jnp", a[0]), a[1], a[2]
     offset = causal_offset(n, env)
     # jax.nn.dot_product_attention asks for float32 logits from float16 operands (F16_F16_F32), which
     # XLA:CPU rejects under jit; float16 and unequal value head dims take the explicit form.
@@ -52,3 +59,23 @@ EMITTERS: dict[str, Emitter] = {
     ),
     **QSA_EMITTERS,
 }
+
+
+def _addmm(n: Node, a: list[str], env: EmitEnv) -> str:
+    """beta * c + alpha * (a @ b), accumulated in float32 and rounded once (as MLX's addmm)."""
+    c, x, w = a
+    alpha, beta = py_float(n.attrs["alpha"]), py_float(n.attrs["beta"])
+    wide = f"{alpha} * jnp.matmul({x}, {w}, preferred_element_type=jnp.float32) + {beta} * {c}.astype(jnp.float32)"
+    return f"({wide}).astype({dtype_expr('jnp', n.type.dtype)})"
+
+
+# Ops of imported models (attnpass.ir.from_mlx / from_jax) that JAX spells its own way.
+EMITTERS.update(
+    {
+        "erf": lambda n, a, env: f"jax.lax.erf({a[0]})",
+        "addmm": _addmm,
+        "take_along_axis": lambda n, a, env: (
+            f"jnp.take_along_axis({a[0]}, {a[1]}, axis={n.attrs['axis']}, mode='clip')"
+        ),
+    }
+)

@@ -14,13 +14,17 @@ with a ratio that is not a power of two may differ from numpy/MLX by one ulp.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
 import jax.numpy as jnp
 
 from attnpass.lowering import attention_array_api
+from attnpass.lowering.checks import check_qsa_operands
 from attnpass.lowering.qsa_array_api import QSAOps
+
+_EXCLUDED = float(jnp.finfo(jnp.float32).min)
 
 
 def explicit_sdpa(q, k, v, mask, *, scale: float, mask_is_bool: bool):
@@ -31,8 +35,8 @@ def explicit_sdpa(q, k, v, mask, *, scale: float, mask_is_bool: bool):
     # float32 logits (products of half inputs are exact in float32; no float16 overflow of q.k).
     scores = jnp.matmul(qg.astype(jnp.float32), jnp.swapaxes(k, -1, -2).astype(jnp.float32)) * scale
     scores = jnp.reshape(scores, (b, hq, s, k.shape[2]))
-    if mask is not None:
-        scores = jnp.where(mask, scores, -jnp.inf) if mask_is_bool else scores + mask.astype(jnp.float32)
+    if mask is not None:  # excluded keys get a finite fill, as in jax.nn.dot_product_attention: no key -> mean of V
+        scores = jnp.where(mask, scores, _EXCLUDED) if mask_is_bool else scores + mask.astype(jnp.float32)
     probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
     out = jnp.matmul(jnp.reshape(probs, (b, hkv, (hq // hkv) * s, k.shape[2])), v)
     return jnp.reshape(out, (b, hq, s, v.shape[3]))
@@ -48,5 +52,15 @@ def _put(array: jax.Array, indices: jax.Array, values: jax.Array) -> jax.Array:
     return jnp.put_along_axis(array, indices, values, axis=-1, inplace=False)
 
 
-qsa = QSAOps(jnp, top_k=_top_k, put=_put)
+def _check(op: str, selection: jax.Array, positions: jax.Array, ratio: int, kv_len: int) -> None:
+    """Check concrete operands at once; traced ones (under ``jax.jit``) through ``jax.debug.callback``."""
+    check = functools.partial(check_qsa_operands, op, ratio=ratio, kv_len=kv_len)
+    if isinstance(selection, jax.core.Tracer) or isinstance(positions, jax.core.Tracer):
+        jax.debug.callback(check, selection, positions)
+    else:
+        check(selection, positions)
+
+
+qsa = QSAOps(jnp, top_k=_top_k, put=_put, check=_check)
+qsa_checked = dataclasses.replace(qsa, checks=True)  # the ``qsa`` of programs lowered with checks=True
 sdpa_lse = functools.partial(attention_array_api.sdpa_lse, jnp)  # the ``lse`` helper

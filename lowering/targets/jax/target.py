@@ -99,6 +99,7 @@ JAX = Target(
     runtime={
         "jrt": "attnpass.lowering.targets.jax.runtime",
         "qsa": "attnpass.lowering.targets.jax.runtime.qsa",
+        "qsa_checked": "attnpass.lowering.targets.jax.runtime.qsa_checked",
         "lse": "attnpass.lowering.targets.jax.runtime.sdpa_lse",
     },
     count_primitives=count_primitives,

@@ -5,8 +5,15 @@ from __future__ import annotations
 from typing import Literal
 
 from attnpass.ir import Node
-from attnpass.lowering.codegen import EmitEnv, Emitter, py_literal
-from attnpass.lowering.common import array_api_emitters, causal_offset, sdpa_lengths, sdpa_scale, with_causal
+from attnpass.lowering.codegen import EmitEnv, Emitter, py_float, py_literal
+from attnpass.lowering.common import (
+    array_api_emitters,
+    causal_offset,
+    sdpa_lengths,
+    sdpa_scale,
+    with_causal,
+    zero_dead_rows,
+)
 from attnpass.lowering.qsa_emitters import QSA_EMITTERS
 
 
@@ -41,7 +48,7 @@ def mask_kind(n: Node, env: EmitEnv) -> Literal["causal", "array"] | None:
 
 
 def _sdpa(n: Node, a: list[str], env: EmitEnv) -> str:
-    q, k, v = a[:3]
+    q, k, v = zero_dead_rows(n, env, "mx", a[0]), a[1], a[2]
     if mask_kind(n, env) == "causal":
         mask = '"causal"'
     else:
@@ -61,3 +68,15 @@ EMITTERS: dict[str, Emitter] = {
     "put_along_axis": lambda n, a, env: f"mx.put_along_axis({a[0]}, {a[1]}, {a[2]}, axis={n.attrs['axis']})",
     **QSA_EMITTERS,
 }
+
+
+# Ops of imported models (attnpass.ir.from_mlx / from_jax) that MLX spells its own way.
+EMITTERS.update(
+    {
+        "erf": lambda n, a, env: f"mx.erf({a[0]})",
+        "addmm": lambda n, a, env: (
+            f"mx.addmm({a[0]}, {a[1]}, {a[2]}, alpha={py_float(n.attrs['alpha'])}, beta={py_float(n.attrs['beta'])})"
+        ),
+        "take_along_axis": lambda n, a, env: f"mx.take_along_axis({a[0]}, {a[1]}, axis={n.attrs['axis']})",
+    }
+)

@@ -12,12 +12,15 @@ from the key's low 32 bits. The other ops are shared with JAX
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
 import mlx.core as mx
+import numpy as np
 
 from attnpass.lowering import attention_array_api
+from attnpass.lowering.checks import check_qsa_operands
 from attnpass.lowering.qsa_array_api import QSAOps
 
 _LOW = 2**32 - 1
@@ -41,5 +44,11 @@ def _put(array: mx.array, indices: mx.array, values: mx.array) -> mx.array:
     return mx.put_along_axis(array, indices, values, axis=-1)
 
 
-qsa = QSAOps(mx, top_k=_top_k, put=_put)
+def _check(op: str, selection: mx.array, positions: mx.array, ratio: int, kv_len: int) -> None:
+    """Evaluate the operands and check them on the host (not possible inside ``mx.compile`` or an export)."""
+    check_qsa_operands(op, np.array(selection), np.array(positions), ratio=ratio, kv_len=kv_len)
+
+
+qsa = QSAOps(mx, top_k=_top_k, put=_put, check=_check)
+qsa_checked = dataclasses.replace(qsa, checks=True)  # the ``qsa`` of programs lowered with checks=True
 sdpa_lse = functools.partial(attention_array_api.sdpa_lse, mx)  # the ``lse`` helper

@@ -110,6 +110,7 @@ MLX = Target(
     from_numpy=from_numpy,
     runtime={
         "qsa": "attnpass.lowering.targets.mlx.runtime.qsa",
+        "qsa_checked": "attnpass.lowering.targets.mlx.runtime.qsa_checked",
         "lse": "attnpass.lowering.targets.mlx.runtime.sdpa_lse",
     },
     to_numpy=to_numpy,

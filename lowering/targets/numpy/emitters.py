@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from attnpass.ir import Node
-from attnpass.lowering.codegen import EmitEnv, Emitter, py_literal
+from attnpass.lowering.codegen import EmitEnv, Emitter, py_float, py_literal
 from attnpass.lowering.common import iota_expr, sdpa_scale, slice_expr
 from attnpass.lowering.qsa_emitters import QSA_EMITTERS
 
@@ -89,5 +89,22 @@ EMITTERS.update(
             f"np.argpartition({a[0]}, {n.attrs['kth']}, axis={n.attrs['axis']}).astype(np.int32)"
         ),
         "put_along_axis": lambda n, a, env: f"ref.put_along_axis({a[0]}, {a[1]}, {a[2]}, {n.attrs['axis']})",
+        "tanh": _unary("np.tanh({x})"),
+        "erf": _unary("ref.erf({x})"),
+        "log": _unary("np.log({x})"),
+        "log1p": _unary("np.log1p({x})"),
+        "expm1": _unary("np.expm1({x})"),
+        "sqrt": _unary("np.sqrt({x})"),
+        "abs": _unary("np.abs({x})"),
+        "sign": _unary("np.sign({x})"),
+        "logical_not": lambda n, a, env: f"np.logical_not({a[0]})",
+        "minimum": _binary("np.minimum"),
+        "power": _binary("np.power"),
+        "logaddexp": _binary("np.logaddexp"),
+        "take_along_axis": lambda n, a, env: f"np.take_along_axis({a[0]}, {a[1]}, axis={n.attrs['axis']})",
+        "addmm": lambda n, a, env: (
+            f"ref.rounded({py_float(n.attrs['beta'])} * ref.wide({a[0]}) + {py_float(n.attrs['alpha'])} * "
+            f"np.matmul(ref.wide({a[1]}), ref.wide({a[2]})), {_dt(n)})"
+        ),
     }
 )

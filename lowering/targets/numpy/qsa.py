@@ -1,7 +1,8 @@
 """The numpy target's ``qsa`` helper: the QSA ops written row by row as the semantics read (the oracle).
 
-Out-of-contract runtime values raise ``ValueError``: positions outside
-``[0, kv_len)`` and block ids outside ``[-1, ceil(kv_len / ratio))``.
+Out-of-contract runtime values always raise
+:class:`~attnpass.lowering.checks.RuntimeCheckError` (a ``ValueError``):
+positions outside ``[0, kv_len)`` and block ids outside ``[-1, ceil(kv_len / ratio))``.
 Selection sorts by (score descending, block id ascending) with ``np.lexsort``,
 so ties go to the lower id by construction.
 """
@@ -9,6 +10,8 @@ so ties go to the lower id by construction.
 from __future__ import annotations
 
 import numpy as np
+
+from attnpass.lowering.checks import check_qsa_operands
 
 
 def pool(raw_keys: np.ndarray, *, ratio: int) -> np.ndarray:
@@ -45,21 +48,12 @@ def select(block_scores: np.ndarray, positions: np.ndarray, *, ratio: int, top_k
     return out
 
 
-def _check_row(op: str, selection_row: np.ndarray, p: int, ratio: int, kv_len: int) -> None:
-    if not 0 <= p < kv_len:
-        raise ValueError(f"{op}: position {p} is outside the cache [0, {kv_len})")
-    n_blocks = -(-kv_len // ratio)
-    bad = selection_row[(selection_row < -1) | (selection_row >= n_blocks)]
-    if bad.size:
-        raise ValueError(f"{op}: block id {int(bad[0])} is out of range [-1, {n_blocks}) for kv_len={kv_len}")
-
-
 def mask(selection: np.ndarray, positions: np.ndarray, *, ratio: int, kv_len: int) -> np.ndarray:
+    check_qsa_operands("qsa_mask", selection, positions, ratio=ratio, kv_len=kv_len)
     b, s, _k = selection.shape
     out = np.zeros((b, 1, s, kv_len), dtype=bool)
     for i, j in np.ndindex(b, s):
         p, row = int(positions[i, j]), selection[i, j]
-        _check_row("qsa_mask", row, p, ratio, kv_len)
         for blk in row[row >= 0]:
             out[i, 0, j, blk * ratio : (blk + 1) * ratio] = True
         out[i, 0, j, _complete(p, ratio) * ratio :] = True  # the tail
@@ -67,13 +61,13 @@ def mask(selection: np.ndarray, positions: np.ndarray, *, ratio: int, kv_len: in
     return out
 
 
-def _slots(selection, positions, ratio, width, kv_len) -> tuple[np.ndarray, np.ndarray]:
+def _slots(op, selection, positions, ratio, width, kv_len) -> tuple[np.ndarray, np.ndarray]:
+    check_qsa_operands(op, selection, positions, ratio=ratio, kv_len=kv_len)
     b, s, k = selection.shape
     cells = np.zeros((b, s, width), dtype=np.int32)
     valid = np.zeros((b, s, width), dtype=bool)
     for i, j in np.ndindex(b, s):
         p, row = int(positions[i, j]), selection[i, j]
-        _check_row("qsa_cells", row, p, ratio, kv_len)
         n = _complete(p, ratio)
         for slot, blk in enumerate(row):
             if 0 <= blk < n:
@@ -89,8 +83,8 @@ def _slots(selection, positions, ratio, width, kv_len) -> tuple[np.ndarray, np.n
 
 
 def cells(selection, positions, *, ratio: int, width: int, kv_len: int) -> np.ndarray:
-    return _slots(selection, positions, ratio, width, kv_len)[0]
+    return _slots("qsa_cells", selection, positions, ratio, width, kv_len)[0]
 
 
 def cell_valid(selection, positions, *, ratio: int, width: int, kv_len: int) -> np.ndarray:
-    return _slots(selection, positions, ratio, width, kv_len)[1]
+    return _slots("qsa_cell_valid", selection, positions, ratio, width, kv_len)[1]

@@ -2,39 +2,22 @@
 
 This is the oracle the tests compare MLX and JAX programs with. Integer and
 boolean ops stay exact; layout ops (slice, reshape, take, ...) move values
-without arithmetic.
+without arithmetic. ``wide``, ``rounded``, ``constant`` and ``softmax`` are the op semantics
+of :mod:`attnpass.ir.dialects.evaluate`, which constant folding shares.
 """
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
-from attnpass.ir import DType
+from attnpass.ir.dialects.evaluate import constant, rounded, softmax, wide  # noqa: F401  (``ref.*`` in generated code)
 
 
-def wide(x: np.ndarray) -> np.ndarray:
-    """float64 for floating operands, int64 for integers, bool as is."""
-    x = np.asarray(x)
-    if x.dtype == np.bool_:
-        return x
-    if x.dtype.kind in "iu":
-        return x.astype(np.int64)
-    return x.astype(np.float64)
-
-
-def rounded(x: np.ndarray, dtype: str) -> np.ndarray:
-    return np.asarray(x).astype(DType.parse(dtype).numpy)
-
-
-def constant(values: tuple, shape: tuple[int, ...], dtype: str) -> np.ndarray:
-    flat = np.asarray(values, dtype=np.float64 if DType.parse(dtype).is_float else None)
-    return rounded(np.broadcast_to(flat.reshape(()), shape) if flat.size == 1 else flat.reshape(shape), dtype)
-
-
-def softmax(x: np.ndarray, axis: int, dtype: str) -> np.ndarray:
-    x = wide(x)
-    e = np.exp(x - np.max(x, axis=axis, keepdims=True))
-    return rounded(e / np.sum(e, axis=axis, keepdims=True), dtype)
+def erf(x: np.ndarray) -> np.ndarray:
+    """The error function, elementwise in float64 (numpy has none; ``math.erf`` per element)."""
+    return np.vectorize(math.erf, otypes=[np.float64])(x)
 
 
 def causal_mask(s: int, t: int, causal: str) -> np.ndarray | None:
@@ -45,8 +28,8 @@ def causal_mask(s: int, t: int, causal: str) -> np.ndarray | None:
     return np.arange(t)[None, :] <= np.arange(s)[:, None] + offset
 
 
-def _logits(q, k, mask, scale: float, causal: str) -> np.ndarray:
-    """float64 ``q k^T * scale`` plus an additive mask, -inf where a bool mask or causality forbids."""
+def _scores(q, k, mask, scale: float, causal: str) -> tuple[np.ndarray, np.ndarray | None]:
+    """float64 ``q k^T * scale`` plus an additive mask, and the bool ``[.., S, T]`` of allowed keys (None: all)."""
     q, k = wide(q), wide(k)
     (b, hq, s, _), (hkv, t) = q.shape, k.shape[1:3]
     folded = q.reshape(b, hkv, (hq // hkv) * s, q.shape[3])
@@ -58,26 +41,40 @@ def _logits(q, k, mask, scale: float, causal: str) -> np.ndarray:
             allowed = mask if allowed is None else np.logical_and(mask, allowed)
         else:
             scores = scores + wide(mask)
-    return scores if allowed is None else np.where(allowed, scores, -np.inf)
+    return scores, allowed
 
 
 def sdpa(q, k, v, mask=None, *, scale: float, causal: str, dtype: str) -> np.ndarray:
     """softmax(q k^T * scale + mask) v in float64; query head h reads kv head h // (Hq / Hkv).
 
     The query heads of each KV group are folded into the rows of one matmul
-    per KV head, so K/V are never copied per query head.
+    per KV head, so K/V are never copied per query head. A bool mask and
+    ``causal`` exclude keys; a row they leave without any key weighs all ``T``
+    keys equally (the mean of V), as MLX's and JAX's fused calls do. An
+    additive mask is arithmetic: a row it sets to -inf everywhere is NaN.
     """
-    scores = _logits(q, k, mask, scale, causal)
+    scores, allowed = _scores(q, k, mask, scale, causal)
     (b, hq, s, t), hkv = scores.shape, k.shape[1]
+    if allowed is not None:
+        scores = np.where(allowed, scores, -np.inf)
+        scores = np.where(np.any(allowed, axis=-1, keepdims=True), scores, 0.0)  # no key left: uniform
     peak = np.max(scores, axis=-1, keepdims=True)
     e = np.exp(scores - np.where(np.isfinite(peak), peak, 0.0))
-    probs = (e / np.sum(e, axis=-1, keepdims=True)).reshape(b, hkv, (hq // hkv) * s, t)
+    with np.errstate(invalid="ignore"):  # an additive row of -inf: 0/0 = NaN, as in MLX and JAX
+        probs = (e / np.sum(e, axis=-1, keepdims=True)).reshape(b, hkv, (hq // hkv) * s, t)
     return rounded(np.matmul(probs, wide(v)).reshape(b, hq, s, v.shape[3]), dtype)
 
 
 def sdpa_lse(q, k, mask=None, *, scale: float, causal: str) -> np.ndarray:
-    """float32 logsumexp over the keys of sdpa's logits (-inf for a row that attends no key)."""
-    scores = _logits(q, k, mask, scale, causal)
+    """float32 logsumexp over the keys sdpa attends of its logits: -inf for a row with no key.
+
+    Unlike sdpa, a row that the bool mask and ``causal`` leave without any key
+    is not given uniform weights here: its log-sum-exp is log(0) = -inf, so a
+    combine of partial attentions (split-kv) gives it no weight.
+    """
+    scores, allowed = _scores(q, k, mask, scale, causal)
+    if allowed is not None:
+        scores = np.where(allowed, scores, -np.inf)
     peak = np.max(scores, axis=-1)
     finite = np.where(np.isfinite(peak), peak, 0.0)
     with np.errstate(divide="ignore"):  # log(0) = -inf for a row that attends no key

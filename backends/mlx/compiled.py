@@ -1,0 +1,112 @@
+"""``attnpass.backends.mlx.compile``: ``mx.compile`` with attnpass's pipeline in front, per input signature.
+
+Array arguments (``mx.array``, positional or keyword) are the program's
+inputs; every other argument is static: its value is part of the signature
+and bound when the function is imported. Arrays the function closes over
+(weights) are captured at each signature's first call, as ``mx.compile`` does.
+The function returns an array or a tuple/list of arrays.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Hashable, Sequence
+
+from attnpass.ir import ImportedGraph, from_mlx
+from attnpass.ir.frontends.importing import parameter_names
+from attnpass.passes import Pass
+
+from ..specialize import MAX_SIGNATURES, CompiledFunction, Frontend, Traceable, array_text, name_parameters, static_spec
+
+
+class MLXFrontend(Frontend):
+    """Signatures of MLX calls: ``mx.array`` arguments are inputs, the others static."""
+
+    target = "mlx"
+
+    def __init__(self) -> None:
+        import mlx.core as mx
+
+        self._array = mx.array
+
+    def device(self) -> str:
+        """The default MLX device: ``"cpu"``, ``"metal"`` or ``"gpu"`` (CUDA)."""
+        import mlx.core as mx
+
+        if mx.default_device().type == mx.DeviceType.cpu:
+            return "cpu"
+        return "metal" if mx.metal.is_available() else "gpu"
+
+    def key(self, args: tuple, kwargs: dict) -> tuple[Hashable, list]:
+        array = self._array
+        entries: list[Hashable] = [(a.shape, a.dtype) if isinstance(a, array) else static_spec(a) for a in args]
+        arrays = [a for a in args if isinstance(a, array)]
+        for name in sorted(kwargs):
+            value = kwargs[name]
+            if isinstance(value, array):
+                arrays.append(value)
+                entries.append((name, value.shape, value.dtype))
+            else:
+                entries.append((name, static_spec(value)))
+        return tuple(entries), arrays
+
+    def traceable(self, fn: Callable, args: tuple, kwargs: dict) -> Traceable:
+        array = self._array
+        names = parameter_names(fn, len(args)) + sorted(kwargs)
+        values = list(args) + [kwargs[k] for k in sorted(kwargs)]
+        dynamic = [i for i, v in enumerate(values) if isinstance(v, array)]
+        parts, unstatic = [], None
+        for name, value in zip(names, values):
+            if isinstance(value, array):
+                parts.append(array_text(name, value.shape, str(value.dtype).rsplit(".", 1)[-1]))
+            else:
+                parts.append(f"{name}={value!r}")
+                if unstatic is None and static_spec(value)[0] == "unhashable":
+                    unstatic = f"argument {name} is a {type(value).__name__}: not an array and not hashable"
+
+        def call(*arrays: Any) -> Any:
+            filled = list(values)
+            for i, a in zip(dynamic, arrays):
+                filled[i] = a
+            out = fn(*filled[: len(args)], **dict(zip(sorted(kwargs), filled[len(args) :])))
+            if not isinstance(out, (list, tuple)):
+                return out
+            kind = list if isinstance(out, list) else tuple
+            t.rebuild = lambda o: kind(o if isinstance(o, tuple) else (o,))  # one output: the program returns it bare
+            return tuple(out)
+
+        name_parameters(call, [names[i] for i in dynamic], fn)
+        t = Traceable(", ".join(parts), call, [values[i] for i in dynamic], unstatic)
+        return t
+
+    def import_graph(self, t: Traceable) -> ImportedGraph:
+        return from_mlx(t.fn, *t.arrays)
+
+    def compile(self, fn: Callable) -> Callable:
+        import mlx.core as mx
+
+        return mx.compile(fn)
+
+    def fallback(self, fn: Callable) -> Callable:
+        return fn
+
+
+def compile(
+    fn: Callable,
+    *,
+    pipeline: str | Sequence[Pass] | None = None,
+    strict: bool = False,
+    max_signatures: int = MAX_SIGNATURES,
+) -> CompiledFunction:
+    """``fn`` compiled per input signature: imported, rewritten by ``pipeline``, lowered to MLX, ``mx.compile``'d.
+
+    ``pipeline`` is text or passes; None is :func:`attnpass.backends.specialize.default_pipeline`
+    for the default device when the wrapper is made. ``strict=False``: a signature that cannot be
+    compiled runs ``fn`` itself, with one :class:`FallbackWarning`; ``strict=True`` raises
+    :class:`SpecializationError`. Use as ``compile(fn)`` or as a decorator.
+    """
+    name = "attnpass.backends.mlx.compile"
+    frontend = MLXFrontend()
+    return CompiledFunction(fn, frontend, pipeline=pipeline, strict=strict, max_signatures=max_signatures, name=name)
+
+
+__all__ = ["MLXFrontend", "compile"]

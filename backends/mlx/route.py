@@ -1,0 +1,129 @@
+"""Predict where MLX 0.32 routes an SDPA call on Metal, on a machine without a GPU (docs/semantics.md §2.6).
+
+The model follows ``mlx/backend/metal/scaled_dot_product_attention.cpp``
+(ml-explore/mlx; read at commit 00703ea6, the stored version closest to 0.32):
+``has_fused_kernel`` and ``use_fallback`` pick fused or unfused, and
+``eval_gpu`` picks the vector kernel's one- or two-pass form:
+
+- CPU streams always take the unfused fallback.
+- ``q_len <= 8`` (vector family): needs ``D == Dv`` in {64, 96, 128, 192, 256}
+  (or D 192 with Dv 128), ``q_len <= k_len`` and ``q_len * gqa <= 32``. The
+  default heuristic still sends ``D == Dv == 192`` to the fallback. The
+  two-pass form runs when ``k_len >= 4096`` with GQA (``Hkv < Hq``), or when
+  ``k_len >= 1024`` on a large GPU (architecture suffix ``s`` or ``d``).
+- ``q_len > 8`` (full "steel" kernel): needs ``D == Dv`` in {64, 72, 80, 96,
+  128, 192, 256}, and for a ``"causal"`` string mask ``q_len <= k_len``; the
+  default heuristic sends head dims 192 and 256 to the fallback.
+
+Assumptions, stated because 0.32.4's own source was not available: its gates
+match the read commit for the cases above; the NAX (M5) full-kernel route for
+``q_len >= 1024`` with head dim 256 and the head-dim-512 decode kernel of
+later releases are not modelled (both predict "fallback").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Sequence
+
+from attnpass.ir import DType
+from attnpass.lowering import Program
+from attnpass.lowering.codegen import EmitEnv
+from attnpass.lowering.targets.mlx import MLX, mask_kind
+
+Kernel = Literal["vector", "vector_2pass", "full", "fallback"]
+MaskKind = Literal["causal", "array"] | None
+
+VECTOR_MAX_ROWS = 8
+VECTOR_BUDGET = 32  # q_len * gqa
+VECTOR_HEAD_DIMS = frozenset({64, 96, 128, 192, 256})
+FULL_HEAD_DIMS = frozenset({64, 72, 80, 96, 128, 192, 256})
+UNFUSED_FASTER_FULL = frozenset({192, 256})
+TWO_PASS_MIN_KEYS_GQA = 4096
+TWO_PASS_MIN_KEYS_LARGE_GPU = 1024
+LARGE_GPU_ARCH = frozenset({"s", "d"})
+
+
+@dataclass(frozen=True)
+class Route:
+    """The kernel one SDPA call takes and why."""
+
+    kernel: Kernel
+    reason: str
+
+
+def sdpa_route(
+    q_shape: Sequence[int],
+    k_shape: Sequence[int],
+    *,
+    dtype: DType | str,
+    mask: MaskKind,
+    device: str = "metal",
+    v_head_dim: int | None = None,
+    arch: str = "g",
+) -> Route:
+    """The predicted route of ``mx.fast.scaled_dot_product_attention`` for these shapes.
+
+    ``q_shape`` is ``[B, Hq, q_len, D]``, ``k_shape`` ``[B, Hkv, k_len, D]``;
+    ``mask`` is None, ``"causal"`` (MLX's string mask) or ``"array"`` (any
+    bool or additive array); ``v_head_dim`` defaults to D; ``arch`` is the
+    last letter of ``mx.metal.device_info()["architecture"]`` (``g`` base,
+    ``s`` Pro/Max, ``d`` Ultra). ``device="cpu"`` is always the fallback.
+    """
+    if not DType.parse(dtype).is_float:
+        raise ValueError(f"sdpa_route: dtype {dtype!r} is not a float type; MLX SDPA takes float16/bfloat16/float32")
+    if len(q_shape) != 4 or len(k_shape) != 4:
+        raise ValueError(f"sdpa_route: q and k must be rank 4 [B, H, L, D], got {list(q_shape)} and {list(k_shape)}")
+    if mask not in (None, "causal", "array"):
+        raise ValueError(f"sdpa_route: mask must be None, 'causal' or 'array', got {mask!r}")
+    if device == "cpu":
+        return Route("fallback", "CPU stream: MLX always runs the unfused fallback")
+    if device != "metal":
+        raise ValueError(f"sdpa_route: device must be 'metal' or 'cpu', got {device!r}")
+    _, hq, s, d = q_shape
+    _, hkv, t, _ = k_shape
+    dv = d if v_head_dim is None else v_head_dim
+    if s > VECTOR_MAX_ROWS:
+        if d != dv or d not in FULL_HEAD_DIMS:
+            return Route("fallback", f"q_len {s} > 8: the full kernel has no head dims D={d}, Dv={dv}")
+        if mask == "causal" and s > t:
+            return Route("fallback", f"q_len {s} > k_len {t}: the full kernel's causal mask needs q_len <= k_len")
+        if d in UNFUSED_FASTER_FULL:
+            return Route("fallback", f"q_len {s} > 8 with head dim {d}: the default heuristic prefers the unfused path")
+        return Route("full", f"q_len {s} > 8, head dim {d}: full (steel) attention kernel")
+    gqa = hq // hkv
+    if not ((d == dv and d in VECTOR_HEAD_DIMS) or (d, dv) == (192, 128)):
+        return Route("fallback", f"q_len {s} <= 8: the vector kernel has no head dims D={d}, Dv={dv}")
+    if s > t:
+        return Route("fallback", f"q_len {s} > k_len {t}: the vector kernel needs q_len <= k_len")
+    if s * gqa > VECTOR_BUDGET:
+        return Route("fallback", f"q_len*gqa = {s * gqa} > {VECTOR_BUDGET} (q_len {s}, gqa {gqa}): no vector kernel")
+    if d == dv == 192:
+        return Route("fallback", "head dim 192 with q_len <= 8: the default heuristic prefers the unfused path")
+    if (arch in LARGE_GPU_ARCH and t >= TWO_PASS_MIN_KEYS_LARGE_GPU) or (hkv < hq and t >= TWO_PASS_MIN_KEYS_GQA):
+        return Route("vector_2pass", f"q_len*gqa = {s * gqa} <= {VECTOR_BUDGET}, k_len {t}: two-pass vector kernel")
+    return Route("vector", f"q_len*gqa = {s * gqa} <= {VECTOR_BUDGET}, k_len {t}: vector kernel")
+
+
+def sdpa_routes(program: Program, device: str = "metal", *, arch: str = "g") -> list[tuple[str, Route]]:
+    """``(sdpa node name, predicted Route)`` for every SDPA call of an MLX program, in program order."""
+    MLX.require(program, "sdpa_routes()")
+    env = EmitEnv(program.graph, MLX)
+    routes = []
+    for node in program.graph.nodes():
+        if node.op == "sdpa":
+            q, k, v = (env.type_of(i) for i in node.inputs[:3])
+            route = sdpa_route(
+                q.shape,
+                k.shape,
+                dtype=q.dtype,
+                mask=mask_kind(node, env),
+                device=device,
+                v_head_dim=v.shape[3],
+                arch=arch,
+            )
+            routes.append((node.name, route))
+    return routes
+
+
+__all__ = ["Route", "sdpa_route", "sdpa_routes"]

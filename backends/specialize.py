@@ -1,0 +1,376 @@
+"""Compile per input signature: the driver behind ``backends.mlx.compile`` and ``backends.jax.jit``.
+
+On the first call with a new signature (the shapes and dtypes of the array
+arguments and the values of the static ones) the function is imported
+(``from_mlx`` / ``from_jax``), the pipeline rewrites the graph, the result is
+lowered to the backend's target and wrapped in the backend's compiler
+(``mx.compile`` / ``jax.jit``); later calls with that signature go straight to
+the compiled program. A pipeline may remove unread inputs (``dce``) but not
+retype or add any: the program is always called with the function's own
+arguments.
+
+Failures: with ``strict=False`` a signature whose import, pipeline, lowering or
+first compiled call fails runs the original function from then on, and one
+:class:`FallbackWarning` per signature (again only if it was evicted and comes
+back) names the stage and the reason; with ``strict=True`` the call raises
+:class:`SpecializationError`.
+
+The cache holds at most ``max_signatures`` signatures and evicts the least
+recently used (an evicted signature is rebuilt, and counted as a trace, when it
+comes back). It is thread-safe: one thread builds a signature while the others
+that need it wait, and calls with other signatures proceed.
+"""
+
+from __future__ import annotations
+
+import abc
+import functools
+import inspect
+import sys
+import threading
+import time
+import warnings
+from collections import Counter, OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Callable, Hashable, Sequence, TextIO
+
+from attnpass import passes as passes_package
+from attnpass.ir import AttnpassError, DType, Graph, ImportedGraph, TensorType
+from attnpass.ir.frontends.importing import graph_name
+from attnpass.lowering import Program, lower
+from attnpass.passes import Pass, PassManager, PassResult, Remark, format_pipeline, parse_pipeline
+
+MAX_SIGNATURES = 64
+RAISE = "raise-attention"  # imported graphs hold attention as primitives: raise it to sdpa before anything else
+FALLBACK_PIPELINES = {"metal": "head-chunk,dce"}  # without passes.default_pipeline; other devices: "dce"
+
+
+def default_pipeline(device: str) -> list[Pass]:
+    """The pipeline a wrapper runs when given none: ``raise-attention``, then the device's default pipeline.
+
+    ``device`` is ``"cpu"``, ``"metal"``, ``"gpu"`` or ``"tpu"``. The device part is
+    :func:`attnpass.passes.default_pipeline` where that exists, else ``head-chunk,dce``
+    on Metal (the fused kernel's budget) and ``dce`` elsewhere.
+    """
+    device_pipeline = getattr(passes_package, "default_pipeline", None)
+    rest = device_pipeline(device) if device_pipeline is not None else FALLBACK_PIPELINES.get(device, "dce")
+    return parse_pipeline(RAISE) + as_passes(rest)
+
+
+def as_passes(pipeline: str | Sequence[Pass]) -> list[Pass]:
+    """A pipeline given as text (``"raise-attention,dce"``) or as passes, as a list of passes."""
+    if isinstance(pipeline, str):
+        return parse_pipeline(pipeline)
+    passes = list(pipeline)
+    wrong = [p for p in passes if not isinstance(p, Pass)]
+    if wrong:
+        raise TypeError(f"pipeline: {wrong[0]!r} is not a Pass (give pipeline text or a list of passes)")
+    return passes
+
+
+class FallbackWarning(UserWarning):
+    """A signature runs the original function (``strict=False``); the message names the stage and why."""
+
+
+class SpecializationError(AttnpassError):
+    """``strict=True``: a signature could not be imported, rewritten, lowered or compiled."""
+
+
+def static_spec(value: Any) -> tuple:
+    """The signature entry of a static (non-array) argument: its type and value, or that it cannot be hashed."""
+    try:
+        hash(value)
+    except TypeError:
+        return ("unhashable", type(value).__qualname__)
+    return ("static", type(value), value)
+
+
+def array_text(name: str, shape: Sequence[int], dtype: str) -> str:
+    """``q:bf16[1,24,1,128]``, the IR's spelling where the dtype is an IR dtype."""
+    try:
+        return f"{name}:{TensorType(tuple(shape), DType.parse(dtype))}"
+    except AttnpassError:
+        return f"{name}:{dtype}{list(shape)}"
+
+
+@dataclass
+class Traceable:
+    """One signature, ready to import: ``fn`` takes only the dynamic arrays (named), static values are bound.
+
+    ``text`` spells the signature; ``unstatic`` names an argument that cannot be static (unhashable),
+    and ``rebuild`` turns the program's outputs into the function's output structure (set when ``fn`` runs).
+    """
+
+    text: str
+    fn: Callable[..., Any]
+    arrays: list
+    unstatic: str | None = None
+    rebuild: Callable[[Any], Any] = lambda out: out
+
+
+def name_parameters(call: Callable, names: Sequence[str], like: Callable) -> None:
+    """Name ``call``'s positional parameters ``names`` and ``call`` itself after ``like``: the graph's names."""
+    positional = inspect.Parameter.POSITIONAL_ONLY
+    params = [inspect.Parameter(n if n.isidentifier() else f"arg{i}", positional) for i, n in enumerate(names)]
+    call.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    call.__name__ = graph_name(like)
+
+
+class Frontend(abc.ABC):
+    """What a backend contributes: signature keys, the import, its target and its compiler."""
+
+    target: str
+
+    @abc.abstractmethod
+    def device(self) -> str:
+        """The device the default pipeline is chosen for: ``"cpu"``, ``"metal"``, ``"gpu"`` or ``"tpu"``."""
+
+    @abc.abstractmethod
+    def key(self, args: tuple, kwargs: dict) -> tuple[Hashable, list]:
+        """The signature key of a call and its dynamic arrays in input order (the hot path: keep it cheap)."""
+
+    @abc.abstractmethod
+    def traceable(self, fn: Callable, args: tuple, kwargs: dict) -> Traceable:
+        """The call as a function of its dynamic arrays, for the importer."""
+
+    @abc.abstractmethod
+    def import_graph(self, t: Traceable) -> ImportedGraph:
+        """Import ``t.fn`` on ``t.arrays``."""
+
+    @abc.abstractmethod
+    def compile(self, fn: Callable) -> Callable:
+        """The backend's compiler applied to a generated program function."""
+
+    @abc.abstractmethod
+    def fallback(self, fn: Callable) -> Callable:
+        """What runs a signature that could not be compiled: the original function."""
+
+
+@dataclass(frozen=True)
+class Specialization:
+    """What one signature compiled to, or why it runs the original function.
+
+    ``imported`` is the imported graph and its captured arrays, ``result`` the
+    pipeline's result (``graph``, ``remarks`` and ``ops`` are shortcuts),
+    ``program`` the lowered program; ``reason`` is None when compiled, else the
+    failed stage and its error; ``seconds`` is the time the signature took to
+    build; ``call(arrays)`` runs the compiled program on a call's array
+    arguments (None when the signature runs the original function).
+    """
+
+    signature: str
+    pipeline: str
+    imported: ImportedGraph | None
+    result: PassResult | None
+    program: Program | None
+    reason: str | None
+    seconds: float
+    call: Callable[[list], Any] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def compiled(self) -> bool:
+        return self.reason is None
+
+    @property
+    def graph(self) -> Graph | None:
+        """The rewritten graph (None when the import or the pipeline failed)."""
+        return self.result.graph if self.result is not None else None
+
+    @property
+    def remarks(self) -> tuple[Remark, ...]:
+        return self.result.remarks if self.result is not None else ()
+
+    @functools.cached_property
+    def ops(self) -> Counter[str]:
+        """How many nodes of each op the rewritten graph computes (inputs not counted; empty without a graph)."""
+        return Counter(n.op for n in self.graph.nodes() if n.op != "input") if self.graph is not None else Counter()
+
+    def explain(self, *, graph: bool = False) -> str:
+        """The signature, what it compiled to (or the fallback reason), every remark; the graph if asked."""
+        ms = self.seconds * 1e3
+        status = f"compiled in {ms:.0f} ms" if self.compiled else f"runs the original function: {self.reason}"
+        lines = [f"{self.signature}  [{self.pipeline}]  {status}"]
+        lines += [f"  {r}" for r in self.remarks]
+        if graph and self.graph is not None:
+            lines += ["  " + line for line in str(self.graph).splitlines()]
+        return "\n".join(lines)
+
+
+def check_calling_convention(before: Graph, after: Graph) -> None:
+    """The rewritten graph must take a subset of the imported inputs, unchanged, and give the same outputs."""
+    for name in after.inputs:
+        if name not in before.inputs:
+            raise AttnpassError(f"the pipeline added input {name}; a drop-in program takes the function's arguments")
+        if after.node(name).type != before.node(name).type:
+            raise AttnpassError(
+                f"the pipeline changed input {name} from {before.node(name).type} to {after.node(name).type}; "
+                "a drop-in program takes the function's own arguments (leave narrow-inputs out)"
+            )
+    types = [[g.node(o).type for o in g.outputs] for g in (before, after)]
+    if types[0] != types[1]:
+        raise AttnpassError(f"the pipeline changed the outputs from {types[0]} to {types[1]}")
+
+
+def bind_program(program: Program, imported: ImportedGraph, n_args: int, compiled: Callable) -> Callable[[list], Any]:
+    """``call(arrays)``: the compiled program fed with the call's arrays and the captured params, by input name."""
+    arg_index = {name: i for i, name in enumerate(imported.graph.inputs[:n_args])}
+    slots: list[tuple[int | None, Any]] = []
+    for name in program.input_names:
+        if name in arg_index:
+            slots.append((arg_index[name], None))
+        else:
+            slots.append((None, program.target.from_numpy(imported.params[name])))
+
+    def call(arrays: list) -> Any:
+        return compiled(*[arrays[i] if i is not None else value for i, value in slots])
+
+    return call
+
+
+class _SignatureCache:
+    """LRU map signature key -> Specialization; one builder per key, the others wait for it."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[Hashable, Specialization] = OrderedDict()
+        self._building: dict[Hashable, threading.Event] = {}
+
+    def get(self, key: Hashable, build: Callable[[], tuple[Specialization, tuple]]) -> tuple[Specialization, tuple]:
+        """The entry of ``key`` and ``()``; from the thread that built it, the entry and what ``build`` returned."""
+        while True:
+            with self._lock:
+                entry = self._entries.get(key)
+                if entry is not None:
+                    self._entries.move_to_end(key)
+                    return entry, ()
+                pending = self._building.get(key)
+                if pending is None:
+                    pending = self._building[key] = threading.Event()
+                    break
+            pending.wait()
+        try:
+            entry, first = build()
+            with self._lock:
+                self._entries[key] = entry
+                while len(self._entries) > self.capacity:
+                    self._entries.popitem(last=False)
+        finally:
+            with self._lock:
+                del self._building[key]
+            pending.set()
+        return entry, first
+
+    def values(self) -> list[Specialization]:
+        with self._lock:
+            return list(self._entries.values())
+
+
+class CompiledFunction:
+    """A function compiled by attnpass per input signature; call it as the original.
+
+    ``pipeline`` is text or passes; None is :func:`default_pipeline` for the
+    frontend's device when the wrapper is made. ``specializations`` lists the
+    cached signatures (least recently used first), ``specialization(*args)`` the
+    one of a call, ``traces`` counts the signatures built so far, and
+    ``explain()`` prints each signature with its remarks.
+    """
+
+    def __init__(
+        self,
+        fn: Callable,
+        frontend: Frontend,
+        *,
+        pipeline: str | Sequence[Pass] | None,
+        strict: bool,
+        max_signatures: int,
+        name: str,
+    ) -> None:
+        if isinstance(max_signatures, bool) or not isinstance(max_signatures, int) or max_signatures < 1:
+            raise ValueError(f"{name}: max_signatures must be a positive int, got {max_signatures!r}")
+        functools.update_wrapper(self, fn)
+        self._fn = fn
+        self._frontend = frontend
+        self._fallback = frontend.fallback(fn)
+        self._passes = tuple(default_pipeline(frontend.device()) if pipeline is None else as_passes(pipeline))
+        self.pipeline = format_pipeline(self._passes)
+        self.strict = strict
+        self._wrapper_name = name
+        self._fn_name = getattr(fn, "__qualname__", None) or repr(fn)
+        self._cache = _SignatureCache(max_signatures)
+        self._count_lock = threading.Lock()
+        self.traces = 0
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        key, arrays = self._frontend.key(args, kwargs)
+        entry, first = self._cache.get(key, lambda: self._build(args, kwargs, arrays))
+        if first:
+            return first[0]
+        if entry.call is None:
+            return self._fallback(*args, **kwargs)
+        return entry.call(arrays)
+
+    def specialization(self, *args: Any, **kwargs: Any) -> Specialization:
+        """The specialization of this call's signature (building it, with one call, if it is not cached)."""
+        key, arrays = self._frontend.key(args, kwargs)
+        return self._cache.get(key, lambda: self._build(args, kwargs, arrays))[0]
+
+    @property
+    def specializations(self) -> list[Specialization]:
+        return self._cache.values()
+
+    def explain(self, *, graphs: bool = False, file: TextIO | None = None) -> None:
+        """Print every cached signature: compiled or why not, its remarks (and its rewritten graph)."""
+        out = file if file is not None else sys.stdout
+        entries = self.specializations
+        head = f"{self._wrapper_name}({self._fn_name}): {len(entries)} signature(s) cached, {self.traces} trace(s)"
+        print(head, file=out)
+        for entry in entries:
+            print(entry.explain(graph=graphs), file=out)
+
+    def _build(self, args: tuple, kwargs: dict, arrays: list) -> tuple[Specialization, tuple]:
+        """Import, rewrite, lower, compile, call once: the entry and ``(output,)``, or a fallback entry and ``()``."""
+        with self._count_lock:
+            self.traces += 1
+        start = time.perf_counter()
+        stage, text = "import", "(arguments)"
+        imported = result = program = None
+        try:
+            t = self._frontend.traceable(self._fn, args, kwargs)
+            text = t.text
+            if t.unstatic is not None:
+                raise AttnpassError(t.unstatic)
+            imported = self._frontend.import_graph(t)
+            stage = "pipeline"
+            result = PassManager(self._passes).run(imported.graph)
+            check_calling_convention(imported.graph, result.graph)
+            stage = "lowering"
+            program = lower(result.graph, self._frontend.target)
+            stage = "compiled call"
+            call = bind_program(program, imported, len(arrays), self._frontend.compile(program.fn))
+            out = t.rebuild(call(arrays))
+        except Exception as exc:
+            reason = f"{stage} failed: {type(exc).__name__}: {exc}"
+            where = f"{self._wrapper_name}({self._fn_name}) on {text}"
+            if self.strict:
+                raise SpecializationError(f"{where}: {reason}") from exc
+            warnings.warn(f"{where} runs the original function: {reason}", FallbackWarning, stacklevel=5)
+            seconds = time.perf_counter() - start
+            return Specialization(text, self.pipeline, imported, result, program, reason, seconds), ()
+        rebuild, seconds = t.rebuild, time.perf_counter() - start
+
+        def run(arrays: list) -> Any:
+            return rebuild(call(arrays))
+
+        return Specialization(text, self.pipeline, imported, result, program, None, seconds, run), (out,)
+
+    def __repr__(self) -> str:
+        cached = len(self.specializations)
+        return f"<{self._wrapper_name} of {self._fn_name}: {cached} signature(s), {self.traces} trace(s)>"
+
+
+__all__ = [
+    "CompiledFunction", "FallbackWarning", "Frontend", "MAX_SIGNATURES", "Specialization", "SpecializationError",
+    "Traceable", "array_text", "as_passes", "check_calling_convention", "default_pipeline", "name_parameters",
+    "static_spec",
+]  # fmt: skip

@@ -1,0 +1,112 @@
+"""The numpy reference semantics of the ops, as functions on arrays: what constant folding computes.
+
+Every op is computed in float64 (int64 for integers, bools as is) and rounded
+once to the node's dtype, exactly as the numpy target's generated programs do
+(:mod:`attnpass.lowering.targets.numpy` imports :func:`wide`, :func:`rounded`,
+:func:`constant` and :func:`softmax` from here; a test checks every op of :data:`EVALUATORS`
+bit for bit against that target). Ops whose result a target may choose
+(``argpartition``, ``put_along_axis``) and the fused/QSA ops have no evaluator.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from attnpass.ir.core.types import DType, TensorType
+
+Evaluator = Callable[[Mapping, Sequence[np.ndarray], TensorType], np.ndarray]
+
+
+def wide(x: np.ndarray) -> np.ndarray:
+    """float64 for floating operands, int64 for integers, bool as is."""
+    x = np.asarray(x)
+    if x.dtype == np.bool_:
+        return x
+    if x.dtype.kind in "iu":
+        return x.astype(np.int64)
+    return x.astype(np.float64)
+
+
+def rounded(x: np.ndarray, dtype: str | DType) -> np.ndarray:
+    """``x`` converted to ``dtype`` (round to nearest even; float to int truncates)."""
+    return np.asarray(x).astype(DType.parse(dtype).numpy)
+
+
+def constant(values: tuple, shape: tuple[int, ...], dtype: str | DType) -> np.ndarray:
+    """A ``constant`` node's array: its flat values (or one splatted value), rounded to ``dtype``."""
+    flat = np.asarray(values, dtype=np.float64 if DType.parse(dtype).is_float else None)
+    return rounded(np.broadcast_to(flat.reshape(()), shape) if flat.size == 1 else flat.reshape(shape), dtype)
+
+
+def softmax(x: np.ndarray, axis: int, dtype: str | DType) -> np.ndarray:
+    x = wide(x)
+    e = np.exp(x - np.max(x, axis=axis, keepdims=True))
+    return rounded(e / np.sum(e, axis=axis, keepdims=True), dtype)
+
+
+def _arith(fn: Callable[..., np.ndarray]) -> Evaluator:
+    return lambda attrs, xs, t: rounded(fn(*(wide(x) for x in xs)), t.dtype)
+
+
+def _exact(fn: Callable[..., np.ndarray]) -> Evaluator:
+    """Ops that move or compare values without arithmetic."""
+    return lambda attrs, xs, t: np.asarray(fn(*xs))
+
+
+def _slice(attrs: Mapping, xs: Sequence[np.ndarray], t: TensorType) -> np.ndarray:
+    index = tuple(slice(lo, hi, st) for lo, hi, st in zip(attrs["start"], attrs["stop"], attrs["step"]))
+    return xs[0][index]
+
+
+def _reduce(fn: Callable[..., np.ndarray]) -> Evaluator:
+    return lambda attrs, xs, t: rounded(fn(wide(xs[0]), axis=tuple(attrs["axes"]), keepdims=attrs["keepdims"]), t.dtype)
+
+
+EVALUATORS: dict[str, Evaluator] = {
+    "add": _arith(np.add),
+    "sub": _arith(np.subtract),
+    "mul": _arith(np.multiply),
+    "div": _arith(np.divide),
+    "maximum": _arith(np.maximum),
+    "floor_divide": _arith(np.floor_divide),
+    "neg": _arith(np.negative),
+    "exp": _arith(np.exp),
+    "relu": _arith(lambda x: np.maximum(x, 0)),
+    "rsqrt": _arith(lambda x: 1.0 / np.sqrt(x)),
+    "sin": _arith(np.sin),
+    "cos": _arith(np.cos),
+    "sigmoid": _arith(lambda x: 1.0 / (1.0 + np.exp(-x))),
+    "matmul": _arith(np.matmul),
+    "logical_and": _exact(np.logical_and),
+    "logical_or": _exact(np.logical_or),
+    "equal": _exact(np.equal),
+    "less": _exact(np.less),
+    "greater_equal": _exact(np.greater_equal),
+    "where": _exact(np.where),
+    "cast": lambda attrs, xs, t: rounded(xs[0], t.dtype),
+    "reshape": lambda attrs, xs, t: np.reshape(xs[0], attrs["shape"]),
+    "transpose": lambda attrs, xs, t: np.transpose(xs[0], attrs["perm"]),
+    "broadcast_to": lambda attrs, xs, t: np.broadcast_to(xs[0], attrs["shape"]),
+    "slice": _slice,
+    "concat": lambda attrs, xs, t: np.concatenate(list(xs), axis=attrs["axis"]),
+    "take": lambda attrs, xs, t: np.take(xs[0], xs[1], axis=attrs["axis"]),
+    "sum": _reduce(np.sum),
+    "max": _reduce(np.max),
+    "softmax": lambda attrs, xs, t: softmax(xs[0], attrs["axis"], t.dtype),
+}
+
+
+def evaluate(op: str, attrs: Mapping, operands: Sequence[np.ndarray], result: TensorType) -> np.ndarray:
+    """``op(operands)`` under the reference semantics, as an array of ``result``'s dtype and shape.
+
+    Raises KeyError for an op without an evaluator; numpy's errors (an index out of range) pass through.
+    """
+    fn = EVALUATORS[op]
+    with np.errstate(all="ignore"):  # inf/nan results are values like any other
+        out = np.asarray(fn(attrs, operands, result))
+    return np.array(np.broadcast_to(out, result.shape), dtype=result.dtype.numpy)
+
+
+__all__ = ["EVALUATORS", "constant", "evaluate", "rounded", "softmax", "wide"]

@@ -1,0 +1,126 @@
+"""The user's source line of an MLX primitive, found by replaying the function under a line tracer.
+
+``mx.export_function`` records carry no source locations. When an import
+fails, :func:`locate` calls the function again (lazily: nothing is
+evaluated) under :func:`sys.settrace`; at every line of user code (anything
+outside MLX, attnpass and the standard library) it exports the graph of each
+new array in the frame's locals or return value, and stops at the first line
+whose arrays contain the failing primitive: same name, arguments and operand
+and result types, or failing that the same name. The replay is best effort:
+a function whose state the failed import already changed (a KV cache it
+updated) may take another path, and then ``None`` is returned.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import sysconfig
+from types import FrameType
+from typing import Any, Callable, Sequence
+
+from attnpass.ir.core.types import SourceLoc
+
+_LIBRARY_DIRS: tuple[str, ...] | None = None
+
+
+class _Found(Exception):
+    def __init__(self, loc: SourceLoc) -> None:
+        self.loc = loc
+
+
+def _library_dirs() -> tuple[str, ...]:
+    """Directories whose frames are not user code: MLX, attnpass's IR and the standard library."""
+    global _LIBRARY_DIRS
+    if _LIBRARY_DIRS is None:
+        import mlx
+
+        ir_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        mlx_dirs = [os.path.abspath(p) for p in mlx.__path__]
+        _LIBRARY_DIRS = tuple(os.path.join(d, "") for d in (*mlx_dirs, ir_dir, sysconfig.get_paths()["stdlib"]))
+    return _LIBRARY_DIRS
+
+
+def _is_user(filename: str) -> bool:
+    return not filename.startswith("<") and not os.path.abspath(filename).startswith(_library_dirs())
+
+
+def _signature(record: dict) -> tuple:
+    """What identifies a primitive across exports: name, arguments, operand and result types."""
+    def types(values: list) -> tuple:
+        return tuple((tuple(shape), str(dtype)) for _key, shape, dtype in values)
+
+    return record["name"], repr(record.get("arguments", ())), types(record["inputs"]), types(record["outputs"])
+
+
+class _Replay:
+    def __init__(self, target: dict) -> None:
+        import mlx.core as mx
+
+        self.mx = mx
+        self.name, self.signature = target["name"], _signature(target)
+        self.seen: dict[int, Any] = {}  # id -> array, kept alive so ids are not reused
+        self.lines: dict[FrameType, int] = {}
+        self.by_name: SourceLoc | None = None
+
+    def _arrays(self, values: Sequence[Any]) -> list[Any]:
+        found = []
+        for value in values:
+            items = value if isinstance(value, (list, tuple)) else (value,)
+            for item in items:
+                if isinstance(item, self.mx.array) and id(item) not in self.seen:
+                    self.seen[id(item)] = item
+                    found.append(item)
+        return found
+
+    def _check(self, frame: FrameType, line: int, values: Sequence[Any]) -> None:
+        for array in self._arrays(values):
+            records: list[dict] = []
+            try:
+                self.mx.export_function(records.append, lambda: array)
+            except Exception:  # an array this replay cannot export (e.g. a compiled helper's output)
+                continue
+            loc = SourceLoc(frame.f_code.co_filename, line, frame.f_code.co_name)
+            for record in records:
+                if record["type"] != "primitive" or record["name"] != self.name:
+                    continue
+                if _signature(record) == self.signature:
+                    raise _Found(loc)
+                self.by_name = self.by_name or loc
+
+    def trace(self, frame: FrameType, event: str, arg: Any) -> Callable | None:
+        if event == "call":
+            return self.trace if _is_user(frame.f_code.co_filename) else None
+        if event == "line":
+            if frame in self.lines:
+                self._check(frame, self.lines[frame], list(frame.f_locals.values()))
+            self.lines[frame] = frame.f_lineno
+        elif event == "return":
+            self._check(frame, frame.f_lineno, [arg, *frame.f_locals.values()])
+            self.lines.pop(frame, None)
+        return self.trace
+
+
+def locate(fn: Callable, args: Sequence[Any], record: dict, *, compile_off: bool) -> SourceLoc | None:
+    """The user line that created ``record``'s primitive when ``fn(*args)`` runs again, or None."""
+    import mlx.core as mx
+
+    replay = _Replay(record)
+    previous = sys.gettrace()
+    if compile_off:
+        mx.disable_compile()
+    sys.settrace(replay.trace)
+    try:
+        fn(*args)
+    except _Found as found:
+        return found.loc
+    except Exception:  # the replay took another path: fall back to a same-named primitive, if any
+        pass
+    finally:
+        sys.settrace(previous)
+        if compile_off:
+            mx.enable_compile()
+    return replay.by_name
+
+
+__all__ = ["locate"]

@@ -1,0 +1,208 @@
+"""The scores of an attention, from the q·kᵀ matmul to the softmax, as algebra sdpa can or cannot express.
+
+``sdpa`` computes ``softmax(q·kᵀ·scale + mask)``: one scale, then one mask.
+A source may interleave layout ops, float casts, scalar scales, additive masks
+(``add``, ``sub``) and bool masks (``where(cond, scores, fill)``) in any
+order. :func:`score_steps` reads them off; :func:`score_algebra` decides what
+moves where, exactly:
+
+- a scale ``c`` applied *before* a mask is part of sdpa's scale;
+- a scale applied *after* an additive mask ``m`` scales the mask too:
+  ``(s + m)·c = s·c + m·c``. sdpa can take ``m·c`` as its mask only when
+  forming it is exact: ``|c|`` a power of two (exact barring overflow and
+  subnormals); any other ``c`` is declined;
+- a scale on the mask itself (``s + m·2``) is part of the mask value the
+  source computes, and stays there (the mask's root is that product);
+- a bool mask's fill must stay a mask after the scales that follow it: a
+  negative scale or one that shrinks a finite fill above half the dtype's
+  min is declined; a finite fill followed by an additive mask is declined
+  (their sum is no longer a fill);
+- several bool masks combine with ``logical_and``, a bool and an additive
+  mask with ``where(bool, additive, -inf)`` (both exact); two additive masks
+  are declined (their sum would round).
+
+A finite fill at most half the dtype's min acts as ``-inf`` (the convention
+of MLX, JAX and Hugging Face): identical except on rows that attend no key
+at all.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from attnpass.ir import Graph, Node
+
+from .chains import is_transparent, scalar_constant, scale_operand
+from .rewrite import Decline
+
+NOT_SDPA = {  # ops on the scores path that sdpa cannot express, with what families use them for
+    "tanh": "logit soft-capping (tanh(s / cap) * cap, as gemma2)",
+    "concat": "extra score columns (attention sinks, as gpt_oss and MLX's sinks=)",
+}
+
+
+@dataclass(frozen=True)
+class Step:
+    """One op between q·kᵀ and the softmax: ``kind`` is layout, cast, scale, add or where.
+
+    ``scores`` is the operand carrying the scores; ``mask`` the other operand of an add (additive
+    mask, ``factor`` -1 for a ``sub``) or the condition of a where (``fill`` its constant fill).
+    """
+
+    node: Node
+    kind: str
+    scores: str
+    factor: float = 1.0
+    mask: str | None = None
+    fill: float | None = None
+
+
+@dataclass(frozen=True)
+class MaskUse:
+    """A mask as sdpa takes it: the step that applies it and the factor the source scales it by later."""
+
+    step: Step
+    factor: float
+
+
+@dataclass(frozen=True)
+class ScoreAlgebra:
+    scale: float
+    additive: MaskUse | None
+    bools: tuple[MaskUse, ...]
+
+
+class _ScorePath:
+    def __init__(self, graph: Graph) -> None:
+        self.g = graph
+        self.memo: dict[str, bool] = {}
+
+    def reaches_matmul(self, value: str, depth: int = 0) -> bool:
+        """Does ``value`` come from a matmul through the ops a scores path may hold?"""
+        if value in self.memo:
+            return self.memo[value]
+        node = self.g.node(value)
+        while is_transparent(self.g, node) or scale_operand(self.g, node) is not None:
+            node = self.g.node(node.inputs[0] if is_transparent(self.g, node) else scale_operand(self.g, node)[0])
+        if node.op == "matmul":
+            found = True
+        elif depth > 8 or node.op not in ("add", "sub", "where"):
+            found = False
+        else:
+            found = any(self.reaches_matmul(i, depth + 1) for i in node.inputs[(1 if node.op == "where" else 0) :])
+        self.memo[value] = found
+        return found
+
+    def step(self, node: Node) -> Step | Decline:
+        g = self.g
+        if is_transparent(g, node):
+            return Step(node, "cast" if node.op == "cast" else "layout", node.inputs[0])
+        scaled = scale_operand(g, node)
+        if scaled is not None:
+            return Step(node, "scale", scaled[0], factor=scaled[1])
+        if node.op in ("add", "sub"):
+            sides = [i for i in (0, 1) if self.reaches_matmul(node.inputs[i])]
+            if node.op == "sub" and sides == [1]:
+                return Decline(
+                    f"sub {node.name} subtracts the scores from {node.inputs[0]}; sdpa adds a mask to them", node.name
+                )
+            if sides:
+                i = (
+                    next((i for i in sides if g.node(node.inputs[i]).type == node.type), sides[0])
+                    if node.op == "add"
+                    else 0
+                )
+                return Step(
+                    node, "add", node.inputs[i], factor=-1.0 if node.op == "sub" else 1.0, mask=node.inputs[1 - i]
+                )
+        if node.op == "where":
+            if not self.reaches_matmul(node.inputs[1]):
+                if self.reaches_matmul(node.inputs[2]):
+                    return Decline(
+                        f"where {node.name} keeps the scores where {node.inputs[0]} is False; "
+                        "sdpa's bool mask keeps them where it is True",
+                        node.name,
+                    )
+            else:
+                fill = scalar_constant(g, node.inputs[2])
+                if fill is None:
+                    return Decline(
+                        f"where {node.name} fills masked scores with {node.inputs[2]}, not a constant", node.name
+                    )
+                return Step(node, "where", node.inputs[1], mask=node.inputs[0], fill=fill)
+        if node.op in ("add", "sub", "where"):
+            return Decline(
+                f"the softmax input does not come from a q·kᵀ matmul (it reaches {node.op} {node.name})", node.name
+            )
+        what = NOT_SDPA.get(node.op, "a step sdpa does not have")
+        return Decline(
+            f"the scores pass through {node.op} {node.name} before the softmax: {what}; "
+            "sdpa computes softmax(q·kᵀ·scale + mask)",
+            node.name,
+        )
+
+
+def score_steps(graph: Graph, value: str) -> tuple[list[Step], Node] | Decline:
+    """The steps from the q·kᵀ matmul (first) to ``value`` (the softmax input), and the matmul."""
+    path = _ScorePath(graph)
+    steps: list[Step] = []
+    node = graph.node(value)
+    while node.op != "matmul":
+        step = path.step(node)
+        if isinstance(step, Decline):
+            return step
+        steps.append(step)
+        node = graph.node(step.scores)
+    return steps[::-1], node
+
+
+def _power_of_two(c: float) -> bool:
+    return c != 0 and math.isfinite(c) and math.frexp(abs(c))[0] == 0.5
+
+
+def score_algebra(graph: Graph, steps: list[Step]) -> ScoreAlgebra | Decline:
+    """sdpa's scale and masks for ``steps`` (matmul side first), or the step that cannot move."""
+    later = [1.0] * (len(steps) + 1)  # later[i]: product of the scales after step i
+    for i in range(len(steps) - 1, -1, -1):
+        later[i] = later[i + 1] * (steps[i].factor if steps[i].kind == "scale" else 1.0)
+    adds = [MaskUse(s, s.factor * later[i + 1]) for i, s in enumerate(steps) if s.kind == "add"]
+    wheres = [(i, MaskUse(s, later[i + 1])) for i, s in enumerate(steps) if s.kind == "where"]
+    if len(adds) > 1:
+        names = ", ".join(u.step.mask for u in adds)
+        return Decline(
+            f"additive masks {names} all reach the scores; sdpa takes one, and their sum would round",
+            adds[1].step.node.name,
+        )
+    for use in adds:
+        if use.factor not in (1.0, -1.0) and not _power_of_two(use.factor):
+            return Decline(
+                f"mask {use.step.mask} is added before the scores are scaled by {use.factor:g} "
+                f"(softmax((q·kᵀ + m)·{use.factor:g})); sdpa adds its mask after scaling, and m·{use.factor:g} "
+                "is not exact (not a power of two)", use.step.node.name,
+            )  # fmt: skip
+    for i, use in wheres:
+        node, fill, factor = use.step.node, use.step.fill, use.factor
+        limit = 0.5 * float(node.type.dtype.finfo.min)
+        if factor < 0:
+            return Decline(
+                f"the scores masked by where {node.name} are scaled by {factor:g} after it: "
+                f"the fill {fill:g} no longer masks",
+                node.name,
+            )
+        if math.isnan(fill) or fill > limit or (math.isfinite(fill) and fill * factor > limit):
+            return Decline(
+                f"where {node.name} fills masked scores with {fill:g}"
+                + (f", scaled by {factor:g} after it to {fill * factor:g}" if factor != 1 else "")
+                + f"; a mask needs -inf or a value <= {limit:.3g} (half the {node.type.dtype.value} min)", node.name,
+            )  # fmt: skip
+        if math.isfinite(fill) and any(u.step.node.name in {s.node.name for s in steps[i + 1 :]} for u in adds):
+            return Decline(
+                f"where {node.name} fills with the finite {fill:g} and a mask is added after it: "
+                "the sum is no longer a fill",
+                node.name,
+            )
+    return ScoreAlgebra(later[0], adds[0] if adds else None, tuple(u for _i, u in wheres))
+
+
+__all__ = ["NOT_SDPA", "MaskUse", "ScoreAlgebra", "Step", "score_algebra", "score_steps"]

@@ -1,0 +1,254 @@
+"""Drop-in wrappers: ``attnpass.backends.mlx.compile`` and ``attnpass.backends.jax.jit`` (backends/specialize.py)."""
+
+from __future__ import annotations
+
+import threading
+import warnings
+
+import numpy as np
+import pytest
+
+from attnpass import passes
+from attnpass.backends.specialize import FallbackWarning, SpecializationError, default_pipeline
+from attnpass.backends import to_numpy
+from attnpass.passes import format_pipeline
+from tests.util import assert_bits_equal, assert_close, requires
+
+SCALE = 128**-0.5
+
+
+def test_default_pipeline_raises_attention_first_and_uses_the_device_pipeline_where_there_is_one(monkeypatch):
+    monkeypatch.delattr(passes, "default_pipeline", raising=False)
+    assert format_pipeline(default_pipeline("cpu")) == "raise-attention,dce"
+    assert format_pipeline(default_pipeline("metal")) == "raise-attention,head-chunk,dce"
+    device_pipelines = {"cpu": "narrow-inputs,dce", "metal": passes.parse_pipeline("head-chunk")}
+    monkeypatch.setattr(passes, "default_pipeline", device_pipelines.get, raising=False)
+    assert format_pipeline(default_pipeline("cpu")) == "raise-attention,narrow-inputs,dce"
+    assert format_pipeline(default_pipeline("metal")) == "raise-attention,head-chunk"
+
+
+@requires("mlx.core")
+class TestMLXCompile:
+    @staticmethod
+    def attention(q, k, v, scale, mask=None):
+        import mlx.core as mx
+
+        return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
+
+    @staticmethod
+    def inputs(t=64, dtype="bfloat16"):
+        import mlx.core as mx
+
+        mx.random.seed(3)
+        q = mx.random.normal((1, 24, 1, 128)).astype(getattr(mx, dtype))
+        k, v = (mx.random.normal((1, 2, t, 128)).astype(getattr(mx, dtype)) for _ in range(2))
+        mask = mx.arange(t)[None, None, None] < t - 3
+        return q, k, v, mask
+
+    def test_one_trace_per_signature_and_the_fused_call_bit_for_bit(self):
+        from attnpass.backends.mlx import compile
+
+        fast = compile(self.attention)
+        q, k, v, mask = self.inputs()
+        for _ in range(3):
+            assert_bits_equal(to_numpy(fast(q, k, v, SCALE, mask=mask)), to_numpy(self.attention(q, k, v, SCALE, mask)))
+        assert fast.traces == 1
+        fast(*self.inputs(t=96)[:3], SCALE, mask=self.inputs(t=96)[3])  # new shapes
+        fast(q, k, v, 0.125, mask=mask)  # new static value
+        fast(q, k, v, SCALE)  # mask=None is static too
+        assert fast.traces == 4 and len(fast.specializations) == 4
+
+    def test_each_signature_shows_its_rewritten_graph_and_remarks(self, capsys):
+        from attnpass.backends.mlx import compile
+
+        fast = compile(self.attention)
+        q, k, v, mask = self.inputs()
+        entry = fast.specialization(q, k, v, SCALE, mask=mask)
+        assert entry.compiled and entry.reason is None
+        assert [n.op for n in entry.graph.nodes() if n.op == "sdpa"] == ["sdpa"]
+        assert any(r.pass_name == "raise-attention" and r.kind == "applied" for r in entry.remarks)
+        assert "mx.fast.scaled_dot_product_attention" in entry.program.source
+        fast.explain(graphs=True)
+        out = capsys.readouterr().out
+        assert "1 signature(s) cached, 1 trace(s)" in out
+        kv = "k:bf16[1,2,64,128], v:bf16[1,2,64,128]"
+        assert f"q:bf16[1,24,1,128], {kv}, scale={SCALE!r}, mask:bool[1,1,1,64]" in out
+        assert "[raise-attention] applied" in out and "= sdpa[" in out
+
+    def test_a_primitive_the_importer_lacks_runs_the_original_with_one_warning_per_signature(self):
+        import mlx.core as mx
+
+        from attnpass.backends.mlx import compile
+
+        def running_sum(x, axis):
+            return mx.cumsum(x, axis=axis) * 2  # Scan: not in the importer
+
+        fast = compile(running_sum)
+        x = mx.arange(12, dtype=mx.float32).reshape(3, 4)
+        reason = r"import failed: ModelImportError: unsupported MLX primitive Scan"
+        signature = r"running_sum.*x:f32\[3,4\], axis=0 runs the original function: "
+        with pytest.warns(FallbackWarning, match=signature + reason):
+            first = fast(x, 0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            again = fast(x, 0)  # same signature: no second warning
+        for out in (first, again):
+            np.testing.assert_array_equal(to_numpy(out), np.cumsum(np.arange(12.0).reshape(3, 4), axis=0) * 2)
+        with pytest.warns(FallbackWarning, match="axis=1"):
+            fast(x, 1)
+        (entry, _) = fast.specializations
+        assert not entry.compiled and entry.graph is None and "Scan" in entry.reason
+
+        strict = compile(running_sum, strict=True)
+        with pytest.raises(SpecializationError, match=reason):
+            strict(x, 0)
+
+    def test_unhashable_static_arguments_and_retyped_inputs_fall_back_with_the_reason(self):
+        import mlx.core as mx
+
+        from attnpass.backends.mlx import compile
+
+        def pick(x, rows):
+            return x[: len(rows)] * 2
+
+        with pytest.warns(FallbackWarning, match="argument rows is a list: not an array and not hashable"):
+            np.testing.assert_array_equal(to_numpy(compile(pick)(mx.ones((4, 3)), [0, 1])), np.full((2, 3), 2.0))
+
+        def first_row(x):
+            return x[0:1] + 1
+
+        narrowing = compile(first_row, pipeline="narrow-inputs")
+        with pytest.warns(FallbackWarning, match=r"pipeline failed: .*changed input x from f32\[4,3\] to f32\[1,3\]"):
+            np.testing.assert_array_equal(to_numpy(narrowing(mx.zeros((4, 3)))), np.ones((1, 3)))
+
+    def test_captured_weights_and_list_outputs(self):
+        import mlx.core as mx
+
+        from attnpass.backends.mlx import compile
+
+        weight = mx.random.normal((16, 8))  # > 64 elements: a resident input fed from the captured value
+        mx.eval(weight)
+
+        def project(x):
+            y = x @ weight
+            return [y, y * 2]
+
+        fast = compile(project, strict=True)
+        x = mx.random.normal((3, 16))
+        out = fast(x)
+        assert isinstance(out, list) and len(out) == 2
+        for got, want in zip(out, project(x)):
+            assert_close(to_numpy(got), to_numpy(want))
+        assert fast.specializations[0].imported.params
+        (single,) = compile(lambda x: (x * 2,), strict=True)(x)
+        np.testing.assert_array_equal(to_numpy(single), to_numpy(x * 2))
+
+    def test_the_cache_is_bounded_and_least_recently_used_goes_first(self):
+        import mlx.core as mx
+
+        from attnpass.backends.mlx import compile
+
+        fast = compile(lambda x: x * 2, max_signatures=2)
+        for n in (1, 2, 1, 3):
+            fast(mx.ones((n,)))
+        assert [e.signature for e in fast.specializations] == ["x:f32[1]", "x:f32[3]"]
+        assert fast.traces == 3
+        fast(mx.ones((2,)))  # evicted: traced again
+        assert fast.traces == 4
+        with pytest.raises(ValueError, match="max_signatures must be a positive int"):
+            compile(lambda x: x, max_signatures=0)
+
+    def test_threads_share_one_trace_per_signature(self):
+        import mlx.core as mx
+
+        from attnpass.backends.mlx import compile
+
+        fast = compile(lambda x, y: x * y + 1)
+        results, errors = {}, []
+
+        def work(i: int) -> None:
+            try:
+                n = 2 + i % 3
+                results[i] = to_numpy(fast(mx.full((n,), float(i)), mx.ones((n,))))
+            except Exception as exc:  # pragma: no cover - reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(12)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors
+        assert fast.traces == 3
+        for i, out in results.items():
+            np.testing.assert_array_equal(out, np.full(2 + i % 3, i + 1.0, dtype=np.float32))
+
+
+@requires("jax")
+class TestJAXJit:
+    @staticmethod
+    def attention(q, k, v, scale):
+        import jax
+        import jax.numpy as jnp
+
+        return jax.nn.softmax(q @ jnp.swapaxes(k, -1, -2) * scale, axis=-1) @ v
+
+    @staticmethod
+    def inputs():
+        rng = np.random.default_rng(0)
+        q = rng.standard_normal((1, 8, 4, 64)).astype(np.float32)
+        k, v = (rng.standard_normal((1, 8, 32, 64)).astype(np.float32) for _ in range(2))
+        return q, k, v
+
+    def test_static_arguments_are_the_signature_and_attention_is_raised(self):
+        from attnpass.backends.jax import jit
+
+        fast = jit(self.attention, static_argnames="scale")
+        q, k, v = self.inputs()
+        assert_close(np.asarray(fast(q, k, v, scale=0.125)), np.asarray(self.attention(q, k, v, 0.125)))
+        fast(q, k, v, scale=0.125)
+        assert fast.traces == 1
+        fast(q, k, v, scale=0.25)
+        assert fast.traces == 2
+        entry = fast.specializations[-1]
+        assert entry.signature.endswith("scale=0.25") and [n.op for n in entry.graph.nodes()].count("sdpa") == 1
+        positional = jit(self.attention, static_argnums=3)
+        assert_close(np.asarray(positional(q, k, v, 0.125)), np.asarray(self.attention(q, k, v, 0.125)))
+        assert positional.specializations[0].compiled
+
+    def test_pytrees_in_and_out(self):
+        import jax.numpy as jnp
+
+        from attnpass.backends.jax import jit
+
+        def layer(params, x):
+            y = x @ params["w"]
+            return {"y": y, "pair": (y * 2, x)}
+
+        fast = jit(layer, strict=True)
+        params, x = {"w": jnp.ones((3, 2))}, jnp.arange(12.0).reshape(4, 3)
+        out, want = fast(params, x), layer(params, x)
+        assert set(out) == {"y", "pair"} and isinstance(out["pair"], tuple)
+        for got, ref in ((out["y"], want["y"]), (out["pair"][0], want["pair"][0]), (out["pair"][1], want["pair"][1])):
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(ref))
+        assert fast.specializations[0].signature == "params_w:f32[3,2], x:f32[4,3]"
+
+    def test_a_primitive_the_importer_lacks_runs_jax_jit_of_the_original(self):
+        import jax.numpy as jnp
+
+        from attnpass.backends.jax import jit
+
+        def running_sum(x):
+            return jnp.cumsum(x) * 2
+
+        x = jnp.arange(5.0)
+        with pytest.warns(FallbackWarning, match="import failed: ModelImportError: unsupported JAX primitive cumsum"):
+            np.testing.assert_array_equal(np.asarray(jit(running_sum)(x)), np.cumsum(np.arange(5.0)) * 2)
+        with pytest.raises(SpecializationError, match="unsupported JAX primitive cumsum"):
+            jit(running_sum, strict=True)(x)
+
+    def test_options_tied_to_argument_positions_are_refused(self):
+        from attnpass.backends.jax import jit
+
+        with pytest.raises(ValueError, match="unsupported jax.jit option.*donate_argnums"):
+            jit(self.attention, donate_argnums=0)

@@ -1,0 +1,172 @@
+"""``attnpass.backends.mlx.optimize``: mlx-lm generation through attnpass programs, token for token.
+
+Tiny random models (:func:`attnpass.models.tiny_lm`: GQA 12, head dim 128, bf16)
+generate 64 greedy tokens with mlx-lm's own ``stream_generate`` / ``generate``,
+plain and optimized; speculative decoding runs with a one-layer draft. The
+pipeline :data:`CHUNKED` rewrites every call of at most 8 query rows (head-chunk
+with budget 8 < GQA 12), so decode and verify steps run attnpass programs while
+the 11-row prefill keeps MLX's fused call and is declined to mlx-lm's helper.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from tests.util import load_example, requires
+
+pytestmark = requires("mlx.core", "mlx_lm")
+
+PROMPT = [3, 17, 99, 250, 7, 8, 9, 10, 44, 1, 2, 3]
+TOKENS = 64
+CHUNKED = "raise-attention,head-chunk{budget=8},dce"
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from attnpass.models import tiny_tokenizer
+
+    return tiny_tokenizer()
+
+
+def stream_tokens(model, tokenizer, max_tokens: int = TOKENS, **kwargs) -> list[int]:
+    import mlx_lm
+
+    return [r.token for r in mlx_lm.stream_generate(model, tokenizer, PROMPT, max_tokens=max_tokens, **kwargs)]
+
+
+@pytest.mark.parametrize("family, dtype", [("llama", "bfloat16"), ("qwen3", "bfloat16"), ("llama", "float32")])
+def test_greedy_tokens_are_identical_and_two_signatures_cover_prefill_and_decode(family, dtype, tokenizer):
+    from attnpass.backends.mlx import optimize
+    from attnpass.backends.mlx.lm import FUSED
+    from attnpass.ir import DType
+    from attnpass.models import tiny_lm
+
+    model = tiny_lm(family, dtype=dtype)
+    plain = stream_tokens(model, tokenizer)
+    with optimize(model, CHUNKED, strict=True) as opt:
+        optimized = stream_tokens(model, tokenizer)
+    assert optimized == plain
+    assert len(plain) == TOKENS and len(set(plain)) >= 8  # a model that says something: the comparison means something
+    # prefill of 11 rows and 1-row decode steps, all within the first 256-row buffer of mlx-lm's KVCache
+    assert opt.traces == 2
+    keys = f"keys:{DType.parse(dtype).short}[1,2,256,128]"
+    assert [e.signature.split(", ")[1] for e in opt.compiled.specializations] == [keys] * 2
+    assert opt.declined == {FUSED: 2}  # the prefill chunk, in both layers
+    assert opt.routed >= 2 * (TOKENS - 1)  # both layers of every decode step
+
+
+def test_the_default_pipeline_routes_only_what_it_rewrites(tokenizer):
+    from attnpass.backends.mlx import optimize
+    from attnpass.backends.mlx.lm import FUSED
+    from attnpass.models import tiny_lm
+
+    model = tiny_lm("llama", layers=1)
+    plain = stream_tokens(model, tokenizer, max_tokens=16)
+    with optimize(model, strict=True) as opt:
+        assert stream_tokens(model, tokenizer, max_tokens=16) == plain
+    # what the device's pipeline leaves as MLX's fused call runs mlx-lm's helper; nothing fails or is declined otherwise
+    assert set(opt.declined) <= {FUSED} and calls(opt) >= 16
+
+
+def test_speculative_decoding_is_identical_with_the_verify_steps_routed(tokenizer):
+    import mlx_lm
+
+    from attnpass.backends.mlx import optimize
+    from attnpass.models import tiny_lm
+
+    model, draft = tiny_lm("llama"), tiny_lm("llama", layers=1, hidden=64, heads=4, head_dim=16, seed=1)
+    speculative = {"max_tokens": TOKENS, "draft_model": draft, "num_draft_tokens": 3}
+    plain = mlx_lm.generate(model, tokenizer, PROMPT, **speculative)
+    with optimize(model, CHUNKED, strict=True) as opt, optimize(draft, CHUNKED, strict=True) as opt_draft:
+        optimized = mlx_lm.generate(model, tokenizer, PROMPT, **speculative)
+    assert optimized == plain and len(plain.split()) == TOKENS
+    rows = {entry.signature.split(", ")[0] for entry in opt.compiled.specializations}
+    assert "queries:bf16[1,24,4,128]" in rows  # a verify step: 3 draft tokens + 1, chunked and routed
+    assert opt.routed > 0 and calls(opt_draft) > 0  # the draft's GQA 2 fits the budget: its calls stay fused
+
+
+def test_one_trace_per_cache_buffer_length(monkeypatch):
+    """With a 16-row KVCache step, 64 decode steps cross 4 buffer lengths: one trace each, never one per step."""
+    import mlx.core as mx
+    from mlx_lm.generate import generate_step
+    from mlx_lm.models.cache import KVCache
+
+    from attnpass.backends.mlx import optimize
+    from attnpass.models import tiny_lm
+
+    monkeypatch.setattr(KVCache, "step", 16)
+    model = tiny_lm("llama", layers=1)
+    plain = [t for t, _ in generate_step(mx.array(PROMPT), model, max_tokens=TOKENS)]
+    with optimize(model, CHUNKED, strict=True) as opt:
+        optimized = [t for t, _ in generate_step(mx.array(PROMPT), model, max_tokens=TOKENS)]
+    assert optimized == plain
+    lengths = sorted({int(e.signature.split("keys:bf16[1,2,")[1].split(",")[0]) for e in opt.compiled.specializations})
+    # 11 prompt rows fill a 16-row buffer; decode reaches 12 + 63 = 75 rows: buffers 16, 32, 48, 64, 80
+    assert lengths == [16, 32, 48, 64, 80]
+    assert opt.traces == len(lengths) + 1  # + the 11-row prefill over the first buffer
+
+
+def test_caches_without_a_buffer_are_declined_and_counted(tokenizer):
+    from mlx_lm.models.cache import RotatingKVCache
+
+    from attnpass.backends.mlx import optimize
+    from attnpass.models import tiny_lm
+
+    model = tiny_lm("llama", layers=1)
+    plain = stream_tokens(model, tokenizer, prompt_cache=[RotatingKVCache(max_size=32)])
+    with optimize(model) as opt:
+        assert stream_tokens(model, tokenizer, prompt_cache=[RotatingKVCache(max_size=32)]) == plain
+    assert opt.routed == 0 and opt.traces == 0
+    assert list(opt.declined) == ["RotatingKVCache: only KVCache has a buffer to key signatures on"]
+
+
+def test_restore_undoes_the_routing_and_other_models_never_route():
+    import mlx.core as mx
+    from mlx_lm.models import base, llama
+
+    from attnpass.backends.mlx import optimize
+    from attnpass.backends.mlx.lm import route
+    from attnpass.models import tiny_lm
+
+    model, other = tiny_lm("llama", layers=1), tiny_lm("llama", layers=1)
+    tokens = mx.array([PROMPT])
+    before = model(tokens)
+    opt = optimize(model, CHUNKED, strict=True)
+    assert llama.scaled_dot_product_attention is route and type(model) is not llama.Model
+    with pytest.raises(ValueError, match="already optimized"):
+        optimize(model)
+    second = optimize(other, CHUNKED)
+    other(tokens)  # seen by its own handle only
+    assert calls(opt) == 0 and calls(second) == 1
+    second.restore()
+    assert llama.scaled_dot_product_attention is route  # still used by `model`
+    assert mx.array_equal(model(tokens), before) and calls(opt) == 1
+    opt.restore()
+    opt.restore()  # idempotent
+    assert llama.scaled_dot_product_attention is base.scaled_dot_product_attention
+    assert type(model) is llama.Model and type(other) is llama.Model
+    assert mx.array_equal(model(tokens), before) and calls(opt) == 1
+    assert "mlx_lm.models.llama" in sys.modules and repr(opt).startswith("<OptimizedModel Model (restored)")
+
+
+def calls(opt) -> int:
+    """Attention calls an optimized model saw: routed or declined."""
+    return opt.routed + sum(opt.declined.values())
+
+
+def test_a_model_without_the_shared_helper_is_refused():
+    import mlx.nn as nn
+
+    from attnpass.backends.mlx import optimize
+
+    with pytest.raises(ValueError, match="calls mlx_lm.models.base.scaled_dot_product_attention"):
+        optimize(nn.Linear(4, 4))
+
+
+def test_the_example_generates_identical_texts(capsys):
+    assert load_example("mlx_lm_optimize").main(tokens=8, pipeline=CHUNKED)
+    out = capsys.readouterr().out
+    assert out.count("identical with optimize") == 3 and "DIFFERENT" not in out
+    assert "[head-chunk] applied" in out

@@ -1,0 +1,323 @@
+"""Random valid graphs with inputs inside their ops' contracts, built from a :class:`~tests.fuzz.choices.Choices`.
+
+Families (each a function ``Choices -> Case``; the first option of every
+draw is the simplest):
+
+- ``sdpa``: one call with GQA, every mask form (none, bool, additive) and
+  broadcast (rank 0 to 4, each axis whole or 1, per-head or not), each
+  causal kind (so bottom-right rows with no key too), scales, ``Dv != D``,
+  masks read through a slice of a padded input, rows that attend no key;
+- ``chain``: one to three calls feeding each other (or sharing K/V), with
+  dead branches and an unused input;
+- ``decomposed``: ``softmax(q·kᵀ·scale + mask)·v`` written with matmuls as
+  MLX, JAX and hand-written code spell it: q/k/v in ``[B, H, S, D]`` or
+  ``[B, S, H, D]``, GQA by folding q or repeating K/V, scales on q, k or the
+  scores, additive biases and bool masks filled with ``-inf`` or the dtype's
+  min, the softmax fused or spelled out, and near misses (softmax over the
+  wrong axis, a scale on v or on the probabilities, tiled K/V heads);
+- ``qsa``: decode-shaped masked QSA (``qsa_select``/``qsa_mask``, with block
+  scores given or computed by ``qsa_pool``/``qsa_block_scores``) with tied
+  scores, every tail length, depths around ``min_depth_factor * W``, every
+  visibility form, and padded visibility masks read through a slice.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+import ml_dtypes
+import numpy as np
+
+from attnpass.ir import DType, Graph, TensorType
+from attnpass.ir.core.builder import Builder
+
+from .choices import Choices
+
+F32, F16, BF16, I32, BOOL = DType.float32, DType.float16, DType.bfloat16, DType.int32, DType.bool
+FLOATS = (F32, BF16, F16)
+
+
+@dataclass
+class Case:
+    """A graph and its inputs (by name); ``family`` names the generator."""
+
+    family: str
+    graph: Graph
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+class _Maker:
+    """A graph under construction plus an input-value generator seeded from the choices."""
+
+    def __init__(self, c: Choices, name: str) -> None:
+        self.c = c
+        self.graph = Graph(name)
+        self.b = Builder(self.graph)
+        self.rng = np.random.default_rng(c.int(0, 2**16))
+        self.arrays: dict[str, np.ndarray] = {}
+
+    def input(
+        self, name: str, shape: tuple[int, ...], dtype: DType, values: np.ndarray | None = None, role: str = "streamed"
+    ) -> str:
+        self.graph.add_input(name, TensorType(tuple(shape), dtype), role)
+        if values is None:
+            values = self.rng.uniform(-1.0, 1.0, shape) if dtype.is_float else self.rng.random(shape) < 0.5
+        self.arrays[name] = np.asarray(values).astype(dtype.numpy)
+        return name
+
+    def const(self, value: float, dtype: DType) -> str:
+        return self.b.scalar(value, dtype, "c")
+
+    def case(self, family: str, outputs: list[str]) -> Case:
+        self.graph.set_outputs(outputs)
+        return Case(family, self.graph.verify(), self.arrays)
+
+
+# ----------------------------------------------------------------------------- masks
+
+
+def _mask_shape(c: Choices, full: tuple[int, ...]) -> tuple[int, ...]:
+    """A shape broadcasting to ``full`` = [B, Hq, S, T]: rank 0-4, each kept axis whole or 1."""
+    rank = c.pick([2, 4, 3, 1, 0])
+    return tuple(n if c.flag(0.75) else 1 for n in full[4 - rank :])
+
+
+def _mask_values(m: _Maker, shape: tuple[int, ...], dtype: DType) -> np.ndarray:
+    """Bool (density and rows with no key drawn) or additive (finite biases, -inf, rows of -inf)."""
+    c, rng = m.c, m.rng
+    if dtype is BOOL:
+        keep = np.asarray(rng.random(shape) < c.pick([0.7, 0.3, 1.0, 0.0]))
+        if len(shape) >= 2 and c.flag(0.3):
+            keep[..., rng.integers(shape[-2]), :] = False  # a row that attends no key
+        return np.asarray(keep)
+    bias = np.asarray(rng.normal(0.0, c.pick([1.0, 0.0, 4.0]), shape))
+    bias[rng.random(shape) < c.pick([0.0, 0.3, 0.9])] = -np.inf
+    if len(shape) >= 2 and c.flag(0.2):
+        bias[..., rng.integers(shape[-2]), :] = -np.inf  # NaN on every path
+    return bias
+
+
+def _mask_input(m: _Maker, name: str, shape: tuple[int, ...], dtype: DType) -> str:
+    """An input of ``shape``, or a padded input read through one slice (what narrow-inputs narrows)."""
+    if not shape or not m.c.flag(0.25):
+        return m.input(name, shape, dtype, _mask_values(m, shape, dtype))
+    axis, extra = m.c.int(0, len(shape) - 1), m.c.int(1, 3)
+    padded = tuple(n + extra if a == axis else n for a, n in enumerate(shape))
+    start = m.c.int(0, extra)
+    x = m.input(f"{name}_padded", padded, dtype, _mask_values(m, padded, dtype))
+    return m.b.slice_axis(x, axis, start, start + shape[axis], hint=name)
+
+
+# ----------------------------------------------------------------------------- sdpa and chains
+
+
+def _sdpa(m: _Maker, tag: str, q: str | None, kv: tuple[str, str] | None, dims: dict) -> str:
+    c, b = m.c, m.b
+    bsz, hq, hkv, s, t, d, dv, dtype = (dims[k] for k in ("b", "hq", "hkv", "s", "t", "d", "dv", "dtype"))
+    if q is None:
+        q = m.input(f"q{tag}", (bsz, hq, s, d), dtype)
+    if kv is None:
+        role = c.pick(["streamed", "resident"])
+        kv = (
+            m.input(f"k{tag}", (bsz, hkv, t, d), dtype, role=role),
+            m.input(f"v{tag}", (bsz, hkv, t, dv), dtype, role=role),
+        )
+    operands = [q, *kv]
+    kind = c.pick([None, BOOL, dtype])
+    if kind is not None:
+        operands.append(_mask_input(m, f"mask{tag}", _mask_shape(c, (bsz, hq, s, t)), kind))
+    attrs = {"scale": c.pick([None, 0.125, 0.3, 1.0, 2.0]), "causal": c.pick(["none", "top_left", "bottom_right"])}
+    return b.op("sdpa", operands, attrs, f"attn{tag}")
+
+
+def _dims(c: Choices) -> dict:
+    hkv = c.pick([1, 2, 3])
+    d = c.pick([8, 4, 16])
+    return {
+        "b": c.int(1, 2), "hkv": hkv, "hq": hkv * c.pick([1, 2, 4, 12, 3, 6, 8]), "s": c.int(1, 9),
+        "t": c.int(1, 12), "d": d, "dv": c.pick([4, 8]) if c.flag(0.25) else d, "dtype": c.pick(FLOATS, (4, 1, 1)),
+    }  # fmt: skip
+
+
+def sdpa_family(c: Choices) -> Case:
+    m = _Maker(c, "sdpa")
+    return m.case("sdpa", [_sdpa(m, "", None, None, _dims(c))])
+
+
+def chain_family(c: Choices) -> Case:
+    """Calls feeding each other (q of the next = output of the last) or sharing K/V; dead values; extra outputs."""
+    m = _Maker(c, "chain")
+    dims = _dims(c)
+    outs = [_sdpa(m, "0", None, None, dims)]
+    first = m.graph.node(outs[0]).inputs
+    for i in range(1, c.int(1, 3)):
+        square = dims["d"] == dims["dv"]  # the output can be the next q, and K/V fit the next call
+        feed, share = square and c.flag(0.7), square and c.flag(0.4)
+        outs.append(_sdpa(m, str(i), outs[-1] if feed else None, (first[1], first[2]) if share else None, dims))
+    if c.flag(0.3):  # a dead branch: dce's work
+        m.b.op("exp", [outs[0]], hint="dead")
+    if c.flag(0.3):
+        m.input("unused", (2, 3), F32)
+    keep = [o for o in outs if c.flag(0.5)] or [outs[-1]]
+    return m.case("chain", keep if outs[-1] in keep else keep + [outs[-1]])
+
+
+# ----------------------------------------------------------------------------- decomposed attention
+
+
+def _to_bhsd(m: _Maker, x: str, layout: str) -> str:
+    return m.b.transpose(x, (0, 2, 1, 3), "bhsd") if layout == "bshd" else x
+
+
+def _scaled(m: _Maker, x: str, factor: float, dtype: DType, how: str) -> str:
+    if factor == 1.0:
+        return x
+    if how == "div":
+        return m.b.op("div", [x, m.const(1.0 / factor, dtype)], hint="scaled")
+    return m.b.op("mul", [x, m.const(factor, dtype)], hint="scaled")
+
+
+def _softmax(m: _Maker, x: str, axis: int, dtype: DType) -> str:
+    """``softmax`` fused, or spelled ``exp(x - max) / sum`` with the reductions kept (optionally clamped)."""
+    c, b = m.c, m.b
+    if not c.flag(0.5):
+        return b.op("softmax", [x], {"axis": axis, "precise": c.flag(0.2)})
+    keep = c.flag(0.5)
+    peak = b.op("max", [x], {"axes": (axis,), "keepdims": keep})
+    shape = list(m.graph.node(x).type.shape)
+    shape[axis] = 1
+    peak = b.reshape(peak, shape, "peak")
+    if c.flag(0.3):
+        peak = b.op("maximum", [peak, m.const(-math.inf, dtype)], hint="clamped")
+    e = b.op("exp", [b.op("sub", [x, peak])])
+    total = b.reshape(b.op("sum", [e], {"axes": (axis,), "keepdims": keep}), shape, "total")
+    return b.op("div", [e, total], hint="probs")
+
+
+def decomposed_family(c: Choices) -> Case:
+    """softmax(q·kᵀ·scale + mask)·v with matmuls; see the module docstring for the spellings and near misses."""
+    m = _Maker(c, "decomposed")
+    b = m.b
+    dtype = c.pick(FLOATS, (4, 1, 1))
+    hkv, group = c.pick([1, 2, 3]), c.pick([1, 2, 4, 3])
+    bsz, hq, s, t, d, dv = c.int(1, 2), hkv * group, c.int(1, 6), c.int(1, 8), c.pick([8, 4, 16]), c.pick([8, 4])
+    q_layout, kv_layout = c.pick(["bhsd", "bshd"]), c.pick(["bhsd", "bshd"])
+
+    def root(name: str, heads: int, rows: int, width: int, layout: str) -> str:
+        shape = (bsz, heads, rows, width) if layout == "bhsd" else (bsz, rows, heads, width)
+        return _to_bhsd(m, m.input(name, shape, dtype), layout)
+
+    q, k, v = root("q", hq, s, d, q_layout), root("k", hkv, t, d, kv_layout), root("v", hkv, t, dv, kv_layout)
+    scale = c.pick([1 / math.sqrt(d), 0.5, 1.0, 0.3])
+    q_part = c.pick([1.0, math.sqrt(scale), scale])
+    q = _scaled(m, q, q_part, dtype, "mul")
+    k = _scaled(m, k, scale / q_part if c.flag(0.3) else 1.0, dtype, "mul")
+    score_scale = scale / q_part if m.graph.node(k).op != "mul" else 1.0
+    gqa = c.pick(["repeat", "fold", "tile"], (6, 3, 1)) if group > 1 else "none"
+    if gqa in ("repeat", "tile"):  # K/V broadcast to every query head, repeated (sdpa's GQA) or tiled (not)
+
+        def expand(x: str, width: int) -> str:
+            axis = 2 if gqa == "repeat" else 1
+            five = b.reshape(x, (bsz, hkv, 1, t, width) if axis == 2 else (bsz, 1, hkv, t, width), "kv5")
+            full = (bsz, hkv, group, t, width) if axis == 2 else (bsz, group, hkv, t, width)
+            return b.reshape(b.broadcast(five, full, "kv_rep"), (bsz, hq, t, width), "kv_heads")
+
+        k, v = expand(k, d), expand(v, dv)
+    folded = gqa == "fold"
+    if folded:
+        q = b.reshape(q, (bsz, hkv, group * s, d), "q_fold")
+    if c.flag(0.8):
+        scores = b.op("matmul", [q, b.transpose(k, (0, 1, 3, 2), "kT")], hint="scores")
+    else:  # (k·qᵀ)ᵀ
+        scores = b.transpose(b.op("matmul", [k, b.transpose(q, (0, 1, 3, 2), "qT")]), (0, 1, 3, 2), "scores")
+    if folded:
+        scores = b.reshape(scores, (bsz, hq, s, t), "scores4")
+    mask_kind = c.pick([None, "additive", "bool"])
+    mask_first = mask_kind == "additive" and c.flag(0.2)  # (s + m) * scale: the mask is scaled too
+    if mask_first:
+        scores = b.op("add", [scores, _mask_input(m, "mask", _mask_shape(c, (bsz, hq, s, t)), dtype)], hint="biased")
+    scores = _scaled(m, scores, score_scale, dtype, c.pick(["mul", "div"]))
+    if mask_kind == "additive" and not mask_first:
+        scores = b.op("add", [scores, _mask_input(m, "mask", _mask_shape(c, (bsz, hq, s, t)), dtype)], hint="biased")
+    elif mask_kind == "bool":
+        low = float(ml_dtypes.finfo(dtype.numpy).min)
+        fill = c.pick([-math.inf, low, -1e4, 0.0])
+        mask = _mask_input(m, "mask", _mask_shape(c, (bsz, hq, s, t)), BOOL)
+        scores = b.op("where", [mask, scores, m.const(fill, dtype)], hint="masked")
+    near_miss = c.pick([None, "softmax-axis", "scale-v", "scale-p", "bias-after"], (12, 1, 1, 1, 1))
+    probs = _softmax(m, scores, 2 if near_miss == "softmax-axis" else 3, dtype)
+    if near_miss == "scale-p":
+        probs = _scaled(m, probs, 0.5, dtype, "mul")
+    if near_miss == "bias-after":
+        probs = b.op("add", [probs, m.input("late", (s, t), dtype)], hint="late_bias")
+    if near_miss == "scale-v":
+        v = _scaled(m, v, 0.5, dtype, "mul")
+    if folded:
+        probs = b.reshape(probs, (bsz, hkv, group * s, t), "p_fold")
+    out = b.op("matmul", [probs, v], hint="pv")
+    out = b.reshape(out, (bsz, hq, s, dv), "out")
+    if c.flag(0.5):  # back to [B, S, H*Dv] as a model's output projection reads it
+        out = b.reshape(b.transpose(out, (0, 2, 1, 3), "out_t"), (bsz, s, hq * dv), "out_flat")
+    return m.case("decomposed", [out])
+
+
+# ----------------------------------------------------------------------------- QSA decode
+
+
+def qsa_family(c: Choices) -> Case:
+    """Masked QSA decode attention; depth drawn around the gather threshold ``2 * W``."""
+    m = _Maker(c, "qsa")
+    b, rng = m.b, m.rng
+    dtype = c.pick(FLOATS, (4, 1, 1))
+    ratio, top_k = c.pick([2, 4, 3, 1]), c.int(1, 4)
+    width = top_k * ratio + ratio - 1
+    t = max(ratio, 2 * width + c.pick([0, -1, 1, ratio, -ratio, width, -width, 2 * width]))
+    bsz, rows, hkv, d = c.int(1, 2), c.pick([1, 2], (4, 1)), c.pick([1, 2]), c.pick([8, 4])
+    hq = hkv * c.pick([1, 2, 4])
+    n_blocks = t // ratio if c.flag(0.8) else c.int(1, t // ratio)
+    q = m.input("q", (bsz, hq, rows, d), dtype)
+    k = m.input("k_cache", (bsz, hkv, t, d), dtype, role="resident")
+    v = m.input("v_cache", (bsz, hkv, t, d), dtype, role="resident")
+    late = rng.integers(max(0, t - 2 * ratio), t, (bsz, rows))
+    positions = np.where(rng.random((bsz, rows)) < c.pick([0.8, 0.2]), late, rng.integers(0, t, (bsz, rows)))
+    pos = m.input("positions", (bsz, rows), I32, positions)
+    if c.flag(0.7):  # block scores given: ties from small integers, signed zeros
+        values = rng.integers(0, c.pick([3, 2, 100]), (bsz, rows, n_blocks)).astype(np.float32)
+        values *= np.where(rng.random(values.shape) < 0.5, 1.0, -1.0)
+        scores = m.input("block_scores", (bsz, rows, n_blocks), F32, values)
+    else:  # computed by the indexer ops
+        raw = m.input("raw_keys", (bsz, n_blocks * ratio, 4), dtype)
+        scores = b.op(
+            "qsa_block_scores", [m.input("idx_q", (bsz, rows, 2, 4), dtype), b.op("qsa_pool", [raw], {"ratio": ratio})]
+        )
+    sel = b.op("qsa_select", [scores, pos], {"ratio": ratio, "top_k_blocks": top_k})
+    keep = b.op("qsa_mask", [sel, pos], {"ratio": ratio, "kv_len": t})
+    form = c.pick(["where", "none", "logical_and", "where-zero"], (5, 3, 1, 1))
+    mask = keep
+    if form != "none":
+        vis_dtype = BOOL if form == "logical_and" else dtype
+        shape = c.pick([(bsz, 1, rows, t), (t,), (rows, t), (bsz, hq, rows, t)])
+        if c.flag(0.3) and vis_dtype is not BOOL:  # the runtime's padded f16 mask, sliced to its rows and cast
+            padded = m.input("mask", (bsz, rows + 2, t), F16, _mask_values(m, (bsz, rows + 2, t), F16))
+            sliced = b.slice_axis(padded, 1, 0, rows, hint="mask_rows")
+            vis = b.cast(b.reshape(sliced, (bsz, 1, rows, t), "mask4"), dtype, "mask_cast")
+        else:
+            vis = m.input("vis", shape, vis_dtype, _mask_values(m, shape, vis_dtype))
+        if form == "logical_and":
+            mask = b.op("logical_and", [keep, vis] if c.flag() else [vis, keep])
+        else:
+            mask = b.op("where", [keep, vis, m.const(0.0 if form == "where-zero" else -math.inf, dtype)], hint="attend")
+    out = b.op(
+        "sdpa", [q, k, v, mask], {"scale": c.pick([None, 0.25]), "causal": c.pick(["none", "bottom_right"], (9, 1))}
+    )
+    return m.case("qsa", [out])
+
+
+FAMILIES: dict[str, Callable[[Choices], Case]] = {
+    "sdpa": sdpa_family,
+    "chain": chain_family,
+    "decomposed": decomposed_family,
+    "qsa": qsa_family,
+}

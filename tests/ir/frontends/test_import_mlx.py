@@ -1,0 +1,175 @@
+"""from_mlx: MLX primitives -> IR ops with exact parameters, numerics on every target, clear errors.
+
+Also the ops the importers added to the IR (broadcast_to, sin, cos, sigmoid,
+floor_divide, argpartition, put_along_axis): shape rules and emitters.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from attnpass.backends import run
+from attnpass.ir import ModelImportError, ShapeError, TensorSpec, TensorType, from_mlx, ops, trace
+from attnpass.lowering import lower
+from tests.util import assert_close, assert_mlx_import_reproduces, lazy_import, requires
+
+mx = lazy_import("mlx.core")
+nn = lazy_import("mlx.nn")
+
+
+def _ops(graph):
+    return [n.op for n in graph.nodes() if n.op != "input"]
+
+
+_check_targets = assert_mlx_import_reproduces
+
+
+@requires("mlx.core", "jax")
+def test_layout_primitives_keep_their_exact_parameters(rng):
+    x = mx.array(rng.standard_normal((2, 6, 4)).astype(np.float32))
+
+    def layout(x):
+        y = x.reshape(2, 2, 3, 4)  # Reshape
+        y = mx.transpose(y, (0, 2, 1, 3))  # Transpose [0, 2, 1, 3]
+        y = mx.broadcast_to(y[:, :, :, None, :], (2, 3, 2, 5, 4))  # ExpandDims + Broadcast
+        y = y[:, 1:3, :, ::2, 1:]  # Slice with a stride
+        a, b = mx.split(y, [1], axis=1)  # Split
+        return mx.concatenate([b, a], axis=1).flatten(0, 1)  # Concatenate + Flatten
+
+    imported = from_mlx(layout, x)
+    graph = imported.graph
+    perms = [n.attrs["perm"] for n in graph.nodes() if n.op == "transpose"]
+    assert perms == [(0, 2, 1, 3)]
+    (bcast,) = [n for n in graph.nodes() if n.op == "broadcast_to"]
+    assert bcast.attrs["shape"] == (2, 3, 2, 5, 4)
+    strided = [n for n in graph.nodes() if n.op == "slice" and n.attrs["step"] != (1,) * 5]
+    assert strided[0].attrs["start"] == (0, 1, 0, 0, 1) and strided[0].attrs["step"] == (1, 1, 1, 2, 1)
+    assert "concat" in _ops(graph) and graph.node(graph.outputs[0]).type == TensorType((4, 2, 3, 3), "float32")
+    _check_targets(imported, layout, x)
+
+
+@requires("mlx.core", "jax")
+def test_arithmetic_softmax_reductions_and_casts(rng):
+    x = mx.array(rng.standard_normal((3, 5)).astype(np.float32))
+    w = mx.array(rng.standard_normal((5, 5)).astype(np.float32))  # captured, > inline limit? no: 25 elements
+
+    def arith(x):
+        y = mx.softmax(x @ w, axis=-1, precise=True) * mx.rsqrt(mx.mean(mx.square(x), axis=-1, keepdims=True) + 1e-6)
+        z = mx.sigmoid(x) + mx.sin(x) - mx.cos(x) / mx.exp(-x)
+        i = (mx.arange(5) // 2).astype(mx.float32)
+        return mx.where(x > 0, y, mx.maximum(z, i)).astype(mx.float16)
+
+    imported = from_mlx(arith, x)
+    ops_ = _ops(imported.graph)
+    for op in ("softmax", "rsqrt", "sigmoid", "sin", "cos", "floor_divide", "where", "less", "cast", "sum"):
+        assert op in ops_, op
+    softmax = next(n for n in imported.graph.nodes() if n.op == "softmax")
+    assert softmax.attrs == {"axis": -1, "precise": True}
+    _check_targets(imported, arith, x)
+
+
+@requires("mlx.core", "jax")
+def test_captured_arrays_become_constants_or_resident_params(rng):
+    small = mx.array([1.0, 2.0, 3.0])
+    big = mx.array(rng.standard_normal((16, 8)).astype(np.float32))
+    x = mx.array(rng.standard_normal((2, 16)).astype(np.float32))
+
+    def project(x):
+        return (x @ big) * small.sum()
+
+    imported = from_mlx(project, x)
+    graph = imported.graph
+    (param,) = imported.params
+    assert graph.inputs == ("x", param) and graph.input_role(param) == "resident"
+    np.testing.assert_array_equal(imported.params[param], np.array(big))
+    assert any(n.op == "constant" and n.attrs["value"] == (1.0, 2.0, 3.0) for n in graph.nodes())
+    _check_targets(imported, project, x)
+
+
+@requires("mlx.core", "jax")
+def test_slice_update_pad_gather_and_scatter(rng):
+    x = mx.array(rng.standard_normal((2, 6, 4)).astype(np.float32))
+    idx = mx.array(np.array([3, 0, 5], dtype=np.int32))
+
+    def indexing(x):
+        y = mx.zeros((2, 8, 4))
+        y[:, 1:7, :] = x  # SliceUpdate
+        y = mx.pad(y, [(0, 0), (1, 2), (0, 0)], constant_values=-1.0)  # Pad
+        rows = mx.take(y, idx, axis=1)  # Gather on one axis
+        point = x[mx.array([1, 0]), mx.array([2, 4])]  # Gather with two index arrays
+        order = mx.argpartition(x[0, :, 0], kth=3).astype(mx.int32)
+        marks = mx.put_along_axis(mx.zeros((6,), dtype=mx.bool_), order[3:], mx.array(True), axis=0)  # ScatterAxis
+        return rows.sum() + point.sum() + mx.where(marks, x[0, :, 0], 0.0).sum()
+
+    imported = from_mlx(indexing, x)
+    ops_ = _ops(imported.graph)
+    for op in ("take", "argpartition", "put_along_axis", "concat"):
+        assert op in ops_, op
+    _check_targets(imported, indexing, x)
+
+
+@requires("mlx.core")
+def test_compiled_helpers_import_and_compilation_is_restored(rng):
+    helper = mx.compile(lambda a: mx.exp(a) * 2.0)
+    x = mx.array(rng.standard_normal((4,)).astype(np.float32))
+    imported = from_mlx(lambda x: helper(x) + 1.0, x)
+    assert _ops(imported.graph).count("exp") == 1
+    calls = []
+    counted = mx.compile(lambda a: calls.append(1) or a + 1)
+    counted(x), counted(x)
+    assert calls == [1]  # compiled again after the import: traced once, then cached
+
+
+@requires("mlx.core")
+def test_unsupported_primitive_names_itself_and_its_place(rng):
+    x = mx.array(rng.random((2, 3)).astype(np.float32) + 0.5)
+    with pytest.raises(ModelImportError) as err:
+        from_mlx(lambda x: mx.cumsum(x * 2.0, axis=1), x)
+    message = str(err.value)
+    assert "unsupported MLX primitive Scan" in message and "float32[2, 3]" in message
+    assert "test_import_mlx.py" in message
+
+
+@requires("mlx.core")
+def test_uninitialised_parameters_get_a_hint():
+    layer = nn.Linear(4, 4)
+    with pytest.raises(ModelImportError, match=r"RandomBits.*mx.eval\(model.parameters\(\)\)"):
+        from_mlx(lambda x: layer(x), mx.ones((1, 4)))
+
+
+# ----------------------------------------------------------------------------- the ops importers added
+
+
+def test_new_op_shape_rules_quote_the_operands():
+    with pytest.raises(ShapeError, match=r"broadcast_to: operand f32\[2,3\] does not broadcast to \[4, 3, 2\]"):
+        trace(lambda x: ops.broadcast_to(x, (4, 3, 2)), TensorSpec((2, 3), "float32"))
+    with pytest.raises(ShapeError, match=r"argpartition: kth=5 out of range"):
+        trace(lambda x: ops.argpartition(x, 5), TensorSpec((2, 5), "float32"))
+    with pytest.raises(ShapeError, match=r"put_along_axis: values .* must have the dtype of x"):
+        trace(lambda x, i, v: ops.put_along_axis(x, i, v, 1), *[TensorSpec(s, d) for s, d in (((2, 5), "float32"), ((2, 2), "int32"), ((2, 2), "float16"))])
+
+
+@requires("mlx.core", "jax")
+def test_new_ops_agree_on_every_target(rng):
+    def program(x, idx, y):
+        wave = ops.add(ops.sin(x), ops.mul(ops.cos(x), ops.sigmoid(x)))
+        wide = ops.broadcast_to(ops.reshape(wave, (1, 4, 6)), (3, 4, 6))
+        top = ops.argpartition(x, 4, axis=1)
+        return wide, top, ops.floor_divide(top, 2), ops.put_along_axis(x, idx, y, axis=1)
+
+    specs = [TensorSpec((4, 6), "float32"), TensorSpec((4, 2), "int32"), TensorSpec((4, 2), "float32")]
+    graph = trace(program, *specs)
+    x = rng.permutation(24).reshape(4, 6).astype(np.float32)  # distinct values: one valid partition set
+    idx = np.array([[0, 5], [1, 2], [3, -1], [4, 0]], dtype=np.int32)  # -1 wraps to the last column
+    y = rng.standard_normal((4, 2)).astype(np.float32)
+    expected = run(lower(graph, "numpy"), x, idx, y)
+    np.testing.assert_array_equal(expected[3][2], [x[2, 0], x[2, 1], x[2, 2], y[2, 0], x[2, 4], y[2, 1]])
+    for target in ("mlx", "jax"):
+        wide, top, half, marks = run(lower(graph, target), x, idx, y)
+        assert_close(wide, expected[0])
+        np.testing.assert_array_equal(marks, expected[3])
+        picked = np.take_along_axis(x, top, axis=1)  # partition property; the order inside each side is free
+        assert top.dtype == np.int32 and np.all(picked[:, :4].max(1) <= picked[:, 4]) and np.all(picked[:, 5] >= picked[:, 4])
+        np.testing.assert_array_equal(np.sort(top, 1), np.tile(np.arange(6), (4, 1)))
+        np.testing.assert_array_equal(half, top // 2)

@@ -1,0 +1,244 @@
+"""The QSAGather pass: golden IR, the three mask forms, every precondition's remark, policy, options."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+import pytest
+
+from attnpass.backends import run
+from attnpass.ir import TensorSpec, ops, parse_graph, trace
+from attnpass.lowering import lower
+from attnpass.models import QSAConfig, build_layer, make_inputs
+from attnpass.passes import DeadCodeElimination, PassManager, QSAGather
+
+SMALL = QSAConfig(n_q_heads=4, n_kv_heads=2, head_dim=16, idx_dim=16, budget=32, mask_rows=4, rotary_dim=8)
+W_SMALL = 8 * 4 + 3  # K = 32 / 4 blocks
+
+
+def decode(q, k, v, scores, positions, vis):
+    sel = ops.qsa_select(scores, positions, ratio=2, top_k_blocks=2)
+    keep = ops.qsa_mask(sel, positions, ratio=2, kv_len=12)
+    return ops.sdpa(q, k, v, mask=ops.where(keep, vis, -math.inf), scale=0.5)
+
+
+DECODE_SPECS = (
+    TensorSpec((1, 4, 1, 8)),
+    TensorSpec((1, 2, 12, 8), role="resident"),
+    TensorSpec((1, 2, 12, 8), role="resident"),
+    TensorSpec((1, 1, 6)),
+    TensorSpec((1, 1), "int32"),
+    TensorSpec((1, 1, 1, 12)),
+)
+
+GOLDEN_AFTER = """\
+graph decode(q:f32[1,4,1,8], k:f32[1,2,12,8]{resident}, v:f32[1,2,12,8]{resident}, scores:f32[1,1,6], positions:i32[1,1], vis:f32[1,1,1,12]) {
+  qsa_select:i32[1,1,2] = qsa_select[ratio=2, top_k_blocks=2] scores positions
+  qsa_cells:i32[1,1,5] = qsa_cells[ratio=2, width=5, kv_len=12] qsa_select positions
+  qsa_cell_valid:bool[1,1,5] = qsa_cell_valid[ratio=2, width=5, kv_len=12] qsa_select positions
+  neg_inf:f32[] = constant[value=(-inf,), shape=(), dtype='float32']
+  cell_idx:i32[5] = reshape[shape=(5,)] qsa_cells
+  cell_ok:bool[1,1,1,5] = reshape[shape=(1, 1, 1, 5)] qsa_cell_valid
+  vis_gathered:f32[1,1,1,5] = take[axis=3] vis cell_idx
+  gather_mask:f32[1,1,1,5] = where cell_ok vis_gathered neg_inf
+  k_gathered:f32[1,2,5,8] = take[axis=2] k cell_idx
+  v_gathered:f32[1,2,5,8] = take[axis=2] v cell_idx
+  sdpa_gather:f32[1,4,1,8] = sdpa[scale=0.5, causal='none'] q k_gathered v_gathered gather_mask
+  return sdpa_gather
+}"""
+
+
+def gather(graph, **options):
+    return PassManager([QSAGather(**options), DeadCodeElimination()]).run(graph)
+
+
+def remark_of(result, kind: str = "declined") -> str:
+    (remark,) = [r for r in result.remarks if r.pass_name == "qsa-gather"]
+    assert remark.kind == kind, str(remark)
+    return remark.message
+
+
+def test_golden_rewrite_of_a_tiny_decode_step():
+    g = trace(decode, *DECODE_SPECS)
+    result = gather(g)
+    assert str(result.graph) == GOLDEN_AFTER
+    assert parse_graph(GOLDEN_AFTER) == result.graph
+    message = remark_of(result, "applied")
+    assert "top 2 blocks x ratio 2 + 1 tail = 5 cells, W=5" in message
+    assert "attention width n_kv=12 -> 5" in message
+
+
+@pytest.mark.parametrize("visibility", ["additive", "none"])
+def test_model_forms_are_rewritten_and_agree_with_the_masked_output(visibility):
+    n_kv = 96
+    masked = build_layer(SMALL, n_kv, visibility=visibility)
+    result = gather(masked)
+    assert "applied" in {r.kind for r in result.remarks if r.pass_name == "qsa-gather"}
+    (sdpa,) = [n for n in result.graph.nodes() if n.op == "sdpa"]
+    k_op = result.graph.node(sdpa.inputs[1])
+    assert k_op.op == "take" and k_op.inputs[0] == "k_cache" and k_op.type.shape == (1, 2, W_SMALL, 16)
+    assert "qsa_mask" not in {n.op for n in result.graph.nodes()}
+    inputs = make_inputs(SMALL, n_kv, np.array([[90]]), seed=1, hidden_fraction=0.2)
+    expected = run(lower(masked, "numpy"), **inputs)
+    if visibility == "none":
+        assert "mask" not in result.graph.inputs  # the padded mask is never read
+        del inputs["mask"]
+    np.testing.assert_allclose(run(lower(result.graph, "numpy"), **inputs), expected, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("vis_first", [True, False])
+def test_bool_visibility_keeps_the_masked_path(vis_first):
+    """A row hidden completely is the mean of V over all n_kv cells; a gather over W cells cannot give that."""
+
+    def decode_bool(q, k, v, scores, positions, vis):
+        sel = ops.qsa_select(scores, positions, ratio=2, top_k_blocks=2)
+        keep = ops.qsa_mask(sel, positions, ratio=2, kv_len=12)
+        return ops.sdpa(q, k, v, mask=ops.logical_and(vis, keep) if vis_first else ops.logical_and(keep, vis))
+
+    specs = DECODE_SPECS[:5] + (TensorSpec((1, 4, 1, 12), "bool"),)  # a per-head visibility mask
+    result = gather(trace(decode_bool, *specs))
+    assert "a gather over W cells cannot reproduce" in remark_of(result, "declined")
+    assert not result.changed
+
+
+def _variant(mask_fn, *, extra=(1, 1), q_rows=1, n_kv=12, causal=None):
+    """A decode-like graph whose sdpa mask is ``mask_fn(scores, positions, vis, extra)`` (extra: an int32 input)."""
+
+    def f(q, k, v, scores, positions, vis, extra):
+        return ops.sdpa(q, k, v, mask=mask_fn(scores, positions, vis, extra), causal=causal)
+
+    specs = (
+        TensorSpec((1, 4, q_rows, 8)),
+        TensorSpec((1, 2, n_kv, 8)),
+        TensorSpec((1, 2, n_kv, 8)),
+        TensorSpec((1, q_rows, 6)),
+        TensorSpec((1, q_rows), "int32"),
+        TensorSpec((1, 1, q_rows, n_kv)),
+        TensorSpec(extra, "int32"),
+    )
+    return trace(f, *specs)
+
+
+def _select(scores, positions, ratio=2):
+    return ops.qsa_select(scores, positions, ratio=ratio, top_k_blocks=2)
+
+
+@pytest.mark.parametrize(
+    "graph, reason",
+    [
+        (lambda: trace(lambda q, k, v: ops.sdpa(q, k, v), *DECODE_SPECS[:3]), "sdpa has no mask"),
+        (lambda: _variant(lambda s, p, vis, _: ops.where(ops.qsa_mask(_select(s, p), p, ratio=2, kv_len=12), vis, -math.inf),
+                          causal="bottom_right"), "sdpa has causal='bottom_right'"),
+        (lambda: _variant(lambda s, p, vis, _: ops.less(vis, 0.0)), "the mask is less less, not qsa_mask"),
+        (lambda: _variant(lambda s, p, vis, _: ops.where(ops.qsa_mask(_select(s, p), p, ratio=2, kv_len=12), vis, 0.0)),
+         "the else branch is not a constant -inf"),
+        (lambda: _variant(lambda s, p, vis, _: ops.where(ops.less(vis, 1.0), vis, -math.inf)), "the condition is not a qsa_mask"),
+        (lambda: _variant(lambda s, p, vis, _: ops.logical_and(ops.qsa_mask(_select(s, p), p, ratio=2, kv_len=12),
+                                                            ops.qsa_mask(_select(s, p), p, ratio=2, kv_len=12))),
+         "is a bool logical_and"),
+        (lambda: _variant(lambda s, p, vis, sel: ops.qsa_mask(sel, p, ratio=2, kv_len=12), extra=(1, 1, 2)),
+         "the selection extra of qsa_mask is input, not qsa_select"),
+        (lambda: _variant(lambda s, p, vis, p2: ops.qsa_mask(_select(s, p), p2, ratio=2, kv_len=12)),
+         "positions differ: qsa_select reads positions, qsa_mask reads extra"),
+        (lambda: _variant(lambda s, p, vis, _: ops.qsa_mask(_select(s, p, ratio=3), p, ratio=2, kv_len=12)),
+         "ratio differs: qsa_select has ratio=3, qsa_mask ratio=2"),
+        (lambda: _variant(lambda s, p, vis, _: ops.qsa_mask(_select(s, p), p, ratio=2, kv_len=1)),
+         "qsa_mask has kv_len=1 but the cache k has n_kv=12"),
+        (lambda: _variant(lambda s, p, vis, _: ops.qsa_mask(_select(s, p), p, ratio=2, kv_len=10), n_kv=10),
+         "block scores cover 6 blocks x ratio 2 = 12 cells > n_kv=10"),
+        (lambda: _variant(lambda s, p, vis, _: ops.qsa_mask(_select(s, p), p, ratio=2, kv_len=12), q_rows=2),
+         "prefill-shaped: 2 query rows per stream > max_rows=1"),
+        (lambda: _variant(lambda s, p, vis, _: ops.qsa_mask(_select(s, p), p, ratio=2, kv_len=12), n_kv=12),
+         None),  # the control: this one applies
+    ],
+)
+def test_each_precondition_declines_with_its_reason(graph, reason):
+    g = graph()
+    result = QSAGather(min_depth_factor=0)(g)
+    if reason is None:
+        remark_of(result, "applied")
+        return
+    assert reason in remark_of(result), remark_of(result)
+    assert not result.changed and result.graph == g  # the masked path stays
+
+
+@pytest.mark.parametrize("n_kv, applies", [(2 * W_SMALL - 1, False), (2 * W_SMALL, True), (2 * W_SMALL + 1, True)])
+def test_depth_threshold(n_kv, applies):
+    result = gather(build_layer(SMALL, n_kv))
+    if applies:
+        remark_of(result, "applied")
+    else:
+        assert remark_of(result) == (
+            f"masked path kept: shallow cache: n_kv={n_kv} < min_depth_factor*W = 2*35 = 70 "
+            f"(W = 8*4 + 3, pad_multiple=1)"
+        )
+
+
+def test_prefill_rows_within_max_rows_and_several_streams_rewrite_per_stream_and_row():
+    n_kv, positions = 80, np.array([[70, 71], [79, 40]], dtype=np.int32)
+    masked = build_layer(SMALL, n_kv, batch=2, rows=2)
+    declined = gather(masked)
+    assert "2 query rows per stream > max_rows=1" in remark_of(declined)
+    result = gather(masked, max_rows=2)
+    assert "2 stream(s) x 2 row(s)" in remark_of(result, "applied")
+    assert sum(n.op == "sdpa" for n in result.graph.nodes()) == 4
+    inputs = make_inputs(SMALL, n_kv, positions, seed=5, hidden_fraction=0.1)
+    want = run(lower(masked, "numpy"), **inputs)
+    np.testing.assert_allclose(run(lower(result.graph, "numpy"), **inputs), want, rtol=1e-6, atol=1e-7)
+
+
+def test_pad_multiple_widens_the_gather_with_masked_slots():
+    n_kv = 96
+    masked = build_layer(SMALL, n_kv)
+    result = gather(masked, pad_multiple=16)
+    assert "W=48 (pad_multiple=16)" in remark_of(result, "applied")
+    (sdpa,) = [n for n in result.graph.nodes() if n.op == "sdpa"]
+    assert result.graph.node(sdpa.inputs[1]).type.shape == (1, 2, 48, 16)
+    inputs = make_inputs(SMALL, n_kv, np.array([[93]]), seed=2)
+    np.testing.assert_allclose(
+        run(lower(result.graph, "numpy"), **inputs), run(lower(masked, "numpy"), **inputs), rtol=1e-6, atol=1e-7
+    )
+
+
+@pytest.mark.parametrize("value", ["0", "off", " OFF ", "False", "no", "\tNo\n"])
+def test_environment_switch_turns_it_off(monkeypatch, value):
+    monkeypatch.setenv("ATTNPASS_QSA_GATHER", value)
+    g = build_layer(SMALL, 96)
+    result = gather(g)
+    assert remark_of(result) == f"disabled by ATTNPASS_QSA_GATHER={value.strip()}"
+    assert result.graph == g
+    assert os.environ["ATTNPASS_QSA_GATHER"] == value  # read, never written
+    remark_of(gather(g, enabled=True), "applied")  # an explicit flag wins
+
+
+@pytest.mark.parametrize("value", [None, "1", "on", "yes", "", "banana"])
+def test_environment_switch_leaves_it_on_otherwise(monkeypatch, value):
+    if value is None:
+        monkeypatch.delenv("ATTNPASS_QSA_GATHER", raising=False)
+    else:
+        monkeypatch.setenv("ATTNPASS_QSA_GATHER", value)
+    g = build_layer(SMALL, 96)
+    remark_of(gather(g), "applied")
+    assert remark_of(gather(g, enabled=False)) == "disabled by QSAGather(enabled=False)"
+
+
+def test_rerun_and_fixed_point_terminate():
+    once = gather(build_layer(SMALL, 96))
+    again = gather(once.graph)
+    assert not again.changed
+    assert "the condition is not a qsa_mask" in remark_of(again)  # it is the gather's cell_ok now
+    fixed = PassManager([QSAGather(), DeadCodeElimination()], fixed_point=True).run(build_layer(SMALL, 96))
+    assert fixed.graph == once.graph
+    assert not [r for r in fixed.remarks if r.kind == "analysis"]
+
+
+def test_graph_without_sdpa_and_bad_options():
+    g = trace(lambda x: ops.exp(x), TensorSpec((2,)))
+    assert remark_of(gather(g)) == "no sdpa nodes"
+    for bad in ({"max_rows": 0}, {"pad_multiple": 2.0}, {"enabled": "yes"}, {"min_depth_factor": -1}, {"max_rows": True}):
+        with pytest.raises(ValueError, match="QSAGather"):
+            QSAGather(**bad)
+    assert QSAGather(pad_multiple=256).width(512, 4) == 2304
+    assert QSAGather().width(512, 4) == 2051
