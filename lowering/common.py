@@ -146,8 +146,12 @@ def array_api_emitters(xp: str) -> dict[str, Emitter]:
         return emit
 
     def sdpa_lse(n: Node, a: list[str], env: EmitEnv) -> str:
-        mask, is_bool = with_causal(n, env, xp, a[3] if len(a) == 4 else None, causal_offset(n, env))
-        return f"{env.runtime('lse')}({a[0]}, {a[1]}, {mask}, scale={sdpa_scale(n, env)}, mask_is_bool={is_bool})"
+        mask = a[3] if len(a) == 4 else None
+        is_bool = mask is not None and env.type_of(n.inputs[3]).dtype is DType.bool
+        return (
+            f"{env.runtime('lse')}({a[0]}, {a[1]}, {mask}, scale={sdpa_scale(n, env)}, mask_is_bool={is_bool}, "
+            f"causal_offset={causal_offset(n, env)})"
+        )
 
     table: dict[str, Emitter] = {
         **{op: (lambda fn: lambda n, a, env: f"{xp}.{fn}({a[0]}, {a[1]})")(fn) for op, fn in _CALL2.items()},

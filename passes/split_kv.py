@@ -24,9 +24,22 @@ Forms:
   (compute per shard stays O(W); only K/V storage is split).
 
 Numerics: partials are rounded to the sdpa's dtype before the float32 combine
-(rounding-class vs the unsplit call). A shard whose keys are all masked
-contributes ``w_i = 0`` (its partial, NaN on the numpy reference, is
-discarded); a row masked everywhere stays what the target's own sdpa gives.
+(rounding-class vs the unsplit call). A shard whose keys are all masked has
+``l_i = -inf`` (``sdpa_lse`` of a row without keys), so ``w_i = 0`` and its
+partial is discarded. A row that attends no key at all stays the mean of V
+over all keys (docs/semantics.md §4), as the unsplit sdpa gives it:
+
+- dense, bool mask or causal: every shard's partial is the mean of its own V
+  and every ``l_i`` is -inf; the combine then weighs the shards equally (they
+  all hold ``T / n`` keys);
+- dense, an additive mask with causal rows that see no key (bottom-right,
+  ``S > T``): those rows get a zero query and a zero mask, as the lowering
+  gives them, so every shard weighs its keys equally and ``l_i = log(T / n)``;
+- gathered, a bool mask: rows it leaves without any slot get a zero query and
+  attend every slot they own, so each shard averages the slots it owns and
+  weighs that by their number (``l_i = log(owned)``).
+
+An additive mask that is -inf on a whole row is NaN there, split or not.
 """
 
 from __future__ import annotations
@@ -100,7 +113,7 @@ def match_split(graph: Graph, node: Node, shards: int) -> SplitPlan | Decline:
         k_source, v_source = k.name, v.name
     kv_len = graph.node(k_source).type.shape[2]
     keys = k.type.shape[2]
-    if len(node.inputs) == 4 and graph.node(node.inputs[3]).type.shape[-1] != keys:
+    if len(node.inputs) == 4 and graph.node(node.inputs[3]).type.shape[-1:] != (keys,):
         return Decline(f"the mask {node.inputs[3]} broadcasts over the keys (last dimension is not {keys})")
     if kv_len % shards:
         return Decline(f"kv_len {kv_len} of {k_source} is not divisible by {shards} shards")
@@ -115,18 +128,30 @@ def rewrite_split(rw: Rewriter, plan: SplitPlan, place: Place) -> str:
     dv = rw.type(node.inputs[2]).shape[3]
     tn = plan.kv_len // n
     name = node.name
+    mask = node.inputs[3] if len(node.inputs) == 4 else None
+    bool_mask = mask is not None and rw.type(mask).dtype is DType.bool
+    live = None  # bool [1, 1, S, 1]: the rows causality leaves a key (None: all), when the mask is additive
+    if plan.cells is None and mask is not None and not bool_mask:
+        live = _causal_live_rows(rw, node.attrs["causal"], s, plan.kv_len)
+        if live is not None:  # rows without keys: zero query (and zero mask below), equal weights
+            q = rw.op("where", [live, q, rw.scalar(0.0, rw.type(q).dtype, "zero")], hint=f"{name}_q_live")
+    elif plan.cells is not None and bool_mask:
+        assert mask is not None
+        mask, no_slot = _no_slot_rows(rw, mask)  # rows without slots: zero query, every owned slot
+        q = rw.op("where", [no_slot, rw.scalar(0.0, rw.type(q).dtype, "zero"), q], hint=f"{name}_q_live")
+    if q != node.inputs[0]:
+        place(q, ("batch", "heads", None, None))
     q_rep = rw.broadcast(q, (n, b, hq, s, d), f"{name}_q_rep")
     place(q_rep, ("shard", "batch", "heads", None, None))
     q_rep = rw.reshape(q_rep, (n * b, hq, s, d), f"{name}_q_rep")
     place(q_rep, ("shard", "heads", None, None))
     k_split = _split_keys(rw, plan.k_source, n, place, f"{name}_k_split")
     v_split = _split_keys(rw, plan.v_source, n, place, f"{name}_v_split")
-    mask = node.inputs[3] if len(node.inputs) == 4 else None
     if plan.cells is None:
         mask = None if mask is None else _split_mask(rw, mask, n, b, hq, place)
         if node.attrs["causal"] != "none":
             seen = _causal_split(rw, node.attrs["causal"], s, plan.kv_len, n, b, place)
-            mask = seen if mask is None else _and_mask(rw, mask, seen, hq, place)
+            mask = seen if mask is None else _and_mask(rw, mask, seen, hq, place, live)
     else:
         local, owned = _owned_cells(rw, plan.cells, n, tn)
         k_split = rw.op("take", [k_split, local], {"axis": 2}, f"{name}_k_gathered")
@@ -198,12 +223,37 @@ def _causal_split(rw: Rewriter, causal: str, s: int, t: int, n: int, b: int, pla
     return seen
 
 
-def _and_mask(rw: Rewriter, mask: str, seen: str, hq: int, place: Place) -> str:
-    """A split mask (bool, or additive in q's dtype) restricted to the keys ``seen`` allows."""
+def _causal_live_rows(rw: Rewriter, causal: str, s: int, t: int) -> str | None:
+    """bool ``[1, 1, S, 1]``: the query rows that causality leaves at least one key; None when that is every row."""
+    dead = min(s, max(0, s - t)) if causal == "bottom_right" else 0
+    if not dead:
+        return None
+    row = rw.op("iota", [], {"shape": (1, 1, s, 1), "axis": 2}, "query_row")
+    return rw.op("greater_equal", [row, rw.scalar(dead, DType.int32, "first_live_row")], hint="live_row")
+
+
+def _no_slot_rows(rw: Rewriter, mask: str) -> tuple[str, str]:
+    """A bool mask (last axis: the slots) as ``(mask | no_slot, no_slot)``, 4-D; ``no_slot`` is ``[.., 1]``:
+    the rows the mask lets attend no slot at all."""
+    shape = rw.type(mask).shape
+    if len(shape) < 4:
+        mask = rw.reshape(mask, (1,) * (4 - len(shape)) + shape, f"{mask}_4d")
+    seen = rw.op("max", [rw.cast(mask, DType.int32, f"{mask}_count")], {"axes": (3,), "keepdims": True}, "row_seen")
+    no_slot = rw.op("equal", [seen, rw.scalar(0, DType.int32, "zero_slots")], hint="no_slot_row")
+    return rw.op("logical_or", [mask, no_slot], hint=f"{mask}_or_all"), no_slot
+
+
+def _and_mask(rw: Rewriter, mask: str, seen: str, hq: int, place: Place, live: str | None) -> str:
+    """A split mask (bool, or additive in q's dtype) restricted to the keys ``seen`` allows; an additive mask
+    is 0, not -inf, on the rows outside ``live`` (the rows without any key, whose query is zero)."""
     if rw.type(mask).dtype is DType.bool:
         both = rw.op("logical_and", [mask, seen], hint="causal_mask")
     else:
-        both = rw.op("where", [seen, mask, rw.scalar(-math.inf, rw.type(mask).dtype, "neg_inf")], hint="causal_mask")
+        dtype = rw.type(mask).dtype
+        fill = rw.scalar(-math.inf, dtype, "neg_inf")
+        if live is not None:
+            fill = rw.op("where", [live, fill, rw.scalar(0.0, dtype, "zero")], hint="causal_fill")
+        both = rw.op("where", [seen, mask, fill], hint="causal_mask")
     place(both, ("shard", "heads" if rw.type(both).shape[1] == hq else None, None, None))
     return both
 
@@ -251,9 +301,12 @@ def _combine(
     for value in (o, lse5):
         place(value, ("shard", "batch", "heads", None, None))
     peak = rw.op("max", [lse5], {"axes": (0,), "keepdims": True}, f"{name}_lse_max")
-    weight = rw.op("exp", [rw.op("sub", [lse5, peak], hint=f"{name}_lse_shift")], hint=f"{name}_weight")
     zero = rw.scalar(0.0, DType.float32, "zero")
-    dropped = rw.op("equal", [weight, zero], hint=f"{name}_dropped")  # a fully masked shard's partial may be NaN
+    # No shard attends a key (every l_i = -inf): each partial is the mean of its T/n values; weigh them equally.
+    none = rw.op("equal", [peak, rw.scalar(-math.inf, DType.float32, "neg_inf")], hint=f"{name}_no_key")
+    shift = rw.op("sub", [lse5, rw.op("where", [none, zero, peak], hint=f"{name}_lse_max")], hint=f"{name}_lse_shift")
+    weight = rw.op("exp", [rw.op("where", [none, zero, shift], hint=f"{name}_lse_shift")], hint=f"{name}_weight")
+    dropped = rw.op("equal", [weight, zero], hint=f"{name}_dropped")  # a shard without keys: its partial may be NaN
     weighted = rw.op(
         "where", [dropped, zero, rw.op("mul", [weight, o], hint=f"{name}_weighted")], hint=f"{name}_weighted"
     )

@@ -130,7 +130,8 @@ register(
         "attention",
         "Companion of sdpa (its optional log-sum-exp output, JAX's return_residual): f32[B, Hq, S] = "
         "logsumexp over the keys of the scaled, masked logits of the sdpa with the same operands and "
-        "attributes. Kept in float32 (JAX casts its residual to the key dtype). A row that attends no key "
-        "gives the target's fill: -inf on numpy, a large finite negative on MLX/JAX, as their sdpa does.",
+        "attributes. Kept in float32 (JAX casts its residual to the key dtype). A row that the bool mask "
+        "and causal leave without any key is -inf on every target (sdpa gives it the mean of V; it attends "
+        "nothing, so a split-KV combine weighs it 0), as is a row an additive mask sets to -inf.",
     )
 )

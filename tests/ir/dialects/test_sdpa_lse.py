@@ -75,13 +75,17 @@ def test_it_is_jaxs_return_residual_in_float32(rng):
 
 
 @pytest.mark.parametrize("target", TARGETS)
-def test_a_row_that_attends_no_key_gets_the_targets_fill(target, rng):
-    graph = lse_graph("float32", "bool", None)
-    q, k, v, m = inputs(graph, rng)
-    m[..., 1, :] = False
-    out = run(lower(graph, target), q, k, v, m)
-    if target == "numpy":
-        assert np.all(out[:, :, 1] == -np.inf)
-    else:  # JAX's finite fill (-0.7 * float32 max), which jax.nn.dot_product_attention uses too
-        assert np.all(np.isfinite(out[:, :, 1])) and np.all(out[:, :, 1] < -1e38)
-    assert np.all(np.isfinite(out[:, :, [0, 2]]))
+@pytest.mark.parametrize(("mask", "causal"), [("bool", None), (None, "bottom_right"), ("additive", "bottom_right")])
+def test_a_row_that_attends_no_key_is_minus_infinity_on_every_target(target, mask, causal, rng):
+    """sdpa gives such a row the mean of V (docs/semantics.md §4); its log-sum-exp says it attended nothing.
+
+    (JAX's own return_residual is its finite fill there, -0.7 * float32 max + log T: not a value to combine by.)
+    """
+    graph = lse_graph("float32", mask, causal, s=12)  # bottom-right with S = 12 > T = 10: rows 0 and 1 see nothing
+    arrays = inputs(graph, rng)
+    if mask == "bool":
+        arrays[3][..., :2, :] = False
+    out = run(lower(graph, target), *arrays)
+    assert np.all(out[:, :, :2] == -np.inf)
+    assert np.isfinite(out[:, :, 2:]).all()
+    assert_close(out[:, :, 2:], run(lower(graph, "numpy"), *arrays)[:, :, 2:], DType.float32, rtol=1e-5)
