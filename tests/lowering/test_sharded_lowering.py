@@ -1,18 +1,17 @@
-"""The sharded JAX lowering in this process (one CPU device): generated source, StableHLO, errors, the CLI.
+"""The sharded JAX lowering in this process (one CPU device): generated source, StableHLO and errors.
 
 Programs are generated for abstract meshes (axis names and sizes, no devices)
-or run on a one-device mesh; the 8-device runs are in tests/backends/test_sharded_mesh.py.
+or run on a one-device mesh; the 8-device runs are in tests/backends/test_sharded_mesh.py, the
+command line's --mesh in tests/cli/test_cli_mesh.py.
 """
 
 from __future__ import annotations
 
-import json
 import re
 
 import numpy as np
 import pytest
 
-from attnpass.cli.main import main
 from attnpass.ir import TensorSpec, ops, trace
 from attnpass.lowering import LoweringError, lower
 from attnpass.lowering.targets.jax import export_stablehlo
@@ -121,32 +120,3 @@ def test_explicit_mesh_axes_are_rejected_with_the_fix():
     with pytest.raises(LoweringError, match="mesh must be a jax.sharding.Mesh or AbstractMesh, got dict"):
         lower(sharded(), "jax", mesh={"model": 2})
     assert jax.device_count() == 1  # this process keeps one device; 8-device runs live in a subprocess
-
-
-def test_the_command_line_declares_lowers_and_exports_over_a_mesh(tmp_path, capsys):
-    graph_file, out_file = tmp_path / "g.json", tmp_path / "s.json"
-    graph_file.write_text(verify_step(q_len=4, kv_len=256).to_json())
-    assert (
-        main(
-            [
-                "run",
-                "--mesh",
-                "model=2",
-                "-p",
-                "head-chunk,shard-attention{heads=model}",
-                str(graph_file),
-                "-o",
-                str(out_file),
-            ]
-        )
-        == 0
-    )
-    assert json.loads(out_file.read_text())["mesh"] == [["model", 2]]
-    assert main(["lower", "--target", "jax", "--mesh", "model=2", str(out_file)]) == 0
-    assert "attention_sharded = jax.jit(" in capsys.readouterr().out
-    assert main(["export", "--target", "stablehlo", "--mesh", "model=2", str(out_file)]) == 0
-    assert 'sdy.sharding = #sdy.sharding<@mesh, [{}, {"model"}, {}, {}]>' in capsys.readouterr().out
-    assert main(["lower", "--target", "mlx", "--mesh", "model=2", str(out_file)]) == 1
-    assert "--mesh: target 'mlx' has no sharded lowering" in capsys.readouterr().err
-    assert main(["run", "--mesh", "model", "-p", "dce", str(graph_file)]) == 1
-    assert "malformed mesh axis 'model'; expected name=size" in capsys.readouterr().err

@@ -102,9 +102,66 @@ def test_json_loading_validates_mesh_and_shardings(edit, message):
         Graph.from_json(json.dumps(doc))
 
 
+# Hostile mesh and sharding fields: each is refused with a GraphFormatError (never another exception).
+HOSTILE_JSON = {
+    "mesh-null": lambda d: d.update(mesh=None),
+    "mesh-not-pairs": lambda d: d.update(mesh=["model"]),
+    "mesh-short-pair": lambda d: d.update(mesh=[["model"]]),
+    "mesh-name-not-str": lambda d: d.update(mesh=[[["model"], 2]]),
+    "mesh-name-not-identifier": lambda d: d.update(mesh=[["a b", 2]]),
+    "mesh-size-bool": lambda d: d.update(mesh=[["model", True]]),
+    "mesh-size-huge": lambda d: d.update(mesh=[["model", 10**19]]),
+    "mesh-size-float": lambda d: d.update(mesh=[["model", 2.0]]),
+    "mesh-axis-twice": lambda d: d.update(mesh=[["model", 2], ["model", 2]]),
+    "sharding-int": lambda d: d["nodes"][0].update(sharding=[0, None, None, None]),
+    "sharding-dict": lambda d: d["nodes"][0].update(sharding={"model": 1}),
+    "sharding-rank": lambda d: d["nodes"][0].update(sharding=["model"]),
+    "sharding-axis-twice": lambda d: d["nodes"][1].update(sharding=[None, "model", "model", None]),
+    "sharding-long-name": lambda d: d["nodes"][0].update(sharding=[None, "x" * 100000, None, None]),
+    "sharding-without-mesh": lambda d: d.pop("mesh"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE_JSON))
+def test_hostile_mesh_and_sharding_fields_are_clean_load_errors(name):
+    doc = json.loads(annotated().to_json())
+    HOSTILE_JSON[name](doc)
+    with pytest.raises(GraphFormatError) as info:
+        Graph.from_json(json.dumps(doc))
+    assert len(str(info.value).splitlines()[0]) < 400  # quoted input stays short
+
+
 def test_the_parser_rejects_a_malformed_mesh():
     text = str(annotated()).replace("mesh(data=1, model=2)", "mesh(data, model=2)")
     with pytest.raises(GraphFormatError, match="malformed mesh axis 'data'; expected name=size"):
+        parse_graph(text)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "message"),
+    [
+        ("mesh(data=1, model=2)", "mesh(data=1, model=" + "9" * 5000 + ")", "malformed mesh axis"),
+        ("mesh(data=1, model=2)", "mesh(data=1, model=\u00b2)", "malformed mesh axis"),
+        ("mesh(data=1, model=2)", "mesh(data=1, model=0)", "size must be an int in"),
+        ("mesh(data=1, model=2)", "mesh(data=1, data=2)", "declared twice"),
+        ("k_cache:bf16[1,2@model,64,256]", "k_cache:bf16[1,2@nowhere,64,256]", "not a mesh axis of the graph"),
+        ("k_cache:bf16[1,2@model,64,256]", "k_cache:bf16[1,2@model,64@model,256]", "more than one dimension"),
+        ("k_cache:bf16[1,2@model,64,256]", "k_cache:bf16[1,2@,64,256]", "malformed type"),
+        ("k_cache:bf16[1,2@model,64,256]", "k_cache:bf16[1,2@model@data,64,256]", "malformed type"),
+        ("sdpa:bf16[1,24@model,4,256]", "sdpa:bf16[1,24@data@model,4,256]", "malformed type"),
+        ("sdpa:bf16[1,24@model,4,256]", "sdpa:bf16[1,24@model," + "4" * 30 + ",256]", "out of range"),
+    ],
+)
+def test_the_parser_refuses_hostile_mesh_and_sharding_text(old, new, message):
+    text = str(annotated())
+    assert old in text
+    with pytest.raises(GraphFormatError, match=message):
+        parse_graph(text.replace(old, new.encode().decode("unicode_escape")))
+
+
+def test_a_long_header_parses_in_linear_time():
+    text = str(annotated()).replace(") mesh(", ")" + " mesh(" * 20000 + "x=1) mesh(", 1)
+    with pytest.raises(GraphFormatError, match="malformed graph header"):
         parse_graph(text)
 
 
