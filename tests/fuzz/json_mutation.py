@@ -1,6 +1,7 @@
 """JSON mutation fuzzing of ``Graph.from_json``: any text loads or raises an ``AttnpassError``, nothing else.
 
-A case serialises a generated graph and applies one to three mutations to the
+A case serialises a generated graph (a third of them with a mesh and sharding
+annotations, so the mutations reach those fields too) and applies one to three mutations to the
 decoded document (delete a key or element, duplicate or swap elements,
 replace a value with a hostile one: wrong kinds, huge or non-finite numbers,
 deep nesting, odd strings, another value's name) or to the text (truncate,
@@ -81,7 +82,7 @@ def _mutate(c: Choices, doc: Any) -> Any:
     op = c.pick(["replace", "delete", "duplicate", "swap", "add-key"])
     if not keys or op == "add-key":
         if isinstance(container, dict):
-            container[c.pick(["extra", "loc", "attrs", "role"])] = _hostile(c, doc)
+            container[c.pick(["extra", "loc", "attrs", "role", "sharding", "mesh"])] = _hostile(c, doc)
         else:
             container.append(_hostile(c, doc))
         return doc
@@ -98,9 +99,28 @@ def _mutate(c: Choices, doc: Any) -> Any:
     return doc
 
 
+def _placed(c: Choices, graph: Graph) -> Graph:
+    """``graph`` with a mesh ``x=2, y=1`` and valid shardings on some values (each axis on one even dimension)."""
+    graph.set_mesh({"x": 2, "y": 1})
+    for node in graph.nodes():
+        shape = node.type.shape
+        if not shape or not c.flag(0.3):
+            continue
+        sharding: list[str | None] = [None] * len(shape)
+        sharding[c.int(0, len(shape) - 1)] = "y"
+        even = [d for d, n in enumerate(shape) if n % 2 == 0 and sharding[d] is None]
+        if even and c.flag():
+            sharding[c.pick(even)] = "x"
+        graph.set_sharding(node.name, sharding)
+    return graph
+
+
 def mutated_json(c: Choices) -> str:
     """The JSON of a generated graph, mutated."""
-    doc = json.loads(FAMILIES[c.pick(sorted(FAMILIES))](c).graph.to_json())
+    graph = FAMILIES[c.pick(sorted(FAMILIES))](c).graph
+    if c.flag(0.3):
+        graph = _placed(c, graph)
+    doc = json.loads(graph.to_json())
     for node in doc["nodes"]:  # source locations, as traced graphs carry them
         node["loc"] = {"file": "model.py", "line": c.int(1, 99), "function": c.pick(["f", "", "<lambda>"])}
     for _ in range(c.int(1, 3)):
