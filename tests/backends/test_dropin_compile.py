@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from attnpass import passes
-from attnpass.backends.specialize import FallbackWarning, SpecializationError, default_pipeline
 from attnpass.backends import to_numpy
+from attnpass.backends.specialize import FallbackWarning, SpecializationError, default_pipeline
 from attnpass.passes import format_pipeline
 from tests.util import assert_bits_equal, assert_close, requires
 

@@ -217,7 +217,7 @@ def test_set_inputs_reorders_signature():
 
 def test_replace_all_uses():
     g = chain_graph(4)  # x -> n000 exp -> n001 neg -> n002 exp -> n003 neg
-    alt = g.add_node("relu", ["n000"], name="alt")
+    g.add_node("relu", ["n000"], name="alt")
     assert g.replace_all_uses("n001", "alt") == 1
     assert g.node("n002").inputs == ("alt",)
     assert g.replace_all_uses("n003", "alt") == 1  # the output use
@@ -235,7 +235,7 @@ def test_replace_all_uses_counts_repeated_operands_and_skips_new():
     x = g.add_input("x", t((3,)))
     a = g.add_node("exp", [x], name="a")
     b = g.add_node("mul", [a, a], name="b")
-    na = g.add_node("neg", [a], name="na")  # reads a itself: must not become a self-loop
+    g.add_node("neg", [a], name="na")  # reads a itself: must not become a self-loop
     g.set_outputs([b, a])
     assert g.replace_all_uses("a", "na") == 3  # two operands of b and one output
     assert g.node("b").inputs == ("na", "na") and g.node("na").inputs == ("a",)
