@@ -11,6 +11,7 @@ from its own JSON and from its printed text.
 
 from __future__ import annotations
 
+import copy
 import json
 from typing import Any
 
@@ -61,7 +62,7 @@ def _hostile(c: Choices, doc: Any) -> Any:
         return c.pick(_names(doc) or ["q"])
     if kind == "raw":
         return c.pick(sorted(RAW))[1:-1]
-    return c.pick(HOSTILE)
+    return copy.deepcopy(c.pick(HOSTILE))  # a fresh [] or {}: a later mutation may append to it (even itself)
 
 
 def _field(c: Choices, doc: Any) -> tuple | None:
