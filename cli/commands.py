@@ -60,8 +60,8 @@ def _run_pipeline(args: argparse.Namespace, instrumentations: list):
     from attnpass.passes import PassManager, load_reproducer, parse_pipeline
 
     if args.reproducer is not None:
-        if args.pipeline is not None or args.graph is not None:
-            raise AttnpassError("--reproducer replays a saved crash: give neither --pipeline nor GRAPH")
+        if args.pipeline is not None or args.graph is not None or args.mesh is not None:
+            raise AttnpassError("--reproducer replays a saved crash: give neither --pipeline, --mesh nor GRAPH")
         rep = load_reproducer(args.reproducer)
         after = ", ".join(map(printable, rep.after)) or "none"
         print(f"// replaying {args.reproducer}: pipeline {rep.pipeline!r} (ran after: {after})")
@@ -73,6 +73,12 @@ def _run_pipeline(args: argparse.Namespace, instrumentations: list):
             raise AttnpassError("--pipeline is empty: name at least one pass, e.g. -p dce (see: attnpass passes)")
         passes, graph = parse_pipeline(args.pipeline), load_graph(args.graph)
         reproducer_dir = args.reproducer_dir or tempfile.gettempdir()
+        if args.mesh is not None:
+            axes = _mesh_axes(args.mesh)
+            try:
+                graph.set_mesh(axes)
+            except AttnpassError as exc:
+                raise type(exc)(f"--mesh: {exc}") from None
     manager = PassManager(
         passes, fixed_point=args.fixed_point, instrumentations=instrumentations, reproducer_dir=reproducer_dir
     )
@@ -159,13 +165,41 @@ def render_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _mesh_axes(text: str) -> dict[str, int]:
+    """``--mesh data=2,model=4`` as mesh axes, name -> size in order."""
+    from attnpass.ir.core.sharding import parse_mesh
+
+    try:
+        axes = parse_mesh(text)
+    except AttnpassError as exc:
+        raise type(exc)(f"--mesh: {exc}") from None
+    if not axes:
+        raise AttnpassError("--mesh is empty: name the mesh axes with their sizes, e.g. --mesh model=8")
+    return axes
+
+
+def _spmd(target: Any) -> Any:
+    """The target's sharded lowering, for ``--mesh`` (an error naming the targets that have one)."""
+    from attnpass.lowering import available_targets
+
+    if target.spmd is None:
+        having = ", ".join(t.name for t in available_targets() if t.spmd is not None) or "none"
+        raise AttnpassError(f"--mesh: target {target.name!r} has no sharded lowering; targets with one: {having}")
+    return target.spmd
+
+
 def lower_command(args: argparse.Namespace) -> int:
     """The generated source only: the program is not compiled, so the backend is not imported."""
     from attnpass.lowering import get_target
     from attnpass.lowering.codegen import generate
+    from attnpass.lowering.sharding import check_mesh_axes
 
-    graph = load_graph(args.graph)
-    print(generate(graph, get_target(args.target), comments=not args.no_comments).text.rstrip("\n"))
+    graph, target = load_graph(args.graph), get_target(args.target)
+    spmd = None
+    if args.mesh is not None:  # the sharded source: the axes must fit the graph's mesh; no devices needed
+        spmd = _spmd(target)
+        check_mesh_axes(graph, _mesh_axes(args.mesh))
+    print(generate(graph, target, comments=not args.no_comments, spmd=spmd).text.rstrip("\n"))
     return 0
 
 
@@ -182,12 +216,14 @@ def export(args: argparse.Namespace) -> int:
 
     graph = load_graph(args.graph)
     target = export_formats()[args.target]
+    axes, spmd = (None, None) if args.mesh is None else (_mesh_axes(args.mesh), _spmd(target))
     spec = target.export
     if spec.suffix and not args.output:
         raise AttnpassError(f"--target {spec.format} writes a binary {spec.suffix} file: give -o FILE{spec.suffix}")
     out = _writable(args.output) if args.output else None
     try:
-        program = lower(graph, target.name)
+        mesh = None if spmd is None else spmd.make_mesh(axes)  # abstract when there are fewer devices
+        program = lower(graph, target.name, mesh=mesh)
         if spec.suffix:
             print(f"// wrote {spec.function(program, out)} (load it with {spec.loader})")
             return 0

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 PIPELINE_HELP = "textual pipeline, e.g. 'dce,head-chunk{budget=16},qsa-gather{pad_multiple=256}' (see: attnpass passes)"
+MESH_HELP = "device mesh axes in order, e.g. data=2,model=4"
 GRAPH_HELP = "graph file: JSON (Graph.to_json) or the printed text form (print(graph)); - for stdin"
 FULL_PATHS_HELP = "show source locations as recorded (default: relative to the working directory or the module)"
 
@@ -87,6 +88,7 @@ def _pipeline_options(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--pipeline", "-p", metavar="TEXT", help=PIPELINE_HELP)
     sub.add_argument("--reproducer", metavar="FILE", help="replay a crash reproducer instead of --pipeline/GRAPH")
     sub.add_argument("--fixed-point", action="store_true", help="repeat the pipeline until nothing changes (bounded)")
+    sub.add_argument("--mesh", metavar="AXES", help=f"declare the graph's mesh before the pipeline ({MESH_HELP})")
     sub.add_argument(
         "--reproducer-dir",
         metavar="DIR",
@@ -156,12 +158,14 @@ def build_parser() -> argparse.ArgumentParser:
     targets = LazyNames(_target_names)
     sub.add_argument("--target", "-t", required=True, choices=targets, metavar="TARGET", help="%(choices)s")
     sub.add_argument("--no-comments", action="store_true", help="omit the comments pointing back to graph nodes")
+    sub.add_argument("--mesh", metavar="AXES", help=f"the sharded program over a mesh with these axes ({MESH_HELP})")
 
     sub = add("export", "export", "export a graph for other compilers: MLX .mlxfn or StableHLO text")
     sub.add_argument("graph", metavar="GRAPH", help=GRAPH_HELP)
     formats = LazyNames(_export_names)
     sub.add_argument("--target", "-t", required=True, choices=formats, metavar="FORMAT", help="%(choices)s")
     sub.add_argument("-o", "--output", metavar="FILE", help="output file (stablehlo: default stdout)")
+    sub.add_argument("--mesh", metavar="AXES", help=f"export the sharded program ({MESH_HELP})")
 
     sub = add("example", "example", "write a built-in example graph as JSON (no NAME: list them)")
     sub.add_argument("name", nargs="?", metavar="NAME", help="example name (attnpass example lists them)")

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Callable, Mapping
 from attnpass.ir import AttnpassError, DType, Graph, Node, TensorType, format_node
 
 if TYPE_CHECKING:
+    from .sharding import Spmd
     from .target import Target
 
 
@@ -94,17 +95,24 @@ def py_literal(x: object) -> str:
 
 @dataclass(frozen=True)
 class Source:
-    """Generated source, its function name and a line -> node map."""
+    """Generated source, the name of the function to call and a line -> node map."""
 
     text: str
     function: str
     line_to_node: Mapping[int, str]
 
 
-def generate(graph: Graph, target: Target, *, comments: bool = True, checks: bool = False) -> Source:
-    """Emit one Python function computing ``graph`` with ``target``'s emitter table (``checks``: see EmitEnv)."""
+def generate(
+    graph: Graph, target: Target, *, comments: bool = True, checks: bool = False, spmd: Spmd | None = None
+) -> Source:
+    """Emit one Python function computing ``graph`` with ``target``'s emitter table (``checks``: see EmitEnv).
+
+    With ``spmd`` (a sharded lowering, :mod:`attnpass.lowering.sharding`), every
+    annotated value gets a second line keeping it on its sharding, and the
+    function to call is the sharded entry point defined after the function.
+    """
     graph.verify()
-    ns = Namespace(target.reserved)
+    ns = Namespace(target.reserved | (spmd.reserved if spmd else frozenset()))
     env = EmitEnv(graph, target, checks)
     fn_name = ns(graph.name)
     params = tuple(ns(i) for i in graph.inputs)
@@ -129,11 +137,19 @@ def generate(graph: Graph, target: Target, *, comments: bool = True, checks: boo
             raise LoweringError(f"{target.name}: cannot lower {node.op} {node.name}: {exc}") from None
         lines.append(f"    {ns(node.name)} = {expr}")
         line_to_node[len(lines)] = node.name
+        if spmd is not None and node.sharding is not None:
+            lines.append(f"    {ns(node.name)} = {spmd.constrain(ns(node.name), node.sharding)}")
+            line_to_node[len(lines)] = node.name
     outs = [ns(o) for o in graph.outputs]
     lines.append(f"    return {', '.join(outs)}")
     state = tuple(graph.inputs.index(name) for name, _ in graph.state_pairs())
     if state and target.donate is not None:
         lines += ["", "", target.donate(fn_name, state)]
-    header = [*target.prelude, *env.imports, "", ""]
+    entry = fn_name
+    if spmd is not None:
+        entry = ns(f"{fn_name}_sharded")
+        placed = [[(n, graph.node(n).sharding) for n in names] for names in (graph.inputs, graph.outputs)]
+        lines += ["", "", *spmd.entry(fn_name, entry, *placed)]
+    header = [*target.prelude, *(spmd.prelude if spmd else ()), *env.imports, "", ""]
     line_to_node = {line + len(header): name for line, name in line_to_node.items()}
-    return Source("\n".join(header + lines) + "\n", fn_name, line_to_node)
+    return Source("\n".join(header + lines) + "\n", entry, line_to_node)

@@ -101,6 +101,15 @@ def update_start(node: Node, start: str, env: EmitEnv, xp: str) -> str:
     return f"{xp}.clip({start}, 0, {xp}.array({limit}, dtype={xp}.int32))"
 
 
+def iota_expr(xp: str, node: Node) -> str:
+    """``arange`` along the iota's axis, reshaped and broadcast to its shape, in the library imported as ``xp``."""
+    shape = node.type.shape
+    axis = node.attrs["axis"] % len(shape)
+    along = tuple(n if i == axis else 1 for i, n in enumerate(shape))
+    arange = f"{xp}.arange({shape[axis]}, dtype={xp}.int32)"
+    return f"{xp}.broadcast_to({xp}.reshape({arange}, {py_literal(along)}), {py_literal(shape)})"
+
+
 def constant_values(node: Node) -> tuple:
     """A constant's values, floats already rounded to the node's dtype (no double rounding later)."""
     values = node.attrs["value"]
@@ -143,6 +152,14 @@ def array_api_emitters(xp: str) -> dict[str, Emitter]:
 
         return emit
 
+    def sdpa_lse(n: Node, a: list[str], env: EmitEnv) -> str:
+        mask = a[3] if len(a) == 4 else None
+        is_bool = mask is not None and env.type_of(n.inputs[3]).dtype is DType.bool
+        return (
+            f"{env.runtime('lse')}({a[0]}, {a[1]}, {mask}, scale={sdpa_scale(n, env)}, mask_is_bool={is_bool}, "
+            f"causal_offset={causal_offset(n, env)})"
+        )
+
     table: dict[str, Emitter] = {
         **{op: (lambda fn: lambda n, a, env: f"{xp}.{fn}({a[0]}, {a[1]})")(fn) for op, fn in _CALL2.items()},
         **{op: (lambda fn: lambda n, a, env: f"{xp}.{fn}({a[0]})")(fn) for op, fn in _CALL1.items()},
@@ -157,6 +174,8 @@ def array_api_emitters(xp: str) -> dict[str, Emitter]:
         "concat": lambda n, a, env: f"{xp}.concatenate([{', '.join(a)}], axis={n.attrs['axis']})",
         "sum": reduce("sum"),
         "max": reduce("max"),
+        "sdpa_lse": sdpa_lse,
+        "iota": lambda n, a, env: iota_expr(xp, n),
         "argpartition": lambda n, a, env: (
             f"{xp}.argpartition({a[0]}, {n.attrs['kth']}, axis={n.attrs['axis']}).astype({xp}.int32)"
         ),

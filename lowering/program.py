@@ -14,7 +14,8 @@ from attnpass.ir import AttnpassError, Graph, TensorType
 from attnpass.ir.core.types import type_str
 
 from .codegen import LoweringError, Source, generate
-from .registry import get_target
+from .registry import available_targets, get_target
+from .sharding import check_mesh
 
 
 class IdentityMismatch(AttnpassError):
@@ -57,17 +58,29 @@ class Program:
     :class:`Target`), ``source`` (generated Python), ``fn`` (the raw generated
     function, for ``mx.compile``/``jax.jit`` or export; for a graph with state
     the target may have wrapped it to donate the state buffers, as JAX's
-    ``jax.jit(..., donate_argnums=...)``), ``input_names``, ``line_to_node`` and
-    ``identity``. A decode loop carries state with :meth:`next_state`.
+    ``jax.jit(..., donate_argnums=...)``; with a mesh, the sharded ``jax.jit``
+    entry point), ``mesh``, ``input_names``, ``line_to_node`` and ``identity``
+    (placement does not enter it: a sharded program computes the same values).
+    A decode loop carries state with :meth:`next_state`.
     """
 
-    def __init__(self, graph: Graph, target: str, *, comments: bool = True, checks: bool = False) -> None:
+    def __init__(
+        self, graph: Graph, target: str, *, comments: bool = True, checks: bool = False, mesh: Any = None
+    ) -> None:
         self.target = get_target(target)
         self.graph = graph.copy()
-        generated: Source = generate(self.graph, self.target, comments=comments, checks=checks)
+        self.mesh = mesh
+        spmd = None
+        if mesh is not None:
+            spmd = self.target.spmd
+            if spmd is None:
+                having = ", ".join(t.name for t in available_targets() if t.spmd is not None) or "none"
+                raise LoweringError(f"target {target!r} has no sharded lowering (mesh=); targets with one: {having}")
+            check_mesh(self.graph, spmd, mesh)
+        generated: Source = generate(self.graph, self.target, comments=comments, checks=checks, spmd=spmd)
         self.source = generated.text
         self.line_to_node = generated.line_to_node
-        namespace: dict[str, Any] = {"__name__": f"attnpass_generated_{target}"}
+        namespace: dict[str, Any] = {"__name__": f"attnpass_generated_{target}", "mesh": mesh}
         try:
             exec(compile(self.source, f"<attnpass {target}:{graph.name}>", "exec"), namespace)
         except ImportError as exc:
@@ -101,6 +114,9 @@ class Program:
             raise AttnpassError(f"{self.graph.name}: missing input(s) {', '.join(missing)}")
         for name, t in zip(names, self.input_types):
             check_argument(name, t, bound[name])
+        if self.mesh is not None:  # every argument on the mesh, with its input's sharding (None: replicated)
+            place = self.target.spmd.place  # type: ignore[union-attr]
+            return [place(bound[n], self.mesh, self.graph.node(n).sharding) for n in names]
         convert = self.target.from_numpy  # numpy arrays only: backend arrays and tracers pass as they are
         return [convert(bound[n]) if isinstance(bound[n], np.ndarray) else bound[n] for n in names]
 
@@ -116,9 +132,11 @@ class Program:
         return f"<Program {self.graph.name} target={self.target.name} inputs={list(self.input_names)}>"
 
 
-def lower(graph: Graph, target: str, *, comments: bool = True, checks: bool = False) -> Program:
+def lower(graph: Graph, target: str, *, comments: bool = True, checks: bool = False, mesh: Any = None) -> Program:
     """Lower ``graph`` to the target registered as ``target`` ("mlx", "jax", "numpy", ...) and compile it.
 
     ``checks=True``: values outside an op's contract raise at run time (:mod:`attnpass.lowering.checks`).
+    ``mesh`` (e.g. a ``jax.sharding.Mesh``): lower with the graph's sharding annotations
+    placed on it (:mod:`attnpass.lowering.sharding`); without one they are ignored.
     """
-    return Program(graph, target, comments=comments, checks=checks)
+    return Program(graph, target, comments=comments, checks=checks, mesh=mesh)

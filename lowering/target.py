@@ -5,7 +5,7 @@ A target is one folder (the built-in ones: ``lowering/targets/<name>/``):
 code imports, and ``target.py`` holding its :class:`Target`. Besides what
 code generation needs, the Target carries the facts ``attnpass.backends``
 dispatches on: array conversion, the backend's version, primitive counting,
-export placeholders and export. The target's own functions import their
+export placeholders and export, and its sharded lowering if it has one. The target's own functions import their
 library when called, so importing ``attnpass.lowering`` imports neither MLX
 nor JAX. :func:`attnpass.lowering.register_target` makes a Target known by
 name; nothing outside the registry compares target names.
@@ -22,6 +22,7 @@ import numpy as np
 from attnpass.ir import TensorType
 
 from .codegen import Emitter
+from .sharding import Spmd
 
 if TYPE_CHECKING:
     from .program import Program
@@ -63,6 +64,7 @@ class Target:
     # (function name, state argument positions) -> a module-level line rebinding the function so the
     # backend may update state buffers in place (JAX: jax.jit with donate_argnums); None: no donation
     donate: Callable[[str, tuple[int, ...]], str] | None = None
+    spmd: Spmd | None = None  # sharded lowering over a device mesh (lower(..., mesh=...)), if the target has one
 
     @property
     def reserved(self) -> frozenset[str]:

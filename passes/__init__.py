@@ -23,11 +23,13 @@ from .raise_attention import RaiseAttention
 from .registry import PipelineError, available_passes, get_pass, register_pass
 from .reproducer import Reproducer, load_reproducer
 from .rewrite import ANY, Decline, Rewriter, Rule, apply_rules
+from .shard_attention import ShardAttention
+from .split_kv import SplitKV
 
 __all__ = [
     "ANY", "Canonicalize", "DeadCodeElimination", "Decline", "DecomposeSDPA", "HeadChunkSDPA", "Instrumentation",
     "NarrowInputs", "Pass", "PassError", "PassManager", "PassResult", "PassTimings", "PipelineError",
     "PrintAfterChange", "QSAGather", "QSAPoolCache", "RaiseAttention", "Remark", "Remarks", "Reproducer", "Rewriter",
-    "Rule", "SwitchedPass", "apply_rules", "available_passes", "default_pipeline", "format_pipeline", "get_pass",
-    "head_chunk_plan", "load_reproducer", "parse_pipeline", "register_pass",
+    "Rule", "ShardAttention", "SplitKV", "SwitchedPass", "apply_rules", "available_passes", "default_pipeline",
+    "format_pipeline", "get_pass", "head_chunk_plan", "load_reproducer", "parse_pipeline", "register_pass",
 ]  # fmt: skip

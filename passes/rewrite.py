@@ -92,6 +92,11 @@ class Rewriter(Builder):
             self.graph.prune(self.anchor.inputs)
         self.done = True
 
+    def annotate_matched(self, sharding: Sequence[str | None]) -> None:
+        """Keep the anchor and give it a sharding annotation (a rewrite that only places values)."""
+        self.graph.set_sharding(self.anchor.name, sharding)
+        self.done = True
+
     def relayout(self, x: str, split: Sequence[int], perm: Sequence[int], shape: Sequence[int], hint: str) -> str:
         """``x`` reshaped to ``split``, transposed by ``perm``, reshaped to ``shape`` (one reshape when
         ``perm`` keeps the order; identities skipped): how :func:`.layout_algebra.view_plan` lays a value out."""

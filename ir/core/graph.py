@@ -20,6 +20,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from . import builtin as _builtin  # noqa: F401  (registers input and constant)
 from .registry import AttrValue, OpDef, encode_attr, get_op
+from .sharding import Sharding, normalize_mesh, normalize_sharding, sharding_problem
 from .types import AttnpassError, SourceLoc, TensorType, VerifyError, check_identifier, short_repr
 
 ROLES = ("streamed", "resident")
@@ -27,7 +28,11 @@ ROLES = ("streamed", "resident")
 
 @dataclass(frozen=True)
 class Node:
-    """One SSA value: ``name = op[attrs](inputs) : type``. Change means :meth:`replace`."""
+    """One SSA value: ``name = op[attrs](inputs) : type``. Change means :meth:`replace`.
+
+    ``sharding``: the value's layout over the graph's mesh, one mesh axis or None per
+    dimension (:mod:`attnpass.ir.core.sharding`); None when unannotated.
+    """
 
     name: str
     op: str
@@ -35,10 +40,12 @@ class Node:
     attrs: Mapping[str, AttrValue]
     type: TensorType
     loc: SourceLoc | None = field(default=None, compare=False)
+    sharding: Sharding | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "inputs", tuple(self.inputs))
         object.__setattr__(self, "attrs", MappingProxyType(dict(self.attrs)))
+        object.__setattr__(self, "sharding", normalize_sharding(self.sharding))
 
     def replace(self, **changes: Any) -> "Node":
         return replace(self, **changes)
@@ -54,13 +61,15 @@ class Graph:
     Build with :meth:`add_input` / :meth:`add_node` / :meth:`set_outputs` (or
     :func:`attnpass.ir.trace`). ``print(graph)`` shows the stable text form;
     :meth:`to_json` / :meth:`from_json` round-trip; :meth:`fingerprint` is a
-    structural hash that ignores value names.
+    structural hash that ignores value names. ``mesh_axes`` names the device
+    mesh that values' sharding annotations refer to (empty: no mesh).
     """
 
     def __init__(self, name: str = "graph") -> None:
         self.name = check_identifier(name, "graph name")
         import networkx as nx  # here, not at import time: see the module docstring
 
+        self._mesh: dict[str, int] = {}
         self._nodes: dict[str, Node] = {}
         self._dag = nx.DiGraph()
         self._rank: dict[str, int] = {}
@@ -171,7 +180,29 @@ class Graph:
             raise VerifyError(f"graph {self.name}: signature {list(names)} must list each input node once: {sorted(ins)}")
         self._inputs = list(names)
 
+    def set_mesh(self, axes: Mapping[str, int] | Sequence[tuple[str, int]]) -> None:
+        """Declare the mesh axes (name -> size, in mesh order) that sharding annotations may name."""
+        mesh = normalize_mesh(axes)
+        for node in self._nodes.values():
+            problem = sharding_problem(node, mesh)
+            if problem:
+                raise VerifyError(f"set_mesh: value {node.name}: {problem}")
+        self._mesh = mesh
+
+    def set_sharding(self, name: str, sharding: Sequence[str | None] | None) -> None:
+        """Annotate value ``name`` with ``sharding`` (one mesh axis or None per dimension; None: unannotated)."""
+        node = self.node(name).replace(sharding=sharding)
+        problem = sharding_problem(node, self._mesh)
+        if problem:
+            raise VerifyError(f"set_sharding {name}: {problem}")
+        self._nodes[name] = node
+
     # ------------------------------------------------------------------ queries
+
+    @property
+    def mesh_axes(self) -> Mapping[str, int]:
+        """The declared mesh axes, name -> size in mesh order (empty when the graph has no mesh)."""
+        return MappingProxyType(self._mesh)
 
     @property
     def inputs(self) -> tuple[str, ...]:
@@ -340,6 +371,7 @@ class Graph:
     def copy(self) -> "Graph":
         """An independent graph with the same nodes (immutable, so shared), signature and outputs."""
         g = Graph(self.name)
+        g._mesh = dict(self._mesh)
         g._nodes = dict(self._nodes)
         g._dag = self._dag.copy()
         g._rank = dict(self._rank)
@@ -390,7 +422,7 @@ class Graph:
         return graph_from_json(text)
 
     def __eq__(self, other: object) -> bool:
-        """Structural equality: same name, signature, outputs, state and nodes.
+        """Structural equality: same name, mesh, signature, outputs, state and nodes (with their sharding annotations).
 
         Metadata that does not change what the graph computes is ignored, as by :meth:`fingerprint`:
         source locations and an input's weight ``path`` (kept in JSON, not in the text form).
@@ -399,6 +431,7 @@ class Graph:
             return NotImplemented
         return (
             self.name == other.name
+            and list(self._mesh.items()) == list(other._mesh.items())
             and self._inputs == other._inputs
             and self._outputs == other._outputs
             and self._state == other._state
@@ -410,9 +443,10 @@ class Graph:
     def fingerprint(self) -> str:
         """A stable structural hash (hex sha256) of what the graph computes.
 
-        Value and input names, node order, source locations and dead nodes do not
-        enter it; ops, attributes, types, input positions and roles, and the
-        dataflow into each output and the state pairs do.
+        Value and input names, node order, source locations, dead nodes, the mesh
+        and sharding annotations (placement, not arithmetic) do not enter it; ops,
+        attributes, types, input positions and roles, and the dataflow into each
+        output and the state pairs do.
         """
         live = self.ancestors(self._outputs)
         digests: dict[str, str] = {}

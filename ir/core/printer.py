@@ -10,7 +10,9 @@
 Attribute values are Python literals (non-finite floats print as ``inf``,
 ``-inf``, ``nan``); :func:`parse_graph` reads them back with ``ast`` (nothing
 is evaluated), so ``parse_graph(format_graph(g)) == g``. An output that is the
-next value of a state input reads ``return out, cache_next -> cache``.
+next value of a state input reads ``return out, cache_next -> cache``. A graph with a mesh
+prints it after the inputs (``... ) mesh(data=2, model=4) {``) and a sharded
+value writes its mesh axis after the dimension it splits: ``bf16[1,24@model,5,256]``.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .registry import get_op
+from .sharding import Sharding, parse_mesh
 from .types import AttnpassError, DType, GraphFormatError, TensorType, short_repr
 
 if TYPE_CHECKING:
@@ -36,8 +39,12 @@ class PrintSettings:
     indent: str = "  "
 
 
-def format_type(t: TensorType) -> str:
-    return str(t)
+def format_type(t: TensorType, sharding: Sharding | None = None) -> str:
+    """``bf16[1,24,5,256]``; with a sharding, each split dimension names its mesh axis: ``24@model``."""
+    if sharding is None:
+        return str(t)
+    dims = ",".join(f"{d}@{a}" if a else str(d) for d, a in zip(t.shape, sharding))
+    return f"{t.dtype.short}[{dims}]"
 
 
 def _format_value(v: Any) -> str:
@@ -60,7 +67,7 @@ def format_slice(node: "Node") -> str:
 def format_node(node: "Node", settings: PrintSettings = PrintSettings()) -> str:
     """``name:type = op[attrs] operands`` for one node."""
     attrs = ", ".join(f"{k}={_format_value(v)}" for k, v in node.attrs.items())
-    head = f"{node.name}:{format_type(node.type)} = {node.op}{f'[{attrs}]' if attrs else ''}"
+    head = f"{node.name}:{format_type(node.type, node.sharding)} = {node.op}{f'[{attrs}]' if attrs else ''}"
     line = " ".join([head, *node.inputs])
     if settings.show_locs and node.loc is not None:
         line += f"  # {node.loc}"
@@ -73,8 +80,9 @@ def format_graph(graph: "Graph", settings: PrintSettings = PrintSettings()) -> s
     for name in graph.inputs:
         n = graph.node(name)
         role = n.attrs.get("role", "streamed")
-        params.append(f"{name}:{format_type(n.type)}" + ("" if role == "streamed" else f"{{{role}}}"))
-    lines = [f"graph {graph.name}({', '.join(params)}) {{"]
+        params.append(f"{name}:{format_type(n.type, n.sharding)}" + ("" if role == "streamed" else f"{{{role}}}"))
+    mesh = ", ".join(f"{axis}={size}" for axis, size in graph.mesh_axes.items())
+    lines = [f"graph {graph.name}({', '.join(params)}){f' mesh({mesh})' if mesh else ''} {{"]
     for n in graph.nodes():
         if n.op != "input":
             lines.append(settings.indent + format_node(n, settings))
@@ -87,10 +95,10 @@ def format_graph(graph: "Graph", settings: PrintSettings = PrintSettings()) -> s
 
 # ----------------------------------------------------------------------------- parsing
 
-_TYPE = re.compile(r"(\w+)\[([0-9,]*)\]\Z")
-_HEADER = re.compile(r"graph (\w+)\((.*)\) \{\Z")
-_PARAM = re.compile(r"(\w+):(\w+\[[0-9,]*\])(?:\{(\w+)\})?\Z")
-_NODE_HEAD = re.compile(r"(\w+):(\w+\[[0-9,]*\]) = (\w+)")
+_SHARDED_TYPE = re.compile(r"(\w+)\[((?:[0-9]+(?:@\w+)?(?:,[0-9]+(?:@\w+)?)*)?)\]\Z")  # dims, each maybe @axis
+_HEADER = re.compile(r"graph (\w+)\(([^()]*)\)(?: mesh\(([^()]*)\))? \{\Z")
+_PARAM = re.compile(r"(\w+):(\w+\[[\w@,]*\])(?:\{(\w+)\})?\Z")
+_NODE_HEAD = re.compile(r"(\w+):(\w+\[[\w@,]*\]) = (\w+)")
 _OPERANDS = re.compile(r"(?: \w+)*\Z")
 _NONFINITE = {"inf": math.inf, "nan": math.nan}
 MAX_TEXT_CHARS = 256 << 20  # as for JSON (serialize.MAX_JSON_BYTES)
@@ -98,13 +106,28 @@ MAX_DIGITS = 20  # a dimension or an attribute integer: int64 and a sign
 
 
 def parse_type(text: str) -> TensorType:
-    m = _TYPE.match(text.strip())
+    """``bf16[1,24,5,256]`` -> the TensorType (a sharded type is an error here)."""
+    type_, sharding = parse_sharded_type(text)
+    if sharding is not None:
+        raise GraphFormatError(
+            f"type {short_repr(text)} names mesh axes; expected a plain type such as bf16[1,24,5,256]"
+        )
+    return type_
+
+
+def parse_sharded_type(text: str) -> tuple[TensorType, Sharding | None]:
+    """``bf16[1,24@model,5,256]`` -> the type and its sharding (None when no dimension names an axis)."""
+    m = _SHARDED_TYPE.match(text.strip())
     if not m:
-        raise GraphFormatError(f"malformed type {short_repr(text)}; expected e.g. bf16[1,24,5,256]")
-    digits = m.group(2).split(",")
-    if any(len(d) > MAX_DIGITS for d in digits):
+        raise GraphFormatError(
+            f"malformed type {short_repr(text)}; expected e.g. bf16[1,24,5,256] or bf16[1,24@model,5,256]"
+        )
+    dims = [d.partition("@") for d in m.group(2).split(",")] if m.group(2) else []
+    if any(len(d) > MAX_DIGITS for d, _, _ in dims):
         raise GraphFormatError(f"type {short_repr(text)}: a dimension is out of range")
-    return TensorType(tuple(int(d) for d in digits if d), DType.parse(m.group(1)))
+    sharding = tuple(axis or None for _, _, axis in dims)
+    type_ = TensorType(tuple(int(d) for d, _, _ in dims), DType.parse(m.group(1)))
+    return type_, sharding if any(sharding) else None
 
 
 def _literal(node: ast.AST) -> Any:
@@ -160,17 +183,21 @@ def parse_graph(text: str) -> "Graph":
         raise GraphFormatError(f"malformed graph header {short_repr(lines[0])}")
     try:
         graph = Graph(header.group(1))
+        graph.set_mesh(parse_mesh(header.group(3) or ""))
         for param in filter(None, (p.strip() for p in header.group(2).split(", "))):
             m = _PARAM.match(param)
             if not m:
                 raise GraphFormatError(
                     f"malformed graph input {short_repr(param)}; expected name:type or name:type{{role}}"
                 )
-            graph.add_input(m.group(1), parse_type(m.group(2)), m.group(3) or "streamed")
+            type_, sharding = parse_sharded_type(m.group(2))
+            graph.add_input(m.group(1), type_, m.group(3) or "streamed")
+            graph.set_sharding(m.group(1), sharding)
         for lineno, line in enumerate(lines[1:-2], start=2):
             name, type_, op, attrs, args = _parse_node(lineno, line.strip())
             norm = get_op(op).normalize_attrs(_parse_attrs(attrs), name)
-            graph.insert(Node(name, op, tuple(args), norm, parse_type(type_)))
+            type_, sharding = parse_sharded_type(type_)
+            graph.insert(Node(name, op, tuple(args), norm, type_, sharding=sharding))
         results = [o.strip().partition(" -> ") for o in lines[-2].strip()[len("return ") :].split(",")]
         graph.set_outputs([value for value, _, _ in results])
         for i, (_value, arrow, state) in enumerate(results):
@@ -183,4 +210,6 @@ def parse_graph(text: str) -> "Graph":
         raise GraphFormatError(f"malformed graph text: {exc}") from None
 
 
-__all__ = ["PrintSettings", "format_graph", "format_node", "format_type", "parse_graph", "parse_type"]
+__all__ = [
+    "PrintSettings", "format_graph", "format_node", "format_type", "parse_graph", "parse_sharded_type", "parse_type",
+]  # fmt: skip

@@ -6,6 +6,9 @@ or raises the loader's :class:`AttnpassError`, within fixed bounds of size
 (:data:`MAX_JSON_BYTES`), nesting (:data:`MAX_JSON_DEPTH`) and number range
 (integer literals of at most :data:`MAX_INT_DIGITS` digits, finite floats, no
 ``NaN``/``Infinity`` constants).
+
+Optional fields, written only when set: the graph's ``mesh`` (``[[axis, size], ...]``
+in mesh order) and a node's ``sharding`` (one axis name or null per dimension).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from .registry import decode_attr, encode_attr, get_op
+from .sharding import decode_sharding
 from .types import AttnpassError, DType, GraphFormatError, SourceLoc, TensorType, short_repr
 
 if TYPE_CHECKING:
@@ -101,6 +105,8 @@ def graph_to_json(graph: "Graph", indent: int | None = None) -> str:
                 "loc": loc,
             }
         )
+        if n.sharding is not None:
+            nodes[-1]["sharding"] = list(n.sharding)
     doc = {
         "format": FORMAT,
         "version": VERSION,
@@ -111,6 +117,8 @@ def graph_to_json(graph: "Graph", indent: int | None = None) -> str:
     }
     if graph.state_pairs():
         doc["state"] = [[name, out] for name, out in graph.state_pairs()]
+    if graph.mesh_axes:
+        doc["mesh"] = [[axis, size] for axis, size in graph.mesh_axes.items()]
     return json.dumps(doc, indent=indent, allow_nan=False)
 
 
@@ -163,6 +171,10 @@ def graph_from_doc(doc: Any) -> "Graph":
     check_envelope(doc, FORMAT, VERSION, "graph")
     try:
         graph = Graph(_field(doc, "name", str, "graph"))
+        mesh = doc.get("mesh", [])
+        if not isinstance(mesh, list) or not all(isinstance(p, list) for p in mesh):
+            raise GraphFormatError(f"graph: field 'mesh' must be a list of [axis, size] pairs, got {short_repr(mesh)}")
+        graph.set_mesh(mesh)
         inputs = _field(doc, "inputs", list, "graph")
         for i, raw in enumerate(_field(doc, "nodes", list, "graph")):
             where = f"node #{i}"
@@ -178,7 +190,8 @@ def graph_from_doc(doc: Any) -> "Graph":
                 raise GraphFormatError(f"{where}: {exc}") from None
             attrs = op.normalize_attrs(attrs, name)
             node_type, loc = _type(_field(raw, "type", dict, where), where), _loc(raw.get("loc"), where)
-            graph.insert(Node(name, op.name, tuple(operands), attrs, node_type, loc))
+            sharding = decode_sharding(raw.get("sharding"), where)
+            graph.insert(Node(name, op.name, tuple(operands), attrs, node_type, loc, sharding))
         graph.set_inputs(inputs)
         graph.set_outputs(_field(doc, "outputs", list, "graph"))
         for pair in _field(doc, "state", list, "graph", []):

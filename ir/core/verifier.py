@@ -5,7 +5,8 @@
    pair joins a resident input to an output of the same type, and neither is
    in two pairs.
 2. Types: every node's shape rule is re-run on its operand types and must
-   reproduce the annotated type.
+   reproduce the annotated type; a sharding annotation fits the value and the
+   graph's mesh (:func:`attnpass.ir.core.sharding.sharding_problem`).
 
 Errors follow JAX's shape: the reason, the offending node printed with the
 normal printer, its source location, then a window of nearby nodes.
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from .printer import format_node
 from .registry import get_op
+from .sharding import sharding_problem
 from .types import AttnpassError, VerifyError, check_identifier
 
 if TYPE_CHECKING:
@@ -112,3 +114,6 @@ def _check_types(graph: "Graph") -> None:
             raise node_error(graph, n, f"{n.op} {n.name}: attributes {dict(n.attrs)} are not normalized ({attrs})")
         if inferred != n.type:
             raise node_error(graph, n, f"{n.op} {n.name}: annotated type {n.type} but the shape rule gives {inferred}")
+        problem = sharding_problem(n, graph.mesh_axes)
+        if problem:
+            raise node_error(graph, n, f"{n.op} {n.name}: {problem}")

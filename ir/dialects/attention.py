@@ -1,8 +1,8 @@
-"""Attention ops: matmul, softmax and the fused ``sdpa`` (GQA, masks, causal kinds)."""
+"""Attention ops: matmul, softmax, the fused ``sdpa`` (GQA, masks, causal kinds) and its ``sdpa_lse`` companion."""
 
 from __future__ import annotations
 
-from attnpass.ir.core.registry import OpDef, attr, register
+from attnpass.ir.core.registry import OpDef, attr, get_op, register
 from attnpass.ir.core.types import DType, ShapeError, TensorType
 
 from .rules import FLOATS, NUMERIC, broadcast_shapes, normalize_axis, require_dtype, same_dtype
@@ -64,6 +64,11 @@ def _infer_sdpa(ts, *, scale, causal):
     return TensorType((b, hq, s, v.shape[3]), q.dtype)
 
 
+def _infer_sdpa_lse(ts, *, scale, causal):
+    b, hq, s, _ = _infer_sdpa(ts, scale=scale, causal=causal).shape
+    return TensorType((b, hq, s), DType.float32)
+
+
 register(OpDef("matmul", ("a", "b"), _infer_matmul, {}, "attention", "Batched a @ b with broadcast batch dims."))
 register(
     OpDef(
@@ -113,5 +118,20 @@ register(
         "attention",
         "beta * c + alpha * (a @ b) (MLX's fused addmm: a biased linear layer), rounded once where the target "
         "fuses it; c broadcasts to the product.",
+    )
+)
+_SDPA = get_op("sdpa")
+register(
+    OpDef(
+        "sdpa_lse",
+        _SDPA.operands,
+        _infer_sdpa_lse,
+        _SDPA.attrs,  # the companion takes exactly sdpa's attributes
+        "attention",
+        "Companion of sdpa (its optional log-sum-exp output, JAX's return_residual): f32[B, Hq, S] = "
+        "logsumexp over the keys of the scaled, masked logits of the sdpa with the same operands and "
+        "attributes. Kept in float32 (JAX casts its residual to the key dtype). A row that the bool mask "
+        "and causal leave without any key is -inf on every target (sdpa gives it the mean of V; it attends "
+        "nothing, so a split-KV combine weighs it 0), as is a row an additive mask sets to -inf.",
     )
 )

@@ -187,3 +187,22 @@ register(
         "to [0, dim - update_dim] as jax.lax.dynamic_update_slice does.",
     )
 )
+
+
+def _infer_iota(ts, *, shape, axis):
+    if any(d < 0 for d in shape):
+        raise ShapeError(f"iota: shape {list(shape)} has negative dims")
+    normalize_axis("iota", axis, len(shape))
+    return TensorType(shape, DType.int32)
+
+
+register(
+    OpDef(
+        "iota",
+        (),
+        _infer_iota,
+        {"shape": attr("ints"), "axis": attr("int")},
+        "layout",
+        "int32 positions along axis, broadcast over the other axes (numpy: arange reshaped and broadcast).",
+    )
+)

@@ -20,7 +20,7 @@ __all__ = [
     "add", "sub", "mul", "div", "maximum", "floor_divide", "neg", "exp", "relu", "rsqrt", "sin", "cos",
     "sigmoid", "logical_and", "logical_or", "equal", "less", "greater_equal", "cast", "reshape",
     "broadcast_to", "transpose", "slice", "concat", "take", "where", "sum", "max", "matmul", "softmax",
-    "sdpa", "constant", "argpartition", "put_along_axis", "qsa_pool", "qsa_block_scores", "qsa_select",
+    "sdpa", "sdpa_lse", "constant", "argpartition", "put_along_axis", "qsa_pool", "qsa_block_scores", "qsa_select",
     "qsa_mask", "qsa_cells", "qsa_cell_valid", "dynamic_update_slice", "addmm", "take_along_axis", "tanh", "erf",
     "log", "log1p", "expm1", "sqrt", "abs", "sign", "logical_not", "minimum", "power", "logaddexp",
 ]  # fmt: skip
@@ -153,8 +153,23 @@ def sdpa(
     ``mask``: bool (True = attend) or additive float, broadcastable to ``[B, Hq, S, T]``.
     ``causal``: None, ``"top_left"`` (JAX ``is_causal``) or ``"bottom_right"`` (MLX ``"causal"``).
     """
+    return _attention("sdpa", q, k, v, scale=scale, mask=mask, causal=causal)
+
+
+def sdpa_lse(q: Tensor, k: Tensor, v: Tensor, **options: Any) -> Tensor:
+    """The log-sum-exp output of :func:`sdpa` for the same arguments (``scale``, ``mask``, ``causal``).
+
+    f32 ``[B, Hq, S]``: logsumexp over the keys of the scaled, masked logits (JAX's ``return_residual``).
+    """
+    return _attention("sdpa_lse", q, k, v, **options)
+
+
+def _attention(
+    op: str, q: Tensor, k: Tensor, v: Tensor, *, scale: float | None = None, mask: Tensor | None = None,
+    causal: str | None = None,
+) -> Tensor:
     operands = [q, k, v] + ([mask] if mask is not None else [])
-    return emit("sdpa", operands, {"scale": scale, "causal": causal or "none"})
+    return emit(op, operands, {"scale": scale, "causal": causal or "none"})
 
 
 # ----------------------------------------------------------------------------- QSA (attnpass.ir.dialects.qsa)

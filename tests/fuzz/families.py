@@ -37,6 +37,7 @@ from attnpass.ir.core.builder import Builder
 from .choices import Choices
 
 F32, F16, BF16, I32, BOOL = DType.float32, DType.float16, DType.bfloat16, DType.int32, DType.bool
+MESH = {"x": 2, "y": 1}  # declared on every graph, so shard-attention's options name real axes (placement only)
 FLOATS = (F32, BF16, F16)
 
 
@@ -73,6 +74,7 @@ class _Maker:
 
     def case(self, family: str, outputs: list[str]) -> Case:
         self.graph.set_outputs(outputs)
+        self.graph.set_mesh(MESH)
         return Case(family, self.graph.verify(), self.arrays)
 
 

@@ -2,8 +2,9 @@
 
 A case serialises a generated graph (a third of them stateful: a resident
 buffer of the first output's type, updated by ``dynamic_update_slice`` and
-paired with the new output, so ``"state"`` is mutated too) and applies one to
-three mutations to the decoded document (delete a key or element, duplicate or swap elements,
+paired with the new output, so ``"state"`` is mutated too; about a third with a
+mesh and sharding annotations, so the mutations reach those fields too) and
+applies one to three mutations to the decoded document (delete a key or element, duplicate or swap elements,
 replace a value with a hostile one: wrong kinds, huge or non-finite numbers,
 deep nesting, odd strings, another value's name) or to the text (truncate,
 insert a character). A graph that loads must serialise again, load back equal
@@ -12,6 +13,7 @@ from its own JSON and from its printed text.
 
 from __future__ import annotations
 
+import copy
 import json
 from typing import Any
 
@@ -62,7 +64,7 @@ def _hostile(c: Choices, doc: Any) -> Any:
         return c.pick(_names(doc) or ["q"])
     if kind == "raw":
         return c.pick(sorted(RAW))[1:-1]
-    return c.pick(HOSTILE)
+    return copy.deepcopy(c.pick(HOSTILE))  # a fresh [] or {}: a later mutation may append to it (even itself)
 
 
 def _field(c: Choices, doc: Any) -> tuple | None:
@@ -83,7 +85,7 @@ def _mutate(c: Choices, doc: Any) -> Any:
     op = c.pick(["replace", "delete", "duplicate", "swap", "add-key"])
     if not keys or op == "add-key":
         if isinstance(container, dict):
-            container[c.pick(["extra", "loc", "attrs", "role"])] = _hostile(c, doc)
+            container[c.pick(["extra", "loc", "attrs", "role", "sharding", "mesh"])] = _hostile(c, doc)
         else:
             container.append(_hostile(c, doc))
         return doc
@@ -113,10 +115,30 @@ def stateful(graph: Graph) -> Graph:
     return g.verify()
 
 
+def _placed(c: Choices, graph: Graph) -> Graph:
+    """``graph`` with a mesh ``x=2, y=1`` and valid shardings on some values (each axis on one even dimension)."""
+    graph.set_mesh({"x": 2, "y": 1})
+    for node in graph.nodes():
+        shape = node.type.shape
+        if not shape or not c.flag(0.3):
+            continue
+        sharding: list[str | None] = [None] * len(shape)
+        sharding[c.int(0, len(shape) - 1)] = "y"
+        even = [d for d, n in enumerate(shape) if n % 2 == 0 and sharding[d] is None]
+        if even and c.flag():
+            sharding[c.pick(even)] = "x"
+        graph.set_sharding(node.name, sharding)
+    return graph
+
+
 def mutated_json(c: Choices) -> str:
     """The JSON of a generated graph, mutated."""
     graph = FAMILIES[c.pick(sorted(FAMILIES))](c).graph
-    doc = json.loads((stateful(graph) if c.flag(1 / 3) else graph).to_json())
+    if c.flag(1 / 3):
+        graph = stateful(graph)
+    if c.flag(0.3):
+        graph = _placed(c, graph)
+    doc = json.loads(graph.to_json())
     for node in doc["nodes"]:  # source locations, as traced graphs carry them
         node["loc"] = {"file": "model.py", "line": c.int(1, 99), "function": c.pick(["f", "", "<lambda>"])}
     for _ in range(c.int(1, 3)):

@@ -2,10 +2,12 @@
 
 Passes defined elsewhere in a test process (the README's ``broken`` pass, say)
 are left out: a pass joins when its class lives in an ``attnpass`` module or
-comes from an entry point, and it can be built with its defaults. Options are drawn by their type from small pools
+comes from an entry point, and it can be built with its defaults or with
+:data:`REQUIRED` (``shard-attention`` names at least one mesh axis; every
+generated graph declares the mesh ``families.MESH``). Options are drawn by their type from small pools
 (ints around head-chunk's budgets and qsa-gather's widths, floats around
-depth factors, ``None`` where optional); a combination the pass rejects
-falls back to its defaults.
+depth factors, ``None`` where optional; :data:`OPTION_POOLS` for options whose
+values are names); a combination the pass rejects falls back to its defaults.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from attnpass.passes.pipeline import PassOption, pass_options
 from attnpass.passes.registry import ENTRY_POINT_GROUP
 
 from .choices import Choices
+from .families import MESH
 
 POOLS: dict[type, tuple[Any, ...]] = {
     bool: (True, False),
@@ -26,11 +29,17 @@ POOLS: dict[type, tuple[Any, ...]] = {
     float: (2.0, 1.0, 0.0, 0.5, 3.0, 1.5),
     str: (),
 }
+# Options that take names, by (pass, option): shard-attention's mesh axes (those of families.MESH).
+OPTION_POOLS: dict[tuple[str, str], tuple[Any, ...]] = {
+    ("shard-attention", axis): (*MESH, None) for axis in ("heads", "batch", "seq")
+}
+# What a pass needs to be built at all, used as its defaults (it has none that construct).
+REQUIRED: dict[str, dict[str, Any]] = {"shard-attention": {"heads": next(iter(MESH))}}
 
 
 def _with_defaults(name: str) -> bool:
     try:
-        get_pass(name)()
+        get_pass(name)(**REQUIRED.get(name, {}))
     except (TypeError, ValueError):
         return False
     return True
@@ -44,7 +53,9 @@ def fuzzed_passes() -> tuple[str, ...]:
     return tuple(n for n in ours if _with_defaults(n))
 
 
-def _value(c: Choices, option: PassOption) -> Any:
+def _value(c: Choices, name: str, option: PassOption) -> Any:
+    if (name, option.name) in OPTION_POOLS:
+        return c.pick(OPTION_POOLS[name, option.name])
     pool = [v for kind in option.kinds if kind is not type(None) for v in POOLS[kind]]
     if type(None) in option.kinds:
         pool.append(None)
@@ -58,11 +69,11 @@ def _options(cls: type[Pass]) -> list[PassOption]:
 
 def random_pass(c: Choices, name: str) -> Pass:
     cls = get_pass(name)
-    options = {o.name: _value(c, o) for o in _options(cls) if o.kinds and c.flag(0.5)}
+    options = {o.name: _value(c, name, o) for o in _options(cls) if o.kinds and c.flag(0.5)}
     try:
-        return cls(**options)
+        return cls(**{**REQUIRED.get(name, {}), **options})
     except (TypeError, ValueError):
-        return cls()
+        return cls(**REQUIRED.get(name, {}))
 
 
 SLOTS = 5

@@ -5,8 +5,8 @@ bf16 is what real checkpoints use, and numpy's own dtype queries reject it
 with a bool mask). Each pass must run, leave a valid graph and compute the same
 function on the numpy reference: bit for bit for the passes that only move values
 (canonicalize, dce, narrow-inputs, head-chunk), within bf16 rounding where a
-decomposed attention becomes an sdpa or an sdpa becomes f32 matmuls and a
-softmax (decompose-sdpa).
+decomposed attention becomes an sdpa, an sdpa becomes f32 matmuls and a
+softmax (decompose-sdpa) or an sdpa is split over its keys.
 """
 
 from __future__ import annotations
@@ -23,7 +23,13 @@ from tests.attention_sources import llama_attention
 from tests.util import RTOL, assert_bits_equal, assert_close, available, random_array
 
 B, HQ, HKV, S, T, D = 1, 4, 2, 3, 6, 8
-ROUNDING = {"raise-attention", "decompose-sdpa"}  # passes whose rewrite may round differently (stated in their remarks)
+# Passes whose rewrite may round differently: raise-attention (stated in its remarks), decompose-sdpa (f32
+# matmuls and softmax); split-kv and shard-attention's seq split round each shard's partial to the sdpa's dtype
+# before the float32 combine.
+ROUNDING = {"raise-attention", "decompose-sdpa", "split-kv", "shard-attention"}
+# Passes built with options (shard-attention names mesh axes), and the mesh declared on the graph for them.
+OPTIONS = {"shard-attention": {"heads": "x", "seq": "y"}}
+MESH = {"x": 2, "y": 2}
 
 
 def _traced_bool_mask_attention():
@@ -122,7 +128,9 @@ def test_every_pass_runs_on_bf16_graphs(rng, graph_name, pass_name):
         pytest.skip(f"needs {needs}")
     graph, params = build()
     assert any(t.dtype.value == "bfloat16" for t in graph.input_types())
-    result = PassManager([get_pass(pass_name)()]).run(graph)
+    if pass_name in OPTIONS:
+        graph.set_mesh(MESH)
+    result = PassManager([get_pass(pass_name)(**OPTIONS.get(pass_name, {}))]).run(graph)
     assert result.remarks, "every pass leaves at least one remark"
     arrays = _arrays(graph, params, rng)
     expected = run(lower(graph, "numpy"), *arrays)

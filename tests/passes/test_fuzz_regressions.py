@@ -79,3 +79,20 @@ def test_raise_attention_reads_bfloat16_fills():
     """np.finfo rejects bfloat16: raise-attention crashed on a bf16 where-masked attention."""
     case = _case(MASKED, "masked", dtype="bfloat16", fill=-math.inf)
     assert check(case, parse_pipeline("raise-attention")) is None
+
+
+def test_split_kv_keeps_a_row_without_keys_the_mean_of_v():
+    """A bool mask that hides every key: the unsplit sdpa is the mean of V (docs/semantics.md §4); split-kv's
+    combine divided 0 by 0 (every shard's log-sum-exp is -inf) and returned NaN.
+
+    Found by the fuzzer as ``sdpa`` with ``split-kv`` once the branch met main's fully-masked-row semantics.
+    The combine now weighs the shards equally when none attends a key.
+    """
+    graph = parse_graph("""graph sdpa(q:f32[1,1,1,8], k:f32[1,1,6,8], v:f32[1,1,6,8], mask:bool[1,6]) {
+  attn:f32[1,1,1,8] = sdpa[scale=None, causal='none'] q k v mask
+  return attn
+}""")
+    rng = np.random.default_rng(0)
+    arrays = {n: rng.uniform(-1, 1, t.shape).astype(np.float32) for n, t in zip(graph.inputs, graph.input_types())}
+    arrays["mask"] = np.zeros((1, 6), dtype=bool)
+    assert check(Case("sdpa", graph, arrays), parse_pipeline("split-kv")) is None

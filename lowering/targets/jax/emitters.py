@@ -9,7 +9,7 @@ dtype is float16 (which ``jax.jit`` of it cannot compile on CPU).
 from __future__ import annotations
 
 from attnpass.ir import DType, Node
-from attnpass.lowering.codegen import EmitEnv, Emitter, py_float
+from attnpass.lowering.codegen import EmitEnv, Emitter, py_float, py_literal
 from attnpass.lowering.common import (
     array_api_emitters,
     causal_offset,
@@ -50,6 +50,9 @@ EMITTERS: dict[str, Emitter] = {
         else f"jax.nn.softmax({a[0]}, axis={n.attrs['axis']})"
     ),
     "sdpa": _sdpa,
+    "iota": lambda n, a, env: (
+        f"jax.lax.broadcasted_iota(jnp.int32, {py_literal(n.type.shape)}, {n.attrs['axis'] % n.type.rank})"
+    ),
     "rsqrt": lambda n, a, env: f"jax.lax.rsqrt({a[0]})",
     "sigmoid": lambda n, a, env: f"jax.nn.sigmoid({a[0]})",
     "put_along_axis": lambda n, a, env: (

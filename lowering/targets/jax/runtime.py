@@ -1,4 +1,4 @@
-"""Runtime of the JAX target: the ``jrt`` helpers and the ``qsa`` helper, from ``jax.numpy``/``jax.lax``.
+"""Runtime of the JAX target: the ``jrt``, ``qsa`` and ``lse`` helpers, from ``jax.numpy``/``jax.lax``.
 
 ``explicit_sdpa`` is the attention the JAX lowering writes where
 ``jax.nn.dot_product_attention`` does not fit. Exact top-k with ties to the
@@ -20,6 +20,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from attnpass.lowering import attention_array_api
 from attnpass.lowering.checks import check_qsa_operands
 from attnpass.lowering.qsa_array_api import QSAOps
 
@@ -62,3 +63,4 @@ def _check(op: str, selection: jax.Array, positions: jax.Array, ratio: int, kv_l
 
 qsa = QSAOps(jnp, top_k=_top_k, put=_put, check=_check)
 qsa_checked = dataclasses.replace(qsa, checks=True)  # the ``qsa`` of programs lowered with checks=True
+sdpa_lse = functools.partial(attention_array_api.sdpa_lse, jnp)  # the ``lse`` helper

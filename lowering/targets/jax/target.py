@@ -18,6 +18,7 @@ from attnpass.ir import TensorType
 from attnpass.lowering.target import Export, Target
 
 from .emitters import EMITTERS
+from .sharding import SPMD
 
 if TYPE_CHECKING:
     from attnpass.lowering.program import Program
@@ -75,12 +76,18 @@ def export_stablehlo(program: Program, *args: Any, **kwargs: Any) -> str:
     """The StableHLO text (MLIR) of ``jax.jit(program.fn)`` lowered for these arguments.
 
     Positional or by input name, only their types matter; without any, zero placeholders.
+    A sharded program (lowered with a mesh) keeps its shardings (``sdy.sharding``);
+    on an abstract mesh it is lowered for the default backend.
     """
     import jax
+    from jax.sharding import AbstractMesh
 
     JAX.require(program, "export_stablehlo")
     bound = program.bind(*args, **kwargs) if args or kwargs else placeholders(program.input_types)
-    return jax.jit(program.fn).lower(*bound).as_text()
+    if program.mesh is None:
+        return jax.jit(program.fn).lower(*bound).as_text()
+    platforms = (jax.default_backend(),) if isinstance(program.mesh, AbstractMesh) else None
+    return program.fn.trace(*bound).lower(lowering_platforms=platforms).as_text()
 
 
 JAX = Target(
@@ -95,9 +102,11 @@ JAX = Target(
         "jrt": "attnpass.lowering.targets.jax.runtime",
         "qsa": "attnpass.lowering.targets.jax.runtime.qsa",
         "qsa_checked": "attnpass.lowering.targets.jax.runtime.qsa_checked",
+        "lse": "attnpass.lowering.targets.jax.runtime.sdpa_lse",
     },
     count_primitives=count_primitives,
     placeholders=placeholders,
     export=Export("stablehlo", export_stablehlo),
     donate=lambda fn, argnums: f"{fn} = jax.jit({fn}, donate_argnums={argnums!r})  # state updated in place",
+    spmd=SPMD,
 )

@@ -1,4 +1,4 @@
-"""Runtime of the MLX target: the ``qsa`` helper, the shared QSA ops over native ``mlx.core`` primitives.
+"""Runtime of the MLX target: the ``qsa`` helper (the shared QSA ops over native ``mlx.core`` primitives) and ``lse``.
 
 Exact top-k with ties to the lower block id, without relying on the tie
 behaviour of ``mx.topk``/``argpartition``: each score becomes a unique int64
@@ -13,11 +13,13 @@ from the key's low 32 bits. The other ops are shared with JAX
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import mlx.core as mx
 import numpy as np
 
+from attnpass.lowering import attention_array_api
 from attnpass.lowering.checks import check_qsa_operands
 from attnpass.lowering.qsa_array_api import QSAOps
 
@@ -49,3 +51,4 @@ def _check(op: str, selection: mx.array, positions: mx.array, ratio: int, kv_len
 
 qsa = QSAOps(mx, top_k=_top_k, put=_put, check=_check)
 qsa_checked = dataclasses.replace(qsa, checks=True)  # the ``qsa`` of programs lowered with checks=True
+sdpa_lse = functools.partial(attention_array_api.sdpa_lse, mx)  # the ``lse`` helper

@@ -111,6 +111,7 @@ MLX = Target(
     runtime={
         "qsa": "attnpass.lowering.targets.mlx.runtime.qsa",
         "qsa_checked": "attnpass.lowering.targets.mlx.runtime.qsa_checked",
+        "lse": "attnpass.lowering.targets.mlx.runtime.sdpa_lse",
     },
     to_numpy=to_numpy,
     count_primitives=count_primitives,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from attnpass.ir import Node
 from attnpass.lowering.codegen import EmitEnv, Emitter, py_float, py_literal
-from attnpass.lowering.common import sdpa_scale, slice_expr
+from attnpass.lowering.common import iota_expr, sdpa_scale, slice_expr
 from attnpass.lowering.qsa_emitters import QSA_EMITTERS
 
 _BINARY = {"add": "np.add", "sub": "np.subtract", "mul": "np.multiply", "div": "np.divide", "maximum": "np.maximum"}
@@ -46,6 +46,11 @@ def _sdpa(n: Node, a: list[str], env: EmitEnv) -> str:
     )
 
 
+def _sdpa_lse(n: Node, a: list[str], env: EmitEnv) -> str:
+    mask = a[3] if len(a) == 4 else "None"
+    return f"ref.sdpa_lse({a[0]}, {a[1]}, {mask}, scale={sdpa_scale(n, env)}, causal={n.attrs['causal']!r})"
+
+
 EMITTERS: dict[str, Emitter] = {
     **{op: _binary(fn) for op, fn in _BINARY.items()},
     **{op: _unary(t) for op, t in _UNARY.items()},
@@ -64,6 +69,8 @@ EMITTERS: dict[str, Emitter] = {
     "matmul": lambda n, a, env: f"ref.rounded(np.matmul(ref.wide({a[0]}), ref.wide({a[1]})), {_dt(n)})",
     "softmax": lambda n, a, env: f"ref.softmax({a[0]}, {n.attrs['axis']}, {_dt(n)})",
     "sdpa": _sdpa,
+    "sdpa_lse": _sdpa_lse,
+    "iota": lambda n, a, env: iota_expr("np", n),
     **{op: (lambda fn: lambda n, a, env: f"{fn}({a[0]}, {a[1]})")(fn) for op, fn in _LOGIC.items()},
     "rsqrt": lambda n, a, env: f"ref.rounded(1.0 / np.sqrt(ref.wide({a[0]})), {_dt(n)})",
     **QSA_EMITTERS,

@@ -28,16 +28,9 @@ def causal_mask(s: int, t: int, causal: str) -> np.ndarray | None:
     return np.arange(t)[None, :] <= np.arange(s)[:, None] + offset
 
 
-def sdpa(q, k, v, mask=None, *, scale: float, causal: str, dtype: str) -> np.ndarray:
-    """softmax(q k^T * scale + mask) v in float64; query head h reads kv head h // (Hq / Hkv).
-
-    The query heads of each KV group are folded into the rows of one matmul
-    per KV head, so K/V are never copied per query head. A bool mask and
-    ``causal`` exclude keys; a row they leave without any key weighs all ``T``
-    keys equally (the mean of V), as MLX's and JAX's fused calls do. An
-    additive mask is arithmetic: a row it sets to -inf everywhere is NaN.
-    """
-    q, k, v = wide(q), wide(k), wide(v)
+def _scores(q, k, mask, scale: float, causal: str) -> tuple[np.ndarray, np.ndarray | None]:
+    """float64 ``q k^T * scale`` plus an additive mask, and the bool ``[.., S, T]`` of allowed keys (None: all)."""
+    q, k = wide(q), wide(k)
     (b, hq, s, _), (hkv, t) = q.shape, k.shape[1:3]
     folded = q.reshape(b, hkv, (hq // hkv) * s, q.shape[3])
     scores = np.matmul(folded, np.swapaxes(k, -1, -2)).reshape(b, hq, s, t) * scale
@@ -48,6 +41,20 @@ def sdpa(q, k, v, mask=None, *, scale: float, causal: str, dtype: str) -> np.nda
             allowed = mask if allowed is None else np.logical_and(mask, allowed)
         else:
             scores = scores + wide(mask)
+    return scores, allowed
+
+
+def sdpa(q, k, v, mask=None, *, scale: float, causal: str, dtype: str) -> np.ndarray:
+    """softmax(q k^T * scale + mask) v in float64; query head h reads kv head h // (Hq / Hkv).
+
+    The query heads of each KV group are folded into the rows of one matmul
+    per KV head, so K/V are never copied per query head. A bool mask and
+    ``causal`` exclude keys; a row they leave without any key weighs all ``T``
+    keys equally (the mean of V), as MLX's and JAX's fused calls do. An
+    additive mask is arithmetic: a row it sets to -inf everywhere is NaN.
+    """
+    scores, allowed = _scores(q, k, mask, scale, causal)
+    (b, hq, s, t), hkv = scores.shape, k.shape[1]
     if allowed is not None:
         scores = np.where(allowed, scores, -np.inf)
         scores = np.where(np.any(allowed, axis=-1, keepdims=True), scores, 0.0)  # no key left: uniform
@@ -55,7 +62,23 @@ def sdpa(q, k, v, mask=None, *, scale: float, causal: str, dtype: str) -> np.nda
     e = np.exp(scores - np.where(np.isfinite(peak), peak, 0.0))
     with np.errstate(invalid="ignore"):  # an additive row of -inf: 0/0 = NaN, as in MLX and JAX
         probs = (e / np.sum(e, axis=-1, keepdims=True)).reshape(b, hkv, (hq // hkv) * s, t)
-    return rounded(np.matmul(probs, v).reshape(b, hq, s, v.shape[3]), dtype)
+    return rounded(np.matmul(probs, wide(v)).reshape(b, hq, s, v.shape[3]), dtype)
+
+
+def sdpa_lse(q, k, mask=None, *, scale: float, causal: str) -> np.ndarray:
+    """float32 logsumexp over the keys sdpa attends of its logits: -inf for a row with no key.
+
+    Unlike sdpa, a row that the bool mask and ``causal`` leave without any key
+    is not given uniform weights here: its log-sum-exp is log(0) = -inf, so a
+    combine of partial attentions (split-kv) gives it no weight.
+    """
+    scores, allowed = _scores(q, k, mask, scale, causal)
+    if allowed is not None:
+        scores = np.where(allowed, scores, -np.inf)
+    peak = np.max(scores, axis=-1)
+    finite = np.where(np.isfinite(peak), peak, 0.0)
+    with np.errstate(divide="ignore"):  # log(0) = -inf for a row that attends no key
+        return rounded(finite + np.log(np.sum(np.exp(scores - finite[..., None]), axis=-1)), "float32")
 
 
 def put_along_axis(x: np.ndarray, indices: np.ndarray, values: np.ndarray, axis: int) -> np.ndarray:

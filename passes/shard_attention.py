@@ -1,0 +1,427 @@
+"""shard-attention: annotate attention so that a device mesh runs it without moving K/V.
+
+Options name mesh axes declared on the graph (``Graph.set_mesh``, ``attnpass
+run --mesh``): ``heads`` splits the KV heads, ``batch`` the streams, ``seq``
+the keys (T). For each attention, one remark: applied, with what each device
+holds, or declined, with the precondition that failed:
+
+- ``heads``: the axis size divides the KV-head count, so every device holds
+  whole KV groups: ``Hkv / h`` KV heads with their ``Hq / h`` query heads (query
+  head ``i`` reads KV head ``i // G``, so the contiguous head blocks line up).
+  With 2 KV heads (Qwen3.8) only axes of size 1 or 2 qualify; a larger axis is
+  declined (it would split a KV head's query heads from their K/V, or replicate
+  K/V): use ``seq`` for it.
+- ``batch``: the axis size divides the stream count.
+- ``seq``: the axis size divides T; the attention is rewritten by split-kv
+  (:mod:`attnpass.passes.split_kv`) with one shard per device along the axis,
+  so each device holds ``T / s`` keys and only the combine crosses devices.
+  ``seq`` and ``batch`` (of size > 1) cannot be combined: the T-shards share the
+  leading dimension with the streams, and an annotation names one axis per
+  dimension.
+
+Which forms (the annotated values keep every sharded dimension an array
+dimension, so XLA's partitioner needs no communication except the combine):
+
+- a plain ``sdpa``: its operands (through the slices, gathers and casts that
+  feed them, provided these keep the sharded dimensions whole) and its result;
+- a head-chunked attention (``head-chunk``'s concat of per-KV-group subcalls)
+  under ``heads``: regrouped first into one sdpa per chunk position over all
+  KV groups (``q`` reshaped to ``[B, Hkv, G, S, D]``, chunk ``[a, b)`` of every
+  group at once, K/V whole), since a one-head slice of a head-sharded K cannot
+  stay on its device in an SPMD program. Every call keeps ``q_len *
+  heads-per-KV-head`` of the original chunks (MLX's fused-kernel budget);
+- a gathered QSA attention (``qsa-gather``): its K/V gathers and queries; per
+  stream slices make ``batch`` (size > 1) decline there. The indexer's values
+  stay unannotated: each device computes the selection itself from replicated
+  inputs, and no K/V row moves.
+
+Values that read annotated ones elementwise or by concatenation inherit their
+sharding afterwards (one ``analysis`` remark), so residual adds and outputs are
+annotated too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import ClassVar
+
+from attnpass.ir import Graph, Node, format_slice
+from attnpass.ir.core.sharding import Sharding, format_sharding, normalize_sharding
+
+from .base import Pass, Remarks
+from .registry import register_pass
+from .rewrite import Decline, Rewriter, Rule, apply_rules
+from .split_kv import Labels, Place, SplitPlan, is_split_partial, match_split, rewrite_split
+
+QKV_LABELS = ("batch", "heads", None, None)
+PROPAGATING = frozenset({"add", "sub", "mul", "div", "maximum", "cast", "concat"})
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """One attention to shard: what to annotate, how to rewrite, and the remark."""
+
+    q: str
+    k: str
+    v: str
+    mask: str | None
+    chunks: tuple[tuple[int, int], ...] | None  # head-chunk regroup: query-head offsets within a KV group
+    split: SplitPlan | None
+    values: tuple[tuple[str, Sharding], ...]  # existing values and their new annotations
+    message: str
+
+
+@register_pass
+@dataclass(frozen=True)
+class ShardAttention(Pass):
+    """Annotate attention for a device mesh: KV heads (``heads``), streams (``batch``) and keys (``seq``)."""
+
+    name: ClassVar[str] = "shard-attention"
+    heads: str | None = None
+    batch: str | None = None
+    seq: str | None = None
+
+    def __post_init__(self) -> None:
+        named = [a for a in (self.heads, self.batch, self.seq) if a is not None]
+        if not named:
+            raise ValueError("ShardAttention: name at least one mesh axis (heads=, batch= or seq=)")
+        if len(set(named)) != len(named):
+            raise ValueError(f"ShardAttention: heads, batch and seq must be different mesh axes, got {named}")
+
+    def _axis(self, label: str) -> str | None:
+        """The mesh axis of a dimension label ("heads", "batch", "shard"), None when not sharded."""
+        return {"heads": self.heads, "batch": self.batch, "shard": self.seq}[label]
+
+    def run(self, graph: Graph, remarks: Remarks) -> bool:
+        rules = [
+            Rule("head-chunked", "concat", self._match_group, self._rewrite, lambda p: p.message),
+            Rule("sdpa", "sdpa", self._match_sdpa, self._rewrite, lambda p: p.message),
+        ]
+        hits = apply_rules(graph, rules, remarks)
+        inherited = _propagate(graph) if hits else 0
+        if inherited:
+            remarks.analysis(
+                None, f"{inherited} value(s) inherited the sharding of what they read elementwise or concatenate"
+            )
+        return bool(hits)
+
+    # ------------------------------------------------------------------ matching
+
+    def _size(self, graph: Graph, label: str) -> int:
+        axis = self._axis(label)
+        return 1 if axis is None else graph.mesh_axes[axis]
+
+    def _undeclared(self, graph: Graph) -> Decline | None:
+        missing = [a for a in (self.heads, self.batch, self.seq) if a is not None and a not in graph.mesh_axes]
+        if not missing:
+            return None
+        declared = ", ".join(f"{a}={n}" for a, n in graph.mesh_axes.items()) or "none"
+        return Decline(
+            f"mesh axis {', '.join(missing)} is not declared on the graph (mesh: {declared}); "
+            "declare it with Graph.set_mesh or attnpass run --mesh AXIS=SIZE"
+        )
+
+    def _match_sdpa(self, graph: Graph, node: Node) -> _Plan | Decline | None:
+        if self.heads is not None and _chunk_subcalls(graph, _sole_user(graph, node)) is not None:
+            return None  # a head-chunk subcall: decided with its group at the concat
+        if is_split_partial(graph, node):
+            return Decline("a split-KV partial (its sdpa_lse companion reads the same operands): already split")
+        mask = node.inputs[3] if len(node.inputs) == 4 else None
+        return self._undeclared(graph) or self._plan(graph, node, *node.inputs[:3], mask, None, node)
+
+    def _match_group(self, graph: Graph, node: Node) -> _Plan | Decline | None:
+        if self.heads is None:
+            return None
+        calls = _chunk_subcalls(graph, node)
+        if calls is None:
+            return None
+        group = _head_chunk_group(graph, node, calls)
+        if isinstance(group, Decline):
+            return group
+        (q, k, v, mask), chunks = group
+        return self._undeclared(graph) or self._plan(graph, node, q, k, v, mask, chunks, calls[0])
+
+    def _plan(
+        self,
+        graph: Graph,
+        anchor: Node,
+        q: str,
+        k: str,
+        v: str,
+        mask: str | None,
+        chunks: tuple[tuple[int, int], ...] | None,
+        call: Node,
+    ) -> _Plan | Decline:
+        """Preconditions and the annotations of one attention (a plain sdpa, or a head-chunked group)."""
+        b, hq, _s, _d = graph.node(q).type.shape
+        hkv = graph.node(k).type.shape[1]
+        h, nb, ns = (self._size(graph, label) for label in ("heads", "batch", "shard"))
+        if hkv % h:
+            return Decline(
+                f"heads: mesh axis {self.heads} has {h} devices but the attention has {hkv} KV head(s): {h} does "
+                f"not divide {hkv}, so a device would hold part of a KV group (GQA groups are not split; "
+                "shard the keys with seq= instead)"
+            )
+        split = None
+        if ns > 1:
+            if nb > 1:
+                return Decline(
+                    f"seq over {self.seq} and batch over {self.batch}: the T-shards share the leading dimension "
+                    "with the streams, and an annotation names one mesh axis per dimension"
+                )
+            split = match_split(graph, call, ns)
+            if isinstance(split, Decline):
+                return Decline(f"seq: {split.reason}")
+            if chunks is not None:  # the regrouped calls read K/V whole
+                split = replace(split, k_source=k, v_source=v)
+        kv_labels: Labels = ("batch", "heads", "shard" if split else None, None)
+        wanted: list[tuple[str, Labels]] = [(q, QKV_LABELS)]
+        if split is not None and split.cells is not None:
+            wanted += [(split.k_source, kv_labels), (split.v_source, kv_labels)]
+        else:
+            wanted += [(k, kv_labels), (v, kv_labels)]
+        values: dict[str, Sharding] = {}
+        for value, labels in wanted:
+            chain = self._chain(graph, value, labels)
+            if isinstance(chain, Decline):
+                return chain
+            values.update(chain)
+        if b % nb:
+            return Decline(f"batch: mesh axis {self.batch} has {nb} devices, which does not divide {b} stream(s)")
+        if mask is not None:
+            mask_sharding = self._sharding(_mask_labels(graph.node(mask).type.shape, b, hq, split))
+            if mask_sharding is not None:
+                values[mask] = mask_sharding
+        for value, sharding in values.items():
+            held = graph.node(value).sharding
+            if held is not None and held != sharding:
+                return Decline(
+                    f"{value} is already sharded {format_sharding(held)}; "
+                    f"this attention needs {format_sharding(sharding)}"
+                )
+        out = self._sharding(QKV_LABELS)
+        if (
+            chunks is None
+            and split is None
+            and anchor.sharding == out
+            and all(graph.node(n).sharding == s for n, s in values.items())
+        ):
+            return Decline("already sharded as planned")
+        message = self._describe(graph, anchor, hkv, hq, b, chunks, split, values)
+        return _Plan(q, k, v, mask, chunks, split, tuple(values.items()), message)
+
+    def _chain(self, graph: Graph, value: str, labels: Labels) -> dict[str, Sharding] | Decline:
+        """``value`` and what it reads through slices, gathers and casts that keep the sharded dimensions whole."""
+        sharding = self._sharding(labels)
+        if sharding is None:
+            return {}
+        out, node = {value: sharding}, graph.node(value)
+        while node.op in ("slice", "take", "cast"):
+            source = graph.node(node.inputs[0])
+            if node.op == "slice":
+                whole = [(0, n, 1) for n in source.type.shape]
+                bounds = list(zip(node.attrs["start"], node.attrs["stop"], node.attrs["step"]))
+                cut = [d for d, axis in enumerate(sharding) if axis and bounds[d] != whole[d]]
+                if cut:
+                    return Decline(
+                        f"{value} is read through slice {node.name} [{format_slice(node)}], which cuts dimension "
+                        f"{cut[0]} (to be sharded over {sharding[cut[0]]}); per-stream or per-head slices cannot "
+                        "stay on one device of an SPMD program"
+                    )
+            elif node.op == "take":
+                axis = node.attrs["axis"] % source.type.rank
+                if graph.node(node.inputs[1]).type.rank != 1 or sharding[axis]:
+                    return Decline(f"{value} is gathered by {node.name} along dimension {axis}, which would be sharded")
+            out[source.name] = sharding
+            node = source
+        return out
+
+    def _sharding(self, labels: Labels) -> Sharding | None:
+        return normalize_sharding([self._axis(label) if label else None for label in labels])
+
+    def _describe(
+        self,
+        graph: Graph,
+        anchor: Node,
+        hkv: int,
+        hq: int,
+        b: int,
+        chunks: tuple[tuple[int, int], ...] | None,
+        split: SplitPlan | None,
+        values: dict[str, Sharding],
+    ) -> str:
+        parts = []
+        if chunks is not None:
+            sizes = "+".join(str(stop - start) for start, stop in chunks)
+            parts.append(
+                f"regrouped {len(anchor.inputs)} head-chunk subcalls ({sizes} per KV group, {hkv} KV groups) into "
+                f"{len(chunks)} sdpa over all KV groups (same query rows per KV head as each chunk), so the KV-head "
+                "axis stays an array axis"
+            )
+        if self.heads is not None:
+            h = graph.mesh_axes[self.heads]
+            parts.append(
+                f"KV heads over {self.heads}: {hkv}/{h} = {hkv // h} KV head(s) per device with their "
+                f"{hq // h} query heads (whole GQA groups)"
+            )
+        if self.batch is not None:
+            nb = graph.mesh_axes[self.batch]
+            parts.append(f"streams over {self.batch}: {b}/{nb} = {b // nb} per device")
+        if split is not None:
+            parts.append(
+                f"keys over {self.seq}: {split.describe()}; each device holds {split.kv_len // split.shards} of "
+                f"{split.kv_len} keys and only the combine crosses devices"
+            )
+        parts.append(f"annotated {', '.join(f'{n}{format_sharding(s)}' for n, s in values.items())}")
+        return "; ".join(parts)
+
+    # ------------------------------------------------------------------ rewriting
+
+    def _place(self, graph: Graph) -> Place:
+        def place(value: str, labels: Labels) -> None:
+            sharding = self._sharding(labels)
+            if sharding is not None:
+                graph.set_sharding(value, sharding)
+
+        return place
+
+    def _rewrite(self, rw: Rewriter, plan: _Plan) -> None:
+        graph, place = rw.graph, self._place(rw.graph)
+        for value, sharding in plan.values:
+            graph.set_sharding(value, sharding)
+        if plan.chunks is not None:
+            rw.replace_matched(self._regroup(rw, plan, place), prune=True)
+        elif plan.split is not None:
+            rw.replace_matched(rewrite_split(rw, plan.split, place), prune=True)
+        else:
+            rw.annotate_matched(self._sharding(QKV_LABELS) or ())
+
+    def _regroup(self, rw: Rewriter, plan: _Plan, place: Place) -> str:
+        """One sdpa per chunk position over all KV groups: ``q[B, Hkv, G, S, D][:, :, a:b]`` against whole K/V."""
+        b, hq, s, d = rw.type(plan.q).shape
+        hkv = rw.type(plan.k).shape[1]
+        name = rw.anchor.name
+        grouped = rw.reshape(plan.q, (b, hkv, hq // hkv, s, d), f"{name}_q_groups")
+        place(grouped, ("batch", "heads", None, None, None))
+        call = rw.graph.node(rw.anchor.inputs[0])
+        outs = []
+        for i, (start, stop) in enumerate(plan.chunks or ()):
+            width = stop - start
+            chunk = rw.slice_axis(grouped, 2, start, stop, hint=f"{name}_q{i}")
+            place(chunk, ("batch", "heads", None, None, None))
+            chunk = rw.reshape(chunk, (b, hkv * width, s, d), f"{name}_q{i}")
+            place(chunk, QKV_LABELS)
+            operands = [chunk, plan.k, plan.v] + ([plan.mask] if plan.mask else [])
+            out = rw.op("sdpa", operands, call.attrs, f"{name}_c{i}")
+            place(out, QKV_LABELS)
+            if plan.split is not None:
+                inner = Rewriter(rw.graph, rw.graph.node(out))
+                split = match_split(rw.graph, inner.anchor, plan.split.shards)
+                assert isinstance(split, SplitPlan), split  # the group's first call passed the same checks
+                out = rewrite_split(inner, split, place)
+                inner.replace_matched(out)
+            dv = rw.type(out).shape[3]
+            out = rw.reshape(out, (b, hkv, width, s, dv), f"{name}_c{i}")
+            place(out, ("batch", "heads", None, None, None))
+            outs.append(out)
+        heads = rw.concat(outs, 2, f"{name}_groups")
+        place(heads, ("batch", "heads", None, None, None))
+        out = rw.reshape(heads, (b, hq, s, rw.type(heads).shape[4]), f"{name}_regrouped")
+        place(out, QKV_LABELS)
+        return out
+
+
+def _sole_user(graph: Graph, node: Node) -> Node | None:
+    users = graph.users(node.name)
+    return users[0] if len(users) == 1 and node.name not in graph.outputs else None
+
+
+def _chunk_subcalls(graph: Graph, concat: Node | None) -> list[Node] | None:
+    """The sdpa operands of a concat along the head axis (head-chunk's output), else None."""
+    if concat is None or concat.op != "concat" or concat.type.rank != 4 or concat.attrs["axis"] % 4 != 1:
+        return None
+    calls = [graph.node(i) for i in concat.inputs]
+    return calls if all(c.op == "sdpa" for c in calls) else None
+
+
+def _head_range(graph: Graph, value: str) -> tuple[str, int, int]:
+    """``(source, start, stop)`` when ``value`` is ``source[:, start:stop]`` (or ``source`` itself)."""
+    node = graph.node(value)
+    if node.op == "slice":
+        source = graph.node(node.inputs[0]).type.shape
+        start, stop, step = node.attrs["start"], node.attrs["stop"], node.attrs["step"]
+        if all((start[d], stop[d], step[d]) == (0, n, 1) for d, n in enumerate(source) if d != 1) and step[1] == 1:
+            return node.inputs[0], start[1], stop[1]
+    return value, 0, node.type.shape[1]
+
+
+def _head_chunk_group(
+    graph: Graph, concat: Node, calls: list[Node]
+) -> tuple[tuple[str, str, str, str | None], tuple[tuple[int, int], ...]] | Decline:
+    """The whole attention ``(Q, K, V, mask)`` behind head-chunk's subcalls and the chunk offsets per KV group."""
+    first = calls[0]
+    sources, offsets = set(), {}
+    position = 0
+    for call in calls:
+        if call.attrs != first.attrs or call.inputs[3:] != first.inputs[3:]:
+            return Decline(
+                f"not one head-chunked attention: {call.name} and {first.name} differ in scale, causal or mask "
+                "(a per-head mask sliced per chunk is not regrouped)"
+            )
+        q, h0, h1 = _head_range(graph, call.inputs[0])
+        (k, j0, j1), (v, v0, v1) = (_head_range(graph, x) for x in call.inputs[1:3])
+        if (j0, j1) != (v0, v1) or j1 - j0 != 1 or h0 != position:
+            return Decline(
+                f"not one head-chunked attention: {call.name} reads query heads {h0}:{h1} and K/V heads {j0}:{j1}"
+            )
+        sources.add((q, k, v))
+        offsets.setdefault(j0, []).append((h0, h1))
+        position = h1
+    if len(sources) != 1:
+        return Decline("not one head-chunked attention: the subcalls read different q, k or v")
+    ((q, k, v),) = sources
+    hq, hkv = graph.node(q).type.shape[1], graph.node(k).type.shape[1]
+    group = hq // hkv
+    local = {j: tuple((h0 - j * group, h1 - j * group) for h0, h1 in chunks) for j, chunks in offsets.items()}
+    chunks = local.get(0, ())
+    if position != hq or sorted(local) != list(range(hkv)) or any(c != chunks for c in local.values()):
+        return Decline(
+            f"not one head-chunked attention: the chunks of {concat.name} are not the same in every KV group"
+        )
+    if any(not 0 <= start < stop <= group for start, stop in chunks):
+        return Decline(f"not one head-chunked attention: a chunk of {concat.name} spans two KV groups")
+    return (q, k, v, first.inputs[3] if len(first.inputs) == 4 else None), chunks
+
+
+def _mask_labels(shape: tuple[int, ...], b: int, hq: int, split: SplitPlan | None) -> Labels:
+    """The dimension labels of an sdpa mask: streams, per-head rows, and keys when they are split."""
+    bm, hm, _sm, tm = (1,) * (4 - len(shape)) + shape
+    labels = (
+        "batch" if bm == b else None,
+        "heads" if hm == hq else None,
+        None,
+        "shard" if split is not None and split.cells is None and tm == split.kv_len else None,
+    )
+    return labels[4 - len(shape) :]
+
+
+def _propagate(graph: Graph) -> int:
+    """Give unannotated elementwise readers and concatenations of equally sharded values that sharding."""
+    count = 0
+    for node in graph.nodes():
+        if node.sharding is not None or node.op not in PROPAGATING:
+            continue
+        operands = [graph.node(i) for i in node.inputs]
+        shaped = [o for o in operands if o.type.shape == node.type.shape or node.op == "concat"]
+        shardings = {o.sharding for o in shaped}
+        if len(shardings) != 1 or any(o.type.rank and o not in shaped for o in operands):
+            continue
+        (sharding,) = shardings
+        if sharding is None or (node.op == "concat" and sharding[node.attrs["axis"] % node.type.rank]):
+            continue
+        graph.set_sharding(node.name, sharding)
+        count += 1
+    return count
+
+
+__all__ = ["ShardAttention"]

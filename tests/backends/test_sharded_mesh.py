@@ -1,0 +1,130 @@
+"""Sharded JAX programs on 8 simulated CPU devices: outputs, compiled collectives and per-device K/V bytes.
+
+The cases (:mod:`tests.sharded_cases`) run in one subprocess with
+``XLA_FLAGS=--xla_force_host_platform_device_count=8``, so the JAX of the rest
+of the suite keeps its single device. Graphs: the verify step (24 q / 2 kv
+heads, head dim 256, head-chunked), the QSA decode layer (gathered) and a
+4-layer model step; meshes 1x8 and 2x4 (``data`` x ``model``). With 2 KV
+heads, a heads axis of 8 is declined, so the 1x8 mesh shards the keys
+(``seq``, split-KV) and the 2x4 mesh splits the 2 KV heads over ``data`` and
+the keys over ``model``; models with 8 KV heads show heads (and streams) alone.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.util import requires
+
+ROOT = Path(__file__).resolve().parents[2]
+FORBIDDEN = ("all-gather", "all-to-all", "collective-permute", "reduce-scatter")
+# |sharded - single-device| <= this * max|single-device|: a few roundings of the output dtype
+TOLERANCE = {"bfloat16": 2**-8, "float32": 2**-20}
+
+pytestmark = requires("jax")
+
+
+@pytest.fixture(scope="module")
+def cases() -> dict[str, dict]:
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.sharded_cases"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    return {case["case"]: case for case in map(json.loads, done.stdout.splitlines())}
+
+
+def applied(case: dict) -> list[str]:
+    return [r for r in case["remarks"] if "] applied " in r]
+
+
+def declined(case: dict) -> list[str]:
+    return [r for r in case["remarks"] if "] declined " in r]
+
+
+def assert_equals_single_device(case: dict) -> None:
+    bound = TOLERANCE[case["dtype"]] * case["max_abs"]
+    assert case["max_abs_diff"] <= bound, f"{case['case']}: |sharded - single| = {case['max_abs_diff']} > {bound}"
+
+
+def assert_kv_split_evenly(case: dict) -> None:
+    per_device = case["kv_bytes_total"] // case["devices"]
+    assert case["kv_bytes_per_device"] == [per_device], case["case"]  # every device the same, 1/8 of the whole
+    assert case["kv_bytes_per_device_from_sharding"] == per_device
+
+
+HEADS_ONLY = ["verify-1x8-heads-8kv", "verify-2x4-batch-heads-8kv", "qsa-1x8-heads-8kv"]
+KEYS_SHARDED = ["verify-1x8-seq", "verify-2x4-heads-seq", "qsa-1x8-seq", "qsa-2x4-heads-seq", "model-1x8-seq",
+                "model-2x4-heads-seq", "qsa-2hosts-x-4"]  # fmt: skip
+DECLINED = ["verify-1x8-heads-declined", "qsa-1x8-heads-declined", "model-1x8-heads-declined"]
+
+
+@pytest.mark.parametrize("name", HEADS_ONLY)
+def test_whole_kv_groups_per_device_need_no_collective(cases, name):
+    case = cases[name]
+    assert applied(case) and not declined(case)
+    assert "whole GQA groups" in applied(case)[0]
+    assert all(not found for found in case["collectives"].values()), case["collectives"]
+    assert_kv_split_evenly(case)
+    assert_equals_single_device(case)
+    assert case["out_spec"] == "P(" + ", ".join(repr(a) for a in case["out_annotation"]) + ")"
+
+
+@pytest.mark.parametrize("name", ["verify-1x8-heads-8kv", "qsa-1x8-heads-8kv"])
+def test_heads_sharding_alone_reproduces_the_single_device_bits(cases, name):
+    assert cases[name]["bitwise_equal"]
+
+
+@pytest.mark.parametrize("name", KEYS_SHARDED)
+def test_sharded_keys_communicate_only_the_small_combine(cases, name):
+    case = cases[name]
+    assert applied(case) and not declined(case)
+    assert all("only the combine crosses devices" in r for r in applied(case))
+    for op in FORBIDDEN:
+        assert not case["collectives"][op], (op, case["collectives"])
+    reduces = case["collectives"]["all-reduce"]
+    assert 0 < len(reduces) <= 2 * case["splits"]  # a max and the sums per combine (XLA merges them further)
+    assert max(reduces) <= case["combine_bytes"]  # never more than one attention's [B, Hq, S, Dv + 1] float32
+    assert sum(reduces) * 10 < case["kv_bytes_per_device"][0]  # what moves is small next to the K/V each holds
+    assert_kv_split_evenly(case)
+    assert_equals_single_device(case)
+
+
+def test_a_long_cache_compiles_with_only_the_combine(cases):
+    case = cases["model-2x4-heads-seq-128k-compiled"]
+    for op in FORBIDDEN:
+        assert not case["collectives"][op], (op, case["collectives"])
+    assert case["collectives"]["all-reduce"]
+    assert case["kv_bytes_per_device_from_sharding"] * 8 == case["kv_bytes_total"]
+
+
+@pytest.mark.parametrize("name", DECLINED)
+def test_a_heads_axis_that_does_not_divide_the_kv_heads_is_declined(cases, name):
+    case = cases[name]
+    assert not applied(case) and declined(case)
+    assert all("heads: mesh axis model has 8 devices but the attention has 2 KV head(s): 8 does not divide 2" in r
+               for r in declined(case))  # fmt: skip
+    assert case["kv_bytes_per_device"] == [case["kv_bytes_total"]]  # replicated: correct, not split
+    assert all(not found for found in case["collectives"].values())
+    assert case["bitwise_equal"]
+
+
+def test_two_hosts_of_four_devices_run_the_same_program(cases):
+    case = cases["qsa-2hosts-x-4"]
+    assert case["mesh_devices"] == [[0, 1, 2, 3], [4, 5, 6, 7]]  # host h holds mesh row h
+    assert case["source_on_abstract_mesh"]  # generated from axis names and sizes only: no per-host code
+
+
+def test_the_readme_block_runs_on_eight_devices(cases):
+    printed = cases["readme"]["stdout"].splitlines()
+    assert printed[0] == "P(None, 'data', None, None)"
+    assert printed[1] == "{524288} 4194304"
+    counts = ast.literal_eval(printed[2])
+    assert counts["all-reduce"] > 0 and all(counts[op] == 0 for op in FORBIDDEN)

@@ -1,0 +1,155 @@
+"""shard-attention on one device: what it annotates and rewrites, what it declines and why; values stay equal."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from attnpass.backends import run
+from attnpass.ir import Graph
+from attnpass.lowering import lower
+from attnpass.models import (
+    EXAMPLES,
+    QSAConfig,
+    build_layer,
+    build_model,
+    gather_pipeline,
+    make_inputs,
+    narrowed_inputs,
+    verify_step,
+)
+from attnpass.passes import PassManager, ShardAttention, parse_pipeline
+from tests.sharded_cases import verify_graph, verify_inputs
+from tests.util import assert_close, target_params
+
+HEADS = (None, "model", None, None)
+
+
+def shard(graph: Graph, pipeline: str, mesh: dict[str, int]):
+    graph.set_mesh(mesh)
+    result = PassManager(parse_pipeline(pipeline)).run(graph)
+    return result.graph, [str(r) for r in result.remarks if r.pass_name == "shard-attention"]
+
+
+def test_a_head_chunked_attention_is_regrouped_over_all_kv_groups():
+    graph, remarks = shard(verify_step(q_len=4, kv_len=256), "head-chunk,shard-attention{heads=model}", {"model": 2})
+    assert remarks[0].startswith("[shard-attention] applied sdpa_heads: head-chunked: regrouped 4 head-chunk subcalls")
+    assert (
+        "KV heads over model: 2/2 = 1 KV head(s) per device with their 12 query heads (whole GQA groups)" in remarks[0]
+    )
+    calls = [n for n in graph.nodes() if n.op == "sdpa"]
+    assert [graph.node(c.inputs[0]).type.shape[1] for c in calls] == [16, 8]  # chunks 8 and 4, both KV groups at once
+    assert all(c.inputs[1:3] == ("k_cache", "v_cache") for c in calls)  # K/V whole: no one-head slices left
+    assert all(4 * graph.node(c.inputs[0]).type.shape[1] // 2 <= 32 for c in calls)  # q_len * heads per KV head
+    assert all(c.sharding == HEADS for c in calls)
+    assert [graph.node(n).sharding for n in graph.inputs] == [HEADS, HEADS, HEADS, None]
+    assert graph.node(graph.outputs[0]).sharding == HEADS
+
+
+@pytest.mark.parametrize("target", target_params("numpy", "mlx", "jax"))
+def test_regrouped_and_split_attention_computes_the_same_values(target):
+    original = verify_step(q_len=4, kv_len=256)
+    arrays = verify_inputs(original)
+    expected = run(lower(original, "numpy"), **arrays)
+    for pipeline in ("head-chunk,shard-attention{heads=model}", "head-chunk,shard-attention{heads=model,seq=keys}"):
+        graph, _ = shard(verify_step(q_len=4, kv_len=256), pipeline, {"model": 2, "keys": 4})
+        assert_close(run(lower(graph, target), **arrays), expected)
+
+
+def test_a_plain_sdpa_is_annotated_in_place_and_a_second_run_changes_nothing():
+    graph, remarks = shard(
+        verify_graph(QSAConfig(n_q_heads=32, n_kv_heads=8)), "shard-attention{heads=model}", {"model": 8}
+    )
+    assert (
+        "applied sdpa: sdpa: KV heads over model: 8/8 = 1 KV head(s) per device with their 4 query heads" in remarks[0]
+    )
+    assert graph.node("sdpa").sharding == HEADS and graph.node("mask").sharding is None
+    again = PassManager(parse_pipeline("shard-attention{heads=model}")).run(graph)
+    assert not again.changed and "declined sdpa: sdpa (rule at" in str(again.remarks[0])
+    assert "already sharded as planned" in str(again.remarks[0])
+
+
+def test_the_whole_model_is_annotated_through_its_residual_adds():
+    model = build_model(4, q_len=4, n_kv=8192)
+    graph = PassManager(parse_pipeline(EXAMPLES["qwen38-model"].pipeline)).run(model).graph
+    sharded, remarks = shard(graph, "shard-attention{heads=model}", {"model": 2})
+    assert sum("] applied " in r for r in remarks) == 3 + 4  # 3 head-chunked dense layers, 4 gathered rows
+    assert (
+        remarks[-1]
+        == "[shard-attention] analysis: 2 value(s) inherited the sharding of what they read elementwise or concatenate"
+    )
+    assert sharded.node(sharded.outputs[0]).sharding == HEADS
+    assert all(sharded.node(n).sharding == HEADS for n in sharded.inputs if n.startswith(("k_cache", "v_cache")))
+    assert all(sharded.node(n).sharding is None for n in sharded.inputs if n.startswith(("idx_", "rope_")))
+
+
+@pytest.mark.parametrize(
+    ("pipeline", "mesh", "reason"),
+    [
+        (
+            "head-chunk,shard-attention{heads=model}",
+            {"data": 1},
+            "mesh axis model is not declared on the graph (mesh: data=1)",
+        ),
+        (
+            "head-chunk,shard-attention{heads=model}",
+            {"model": 4},
+            "model has 4 devices but the attention has 2 KV head(s): 4 does not divide 2",
+        ),
+        (
+            "shard-attention{batch=data}",
+            {"data": 2},
+            "batch: mesh axis data has 2 devices, which does not divide 1 stream(s)",
+        ),
+        ("shard-attention{seq=model}", {"model": 3}, "seq: kv_len 256 of k_cache is not divisible by 3 shards"),
+    ],
+)
+def test_preconditions_decline_with_the_numbers(pipeline, mesh, reason):
+    graph, remarks = shard(verify_step(q_len=4, kv_len=256), pipeline, mesh)
+    declined = [r for r in remarks if "] declined " in r]
+    assert len(declined) == 1 and reason in declined[0], remarks
+    assert all(graph.node(n).sharding is None for n in graph.inputs)
+
+
+def test_seq_and_batch_cannot_share_the_leading_dimension():
+    graph = verify_graph(QSAConfig(), batch=2, kv_len=256)
+    _, remarks = shard(graph, "shard-attention{seq=model,batch=data}", {"data": 2, "model": 4})
+    assert "the T-shards share the leading dimension with the streams" in remarks[0]
+
+
+def test_the_per_stream_gather_form_declines_stream_sharding():
+    graph = gather_pipeline().run(build_layer(QSAConfig(), 8192, batch=2)).graph
+    _, remarks = shard(graph, "shard-attention{batch=data}", {"data": 2})
+    declined = [r for r in remarks if "] declined " in r]
+    assert len(declined) == 2  # one gathered sdpa per stream
+    assert "which cuts dimension 0 (to be sharded over data); per-stream or per-head slices cannot stay" in declined[0]
+
+
+def test_an_earlier_annotation_is_never_overwritten():
+    graph = verify_step(q_len=4, kv_len=256)
+    graph.set_mesh({"model": 2, "keys": 4})
+    graph.set_sharding("k_cache", (None, None, "keys", None))
+    _, remarks = shard(graph, "head-chunk,shard-attention{heads=model}", {"model": 2, "keys": 4})
+    assert "k_cache is already sharded (_, _, keys, _); this attention needs (_, model, _, _)" in remarks[0]
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered in divide:RuntimeWarning")  # a shard seeing no cell
+def test_the_gathered_qsa_layer_keeps_the_indexer_unannotated():
+    cfg = QSAConfig()
+    graph = gather_pipeline().run(build_layer(cfg, 8192)).graph
+    sharded, remarks = shard(graph, "shard-attention{heads=model,seq=keys}", {"model": 2, "keys": 4})
+    assert "gathered form: each shard gathers cell_idx % 2048 from its own slice" in remarks[0]
+    assert sharded.node("k_cache").sharding == (None, "model", "keys", None)
+    assert all(sharded.node(n).sharding is None for n in ("idx_q", "idx_keys", "positions", "rope_cos"))
+    inputs = make_inputs(cfg, 8192, np.array([[5000]]), hidden_fraction=0.1)
+    expected = run(lower(build_layer(cfg, 8192), "numpy"), **inputs)
+    assert_close(run(lower(sharded, "numpy"), **narrowed_inputs(sharded, inputs)), expected)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [({}, "name at least one mesh axis"), ({"heads": "model", "seq": "model"}, "must be different mesh axes")],
+)
+def test_options_are_checked(options, message):
+    with pytest.raises(ValueError, match=message):
+        ShardAttention(**options)

@@ -1,0 +1,211 @@
+"""Sharded programs on 8 simulated CPU devices, measured in a process of their own.
+
+``python -m tests.sharded_cases [CASE ...]`` must run with
+``XLA_FLAGS=--xla_force_host_platform_device_count=8`` (set before JAX is
+imported, which is why :mod:`tests.backends.test_sharded_mesh` starts it as a
+subprocess: the rest of the suite keeps its one CPU device). Each case builds
+a graph, declares the mesh, runs its pipeline, lowers it with and without the
+mesh, runs both on the same inputs and prints one JSON line of measurements:
+the shard-attention remarks, how the outputs compare, the collectives in the
+compiled HLO and the K/V bytes each device holds (from ``addressable_shards``).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from attnpass.ir import Graph, TensorSpec, trace
+from attnpass.lowering import lower
+from attnpass.models import EXAMPLES, QSAConfig, build_layer, build_model, gather_pipeline, make_inputs, narrowed_inputs
+from attnpass.models.qwen38 import attention
+from attnpass.passes import PassManager, parse_pipeline
+
+MESH_1X8 = {"data": 1, "model": 8}
+MESH_2X4 = {"data": 2, "model": 4}
+N_KV = 8192
+QWEN = QSAConfig()  # 24 q / 2 kv heads, head dim 256
+QWEN_BF16 = QSAConfig(dtype="bfloat16")
+WIDE_KV = QSAConfig(n_q_heads=32, n_kv_heads=8)  # 8 KV heads: a heads axis of 8 divides them
+
+
+def verify_graph(cfg: QSAConfig = QWEN, batch: int = 1, q_len: int = 4, kv_len: int = 4096) -> Graph:
+    """The verify step's attention (bf16, head dim 256) with ``cfg``'s head counts and ``batch`` streams."""
+    q = TensorSpec((batch, cfg.n_q_heads, q_len, cfg.head_dim), "bfloat16")
+    kv = TensorSpec((batch, cfg.n_kv_heads, kv_len, cfg.head_dim), "bfloat16", role="resident")
+    return trace(attention, q, kv, kv, TensorSpec((batch, 1, q_len, kv_len), "bool"))
+
+
+def verify_inputs(graph: Graph) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    arrays = {n: rng.standard_normal(t.shape).astype(t.dtype.numpy) for n, t in zip(graph.inputs, graph.input_types())}
+    arrays["mask"] = rng.random(graph.node("mask").type.shape) < 0.7
+    arrays["mask"][..., 0] = True
+    return arrays
+
+
+def model_inputs(graph: Graph, cfg: QSAConfig) -> dict[str, np.ndarray]:
+    """Random hidden state and caches; the QSA layers' indexer inputs from :func:`make_inputs` (rows at the end)."""
+    rng = np.random.default_rng(0)
+    q_len = graph.node("hidden").type.shape[2]
+    qsa = make_inputs(cfg, N_KV, np.arange(N_KV - q_len, N_KV, dtype=np.int32)[None])
+    arrays = {}
+    for name, t in zip(graph.inputs, graph.input_types()):
+        stem = name.rsplit("_", 1)[0] if name.rsplit("_", 1)[-1].isdigit() else name
+        shared = stem in qsa and not stem.startswith(("k_cache", "v_cache")) and name != "hidden"
+        arrays[name] = qsa[stem] if shared else rng.standard_normal(t.shape).astype(t.dtype.numpy)
+    return arrays
+
+
+def verify_case(cfg: QSAConfig = QWEN, batch: int = 1) -> tuple[Graph, dict[str, np.ndarray], str]:
+    graph = verify_graph(cfg, batch)
+    return graph, verify_inputs(graph), "head-chunk"
+
+
+def qsa_case(cfg: QSAConfig = QWEN) -> tuple[Graph, dict[str, np.ndarray], str]:
+    graph = gather_pipeline().run(build_layer(cfg, N_KV)).graph
+    return graph, make_inputs(cfg, N_KV, np.array([[5000]]), hidden_fraction=0.1), ""
+
+
+def model_case(cfg: QSAConfig = QWEN_BF16) -> tuple[Graph, dict[str, np.ndarray], str]:
+    graph = build_model(4, q_len=4, n_kv=N_KV, cfg=cfg)
+    return graph, model_inputs(graph, cfg), EXAMPLES["qwen38-model"].pipeline
+
+
+Build = Callable[[], tuple[Graph, dict[str, np.ndarray], str]]
+CASES: dict[str, tuple[Build, dict[str, int], str]] = {
+    # name: (graph, inputs and the pipeline before sharding; mesh; shard-attention options)
+    "verify-1x8-seq": (verify_case, MESH_1X8, "seq=model"),
+    "verify-2x4-heads-seq": (verify_case, MESH_2X4, "heads=data,seq=model"),
+    "verify-1x8-heads-declined": (verify_case, MESH_1X8, "heads=model"),
+    "verify-1x8-heads-8kv": (lambda: verify_case(WIDE_KV), MESH_1X8, "heads=model"),
+    "verify-2x4-batch-heads-8kv": (lambda: verify_case(WIDE_KV, batch=2), MESH_2X4, "batch=data,heads=model"),
+    "qsa-1x8-seq": (qsa_case, MESH_1X8, "seq=model"),
+    "qsa-2x4-heads-seq": (qsa_case, MESH_2X4, "heads=data,seq=model"),
+    "qsa-1x8-heads-declined": (qsa_case, MESH_1X8, "heads=model"),
+    "qsa-1x8-heads-8kv": (lambda: qsa_case(WIDE_KV), MESH_1X8, "heads=model"),
+    "model-1x8-seq": (model_case, MESH_1X8, "seq=model"),
+    "model-2x4-heads-seq": (model_case, MESH_2X4, "heads=data,seq=model"),
+    "model-1x8-heads-declined": (model_case, MESH_1X8, "heads=model"),
+}
+
+
+def host_mesh(axes: dict[str, int]) -> Any:
+    """The 2 hosts x 4 devices layout on simulated devices: host ``h`` owns devices ``4h .. 4h+3``, one mesh row.
+
+    On two real hosts, ``jax.make_mesh((2, 4), ("data", "model"), ...)`` after
+    ``jax.distributed.initialize()`` lays the process boundary along ``data`` the same way.
+    """
+    import jax
+    from jax.sharding import AxisType, Mesh
+
+    hosts = np.array(jax.devices()).reshape(2, 4)
+    return Mesh(hosts, tuple(axes), axis_types=(AxisType.Auto,) * len(axes))
+
+
+def measure(name: str) -> dict[str, Any]:
+    """Run one case; everything the tests assert on, as JSON-able values."""
+    import jax
+
+    from attnpass.backends.spmd import collectives, input_bytes_per_device
+    from attnpass.lowering.targets.jax.sharding import make_mesh
+
+    multihost = name == "qsa-2hosts-x-4"
+    build, axes, options = CASES["qsa-2x4-heads-seq" if multihost else name]
+    graph, inputs, before = build()
+    graph.set_mesh(axes)
+    pipeline = ",".join(filter(None, [before, f"shard-attention{{{options}}}"]))
+    result = PassManager(parse_pipeline(pipeline)).run(graph)
+    sharded_graph = result.graph
+    args = narrowed_inputs(sharded_graph, inputs)
+    single = lower(sharded_graph, "jax")
+    expected = np.asarray(jax.jit(single.fn)(*single.bind(**args)))
+    program = lower(sharded_graph, "jax", mesh=host_mesh(axes) if multihost else make_mesh(axes))
+    bound = program.bind(**args)
+    out = program.fn(*bound)
+    hlo = program.fn.lower(*bound).compile().as_text()
+    kv = [n for n in program.input_names if n.startswith(("k_cache", "v_cache"))]
+    held = {d.id: 0 for d in jax.devices()}
+    for n in kv:
+        for shard in bound[program.input_names.index(n)].addressable_shards:
+            held[shard.device.id] += shard.data.nbytes
+    b, hq, s, _ = sharded_graph.node(sharded_graph.outputs[0]).type.shape
+    dv = sharded_graph.node(sharded_graph.outputs[0]).type.shape[3]
+    actual = np.asarray(out)
+    return {
+        "case": name,
+        "remarks": [str(r) for r in result.remarks if r.pass_name == "shard-attention"],
+        "bitwise_equal": bool(np.array_equal(actual.view(np.uint8), expected.view(np.uint8))),
+        "max_abs_diff": float(np.max(np.abs(actual.astype(np.float64) - expected.astype(np.float64)))),
+        "max_abs": float(np.max(np.abs(expected.astype(np.float64)))),
+        "dtype": str(expected.dtype),
+        "collectives": collectives(hlo),
+        "combine_bytes": b * hq * s * (dv + 1) * 4,  # one attention's float32 partial sums and weights
+        "splits": sum(n.op == "sdpa_lse" for n in sharded_graph.nodes()),
+        "kv_bytes_per_device": sorted(set(held.values())),
+        "kv_bytes_per_device_from_sharding": sum(input_bytes_per_device(program)[n] for n in kv),
+        "kv_bytes_total": sum(bound[program.input_names.index(n)].nbytes for n in kv),
+        "devices": len(held),
+        "out_spec": str(out.sharding.spec),
+        "out_annotation": list(sharded_graph.node(sharded_graph.outputs[0]).sharding or ()),
+        "mesh_devices": np.vectorize(lambda d: d.id)(program.mesh.devices).tolist(),
+        "source_on_abstract_mesh": program.source == lower(sharded_graph, "jax", mesh=_abstract(axes)).source,
+    }
+
+
+def _abstract(axes: dict[str, int]) -> Any:
+    from jax.sharding import AbstractMesh, AxisType
+
+    return AbstractMesh(tuple(axes.values()), tuple(axes), axis_types=(AxisType.Auto,) * len(axes))
+
+
+def compiled_at_128k() -> dict[str, Any]:
+    """The 4-layer model at n_kv 131072 on 2 x 4 (heads and keys), compiled on placeholders, never run.
+
+    At this length XLA once resharded a causal mask built by concatenating constants with all-to-alls;
+    the iota-built mask it has now partitions without any.
+    """
+    from attnpass.backends.spmd import collectives, compiled_hlo, input_bytes_per_device
+    from attnpass.lowering.targets.jax.sharding import make_mesh
+
+    graph = build_model(4, q_len=4, n_kv=131072, cfg=QWEN_BF16)
+    graph.set_mesh(MESH_2X4)
+    pipeline = f"{EXAMPLES['qwen38-model'].pipeline},shard-attention{{heads=data,seq=model}}"
+    program = lower(PassManager(parse_pipeline(pipeline)).run(graph).graph, "jax", mesh=make_mesh(MESH_2X4))
+    kv = [n for n in program.input_names if n.startswith(("k_cache", "v_cache"))]
+    return {
+        "case": "model-2x4-heads-seq-128k-compiled",
+        "collectives": collectives(compiled_hlo(program)),
+        "kv_bytes_per_device_from_sharding": sum(input_bytes_per_device(program)[n] for n in kv),
+        "kv_bytes_total": sum(t.nbytes for n, t in zip(program.input_names, program.input_types) if n in kv),
+    }
+
+
+def readme_block() -> dict[str, Any]:
+    """Run the README's first ``py`` block of "Shard over a device mesh" (the one that needs 8 devices)."""
+    import contextlib
+    import io
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = text.split("## Shard over a device mesh", 1)[1]
+    body = re.search(r"^```py\n(.*?)^```$", section, flags=re.DOTALL | re.MULTILINE).group(1)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(body, "README.md (Shard over a device mesh)", "exec"), {"__name__": "readme"})
+    return {"case": "readme", "stdout": out.getvalue()}
+
+
+def main(names: list[str]) -> None:
+    special = {"readme": readme_block, "model-2x4-heads-seq-128k-compiled": compiled_at_128k}
+    for name in names or [*CASES, "qsa-2hosts-x-4", *special]:
+        print(json.dumps(special[name]() if name in special else measure(name)), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
