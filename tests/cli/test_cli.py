@@ -32,18 +32,6 @@ def private_registry(monkeypatch):
 
 
 @pytest.fixture
-def cli(capsys):
-    """Run ``attnpass ARGS`` in process: (exit status, stdout, stderr)."""
-
-    def call(*argv: str) -> tuple[int, str, str]:
-        status = main([str(a) for a in argv])
-        out, err = capsys.readouterr()
-        return status, out, err
-
-    return call
-
-
-@pytest.fixture
 def verify_json(tmp_path, cli) -> Path:
     path = tmp_path / "verify.json"
     assert cli("example", "qwen38-verify", "--n-kv", 64, "-o", path)[0] == 0

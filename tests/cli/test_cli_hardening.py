@@ -36,18 +36,6 @@ def private_state(monkeypatch):
 
 
 @pytest.fixture
-def cli(capsys):
-    """Run ``attnpass ARGS`` in process: (exit status, stdout, stderr)."""
-
-    def call(*argv) -> tuple[int, str, str]:
-        status = main([str(a) for a in argv])
-        out, err = capsys.readouterr()
-        return status, out, err
-
-    return call
-
-
-@pytest.fixture
 def graph_json(tmp_path) -> Path:
     """The verify step as JSON, its locations as traced (absolute paths)."""
     path = tmp_path / "g.json"

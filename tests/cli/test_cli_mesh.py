@@ -8,24 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from attnpass.cli.main import main
 from attnpass.models import verify_step
 from tests.util import requires
 
 PIPELINE = "head-chunk,shard-attention{heads=model}"
 FITS = "is annotated for mesh axes model=2, but the mesh has"  # the graph's mesh against --mesh
-
-
-@pytest.fixture
-def cli(capsys):
-    """Run ``attnpass ARGS`` in process: (exit status, stdout, stderr)."""
-
-    def call(*argv) -> tuple[int, str, str]:
-        status = main([str(a) for a in argv])
-        out, err = capsys.readouterr()
-        return status, out, err
-
-    return call
 
 
 @pytest.fixture
