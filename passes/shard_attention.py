@@ -30,18 +30,28 @@ dimension, so XLA's partitioner needs no communication except the combine):
   group at once, K/V whole), since a one-head slice of a head-sharded K cannot
   stay on its device in an SPMD program. Every call keeps ``q_len *
   heads-per-KV-head`` of the original chunks (MLX's fused-kernel budget);
-- a gathered QSA attention (``qsa-gather``): its K/V gathers and queries; per
-  stream slices make ``batch`` (size > 1) decline there. The indexer's values
-  stay unannotated: each device computes the selection itself from replicated
-  inputs, and no K/V row moves.
+- a gathered QSA attention (``qsa-gather{batched=false}``, one gather per
+  row): its K/V gathers and queries; per stream slices make ``batch`` (size >
+  1) decline there;
+- a batched gathered QSA attention (``qsa-gather``'s default: one flat gather
+  of every row's cells from ``K`` viewed as ``[B*Hkv*T, D]``): the flat view
+  merges the streams and KV heads into the gathered axis, so the gather is
+  rebuilt as one ``take_along_axis`` from the caches themselves
+  (:func:`~attnpass.passes.split_kv.gather_rows`, the same rows bit for bit)
+  that keeps streams and KV heads array axes; the caches are annotated.
 
-Values that read annotated ones elementwise or by concatenation inherit their
+In both gathered forms the indexer's values stay unannotated: each device
+computes the selection itself from replicated inputs, and no K/V row moves.
+
+Values that read annotated ones elementwise, by concatenation or through a
+transpose or a reshape that keeps each sharded dimension whole inherit their
 sharding afterwards (one ``analysis`` remark), so residual adds and outputs are
 annotated too.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
@@ -51,7 +61,17 @@ from attnpass.ir.core.sharding import Sharding, format_sharding, normalize_shard
 from .base import Pass, Remarks
 from .registry import register_pass
 from .rewrite import Decline, Rewriter, Rule, apply_rules
-from .split_kv import Labels, Place, SplitPlan, is_split_partial, match_split, rewrite_split
+from .split_kv import (
+    Labels,
+    Place,
+    RowGather,
+    SplitPlan,
+    gather_rows,
+    is_split_partial,
+    match_row_gather,
+    match_split,
+    rewrite_split,
+)
 
 QKV_LABELS = ("batch", "heads", None, None)
 PROPAGATING = frozenset({"add", "sub", "mul", "div", "maximum", "cast", "concat"})
@@ -67,6 +87,7 @@ class _Plan:
     mask: str | None
     chunks: tuple[tuple[int, int], ...] | None  # head-chunk regroup: query-head offsets within a KV group
     split: SplitPlan | None
+    rows: RowGather | None  # the batched gather form, rebuilt from the caches when not split
     values: tuple[tuple[str, Sharding], ...]  # existing values and their new annotations
     message: str
 
@@ -101,7 +122,9 @@ class ShardAttention(Pass):
         inherited = _propagate(graph) if hits else 0
         if inherited:
             remarks.analysis(
-                None, f"{inherited} value(s) inherited the sharding of what they read elementwise or concatenate"
+                None,
+                f"{inherited} value(s) inherited the sharding of what they read elementwise, concatenate, "
+                "transpose or reshape",
             )
         return bool(hits)
 
@@ -162,6 +185,8 @@ class ShardAttention(Pass):
                 f"not divide {hkv}, so a device would hold part of a KV group (GQA groups are not split; "
                 "shard the keys with seq= instead)"
             )
+        rows = match_row_gather(graph, graph.node(k), graph.node(v)) if chunks is None else None
+        streams = b if rows is None else rows.streams  # the batched form's leading axis is (stream, row)
         split = None
         if ns > 1:
             if nb > 1:
@@ -178,6 +203,8 @@ class ShardAttention(Pass):
         wanted: list[tuple[str, Labels]] = [(q, QKV_LABELS)]
         if split is not None and split.cells is not None:
             wanted += [(split.k_source, kv_labels), (split.v_source, kv_labels)]
+        elif rows is not None:
+            wanted += [(rows.k_source, kv_labels), (rows.v_source, kv_labels)]
         else:
             wanted += [(k, kv_labels), (v, kv_labels)]
         values: dict[str, Sharding] = {}
@@ -186,8 +213,10 @@ class ShardAttention(Pass):
             if isinstance(chain, Decline):
                 return chain
             values.update(chain)
-        if b % nb:
-            return Decline(f"batch: mesh axis {self.batch} has {nb} devices, which does not divide {b} stream(s)")
+        if streams % nb:
+            return Decline(
+                f"batch: mesh axis {self.batch} has {nb} devices, which does not divide {streams} stream(s)"
+            )
         if mask is not None:
             mask_sharding = self._sharding(_mask_labels(graph.node(mask).type.shape, b, hq, split))
             if mask_sharding is not None:
@@ -207,8 +236,8 @@ class ShardAttention(Pass):
             and all(graph.node(n).sharding == s for n, s in values.items())
         ):
             return Decline("already sharded as planned")
-        message = self._describe(graph, anchor, hkv, hq, b, chunks, split, values)
-        return _Plan(q, k, v, mask, chunks, split, tuple(values.items()), message)
+        message = self._describe(graph, anchor, hkv, hq, streams, chunks, split, rows, values)
+        return _Plan(q, k, v, mask, chunks, split, rows, tuple(values.items()), message)
 
     def _chain(self, graph: Graph, value: str, labels: Labels) -> dict[str, Sharding] | Decline:
         """``value`` and what it reads through slices, gathers and casts that keep the sharded dimensions whole."""
@@ -248,9 +277,15 @@ class ShardAttention(Pass):
         b: int,
         chunks: tuple[tuple[int, int], ...] | None,
         split: SplitPlan | None,
+        rows: RowGather | None,
         values: dict[str, Sharding],
     ) -> str:
         parts = []
+        if rows is not None and split is None:
+            parts.append(
+                f"batched gather of {rows.streams} stream(s) x {rows.rows} row(s) rebuilt as one take_along_axis "
+                f"from {rows.k_source}/{rows.v_source} at {rows.cells}, streams and KV heads kept array axes"
+            )
         if chunks is not None:
             sizes = "+".join(str(stop - start) for start, stop in chunks)
             parts.append(
@@ -293,8 +328,23 @@ class ShardAttention(Pass):
             rw.replace_matched(self._regroup(rw, plan, place), prune=True)
         elif plan.split is not None:
             rw.replace_matched(rewrite_split(rw, plan.split, place), prune=True)
+        elif plan.rows is not None:
+            rw.replace_matched(self._gather_rows(rw, plan, plan.rows, place), prune=True)
         else:
             rw.annotate_matched(self._sharding(QKV_LABELS) or ())
+
+    def _gather_rows(self, rw: Rewriter, plan: _Plan, rows: RowGather, place: Place) -> str:
+        """The batched gathered sdpa, its K/V gathered by :func:`gather_rows` from the (annotated) caches."""
+        name, kv = rw.anchor.name, []
+        for source, hint in ((rows.k_source, "k"), (rows.v_source, "v")):
+            b, h, t, d = rw.type(source).shape
+            whole = rw.reshape(source, (1, b, h, t, d), f"{name}_{hint}_source")
+            place(whole, (None, "batch", "heads", None, None))
+            kv.append(gather_rows(rw, whole, rows.cells, place, f"{name}_{hint}_gathered"))
+        operands = [plan.q, *kv] + ([plan.mask] if plan.mask else [])
+        out = rw.op("sdpa", operands, rw.anchor.attrs, name)
+        place(out, QKV_LABELS)
+        return out
 
     def _regroup(self, rw: Rewriter, plan: _Plan, place: Place) -> str:
         """One sdpa per chunk position over all KV groups: ``q[B, Hkv, G, S, D][:, :, a:b]`` against whole K/V."""
@@ -406,10 +456,19 @@ def _mask_labels(shape: tuple[int, ...], b: int, hq: int, split: SplitPlan | Non
 
 
 def _propagate(graph: Graph) -> int:
-    """Give unannotated elementwise readers and concatenations of equally sharded values that sharding."""
+    """Give unannotated elementwise readers and concatenations of equally sharded values that sharding, and
+    transposes and reshapes of a sharded value theirs where each sharded dimension stays whole."""
     count = 0
     for node in graph.nodes():
-        if node.sharding is not None or node.op not in PROPAGATING:
+        if node.sharding is not None:
+            continue
+        if node.op in ("transpose", "reshape"):
+            sharding = _relaid(graph, node)
+            if sharding is not None:
+                graph.set_sharding(node.name, sharding)
+                count += 1
+            continue
+        if node.op not in PROPAGATING:
             continue
         operands = [graph.node(i) for i in node.inputs]
         shaped = [o for o in operands if o.type.shape == node.type.shape or node.op == "concat"]
@@ -422,6 +481,29 @@ def _propagate(graph: Graph) -> int:
         graph.set_sharding(node.name, sharding)
         count += 1
     return count
+
+
+def _relaid(graph: Graph, node: Node) -> Sharding | None:
+    """The sharding of a transpose or reshape of a sharded value, None when a sharded dimension is not kept
+    whole (a reshape keeps dimension ``d`` as ``e`` when both have the same size and the same row-major
+    prefix product, so every element keeps its coordinate along it)."""
+    source = graph.node(node.inputs[0])
+    held = source.sharding
+    if held is None or len(held) != source.type.rank:
+        return None
+    if node.op == "transpose":
+        return normalize_sharding([held[p] for p in node.attrs["perm"]])
+    src, dst = source.type.shape, node.type.shape
+    out: list[str | None] = [None] * len(dst)
+    for d, axis in enumerate(held):
+        if axis is None:
+            continue
+        prefix = math.prod(src[:d])
+        kept = [e for e in range(len(dst)) if dst[e] == src[d] and math.prod(dst[:e]) == prefix and out[e] is None]
+        if not kept:
+            return None
+        out[kept[0]] = axis
+    return normalize_sharding(out)
 
 
 __all__ = ["ShardAttention"]

@@ -17,11 +17,19 @@ Forms:
 - dense: ``k``/``v`` are read whole (``[B, Hkv, T, D]``); a causal attribute
   becomes an explicit bool mask compared from iotas (the shards need their own
   key offsets; each device computes only its part);
-- gathered (QSA): ``k = take(K, cells, axis=2)`` and ``v = take(V, cells,
-  axis=2)`` with the same 1-D ``cells``; the gather *source* is split. Every
-  shard gathers ``cells % Tn`` from its own slice and masks the slots whose cell
-  it does not own, so each slot is attended by exactly the shard holding it
-  (compute per shard stays O(W); only K/V storage is split).
+- gathered (QSA, ``qsa-gather{batched=false}``): ``k = take(K, cells,
+  axis=2)`` and ``v = take(V, cells, axis=2)`` with the same 1-D ``cells``; the
+  gather *source* is split. Every shard gathers ``cells % Tn`` from its own
+  slice and masks the slots whose cell it does not own, so each slot is
+  attended by exactly the shard holding it (compute per shard stays O(W); only
+  K/V storage is split);
+- batched gathered (QSA, ``qsa-gather``'s default): ``k = reshape(take(
+  reshape(K, [B*Hkv*T, D]), rows, axis=0), [B*S, Hkv, W, D])`` (and ``v`` by the
+  same ``rows``) with ``rows = cells + (b*Hkv + h)*T``, ``cells`` int32 ``[B, S,
+  1, W]`` (see :func:`match_row_gather`). The same as the gathered form, per
+  (stream, row): every shard gathers ``cells % Tn`` from its own slice with one
+  ``take_along_axis`` that keeps the shard, stream and KV-head axes array axes
+  (:func:`gather_rows`), and masks the slots it does not own.
 
 Numerics: partials are rounded to the sdpa's dtype before the float32 combine
 (rounding-class vs the unsplit call). A shard whose keys are all masked has
@@ -70,13 +78,14 @@ class SplitPlan:
     shards: int
     k_source: str
     v_source: str
-    cells: str | None  # the gathered form's 1-D cell indices, None for the dense form
+    cells: str | None  # the gathered form's cell indices (1-D, or [B, S, 1, W] batched), None for the dense form
     kv_len: int
+    batched: bool = False  # the batched multi-row gather form (cells [B, S, 1, W])
 
     def describe(self) -> str:
         form = (
-            f"gathered form: each shard gathers {self.cells} % {self.kv_len // self.shards} from its own "
-            "slice and masks the cells it does not own"
+            f"gathered form{' (batched rows)' if self.batched else ''}: each shard gathers {self.cells} % "
+            f"{self.kv_len // self.shards} from its own slice and masks the cells it does not own"
             if self.cells
             else "dense form"
         )
@@ -94,13 +103,95 @@ def is_split_partial(graph: Graph, node: Node) -> bool:
     )
 
 
+@dataclass(frozen=True)
+class RowGather:
+    """The batched multi-row QSA gather feeding an sdpa (``qsa-gather``'s default form)::
+
+        k = reshape(take(reshape(K, [B*Hkv*T, D]), rows, axis=0), [B*S, Hkv, W, D])   # v alike, same rows
+        rows = cells + base,  base[b, 0, h, 0] = (b*Hkv + h) * T   (no base when B*Hkv == 1)
+
+    so row ``(b, s)`` of the sdpa's batch reads ``K[b, h, cells[b, s, 0, :]]`` for every KV head ``h``, given
+    cells in ``[0, T)`` (as ``qsa_cells`` makes them; the rewrites assume it, like the per-row form's ``take``).
+    """
+
+    k_source: str  # K [B, Hkv, T, D]
+    v_source: str  # V [B, Hkv, T, Dv]
+    cells: str  # int32 [B, S, 1, W], each in [0, T)
+    streams: int
+    rows: int
+
+
+def match_row_gather(graph: Graph, k: Node, v: Node) -> RowGather | None:
+    """``k``/``v`` as the batched gather form; None when they are not gathered exactly that way (any other
+    form is then handled as before: a dense split reads ``k``/``v`` whole)."""
+    takes = [graph.node(x.inputs[0]) if x.op == "reshape" else None for x in (k, v)]
+    if any(t is None or t.op != "take" or t.type.rank != 5 or t.attrs["axis"] % 2 for t in takes):
+        return None
+    kt, vt = takes
+    assert kt is not None and vt is not None
+    flats = [graph.node(t.inputs[0]) for t in (kt, vt)]
+    if any(f.op != "reshape" or f.type.rank != 2 or graph.node(f.inputs[0]).type.rank != 4 for f in flats):
+        return None
+    ks, vs = (graph.node(f.inputs[0]) for f in flats)
+    (b, hkv, t, _), (vb, vh, vtn, _) = ks.type.shape, vs.type.shape
+    if kt.inputs[1] != vt.inputs[1] or (b, hkv, t) != (vb, vh, vtn):
+        return None
+    rows = graph.node(kt.inputs[1])
+    if rows.type.rank != 4:
+        return None
+    bs, s, hr, width = rows.type.shape
+    if (bs, hr) != (b, hkv) or (k.type.shape, v.type.shape) != (
+        (b * s, hkv, width, ks.type.shape[3]),
+        (b * s, hkv, width, vs.type.shape[3]),
+    ):
+        return None
+    if b == 1 and hkv == 1:  # one plane: the rows are the cells
+        return RowGather(ks.name, vs.name, rows.name, b, s)
+    if rows.op != "add":
+        return None
+    bases = tuple((i * hkv + h) * t for i in range(b) for h in range(hkv))
+    for x, y in (rows.inputs, rows.inputs[::-1]):
+        base = graph.node(y)
+        if (
+            base.op == "constant"
+            and base.type.shape == (b, 1, hkv, 1)
+            and tuple(base.attrs["value"]) == bases
+            and graph.node(x).type.shape == (b, s, 1, width)
+        ):
+            return RowGather(ks.name, vs.name, x, b, s)
+    return None
+
+
+def gather_rows(rw: Rewriter, source: str, cells: str, place: Place, hint: str) -> str:
+    """``source [N, B, Hkv, T, D]`` at ``cells [B, S, 1, W]`` -> ``[N*B*S, Hkv, W, D]``: for every ``n``, stream
+    ``b``, row ``s`` and KV head ``h``, ``source[n, b, h, cells[b, s, 0, :]]``. One ``take_along_axis`` whose
+    other axes (``N``, streams, KV heads, features) stay array axes, so a mesh axis over any of them needs no
+    communication; the same rows, bit for bit, as the flat gather of the batched form."""
+    n, b, h, t, d = rw.type(source).shape
+    _b, s, _one, width = rw.type(cells).shape
+    lead = "shard" if n > 1 else None
+    x = rw.reshape(source, (n, b, 1, h, t, d), f"{hint}_source")
+    place(x, (lead, "batch", None, "heads", None, None))
+    idx = rw.reshape(cells, (1, b, s, 1, width, 1), f"{hint}_index")
+    out = rw.op("take_along_axis", [x, idx], {"axis": 4}, hint)
+    place(out, (lead, "batch", None, "heads", None, None))
+    out = rw.reshape(out, (n * b * s, h, width, d), hint)
+    place(out, ("shard" if n > 1 else "batch", "heads", None, None))
+    return out
+
+
 def match_split(graph: Graph, node: Node, shards: int) -> SplitPlan | Decline:
     """The plan for splitting ``node`` into ``shards`` T-shards, or the precondition that failed."""
     if is_split_partial(graph, node):
         return Decline("already a split-KV partial (its sdpa_lse companion reads the same operands)")
     k, v = graph.node(node.inputs[1]), graph.node(node.inputs[2])
+    row_gather = match_row_gather(graph, k, v)
     gathered = k.op == "take" and v.op == "take"
-    if gathered:
+    if row_gather is not None:
+        if node.attrs["causal"] != "none":
+            return Decline(f"gathered attention with causal={node.attrs['causal']!r}: key positions are gathered")
+        k_source, v_source = row_gather.k_source, row_gather.v_source
+    elif gathered:
         if k.inputs[1] != v.inputs[1] or any(n.attrs["axis"] % 4 != 2 for n in (k, v)):
             return Decline(f"k {k.name} and v {v.name} are takes, but not along T by the same cells")
         cells = graph.node(k.inputs[1])
@@ -117,6 +208,8 @@ def match_split(graph: Graph, node: Node, shards: int) -> SplitPlan | Decline:
         return Decline(f"the mask {node.inputs[3]} broadcasts over the keys (last dimension is not {keys})")
     if kv_len % shards:
         return Decline(f"kv_len {kv_len} of {k_source} is not divisible by {shards} shards")
+    if row_gather is not None:
+        return SplitPlan(shards, k_source, v_source, row_gather.cells, kv_len, batched=True)
     return SplitPlan(shards, k_source, v_source, k.inputs[1] if gathered else None, kv_len)
 
 
@@ -145,15 +238,24 @@ def rewrite_split(rw: Rewriter, plan: SplitPlan, place: Place) -> str:
     place(q_rep, ("shard", "batch", "heads", None, None))
     q_rep = rw.reshape(q_rep, (n * b, hq, s, d), f"{name}_q_rep")
     place(q_rep, ("shard", "heads", None, None))
-    k_split = _split_keys(rw, plan.k_source, n, place, f"{name}_k_split")
-    v_split = _split_keys(rw, plan.v_source, n, place, f"{name}_v_split")
     if plan.cells is None:
+        k_split = _split_keys(rw, plan.k_source, n, place, f"{name}_k_split")
+        v_split = _split_keys(rw, plan.v_source, n, place, f"{name}_v_split")
         mask = None if mask is None else _split_mask(rw, mask, n, b, hq, place)
         if node.attrs["causal"] != "none":
             seen = _causal_split(rw, node.attrs["causal"], s, plan.kv_len, n, b, place)
             mask = seen if mask is None else _and_mask(rw, mask, seen, hq, place, live)
+    elif plan.batched:  # per (stream, row): the cells [B, S, 1, W] of this batch row
+        local, owned = _owned_cells(rw, plan.cells, n, tn)
+        k5 = _split_keys5(rw, plan.k_source, n, place, f"{name}_k_split")
+        v5 = _split_keys5(rw, plan.v_source, n, place, f"{name}_v_split")
+        k_split = gather_rows(rw, k5, local, place, f"{name}_k_gathered")
+        v_split = gather_rows(rw, v5, local, place, f"{name}_v_gathered")
+        mask = _owned_mask(rw, mask, owned, n, b, hq, s, place)
     else:
         local, owned = _owned_cells(rw, plan.cells, n, tn)
+        k_split = _split_keys(rw, plan.k_source, n, place, f"{name}_k_split")
+        v_split = _split_keys(rw, plan.v_source, n, place, f"{name}_v_split")
         k_split = rw.op("take", [k_split, local], {"axis": 2}, f"{name}_k_gathered")
         v_split = rw.op("take", [v_split, local], {"axis": 2}, f"{name}_v_gathered")
         for value in (k_split, v_split):
@@ -168,13 +270,20 @@ def rewrite_split(rw: Rewriter, plan: SplitPlan, place: Place) -> str:
     return _combine(rw, partial, lse, (n, b, hq, s, dv), node.type.dtype, place)
 
 
-def _split_keys(rw: Rewriter, x: str, n: int, place: Place, hint: str) -> str:
-    """``[B, H, T, E] -> [n*B, H, T/n, E]``, the shard axis outermost (shared by every sdpa splitting ``x``)."""
+def _split_keys5(rw: Rewriter, x: str, n: int, place: Place, hint: str) -> str:
+    """``[B, H, T, E] -> [n, B, H, T/n, E]``, the shard axis outermost (shared by every sdpa splitting ``x``)."""
     b, h, t, e = rw.type(x).shape
     r = _reuse(rw, "reshape", x, {"shape": (b, h, n, t // n, e)}, hint)
     place(r, ("batch", "heads", "shard", None, None))
     r = _reuse(rw, "transpose", r, {"perm": (2, 0, 1, 3, 4)}, hint)
     place(r, ("shard", "batch", "heads", None, None))
+    return r
+
+
+def _split_keys(rw: Rewriter, x: str, n: int, place: Place, hint: str) -> str:
+    """``[B, H, T, E] -> [n*B, H, T/n, E]``, the shard axis outermost (shared by every sdpa splitting ``x``)."""
+    b, h, t, e = rw.type(x).shape
+    r = _split_keys5(rw, x, n, place, hint)
     r = _reuse(rw, "reshape", r, {"shape": (n * b, h, t // n, e)}, hint)
     place(r, ("shard", "heads", None, None))
     return r
@@ -259,23 +368,26 @@ def _and_mask(rw: Rewriter, mask: str, seen: str, hq: int, place: Place, live: s
 
 
 def _owned_cells(rw: Rewriter, cells: str, n: int, tn: int) -> tuple[str, str]:
-    """``(cells % Tn, owner == shard)``: the local index of every slot, and ``bool[n, W]`` of who holds it."""
-    width = rw.type(cells).shape[0]
+    """``(cells % Tn, owner == shard)``: the local index of every slot, and ``bool[n, R, 1, 1, W]`` of who holds
+    it, ``R`` the sdpa batch rows the cells belong to (1 for 1-D cells; ``B*S`` for batched ``[B, S, 1, W]``)."""
+    shape = rw.type(cells).shape
+    rows, width = math.prod(shape[:-1]), shape[-1]
     size = rw.scalar(tn, DType.int32, "shard_len")
     owner = rw.op("floor_divide", [cells, size], hint="cell_shard")
     local = rw.op("sub", [cells, rw.op("mul", [owner, size], hint="shard_start")], hint="cell_local")
-    shards = rw.op("constant", [], {"value": tuple(range(n)), "shape": (n, 1), "dtype": DType.int32}, "shard_id")
-    owned = rw.op("equal", [rw.reshape(owner, (1, width)), shards], hint="cell_owned")
+    ids = {"value": tuple(range(n)), "shape": (n, 1, 1, 1, 1), "dtype": DType.int32}
+    shards = rw.op("constant", [], ids, "shard_id")
+    owned = rw.op("equal", [rw.reshape(owner, (1, rows, 1, 1, width)), shards], hint="cell_owned")
     return local, owned
 
 
 def _owned_mask(rw: Rewriter, mask: str | None, owned: str, n: int, b: int, hq: int, s: int, place: Place) -> str:
     """The gathered sdpa's mask restricted to the slots each shard owns, as ``[n*B, Hm, Sm, W]``."""
-    width = rw.type(owned).shape[1]
+    width = rw.type(owned).shape[-1]
     shape = rw.type(mask).shape if mask is not None else (1, 1, 1, width)
     _, hm, sm, _ = (1,) * (4 - len(shape)) + shape
     target = (n, b, hm, sm, width)
-    own = rw.broadcast(rw.reshape(owned, (n, 1, 1, 1, width), "cell_owned"), target, "cell_owned")
+    own = rw.broadcast(owned, target, "cell_owned")
     if mask is not None:
         m = rw.broadcast(mask, target, f"{rw.anchor.name}_m_split")
         if rw.type(mask).dtype is DType.bool:
@@ -351,7 +463,10 @@ __all__ = [
     "Place",
     "SplitKV",
     "SplitPlan",
+    "RowGather",
+    "gather_rows",
     "is_split_partial",
+    "match_row_gather",
     "match_split",
     "no_placement",
     "rewrite_split",

@@ -1,7 +1,8 @@
 """Sharded programs on 8 simulated CPU devices, measured in a process of their own.
 
 ``python -m tests.sharded_cases [CASE ...]`` must run with
-``XLA_FLAGS=--xla_force_host_platform_device_count=8`` (set before JAX is
+``XLA_FLAGS=--xla_force_host_platform_device_count=8`` (the tests add
+``--xla_allow_excess_precision=false``: see ``test_sharded_mesh.XLA_FLAGS``) (set before JAX is
 imported, which is why :mod:`tests.backends.test_sharded_mesh` starts it as a
 subprocess: the rest of the suite keeps its one CPU device). Each case builds
 a graph, declares the mesh, runs its pipeline, lowers it with and without the

@@ -103,17 +103,76 @@ def test_a_shard_whose_keys_are_all_masked_contributes_nothing(target, rng):
 
 
 @pytest.mark.parametrize("target", target_params("numpy", "jax"))
-def test_the_gathered_qsa_layer_splits_the_gather_source(target):
+@pytest.mark.parametrize("batched", [True, False])
+def test_the_gathered_qsa_layer_splits_the_gather_source(target, batched):
     cfg, n_kv = QSAConfig(), 8192
     masked = build_layer(cfg, n_kv)
-    gathered = gather_pipeline().run(masked).graph
+    gathered = gather_pipeline(batched=batched).run(masked).graph
     result, remarks = split(gathered, "split-kv{shards=8}")
-    assert "gathered form: each shard gathers cell_idx % 1024 from its own slice" in remarks[0]
-    takes = [n for n in result.nodes() if n.op == "take" and n.type.shape[0] == 8]
-    assert {result.node(n.inputs[0]).type.shape for n in takes} == {(8, 2, 1024, 256)}  # each from its own shard
+    if batched:  # one take_along_axis per cache, every shard from its own [1, 2, 1024, 256] slice
+        assert "gathered form (batched rows): each shard gathers cells % 1024 from its own slice" in remarks[0]
+        takes = [n for n in result.nodes() if n.op == "take_along_axis"]
+        assert {result.node(n.inputs[0]).type.shape for n in takes} == {(8, 1, 1, 2, 1024, 256)}
+        assert len(takes) == 2 and not [n for n in result.nodes() if n.op == "take" and n.type.rank == 5]
+    else:
+        assert "gathered form: each shard gathers cell_idx % 1024 from its own slice" in remarks[0]
+        takes = [n for n in result.nodes() if n.op == "take" and n.type.shape[0] == 8]
+        assert {result.node(n.inputs[0]).type.shape for n in takes} == {(8, 2, 1024, 256)}  # each from its own shard
     inputs = make_inputs(cfg, n_kv, np.array([[5000]]), hidden_fraction=0.1)
     expected = run(lower(masked, "numpy"), **inputs)
     assert_close(execute(lower(result, target), **narrowed_inputs(result, inputs)), expected)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("visibility", ["additive", "none"])
+def test_the_batched_gather_of_several_streams_and_rows_splits_exactly(target, visibility):
+    """Each (stream, row) of the batched gather attends its own cells; each shard gathers those it owns."""
+    cfg, n_kv = QSAConfig(n_q_heads=8, budget=512), 4096
+    masked = build_layer(cfg, n_kv, batch=2, rows=3, visibility=visibility)
+    gathered = gather_pipeline().run(masked).graph
+    result, remarks = split(gathered, "split-kv{shards=4}")
+    assert "gathered form (batched rows)" in remarks[0] and "applied" in remarks[0]
+    positions = np.array([[3000, 3001, 3002], [4000, 4093, 4095]])
+    inputs = make_inputs(cfg, n_kv, positions, hidden_fraction=0.1)
+    expected = run(lower(masked, "numpy"), **inputs)
+    assert_close(execute(lower(result, target), **narrowed_inputs(result, inputs)), expected)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_batched_gathered_row_without_any_slot_is_the_mean_of_the_gathered_values(target, rng):
+    """The batched form's bool mask [B*S, 1, 1, W]: a (stream, row) without slots averages its own W slots."""
+    b, s, hkv, t, w = 2, 2, 2, 64, 6
+    cells = np.array([[[1, 2, 17, 40, 41, 63], [0, 5, 6, 7, 50, 33]],
+                      [[3, 4, 20, 21, 22, 60], [9, 10, 11, 12, 13, 14]]], np.int32)  # fmt: skip
+    graph = masked_gather_graph(b, s, hkv, t, w)
+    result, remarks = split(graph, "split-kv{shards=4}")
+    assert "gathered form (batched rows)" in remarks[0]
+    q = random_array(rng, (b * s, 4, 1, 16), "float32")
+    k, v = random_array(rng, (b, hkv, t, 16), "float32"), random_array(rng, (b, hkv, t, 8), "float32")
+    m = rng.random((b * s, 1, 1, w)) < 0.6
+    m[1] = False  # stream 0, row 1 attends no slot
+    m[2] = np.arange(w) < 2  # stream 1, row 0 attends shard 0's slots only
+    args = (q, k, v, cells.reshape(b, s, 1, w), m)
+    expected = run(lower(graph, "numpy"), *args)
+    np.testing.assert_allclose(expected[1, :, 0], mean_of_v(v[:1, :, cells[0, 1]], 4)[0], rtol=1e-6)
+    out = execute(lower(result, target), *args)
+    assert np.isfinite(out).all()
+    assert_close(out, expected)
+
+
+def masked_gather_graph(b: int, s: int, hkv: int, t: int, w: int):
+    """The batched gather form of ``qsa-gather`` over given cells [B, S, 1, W] and a bool mask [B*S, 1, 1, W]."""
+    specs = [TensorSpec((b * s, 4, 1, 16)), TensorSpec((b, hkv, t, 16)), TensorSpec((b, hkv, t, 8)),
+             TensorSpec((b, s, 1, w), "int32"), TensorSpec((b * s, 1, 1, w), "bool")]  # fmt: skip
+    base = np.array([(i * hkv + h) * t for i in range(b) for h in range(hkv)], np.int32).reshape(b, 1, hkv, 1)
+
+    def gathered(q, k, v, cells, m):
+        rows = ops.add(cells, ops.constant(base, "int32", like=cells))
+        kg = ops.reshape(ops.take(ops.reshape(k, (b * hkv * t, 16)), rows, 0), (b * s, hkv, w, 16))
+        vg = ops.reshape(ops.take(ops.reshape(v, (b * hkv * t, 8)), rows, 0), (b * s, hkv, w, 8))
+        return ops.sdpa(q, kg, vg, mask=m)
+
+    return trace(gathered, *specs)
 
 
 def test_preconditions_are_declined_with_their_numbers():
