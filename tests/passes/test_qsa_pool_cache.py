@@ -165,6 +165,11 @@ def test_rewrite_adds_one_state_pair_and_says_what_changed():
     assert parse_graph(str(graph)) == graph
     assert Graph.from_json(graph.to_json()) == graph
     assert "return sdpa, idx_keys_blocks_next -> idx_keys_blocks" in str(graph)
+    two = cache_pipeline().run(build_layer(SMALL, N_KV, batch=2))  # several (stream, row) blocks: one write
+    assert [n.op for n in two.graph.nodes()].count("put_along_axis") == 1
+    assert "dynamic_update_slice" not in {n.op for n in two.graph.nodes()}
+    assert "written with one put_along_axis of all 2 rows' blocks" in remark_of(two, "applied")
+    assert "written with one dynamic_update_slice" in message
     again = cache_pipeline(store="pooled").run(graph)
     assert not again.changed and "the raw keys idx_keys_new are computed by take" in remark_of(again)
 
