@@ -9,17 +9,18 @@ Decode step (one query row), per depth, dtype and backend, timed interleaved in 
 - ``masked``: the layer as traced (indexer with in-graph pooling, full-width mask, fused sdpa);
 - ``pool``: ``default_pipeline("cpu")`` without ``qsa-pool-cache``: gather, GQA-folded f32
   attention, but every block still pooled, normed and rotated each step;
-- ``cache``: ``default_pipeline("cpu")``: the indexer reads the resident pooled-key cache
-  (built once by ``QSAPoolCache().prefill``) and pools only the newest block; RMSNorm and RoPE
-  still run over every block;
-- ``keys``: the same with ``qsa-pool-cache{store=keys}``: the cache holds the normed, rotated
-  block keys, so only the newest block is normed and rotated;
+- ``cache``: ``default_pipeline("cpu")`` with ``qsa-pool-cache{store=pooled}``: the indexer reads
+  the resident pooled-key cache (built once by ``QSAPoolCache(store="pooled").prefill``) and pools
+  only the newest block; RMSNorm and RoPE still run over every block;
+- ``keys``: ``default_pipeline("cpu")`` as it is (``qsa-pool-cache{store=keys}``, the default): the
+  cache holds the normed, rotated block keys, so only the newest block is normed and rotated;
 - ``bound``: the backend's own plain reduction (``mx.sum`` / ``jnp.sum`` under ``jax.jit``) over
   a buffer of as many bytes as the cached step must read (the key cache, the W gathered cells of
   K and V, the newest block of raw keys, q and the indexer query): the time the step would take
   if it only streamed those bytes at this backend's streaming rate.
 
-Verify step (S = 5 query rows, f32): ``masked``, ``per-row`` (the cached pipeline with
+Verify step (S = 5 query rows, f32; depths ``--verify-n-kv``, default those of the decode table):
+``masked``, ``per-row`` (the cached pipeline with
 ``qsa-gather{batched=false}``: one gather and one attention per row) and ``batched`` (the cached
 pipeline: one gather of every row's cells, one attention).
 
@@ -55,9 +56,9 @@ VERIFY_ROWS = 5
 Step = Callable[[], np.ndarray]
 
 
-def pipelines(*, pool_cache: str | None = "pooled", batched: bool = True) -> PassManager:
+def pipelines(*, pool_cache: str | None = "keys", batched: bool = True) -> PassManager:
     """``default_pipeline("cpu")`` with the pooled-key cache storing ``pool_cache`` (None: no cache), batched or not."""
-    swap = {QSAPoolCache: QSAPoolCache(store=pool_cache or "pooled"), QSAGather: QSAGather(batched=batched)}
+    swap = {QSAPoolCache: QSAPoolCache(store=pool_cache or "keys"), QSAGather: QSAGather(batched=batched)}
     passes = [swap.get(type(p), p) for p in default_pipeline("cpu") if pool_cache or not isinstance(p, QSAPoolCache)]
     return PassManager(passes)
 
@@ -164,9 +165,10 @@ def run_decode(depths: tuple[int, ...], dtypes: tuple[str, ...], backends: tuple
         cfg = QSAConfig(dtype=dtype)
         for n_kv in depths:
             masked = build_layer(cfg, n_kv)
-            pooled, cached = pipelines(pool_cache=None).run(masked).graph, pipelines().run(masked).graph
-            keys = pipelines(pool_cache="keys").run(masked).graph
-            prefill, prefill_keys = QSAPoolCache().prefill(masked), QSAPoolCache(store="keys").prefill(masked)
+            pooled = pipelines(pool_cache=None).run(masked).graph
+            cached, keys = pipelines(pool_cache="pooled").run(masked).graph, pipelines().run(masked).graph
+            prefill = QSAPoolCache(store="pooled").prefill(masked)
+            prefill_keys = QSAPoolCache(store="keys").prefill(masked)
             inputs = make_inputs(cfg, n_kv, np.array([[n_kv - 3]]), seed=n_kv)
             read = bytes_to_read(cfg, n_kv)
             for backend in backends:
@@ -195,7 +197,7 @@ def run_verify(depths: tuple[int, ...], backends: tuple[str, ...], reps: int) ->
     for n_kv in depths:
         masked = build_layer(cfg, n_kv, rows=VERIFY_ROWS)
         per_row, batched = pipelines(batched=False).run(masked).graph, pipelines().run(masked).graph
-        prefill = QSAPoolCache().prefill(masked)
+        prefill = QSAPoolCache(store="keys").prefill(masked)
         inputs = make_inputs(cfg, n_kv, np.arange(n_kv - 8, n_kv - 8 + VERIFY_ROWS)[None], seed=n_kv + 1)
         for backend in backends:
             steps = {
@@ -293,6 +295,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--backends", default="mlx,jax", help="comma-separated: mlx, jax")
     parser.add_argument("--reps", type=int, default=7, help="timed repetitions per path (default 7)")
     parser.add_argument("--no-verify", action="store_true", help="skip the verify-step table")
+    parser.add_argument(
+        "--verify-n-kv",
+        type=lambda s: tuple(int(x) for x in s.split(",")),
+        help="comma-separated depths of the verify table (default: the decode depths)",
+    )
     parser.add_argument("--plot", type=Path, help="write a PNG plot here (needs matplotlib)")
     args = parser.parse_args(argv)
     depths = args.n_kv or ((DEPTHS[0],) if args.quick else DEPTHS)
@@ -305,7 +312,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     decode = run_decode(depths, dtypes, backends, reps)
     print("deepest / shallowest: " + "; ".join(flatness(decode)))
-    verify = [] if args.no_verify else run_verify(depths, backends, reps)
+    verify = [] if args.no_verify else run_verify(args.verify_n_kv or depths, backends, reps)
     print(f"load average after: {' / '.join(f'{x:.2f}' for x in os.getloadavg())}")
     if args.plot:
         plot(decode, verify, args.plot)

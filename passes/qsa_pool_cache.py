@@ -10,15 +10,23 @@ work per step for keys that never change once their block is complete
 
 - read the stored value from a new resident f32 input ``[B, NB, D]``, the
   cache (f32 whatever the keys' dtype: an f16 store changed which blocks a
-  GLM analogue selected; the read casts back, exactly). ``store="pooled"``
-  (default) stores the pooled keys, and the ops between the pool and
-  ``block_keys`` still run over every block; ``store="keys"`` stores
-  ``block_keys`` itself, so those ops run on the new blocks only;
+  GLM analogue selected; the read casts back, exactly). ``store="keys"``
+  (default) stores ``block_keys`` itself, so the ops between the pool and
+  ``block_keys`` (RMSNorm, RoPE: 17 row-wise ops in the QSA layer) run on the
+  new blocks only; ``store="pooled"`` stores the pooled keys, and those ops
+  still run over every block each step (O(n_kv) work; kept as an option).
+  Both are exact on numpy, MLX and JAX; ``keys`` reads the same bytes and
+  does a block's worth of work instead of the whole cache's, so it is the
+  default (benchmarks/qsa_gather.py measures both);
 - for each stream ``b`` and query row ``s`` at position ``p``: take the ``r`` raw
   rows of block ``p // r``, pool them (``store="keys"``: and run the ops up to
   ``block_keys`` on that one block, reading per-block operands such as a RoPE
-  row at the block), and write the result into the cache with
-  ``dynamic_update_slice`` at ``[b, p // r, 0]``;
+  row at the block), and write the result into the cache at ``[b, p // r]``:
+  one ``dynamic_update_slice`` for a one-row step, one ``put_along_axis`` of
+  every row's block for several rows or streams (XLA on CPU copied the whole
+  cache four times around five chained one-block updates: 46 ms against 9 ms
+  at 32,768 blocks; rows in one block write the same value, so duplicate ids
+  are harmless);
 - make the updated cache a graph output paired with the new input (state), so
   a decode loop feeds it back (:meth:`attnpass.ir.Graph.state_pairs`).
 
@@ -32,9 +40,20 @@ the step whose row completed it, by the same ops on the same rows. The pool
 adds each block's rows elementwise in a fixed order, so one block pooled alone
 has the bits it has among all blocks, on every target. ``store="keys"`` also
 needs the ops up to ``block_keys`` to give one block the bits it gets among
-all blocks: true of numpy and MLX, but XLA on CPU vectorises RMSNorm's
-reduction by shape, and at head dim 128 most rows differ in the last bit (so
-on JAX, ``store="keys"`` equals re-pooling only up to that rounding).
+all blocks. numpy and MLX round each row alike at any shape. XLA on CPU does
+not: it emits a row reduction (RMSNorm's ``sum`` over the last axis) one way
+below 4,096 elements and another way from there on, and the two round about
+half the rows of head dim 128 differently in the last bit (within one regime
+a row's bits depend only on the operand's shape, not on the row's place or
+its neighbours). So the one-block replay runs over the new block padded with
+zero rows to a shape in the whole cache's regime (:func:`_xla_reduction_rows`:
+``[1, 4096 / D]`` rows, e.g. 32 rows of 128, or the whole cache's own shape
+when that is below the threshold) and keeps row ``[0, 0]``. This rests on a
+heuristic of XLA's CPU emitter (measured with jax 0.10.2), not a contract:
+the decode-loop tests compare the cache itself with a fresh prefill, bit for
+bit, on every step, at the model's indexer dims (both regimes) and at small
+dims, so a jax whose emitter moves the threshold fails them. The padding
+costs 31 extra rows of 128 per new block and changes nothing on numpy or MLX.
 
 A block that is still incomplete is written too (invisible, rewritten when
 it completes). A position past the raw cache's last block (the attention's
@@ -90,6 +109,7 @@ class _Match:
     rows: int
     cache: str  # the new state input's name
     output: int  # the position of its next value among the outputs
+    replay_rows: tuple[int, int]  # the leading shape the one-block replay of the chain runs over (zero-padded)
 
 
 def _row_wise(graph: Graph, node: Node, n_blocks: int) -> str | None:
@@ -122,7 +142,7 @@ class QSAPoolCache(SwitchedPass):
     name: ClassVar[str] = "qsa-pool-cache"
     env_var: ClassVar[str] = ENV_VAR
     max_rows: int = 8
-    store: str = "pooled"
+    store: str = "keys"
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -210,7 +230,8 @@ class QSAPoolCache(SwitchedPass):
             return _kept(f"prefill-shaped: {rows} query rows per stream > max_rows={self.max_rows}")
         cache = graph.fresh_name(f"{raw.name}_blocks")
         stored = pool if self.store == "pooled" else keys
-        return _Match(pool, raw, keys, chain, stored, pos, streams, rows, cache, len(graph.outputs))
+        replay = (1, 1) if stored is pool else _xla_reduction_rows(graph, chain, keys)
+        return _Match(pool, raw, keys, chain, stored, pos, streams, rows, cache, len(graph.outputs), replay)
 
 
 def _kept(reason: str) -> Decline:
@@ -241,17 +262,26 @@ def _rewrite(rw: Rewriter, m: _Match) -> None:
     r, zero = rw.scalar(ratio, DType.int32, "ratio"), int32s((0,), "zero")
     last = rw.scalar(m.raw.type.shape[1] // ratio - 1, DType.int32, "last_block")
     offsets = int32s(tuple(range(ratio)), "in_block")
-    current = cache
+    values: list[list[str]] = []  # [stream][row] -> the new block's stored value [1, 1, D]
+    blocks: list[list[str]] = []  # [stream][row] -> its block id [1]
     for b in range(m.streams):
-        stream = int32s((b,), "stream")
+        values.append([])
+        blocks.append([])
         for s in range(m.rows):
             p = rw.reshape(rw.pick(m.positions, {0: b, 1: s}), (1,), "row_position")
             block = rw.op("minimum", [rw.op("floor_divide", [p, r]), last], hint="new_block")
             cells = rw.op("add", [rw.op("mul", [block, r]), offsets], hint="new_cells")
             rows = rw.op("take", [rw.pick(raw, {0: b}), cells], {"axis": 1}, f"{raw}_new")
-            value = rw.cast(_replay(rw, m, rows, block, b), CACHE_DTYPE)
-            start = rw.concat([stream, block, zero], 0, "cache_at")
-            current = rw.op("dynamic_update_slice", [current, value, start], hint=f"{cache}_next")
+            values[b].append(rw.cast(_replay(rw, m, rows, block, b), CACHE_DTYPE))
+            blocks[b].append(block)
+    if m.streams * m.rows == 1:
+        start = rw.concat([int32s((0,), "stream"), blocks[0][0], zero], 0, "cache_at")
+        current = rw.op("dynamic_update_slice", [cache, values[0][0], start], hint=f"{cache}_next")
+    else:  # one write of every row's block: chained updates made XLA copy the whole cache (see module docstring)
+        new = rw.concat([rw.concat(v, 1, "new_blocks") for v in values], 0, "new_blocks")
+        ids = rw.concat([rw.reshape(rw.concat(i, 0), (1, m.rows, 1)) for i in blocks], 0, "new_block_ids")
+        ids = rw.broadcast(ids, rw.type(new).shape, "new_block_ids")
+        current = rw.op("put_along_axis", [cache, ids, new], {"axis": BLOCK_AXIS}, hint=f"{cache}_next")
     graph.set_outputs([*graph.outputs, current])
     graph.pair_state(cache, m.output)
     graph.replace_all_uses(m.stored.name, rw.cast(current, m.stored.type.dtype, "stored"))
@@ -260,10 +290,18 @@ def _rewrite(rw: Rewriter, m: _Match) -> None:
 
 
 def _replay(rw: Rewriter, m: _Match, rows: str, block: str, stream: int) -> str:
-    """The stored value of one block from its raw rows ``[1, r, D]``: pooled (then the chain up to block_keys)."""
-    value = {m.pool.name: rw.op("qsa_pool", [rows], m.pool.attrs, "pooled_new")}
+    """The stored value of one block from its raw rows ``[1, r, D]``: pooled (then the chain up to block_keys).
+
+    Storing the block keys, the chain runs over the new block padded with zero rows to
+    :func:`_xla_reduction_rows` (row ``[0, 0]`` is the block; the rest is sliced away).
+    """
+    pooled = rw.op("qsa_pool", [rows], m.pool.attrs, "pooled_new")
+    if m.stored is m.pool:
+        return pooled
+    padded = m.replay_rows
+    value = {m.pool.name: _pad_rows(rw, pooled, padded)}
     outside: dict[str, str] = {}
-    for node in m.chain if m.stored is m.keys else ():
+    for node in m.chain:
         for i in node.inputs:
             if i not in value and i not in outside:
                 outside[i] = _block_row(rw, i, block, stream)
@@ -271,9 +309,46 @@ def _replay(rw: Rewriter, m: _Match, rows: str, block: str, stream: int) -> str:
         attrs = dict(node.attrs)
         if node.op == "slice":
             attrs["start"] = (0, 0, *attrs["start"][2:])
-            attrs["stop"] = (1, 1, *attrs["stop"][2:])
+            attrs["stop"] = (*padded, *attrs["stop"][2:])
         value[node.name] = rw.op(node.op, operands, attrs, f"{node.name}_new")
-    return value[m.stored.name]
+    return rw.pick(value[m.stored.name], {0: 0, 1: 0}, f"{m.stored.name}_new_row")
+
+
+# XLA on CPU emits a row reduction (``sum`` over the last axis) one way when its operand has fewer than this
+# many elements and another way from this many on: the two round a row's sum differently (measured with
+# jax 0.10.2 at last-axis sizes 16..256: the switch sits at rows * D = 4,096 elements, e.g. 32 rows of 128).
+# Within one regime a row's bits depend on the operand's shape only, not on the row's place or its neighbours.
+# numpy and MLX reduce each row alike at any row count, so the padding changes nothing there.
+XLA_ROW_REDUCTION_ELEMENTS = 4096
+
+
+def _xla_reduction_rows(graph: Graph, chain: tuple[Node, ...], keys: Node) -> tuple[int, int]:
+    """The leading shape ``[B', P']`` the one-block replay of the chain runs over, so XLA rounds it as it rounds all blocks.
+
+    The whole-cache chain (the re-pooling step, the prefill) reduces ``[B, NB, D]``. When that is below
+    :data:`XLA_ROW_REDUCTION_ELEMENTS` for some ``sum`` of the chain, the replay uses that very shape; otherwise
+    ``[1, P']`` with ``P' * D`` at the threshold for every ``sum``, in the same regime as ``[B, NB, D]``.
+    A chain without a ``sum`` needs no padding. This depends on XLA's CPU emitter (a heuristic, not a
+    contract): the decode-loop tests check it bit for bit at the model's indexer dims and at small dims.
+    """
+    dims = [graph.node(n.inputs[0]).type.shape[-1] for n in chain if n.op == "sum"]
+    if not dims:
+        return (1, 1)
+    b, nb = keys.type.shape[:2]
+    need = max(-(-XLA_ROW_REDUCTION_ELEMENTS // max(d, 1)) for d in dims)
+    return (b, nb) if b * nb < need else (1, need)
+
+
+def _pad_rows(rw: Rewriter, row: str, padded: tuple[int, int]) -> str:
+    """``row`` [1, 1, D] as row [0, 0] of a [B', P', D] value whose other rows are zeros (a zero pad XLA keeps)."""
+    t = rw.type(row)
+    zero = rw.scalar(0, t.dtype, "zero_row")
+    b, p = padded
+    if p > 1:
+        row = rw.concat([row, rw.broadcast(zero, (1, p - 1, *t.shape[2:]))], 1, "padded_new")
+    if b > 1:
+        row = rw.concat([row, rw.broadcast(zero, (b - 1, p, *t.shape[2:]))], 0, "padded_new")
+    return row
 
 
 def _block_row(rw: Builder, name: str, block: str, stream: int) -> str:
@@ -302,6 +377,22 @@ def _block_row(rw: Builder, name: str, block: str, stream: int) -> str:
     return rw.op("slice", [row], {"start": tuple(start), "stop": tuple(stop), "step": tuple(step)}, f"{name}_row")
 
 
+def _padding(m: _Match) -> str:
+    b, p = m.replay_rows
+    if (b, p) == (1, 1):
+        return ""
+    return (
+        f" (each new block is replayed as row 0 of [{b}, {p}] rows, the rest zeros, so that XLA's CPU row reduction "
+        f"rounds it as over all [{m.keys.type.shape[0]}, {m.keys.type.shape[1]:,}] blocks: XLA_ROW_REDUCTION_ELEMENTS)"
+    )
+
+
+def _write(m: _Match) -> str:
+    if m.streams * m.rows == 1:
+        return "one dynamic_update_slice"
+    return f"one put_along_axis of all {m.streams * m.rows} rows' blocks (chained updates made XLA copy the cache)"
+
+
 def _describe(m: _Match) -> str:
     ratio, raw = m.pool.attrs["ratio"], m.raw.type
     cache = TensorType(m.stored.type.shape, CACHE_DTYPE)
@@ -311,14 +402,15 @@ def _describe(m: _Match) -> str:
     after = (
         f"{ops} up to the block keys {m.keys.name} still run over all {blocks:,} blocks"
         if m.stored is m.pool
-        else f"{ops} up to the block keys run on the new block(s) only, not on {blocks:,}"
+        else f"{ops} up to the block keys run on the new block(s) only, not on {blocks:,}{_padding(m)}"
     )
     what = "pooled keys" if m.stored is m.pool else f"block keys {m.keys.name}"
     return (
         f"{what} (qsa_pool of {m.raw.name}) now come from the new resident input {m.cache}:{cache}, "
         f"{cache.nbytes:,} bytes, whose next value is output #{m.output}; per step {m.streams * m.rows} block(s) of "
         f"{ratio} rows ({read:,} bytes) are pooled and written instead of all {raw.shape[1]:,} rows of {m.raw.name} "
-        f"({raw.nbytes:,} bytes): {raw.nbytes - read:,} bytes no longer read; {after}; start the cache with "
+        f"({raw.nbytes:,} bytes), written with {_write(m)}: {raw.nbytes - read:,} bytes no longer read; {after}; "
+        "start the cache with "
         "QSAPoolCache().prefill(graph) and feed it back (Graph.state_pairs)"
     )
 

@@ -57,7 +57,8 @@ def test_python_blocks_run_in_order(capsys, monkeypatch):
     assert "// after head-chunk" in out and "// 13 added, 1 removed, 0 changed (nodes 5 -> 17, inputs 4 -> 4)" in out
     assert "head-chunk{budget=16},count-sdpa{warn_above=4},dce" in out
     assert "[count-sdpa] analysis: 8 sdpa call(s) (too many)" in out
-    assert "[qsa-pool-cache] applied qsa_block_scores: pooled keys (qsa_pool of idx_keys) now come from" in out
+    assert "[qsa-pool-cache] applied qsa_block_scores: block keys concat (qsa_pool of idx_keys) now come from" in out
+    assert "up to the block keys run on the new block(s) only, not on 24 (each new block is replayed as row 0" in out
     assert "[decompose-sdpa] applied sdpa_gather: strategy decomposed (device cpu)" in out
     assert "(('idx_keys_blocks', 1),)" in out
     assert "[square-causal] applied sdpa: causal top_left -> bottom_right (" in out

@@ -55,7 +55,7 @@ def attention(q, k, v):
     # kt:bf16[1,1,8,6] = transpose[perm=(0, 1, 3, 2)] k  (model.py:10)
     kt = mx.transpose(k, (0, 1, 3, 2))
     # scores:bf16[1,2,4,6] = matmul q kt  (model.py:11)
-    scores = mx.matmul(q, kt)
+    scores = mx.matmul(q, mx.reshape(mx.reshape(kt, (-1,)), (1, 1, 8, 6)))
     # scale:bf16[] = constant[value=(0.125,), shape=(), dtype='bfloat16']
     scale = mx.array(0.125, dtype=mx.bfloat16)
     # scaled:bf16[1,2,4,6] = mul scores scale  (model.py:11)
@@ -450,3 +450,26 @@ def test_an_emitter_failure_names_the_node_and_op(monkeypatch):
     g = trace(lambda x: ops.exp(x), TensorSpec((2,), "float32"))
     with pytest.raises(LoweringError, match=r"numpy: cannot lower exp exp: no literal for this attribute"):
         lower(g, "numpy")
+
+
+@requires("mlx.core")
+def test_mlx_matmul_copies_a_small_transposed_operand_row_major_with_the_same_bits():
+    """MLX's CPU matmul reads a transposed view ~2x slower; the lowering copies the smaller operand (same bits)."""
+    import mlx.core as mx
+
+    def attend(k, q):
+        return ops.matmul(k, ops.transpose(q, (0, 1, 3, 2)))
+
+    g = trace(attend, TensorSpec((1, 2, 300, 64)), TensorSpec((1, 2, 12, 64)))
+    program = lower(g, "mlx")
+    assert "mx.matmul(k, mx.reshape(mx.reshape(transpose, (-1,)), (1, 2, 64, 12)))" in program.source
+    rng = np.random.default_rng(0)
+    k, q = rng.standard_normal((1, 2, 300, 64), dtype=np.float32), rng.standard_normal((1, 2, 12, 64), dtype=np.float32)
+    view = mx.matmul(mx.array(k), mx.transpose(mx.array(q), (0, 1, 3, 2)))
+    assert_bits_equal(np.array(program(k, q)), np.array(view))
+    big = trace(
+        lambda q, k: ops.matmul(q, ops.transpose(k, (0, 1, 3, 2))),
+        TensorSpec((1, 2, 12, 64)),
+        TensorSpec((1, 2, 300, 64)),
+    )
+    assert "reshape" not in lower(big, "mlx").source  # the transposed operand is the large one: read as a view

@@ -49,6 +49,11 @@ def _check(op: str, selection: mx.array, positions: mx.array, ratio: int, kv_len
     check_qsa_operands(op, np.array(selection), np.array(positions), ratio=ratio, kv_len=kv_len)
 
 
-qsa = QSAOps(mx, top_k=_top_k, put=_put, check=_check)
+def _row_major(x: mx.array) -> mx.array:
+    """A row-major copy (a reshape to 1-D copies a non-contiguous view; ``mx.contiguous`` cannot be exported)."""
+    return mx.reshape(mx.reshape(x, (-1,)), x.shape)
+
+
+qsa = QSAOps(mx, top_k=_top_k, put=_put, check=_check, row_major=_row_major)
 qsa_checked = dataclasses.replace(qsa, checks=True)  # the ``qsa`` of programs lowered with checks=True
 sdpa_lse = functools.partial(attention_array_api.sdpa_lse, mx)  # the ``lse`` helper
