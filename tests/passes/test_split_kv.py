@@ -29,6 +29,18 @@ def split(graph, pipeline: str):
     return result.graph, [str(r) for r in result.remarks]
 
 
+def traced_sdpa(specs: list[TensorSpec], causal: str | None, *, masked: bool):
+    """One traced ``ops.sdpa`` over ``specs`` (q, k, v and, when ``masked``, the mask)."""
+
+    def with_mask(q, k, v, m):
+        return ops.sdpa(q, k, v, causal=causal, mask=m)
+
+    def without_mask(q, k, v):
+        return ops.sdpa(q, k, v, causal=causal)
+
+    return trace(with_mask if masked else without_mask, *specs)
+
+
 def verify_inputs(graph, rng, visible: float = 0.7) -> list[np.ndarray]:
     q, k, v, mask = graph.input_types()
     arrays = [random_array(rng, t.shape, t.dtype) for t in (q, k, v)]
@@ -74,13 +86,7 @@ def test_a_causal_attribute_becomes_a_mask_computed_per_shard(causal, mask, targ
     if mask is not None:
         specs.append(TensorSpec((2, 1, 5, 32), "bool" if mask == "bool" else "float32"))
 
-    def masked(q, k, v, m):
-        return ops.sdpa(q, k, v, causal=causal, mask=m)
-
-    def unmasked(q, k, v):
-        return ops.sdpa(q, k, v, causal=causal)
-
-    graph = trace(unmasked if mask is None else masked, *specs)
+    graph = traced_sdpa(specs, causal, masked=mask is not None)
     result, remarks = split(graph, "split-kv{shards=4}")
     assert "applied" in remarks[0]
     assert [n.attrs["axis"] for n in result.nodes() if n.op == "iota"] == [0, 3, 2]  # shard, key, query row
@@ -205,13 +211,7 @@ def test_a_row_that_attends_no_key_stays_the_mean_of_v_after_the_split(target, m
     if mask is not None:
         specs.append(TensorSpec((2, 1, s, t), "bool" if mask == "bool" else "float32"))
 
-    def masked(q, k, v, m):
-        return ops.sdpa(q, k, v, causal=causal, mask=m)
-
-    def unmasked(q, k, v):
-        return ops.sdpa(q, k, v, causal=causal)
-
-    graph = trace(unmasked if mask is None else masked, *specs)
+    graph = traced_sdpa(specs, causal, masked=mask is not None)
     result, remarks = split(graph, "split-kv{shards=4}")
     assert "applied" in remarks[0]
     arrays = [random_array(rng, sp.shape, sp.dtype) for sp in specs]
