@@ -112,7 +112,7 @@ class DecomposeSDPA(Pass):
                 return Decline(head + served)
             why = f"q_len {s}, gqa {gqa}, head dims {d}/{dv}: MLX's Metal vector kernel does not serve it"
         else:
-            why = "no fused attention kernel on CPU; MLX's fallback broadcasts K/V to every query head"
+            why = "no fused attention kernel on CPU (MLX's CPU fallback also broadcasts K/V to every query head)"
         return _Plan(f"strategy decomposed (device {self.device}): {why}; {folded}")
 
 
