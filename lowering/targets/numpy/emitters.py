@@ -71,6 +71,7 @@ EMITTERS: dict[str, Emitter] = {
     "sdpa": _sdpa,
     "sdpa_lse": _sdpa_lse,
     "iota": lambda n, a, env: iota_expr("np", n),
+    "dynamic_update_slice": lambda n, a, env: f"ref.dynamic_update_slice({a[0]}, {a[1]}, {a[2]})",
     **{op: (lambda fn: lambda n, a, env: f"{fn}({a[0]}, {a[1]})")(fn) for op, fn in _LOGIC.items()},
     "rsqrt": lambda n, a, env: f"ref.rounded(1.0 / np.sqrt(ref.wide({a[0]})), {_dt(n)})",
     **QSA_EMITTERS,
@@ -108,4 +109,3 @@ EMITTERS.update(
         ),
     }
 )
-EMITTERS["dynamic_update_slice"] = lambda n, a, env: f"ref.dynamic_update_slice({a[0]}, {a[1]}, {a[2]})"
