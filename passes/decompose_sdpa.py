@@ -62,7 +62,7 @@ UNREACHABLE = {("metal", "jax"): "the metal strategy is MLX's Metal kernel model
 GPU_FUSED = {
     "jax": "jax.nn.dot_product_attention lowers to XLA's or cuDNN's fused attention on GPU",
     "mlx": "mx.fast.scaled_dot_product_attention runs MLX's own CUDA attention (not measured here)",
-    None: "the GPU targets run their own fused attention call (not measured for every target here)",
+    None: "each GPU target runs its own fused attention call (not measured here)",
 }
 CPU_UNFUSED = {
     "jax": "XLA has no fused CPU attention kernel",

@@ -108,6 +108,21 @@ def test_each_device_decides_per_call_and_remarks_on_that_call(device, graph, de
         assert_primitive_counts(program, {"Matmul": 2, "Softmax": 1}, *arrays(g))
 
 
+@requires("mlx.core", "jax")
+def test_no_cpu_target_has_a_fused_attention_kernel():
+    """What the CPU remark states, read from each backend: its fused call runs as two matmuls and a softmax."""
+    import jax
+    import mlx.core as mx
+
+    if mx.default_device().type != mx.DeviceType.cpu or jax.default_backend() != "cpu":
+        pytest.skip("a statement about the CPU targets")
+    g = attention(mask="bool")
+    args = arrays(g)
+    assert_primitive_counts(lower(g, "mlx"), {"Matmul": 2, "Softmax": 1, "ScaledDotProductAttention": 0}, *args)
+    counts = assert_primitive_counts(lower(g, "jax"), {"dot_general": 2, "exp": 1}, *args)
+    assert not [name for name in counts if "attention" in name or "custom_call" in name], counts
+
+
 BACKEND_NAMES = {"mlx": r"mlx|mx\.", "jax": r"jax|xla|cudnn"}
 IMPLIED = {"metal": "mlx", "tpu": "jax"}  # the one target that runs on the device
 
