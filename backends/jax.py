@@ -10,15 +10,18 @@ those that do not name argument positions pass through (:data:`PASSED_THROUGH`).
 
 from __future__ import annotations
 
+import functools
 import inspect
 import re
-from typing import Any, Callable, Hashable, Iterable, Sequence
+from typing import Any, Callable, Hashable, Iterable, Sequence, overload
 
 from attnpass.ir import ImportedGraph, from_jax
 from attnpass.ir.frontends.importing import parameter_names
 from attnpass.passes import Pass
 
-from .specialize import MAX_SIGNATURES, CompiledFunction, Frontend, Traceable, array_text, name_parameters, static_spec
+from .specialize import (
+    MAX_SIGNATURES, CompiledFunction, Frontend, Traceable, array_text, check_callable, name_parameters, static_spec,
+)  # fmt: skip
 
 PASSED_THROUGH = frozenset({"keep_unused", "device", "backend", "inline", "compiler_options"})
 _STATIC = ("static_argnums", "static_argnames")
@@ -121,31 +124,57 @@ def _positional_parameters(fn: Callable) -> list[inspect.Parameter]:
     return [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
 
 
+@overload
 def jit(
     fn: Callable,
     *,
     pipeline: str | Sequence[Pass] | None = None,
     strict: bool = False,
+    max_signatures: int = ...,
+    **jit_kwargs: Any,
+) -> CompiledFunction: ...
+
+
+@overload
+def jit(
+    fn: None = None,
+    *,
+    pipeline: str | Sequence[Pass] | None = None,
+    strict: bool = False,
+    max_signatures: int = ...,
+    **jit_kwargs: Any,
+) -> Callable[[Callable], CompiledFunction]: ...
+
+
+def jit(
+    fn: Callable | None = None,
+    *,
+    pipeline: str | Sequence[Pass] | None = None,
+    strict: bool = False,
     max_signatures: int = MAX_SIGNATURES,
     **jit_kwargs: Any,
-) -> CompiledFunction:
+) -> CompiledFunction | Callable[[Callable], CompiledFunction]:
     """``fn`` compiled per input signature: imported, rewritten by ``pipeline``, lowered to JAX, ``jax.jit``'d.
 
     ``static_argnums`` / ``static_argnames`` work as in ``jax.jit``; the options in
     :data:`PASSED_THROUGH` go to ``jax.jit``; options tied to argument positions
     (``donate_argnums``, ``in_shardings``, ...) are refused. ``pipeline``, ``strict``
     and the fallback (``jax.jit(fn, **jit_kwargs)``) are as for :func:`attnpass.backends.mlx.compile`.
+    Without ``fn`` (``@jit(static_argnames="causal")``) it returns the decorator with these options.
     """
+    name = "attnpass.backends.jax.jit"
     unknown = sorted(set(jit_kwargs) - PASSED_THROUGH - set(_STATIC))
     if unknown:
         raise ValueError(
-            f"attnpass.backends.jax.jit: unsupported jax.jit option(s) {', '.join(unknown)}; "
+            f"{name}: unsupported jax.jit option(s) {', '.join(unknown)}; "
             f"supported: {', '.join(sorted(PASSED_THROUGH | set(_STATIC)))}"
         )
+    if fn is None:
+        return functools.partial(jit, pipeline=pipeline, strict=strict, max_signatures=max_signatures, **jit_kwargs)
+    check_callable(fn, name)
     static_argnums = tuple(int(i) for i in _as_tuple(jit_kwargs.pop("static_argnums", None)))
     static_argnames = tuple(str(n) for n in _as_tuple(jit_kwargs.pop("static_argnames", None)))
     frontend = JAXFrontend(fn, static_argnums, static_argnames, jit_kwargs)
-    name = "attnpass.backends.jax.jit"
     return CompiledFunction(fn, frontend, pipeline=pipeline, strict=strict, max_signatures=max_signatures, name=name)
 
 

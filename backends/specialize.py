@@ -24,8 +24,10 @@ that need it wait, and calls with other signatures proceed.
 from __future__ import annotations
 
 import abc
+import dataclasses
 import functools
 import inspect
+import re
 import sys
 import threading
 import time
@@ -44,15 +46,16 @@ MAX_SIGNATURES = 64
 RAISE = "raise-attention"  # imported graphs hold attention as primitives: raise it to sdpa before anything else
 
 
-def default_pipeline(device: str) -> list[Pass]:
+def default_pipeline(device: str, target: str | None = None) -> list[Pass]:
     """The pipeline a wrapper runs when given none: ``raise-attention``, then the device's default pipeline.
 
-    ``device`` is ``"cpu"``, ``"metal"``, ``"gpu"`` or ``"tpu"``. The device part is
+    ``device`` is ``"cpu"``, ``"metal"``, ``"gpu"`` or ``"tpu"``, ``target`` the wrapper's backend
+    (``"mlx"``, ``"jax"``: decompose-sdpa's remarks name it). The device part is
     :func:`attnpass.passes.default_pipeline` with ``keep_signature=True``: the passes that
     would add or retype inputs (``qsa-pool-cache``, ``narrow-inputs``) are left out, since
     the program is called with the function's own arguments.
     """
-    return parse_pipeline(RAISE) + device_pipeline(device, keep_signature=True)
+    return parse_pipeline(RAISE) + device_pipeline(device, keep_signature=True, target=target)
 
 
 def as_passes(pipeline: str | Sequence[Pass]) -> list[Pass]:
@@ -64,6 +67,15 @@ def as_passes(pipeline: str | Sequence[Pass]) -> list[Pass]:
     if wrong:
         raise TypeError(f"pipeline: {wrong[0]!r} is not a Pass (give pipeline text or a list of passes)")
     return passes
+
+
+def check_callable(fn: object, wrapper: str) -> None:
+    """``fn`` must be the function to compile; anything else (a pipeline given positionally) is a TypeError."""
+    if not callable(fn):
+        raise TypeError(
+            f"{wrapper}: fn must be the function to compile, got {fn!r} ({type(fn).__name__}); "
+            "options are keywords (pipeline=..., strict=...), and without fn the call returns the decorator"
+        )
 
 
 class FallbackWarning(UserWarning):
@@ -183,15 +195,64 @@ class Specialization:
         """How many nodes of each op the rewritten graph computes (inputs not counted; empty without a graph)."""
         return Counter(n.op for n in self.graph.nodes() if n.op != "input") if self.graph is not None else Counter()
 
-    def explain(self, *, graph: bool = False) -> str:
-        """The signature, what it compiled to (or the fallback reason), every remark; the graph if asked."""
+    def explain(self, *, graph: bool = False, verbose: bool = False) -> str:
+        """The signature, what it compiled to (or the fallback reason) and its remarks; the graph if asked.
+
+        The remarks are summarised (:func:`remark_summary`: one line per distinct decision, with its
+        count); ``verbose=True`` lists every remark whole, with its source location.
+        """
         ms = self.seconds * 1e3
-        status = f"compiled in {ms:.0f} ms" if self.compiled else f"runs the original function: {self.reason}"
+        if self.compiled:
+            ops = ", ".join(f"{op} {n}" for op, n in self.ops.most_common())
+            status = f"compiled in {ms:.0f} ms to {self.ops.total()} op(s): {ops or 'none'}"
+        else:
+            status = f"runs the original function: {self.reason}"
         lines = [f"{self.signature}  [{self.pipeline}]  {status}"]
-        lines += [f"  {r}" for r in self.remarks]
+        lines += [f"  {r}" for r in self.remarks] if verbose else [f"  {line}" for line in remark_summary(self.remarks)]
         if graph and self.graph is not None:
             lines += ["  " + line for line in str(self.graph).splitlines()]
         return "\n".join(lines)
+
+
+RULE_HITS = "rule hits: "  # apply_rules' per-rule count list: the summary's applied lines already count the hits
+NODES_LISTED = 4  # node names a summary line lists before "(+N more)"
+_RULE_AT = re.compile(r" \(rule at [^)]*\)")
+
+
+def decision(remark: Remark) -> str:
+    """The kind of decision a remark records, what :func:`remark_summary` groups by.
+
+    Its message's leading clause (``fold``, ``strategy decomposed (device cpu)``) without a
+    rule's source location; the whole message when it has no short leading clause.
+    """
+    head, sep, _rest = remark.message.partition(": ")
+    head = _RULE_AT.sub("", head)
+    return head if sep and len(head) <= 60 else remark.message
+
+
+def remark_summary(remarks: Sequence[Remark]) -> list[str]:
+    """One line per distinct (pass, kind, :func:`decision`), in first-seen order.
+
+    A decision made once is its remark without the location; one made N times is
+    ``[pass] kind xN decision: node, node, ...`` (every node of a decline, the first
+    :data:`NODES_LISTED` of a rewrite). The ``rule hits`` analysis of multi-rule passes is
+    left out: the applied lines count the hits, and its zero-hit rules say nothing.
+    """
+    groups: dict[tuple[str, str, str], list[Remark]] = {}
+    for r in remarks:
+        if r.kind == "analysis" and r.message.startswith(RULE_HITS):
+            continue
+        groups.setdefault((r.pass_name, r.kind, decision(r)), []).append(r)
+    lines = []
+    for (pass_name, kind, what), group in groups.items():
+        if len(group) == 1:
+            lines.append(str(dataclasses.replace(group[0], loc=None)))
+            continue
+        nodes = list(dict.fromkeys(r.node for r in group if r.node))
+        shown = nodes if kind == "declined" else nodes[:NODES_LISTED]  # every declined node is named
+        listed = ", ".join(shown) + (f" (+{len(nodes) - len(shown)} more)" if len(shown) < len(nodes) else "")
+        lines.append(f"[{pass_name}] {kind} x{len(group)} {what}" + (f": {listed}" if listed else ""))
+    return lines
 
 
 def check_calling_convention(before: Graph, after: Graph) -> None:
@@ -290,7 +351,8 @@ class CompiledFunction:
         self._fn = fn
         self._frontend = frontend
         self._fallback = frontend.fallback(fn)
-        self._passes = tuple(default_pipeline(frontend.device()) if pipeline is None else as_passes(pipeline))
+        passes = default_pipeline(frontend.device(), frontend.target) if pipeline is None else as_passes(pipeline)
+        self._passes = tuple(passes)
         self.pipeline = format_pipeline(self._passes)
         self.strict = strict
         self._wrapper_name = name
@@ -317,14 +379,18 @@ class CompiledFunction:
     def specializations(self) -> list[Specialization]:
         return self._cache.values()
 
-    def explain(self, *, graphs: bool = False, file: TextIO | None = None) -> None:
-        """Print every cached signature: compiled or why not, its remarks (and its rewritten graph)."""
+    def explain(self, *, graphs: bool = False, file: TextIO | None = None, verbose: bool = False) -> None:
+        """Print every cached signature: what it compiled to or why not, and a summary of its remarks.
+
+        ``verbose=True`` prints every remark whole instead (:meth:`Specialization.explain`);
+        ``graphs=True`` adds each rewritten graph; ``file`` defaults to stdout.
+        """
         out = file if file is not None else sys.stdout
         entries = self.specializations
         head = f"{self._wrapper_name}({self._fn_name}): {len(entries)} signature(s) cached, {self.traces} trace(s)"
         print(head, file=out)
         for entry in entries:
-            print(entry.explain(graph=graphs), file=out)
+            print(entry.explain(graph=graphs, verbose=verbose), file=out)
 
     def _build(self, args: tuple, kwargs: dict, arrays: list) -> tuple[Specialization, tuple]:
         """Import, rewrite, lower, compile, call once: the entry and ``(output,)``, or a fallback entry and ``()``."""
@@ -369,6 +435,6 @@ class CompiledFunction:
 
 __all__ = [
     "CompiledFunction", "FallbackWarning", "Frontend", "MAX_SIGNATURES", "Specialization", "SpecializationError",
-    "Traceable", "array_text", "as_passes", "check_calling_convention", "default_pipeline", "name_parameters",
-    "static_spec",
+    "Traceable", "array_text", "as_passes", "check_callable", "check_calling_convention", "decision",
+    "default_pipeline", "name_parameters", "remark_summary", "static_spec",
 ]  # fmt: skip

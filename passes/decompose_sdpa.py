@@ -17,7 +17,10 @@ key weighs all keys equally, the mean of V, like the fused call and the numpy
 reference (docs/semantics.md §4). An additive mask is added: a row it sets to
 -inf everywhere is NaN, as on every target.
 
-Which strategy, per ``device`` (the remark of every ``sdpa`` says which and why):
+Which strategy, per ``device`` (the remark of every ``sdpa`` says which and why;
+it names the backend only when ``target`` says which one the graph is lowered
+to, ``"mlx"`` or ``"jax"``, as the drop-in wrappers do; with ``target=None`` it
+speaks of the device alone):
 
 - ``"cpu"``: decompose calls with at most ``max_q_len`` query rows (decode,
   verify, gathered attention). Neither MLX nor XLA has a fused CPU attention
@@ -29,7 +32,8 @@ Which strategy, per ``device`` (the remark of every ``sdpa`` says which and why)
   decode-shaped calls, which take the same fallback as on CPU
   (:func:`attnpass.backends.mlx.sdpa_route` is the full route model).
 - ``"gpu"``: keep every call: ``jax.nn.dot_product_attention`` lowers to XLA's
-  or cuDNN's fused attention there.
+  or cuDNN's fused attention there; MLX's CUDA build runs its own fused call
+  (not measured here).
 - ``"tpu"`` (what ``jax.default_backend()`` names a TPU, for the drop-in
   wrappers): keep every call; XLA compiles the attention for the TPU itself
   (not measured on one here).
@@ -52,6 +56,19 @@ from .registry import register_pass
 from .rewrite import Decline, Rewriter, Rule, apply_rules
 
 DEVICES = ("cpu", "metal", "gpu", "tpu")
+TARGETS = ("mlx", "jax")
+UNREACHABLE = {("metal", "jax"): "the metal strategy is MLX's Metal kernel model", ("tpu", "mlx"): "MLX has no TPU"}
+# Why the fused call stays on a GPU, and why CPU decode is decomposed, per target (None: any target)
+GPU_FUSED = {
+    "jax": "jax.nn.dot_product_attention lowers to XLA's or cuDNN's fused attention on GPU",
+    "mlx": "mx.fast.scaled_dot_product_attention runs MLX's own CUDA attention (not measured here)",
+    None: "each GPU target runs its own fused attention call (not measured here)",
+}
+CPU_UNFUSED = {
+    "jax": "XLA has no fused CPU attention kernel",
+    "mlx": "MLX has no fused CPU attention kernel; its CPU fallback broadcasts K/V to every query head",
+    None: "no fused attention kernel on CPU",
+}
 METAL_VECTOR_MAX_ROWS = 8
 METAL_VECTOR_BUDGET = 32  # q_len * gqa
 METAL_VECTOR_HEAD_DIMS = frozenset({64, 96, 128, 256})
@@ -78,10 +95,18 @@ class DecomposeSDPA(Pass):
     name: ClassVar[str] = "decompose-sdpa"
     device: str = "cpu"
     max_q_len: int = 8
+    target: str | None = None
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
             raise ValueError(f"DecomposeSDPA: device must be one of {', '.join(DEVICES)}, got {self.device!r}")
+        if self.target is not None and self.target not in TARGETS:
+            raise ValueError(f"DecomposeSDPA: target must be one of {', '.join(TARGETS)} or None, got {self.target!r}")
+        if (self.device, self.target) in UNREACHABLE:
+            raise ValueError(
+                f"DecomposeSDPA: device {self.device!r} with target {self.target!r}: "
+                f"{UNREACHABLE[self.device, self.target]}"
+            )
         if isinstance(self.max_q_len, bool) or not isinstance(self.max_q_len, int) or self.max_q_len < 1:
             raise ValueError(f"DecomposeSDPA: max_q_len must be an int >= 1, got {self.max_q_len!r}")
 
@@ -93,9 +118,10 @@ class DecomposeSDPA(Pass):
         q, k, v = (graph.node(name).type.shape for name in node.inputs[:3])
         (_b, hq, s, d), (_bk, hkv, t, _dk), dv = q, k, v[3]
         gqa = hq // hkv
-        head = f"strategy fused (device {self.device}): "
+        on = f"device {self.device}" + (f", target {self.target}" if self.target else "")
+        head = f"strategy fused ({on}): "
         if self.device == "gpu":
-            return Decline(head + "jax.nn.dot_product_attention lowers to a fused attention kernel on GPU")
+            return Decline(head + GPU_FUSED[self.target])
         if self.device == "tpu":
             return Decline(head + "XLA compiles jax.nn.dot_product_attention for the TPU itself")
         if node.attrs["causal"] != "none":
@@ -112,8 +138,8 @@ class DecomposeSDPA(Pass):
                 return Decline(head + served)
             why = f"q_len {s}, gqa {gqa}, head dims {d}/{dv}: MLX's Metal vector kernel does not serve it"
         else:
-            why = "no fused attention kernel on CPU (MLX's CPU fallback also broadcasts K/V to every query head)"
-        return _Plan(f"strategy decomposed (device {self.device}): {why}; {folded}")
+            why = CPU_UNFUSED[self.target]
+        return _Plan(f"strategy decomposed ({on}): {why}; {folded}")
 
 
 def _rewrite(rw: Rewriter, plan: _Plan) -> None:
@@ -146,4 +172,4 @@ def _masked(rw: Rewriter, scores: str, mask: str, hkv: int, g: int) -> str:
     return rw.op("add", [scores, rw.cast(mask, DType.float32)], hint="scores")
 
 
-__all__ = ["DEVICES", "DecomposeSDPA"]
+__all__ = ["DEVICES", "DecomposeSDPA", "TARGETS"]

@@ -33,21 +33,22 @@ from .qsa_gather import QSAGather
 from .qsa_pool_cache import QSAPoolCache
 
 
-def default_pipeline(device: str, *, keep_signature: bool = False) -> list[Pass]:
+def default_pipeline(device: str, *, keep_signature: bool = False, target: str | None = None) -> list[Pass]:
     """The passes for ``device`` (``"cpu"``, ``"metal"``, ``"gpu"`` or ``"tpu"``), in order.
 
     ``keep_signature``: only passes that keep the graph's inputs and outputs as they are (dead inputs may go).
+    ``target`` (``"mlx"``, ``"jax"`` or None): the backend the graph is lowered to, named in decompose-sdpa's remarks.
     """
     if device not in DEVICES:
         raise ValueError(f"default_pipeline: device must be one of {', '.join(DEVICES)}, got {device!r}")
     chunk: list[Pass] = [HeadChunkSDPA()] if device == "metal" else []
     if keep_signature:
-        return [QSAGather(), *chunk, DecomposeSDPA(device=device), DeadCodeElimination()]
+        return [QSAGather(), *chunk, DecomposeSDPA(device=device, target=target), DeadCodeElimination()]
     return [
         QSAPoolCache(),
         QSAGather(),
         *chunk,
-        DecomposeSDPA(device=device),
+        DecomposeSDPA(device=device, target=target),
         DeadCodeElimination(),
         NarrowInputs(),
         DeadCodeElimination(),

@@ -9,13 +9,16 @@ The function returns an array or a tuple/list of arrays.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Hashable, Sequence
+import functools
+from typing import Any, Callable, Hashable, Sequence, overload
 
 from attnpass.ir import ImportedGraph, from_mlx
 from attnpass.ir.frontends.importing import parameter_names
 from attnpass.passes import Pass
 
-from ..specialize import MAX_SIGNATURES, CompiledFunction, Frontend, Traceable, array_text, name_parameters, static_spec
+from ..specialize import (
+    MAX_SIGNATURES, CompiledFunction, Frontend, Traceable, array_text, check_callable, name_parameters, static_spec,
+)  # fmt: skip
 
 
 class MLXFrontend(Frontend):
@@ -90,21 +93,37 @@ class MLXFrontend(Frontend):
         return fn
 
 
+@overload
 def compile(
-    fn: Callable,
+    fn: Callable, *, pipeline: str | Sequence[Pass] | None = None, strict: bool = False, max_signatures: int = ...
+) -> CompiledFunction: ...
+
+
+@overload
+def compile(
+    fn: None = None, *, pipeline: str | Sequence[Pass] | None = None, strict: bool = False, max_signatures: int = ...
+) -> Callable[[Callable], CompiledFunction]: ...
+
+
+def compile(
+    fn: Callable | None = None,
     *,
     pipeline: str | Sequence[Pass] | None = None,
     strict: bool = False,
     max_signatures: int = MAX_SIGNATURES,
-) -> CompiledFunction:
+) -> CompiledFunction | Callable[[Callable], CompiledFunction]:
     """``fn`` compiled per input signature: imported, rewritten by ``pipeline``, lowered to MLX, ``mx.compile``'d.
 
     ``pipeline`` is text or passes; None is :func:`attnpass.backends.specialize.default_pipeline`
     for the default device when the wrapper is made. ``strict=False``: a signature that cannot be
     compiled runs ``fn`` itself, with one :class:`FallbackWarning`; ``strict=True`` raises
-    :class:`SpecializationError`. Use as ``compile(fn)`` or as a decorator.
+    :class:`SpecializationError`. Use as ``compile(fn, ...)``, as ``@compile`` or as
+    ``@compile(pipeline=..., ...)`` (without ``fn``: the decorator with these options).
     """
     name = "attnpass.backends.mlx.compile"
+    if fn is None:
+        return functools.partial(compile, pipeline=pipeline, strict=strict, max_signatures=max_signatures)
+    check_callable(fn, name)
     frontend = MLXFrontend()
     return CompiledFunction(fn, frontend, pipeline=pipeline, strict=strict, max_signatures=max_signatures, name=name)
 

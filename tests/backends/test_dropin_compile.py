@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+import re
 import threading
 import warnings
 
@@ -9,8 +11,8 @@ import numpy as np
 import pytest
 
 from attnpass import passes
-from attnpass.backends import to_numpy
-from attnpass.backends.specialize import FallbackWarning, SpecializationError, default_pipeline
+from attnpass.backends import assert_primitive_counts, to_numpy
+from attnpass.backends.specialize import CompiledFunction, FallbackWarning, SpecializationError, default_pipeline
 from attnpass.passes import format_pipeline
 from tests.util import assert_bits_equal, assert_close, requires
 
@@ -20,12 +22,12 @@ FUSED = "raise-attention,dce"  # leaves the attention one fused call: the wrappe
 
 def test_default_pipeline_raises_attention_first_then_the_device_pipeline_that_keeps_the_signature():
     assert format_pipeline(default_pipeline("cpu")) == "raise-attention,qsa-gather,decompose-sdpa,dce"
-    assert format_pipeline(default_pipeline("metal")) == (
-        "raise-attention,qsa-gather,head-chunk,decompose-sdpa{device=metal},dce"
+    assert format_pipeline(default_pipeline("metal", "mlx")) == (
+        "raise-attention,qsa-gather,head-chunk,decompose-sdpa{device=metal,target=mlx},dce"
     )
-    for device in ("cpu", "metal", "gpu", "tpu"):
-        rest = default_pipeline(device)[1:]
-        assert rest == passes.default_pipeline(device, keep_signature=True)
+    for device, target in (("cpu", "mlx"), ("cpu", "jax"), ("metal", "mlx"), ("gpu", "jax"), ("tpu", None)):
+        rest = default_pipeline(device, target)[1:]
+        assert rest == passes.default_pipeline(device, keep_signature=True, target=target)
         # the program is called with the function's own arguments: no pass that adds or retypes inputs
         assert not {"qsa-pool-cache", "narrow-inputs"} & {p.name for p in rest}
 
@@ -78,6 +80,79 @@ class TestMLXCompile:
         assert f"q:bf16[1,24,1,128], {kv}, scale={SCALE!r}, mask:bool[1,1,1,64]" in out
         assert "[raise-attention] applied" in out and "= sdpa[" in out
 
+    def test_compile_with_options_only_is_the_decorator_with_those_options(self):
+        import mlx.core as mx
+
+        from attnpass.backends.mlx import compile
+
+        attention = self.attention
+
+        @compile(pipeline="raise-attention,head-chunk", strict=True)
+        def wide(q, k, v, mask):
+            return attention(q, k, v, SCALE, mask)
+
+        assert isinstance(wide, CompiledFunction) and wide.__name__ == "wide"
+        assert wide.pipeline == "raise-attention,head-chunk" and wide.strict
+        _q, k, v, mask = self.inputs()
+        q = mx.random.normal((1, 24, 4, 128)).astype(mx.bfloat16)  # q_len*gqa = 48 > 32: head-chunk splits it
+        assert_close(to_numpy(wide(q, k, v, mask)), to_numpy(attention(q, k, v, SCALE, mask)))
+        (entry,) = wide.specializations
+        chunked = [r for r in entry.remarks if r.pass_name == "head-chunk"]
+        assert [r.kind for r in chunked] == ["applied"] and entry.ops["sdpa"] > 1
+        assert entry.program.source.count("mx.fast.scaled_dot_product_attention") == entry.ops["sdpa"]
+        assert compile(self.attention).pipeline == format_pipeline(default_pipeline("cpu", "mlx"))  # bare form
+        with pytest.raises(TypeError, match="fn must be the function to compile, got 'raise-attention'"):
+            compile("raise-attention")
+
+    def test_explain_summarises_one_line_per_decision_and_verbose_prints_every_remark(self):
+        import mlx.core as mx
+
+        from attnpass.backends.mlx import compile
+
+        fast = compile(lambda x: sum(x * float(i) + i for i in range(1, 12)))  # one line, a dozen constant folds
+        fast(mx.ones((3,)))
+        (entry,) = fast.specializations
+        full, short = io.StringIO(), io.StringIO()
+        fast.explain(file=full, verbose=True)
+        fast.explain(file=short)
+        assert len(full.getvalue().splitlines()) == 2 + len(entry.remarks) >= 18  # the flood: every remark whole
+        summary = short.getvalue().splitlines()
+        assert len(summary) <= 7 and summary[:2] == full.getvalue().splitlines()[:2]
+        assert not re.search(r"\b0, |rule hits", short.getvalue())  # no zero-hit rule lists
+        # each rule the pass counted a hit for is one line with that count
+        (hits,) = [r.message for r in entry.remarks if r.kind == "analysis" and r.message.startswith("rule hits: ")]
+        counted = {rule: int(n) for rule, n in re.findall(r"([\w-]+) (\d+)[,;]", hits) if n != "0"}
+        assert counted and set(counted) >= {"fold"}
+        for rule, n in counted.items():
+            (line,) = [line for line in summary if f" {rule}: " in line or f" x{n} {rule}: " in line]
+            assert line.startswith("  [raise-attention] applied") and (n == 1) != (f" x{n} {rule}: " in line)
+        # and every other remark is counted once: no remark lost, none counted twice
+        counts = [int(m.group(1)) if (m := re.search(r"\] \w+ x(\d+) ", line)) else 1 for line in summary[2:]]
+        assert sum(counts) == len(entry.remarks) - 1
+
+    def test_the_summary_names_every_declined_rewrite(self):
+        import mlx.core as mx
+
+        from attnpass.backends.mlx import compile
+
+        attention = self.attention
+
+        def twice(q, k, v, mask):
+            return attention(attention(q, k, v, SCALE, mask), k, v, SCALE, mask)
+
+        fast = compile(twice, strict=True)
+        q, k, v, mask = self.inputs()
+        fast(q, k, v, mask)
+        (entry,) = fast.specializations
+        declined = [r for r in entry.remarks if r.kind == "declined"]
+        assert len({r.node for r in declined if r.pass_name == "qsa-gather"}) == 2  # the two attention calls
+        out = io.StringIO()
+        fast.explain(file=out, graphs=True)
+        lines = out.getvalue().splitlines()
+        for r in declined:
+            assert [line for line in lines if line.startswith(f"  [{r.pass_name}] declined") and (r.node or "") in line]
+        assert any(" = matmul " in line or "= matmul[" in line for line in lines)  # graphs=True: the rewritten graph
+
     def test_the_default_pipeline_is_the_devices_and_agrees_with_the_fused_call(self):
         from attnpass.backends.mlx import compile
 
@@ -86,9 +161,15 @@ class TestMLXCompile:
         assert_close(to_numpy(fast(q, k, v, SCALE, mask=mask)), to_numpy(self.attention(q, k, v, SCALE, mask)))
         (entry,) = fast.specializations
         assert entry.pipeline == fast.pipeline and fast.pipeline.startswith("raise-attention,qsa-gather,")
-        # one decision per attention call on the device: kept fused or GQA-folded, saying why
+        # one decision per attention call, on the sdpa raise-attention made: on CPU, GQA-folded into f32 matmuls
+        (raised,) = [r.node for r in entry.remarks if r.pass_name == "raise-attention" and r.node == "matmul_1"]
         (strategy,) = [r for r in entry.remarks if r.pass_name == "decompose-sdpa"]
-        assert "strategy " in strategy.message
+        assert (strategy.kind, strategy.node) == ("applied", f"{raised}_sdpa")
+        assert "sdpa" not in entry.ops and entry.ops["matmul"] == 2 and entry.ops["softmax"] == 1
+        assert "scaled_dot_product_attention" not in entry.program.source
+        assert_primitive_counts(entry.program, {"Matmul": 2, "Softmax": 1}, q, k, v, mask)
+        # the remarks speak of the target the graph is prepared for, MLX, not of JAX's
+        assert not [r for r in entry.remarks if re.search(r"jax|xla|cudnn", r.message, re.IGNORECASE)]
 
     def test_a_primitive_the_importer_lacks_runs_the_original_with_one_warning_per_signature(self):
         import mlx.core as mx
@@ -229,9 +310,37 @@ class TestJAXJit:
         assert entry.signature.endswith("scale=0.25")
         raised = [r for r in entry.remarks if r.pass_name == "raise-attention" and r.kind == "applied"]
         assert any(r.message.startswith("attention: ") and " -> sdpa" in r.message for r in raised)
+        # decode-shaped on CPU: GQA-folded, and the remarks speak of the target, JAX, not of MLX's CPU fallback
+        (strategy,) = [r for r in entry.remarks if r.pass_name == "decompose-sdpa"]
+        assert strategy.kind == "applied" and "sdpa" not in entry.ops
+        assert not [r for r in entry.remarks if re.search(r"mlx|mx\.", r.message, re.IGNORECASE)]
         positional = jit(self.attention, static_argnums=3)
         assert_close(np.asarray(positional(q, k, v, 0.125)), np.asarray(self.attention(q, k, v, 0.125)))
         assert positional.specializations[0].compiled
+
+    def test_jit_with_options_only_is_the_decorator_with_those_options(self):
+        import jax
+
+        from attnpass.backends.jax import jit
+
+        def plain(q, k, v, causal=False):
+            return jax.nn.dot_product_attention(q, k, v, is_causal=causal)
+
+        attend = jit(static_argnames="causal")(plain)  # as @jit(static_argnames="causal")
+        assert isinstance(attend, CompiledFunction) and attend.__name__ == "plain"
+        rng = np.random.default_rng(1)
+        q = rng.standard_normal((1, 4, 8, 16)).astype(np.float32)  # rows-first, GQA 4
+        k, v = (rng.standard_normal((1, 4, 2, 16)).astype(np.float32) for _ in range(2))
+        reference = jax.jit(plain, static_argnames="causal")
+        for causal in (False, True, False):
+            assert_close(np.asarray(attend(q, k, v, causal=causal)), np.asarray(reference(q, k, v, causal=causal)))
+        assert attend.traces == 2
+        by_causal = {e.signature.endswith("causal=True"): e for e in attend.specializations}
+        # each signature bound its own static value: only the causal one masks (its diagonal, a constant)
+        assert "where" in by_causal[True].ops and "where" not in by_causal[False].ops
+        assert all(entry.compiled for entry in attend.specializations)
+        with pytest.raises(ValueError, match="unsupported jax.jit option.*donate_argnums"):
+            jit(donate_argnums=0)  # refused when the decorator is made, as with fn
 
     def test_pytrees_in_and_out(self):
         import jax.numpy as jnp

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import re
 
 import numpy as np
 import pytest
@@ -13,7 +14,7 @@ from attnpass.ir import DType, TensorSpec, ops, trace
 from attnpass.lowering import lower
 from attnpass.models import QSAConfig, build_layer, make_inputs, narrowed_inputs
 from attnpass.passes import DecomposeSDPA, PassManager, QSAPoolCache, default_pipeline, format_pipeline, parse_pipeline
-from attnpass.passes.decompose_sdpa import _metal_vector_kernel
+from attnpass.passes.decompose_sdpa import DEVICES, TARGETS, _metal_vector_kernel
 from tests.util import assert_close, random_array, requires
 
 SMALL = QSAConfig(n_q_heads=4, n_kv_heads=2, head_dim=16, idx_dim=16, budget=32, mask_rows=8, rotary_dim=8)
@@ -47,11 +48,6 @@ def arrays(graph, seed=0):
     return out
 
 
-def remark(result) -> str:
-    (r,) = [r for r in result.remarks if r.pass_name == "decompose-sdpa"]
-    return f"{r.kind}: {r.message}"
-
-
 @requires("mlx.core", "jax")
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("mask", [None, "bool", "additive", "bool-per-head"])
@@ -59,7 +55,7 @@ def remark(result) -> str:
 def test_decomposed_matches_the_fused_call_within_rounding(dtype, mask, s):
     g = attention(s=s, dtype=dtype, mask=mask, dv=24)
     result = DecomposeSDPA()(g)
-    assert remark(result).startswith("applied: strategy decomposed (device cpu)")
+    assert [(r.kind, r.node) for r in result.remarks] == [("applied", "sdpa")]
     assert "sdpa" not in {n.op for n in result.graph.nodes()}
     args = arrays(g, seed=s)
     reference = run(lower(g, "numpy"), *args)
@@ -83,34 +79,66 @@ def test_the_folded_form_reads_k_once_per_kv_head_in_f32():
     assert_primitive_counts(lower(graph, "jax"), {"dot_general": 2}, *args)
 
 
+@requires("mlx.core")
 @pytest.mark.parametrize(
-    "device, graph, expected",
+    "device, graph, decomposed",
     [
-        ("cpu", lambda: attention(), "applied: strategy decomposed (device cpu): no fused attention kernel on CPU"),
-        ("gpu", lambda: attention(), "declined: strategy fused (device gpu): jax.nn.dot_product_attention lowers"),
-        ("tpu", lambda: attention(), "declined: strategy fused (device tpu): XLA compiles"),
-        (
-            "metal",
-            lambda: attention(d=64),
-            "declined: strategy fused (device metal): q_len 1 <= 8, q_len*gqa = 6 <= 32",
-        ),
-        (
-            "metal",
-            lambda: attention(d=16),
-            "applied: strategy decomposed (device metal): q_len 1, gqa 6, head dims 16/16",
-        ),
-        ("metal", lambda: attention(d=64, s=6), "applied: strategy decomposed (device metal)"),  # 6*6 > 32
-        (
-            "cpu",
-            lambda: attention(causal="bottom_right"),
-            "declined: strategy fused (device cpu): causal='bottom_right'",
-        ),
-        ("cpu", lambda: attention(s=9), "declined: strategy fused (device cpu): q_len 9 > max_q_len=8"),
+        ("cpu", lambda: attention(), True),  # no fused CPU kernel
+        ("gpu", lambda: attention(), False),  # the GPU targets' fused call
+        ("tpu", lambda: attention(), False),  # XLA's own TPU attention
+        ("metal", lambda: attention(d=64), False),  # q_len 1, q_len*gqa 6 <= 32, head dim 64: the vector kernel
+        ("metal", lambda: attention(d=16), True),  # head dim 16: no vector kernel
+        ("metal", lambda: attention(d=64, s=6), True),  # 6*6 > 32
+        ("cpu", lambda: attention(causal="bottom_right"), False),  # causal: no [S, T] constant
+        ("cpu", lambda: attention(s=9), False),  # q_len 9 > max_q_len
     ],
 )
-def test_each_device_says_which_strategy_and_why(device, graph, expected):
-    result = DecomposeSDPA(device=device)(graph())
-    assert remark(result).startswith(expected), remark(result)
+def test_each_device_decides_per_call_and_remarks_on_that_call(device, graph, decomposed):
+    g = graph()
+    result = DecomposeSDPA(device=device)(g)
+    (r,) = [r for r in result.remarks if r.pass_name == "decompose-sdpa"]
+    (sdpa,) = [n.name for n in g.nodes() if n.op == "sdpa"]
+    assert (r.kind, r.node, r.loc) == ("applied" if decomposed else "declined", sdpa, g.node(sdpa).loc)
+    assert result.changed == decomposed
+    # what the backend runs: the fused call, or matmuls and a softmax without it
+    program = lower(result.graph, "mlx")
+    assert ("mx.fast.scaled_dot_product_attention" in program.source) != decomposed
+    assert ("sdpa" in {n.op for n in result.graph.nodes()}) != decomposed
+    if decomposed:
+        assert_primitive_counts(program, {"Matmul": 2, "Softmax": 1}, *arrays(g))
+
+
+@requires("mlx.core", "jax")
+def test_no_cpu_target_has_a_fused_attention_kernel():
+    """What the CPU remark states, read from each backend: its fused call runs as two matmuls and a softmax."""
+    import jax
+    import mlx.core as mx
+
+    if mx.default_device().type != mx.DeviceType.cpu or jax.default_backend() != "cpu":
+        pytest.skip("a statement about the CPU targets")
+    g = attention(mask="bool")
+    args = arrays(g)
+    assert_primitive_counts(lower(g, "mlx"), {"Matmul": 2, "Softmax": 1, "ScaledDotProductAttention": 0}, *args)
+    counts = assert_primitive_counts(lower(g, "jax"), {"dot_general": 2, "exp": 1}, *args)
+    assert not [name for name in counts if "attention" in name or "custom_call" in name], counts
+
+
+BACKEND_NAMES = {"mlx": r"mlx|mx\.", "jax": r"jax|xla|cudnn"}
+IMPLIED = {"metal": "mlx", "tpu": "jax"}  # the one target that runs on the device
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("target", [None, *TARGETS])
+def test_the_remark_names_no_backend_but_the_target_it_prepares_for(device, target):
+    if target is not None and IMPLIED.get(device, target) != target:
+        with pytest.raises(ValueError, match=f"device {device!r} with target {target!r}"):
+            DecomposeSDPA(device=device, target=target)
+        return
+    own = target or IMPLIED.get(device)
+    others = "|".join(pattern for name, pattern in BACKEND_NAMES.items() if name != own)
+    for g in (attention(d=16), attention(d=64), attention(s=9)):  # decomposed or kept per device, prefill kept
+        (r,) = DecomposeSDPA(device=device, target=target)(g).remarks
+        assert not re.search(others, r.message, re.IGNORECASE), r.message
 
 
 def test_the_metal_rule_agrees_with_the_route_model():
