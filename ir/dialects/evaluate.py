@@ -43,9 +43,9 @@ def rounded(x: np.ndarray, dtype: str | DType) -> np.ndarray:
     if dt is DType.float16:
         with np.errstate(over="ignore"):  # beyond the largest float16: inf, a value like any other
             return y.astype(np.float16)  # float32 -> float16 rounds once, to nearest even
-    bits = y.view(np.uint32).astype(np.uint64)
-    nearest = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16  # round to nearest even at bit 16
-    quiet_nan = (bits >> 16) | 0x40
+    bits, one, sixteen = y.view(np.uint32).astype(np.uint64), np.uint64(1), np.uint64(16)
+    nearest = (bits + np.uint64(0x7FFF) + ((bits >> sixteen) & one)) >> sixteen  # to nearest even at bit 16
+    quiet_nan = (bits >> sixteen) | np.uint64(0x40)
     return np.where(np.isnan(y), quiet_nan, nearest).astype(np.uint16).view(dt.numpy)
 
 

@@ -368,7 +368,7 @@ def once_rounded(x, dtype: DType) -> np.ndarray:
     mid = (grid[lo] + grid[lo + 1]) / 2
     up = (a > mid) | ((a == mid) & (lo % 2 == 1))
     pattern = np.where(a >= grid[-1], len(grid) - 1, lo + up).astype(np.uint16)  # len - 1: the inf pattern
-    return (pattern | (np.signbit(x).astype(np.uint16) << 15)).view(dtype.numpy)
+    return (pattern | np.signbit(x).astype(np.uint16) << np.uint16(15)).astype(np.uint16).view(dtype.numpy)
 
 
 def _constant_graphs(dt: DType):
