@@ -37,7 +37,7 @@ def rounded(x: np.ndarray, dtype: str | DType) -> np.ndarray:
     ml_dtypes do with a float64 (docs/semantics.md §1.1).
     """
     x, dt = np.asarray(x), DType.parse(dtype)
-    if dt not in (DType.float16, DType.bfloat16) or x.dtype.kind not in "fiub":
+    if dt not in (DType.float16, DType.bfloat16) or x.dtype == dt.numpy:
         return x.astype(dt.numpy)
     y = _to_float32_odd(x.astype(np.float64))
     if dt is DType.float16:
