@@ -18,4 +18,5 @@ def resolved(name: str) -> str:
         return "-"
 
 
-print(f"{Path(sys.prefix).name}: python {platform.python_version()}, " + ", ".join(f"{name} {resolved(name)}" for name in KEY))
+versions = ", ".join(f"{name} {resolved(name)}" for name in KEY)
+print(f"{Path(sys.prefix).name}: python {platform.python_version()}, {versions}")

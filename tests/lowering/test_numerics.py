@@ -34,7 +34,9 @@ from attnpass.backends import run, to_numpy
 from attnpass.ir import DType, Graph, TensorSpec, ops, trace
 from attnpass.ir.dialects.evaluate import rounded
 from attnpass.lowering import lower
-from tests.util import FLOAT_DTYPES, assert_bits_equal, bits, assert_close, lazy_import, random_array, requires, target_params
+from tests.util import (
+    FLOAT_DTYPES, assert_bits_equal, assert_close, bits, lazy_import, random_array, requires, target_params,
+)
 
 mx = lazy_import("mlx.core")
 jax = lazy_import("jax")
@@ -405,8 +407,12 @@ def _constant_graphs(dt: DType):
             # values whose once-rounded value differs from the one through float32 (docs/semantics.md §1.1),
             # in every form the backends spell a constant: an array literal, a splat and a scalar
             ("once_rounded", lambda x: ops.constant(once, dt), [x], once_rounded(once, dt)),
-            ("once_rounded_splat", lambda x: ops.constant(np.full((2, 3), once[0]), dt), [x],
-             once_rounded(np.full((2, 3), once[0]), dt)),
+            (
+                "once_rounded_splat",
+                lambda x: ops.constant(np.full((2, 3), once[0]), dt),
+                [x],
+                once_rounded(np.full((2, 3), once[0]), dt),
+            ),
             ("once_rounded_scalar", lambda x: ops.constant(once[1], dt), [x], once_rounded(once[1], dt)),
         ]
     return graphs
@@ -452,8 +458,8 @@ def test_reference_rounds_float64_once_to_nearest_even(dtype):
     """``rounded`` against a nearest-even search over every finite value of the dtype, built from bit patterns
     alone (no float64 -> 16-bit conversion of numpy or ml_dtypes): grid values, every midpoint, a float64 ulp
     either side of it, midpoints moved by less than a float32 ulp, random float64s, overflow, subnormals, signs."""
-    grid = _nonnegative_grid(dtype)[:-1]
-    mid = (grid[:-1] + grid[1:]) / 2
+    full = _nonnegative_grid(dtype)
+    grid, mid = full[:-1], (full[:-1] + full[1:]) / 2  # the last midpoint: the overflow tie
     rng = np.random.default_rng(0)
     exponent = rng.integers(1023 - 160, 1023 + 140, 200_000).astype(np.uint64)  # bf16 subnormals to past overflow
     random = ((exponent << np.uint64(52)) | rng.integers(0, 1 << 52, 200_000).astype(np.uint64)).view(np.float64)
