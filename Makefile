@@ -1,26 +1,37 @@
 # `make test` and `make demo` each work on a fresh machine with Python 3.11 and pip:
-# they create .venv if missing and install the package with its extras.
+# they create .venv if missing and install the package with what they need.
+# `make demo` installs the core, mlx and jax (what examples/qwen38_attention.py imports);
+# `make test` every extra the tests use, the peers (torch 2.13.0, transformers) included,
+# and fails, not skips, the outside oracle that needs them (ATTNPASS_REQUIRE_PEERS=1).
+# Each install has its own stamp, so `make demo` then `make test` installs the rest.
 # `make test-core` runs the same suite in .venv-core, which has only the core
-# dependencies and pytest: tests that need an extra (mlx, jax, mlx-vlm, Graphviz) skip,
+# dependencies and pytest: tests that need an extra (mlx, jax, mlx-vlm, torch, Graphviz) skip,
 # saying which. CI runs both (.ci/run). Any non-zero pytest status fails the target,
-# including 5 (no tests collected).
+# including 5 (no tests collected). `make versions` / `make versions-core` print the
+# resolved versions of the key dependencies in each venv.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
+STAMP := $(VENV)/.installed-test
+STAMP_DEMO := $(VENV)/.installed-demo
 VENV_CORE := .venv-core
 PY_CORE := $(VENV_CORE)/bin/python
 STAMP_CORE := $(VENV_CORE)/.installed
 
-.PHONY: test test-core demo fuzz bench clean
+.PHONY: test test-core demo versions versions-core fuzz bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
 $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[mlx,jax,dev,clients,render,zoo]"
-	touch $(STAMP)
+	$(PY) -m pip install --quiet -e ".[mlx,jax,dev,clients,render,zoo,peers]"
+	touch $(STAMP) $(STAMP_DEMO)
+
+$(STAMP_DEMO): pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[mlx,jax]"
+	touch $(STAMP_DEMO)
 
 $(PY_CORE):
 	$(PYTHON) -m venv $(VENV_CORE)
@@ -31,7 +42,7 @@ $(STAMP_CORE): pyproject.toml | $(PY_CORE)
 	touch $(STAMP_CORE)
 
 test: $(STAMP)
-	$(PY) -m pytest -q
+	ATTNPASS_REQUIRE_PEERS=1 $(PY) -m pytest -q
 
 test-core: $(STAMP_CORE)
 	@$(PY_CORE) -c "import importlib.util as u, sys; \
@@ -39,8 +50,14 @@ test-core: $(STAMP_CORE)
 	sys.exit(f'$(VENV_CORE) is not core-only: it has {found}' if found else 0)"
 	$(PY_CORE) -m pytest -q
 
-demo: $(STAMP)
+demo: $(STAMP_DEMO)
 	$(PY) examples/qwen38_attention.py
+
+versions: $(STAMP)
+	@$(PY) .ci/versions.py
+
+versions-core: $(STAMP_CORE)
+	@$(PY_CORE) .ci/versions.py
 
 # The differential fuzzer beyond CI's 2,000 graphs: `make fuzz N=100000 SEED=1 JOBS=2` prints its rate and,
 # on a failure, a shrunk reproducer with its replay command (tests/fuzz).

@@ -7,6 +7,7 @@ import math
 import numpy as np
 
 from attnpass.ir import DType, Node, format_slice
+from attnpass.ir.dialects.evaluate import rounded
 
 from .codegen import EmitEnv, Emitter, py_float, py_literal
 
@@ -111,10 +112,10 @@ def iota_expr(xp: str, node: Node) -> str:
 
 
 def constant_values(node: Node) -> tuple:
-    """A constant's values, floats already rounded to the node's dtype (no double rounding later)."""
+    """A constant's values, floats rounded by the reference's rule (exact in the dtype: no backend rounds again)."""
     values = node.attrs["value"]
     if node.type.dtype.is_float:
-        values = tuple(float(v) for v in np.asarray(values, np.float64).astype(node.type.dtype.numpy))
+        values = tuple(float(v) for v in rounded(np.asarray(values, np.float64), node.type.dtype))
     return values
 
 

@@ -30,8 +30,32 @@ def wide(x: np.ndarray) -> np.ndarray:
 
 
 def rounded(x: np.ndarray, dtype: str | DType) -> np.ndarray:
-    """``x`` converted to ``dtype`` (round to nearest even; float to int truncates)."""
-    return np.asarray(x).astype(DType.parse(dtype).numpy)
+    """``x`` converted to ``dtype``: floats round once to nearest even; float to int truncates.
+
+    float16 and bfloat16 are reached through float32 rounded to odd, which gives
+    the once-rounded value (24 >= 8 + 2 and 11 + 2 bits) whatever numpy or
+    ml_dtypes do with a float64 (docs/semantics.md §1.1).
+    """
+    x, dt = np.asarray(x), DType.parse(dtype)
+    if dt not in (DType.float16, DType.bfloat16) or x.dtype == dt.numpy:
+        return x.astype(dt.numpy)
+    y = _to_float32_odd(x.astype(np.float64))
+    if dt is DType.float16:
+        with np.errstate(over="ignore"):  # beyond the largest float16: inf, a value like any other
+            return y.astype(np.float16)  # float32 -> float16 rounds once, to nearest even
+    bits, one, sixteen = y.view(np.uint32).astype(np.uint64), np.uint64(1), np.uint64(16)
+    nearest = (bits + np.uint64(0x7FFF) + ((bits >> sixteen) & one)) >> sixteen  # to nearest even at bit 16
+    quiet_nan = (bits >> sixteen) | np.uint64(0x40)
+    return np.where(np.isnan(y), quiet_nan, nearest).astype(np.uint16).view(dt.numpy)
+
+
+def _to_float32_odd(x: np.ndarray) -> np.ndarray:
+    """float64 -> float32 rounded to odd: truncated toward zero, last bit set when inexact."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        y = x.astype(np.float32)
+        y = np.where(np.abs(y) > np.abs(x), np.nextafter(y, np.float32(0)), y)  # inf above FLT_MAX too
+        inexact = (y != x) & ~np.isnan(x)
+    return np.where(inexact, y.view(np.uint32) | np.uint32(1), y.view(np.uint32)).view(np.float32)
 
 
 def constant(values: tuple, shape: tuple[int, ...], dtype: str | DType) -> np.ndarray:

@@ -32,8 +32,11 @@ import pytest
 
 from attnpass.backends import run, to_numpy
 from attnpass.ir import DType, Graph, TensorSpec, ops, trace
+from attnpass.ir.dialects.evaluate import rounded
 from attnpass.lowering import lower
-from tests.util import FLOAT_DTYPES, assert_bits_equal, assert_close, lazy_import, random_array, requires, target_params
+from tests.util import (
+    FLOAT_DTYPES, assert_bits_equal, assert_close, bits, lazy_import, random_array, requires, target_params,
+)
 
 mx = lazy_import("mlx.core")
 jax = lazy_import("jax")
@@ -44,6 +47,14 @@ BACKENDS = target_params("mlx", "jax")
 F32, F16, BF16, I32, BOOL = DType.float32, DType.float16, DType.bfloat16, DType.int32, DType.bool
 NUMERIC = FLOAT_DTYPES + (I32,)
 ALL = NUMERIC + (BOOL,)
+# float64 values near a tie of each float dtype: just above a tie, its negative, just below the overflow tie, just
+# above a subnormal tie. For bf16 and f16, rounding through float32 lands on the tie and rounds to even instead
+# (1.0, -1.0, inf, 2 * the smallest subnormal): the once-rounded value differs.
+NEAR_TIES = {
+    BF16: (1 + 2**-8 + 2**-30, -(1 + 2**-8 + 2**-30), 2.0**128 - 2**119 - 2**80, (2.5 + 2**-30) * 2.0**-133),
+    F16: (1 + 2**-11 + 2**-30, -(1 + 2**-11 + 2**-30), 65520 - 2**-20, (2.5 + 2**-30) * 2.0**-24),
+    F32: (1 + 2**-24 + 2**-50, -(1 + 2**-24 + 2**-50), 2.0**128 - 2**103 - 2**76, (2.5 + 2**-40) * 2.0**-149),
+}
 
 
 def wide(x: np.ndarray) -> np.ndarray:
@@ -337,6 +348,31 @@ def test_cast_is_bit_exact(src, dst, target):
 # ============================================================================ constants
 
 
+def _nonnegative_grid(dtype: DType) -> np.ndarray:
+    """Every non-negative finite value of a 16-bit float dtype as float64, ascending, from its bit patterns
+    (the value at index i has bit pattern i), then the next value past the largest (where RNE's overflow goes)."""
+    patterns = np.arange(0x7C00 if dtype is F16 else 0x7F80, dtype=np.uint32)
+    if dtype is F16:
+        grid = patterns.astype(np.uint16).view(np.float16).astype(np.float64)
+    else:
+        grid = (patterns << 16).view(np.float32).astype(np.float64)
+    return np.append(grid, 2 * grid[-1] - grid[-2])
+
+
+def once_rounded(x, dtype: DType) -> np.ndarray:
+    """float64 ``x`` rounded once to nearest even in a 16-bit float ``dtype`` (f32: numpy's IEEE conversion)."""
+    x = np.asarray(x, np.float64)
+    if dtype is F32:
+        return x.astype(np.float32)
+    grid = _nonnegative_grid(dtype)
+    a = np.abs(x)
+    lo = np.clip(np.searchsorted(grid, a, side="right") - 1, 0, len(grid) - 2)
+    mid = (grid[lo] + grid[lo + 1]) / 2
+    up = (a > mid) | ((a == mid) & (lo % 2 == 1))
+    pattern = np.where(a >= grid[-1], len(grid) - 1, lo + up).astype(np.uint16)  # len - 1: the inf pattern
+    return (pattern | np.signbit(x).astype(np.uint16) << np.uint16(15)).astype(np.uint16).view(dtype.numpy)
+
+
 def _constant_graphs(dt: DType):
     """(name, fn, inputs, expected) for constant nodes: splats, -inf, non-splat arrays, scalars."""
     rng = np.random.default_rng(7)
@@ -358,7 +394,7 @@ def _constant_graphs(dt: DType):
     ]
     if dt.is_float:
         ninf = np.full((3, 4), -np.inf, dt.numpy)
-        tie = 1 + 2**-11 + 2**-30
+        once = np.array(NEAR_TIES[dt])
         graphs += [
             ("neg_inf_splat", lambda x: ops.constant(ninf, dt), [x], ninf),
             (
@@ -368,9 +404,16 @@ def _constant_graphs(dt: DType):
                 np.where(cond, x, ninf),
             ),
             ("max_with_neg_inf", lambda x: ops.maximum(x, ops.constant(ninf, dt)), [x], x),
-            # a value between two f16 neighbours, just above the tie: rounding via float32 would land on the tie
-            # and round to even (1.0); rounding once gives 1 + 2**-10 (and for bf16 both give 1.0).
-            ("once_rounded", lambda x: ops.constant(tie, dt), [x], np.asarray(tie).astype(dt.numpy)),
+            # values whose once-rounded value differs from the one through float32 (docs/semantics.md §1.1),
+            # in every form the backends spell a constant: an array literal, a splat and a scalar
+            ("once_rounded", lambda x: ops.constant(once, dt), [x], once_rounded(once, dt)),
+            (
+                "once_rounded_splat",
+                lambda x: ops.constant(np.full((2, 3), once[0]), dt),
+                [x],
+                once_rounded(np.full((2, 3), once[0]), dt),
+            ),
+            ("once_rounded_scalar", lambda x: ops.constant(once[1], dt), [x], once_rounded(once[1], dt)),
         ]
     return graphs
 
@@ -400,9 +443,36 @@ def test_constant_is_bit_exact(dtype, name, target):
         assert_bits_equal(out, expected)
 
 
-def test_constant_bf16_once_rounded_value_is_pinned():
-    """ml_dtypes (the reference) rounds float64 -> bf16 through float32; the backends must agree on that too."""
-    assert np.asarray(1 + 2**-8 + 2**-30).astype(BF16.numpy) == 1.0
+@pytest.mark.parametrize("target", TARGETS)
+def test_constant_bf16_once_rounded_value_is_pinned(target):
+    """The reference rounds float64 -> bf16 once, whichever ml_dtypes is installed (0.7 rounds once, older ones
+    through float32, which gives 1.0), and the target's constant has those bits."""
+    value = 1 + 2**-8 + 2**-30
+    assert rounded(value, BF16) == 1.0078125
+    graph = trace(lambda: ops.constant(value, BF16), name="pinned")
+    assert_bits_equal(run(lower(graph, target)), np.asarray(1.0078125, BF16.numpy))
+
+
+@pytest.mark.parametrize("dtype", [BF16, F16], ids=lambda d: d.short)
+def test_reference_rounds_float64_once_to_nearest_even(dtype):
+    """``rounded`` against a nearest-even search over every finite value of the dtype, built from bit patterns
+    alone (no float64 -> 16-bit conversion of numpy or ml_dtypes): grid values, every midpoint, a float64 ulp
+    either side of it, midpoints moved by less than a float32 ulp, random float64s, overflow, subnormals, signs."""
+    full = _nonnegative_grid(dtype)
+    grid, mid = full[:-1], (full[:-1] + full[1:]) / 2  # the last midpoint: the overflow tie
+    rng = np.random.default_rng(0)
+    exponent = rng.integers(1023 - 160, 1023 + 140, 200_000).astype(np.uint64)  # bf16 subnormals to past overflow
+    random = ((exponent << np.uint64(52)) | rng.integers(0, 1 << 52, 200_000).astype(np.uint64)).view(np.float64)
+    x = np.concatenate([grid, mid, np.nextafter(mid, 0), np.nextafter(mid, np.inf), mid * (1 + 2**-30),
+                        mid * (1 - 2**-30), random, [np.inf, 1e300, 2.0**-1074]])  # fmt: skip
+    x = np.concatenate([x, -x, NEAR_TIES[dtype]])
+    expected = once_rounded(x, dtype)
+    with np.errstate(over="ignore"):
+        through_float32 = once_rounded(x.astype(np.float32).astype(np.float64), dtype)
+    assert (bits(through_float32) != bits(expected)).sum() > 1000  # the inputs tell the two rules apart
+    assert (bits(through_float32) != bits(expected))[-4:].all()  # and so do the constants' NEAR_TIES
+    assert_bits_equal(rounded(x, dtype), expected)
+    assert np.isnan(rounded(np.array([np.nan, -np.nan]), dtype).astype(np.float64)).all()
 
 
 # ============================================================================ non-finite values
