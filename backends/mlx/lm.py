@@ -348,8 +348,8 @@ def optimize(
 
 
 def _short(value: Any) -> str:
-    """``repr(value)``, cut to 60 characters."""
-    text = repr(value)
+    """``repr(value)`` on one line, cut to 60 characters."""
+    text = " ".join(repr(value).split())
     return text if len(text) <= 60 else text[:57] + "..."
 
 
