@@ -40,12 +40,13 @@ is decided after the pipeline, before lowering: it is never compiled, and as
 every signature, built once. So a model is only as fast as the pipeline's
 rewrites make it, and never pays the padding for nothing.
 
-**Numerics.** A routed call runs the rewritten program, not MLX's fused
-kernel: in float32 the outputs agree to rounding and greedy tokens are
-identical; in bfloat16 the program rounds differently (e.g. decompose-sdpa's
-softmax), so logits differ by a few bf16 steps and greedy decoding may take the
-other branch of a near-tie (see ``tests/backends/test_dropin_mlx_lm.py``).
-Declined calls are mlx-lm's own, bit for bit.
+**Numerics** (on CPU; ``tests/backends/test_dropin_mlx_lm.py``). A routed call
+runs the rewritten program instead of mlx-lm's helper. Head-chunk (MLX's fused
+call per chunk of heads) gives plain mlx-lm's log-probabilities bit for bit, in
+float32 and bfloat16; the default pipeline's decompose-sdpa does in float32,
+and in bfloat16 rounds differently than MLX's call: log-probabilities within two
+bf16 steps, so greedy decoding may take the other branch of a near-tie and the
+texts part from there. Declined calls are mlx-lm's helper, bit for bit.
 """
 
 from __future__ import annotations
@@ -303,6 +304,8 @@ def optimize(
     unchanged. ``pipeline``, ``strict`` and ``max_signatures`` are as for
     :func:`attnpass.backends.mlx.compile`. Returns an :class:`OptimizedModel`;
     its ``restore()``, or leaving ``with optimize(model):``, undoes the change.
+    Raises ``TypeError`` when ``model`` is not an ``mlx.nn.Module``, ``ValueError``
+    when it is already optimized or none of its modules calls mlx-lm's helper.
     """
     import mlx.nn as nn
     from mlx_lm.models.cache import KVCache

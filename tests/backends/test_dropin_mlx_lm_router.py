@@ -152,8 +152,8 @@ def test_keys_not_fetched_in_this_call_or_a_changed_cache_are_declined():
     assert opt.declined == {NOT_FETCHED: 2, "the cache changed between update_and_fetch and the attention call": 1}
 
 
-def mla_model(family: str, **config):
-    """A tiny random MLA model (1 layer, 4 heads, 4 experts), float32."""
+def mla_model(family: str, seed: int = 0, **config):
+    """A tiny random MLA model (1 layer, 4 heads, 4 experts, unless ``config`` says otherwise), float32."""
     import importlib
 
     module = importlib.import_module(f"mlx_lm.models.{family}")
@@ -163,21 +163,43 @@ def mla_model(family: str, **config):
         "n_routed_experts": 4, "n_shared_experts": 1, "num_experts_per_tok": 2, "first_k_dense_replace": 0,
         "kv_lora_rank": 16, "q_lora_rank": 48, "qk_rope_head_dim": 16, "qk_nope_head_dim": 32, "v_head_dim": 32,
     }  # fmt: skip
-    mx.random.seed(0)
-    model = module.Model(module.ModelArgs.from_dict({**base, **config}))
+    mx.random.seed(seed)
+    model = module.Model(module.ModelArgs.from_dict({**base, **config}))  # from_dict keeps the family's fields
     mx.eval(model.parameters())
     return model
 
 
+MISTRAL4 = {
+    "rope_parameters": {"llama_4_scaling_beta": 0.1, "original_max_position_embeddings": 256},
+    "routed_scaling_factor": 1.0, "norm_topk_prob": True, "max_position_embeddings": 256, "rms_norm_eps": 1e-5,
+    "topk_group": 1, "n_group": 1,
+}  # fmt: skip
+KIMI_LINEAR = {  # layer 1 linear attention (KDA), layer 2 MLA
+    "num_hidden_layers": 2, "head_dim": 16, "rope_theta": 10000.0, "rms_norm_eps": 1e-5, "model_max_length": 256,
+    "linear_attn_config": {"kda_layers": [1], "num_heads": 2, "head_dim": 16}, "num_experts": 4,
+    "num_experts_per_token": 2,
+}  # fmt: skip
+LONGCAT_FLASH = {
+    "seed": 3, "attention_method": "MLA", "zero_expert_type": "identity", "ffn_hidden_size": 128, "moe_topk": 2,
+    "expert_ffn_hidden_size": 32, "zero_expert_num": 1, "num_layers": 1, "max_position_embeddings": 256,
+    "routed_scaling_factor": 1.0, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "mla_scale_q_lora": True,
+    "mla_scale_kv_lora": True, "attention_bias": False,
+}  # fmt: skip
+
+
 @pytest.mark.parametrize(
-    "family, config",
+    "family, config, reason",
     [
-        ("deepseek_v3", {}),
-        ("deepseek_v3", {"kv_lora_rank": 32, "qk_rope_head_dim": 8}),  # crashed with a [matmul] shape error
-        ("glm4_moe_lite", {}),
+        ("deepseek_v3", {}, "not fetched"),
+        ("deepseek_v3", {"kv_lora_rank": 32, "qk_rope_head_dim": 8}, "not fetched"),  # was a [matmul] shape error
+        ("glm4_moe_lite", {}, "not fetched"),
+        ("mistral4", MISTRAL4, "not fetched"),
+        ("kimi_linear", KIMI_LINEAR, "not fetched"),
+        ("longcat_flash", LONGCAT_FLASH, "not fetched"),
+        ("deepseek_v32", {"index_head_dim": 16, "index_n_heads": 2, "index_topk": 4}, "CacheList"),
     ],
 )
-def test_mla_models_decode_exactly_as_without_optimize(family, config):
+def test_mla_models_decode_exactly_as_without_optimize(family, config, reason):
     from mlx_lm.generate import generate_step
 
     from attnpass.backends.mlx import optimize
@@ -194,9 +216,12 @@ def test_mla_models_decode_exactly_as_without_optimize(family, config):
     assert optimized_tokens == tokens and len(set(tokens)) >= 3
     assert_bits_equal(optimized_logprobs, logprobs)  # every call declined: mlx-lm's helper, bit for bit
     # the prefill builds k/v from the latent; a decode step passes the latent as keys and values, the cache
-    # holds (latent, k_pe): neither is what update_and_fetch returned as (keys, values). 10 calls: the 3-row
-    # prefill, then 9 one-row steps (generate_step computes a token ahead of the one it yields)
-    assert opt.routed == 0 and opt.traces == 0 and opt.declined == {NOT_FETCHED: 10}
+    # holds (latent, k_pe): neither is what update_and_fetch returned as (keys, values). deepseek_v32 gives the
+    # helper its CacheList (latent cache, indexer cache). 10 calls: the 3-row prefill, then 9 one-row steps
+    # (generate_step computes a token ahead of the one it yields)
+    named = NOT_FETCHED if reason == "not fetched" else "CacheList: only KVCache has a buffer to key signatures on"
+    calls = 20 if family == "longcat_flash" else 10  # longcat_flash: two attentions per layer
+    assert opt.routed == 0 and opt.traces == 0 and opt.declined == {named: calls}
 
 
 def test_optimize_refuses_what_is_not_an_mlx_model():
