@@ -239,3 +239,35 @@ def test_optimize_refuses_what_is_not_an_mlx_model():
     loaded = (tiny_lm("llama", layers=1), tiny_tokenizer())  # what mlx_lm.load returns
     with pytest.raises(TypeError, match=r"got tuple .*mlx_lm.load returns \(model, tokenizer\): pass the model"):
         optimize(loaded)
+
+
+def test_a_declined_signature_is_neither_lowered_nor_compiled_nor_warned_about():
+    """``CompiledFunction(decline=...)``, what optimize's FUSED decision uses: the original function runs."""
+    import warnings
+
+    from attnpass.backends.mlx.compiled import MLXFrontend
+    from attnpass.backends.specialize import CompiledFunction
+
+    def attention(q, k, v):
+        return mx.fast.scaled_dot_product_attention(q, k, v, scale=0.25)
+
+    seen = []
+
+    def decline(graph):
+        seen.append(sorted(n.op for n in graph.nodes() if n.op != "input"))
+        return "kept fused"
+
+    fn = CompiledFunction(
+        attention, MLXFrontend(), pipeline="raise-attention,dce", strict=True, max_signatures=4, name="test",
+        decline=decline,
+    )  # fmt: skip
+    q, k, v = mx.random.normal((3, 1, 2, 3, 16))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = fn(q, k, v)
+        assert_bits_equal(np.array(out), np.array(attention(q, k, v)))
+        fn(q, k, v)
+    (entry,) = fn.specializations
+    assert seen == [["sdpa"]] and fn.traces == 1  # decided once, on the rewritten graph
+    assert entry.reason == "kept fused" and entry.program is None and entry.call is None and not entry.compiled
+    assert "runs the original function: kept fused" in entry.explain()
