@@ -68,8 +68,8 @@ from .compiled import MLXFrontend
 HELPER = "scaled_dot_product_attention"
 FUSED = "the pipeline kept MLX's fused call: mlx-lm's helper runs it on the valid keys, without the buffer padding"
 NOT_FETCHED = (
-    "keys/values are not the arrays this cache's update_and_fetch returned "
-    "(MLA-style attention builds them from a cached latent)"
+    "keys/values are not the arrays this cache's update_and_fetch returned in this model call "
+    "(e.g. MLA builds them from a cached latent)"
 )
 
 
@@ -115,7 +115,7 @@ def route(queries: Any, keys: Any, values: Any, cache: Any, scale: float, mask: 
     call = _ACTIVE.get()
     if call is None:
         return _helper()(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
-    return call.model.attend(queries, keys, values, cache, scale, mask, sinks, call.fetched)
+    return call.model.attend(queries, keys, values, cache, scale, mask, sinks)
 
 
 def _record_fetch(update_and_fetch: Any) -> Any:
@@ -163,19 +163,21 @@ class OptimizedModel:
         return self.compiled.traces
 
     @contextmanager
-    def _active(self) -> Iterator[None]:
-        """The model's call: the router sends this thread's attention here, fetches are recorded for it."""
+    def active(self) -> Iterator[None]:
+        """Where the model's calls run: this thread's attention comes here, ``KVCache`` fetches are recorded.
+
+        Outside the model (a benchmark timing :meth:`attend`), fetch and attend inside one ``with opt.active():``.
+        """
         token = _ACTIVE.set(_Call(self))
         try:
             yield
         finally:
             _ACTIVE.reset(token)
 
-    def attend(
-        self, queries: Any, keys: Any, values: Any, cache: Any, scale: float, mask: Any, sinks: Any,
-        fetched: dict[int, tuple[Any, _Fetch]],
-    ) -> Any:  # fmt: skip
+    def attend(self, queries: Any, keys: Any, values: Any, cache: Any, scale: float, mask: Any, sinks: Any) -> Any:
         """One attention call of the model: its compiled program, or mlx-lm's helper when declined."""
+        call = _ACTIVE.get()
+        fetched = call.fetched if call is not None and call.model is self else {}
         reason = _unroutable(keys, values, cache, mask, sinks, fetched)
         if reason is None:
             args = self._program_arguments(queries, keys, values, cache, mask)
@@ -334,7 +336,7 @@ def optimize(
     cls = type(model)
 
     def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
-        with optimized._active():
+        with optimized.active():
             return cls.__call__(self, *args, **kwargs)
 
     namespace = {"__call__": __call__, "__module__": cls.__module__, "__qualname__": cls.__qualname__}

@@ -271,3 +271,28 @@ def test_a_declined_signature_is_neither_lowered_nor_compiled_nor_warned_about()
     assert seen == [["sdpa"]] and fn.traces == 1  # decided once, on the rewritten graph
     assert entry.reason == "kept fused" and entry.program is None and entry.call is None and not entry.compiled
     assert "runs the original function: kept fused" in entry.explain()
+
+
+def test_attend_outside_the_model_routes_only_inside_active():
+    """A benchmark's pattern: fetch and attend inside ``opt.active()``; a fetch made outside proves nothing."""
+    from mlx_lm.models import base
+    from mlx_lm.models.cache import KVCache
+
+    from attnpass.backends.mlx import optimize
+    from attnpass.backends.mlx.lm import NOT_FETCHED
+    from tests.backends.lm_probe import SCALE, Probe
+
+    mx.random.seed(3)
+    q = mx.random.normal((1, HEADS, 1, DIM))
+    k, v = mx.random.normal((2, 1, KV_HEADS, 1, DIM))
+    with optimize(Probe(), PIPELINE, strict=True) as opt:
+        outside = KVCache()
+        keys, values = outside.update_and_fetch(k, v)
+        with opt.active():
+            opt.attend(q, keys, values, outside, SCALE, None, None)
+            kv = KVCache()
+            keys, values = kv.update_and_fetch(k, v)
+            out = opt.attend(q, keys, values, kv, SCALE, None, None)
+    assert opt.routed == 1 and opt.declined == {NOT_FETCHED: 1}
+    expected = base.scaled_dot_product_attention(q, keys, values, cache=kv, scale=SCALE, mask=None)
+    assert_bits_equal(np.array(out), np.array(expected))
