@@ -102,9 +102,13 @@ def test_speculative_decoding_is_identical_with_the_verify_steps_routed(tokenize
     model, draft = tiny_lm("llama"), tiny_lm("llama", layers=1, hidden=64, heads=4, head_dim=16, seed=1)
     speculative = {"max_tokens": TOKENS, "draft_model": draft, "num_draft_tokens": 3}
     plain = mlx_lm.generate(model, tokenizer, PROMPT, **speculative)
+    plain_tokens, plain_logprobs = stream(model, tokenizer, **speculative)
     with optimize(model, CHUNKED, strict=True) as opt, optimize(draft, CHUNKED, strict=True) as opt_draft:
         optimized = mlx_lm.generate(model, tokenizer, PROMPT, **speculative)
+        tokens, logprobs = stream(model, tokenizer, **speculative)
     assert optimized == plain and len(plain.split()) == TOKENS
+    assert tokens == plain_tokens
+    assert_bits_equal(logprobs, plain_logprobs)  # the verify steps' log-probabilities too: head-chunk is bit for bit
     rows = {entry.signature.split(", ")[0] for entry in opt.compiled.specializations}
     assert "queries:bf16[1,24,4,128]" in rows  # a verify step: 3 draft tokens + 1, chunked and routed
     assert opt.routed > 0 and calls(opt_draft) > 0  # the draft's GQA 2 fits the budget: its calls stay fused
