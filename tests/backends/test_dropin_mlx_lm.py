@@ -125,10 +125,15 @@ def test_one_trace_per_cache_buffer_length(monkeypatch):
 
     monkeypatch.setattr(KVCache, "step", 16)
     model = tiny_lm("llama", layers=1)
-    plain = [t for t, _ in generate_step(mx.array(PROMPT), model, max_tokens=TOKENS)]
+    def greedy() -> tuple[list[int], np.ndarray]:
+        steps = list(generate_step(mx.array(PROMPT), model, max_tokens=TOKENS))
+        return [t for t, _ in steps], np.stack([np.array(p.astype(mx.float32)) for _, p in steps])
+
+    plain, plain_logprobs = greedy()
     with optimize(model, CHUNKED, strict=True) as opt:
-        optimized = [t for t, _ in generate_step(mx.array(PROMPT), model, max_tokens=TOKENS)]
+        optimized, logprobs = greedy()
     assert optimized == plain
+    assert_bits_equal(logprobs, plain_logprobs)  # across every buffer growth (and its stale rows, masked)
     lengths = sorted({int(e.signature.split("keys:bf16[1,2,")[1].split(",")[0]) for e in opt.compiled.specializations})
     # 11 prompt rows fill a 16-row buffer; decode reaches 12 + 63 = 75 rows: buffers 16, 32, 48, 64, 80
     assert lengths == [16, 32, 48, 64, 80]
@@ -142,9 +147,11 @@ def test_caches_without_a_buffer_are_declined_and_counted(tokenizer):
     from attnpass.models import tiny_lm
 
     model = tiny_lm("llama", layers=1)
-    plain = stream_tokens(model, tokenizer, prompt_cache=[RotatingKVCache(max_size=32)])
+    plain, plain_logprobs = stream(model, tokenizer, prompt_cache=[RotatingKVCache(max_size=32)])
     with optimize(model) as opt:
-        assert stream_tokens(model, tokenizer, prompt_cache=[RotatingKVCache(max_size=32)]) == plain
+        tokens, logprobs = stream(model, tokenizer, prompt_cache=[RotatingKVCache(max_size=32)])
+    assert tokens == plain
+    assert_bits_equal(logprobs, plain_logprobs)  # every call declined: mlx-lm's own, bit for bit
     assert opt.routed == 0 and opt.traces == 0
     assert list(opt.declined) == ["RotatingKVCache: only KVCache has a buffer to key signatures on"]
 
