@@ -332,7 +332,10 @@ class CompiledFunction:
     frontend's device when the wrapper is made. ``specializations`` lists the
     cached signatures (least recently used first), ``specialization(*args)`` the
     one of a call, ``traces`` counts the signatures built so far, and
-    ``explain()`` prints each signature with its remarks.
+    ``explain()`` prints each signature with its remarks. ``decline``, given the
+    rewritten graph, may return a reason to run the original function instead:
+    the signature is then neither lowered nor compiled (a decision, not a
+    failure: no warning, even with ``strict``).
     """
 
     def __init__(
@@ -344,6 +347,7 @@ class CompiledFunction:
         strict: bool,
         max_signatures: int,
         name: str,
+        decline: Callable[[Graph], str | None] | None = None,
     ) -> None:
         if isinstance(max_signatures, bool) or not isinstance(max_signatures, int) or max_signatures < 1:
             raise ValueError(f"{name}: max_signatures must be a positive int, got {max_signatures!r}")
@@ -355,6 +359,7 @@ class CompiledFunction:
         self._passes = tuple(passes)
         self.pipeline = format_pipeline(self._passes)
         self.strict = strict
+        self._decline = decline
         self._wrapper_name = name
         self._fn_name = getattr(fn, "__qualname__", None) or repr(fn)
         self._cache = _SignatureCache(max_signatures)
@@ -408,6 +413,10 @@ class CompiledFunction:
             stage = "pipeline"
             result = PassManager(self._passes).run(imported.graph)
             check_calling_convention(imported.graph, result.graph)
+            declined = self._decline(result.graph) if self._decline is not None else None
+            if declined is not None:
+                seconds = time.perf_counter() - start
+                return Specialization(text, self.pipeline, imported, result, None, declined, seconds), ()
             stage = "lowering"
             program = lower(result.graph, self._frontend.target)
             stage = "compiled call"

@@ -8,8 +8,12 @@ and speculative decoding with a one-layer llama draft. Prints whether the texts
 are identical, how many signatures were traced, the attention calls routed
 through attnpass programs or declined to mlx-lm's helper (and why), and the
 remarks of each signature. ``--pipeline`` picks the rewrites (default: the
-device's; on CPU that keeps MLX's fused call, so every call is declined until
-a GQA-folded lowering joins it; try ``raise-attention,head-chunk{budget=8},dce``).
+device's; on CPU its decompose-sdpa rewrites the calls of at most 8 query rows,
+decode and verify steps, and the 11-row prefill keeps MLX's fused call and is
+declined; try ``raise-attention,head-chunk{budget=8},dce``). In float32, and
+with head-chunk, the texts are identical; in bfloat16 decompose-sdpa rounds
+differently than MLX's fused call (log-probabilities within two bf16 steps), so
+a near-tie can make the texts part, printed as DIFFERENT.
 
     python examples/mlx_lm_optimize.py [--tokens 64] [--dtype bfloat16] [--pipeline TEXT]
 """

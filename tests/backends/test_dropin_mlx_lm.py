@@ -1,4 +1,4 @@
-"""``attnpass.backends.mlx.optimize``: mlx-lm generation through attnpass programs, token for token.
+"""``attnpass.backends.mlx.optimize``: mlx-lm generation through attnpass programs, tokens and log-probabilities.
 
 Tiny random models (:func:`attnpass.models.tiny_lm`: GQA 12, head dim 128, bf16)
 generate 64 greedy tokens with mlx-lm's own ``stream_generate`` / ``generate``,
@@ -6,21 +6,28 @@ plain and optimized; speculative decoding runs with a one-layer draft. The
 pipeline :data:`CHUNKED` rewrites every call of at most 8 query rows (head-chunk
 with budget 8 < GQA 12), so decode and verify steps run attnpass programs while
 the 11-row prefill keeps MLX's fused call and is declined to mlx-lm's helper.
+Head-chunk runs MLX's fused call per head chunk: the log-probabilities are
+plain mlx-lm's, bit for bit. The CPU default pipeline's decompose-sdpa is bit
+for bit in float32; in bfloat16 it rounds differently than MLX's call (within
+:data:`BF16_STEPS` bf16 steps), so greedy tokens can part only at a near-tie.
+(What the router substitutes, cache class by cache class: test_dropin_mlx_lm_router.py.)
 """
 
 from __future__ import annotations
 
 import sys
 
+import numpy as np
 import pytest
 
-from tests.util import load_example, requires
+from tests.util import assert_bits_equal, load_example, requires
 
 pytestmark = requires("mlx.core", "mlx_lm")
 
 PROMPT = [3, 17, 99, 250, 7, 8, 9, 10, 44, 1, 2, 3]
 TOKENS = 64
 CHUNKED = "raise-attention,head-chunk{budget=8},dce"
+BF16_STEPS = 2  # decompose-sdpa vs MLX's fused call in bf16: log-probabilities within 2 bf16 steps (1 measured)
 
 
 @pytest.fixture(scope="module")
@@ -31,9 +38,23 @@ def tokenizer():
 
 
 def stream_tokens(model, tokenizer, max_tokens: int = TOKENS, **kwargs) -> list[int]:
+    return stream(model, tokenizer, max_tokens, **kwargs)[0]
+
+
+def stream(model, tokenizer, max_tokens: int = TOKENS, **kwargs) -> tuple[list[int], np.ndarray]:
+    """Greedy tokens and each step's log-probabilities (float32: exact for bf16) from mlx-lm's stream_generate."""
+    import mlx.core as mx
     import mlx_lm
 
-    return [r.token for r in mlx_lm.stream_generate(model, tokenizer, PROMPT, max_tokens=max_tokens, **kwargs)]
+    responses = list(mlx_lm.stream_generate(model, tokenizer, PROMPT, max_tokens=max_tokens, **kwargs))
+    return [r.token for r in responses], np.stack([np.array(r.logprobs.astype(mx.float32)) for r in responses])
+
+
+def bf16_steps(actual: np.ndarray, expected: np.ndarray) -> float:
+    """The largest difference, in bf16 steps (ulps) of the larger magnitude of the two values."""
+    magnitude = np.maximum(np.abs(actual), np.abs(expected))
+    step = 2.0 ** (np.floor(np.log2(np.maximum(magnitude, 2.0**-126))) - 7)
+    return float((np.abs(actual - expected) / step).max())
 
 
 @pytest.mark.parametrize("family, dtype", [("llama", "bfloat16"), ("qwen3", "bfloat16"), ("llama", "float32")])
@@ -44,10 +65,11 @@ def test_greedy_tokens_are_identical_and_two_signatures_cover_prefill_and_decode
     from attnpass.models import tiny_lm
 
     model = tiny_lm(family, dtype=dtype)
-    plain = stream_tokens(model, tokenizer)
+    plain, plain_logprobs = stream(model, tokenizer)
     with optimize(model, CHUNKED, strict=True) as opt:
-        optimized = stream_tokens(model, tokenizer)
+        optimized, logprobs = stream(model, tokenizer)
     assert optimized == plain
+    assert_bits_equal(logprobs, plain_logprobs)  # head-chunk: MLX's fused call per chunk of heads
     assert len(plain) == TOKENS and len(set(plain)) >= 8  # a model that says something: the comparison means something
     # prefill of 11 rows and 1-row decode steps, all within the first 256-row buffer of mlx-lm's KVCache
     assert opt.traces == 2
@@ -63,9 +85,10 @@ def test_the_default_pipeline_routes_only_what_it_rewrites(tokenizer):
     from attnpass.models import tiny_lm
 
     model = tiny_lm("llama", layers=1)
-    plain = stream_tokens(model, tokenizer, max_tokens=16)
+    plain, plain_logprobs = stream(model, tokenizer, max_tokens=16)
     with optimize(model, strict=True) as opt:
-        assert stream_tokens(model, tokenizer, max_tokens=16) == plain
+        optimized, logprobs = stream(model, tokenizer, max_tokens=16)
+    assert optimized == plain and bf16_steps(logprobs, plain_logprobs) <= BF16_STEPS
     # what the device's pipeline leaves as MLX's fused call runs mlx-lm's helper; nothing fails or is declined otherwise
     assert set(opt.declined) <= {FUSED} and calls(opt) >= 16
 
@@ -79,9 +102,13 @@ def test_speculative_decoding_is_identical_with_the_verify_steps_routed(tokenize
     model, draft = tiny_lm("llama"), tiny_lm("llama", layers=1, hidden=64, heads=4, head_dim=16, seed=1)
     speculative = {"max_tokens": TOKENS, "draft_model": draft, "num_draft_tokens": 3}
     plain = mlx_lm.generate(model, tokenizer, PROMPT, **speculative)
+    plain_tokens, plain_logprobs = stream(model, tokenizer, **speculative)
     with optimize(model, CHUNKED, strict=True) as opt, optimize(draft, CHUNKED, strict=True) as opt_draft:
         optimized = mlx_lm.generate(model, tokenizer, PROMPT, **speculative)
+        tokens, logprobs = stream(model, tokenizer, **speculative)
     assert optimized == plain and len(plain.split()) == TOKENS
+    assert tokens == plain_tokens
+    assert_bits_equal(logprobs, plain_logprobs)  # the verify steps' log-probabilities too: head-chunk is bit for bit
     rows = {entry.signature.split(", ")[0] for entry in opt.compiled.specializations}
     assert "queries:bf16[1,24,4,128]" in rows  # a verify step: 3 draft tokens + 1, chunked and routed
     assert opt.routed > 0 and calls(opt_draft) > 0  # the draft's GQA 2 fits the budget: its calls stay fused
@@ -98,10 +125,15 @@ def test_one_trace_per_cache_buffer_length(monkeypatch):
 
     monkeypatch.setattr(KVCache, "step", 16)
     model = tiny_lm("llama", layers=1)
-    plain = [t for t, _ in generate_step(mx.array(PROMPT), model, max_tokens=TOKENS)]
+    def greedy() -> tuple[list[int], np.ndarray]:
+        steps = list(generate_step(mx.array(PROMPT), model, max_tokens=TOKENS))
+        return [t for t, _ in steps], np.stack([np.array(p.astype(mx.float32)) for _, p in steps])
+
+    plain, plain_logprobs = greedy()
     with optimize(model, CHUNKED, strict=True) as opt:
-        optimized = [t for t, _ in generate_step(mx.array(PROMPT), model, max_tokens=TOKENS)]
+        optimized, logprobs = greedy()
     assert optimized == plain
+    assert_bits_equal(logprobs, plain_logprobs)  # across every buffer growth (and its stale rows, masked)
     lengths = sorted({int(e.signature.split("keys:bf16[1,2,")[1].split(",")[0]) for e in opt.compiled.specializations})
     # 11 prompt rows fill a 16-row buffer; decode reaches 12 + 63 = 75 rows: buffers 16, 32, 48, 64, 80
     assert lengths == [16, 32, 48, 64, 80]
@@ -115,24 +147,27 @@ def test_caches_without_a_buffer_are_declined_and_counted(tokenizer):
     from attnpass.models import tiny_lm
 
     model = tiny_lm("llama", layers=1)
-    plain = stream_tokens(model, tokenizer, prompt_cache=[RotatingKVCache(max_size=32)])
+    plain, plain_logprobs = stream(model, tokenizer, prompt_cache=[RotatingKVCache(max_size=32)])
     with optimize(model) as opt:
-        assert stream_tokens(model, tokenizer, prompt_cache=[RotatingKVCache(max_size=32)]) == plain
+        tokens, logprobs = stream(model, tokenizer, prompt_cache=[RotatingKVCache(max_size=32)])
+    assert tokens == plain
+    assert_bits_equal(logprobs, plain_logprobs)  # every call declined: mlx-lm's own, bit for bit
     assert opt.routed == 0 and opt.traces == 0
     assert list(opt.declined) == ["RotatingKVCache: only KVCache has a buffer to key signatures on"]
 
 
 def test_restore_undoes_the_routing_and_other_models_never_route():
     import mlx.core as mx
-    from mlx_lm.models import base, llama
+    from mlx_lm.models import base, cache, llama
 
     from attnpass.backends.mlx import optimize
     from attnpass.backends.mlx.lm import route
     from attnpass.models import tiny_lm
 
     model, other = tiny_lm("llama", layers=1), tiny_lm("llama", layers=1)
-    tokens = mx.array([PROMPT])
+    tokens = mx.array([PROMPT[:6]])  # 6 rows, no cache: a "causal" call that CHUNKED rewrites, so routed
     before = model(tokens)
+    update_and_fetch = cache.KVCache.update_and_fetch
     opt = optimize(model, CHUNKED, strict=True)
     assert llama.scaled_dot_product_attention is route and type(model) is not llama.Model
     with pytest.raises(ValueError, match="already optimized"):
@@ -142,13 +177,60 @@ def test_restore_undoes_the_routing_and_other_models_never_route():
     assert calls(opt) == 0 and calls(second) == 1
     second.restore()
     assert llama.scaled_dot_product_attention is route  # still used by `model`
-    assert mx.array_equal(model(tokens), before) and calls(opt) == 1
+    after = model(tokens)
+    assert opt.routed == 1 and not opt.declined
+    assert_bits_equal(np.array(after.astype(mx.float32)), np.array(before.astype(mx.float32)))
     opt.restore()
     opt.restore()  # idempotent
     assert llama.scaled_dot_product_attention is base.scaled_dot_product_attention
+    assert cache.KVCache.update_and_fetch is update_and_fetch  # no longer recorded
     assert type(model) is llama.Model and type(other) is llama.Model
     assert mx.array_equal(model(tokens), before) and calls(opt) == 1
     assert "mlx_lm.models.llama" in sys.modules and repr(opt).startswith("<OptimizedModel Model (restored)")
+
+
+@pytest.mark.parametrize("family, dtype", [("llama", "float32"), ("llama", "bfloat16"), ("qwen3", "bfloat16")])
+def test_the_default_pipeline_is_bit_exact_in_float32_and_within_two_bf16_steps_in_bfloat16(family, dtype, tokenizer):
+    """CPU's decompose-sdpa on every decode step: float32 bit for bit; bf16 tokens part only at a near-tie."""
+    import mlx.core as mx
+
+    from attnpass.backends.mlx import optimize
+    from attnpass.models import tiny_lm
+
+    if mx.default_device() != mx.cpu:
+        pytest.skip("the float32 bit-exactness and the bf16 bound are measured for CPU's default pipeline")
+    model = tiny_lm(family, dtype=dtype)
+    plain, plain_logprobs = stream(model, tokenizer)
+    with optimize(model, strict=True) as opt:
+        tokens, logprobs = stream(model, tokenizer)
+    assert opt.routed >= 2 * (TOKENS - 1) and len(plain) == TOKENS
+    if dtype == "float32":
+        assert tokens == plain
+        assert_bits_equal(logprobs, plain_logprobs)
+        return
+    parted = next((i for i, (a, b) in enumerate(zip(tokens, plain)) if a != b), len(plain) - 1)
+    # same context up to `parted`: each step's log-probabilities within BF16_STEPS steps, the step where they part too
+    assert bf16_steps(logprobs[: parted + 1], plain_logprobs[: parted + 1]) <= BF16_STEPS
+    if tokens[parted] != plain[parted]:  # only a near-tie can part them: the top two within 2 x BF16_STEPS steps
+        top = np.sort(plain_logprobs[parted])[-2:]
+        assert bf16_steps(top[:1], top[1:]) <= 2 * BF16_STEPS
+
+
+def test_a_declined_prefill_is_decided_before_lowering_and_built_once(tokenizer):
+    from attnpass.backends.mlx import optimize
+    from attnpass.backends.mlx.lm import FUSED
+    from attnpass.models import tiny_lm
+
+    model = tiny_lm("llama", layers=1)
+    with optimize(model, CHUNKED, strict=True) as opt:
+        first = stream_tokens(model, tokenizer, max_tokens=4)
+        traces = opt.traces
+        assert stream_tokens(model, tokenizer, max_tokens=4) == first
+    assert opt.traces == traces == 2  # the 11-row prefill and the decode step, each built once for both runs
+    assert opt.declined == {FUSED: 2}
+    prefill = next(e for e in opt.compiled.specializations if e.signature.startswith("queries:bf16[1,24,11,"))
+    assert prefill.reason == FUSED and prefill.program is None and prefill.call is None  # never lowered or compiled
+    assert prefill.ops == {"sdpa": 1}
 
 
 def calls(opt) -> int:

@@ -1,0 +1,298 @@
+"""What ``optimize``'s router substitutes (backends/mlx/lm.py): the cache's buffer only when provably the helper's k/v.
+
+Every cache class mlx-lm ships goes through a one-attention probe module
+(``tests/backends/lm_probe.py``) under ``optimize``: a routed call must have
+been given a buffer whose valid prefix is, bit for bit, what the helper
+received, and compute what mlx-lm's helper computes on it; any other call is
+declined with a named reason and is mlx-lm's helper, bit for bit. MLA models
+(the cache holds a latent, the model builds k/v from it) must decode exactly
+as without ``optimize``.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+import pytest
+
+from tests.util import assert_bits_equal, lazy_import, requires
+
+pytestmark = requires("mlx.core", "mlx_lm")
+
+mx = lazy_import("mlx.core")
+
+HEADS, KV_HEADS, DIM = 4, 2, 64
+# CPU's decompose-sdpa, named so that every KVCache call is rewritten whatever the default device: float32 on
+# CPU gives mlx-lm's bits, over the padded buffer too (the masked rows add exact zeros)
+PIPELINE = "raise-attention,decompose-sdpa{device=cpu},dce"
+# (query rows, mask) per step: a prefill with "causal", a decode step without a mask, then array masks over
+# the keys the helper receives (bool, then additive), each one row so that every cache class takes them
+STEPS = [(5, "causal"), (1, None), (2, "bool"), (1, "additive")]
+CACHES = {
+    "KVCache": lambda c: c.KVCache(),
+    "ConcatenateKVCache": lambda c: c.ConcatenateKVCache(),
+    "QuantizedKVCache": lambda c: c.QuantizedKVCache(group_size=64, bits=8),
+    "RotatingKVCache": lambda c: c.RotatingKVCache(max_size=6),
+    "ChunkedKVCache": lambda c: c.ChunkedKVCache(chunk_size=4),
+    "BatchKVCache": lambda c: c.BatchKVCache(left_padding=[0]),
+    "BatchRotatingKVCache": lambda c: c.BatchRotatingKVCache(max_size=6, left_padding=[0]),
+    "CacheList": lambda c: c.CacheList(c.KVCache()),
+    "ArraysCache": lambda c: c.ArraysCache(size=2),
+}
+
+
+def array_mask(kind: str, rows: int):
+    """The step's mask as a function of the keys received: causal (bottom-right), bool or additive."""
+    if kind in ("bool", "additive"):
+
+        def build(keys: int):
+            valid = mx.arange(keys)[None] <= (keys - rows + mx.arange(rows))[:, None]
+            valid = valid[None, None]
+            return valid if kind == "bool" else mx.where(valid, 0.0, -1e9).astype(mx.float32)
+
+        return build
+    return kind
+
+
+def test_the_cache_classes_covered_are_the_ones_mlx_lm_ships():
+    from mlx_lm.models import cache
+
+    shipped = {n for n, k in inspect.getmembers(cache, inspect.isclass) if issubclass(k, cache._BaseCache)}
+    assert shipped - {"_BaseCache"} == set(CACHES)  # a new cache class in mlx-lm: add it to CACHES
+
+
+@pytest.mark.parametrize("name", sorted(CACHES))
+def test_a_cache_class_is_routed_with_the_helpers_own_arrays_or_declined_by_name(name, monkeypatch):
+    from mlx_lm.models import base, cache
+
+    from attnpass.backends.mlx import optimize
+    from attnpass.backends.mlx.lm import OptimizedModel
+    from tests.backends.lm_probe import SCALE, Probe
+
+    substituted = []
+    program_arguments = OptimizedModel._program_arguments
+
+    def spy(self, *args):
+        out = program_arguments(self, *args)
+        substituted.append(out)
+        return out
+
+    monkeypatch.setattr(OptimizedModel, "_program_arguments", spy)
+    mx.random.seed(0)
+    probe, kv = Probe(), CACHES[name](cache)
+    with optimize(probe, PIPELINE, strict=True) as opt:
+        for rows, kind in STEPS:
+            q = mx.random.normal((1, HEADS, rows, DIM))
+            k, v = mx.random.normal((2, 1, KV_HEADS, rows, DIM))
+            routed, declined, before = opt.routed, sum(opt.declined.values()), len(substituted)
+            # a copy of q: the quantized helper scales its queries in place
+            out = probe(mx.array(q), k, v, kv, array_mask(kind, rows))
+            keys, values, mask = probe.received
+            expected = base.scaled_dot_product_attention(q, keys, values, cache=kv, scale=SCALE, mask=mask)
+            if opt.routed > routed:
+                assert name == "KVCache"
+                _, buffer_k, buffer_v, program_mask = substituted[before]
+                n = kv.offset
+                assert_bits_equal(np.array(buffer_k[..., :n, :]), np.array(keys))
+                assert_bits_equal(np.array(buffer_v[..., :n, :]), np.array(values))
+                if buffer_k.shape[2] > n:  # the padding rows are masked out for every query row
+                    visible = np.array(program_mask if program_mask.dtype == mx.bool_ else program_mask > -1e30)
+                    assert not np.broadcast_to(visible, (1, 1, rows, buffer_k.shape[2]))[..., n:].any()
+                assert_bits_equal(np.array(out), np.array(expected))
+            else:
+                assert sum(opt.declined.values()) == declined + 1
+                assert_bits_equal(np.array(out), np.array(expected))  # mlx-lm's helper, as without optimize
+    if name == "KVCache":
+        assert opt.routed == len(STEPS) and not opt.declined
+    else:
+        assert opt.routed == 0
+        assert opt.declined == {f"{name}: only KVCache has a buffer to key signatures on": len(STEPS)}
+
+
+def test_the_array_mask_branch_pads_the_mask_over_the_buffer():
+    """A KVCache buffer (256 rows) longer than its keys (7): bool and additive masks, padded with False / -inf."""
+    from mlx_lm.models import base
+    from mlx_lm.models.cache import KVCache
+
+    from attnpass.backends.mlx import optimize
+    from tests.backends.lm_probe import SCALE, Probe
+
+    mx.random.seed(1)
+    probe, kv = Probe(), KVCache()
+    with optimize(probe, PIPELINE, strict=True) as opt:
+        probe(mx.random.normal((1, HEADS, 5, DIM)), *mx.random.normal((2, 1, KV_HEADS, 5, DIM)), kv, "causal")
+        for kind in ("bool", "additive"):
+            q = mx.random.normal((1, HEADS, 1, DIM))
+            k, v = mx.random.normal((2, 1, KV_HEADS, 1, DIM))
+            out = probe(q, k, v, kv, array_mask(kind, 1))
+            keys, values, mask = probe.received
+            assert kv.keys.shape[2] == 256 > kv.offset == keys.shape[2]
+            expected = base.scaled_dot_product_attention(q, keys, values, cache=kv, scale=SCALE, mask=mask)
+            assert_bits_equal(np.array(out), np.array(expected))
+    assert opt.routed == 3 and not opt.declined
+    masks = [e.signature.split(", ")[3] for e in opt.compiled.specializations]
+    assert masks == ["mask:bool[1,1,5,256]", "mask:bool[1,1,1,256]", "mask:f32[1,1,1,256]"]
+
+
+def test_keys_not_fetched_in_this_call_or_a_changed_cache_are_declined():
+    from mlx_lm.models.cache import KVCache
+
+    from attnpass.backends.mlx import optimize
+    from attnpass.backends.mlx.lm import NOT_FETCHED
+    from tests.backends.lm_probe import Probe
+
+    mx.random.seed(2)
+    probe, kv = Probe(), KVCache()
+    q = mx.random.normal((1, HEADS, 1, DIM))
+    k, v = mx.random.normal((2, 1, KV_HEADS, 1, DIM))
+    with optimize(probe, PIPELINE, strict=True) as opt:
+        probe(q, k, v, kv)
+        keys, values, _ = probe.received
+        probe(q, keys, values, kv, fetch=False)  # the very arrays, fetched in an earlier call
+        probe(q, mx.array(keys), values, kv, fetch=False)  # equal values, another array
+        probe(q, k, v, kv, between=lambda c: c.trim(1))  # fetched, then the cache trimmed before the attention
+    assert opt.routed == 1
+    assert opt.declined == {NOT_FETCHED: 2, "the cache changed between update_and_fetch and the attention call": 1}
+
+
+def mla_model(family: str, seed: int = 0, **config):
+    """A tiny random MLA model (1 layer, 4 heads, 4 experts, unless ``config`` says otherwise), float32."""
+    import importlib
+
+    module = importlib.import_module(f"mlx_lm.models.{family}")
+    base = {
+        "model_type": family, "vocab_size": 128, "hidden_size": 64, "intermediate_size": 128,
+        "moe_intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 4,
+        "n_routed_experts": 4, "n_shared_experts": 1, "num_experts_per_tok": 2, "first_k_dense_replace": 0,
+        "kv_lora_rank": 16, "q_lora_rank": 48, "qk_rope_head_dim": 16, "qk_nope_head_dim": 32, "v_head_dim": 32,
+    }  # fmt: skip
+    mx.random.seed(seed)
+    model = module.Model(module.ModelArgs.from_dict({**base, **config}))  # from_dict keeps the family's fields
+    mx.eval(model.parameters())
+    return model
+
+
+MISTRAL4 = {
+    "rope_parameters": {"llama_4_scaling_beta": 0.1, "original_max_position_embeddings": 256},
+    "routed_scaling_factor": 1.0, "norm_topk_prob": True, "max_position_embeddings": 256, "rms_norm_eps": 1e-5,
+    "topk_group": 1, "n_group": 1,
+}  # fmt: skip
+KIMI_LINEAR = {  # layer 1 linear attention (KDA), layer 2 MLA
+    "num_hidden_layers": 2, "head_dim": 16, "rope_theta": 10000.0, "rms_norm_eps": 1e-5, "model_max_length": 256,
+    "linear_attn_config": {"kda_layers": [1], "num_heads": 2, "head_dim": 16}, "num_experts": 4,
+    "num_experts_per_token": 2,
+}  # fmt: skip
+LONGCAT_FLASH = {
+    "seed": 3, "attention_method": "MLA", "zero_expert_type": "identity", "ffn_hidden_size": 128, "moe_topk": 2,
+    "expert_ffn_hidden_size": 32, "zero_expert_num": 1, "num_layers": 1, "max_position_embeddings": 256,
+    "routed_scaling_factor": 1.0, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "mla_scale_q_lora": True,
+    "mla_scale_kv_lora": True, "attention_bias": False,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "family, config, reason",
+    [
+        ("deepseek_v3", {}, "not fetched"),
+        ("deepseek_v3", {"kv_lora_rank": 32, "qk_rope_head_dim": 8}, "not fetched"),  # was a [matmul] shape error
+        ("glm4_moe_lite", {}, "not fetched"),
+        ("mistral4", MISTRAL4, "not fetched"),
+        ("kimi_linear", KIMI_LINEAR, "not fetched"),
+        ("longcat_flash", LONGCAT_FLASH, "not fetched"),
+        ("deepseek_v32", {"index_head_dim": 16, "index_n_heads": 2, "index_topk": 4}, "CacheList"),
+    ],
+)
+def test_mla_models_decode_exactly_as_without_optimize(family, config, reason):
+    from mlx_lm.generate import generate_step
+
+    from attnpass.backends.mlx import optimize
+    from attnpass.backends.mlx.lm import NOT_FETCHED
+
+    def greedy(model):
+        steps = list(generate_step(mx.array([5, 9, 1, 7]), model, max_tokens=8))
+        return [t for t, _ in steps], np.stack([np.array(p) for _, p in steps])
+
+    model = mla_model(family, **config)
+    tokens, logprobs = greedy(model)
+    with optimize(model, strict=True) as opt:
+        optimized_tokens, optimized_logprobs = greedy(model)
+    assert optimized_tokens == tokens and len(set(tokens)) >= 3
+    assert_bits_equal(optimized_logprobs, logprobs)  # every call declined: mlx-lm's helper, bit for bit
+    # the prefill builds k/v from the latent; a decode step passes the latent as keys and values, the cache
+    # holds (latent, k_pe): neither is what update_and_fetch returned as (keys, values). deepseek_v32 gives the
+    # helper its CacheList (latent cache, indexer cache). 10 calls: the 3-row prefill, then 9 one-row steps
+    # (generate_step computes a token ahead of the one it yields)
+    named = NOT_FETCHED if reason == "not fetched" else "CacheList: only KVCache has a buffer to key signatures on"
+    calls = 20 if family == "longcat_flash" else 10  # longcat_flash: two attentions per layer
+    assert opt.routed == 0 and opt.traces == 0 and opt.declined == {named: calls}
+
+
+def test_optimize_refuses_what_is_not_an_mlx_model():
+    from attnpass.backends.mlx import optimize
+    from attnpass.models import tiny_lm, tiny_tokenizer
+
+    with pytest.raises(TypeError, match=r"expected an mlx-lm model \(an mlx.nn.Module .*\), got str 'not a model'"):
+        optimize("not a model")
+    with pytest.raises(TypeError, match=r"got NoneType None$"):
+        optimize(None)
+    loaded = (tiny_lm("llama", layers=1), tiny_tokenizer())  # what mlx_lm.load returns
+    with pytest.raises(TypeError, match=r"got tuple .*mlx_lm.load returns \(model, tokenizer\): pass the model"):
+        optimize(loaded)
+
+
+def test_a_declined_signature_is_neither_lowered_nor_compiled_nor_warned_about():
+    """``CompiledFunction(decline=...)``, what optimize's FUSED decision uses: the original function runs."""
+    import warnings
+
+    from attnpass.backends.mlx.compiled import MLXFrontend
+    from attnpass.backends.specialize import CompiledFunction
+
+    def attention(q, k, v):
+        return mx.fast.scaled_dot_product_attention(q, k, v, scale=0.25)
+
+    seen = []
+
+    def decline(graph):
+        seen.append(sorted(n.op for n in graph.nodes() if n.op != "input"))
+        return "kept fused"
+
+    fn = CompiledFunction(
+        attention, MLXFrontend(), pipeline="raise-attention,dce", strict=True, max_signatures=4, name="test",
+        decline=decline,
+    )  # fmt: skip
+    q, k, v = mx.random.normal((3, 1, 2, 3, 16))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = fn(q, k, v)
+        assert_bits_equal(np.array(out), np.array(attention(q, k, v)))
+        fn(q, k, v)
+    (entry,) = fn.specializations
+    assert seen == [["sdpa"]] and fn.traces == 1  # decided once, on the rewritten graph
+    assert entry.reason == "kept fused" and entry.program is None and entry.call is None and not entry.compiled
+    assert "runs the original function: kept fused" in entry.explain()
+
+
+def test_attend_outside_the_model_routes_only_inside_active():
+    """A benchmark's pattern: fetch and attend inside ``opt.active()``; a fetch made outside proves nothing."""
+    from mlx_lm.models import base
+    from mlx_lm.models.cache import KVCache
+
+    from attnpass.backends.mlx import optimize
+    from attnpass.backends.mlx.lm import NOT_FETCHED
+    from tests.backends.lm_probe import SCALE, Probe
+
+    mx.random.seed(3)
+    q = mx.random.normal((1, HEADS, 1, DIM))
+    k, v = mx.random.normal((2, 1, KV_HEADS, 1, DIM))
+    with optimize(Probe(), PIPELINE, strict=True) as opt:
+        outside = KVCache()
+        keys, values = outside.update_and_fetch(k, v)
+        with opt.active():
+            opt.attend(q, keys, values, outside, SCALE, None, None)
+            kv = KVCache()
+            keys, values = kv.update_and_fetch(k, v)
+            out = opt.attend(q, keys, values, kv, SCALE, None, None)
+    assert opt.routed == 1 and opt.declined == {NOT_FETCHED: 1}
+    expected = base.scaled_dot_product_attention(q, keys, values, cache=kv, scale=SCALE, mask=None)
+    assert_bits_equal(np.array(out), np.array(expected))
