@@ -22,7 +22,6 @@ is exact.
 
 from __future__ import annotations
 
-import inspect
 from typing import Any, Callable
 
 import numpy as np
@@ -38,6 +37,7 @@ from .importing import (
     dtype_of,
     graph_name,
     parameter_names,
+    walk,
 )
 from .mlx_source import locate
 
@@ -204,35 +204,6 @@ def _emit(b: GraphBuilder, r: _Record) -> list[str]:
     raise ModelImportError(f"unsupported MLX primitive {r.where()}{hint}")
 
 
-_WALK_DEPTH, _WALK_LIMIT = 12, 100_000  # how deep and how many objects _walk visits from one variable
-
-
-def _walk(root: Any, is_array: Callable[[Any], bool]) -> list[tuple[str, Any]]:
-    """``(path, array)`` for the arrays under ``root``: dict keys (an ``nn.Module`` is a dict), list
-    indices and object attributes, joined by dots (``model.layers.0.self_attn.q_proj.weight``, ``0.keys``)."""
-    found: list[tuple[str, Any]] = []
-    seen: set[int] = set()
-    stack: list[tuple[str, Any, int]] = [("", root, 0)]
-    while stack:
-        path, obj, depth = stack.pop()
-        if is_array(obj):
-            found.append((path, obj))
-            continue
-        if depth >= _WALK_DEPTH or id(obj) in seen or len(seen) >= _WALK_LIMIT:
-            continue
-        seen.add(id(obj))
-        if isinstance(obj, dict):
-            items = list(obj.items())
-        elif isinstance(obj, (list, tuple)):
-            items = list(enumerate(obj))
-        elif hasattr(obj, "__dict__") and not (inspect.isroutine(obj) or inspect.isclass(obj) or inspect.ismodule(obj)):
-            items = list(vars(obj).items())
-        else:
-            continue
-        stack += [(f"{path}.{key}" if path else str(key), value, depth + 1) for key, value in reversed(items)]
-    return found
-
-
 def _buffer_key(array: Any) -> tuple | None:
     """Where an evaluated MLX array's data lives (address, shape, dtype): shared by every view of one buffer."""
     try:
@@ -245,8 +216,8 @@ def _buffer_key(array: Any) -> tuple | None:
 def _captured_names(reachable: list[tuple[str, Any]], constants: list[tuple[str, Any]]) -> dict[tuple, str]:
     """Buffer key -> path of the reachable arrays that may be captured constants (same shape and dtype).
 
-    ``reachable`` is read before the export (which may replace state such as a KV cache's arrays);
-    only those candidates are evaluated for their address, and constants are evaluated already.
+    ``reachable`` holds handles taken before the export (:func:`_handles`); only the candidates are
+    evaluated for their address, and constants are evaluated already.
     """
     wanted = {(tuple(a.shape), _dtype_name(a.dtype)) for _key, a in constants}
     names: dict[tuple, str] = {}
@@ -256,6 +227,16 @@ def _captured_names(reachable: list[tuple[str, Any]], constants: list[tuple[str,
             if key is not None:
                 names.setdefault(key, path)
     return names
+
+
+def _handles(reachable: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """A second handle on each array's buffer, for :func:`_captured_names` after the export.
+
+    The export may overwrite an array object in place: ``cache.keys[..., i:j, :] = k`` in a KV cache's
+    ``update_and_fetch`` makes ``cache.keys`` the traced update, while the export's constant is the buffer
+    it held before. ``astype`` to the same dtype is a new object on that buffer (nothing is evaluated).
+    """
+    return [(path, array.astype(array.dtype)) for path, array in reachable]
 
 
 def _is_module(value: Any) -> bool:
@@ -299,7 +280,7 @@ def from_mlx(fn: Callable, *example_args: Any, name: str | None = None, inline_l
     """
     import mlx.core as mx
 
-    reachable = captured_paths(fn, lambda root: _walk(root, lambda a: isinstance(a, mx.array)), _is_module)
+    reachable = _handles(captured_paths(fn, lambda root: walk(root, lambda a: isinstance(a, mx.array)), _is_module))
     records, compile_off = _export(fn, example_args)
     b = GraphBuilder(graph_name(fn, name), inline_limit)
     by_type = {r["type"]: r for r in records if r["type"] != "primitive"}
