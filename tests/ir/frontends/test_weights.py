@@ -287,3 +287,27 @@ def test_a_path_becomes_a_safe_bounded_input_name():
     assert len(long) < MAX_NAME and long.endswith("_a_keys") and check_identifier(long)
     graph = Graph("g")
     assert check_identifier(graph.fresh_name(sanitize("class"))).startswith("class_")  # not the keyword
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
+def test_the_weights_file_has_the_mode_of_the_json_beside_it(tmp_path, umask):
+    """As an ordinary open gives (``0o666 & ~umask``), through ``ImportedGraph.save`` and ``attnpass run -o``."""
+    import os
+    import stat
+
+    from attnpass.ir import TensorType
+
+    graph = Graph("moded")
+    graph.add_input("w", TensorType((4, 4), "float32"), "resident", path="layers.0.weight")
+    graph.set_outputs(["w"])
+    imported = ImportedGraph(graph.verify(), {"w": np.arange(16, dtype=np.float32).reshape(4, 4)})
+    old = os.umask(umask)
+    try:
+        files = [*imported.save(tmp_path / "g.json")]
+        assert main(["run", "-q", "-p", "dce", str(files[0]), "-o", str(tmp_path / "out.json")]) == 0
+        files += [tmp_path / "out.json", tmp_path / "out.safetensors"]
+    finally:
+        os.umask(old)
+    modes = {file.name: oct(stat.S_IMODE(file.stat().st_mode)) for file in files}
+    expected = oct(0o666 & ~umask)
+    assert modes == dict.fromkeys(["g.json", "g.safetensors", "out.json", "out.safetensors"], expected)
