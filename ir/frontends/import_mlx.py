@@ -246,26 +246,42 @@ def _is_module(value: Any) -> bool:
     return isinstance(value, nn.Module)
 
 
+def _export_records(fn: Callable, example_args: tuple) -> list[dict]:
+    import mlx.core as mx
+
+    records: list[dict] = []
+    mx.export_function(records.append, fn, *example_args)
+    return records
+
+
+def _export_traced(fn: Callable, example_args: tuple, recorder: LineRecorder) -> list[dict]:
+    """The records of ``fn`` with the recorder's extra outputs, or without them (no lines) when they cannot
+    be exported: an array made from an example argument itself rather than from its tracer."""
+    try:
+        return _export_records(recorder.wrap(fn, example_args), example_args)
+    except ValueError as exc:
+        if "uncaptured inputs" not in str(exc) or not recorder.found:
+            raise
+    recorder.forget()
+    return _export_records(fn, example_args)
+
+
 def _export(fn: Callable, example_args: tuple, recorder: LineRecorder) -> tuple[list[dict], bool]:
     """The export records of ``fn`` (traced by ``recorder``), and whether compilation had to be turned off for them."""
     import mlx.core as mx
 
-    records: list[dict] = []
     try:
-        mx.export_function(records.append, recorder.wrap(fn), *example_args)
-        return records, False
+        return _export_traced(fn, example_args, recorder), False
     except ValueError as exc:
         if "primitive Compiled" not in str(exc):
             raise
     # A fused mx.compile'd helper cannot be exported: retry with compilation off. Reaching
     # here means compilation was on, so turning it back on restores the caller's state.
-    records.clear()
     mx.disable_compile()
     try:
-        mx.export_function(records.append, recorder.wrap(fn), *example_args)
+        return _export_traced(fn, example_args, recorder), True
     finally:
         mx.enable_compile()
-    return records, True
 
 
 def _live(primitives: list[dict], outputs: list) -> tuple[list[int], set]:

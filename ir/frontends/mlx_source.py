@@ -141,28 +141,34 @@ class LineRecorder:
             self.lines_of.pop(frame, None)
         return self.trace
 
-    def wrap(self, fn: Callable) -> Callable:
-        """``fn`` for the export: traced, returning its outputs and then every array it recorded."""
+    def wrap(self, fn: Callable, example_args: Sequence[Any]) -> Callable:
+        """``fn`` for the export: traced, returning its outputs and then every array it recorded (not the
+        example arguments themselves: the export replaces them by tracers and refuses them as outputs)."""
 
         def traced(*args: Any) -> Any:
-            self.found.clear()
-            self.seen.clear()
-            self.lines_of.clear()
-            self.count = None
+            self.forget()
+            self.seen.update(id(a) for a in example_args)
             previous = sys.gettrace()
             sys.settrace(self.trace)
             try:
                 out = fn(*args)
             finally:
                 sys.settrace(previous)
+                self.lines_of.clear()
             outs = [out] if isinstance(out, self.mx.array) else out
             if not isinstance(outs, (list, tuple)) or not all(isinstance(o, self.mx.array) for o in outs):
-                self.found.clear()
+                self.forget()
                 return out  # a structure the extra outputs would change: no lines
             self.count = len(outs)
             return (*outs, *(array for array, _loc in self.found))
 
         return traced
+
+    def forget(self) -> None:
+        """Nothing recorded: the export's outputs are the function's own."""
+        self.found.clear()
+        self.seen.clear()
+        self.count = None
 
     def lines(self, records: list[dict]) -> dict[int, SourceLoc]:
         """Primitive index (among the records' primitives) -> the first line at which an array made

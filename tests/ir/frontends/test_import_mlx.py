@@ -175,6 +175,21 @@ def test_an_import_error_names_the_line_without_a_replay(rng, monkeypatch):
 
 
 @requires("mlx.core")
+def test_an_array_made_from_the_example_argument_itself_does_not_break_the_import(rng):
+    """The export refuses such an array as an output: the import runs again without the lines."""
+    x = mx.array(random_array(rng, (2, 3), "float32"))
+
+    def step(y):
+        unused = x * 2.0  # x is the example argument itself, not the export's tracer of it
+        return y + 1.0, unused.shape
+
+    imported = from_mlx(lambda y: step(y)[0], x)
+    assert "mul" not in _ops(imported.graph)  # the unused product is not imported
+    assert imported.graph.node(imported.graph.outputs[0]).loc.file.startswith("mlx:")
+    _check_targets(imported, lambda y: step(y)[0], x)
+
+
+@requires("mlx.core")
 def test_uninitialised_parameters_get_a_hint():
     layer = nn.Linear(4, 4)
     with pytest.raises(ModelImportError, match=r"RandomBits.*mx.eval\(model.parameters\(\)\)"):
