@@ -67,11 +67,13 @@ class ImportedGraph:
 
 
 def _roots(fn: Callable) -> list[tuple[str | None, Any]]:
-    """What ``fn`` reads captured arrays through: itself or its ``__self__`` (unnamed), its closure, its globals.
+    """What ``fn`` reads captured arrays through: itself or its ``__self__`` (unnamed), its closure, its globals;
+    for a wrapper (``jax.jit(f)``, a ``functools.wraps`` decorator) then those of the function it wraps."""
+    inner = inspect.unwrap(fn)
+    return _own_roots(fn) + (_own_roots(inner) if inner is not fn else [])
 
-    A wrapper (``jax.jit(f)``, a ``functools.wraps`` decorator) is looked through to the function it wraps.
-    """
-    fn = inspect.unwrap(fn)
+
+def _own_roots(fn: Callable) -> list[tuple[str | None, Any]]:
     func = fn.__func__ if inspect.ismethod(fn) else fn
     owner = fn.__self__ if inspect.ismethod(fn) else fn
     roots: list[tuple[str | None, Any]] = [] if inspect.isfunction(owner) else [(None, owner)]
