@@ -311,3 +311,28 @@ def test_the_weights_file_has_the_mode_of_the_json_beside_it(tmp_path, umask):
     modes = {file.name: oct(stat.S_IMODE(file.stat().st_mode)) for file in files}
     expected = oct(0o666 & ~umask)
     assert modes == dict.fromkeys(["g.json", "g.safetensors", "out.json", "out.safetensors"], expected)
+
+
+@requires("jax")
+def test_a_decorated_function_names_the_arrays_of_the_wrapper_and_of_the_function(rng):
+    import functools
+
+    import jax.numpy as jnp
+
+    w = jnp.asarray(random_array(rng, (16, 16), "float32"))
+
+    def with_bias(f):
+        bias = jnp.asarray(random_array(rng, (8, 16), "float32"))
+
+        @functools.wraps(f)
+        def wrapper(x):
+            return f(x) + bias
+
+        return wrapper
+
+    @with_bias
+    def layer(x):
+        return x @ w
+
+    imported = from_jax(layer, random_array(rng, (8, 16), "float32"))
+    assert weight_inputs(imported.graph) == {"w": "w", "bias": "bias"}
