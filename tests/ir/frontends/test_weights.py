@@ -336,3 +336,18 @@ def test_a_decorated_function_names_the_arrays_of_the_wrapper_and_of_the_functio
 
     imported = from_jax(layer, random_array(rng, (8, 16), "float32"))
     assert weight_inputs(imported.graph) == {"w": "w", "bias": "bias"}
+
+
+@requires("jax")
+def test_a_hostile_pytree_key_names_a_runnable_input(rng):
+    """A user's dict key reaches the input name only sanitized; the generated program runs."""
+    import jax.numpy as jnp
+
+    state = {'k"]\nimport os; os.system("x")#': jnp.asarray(random_array(rng, (8, 16), "float32"))}
+    x = random_array(rng, (8, 16), "float32")
+    imported = from_jax(lambda x: x + state['k"]\nimport os; os.system("x")#'], x)
+    (name,) = weight_inputs(imported.graph)
+    assert name == "state_k_nimport_os_os_system_x"  # the key as keystr quotes it: \\n, not a newline
+    program = lower(imported.graph, "numpy")
+    assert "os.system" not in program.source
+    np.testing.assert_array_equal(run(program, x, **imported.params), x + np.asarray(next(iter(state.values()))))
