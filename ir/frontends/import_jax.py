@@ -291,7 +291,7 @@ def _is_array(value: Any) -> bool:
 
 
 def _pytree_leaves(root: Any) -> list[tuple[str, Any]]:
-    """``(pytree path, leaf)`` of ``root`` (equinox and flax nnx modules are pytrees); ``[]`` if JAX cannot flatten it."""
+    """``(pytree path, leaf)`` of ``root`` (equinox and flax nnx modules are pytrees); ``[]`` if JAX cannot."""
     import jax
 
     try:

@@ -200,7 +200,9 @@ def test_summary_prints_one_line_per_pass(cli, model_json, tmp_path):
 
 def test_remarks_json_holds_every_remark_whole(cli, model_json, tmp_path):
     path = tmp_path / "remarks.json"
-    status, out, _ = cli("run", "--width", 40, "--remarks-json", path, "-p", MODEL_PIPELINE, model_json, "-o", tmp_path / "o.json")
+    status, out, _ = cli(
+        "run", "--width", 40, "--remarks-json", path, "-p", MODEL_PIPELINE, model_json, "-o", tmp_path / "o.json"
+    )
     assert status == 0
     rows = json.loads(path.read_text())
     expected = PassManager(parse_pipeline(MODEL_PIPELINE)).run(Graph.from_json(model_json.read_text())).remarks
