@@ -12,6 +12,7 @@ needs when it runs: lowering only to lower, a backend only to run or export a pr
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -118,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
     from attnpass.ir.frontends.weights import save_weights, weight_inputs, weights_file
     from attnpass.passes import PassTimings, PrintAfterChange
 
+    _check_outputs(args)
     timings = PassTimings()
     hooks: list = [PrintAfterChange()] if args.print_after_change else []
     graph, result = _run_pipeline(args, hooks + [timings] if args.timings else hooks)
@@ -139,7 +141,17 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_outputs(args: argparse.Namespace) -> None:
+    """The files ``run``/``explain`` write (``-o`` JSON with its ``.safetensors`` beside it, ``--remarks-json``),
+    checked before any pass runs."""
+    if getattr(args, "output", None) is not None:
+        _writable(args.output, (".json",))
+    if args.remarks_json is not None:
+        _writable(args.remarks_json)
+
+
 def explain(args: argparse.Namespace) -> int:
+    _check_outputs(args)
     _, result = _run_pipeline(args, [])
     _print_remarks(args, result.remarks, summary_after=True)
     return 0
@@ -203,12 +215,23 @@ def lower_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _writable(path: str) -> Path:
-    """``path``, once its directory is known to exist (a backend's own error for that is not one line)."""
-    parent = Path(path).resolve().parent
+def _writable(path: str, suffixes: tuple[str, ...] = ()) -> Path:
+    """``path``, checked before any work is done: a known suffix (one of ``suffixes``, when given), not a
+    directory, in an existing directory this process may write to (a late error would waste the run)."""
+    from attnpass.ir.core.types import printable
+
+    out, shown = Path(path), printable(str(path))
+    if suffixes and out.suffix not in suffixes:
+        given = f"suffix {printable(out.suffix)!r}" if out.suffix else "no suffix"
+        raise AttnpassError(f"cannot write {shown}: {given}; valid: {', '.join(suffixes)}")
+    parent = out.resolve().parent
     if not parent.is_dir():
-        raise AttnpassError(f"cannot write {path}: no directory {parent}")
-    return Path(path)
+        raise AttnpassError(f"cannot write {shown}: no directory {printable(str(parent))}")
+    if out.is_dir():
+        raise AttnpassError(f"cannot write {shown}: it is a directory")
+    if not os.access(parent, os.W_OK):
+        raise AttnpassError(f"cannot write {shown}: directory {printable(str(parent))} is not writable")
+    return out
 
 
 def export(args: argparse.Namespace) -> int:

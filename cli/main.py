@@ -124,7 +124,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub = add("run", "run", "apply a textual pipeline to a saved graph, print remarks, save the result")
     _pipeline_options(sub)
-    sub.add_argument("-o", "--output", metavar="OUT", help="write the result as JSON (default: print its text form)")
+    sub.add_argument(
+        "-o",
+        "--output",
+        metavar="OUT",
+        help="write the result as JSON to OUT, a .json file (an imported graph's weights go beside it, .safetensors) "
+        "(default: print its text form)",
+    )
     sub.add_argument(
         "--print-after-change", action="store_true", help="print the graph after every pass that changed it"
     )

@@ -31,6 +31,7 @@ from .importing import (
     join_path,
     parameter_names,
     sanitize,
+    walk,
 )
 
 _BINARY = {
@@ -73,7 +74,7 @@ def _location(eqn: Any, fallback: SourceLoc) -> SourceLoc:
 class _Importer:
     def __init__(self, builder: GraphBuilder, paths: dict[int, str]) -> None:
         self.b = builder
-        self.paths = paths  # id of a captured array -> where fn reaches it
+        self.paths = paths  # _array_key of a captured array -> where fn reaches it
         self.count = 0
         self.enclosing: SourceLoc | None = None  # the call being inlined: its location stands in for lost ones
 
@@ -89,7 +90,7 @@ class _Importer:
         for var, const in zip(jaxpr.constvars, getattr(closed, "consts", ())):
             array = np.asarray(const)
             dtype = dtype_of(str(array.dtype), f"captured array {var}")
-            self.b.bind(var, self.b.constant(array, dtype, path=self.paths.get(id(const))))
+            self.b.bind(var, self.b.constant(array, dtype, path=self.paths.get(_array_key(const))))
         for var, value in zip(jaxpr.invars, args):
             self.b.bind(var, value)
         for eqn in jaxpr.eqns:
@@ -283,22 +284,48 @@ class _Importer:
         return b.reshape(out, batch + [ls[d] for d in lf] + [rs[d] for d in rf])
 
 
-def _leaves(root: Any) -> list[tuple[str, Any]]:
-    """``(pytree path, array)`` of the JAX arrays in ``root`` (equinox and flax nnx modules are pytrees)."""
+def _is_array(value: Any) -> bool:
+    import jax
+
+    return isinstance(value, (jax.Array, np.ndarray))
+
+
+def _pytree_leaves(root: Any) -> list[tuple[str, Any]]:
+    """``(pytree path, leaf)`` of ``root`` (equinox and flax nnx modules are pytrees); ``[]`` if JAX cannot."""
     import jax
 
     try:
         flat = jax.tree_util.tree_flatten_with_path(root)[0]
     except Exception:  # an object JAX cannot flatten holds no arrays we can name
         return []
-    return [(jax.tree_util.keystr(path), leaf) for path, leaf in flat if isinstance(leaf, jax.Array)]
+    return [(jax.tree_util.keystr(path), leaf) for path, leaf in flat]
+
+
+def _leaves(root: Any) -> list[tuple[str, Any]]:
+    """``(path, array)`` of the JAX and numpy arrays in ``root``: by pytree path, and inside a leaf that is
+    not an array (a plain object such as a KV cache class) by attribute path (``['layer0'].keys``)."""
+    found = []
+    for path, leaf in _pytree_leaves(root):
+        if _is_array(leaf):
+            found.append((path, leaf))
+        else:
+            found += [(join_path(path, inner) if path else inner, array) for inner, array in walk(leaf, _is_array)]
+    return found
 
 
 def _is_module(value: Any) -> bool:
     """A model object (a pytree other than a plain container or an array)."""
-    import jax
+    return not isinstance(value, (list, tuple, dict)) and not _is_array(value) and any(
+        _is_array(leaf) for _path, leaf in _pytree_leaves(value)
+    )
 
-    return not isinstance(value, (list, tuple, dict, jax.Array)) and bool(_leaves(value))
+
+def _array_key(array: Any) -> Any:
+    """What identifies a captured array in the jaxpr: a JAX array itself (by id), a numpy array its buffer
+    (JAX keeps a view of it as the constant)."""
+    if isinstance(array, np.ndarray):
+        return array.__array_interface__["data"][0], array.shape, str(array.dtype)
+    return id(array)
 
 
 def from_jax(fn: Callable, *example_args: Any, name: str | None = None, inline_limit: int = INLINE_LIMIT) -> ImportedGraph:
@@ -315,7 +342,7 @@ def from_jax(fn: Callable, *example_args: Any, name: str | None = None, inline_l
     import jax
 
     reachable = captured_paths(fn, _leaves, _is_module)  # holds the arrays: their ids stay theirs
-    paths = {id(array): path for path, array in reversed(reachable)}
+    paths = {_array_key(array): path for path, array in reversed(reachable)}
     closed = jax.make_jaxpr(fn)(*example_args)
     b = GraphBuilder(graph_name(fn, name), inline_limit)
     arg_names = parameter_names(fn, len(example_args))

@@ -5,8 +5,9 @@ MLX hands the callback one record per primitive (``name``, ``arguments``,
 constants with their values. Each primitive maps to IR ops with its exact
 parameters (:func:`_emit`); anything else raises
 :class:`~attnpass.ir.importing.ModelImportError` naming the primitive, its
-arguments, its operand types and the user's source line that made it (the
-records carry none: :mod:`.mlx_source` finds it by replaying the function).
+arguments, its operand types and the user's source line that made it. The
+records carry no lines: :mod:`.mlx_source` records them while the export traces
+the function, and every node's location is that line, as a JAX import's is.
 ``mx.compile``'d helpers cannot be exported, so the import runs with
 compilation disabled (the same primitives, unfused).
 
@@ -22,7 +23,6 @@ is exact.
 
 from __future__ import annotations
 
-import inspect
 from typing import Any, Callable
 
 import numpy as np
@@ -38,8 +38,9 @@ from .importing import (
     dtype_of,
     graph_name,
     parameter_names,
+    walk,
 )
-from .mlx_source import locate
+from .mlx_source import LineRecorder, locate
 
 _WIDE_INTS = ("int64", "uint32")
 _REDUCE = {2: "sum", 5: "max"}  # mlx::core::Reduce::ReduceType: And, Or, Sum, Prod, Min, Max
@@ -204,35 +205,6 @@ def _emit(b: GraphBuilder, r: _Record) -> list[str]:
     raise ModelImportError(f"unsupported MLX primitive {r.where()}{hint}")
 
 
-_WALK_DEPTH, _WALK_LIMIT = 12, 100_000  # how deep and how many objects _walk visits from one variable
-
-
-def _walk(root: Any, is_array: Callable[[Any], bool]) -> list[tuple[str, Any]]:
-    """``(path, array)`` for the arrays under ``root``: dict keys (an ``nn.Module`` is a dict), list
-    indices and object attributes, joined by dots (``model.layers.0.self_attn.q_proj.weight``, ``0.keys``)."""
-    found: list[tuple[str, Any]] = []
-    seen: set[int] = set()
-    stack: list[tuple[str, Any, int]] = [("", root, 0)]
-    while stack:
-        path, obj, depth = stack.pop()
-        if is_array(obj):
-            found.append((path, obj))
-            continue
-        if depth >= _WALK_DEPTH or id(obj) in seen or len(seen) >= _WALK_LIMIT:
-            continue
-        seen.add(id(obj))
-        if isinstance(obj, dict):
-            items = list(obj.items())
-        elif isinstance(obj, (list, tuple)):
-            items = list(enumerate(obj))
-        elif hasattr(obj, "__dict__") and not (inspect.isroutine(obj) or inspect.isclass(obj) or inspect.ismodule(obj)):
-            items = list(vars(obj).items())
-        else:
-            continue
-        stack += [(f"{path}.{key}" if path else str(key), value, depth + 1) for key, value in reversed(items)]
-    return found
-
-
 def _buffer_key(array: Any) -> tuple | None:
     """Where an evaluated MLX array's data lives (address, shape, dtype): shared by every view of one buffer."""
     try:
@@ -245,8 +217,8 @@ def _buffer_key(array: Any) -> tuple | None:
 def _captured_names(reachable: list[tuple[str, Any]], constants: list[tuple[str, Any]]) -> dict[tuple, str]:
     """Buffer key -> path of the reachable arrays that may be captured constants (same shape and dtype).
 
-    ``reachable`` is read before the export (which may replace state such as a KV cache's arrays);
-    only those candidates are evaluated for their address, and constants are evaluated already.
+    ``reachable`` holds handles taken before the export (:func:`_handles`); only the candidates are
+    evaluated for their address, and constants are evaluated already.
     """
     wanted = {(tuple(a.shape), _dtype_name(a.dtype)) for _key, a in constants}
     names: dict[tuple, str] = {}
@@ -258,32 +230,70 @@ def _captured_names(reachable: list[tuple[str, Any]], constants: list[tuple[str,
     return names
 
 
+def _handles(reachable: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """A second handle on each array's buffer, for :func:`_captured_names` after the export.
+
+    The export may overwrite an array object in place: ``cache.keys[..., i:j, :] = k`` in a KV cache's
+    ``update_and_fetch`` makes ``cache.keys`` the traced update, while the export's constant is the buffer
+    it held before. ``astype`` to the same dtype is a new object on that buffer (nothing is evaluated).
+    """
+    return [(path, array.astype(array.dtype)) for path, array in reachable]
+
+
 def _is_module(value: Any) -> bool:
     import mlx.nn as nn
 
     return isinstance(value, nn.Module)
 
 
-def _export(fn: Callable, example_args: tuple) -> tuple[list[dict], bool]:
-    """The export records of ``fn``, and whether compilation had to be turned off for them."""
+def _export_records(fn: Callable, example_args: tuple) -> list[dict]:
     import mlx.core as mx
 
     records: list[dict] = []
+    mx.export_function(records.append, fn, *example_args)
+    return records
+
+
+def _export_traced(fn: Callable, example_args: tuple, recorder: LineRecorder) -> list[dict]:
+    """The records of ``fn`` with the recorder's extra outputs, or without them (no lines) when they cannot
+    be exported: an array made from an example argument itself rather than from its tracer."""
     try:
-        mx.export_function(records.append, fn, *example_args)
-        return records, False
+        return _export_records(recorder.wrap(fn, example_args), example_args)
+    except ValueError as exc:
+        if "uncaptured inputs" not in str(exc) or not recorder.found:
+            raise
+    recorder.forget()
+    return _export_records(fn, example_args)
+
+
+def _export(fn: Callable, example_args: tuple, recorder: LineRecorder) -> tuple[list[dict], bool]:
+    """The export records of ``fn`` (traced by ``recorder``), and whether compilation had to be turned off for them."""
+    import mlx.core as mx
+
+    try:
+        return _export_traced(fn, example_args, recorder), False
     except ValueError as exc:
         if "primitive Compiled" not in str(exc):
             raise
     # A fused mx.compile'd helper cannot be exported: retry with compilation off. Reaching
     # here means compilation was on, so turning it back on restores the caller's state.
-    records.clear()
     mx.disable_compile()
     try:
-        mx.export_function(records.append, fn, *example_args)
+        return _export_traced(fn, example_args, recorder), True
     finally:
         mx.enable_compile()
-    return records, True
+
+
+def _live(primitives: list[dict], outputs: list) -> tuple[list[int], set]:
+    """The indices of the primitives ``outputs`` depend on, and the keys of every value they read
+    (the recorder's extra outputs add primitives the function's outputs may not need)."""
+    needed = {key for key, _s, _d in outputs}
+    live = []
+    for index in reversed(range(len(primitives))):
+        if any(key in needed for key, _s, _d in primitives[index]["outputs"]):
+            live.append(index)
+            needed.update(key for key, _s, _d in primitives[index]["inputs"])
+    return live[::-1], needed
 
 
 def from_mlx(fn: Callable, *example_args: Any, name: str | None = None, inline_limit: int = INLINE_LIMIT) -> ImportedGraph:
@@ -294,29 +304,35 @@ def from_mlx(fn: Callable, *example_args: Any, name: str | None = None, inline_l
     resident inputs whose values are in ``params``, named after where ``fn``
     reaches them (a module path such as ``model.layers.0.self_attn.q_proj.weight``,
     or ``cache.0.keys``; see :func:`~attnpass.ir.frontends.importing.captured_paths`).
-    Node locations read ``mlx:<fn>:<primitive index>``; an error names the
-    user's source line that created the primitive.
+    Node locations are the user's source lines that made each primitive (found while the export
+    traces ``fn``, :class:`~attnpass.ir.frontends.mlx_source.LineRecorder`), else
+    ``mlx:<fn>:<primitive index>``; an error names that line too.
     """
     import mlx.core as mx
 
-    reachable = captured_paths(fn, lambda root: _walk(root, lambda a: isinstance(a, mx.array)), _is_module)
-    records, compile_off = _export(fn, example_args)
+    reachable = _handles(captured_paths(fn, lambda root: walk(root, lambda a: isinstance(a, mx.array)), _is_module))
+    recorder = LineRecorder()
+    records, compile_off = _export(fn, example_args, recorder)
+    lines = recorder.lines(records)
     b = GraphBuilder(graph_name(fn, name), inline_limit)
     by_type = {r["type"]: r for r in records if r["type"] != "primitive"}
     inputs = by_type["inputs"]["inputs"]
     for (key, shape, dtype), pname in zip(inputs, parameter_names(fn, len(inputs))):
         b.input(key, pname, TensorType(tuple(shape), dtype_of(_dtype_name(dtype), f"input {pname}")))
-    constants = by_type.get("constants", {}).get("constants", ())
+    outputs = by_type["outputs"]["outputs"][: recorder.count]
+    primitives = [r for r in records if r["type"] == "primitive"]
+    live, needed = _live(primitives, outputs)
+    constants = [(key, array) for key, array in by_type.get("constants", {}).get("constants", ()) if key in needed]
     names = _captured_names(reachable, constants)
     for key, array in constants:
         dtype_name = _dtype_name(array.dtype)
         values = np.array(array.astype(mx.float32) if dtype_name == "bfloat16" else array)
         dtype = DType.int32 if dtype_name in _WIDE_INTS else dtype_of(dtype_name, f"captured array {key}")
         b.bind(key, b.constant(values, dtype, path=names.get(_buffer_key(array))))
-    primitives = [r for r in records if r["type"] == "primitive"]
-    for index, record in enumerate(primitives):
+    for index in live:
+        record = primitives[index]
         r = _Record(record)
-        b.loc = SourceLoc(f"mlx:{b.graph.name}", index, r.name)
+        b.loc = lines.get(index) or SourceLoc(f"mlx:{b.graph.name}", index, r.name)
         try:
             values = _emit(b, r)
             for (key, shape, _dtype), value in zip(r.outputs, values):
@@ -325,10 +341,10 @@ def from_mlx(fn: Callable, *example_args: Any, name: str | None = None, inline_l
                 b.bind(key, value)
         except Exception as exc:  # say where: the user's line that made the primitive
             message = str(exc) if isinstance(exc, ModelImportError) else f"cannot import {r.where()}: {exc}"
-            loc = locate(fn, example_args, record, compile_off=compile_off)
+            loc = lines.get(index) or locate(fn, example_args, record, compile_off=compile_off)
             at = f"at {loc}" if loc else f"at primitive #{index} of the export (its source line was not found)"
             raise ModelImportError(f"{message}\n  {at}") from None
-    b.graph.set_outputs([b.read(key) for key, _s, _d in by_type["outputs"]["outputs"]])
+    b.graph.set_outputs([b.read(key) for key, _s, _d in outputs])
     return ImportedGraph(b.graph.verify(), b.params)
 
 

@@ -67,7 +67,13 @@ class ImportedGraph:
 
 
 def _roots(fn: Callable) -> list[tuple[str | None, Any]]:
-    """What ``fn`` reads captured arrays through: itself or its ``__self__`` (unnamed), its closure, its globals."""
+    """What ``fn`` reads captured arrays through: itself or its ``__self__`` (unnamed), its closure, its globals;
+    for a wrapper (``jax.jit(f)``, a ``functools.wraps`` decorator) then those of the function it wraps."""
+    inner = inspect.unwrap(fn)
+    return _own_roots(fn) + (_own_roots(inner) if inner is not fn else [])
+
+
+def _own_roots(fn: Callable) -> list[tuple[str | None, Any]]:
     func = fn.__func__ if inspect.ismethod(fn) else fn
     owner = fn.__self__ if inspect.ismethod(fn) else fn
     roots: list[tuple[str | None, Any]] = [] if inspect.isfunction(owner) else [(None, owner)]
@@ -111,6 +117,35 @@ def captured_paths(
     return found
 
 
+_WALK_DEPTH, _WALK_LIMIT = 12, 100_000  # how deep and how many objects walk visits from one variable
+
+
+def walk(root: Any, is_array: Callable[[Any], bool]) -> list[tuple[str, Any]]:
+    """``(path, array)`` for the arrays under ``root``: dict keys (an MLX ``nn.Module`` is a dict), list
+    indices and object attributes, joined by dots (``model.layers.0.self_attn.q_proj.weight``, ``0.keys``)."""
+    found: list[tuple[str, Any]] = []
+    seen: set[int] = set()
+    stack: list[tuple[str, Any, int]] = [("", root, 0)]
+    while stack:
+        path, obj, depth = stack.pop()
+        if is_array(obj):
+            found.append((path, obj))
+            continue
+        if depth >= _WALK_DEPTH or id(obj) in seen or len(seen) >= _WALK_LIMIT:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, dict):
+            items = list(obj.items())
+        elif isinstance(obj, (list, tuple)):
+            items = list(enumerate(obj))
+        elif hasattr(obj, "__dict__") and not (inspect.isroutine(obj) or inspect.isclass(obj) or inspect.ismodule(obj)):
+            items = list(vars(obj).items())
+        else:
+            continue
+        stack += [(f"{path}.{key}" if path else str(key), value, depth + 1) for key, value in reversed(items)]
+    return found
+
+
 def join_path(prefix: str | None, path: str) -> str:
     """``model`` + ``layers.0.w`` -> ``model.layers.0.w``; pytree key strings (``['w']``, ``.w``) attach as they are."""
     if not prefix:
@@ -118,10 +153,18 @@ def join_path(prefix: str | None, path: str) -> str:
     return prefix + path if path[:1] in ("[", ".") else ".".join(p for p in (prefix, path) if p)
 
 
+_NAME_LIMIT = 200  # a sanitized name's longest form: room for fresh_name's suffix within MAX_NAME
+
+
 def sanitize(path: str) -> str:
-    """An input name for a parameter path: ``layers.0.q_proj.weight`` -> ``layers_0_q_proj_weight``."""
+    """An input name for a parameter path: ``layers.0.q_proj.weight`` -> ``layers_0_q_proj_weight``.
+
+    Only ASCII letters, digits and ``_`` survive (a path is a user string: it never reaches generated
+    source unescaped); a name that would start with a digit gets ``p_``; a long one keeps its tail.
+    """
     name = re.sub(r"[^0-9A-Za-z_]+", "_", path).strip("_") or "param"
-    return name if name[0].isalpha() or name[0] == "_" else f"p_{name}"
+    name = name if name[0].isalpha() or name[0] == "_" else f"p_{name}"
+    return name if len(name) <= _NAME_LIMIT else "p_" + name[-_NAME_LIMIT + 2 :].lstrip("_")
 
 
 def parameter_names(fn: Callable, count: int) -> list[str]:

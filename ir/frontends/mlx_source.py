@@ -1,14 +1,21 @@
-"""The user's source line of an MLX primitive, found by replaying the function under a line tracer.
+"""The user's source lines of MLX primitives: ``mx.export_function`` records carry none.
 
-``mx.export_function`` records carry no source locations. When an import
-fails, :func:`locate` calls the function again (lazily: nothing is
-evaluated) under :func:`sys.settrace`; at every line of user code (anything
-outside MLX, attnpass and the standard library) it exports the graph of each
-new array in the frame's locals or return value, and stops at the first line
-whose arrays contain the failing primitive: same name, arguments and operand
-and result types, or failing that the same name. The replay is best effort:
-a function whose state the failed import already changed (a KV cache it
-updated) may take another path, and then ``None`` is returned.
+:class:`LineRecorder` finds them during the import's own export, at the cost of
+one line tracer: it runs the function under :func:`sys.settrace` and, at every
+line of user code (anything outside MLX, attnpass and the standard library),
+notes each new array in the frame's locals or return value with that line; the
+export returns those arrays as extra outputs, so the records say which
+primitive made each, and :meth:`LineRecorder.lines` gives every primitive the
+first line at which an array depending on it appeared.
+
+:func:`locate` is the fallback for a failing primitive that has no such line:
+it calls the function again (lazily: nothing is evaluated) under the same
+tracer, exports the graph of each new array, and stops at the first line whose
+arrays contain the failing primitive: same name, arguments and operand and
+result types, or failing that the same name. The replay is best effort (and
+slow on deep graphs: an export per line): a function whose state the failed
+import already changed (a KV cache it updated) may take another path, and then
+``None`` is returned.
 """
 
 from __future__ import annotations
@@ -101,6 +108,90 @@ class _Replay:
         return self.trace
 
 
+class LineRecorder:
+    """The user line at which each array first appears while the export traces the function."""
+
+    def __init__(self) -> None:
+        import mlx.core as mx
+
+        self.mx = mx
+        self.found: list[tuple[Any, SourceLoc]] = []  # (array, line) in the order seen, kept alive
+        self.seen: set[int] = set()
+        self.lines_of: dict[FrameType, int] = {}
+        self.count: int | None = None  # the function's own outputs; None: nothing recorded
+
+    def _note(self, frame: FrameType, line: int, values: Sequence[Any]) -> None:
+        loc = None
+        for value in values:
+            for item in value if isinstance(value, (list, tuple)) else (value,):
+                if isinstance(item, self.mx.array) and id(item) not in self.seen:
+                    self.seen.add(id(item))
+                    loc = loc or SourceLoc(frame.f_code.co_filename, line, frame.f_code.co_name)
+                    self.found.append((item, loc))
+
+    def trace(self, frame: FrameType, event: str, arg: Any) -> Callable | None:
+        if event == "call":
+            return self.trace if _is_user(frame.f_code.co_filename) else None
+        if event == "line":
+            if frame in self.lines_of:
+                self._note(frame, self.lines_of[frame], list(frame.f_locals.values()))
+            self.lines_of[frame] = frame.f_lineno
+        elif event == "return":
+            self._note(frame, frame.f_lineno, [arg, *frame.f_locals.values()])
+            self.lines_of.pop(frame, None)
+        return self.trace
+
+    def wrap(self, fn: Callable, example_args: Sequence[Any]) -> Callable:
+        """``fn`` for the export: traced, returning its outputs and then every array it recorded (not the
+        example arguments themselves: the export replaces them by tracers and refuses them as outputs)."""
+
+        def traced(*args: Any) -> Any:
+            self.forget()
+            self.seen.update(id(a) for a in example_args)
+            previous = sys.gettrace()
+            sys.settrace(self.trace)
+            try:
+                out = fn(*args)
+            finally:
+                sys.settrace(previous)
+                self.lines_of.clear()
+            outs = [out] if isinstance(out, self.mx.array) else out
+            if not isinstance(outs, (list, tuple)) or not all(isinstance(o, self.mx.array) for o in outs):
+                self.forget()
+                return out  # a structure the extra outputs would change: no lines
+            self.count = len(outs)
+            return (*outs, *(array for array, _loc in self.found))
+
+        return traced
+
+    def forget(self) -> None:
+        """Nothing recorded: the export's outputs are the function's own."""
+        self.found.clear()
+        self.seen.clear()
+        self.count = None
+
+    def lines(self, records: list[dict]) -> dict[int, SourceLoc]:
+        """Primitive index (among the records' primitives) -> the first line at which an array made
+        from it appeared: its own output's line, or the earliest of its consumers'."""
+        outputs = next(r for r in records if r["type"] == "outputs")["outputs"]
+        seen: dict[Any, tuple[int, SourceLoc]] = {}
+        for order, ((key, _shape, _dtype), (_array, loc)) in enumerate(zip(outputs[self.count or 0 :], self.found)):
+            seen.setdefault(key, (order, loc))
+        primitives = [r for r in records if r["type"] == "primitive"]
+        producer = {key: i for i, r in enumerate(primitives) for key, _s, _d in r["outputs"]}
+        consumers: list[list[int]] = [[] for _ in primitives]
+        for j, r in enumerate(primitives):
+            for key, _s, _d in r["inputs"]:
+                if key in producer:
+                    consumers[producer[key]].append(j)
+        first: list[tuple[int, SourceLoc] | None] = [None] * len(primitives)
+        for i in reversed(range(len(primitives))):  # consumers come later in the records
+            candidates = [seen[key] for key, _s, _d in primitives[i]["outputs"] if key in seen]
+            candidates += [first[j] for j in consumers[i] if first[j] is not None]
+            first[i] = min(candidates, key=lambda c: c[0], default=None)
+        return {i: found[1] for i, found in enumerate(first) if found is not None}
+
+
 def locate(fn: Callable, args: Sequence[Any], record: dict, *, compile_off: bool) -> SourceLoc | None:
     """The user line that created ``record``'s primitive when ``fn(*args)`` runs again, or None."""
     import mlx.core as mx
@@ -123,4 +214,4 @@ def locate(fn: Callable, args: Sequence[Any], record: dict, *, compile_off: bool
     return replay.by_name
 
 
-__all__ = ["locate"]
+__all__ = ["LineRecorder", "locate"]

@@ -10,6 +10,8 @@ present, same dtype, same shape.
 
 from __future__ import annotations
 
+import os
+import stat
 from collections import Counter
 from pathlib import Path
 from typing import Mapping
@@ -55,7 +57,11 @@ def save_weights(graph: Graph, params: Mapping[str, np.ndarray], file: str | Pat
     for name, path in inputs.items():
         _check(graph, name, path, params[name])
         tensors[path] = np.ascontiguousarray(params[name])
+    with open(file, "wb"):  # an ordinary open: the mode the umask gives, as the JSON beside it has
+        pass
+    mode = stat.S_IMODE(os.stat(file).st_mode)
     save_file(tensors, str(file), metadata={"format": FORMAT, "graph": graph.name})
+    os.chmod(file, mode)  # save_file replaces the file with one of mode 0600
     return Path(file)
 
 

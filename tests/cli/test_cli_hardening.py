@@ -122,6 +122,51 @@ def test_an_empty_pipeline_is_an_error_like_a_missing_one(cli, graph_json):
             one_line_error(cli(command, "-p", empty, graph_json), "--pipeline is empty: name at least one pass")
 
 
+@pytest.fixture
+def passes_run(monkeypatch) -> list:
+    """Every PassManager.run of the test, recorded (to show that a bad output path is refused first)."""
+    runs: list = []
+    original = PassManager.run
+
+    def spy(self, graph):
+        runs.append(graph.name)
+        return original(self, graph)
+
+    monkeypatch.setattr(PassManager, "run", spy)
+    return runs
+
+
+@pytest.mark.parametrize("command", ["run", "explain"])
+def test_an_unwritable_output_is_refused_before_any_pass_runs(cli, graph_json, tmp_path, passes_run, command):
+    missing = tmp_path / "missing" / "x.json"
+    args = ["-p", PIPELINE, graph_json]
+    if command == "run":
+        one_line_error(cli("run", *args, "-o", missing), f"cannot write {missing}: no directory {missing.parent}")
+    one_line_error(cli(command, *args, "--remarks-json", missing), f"cannot write {missing}: no directory")
+    (tmp_path / "taken.json").mkdir()
+    if command == "run":
+        one_line_error(cli("run", *args, "-o", tmp_path / "taken.json"), "taken.json: it is a directory")
+    assert passes_run == [] and not missing.parent.exists()
+    assert cli(command, *args, "--remarks-json", tmp_path / "r.json")[0] == 0 and passes_run  # the spy sees runs
+
+
+def test_run_output_must_be_json(cli, graph_json, tmp_path, passes_run):
+    """``-o`` writes JSON: another suffix is an error listing the valid one, not JSON under a misleading name."""
+    for name, given in (("out.txt", "suffix '.txt'"), ("out", "no suffix"), ("out.JSON", "suffix '.JSON'")):
+        one_line_error(cli("run", "-p", PIPELINE, graph_json, "-o", tmp_path / name), f"{given}; valid: .json")
+    assert passes_run == [] and sorted(p.name for p in tmp_path.iterdir()) == ["g.json"]
+    assert cli("run", "-q", "-p", PIPELINE, graph_json, "-o", tmp_path / "out.json")[0] == 0
+    assert Graph.from_json((tmp_path / "out.json").read_text()).name == Graph.from_json(graph_json.read_text()).name
+
+
+def test_run_refuses_a_directory_it_may_not_write(cli, graph_json, tmp_path, passes_run, monkeypatch):
+    monkeypatch.setattr(os, "access", lambda path, mode: False)  # a read-only directory (root may write any)
+    one_line_error(
+        cli("run", "-p", PIPELINE, graph_json, "-o", tmp_path / "out.json"), f"directory {tmp_path} is not writable"
+    )
+    assert passes_run == []
+
+
 # ----------------------------------------------------------------------------- item 2: long pipelines
 
 
@@ -155,7 +200,9 @@ def test_summary_prints_one_line_per_pass(cli, model_json, tmp_path):
 
 def test_remarks_json_holds_every_remark_whole(cli, model_json, tmp_path):
     path = tmp_path / "remarks.json"
-    status, out, _ = cli("run", "--width", 40, "--remarks-json", path, "-p", MODEL_PIPELINE, model_json, "-o", tmp_path / "o")
+    status, out, _ = cli(
+        "run", "--width", 40, "--remarks-json", path, "-p", MODEL_PIPELINE, model_json, "-o", tmp_path / "o.json"
+    )
     assert status == 0
     rows = json.loads(path.read_text())
     expected = PassManager(parse_pipeline(MODEL_PIPELINE)).run(Graph.from_json(model_json.read_text())).remarks

@@ -8,12 +8,13 @@ the rows), GQA by repeat, tile, broadcast
 or a grouped einsum, q·kᵀ and P·V written either way round, f32, bf16 or f16, softmax
 as the op, decomposed, or accumulated in float32 around a half-float attention. For each one:
 
-- the raised graph computes the original's function on the numpy reference
-  (float32: to 1e-4 of the output's magnitude; bf16 and f16: within the rounding of
-  the source's half-float intermediates). Graphs are interpreted op by op with the reference
-  semantics (:func:`attnpass.ir.dialects.evaluate.evaluate`, checked bit for bit
-  against the numpy target in ``test_canonicalize.py``; sdpa with the numpy target's
-  own ``reference.sdpa``): generating code for thousands of graphs would double the time;
+- the raised graph computes the original's function: in exact arithmetic (both graphs
+  interpreted in float64, constants at their dtype's values) to 1e-9 of the output's magnitude,
+  and in its own dtype within the rounding bound of :func:`rounding_bound` of that exact value.
+  Graphs are interpreted op by op with the reference semantics
+  (:func:`attnpass.ir.dialects.evaluate.evaluate`, checked bit for bit against the numpy
+  target in ``test_canonicalize.py``; sdpa with the numpy target's own ``reference.sdpa``):
+  generating code for thousands of graphs would double the time;
 - exactly one remark decides the attention candidate;
 - what the module docstring of :mod:`attnpass.passes.score_path` says sdpa can express
   is raised (a conservative model of it below); the rest is declined.
@@ -21,9 +22,11 @@ as the op, decomposed, or accumulated in float32 around a half-float attention. 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 from dataclasses import dataclass, field
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -31,10 +34,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from attnpass.ir import DType, TensorSpec, ops, trace
-from attnpass.ir.dialects.evaluate import constant, evaluate
+from attnpass.ir.dialects import evaluate as semantics
+from attnpass.ir.dialects.evaluate import EVALUATORS, constant, evaluate, wide
 from attnpass.lowering.targets.numpy import reference
 from attnpass.passes import PassManager, RaiseAttention
-from tests.util import assert_close, random_array
+from tests.util import random_array
 
 EXAMPLES = 2000
 GENERATED: list[int] = []
@@ -248,20 +252,96 @@ def build(case: Case):
     return trace(signatures[len(specs)], *specs, name="generated"), arrays
 
 
-def interpret(graph, arrays):
-    """``graph`` on ``arrays`` under the reference semantics (one output)."""
-    values = dict(zip(graph.inputs, arrays))
+EXACT_RTOL = 1e-9  # float64 rounding (2**-53) over reductions of at most 12 terms, with a wide margin
+LAYOUT = ("reshape", "transpose", "broadcast_to", "slice")  # move values: they move a bound alike
+
+
+@contextlib.contextmanager
+def _unrounded():
+    """Float results kept in float64: the ops' exact values (up to float64 rounding)."""
+    keep = semantics.rounded
+
+    def rounded(x, dtype):
+        return wide(x) if DType.parse(dtype).is_float else keep(x, dtype)
+
+    with mock.patch.object(semantics, "rounded", rounded), mock.patch.object(reference, "rounded", rounded):
+        yield
+
+
+def interpret(graph, arrays, *, exact: bool = False) -> dict[str, np.ndarray]:
+    """Every value of ``graph`` on ``arrays`` under the reference semantics (each op rounded to its dtype),
+    or with ``exact`` in float64 throughout: constants keep their dtype's values, casts between floats are
+    identities, nothing else is rounded."""
+    values = dict(zip(graph.inputs, (wide(a) for a in arrays) if exact else arrays))
     for node in graph.nodes():
         xs = [values[i] for i in node.inputs]
         if node.op == "constant":
-            values[node.name] = constant(node.attrs["value"], node.type.shape, node.type.dtype)
-        elif node.op == "sdpa":
-            values[node.name] = reference.sdpa(
-                *xs, scale=node.attrs["scale"], causal=node.attrs["causal"], dtype=node.type.dtype.value
-            )
-        elif node.op != "input":
-            values[node.name] = evaluate(node.op, node.attrs, xs, node.type)
+            value = constant(node.attrs["value"], node.type.shape, node.type.dtype)
+            values[node.name] = wide(value) if exact else value
+            continue
+        with _unrounded() if exact else contextlib.nullcontext():
+            if node.op == "sdpa":
+                values[node.name] = reference.sdpa(
+                    *xs, scale=node.attrs["scale"], causal=node.attrs["causal"], dtype=node.type.dtype.value
+                )
+            elif node.op != "input":
+                values[node.name] = EVALUATORS[node.op](node.attrs, xs, node.type) if exact else evaluate(
+                    node.op, node.attrs, xs, node.type
+                )
+    return values
+
+
+def rounding_bound(graph, rounded: dict, exact: dict) -> np.ndarray:
+    """A bound on |rounded - exact| at ``graph``'s output: a raised graph, whose arithmetic is sdpa
+    (computed exactly, rounded once) on operands made by ops in the source's dtype, then layout ops.
+
+    With ŝ, s* the logits from the rounded and the exact operands and Δ = max |ŝ - s*| over the keys
+    a row attends, softmax(ŝ) = softmax(s*) · e^δ / Σ softmax(s*) e^δ with |δ| <= Δ, so each weight
+    moves by at most a factor e^(±2Δ) and the weights together by at most e^(2Δ) - 1. Hence
+    |ô - o*| <= (e^(2Δ) - 1)·max|v̂| + max|v̂ - v*| before the output is rounded to its dtype, which
+    adds at most u·|ô| (u = 2^-(mantissa bits + 1), plus half the smallest subnormal). The bound is
+    measured on the operands, not assumed: a rewrite that rounds more than the source is caught by the
+    exact comparison or exceeds it, one that divides the logits wrongly exceeds it at once.
+    """
+    (sdpa,) = [n for n in graph.nodes() if n.op == "sdpa"]
+    q, k, v = ([rounded[i], exact[i]] for i in sdpa.inputs[:3])
+    mask = [rounded[sdpa.inputs[3]], exact[sdpa.inputs[3]]] if len(sdpa.inputs) > 3 else [None, None]
+    (s_hat, allowed), (s_star, _) = (
+        reference._scores(q[i], k[i], mask[i], sdpa.attrs["scale"], sdpa.attrs["causal"]) for i in (0, 1)
+    )
+    with np.errstate(invalid="ignore"):  # a -inf logit (a masked key) in both: no gap
+        gap = np.where(s_hat == s_star, 0.0, np.abs(s_hat - s_star))
+    gap = np.where(True if allowed is None else allowed, gap, 0.0)
+    delta = np.max(gap, axis=-1, keepdims=True)  # per row [B, Hq, S, 1]
+    finfo = sdpa.type.dtype.finfo
+    u = 2.0 ** -(finfo.nmant + 1)
+    out = wide(rounded[sdpa.name])
+    bound = np.expm1(2 * delta) * np.max(np.abs(wide(v[0]))) + np.max(np.abs(wide(v[0]) - v[1]))
+    values = {sdpa.name: bound + u * np.abs(out) + float(finfo.smallest_subnormal)}
+    for node in graph.nodes():  # after the sdpa: the same layout ops carry its bound to the output
+        if sdpa.name in node.inputs or any(i in values for i in node.inputs):
+            assert node.op in LAYOUT, f"{node.op} {node.name} after the sdpa: no rounding bound for it"
+            values[node.name] = EVALUATORS[node.op](node.attrs, [values[node.inputs[0]]], node.type)
     return values[graph.outputs[0]]
+
+
+def check_raised(source, raised, arrays) -> None:
+    """``raised`` computes ``source``'s function: exactly in float64, and within its rounding in its dtype."""
+    exact = interpret(source, arrays, exact=True)[source.outputs[0]]
+    raised_exact = interpret(raised, arrays, exact=True)
+    scale = np.max(np.abs(exact)) if exact.size else 0.0
+    err = np.abs(raised_exact[raised.outputs[0]] - exact)
+    assert np.all(err <= EXACT_RTOL * (np.abs(exact) + scale)), f"exact results differ by up to {np.max(err)!r}"
+    raised_rounded = interpret(raised, arrays)
+    got = raised_rounded[raised.outputs[0]]
+    assert got.dtype == source.node(source.outputs[0]).type.dtype.numpy
+    bound = rounding_bound(raised, raised_rounded, raised_exact)
+    assert np.all(np.isfinite(bound)), "no finite rounding bound: a logit is infinite in one semantics only"
+    err = np.abs(wide(got) - exact)
+    assert np.all(err <= bound * (1 + 1e-6) + EXACT_RTOL * scale), (
+        f"{int(np.sum(err > bound))} of {err.size} elements beyond the rounding bound; worst: "
+        f"{np.max(err - bound)!r} over it"
+    )
 
 
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
@@ -276,14 +356,34 @@ def test_raising_never_changes_the_function(case):
     raised = decisions[0].kind == "applied"
     assert raised or not expressible(case), str(decisions[0])
     if raised:
-        assert_close(
-            interpret(result.graph, arrays),
-            interpret(graph, arrays),
-            rtol={"float32": 1e-4, "float16": 0.02, "bfloat16": 0.1}[case.dtype],
-        )
+        check_raised(graph, result.graph, arrays)
 
 
 def test_the_property_ran_on_enough_attentions():
     if not GENERATED:
         pytest.skip("the property test did not run in this session")
     assert len(GENERATED) >= EXAMPLES
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_the_check_catches_a_scale_off_by_one_bf16_ulp(dtype):
+    """A raise whose sdpa scale is off by 2^-7 (one bf16 ulp at 1) fails both parts of check_raised;
+    the tolerance this test used before (0.1 of the output's maximum) let it pass."""
+    case = Case(
+        dtype=dtype, batch=1, hkv=2, group=2, s=3, t=4, d=4, dv=3, orders=("heads-first",) * 3, gqa="repeat",
+        flips=(False, False), mask="bool", fill=-math.inf, mask_shape="st", softmax="decomposed", seed=7,
+    )  # fmt: skip
+    graph, arrays = build(case)
+    raised = PassManager([RaiseAttention()]).run(graph).graph
+    check_raised(graph, raised, arrays)
+    (sdpa,) = [n for n in raised.nodes() if n.op == "sdpa"]
+    wrong = raised.copy()
+    wrong.replace_node(sdpa.name, sdpa.replace(attrs={**sdpa.attrs, "scale": sdpa.attrs["scale"] * (1 + 2**-7)}))
+    with pytest.raises(AssertionError, match="exact results differ"):
+        check_raised(graph, wrong, arrays)
+    rounded, exact = interpret(wrong, arrays), interpret(wrong, arrays, exact=True)
+    source = interpret(graph, arrays, exact=True)[graph.outputs[0]]
+    assert np.any(np.abs(wide(rounded[wrong.outputs[0]]) - source) > rounding_bound(wrong, rounded, exact))
+    if dtype == "bfloat16":  # what the bf16 tolerance before this check accepted
+        old = interpret(graph, arrays)[graph.outputs[0]].astype(np.float64)
+        assert np.all(np.abs(wide(rounded[wrong.outputs[0]]) - old) <= 0.1 * (np.abs(old) + np.max(np.abs(old))))

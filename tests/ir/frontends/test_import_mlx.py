@@ -12,7 +12,7 @@ import pytest
 from attnpass.backends import run
 from attnpass.ir import ModelImportError, ShapeError, TensorSpec, TensorType, from_mlx, ops, trace
 from attnpass.lowering import lower
-from tests.util import assert_close, assert_mlx_import_reproduces, lazy_import, requires
+from tests.util import assert_close, assert_mlx_import_reproduces, lazy_import, random_array, requires
 
 mx = lazy_import("mlx.core")
 nn = lazy_import("mlx.nn")
@@ -129,6 +129,64 @@ def test_unsupported_primitive_names_itself_and_its_place(rng):
     message = str(err.value)
     assert "unsupported MLX primitive Scan" in message and "float32[2, 3]" in message
     assert "test_import_mlx.py" in message
+
+
+def _attend(q, k, v):
+    scores = (q @ k.swapaxes(-1, -2)) * 0.125
+    return mx.softmax(scores, axis=-1) @ v
+
+
+def _cumulative(x):
+    doubled = x * 2.0
+    return mx.cumsum(doubled, axis=1)
+
+
+def _line_of(fn, offset: int = 0) -> int:
+    return fn.__code__.co_firstlineno + offset
+
+
+@requires("mlx.core")
+@pytest.mark.parametrize("kind", ["def", "lambda"])
+def test_locations_and_remarks_name_the_users_source_line(rng, kind):
+    from attnpass.passes import PassManager, RaiseAttention
+
+    lam = lambda q, k, v: mx.softmax((q @ k.swapaxes(-1, -2)) * 0.125, axis=-1) @ v  # noqa: E731
+    fn, scores_line, out_line = (_attend, _line_of(_attend, 1), _line_of(_attend, 2)) if kind == "def" else (
+        lam, _line_of(lam), _line_of(lam)
+    )
+    q, k, v = (mx.array(random_array(rng, (1, 2, 4, 8), "float32")) for _ in range(3))
+    graph = from_mlx(fn, q, k, v).graph
+    locs = {n.loc for n in graph.nodes() if n.op not in ("input", "constant")}
+    assert {(loc.file, loc.line) for loc in locs} == {(__file__, scores_line), (__file__, out_line)}
+    assert {loc.function for loc in locs} == {fn.__name__}
+    (remark,) = [r for r in PassManager([RaiseAttention()]).run(graph).applied() if "-> sdpa" in r.message]
+    assert (remark.loc.file, remark.loc.line) == (__file__, out_line)
+    assert str(remark).endswith(f"({__file__}:{out_line} in {fn.__name__})")
+
+
+@requires("mlx.core")
+def test_an_import_error_names_the_line_without_a_replay(rng, monkeypatch):
+    import attnpass.ir.frontends.import_mlx as import_mlx
+
+    monkeypatch.setattr(import_mlx, "locate", lambda *a, **k: pytest.fail("replayed"))
+    with pytest.raises(ModelImportError) as err:
+        from_mlx(_cumulative, mx.array(random_array(rng, (2, 3), "float32")))
+    assert str(err.value).endswith(f"at {__file__}:{_line_of(_cumulative, 2)} in _cumulative")
+
+
+@requires("mlx.core")
+def test_an_array_made_from_the_example_argument_itself_does_not_break_the_import(rng):
+    """The export refuses such an array as an output: the import runs again without the lines."""
+    x = mx.array(random_array(rng, (2, 3), "float32"))
+
+    def step(y):
+        unused = x * 2.0  # x is the example argument itself, not the export's tracer of it
+        return y + 1.0, unused.shape
+
+    imported = from_mlx(lambda y: step(y)[0], x)
+    assert "mul" not in _ops(imported.graph)  # the unused product is not imported
+    assert imported.graph.node(imported.graph.outputs[0]).loc.file.startswith("mlx:")
+    _check_targets(imported, lambda y: step(y)[0], x)
 
 
 @requires("mlx.core")

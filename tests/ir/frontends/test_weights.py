@@ -193,3 +193,161 @@ def test_two_weight_inputs_with_one_path_are_refused(tmp_path):
     values = {"a": np.zeros(2, np.float32), "b": np.ones(2, np.float32)}
     with pytest.raises(WeightsError, match=r"several weight inputs have the path layers.0.weight"):
         save_weights(graph, values, tmp_path / "twins.safetensors")
+
+
+def _safetensors_keys(file) -> list[str]:
+    from safetensors import safe_open
+
+    with safe_open(str(file), "numpy") as f:
+        return sorted(f.keys())
+
+
+@requires("mlx.core", "mlx_lm")
+def test_an_mlx_lm_decode_step_names_its_kv_cache_by_path(tmp_path):
+    """A KVCache's ``update_and_fetch`` overwrites ``cache.keys`` in place while the export traces; the
+    captured buffers are still named after where the step reaches them, in the graph and on disk."""
+    import mlx.core as mx
+    from mlx_lm.models import llama
+    from mlx_lm.models.cache import make_prompt_cache
+
+    args = llama.ModelArgs(
+        model_type="llama", hidden_size=32, num_hidden_layers=2, intermediate_size=48, num_attention_heads=4,
+        num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=64,
+    )  # fmt: skip
+    mx.random.seed(0)
+    model = llama.Model(args)
+    mx.eval(model.parameters())
+
+    def prefilled():
+        cache = make_prompt_cache(model)
+        model(mx.array([[5, 3, 9, 1, 7]]), cache=cache)
+        mx.eval([c.keys for c in cache] + [c.values for c in cache])
+        return cache
+
+    reference, cache = prefilled(), prefilled()
+
+    def decode(token):
+        return model(token, cache=cache)
+
+    imported = from_mlx(decode, mx.array([[12]]))
+    caches = {f"cache_{i}_{kv}": f"cache.{i}.{kv}" for i in range(2) for kv in ("keys", "values")}
+    paths = weight_inputs(imported.graph)
+    assert {name: paths[name] for name in caches} == caches
+    assert not [name for name in paths if name.startswith("param")]
+    for i, layer in enumerate(reference):  # the buffers as prefilled, each under its own name
+        assert_bits_equal(imported.params[f"cache_{i}_keys"], np.array(layer.keys))
+        assert_bits_equal(imported.params[f"cache_{i}_values"], np.array(layer.values))
+    _graph_file, params_file = imported.save(tmp_path / "decode.json")
+    assert _safetensors_keys(params_file) == sorted(paths.values())
+    assert set(caches.values()) <= set(_safetensors_keys(params_file))
+
+
+@requires("jax")
+def test_a_jax_decode_step_names_the_cache_it_closes_over_by_path(tmp_path, rng):
+    """A closed-over cache (a JAX array, a numpy array, the attributes of a plain object), also under jit."""
+    import jax
+    import jax.numpy as jnp
+
+    class Cache:  # not a pytree: reached by attribute
+        def __init__(self) -> None:
+            self.keys = jnp.asarray(random_array(rng, (1, 8, 2, 16), "float32"))
+            self.values = random_array(rng, (1, 8, 2, 16), "float32")
+
+    k_cache = jnp.asarray(random_array(rng, (1, 8, 2, 16), "float32"))
+    v_cache = random_array(rng, (1, 8, 2, 16), "float32")
+    layer = Cache()
+
+    def decode(q, k, v):
+        first = jax.nn.dot_product_attention(q, jnp.concatenate([k_cache, k], 1), jnp.concatenate([v_cache, v], 1))
+        keys, values = jnp.concatenate([layer.keys, k], 1), jnp.concatenate([layer.values, v], 1)
+        return jax.nn.dot_product_attention(first, keys, values)
+
+    x = random_array(rng, (1, 1, 2, 16), "float32")
+    expected = {"k_cache": "k_cache", "v_cache": "v_cache", "layer_keys": "layer.keys", "layer_values": "layer.values"}
+    for fn in (decode, jax.jit(decode)):
+        imported = from_jax(fn, x, x, x)
+        assert weight_inputs(imported.graph) == expected
+        assert imported.graph.inputs == ("q", "k", "v", *expected)
+        np.testing.assert_array_equal(imported.params["v_cache"], v_cache)
+        np.testing.assert_array_equal(imported.params["layer_keys"], np.asarray(layer.keys))
+        _graph_file, params_file = imported.save(tmp_path / "decode.json")
+        assert _safetensors_keys(params_file) == sorted(expected.values())
+        got = run(lower(imported.graph, "numpy"), x, x, x, **imported.params)
+        np.testing.assert_allclose(got, np.asarray(decode(x, x, x)), rtol=1e-5, atol=1e-6)
+
+
+def test_a_path_becomes_a_safe_bounded_input_name():
+    from attnpass.ir.core.types import MAX_NAME, check_identifier
+    from attnpass.ir.frontends.importing import sanitize
+
+    assert sanitize("model.layers.0.self_attn.cache.keys") == "model_layers_0_self_attn_cache_keys"
+    assert sanitize("cache['k\"); import os #']") == "cache_k_import_os"
+    assert sanitize("0.keys") == "p_0_keys"
+    long = sanitize("a." * 400 + "keys")
+    assert len(long) < MAX_NAME and long.endswith("_a_keys") and check_identifier(long)
+    graph = Graph("g")
+    assert check_identifier(graph.fresh_name(sanitize("class"))).startswith("class_")  # not the keyword
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
+def test_the_weights_file_has_the_mode_of_the_json_beside_it(tmp_path, umask):
+    """As an ordinary open gives (``0o666 & ~umask``), through ``ImportedGraph.save`` and ``attnpass run -o``."""
+    import os
+    import stat
+
+    from attnpass.ir import TensorType
+
+    graph = Graph("moded")
+    graph.add_input("w", TensorType((4, 4), "float32"), "resident", path="layers.0.weight")
+    graph.set_outputs(["w"])
+    imported = ImportedGraph(graph.verify(), {"w": np.arange(16, dtype=np.float32).reshape(4, 4)})
+    old = os.umask(umask)
+    try:
+        files = [*imported.save(tmp_path / "g.json")]
+        assert main(["run", "-q", "-p", "dce", str(files[0]), "-o", str(tmp_path / "out.json")]) == 0
+        files += [tmp_path / "out.json", tmp_path / "out.safetensors"]
+    finally:
+        os.umask(old)
+    modes = {file.name: oct(stat.S_IMODE(file.stat().st_mode)) for file in files}
+    expected = oct(0o666 & ~umask)
+    assert modes == dict.fromkeys(["g.json", "g.safetensors", "out.json", "out.safetensors"], expected)
+
+
+@requires("jax")
+def test_a_decorated_function_names_the_arrays_of_the_wrapper_and_of_the_function(rng):
+    import functools
+
+    import jax.numpy as jnp
+
+    w = jnp.asarray(random_array(rng, (16, 16), "float32"))
+
+    def with_bias(f):
+        bias = jnp.asarray(random_array(rng, (8, 16), "float32"))
+
+        @functools.wraps(f)
+        def wrapper(x):
+            return f(x) + bias
+
+        return wrapper
+
+    @with_bias
+    def layer(x):
+        return x @ w
+
+    imported = from_jax(layer, random_array(rng, (8, 16), "float32"))
+    assert weight_inputs(imported.graph) == {"w": "w", "bias": "bias"}
+
+
+@requires("jax")
+def test_a_hostile_pytree_key_names_a_runnable_input(rng):
+    """A user's dict key reaches the input name only sanitized; the generated program runs."""
+    import jax.numpy as jnp
+
+    state = {'k"]\nimport os; os.system("x")#': jnp.asarray(random_array(rng, (8, 16), "float32"))}
+    x = random_array(rng, (8, 16), "float32")
+    imported = from_jax(lambda x: x + state['k"]\nimport os; os.system("x")#'], x)
+    (name,) = weight_inputs(imported.graph)
+    assert name == "state_k_nimport_os_os_system_x"  # the key as keystr quotes it: \\n, not a newline
+    program = lower(imported.graph, "numpy")
+    assert "os.system" not in program.source
+    np.testing.assert_array_equal(run(program, x, **imported.params), x + np.asarray(next(iter(state.values()))))
