@@ -16,13 +16,16 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.util import requires
+from attnpass.ir import DType
+from tests.sharded_cases import LAYOUT_CASES
+from tests.util import RTOL, requires
 
 ROOT = Path(__file__).resolve().parents[2]
 FORBIDDEN = ("all-gather", "all-to-all", "collective-permute", "reduce-scatter")
@@ -59,6 +62,22 @@ def declined(case: dict) -> list[str]:
 def assert_equals_single_device(case: dict) -> None:
     bound = TOLERANCE[case["dtype"]] * case["max_abs"]
     assert case["max_abs_diff"] <= bound, f"{case['case']}: |sharded - single| = {case['max_abs_diff']} > {bound}"
+    assert_equals_the_original(case)
+
+
+def assert_equals_the_original(case: dict) -> None:
+    """The sharded output against the graph before any pass (numpy reference, or JAX's own function), within
+    ``assert_close``'s tolerance of the dtype: ``|a - e| <= RTOL * (|e| + max|e|)`` elementwise."""
+    rtol = RTOL[DType.parse(case["dtype"])]
+    assert case["reference_error"] <= rtol, f"{case['case']}: {case['reference_error']} > {rtol}"
+
+
+CLAIM = re.compile(r"(\w+) \((?:graph input|state) \S+, placed \(.*?\)\): ([\d,]+) of ([\d,]+) bytes per device")
+
+
+def claimed_bytes(remark: str) -> dict[str, tuple[int, int]]:
+    """``{input: (bytes per device, total bytes)}`` as the remark states them."""
+    return {m[1]: (int(m[2].replace(",", "")), int(m[3].replace(",", ""))) for m in CLAIM.finditer(remark)}
 
 
 def assert_kv_split_evenly(case: dict) -> None:
@@ -135,3 +154,23 @@ def test_the_readme_block_runs_on_eight_devices(cases):
     assert printed[1] == "{524288} 4194304"
     counts = ast.literal_eval(printed[2])
     assert counts["all-reduce"] > 0 and all(counts[op] == 0 for op in FORBIDDEN)
+
+
+@pytest.mark.parametrize("name", LAYOUT_CASES)
+def test_each_device_holds_the_share_of_k_and_v_the_remark_states(cases, name):
+    """Heads-first, rows-first (traced and from jax.nn.dot_product_attention) and repeated-K/V graphs under each
+    option: the bytes the remark states per device are what ``addressable_shards`` of the placed K and V hold
+    on every device, the compiled program takes them so placed, and the output is the original's."""
+    case = cases[name]
+    (remark,) = applied(case)
+    claims = claimed_bytes(remark)
+    assert set(case["kv_inputs"]) <= set(claims), remark  # the remark states K's and V's bytes per device
+    n = case["mesh_devices"]
+    for value, (per_device, total) in claims.items():
+        held = case["inputs"][value]
+        assert held["devices"] == n and held["compiled_sharding_matches"], held
+        assert held["total"] == total and total % n == 0
+        assert held["per_device"] == [per_device] == [total // n], (value, held, claims[value])
+    collectives = {op: found for op, found in case["collectives"].items() if found}
+    assert set(collectives) <= ({"all-reduce"} if name.endswith("-seq") else set()), collectives
+    assert_equals_the_original(case)
