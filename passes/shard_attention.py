@@ -225,7 +225,7 @@ class ShardAttention(Pass):
         values: dict[str, Sharding] = {}
         roots: list[str] = []  # where K's and V's chains end: the values that hold their bytes
         for i, (value, labels) in enumerate(wanted):
-            chain = self._chain(graph, value, labels)
+            chain = self._chain(graph, value, labels, strict=i > 0)
             if isinstance(chain, Decline):
                 return chain
             values.update(chain[0])
@@ -257,16 +257,21 @@ class ShardAttention(Pass):
         message = self._describe(graph, anchor, hkv, hq, streams, chunks, split, rows, values, roots)
         return _Plan(q, k, v, mask, chunks, split, rows, tuple(values.items()), message)
 
-    def _chain(self, graph: Graph, value: str, labels: Labels) -> tuple[dict[str, Sharding], str] | Decline:
+    def _chain(
+        self, graph: Graph, value: str, labels: Labels, strict: bool = True
+    ) -> tuple[dict[str, Sharding], str] | Decline:
         """``value`` and what it reads through layout ops (:func:`_source_sharding`), each with the sharding
         that lays its elements out on the devices as ``value``'s are, and the last of them: the value that
-        holds the bytes (a graph input, or the computed value the chain ends at)."""
+        holds the bytes (a graph input, or the computed value the chain ends at). An op that cannot pass the
+        sharding on declines (``strict``: K and V, whose bytes are the point) or ends the chain (the query)."""
         sharding = self._sharding(labels)
         if sharding is None:
             return {}, value
         out, node = {value: sharding}, graph.node(value)
         while node.op in BACKWARD:
             source = _source_sharding(graph, node, sharding)
+            if isinstance(source, str) and not strict:
+                break
             if isinstance(source, str):
                 return Decline(f"{value} is read through {node.op} {node.name}: {source}")
             sharding, node = source, graph.node(node.inputs[0])
@@ -311,6 +316,14 @@ class ShardAttention(Pass):
                 f"KV heads over {self.heads}: {hkv}/{h} = {hkv // h} KV head(s) per device with their "
                 f"{hq // h} query heads (whole GQA groups)"
             )
+            sharded = values[roots[0]] if roots else ()
+            if self.heads in sharded:  # fewer heads on K's root than the sdpa reads: repeated (repeat_kv)
+                held_heads = graph.node(roots[0]).type.shape[sharded.index(self.heads)]
+                if held_heads < hkv:
+                    parts[-1] += (
+                        f", repeated {hkv // held_heads}x from {roots[0]}'s {held_heads}: {held_heads // h} of "
+                        f"them per device"
+                    )
         if self.batch is not None:
             nb = split_over[self.batch]
             parts.append(f"streams over {self.batch}: {b}/{nb} = {b // nb} per device")

@@ -101,8 +101,9 @@ CASES: dict[str, tuple[Build, dict[str, int], str]] = {
 
 
 # Layouts: heads-first [B, H, T, D], rows-first [B, T, H, D] (jax.nn.dot_product_attention's, flax's), rows-first
-# with K/V repeated up to the query heads before the sdpa (repeat_kv), and jax.nn.dot_product_attention itself.
-# Every option over one axis of 4 devices: 4 streams, 4 KV heads, 512 keys.
+# with K/V repeated up to the query heads before the sdpa (repeat_kv), jax.nn.dot_product_attention itself, and a
+# decode step whose state caches the step writes into (dynamic_update_slice). Every option over one axis of 4
+# devices: 4 streams, 4 KV heads, 512 keys.
 LAYOUT_MESH = {"m": 4}
 B, HQ, HKV, S, T, D = 4, 16, 4, 4, 512, 32
 
@@ -127,10 +128,16 @@ def rows_first_repeated(q, k, v):
     return _heads(ops.sdpa(_heads(q), repeat(k), repeat(v)))
 
 
-def layout_case(layout: str) -> tuple[Graph, list[np.ndarray], np.ndarray, str]:
-    """The graph, its inputs q, k, v, the original's output (numpy reference, or JAX's own function) and the
-    pipeline before shard-attention."""
-    q_shape, kv_shape = ((B, HQ, S, D), (B, HKV, T, D)) if layout == "heads-first" else ((B, S, HQ, D), (B, T, HKV, D))
+def decode_state(q, k_new, v_new, k_cache, v_cache, at):
+    k, v = ops.dynamic_update_slice(k_cache, k_new, at), ops.dynamic_update_slice(v_cache, v_new, at)
+    return ops.sdpa(q, k, v), k, v
+
+
+def layout_case(layout: str) -> tuple[Graph, list[np.ndarray], list[np.ndarray], str]:
+    """The graph (K and V its 2nd and 3rd input, or its caches), its inputs, the original's outputs (numpy
+    reference, or JAX's own function) and the pipeline before shard-attention."""
+    rows = layout not in ("heads-first", "decode-state")
+    q_shape, kv_shape = ((B, S, HQ, D), (B, T, HKV, D)) if rows else ((B, HQ, S, D), (B, HKV, T, D))
     rng = np.random.default_rng(1)
     q, k, v = (rng.standard_normal(shape).astype(np.float32) for shape in (q_shape, kv_shape, kv_shape))
     if layout == "jax-rows-first":
@@ -139,13 +146,23 @@ def layout_case(layout: str) -> tuple[Graph, list[np.ndarray], np.ndarray, str]:
         from attnpass.ir.frontends.import_jax import from_jax
 
         graph = from_jax(jax.nn.dot_product_attention, q, k, v).graph
-        return graph, [q, k, v], np.asarray(jax.nn.dot_product_attention(q, k, v)), "raise-attention"
-    fn = {"heads-first": heads_first, "rows-first": rows_first, "rows-first-repeated": rows_first_repeated}[layout]
-    graph = trace(fn, *(TensorSpec(x.shape) for x in (q, k, v)))
-    return graph, [q, k, v], run(lower(graph, "numpy"), q, k, v), ""
+        return graph, [q, k, v], [np.asarray(jax.nn.dot_product_attention(q, k, v))], "raise-attention"
+    if layout == "decode-state":
+        rows = [rng.standard_normal((B, HKV, 1, D)).astype(np.float32) for _ in range(2)]
+        inputs = [rng.standard_normal((B, HQ, 1, D)).astype(np.float32), *rows, k, v, np.array([0, 0, 300, 0], "int32")]
+        specs = [TensorSpec(x.shape, str(x.dtype), role="resident" if x is k or x is v else "streamed") for x in inputs]
+        graph = trace(decode_state, *specs)
+        graph.pair_state("k_cache", 1)
+        graph.pair_state("v_cache", 2)
+    else:
+        fn = {"heads-first": heads_first, "rows-first": rows_first, "rows-first-repeated": rows_first_repeated}[layout]
+        inputs = [q, k, v]
+        graph = trace(fn, *(TensorSpec(x.shape) for x in inputs))
+    reference = run(lower(graph, "numpy"), *inputs)
+    return graph, inputs, list(reference) if isinstance(reference, tuple) else [reference], ""
 
 
-LAYOUTS = ("heads-first", "rows-first", "rows-first-repeated", "jax-rows-first")
+LAYOUTS = ("heads-first", "rows-first", "rows-first-repeated", "jax-rows-first", "decode-state")
 LAYOUT_CASES = [f"layout-{layout}-{option}" for layout in LAYOUTS for option in ("heads", "batch", "seq")]
 
 
@@ -167,8 +184,8 @@ def measure_layout(name: str) -> dict[str, Any]:
     bound = program.bind(*inputs)
     compiled = program.fn.lower(*bound).compile()
     expected_shardings = compiled.input_shardings[0]
-    out = np.asarray(program.fn(*bound))
-    hlo = compiled.as_text()
+    out = program.fn(*bound)
+    outs = [np.asarray(o) for o in (out if isinstance(out, tuple) else (out,))]
     held = {
         n: {
             "per_device": sorted({shard.data.nbytes for shard in a.addressable_shards}),
@@ -178,15 +195,16 @@ def measure_layout(name: str) -> dict[str, Any]:
         }
         for i, (n, a) in enumerate(zip(program.input_names, bound))
     }
+    state = dict(graph.state_pairs())
     return {
         "case": name,
         "remarks": [str(r) for r in result.remarks if r.pass_name == "shard-attention"],
         "inputs": held,
-        "kv_inputs": list(graph.inputs[1:3]),
-        "collectives": collectives(hlo),
+        "kv_inputs": list(state) or list(graph.inputs[1:3]),
+        "collectives": collectives(compiled.as_text()),
         "mesh_devices": int(np.prod(list(LAYOUT_MESH.values()))),
-        "reference_error": relative_error(out, reference),
-        "dtype": str(out.dtype),
+        "reference_error": max(relative_error(o, e) for o, e in zip(outs, reference, strict=True)),
+        "dtype": str(outs[0].dtype),
         "jax_devices": len(jax.devices()),
     }
 

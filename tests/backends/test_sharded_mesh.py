@@ -9,6 +9,11 @@ heads, head dim 256, head-chunked), the QSA decode layer (gathered) and a
 heads, a heads axis of 8 is declined, so the 1x8 mesh shards the keys
 (``seq``, split-KV) and the 2x4 mesh splits the 2 KV heads over ``data`` and
 the keys over ``model``; models with 8 KV heads show heads (and streams) alone.
+The layout cases put heads-first, rows-first (traced, repeated K/V, and
+``jax.nn.dot_product_attention`` imported) and decode-state graphs under each
+of ``heads``, ``batch`` and ``seq`` over 4 devices, and hold the remark's K/V
+bytes per device to what ``addressable_shards`` hold. Every output is also
+compared with the graph before any pass.
 """
 
 from __future__ import annotations
@@ -158,9 +163,10 @@ def test_the_readme_block_runs_on_eight_devices(cases):
 
 @pytest.mark.parametrize("name", LAYOUT_CASES)
 def test_each_device_holds_the_share_of_k_and_v_the_remark_states(cases, name):
-    """Heads-first, rows-first (traced and from jax.nn.dot_product_attention) and repeated-K/V graphs under each
-    option: the bytes the remark states per device are what ``addressable_shards`` of the placed K and V hold
-    on every device, the compiled program takes them so placed, and the output is the original's."""
+    """Heads-first, rows-first (traced, repeated K/V, imported from jax.nn.dot_product_attention) and decode-state
+    graphs under each option: the bytes the remark states per device are what ``addressable_shards`` of the
+    placed K and V hold on every device, the compiled program takes them so placed, and the outputs are the
+    original's."""
     case = cases[name]
     (remark,) = applied(case)
     claims = claimed_bytes(remark)

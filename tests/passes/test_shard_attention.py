@@ -201,6 +201,9 @@ def test_rows_first_k_and_v_are_sharded_where_their_bytes_live(fn, option, rng):
     assert graph.node("k").sharding == graph.node("v").sharding == ROWS[option]
     nbytes = graph.node("k").type.nbytes
     assert held_bytes(remarks[0]) == {"k": (nbytes // 4, nbytes), "v": (nbytes // 4, nbytes)}
+    if fn is rows_first_repeated and option == "heads":  # the sdpa reads 16 KV heads, 4 of k's repeated 4x
+        assert "KV heads over m: 16/4 = 4 KV head(s) per device" in remarks[0]
+        assert f"repeated 4x from k's {HKV}: {HKV // 4} of them per device" in remarks[0]
     arrays = [random_array(rng, s.shape, s.dtype) for s in specs]
     assert_close(run(lower(graph, "numpy"), *arrays), run(lower(original, "numpy"), *arrays))
 
@@ -244,5 +247,20 @@ def test_k_and_v_computed_in_the_graph_are_annotated_there_and_no_input_bytes_ar
     assert held_bytes(remarks[0]) == {}
     assert [n for n in graph.inputs if graph.node(n).sharding] == ["q"]
     assert graph.node("matmul").sharding == graph.node("matmul_1").sharding == (None, None, "m")
+    arrays = [random_array(rng, s.shape, s.dtype) for s in specs]
+    assert_close(run(lower(graph, "numpy"), *arrays), run(lower(original, "numpy"), *arrays))
+
+
+def test_a_query_that_cannot_carry_the_sharding_back_is_annotated_where_its_chain_ends(rng):
+    def shared_query(q, k, v):  # one query head broadcast to all 4: q's bytes are not what is split
+        return ops.sdpa(ops.broadcast_to(q, (2, 4, 3, 16)), k, v)
+
+    specs = [TensorSpec((2, 1, 3, 16)), TensorSpec((2, 2, 64, 16)), TensorSpec((2, 2, 64, 16))]
+    original = trace(shared_query, *specs)
+    graph, remarks = shard(original.copy(), "shard-attention{heads=m}", {"m": 2})
+    assert "] applied " in remarks[0]
+    assert graph.node("broadcast_to").sharding == (None, "m", None, None)
+    assert graph.node("q").sharding is None
+    assert graph.node("k").sharding == graph.node("v").sharding == (None, "m", None, None)
     arrays = [random_array(rng, s.shape, s.dtype) for s in specs]
     assert_close(run(lower(graph, "numpy"), *arrays), run(lower(original, "numpy"), *arrays))
