@@ -166,6 +166,21 @@ LAYOUTS = ("heads-first", "rows-first", "rows-first-repeated", "jax-rows-first",
 LAYOUT_CASES = [f"layout-{layout}-{option}" for layout in LAYOUTS for option in ("heads", "batch", "seq")]
 
 
+def held_per_input(program: Any, bound: list[Any], compiled: Any) -> dict[str, dict[str, Any]]:
+    """Per program input: the bytes each device holds of the placed argument (``addressable_shards``), on how
+    many devices, its total, and whether the compiled program takes it with that sharding."""
+    expected = compiled.input_shardings[0]
+    return {
+        n: {
+            "per_device": sorted({shard.data.nbytes for shard in a.addressable_shards}),
+            "devices": len(a.addressable_shards),
+            "total": a.nbytes,
+            "compiled_sharding_matches": a.sharding.is_equivalent_to(expected[i], a.ndim),
+        }
+        for i, (n, a) in enumerate(zip(program.input_names, bound))
+    }
+
+
 def measure_layout(name: str) -> dict[str, Any]:
     """One layout under one option over 4 devices: the remarks, and per input the bytes each device holds
     (``addressable_shards`` of the arguments placed by the program) and whether the compiled program takes
@@ -183,23 +198,13 @@ def measure_layout(name: str) -> dict[str, Any]:
     program = lower(result.graph, "jax", mesh=make_mesh(LAYOUT_MESH))
     bound = program.bind(*inputs)
     compiled = program.fn.lower(*bound).compile()
-    expected_shardings = compiled.input_shardings[0]
     out = program.fn(*bound)
     outs = [np.asarray(o) for o in (out if isinstance(out, tuple) else (out,))]
-    held = {
-        n: {
-            "per_device": sorted({shard.data.nbytes for shard in a.addressable_shards}),
-            "devices": len(a.addressable_shards),
-            "total": a.nbytes,
-            "compiled_sharding_matches": a.sharding.is_equivalent_to(expected_shardings[i], a.ndim),
-        }
-        for i, (n, a) in enumerate(zip(program.input_names, bound))
-    }
     state = dict(graph.state_pairs())
     return {
         "case": name,
         "remarks": [str(r) for r in result.remarks if r.pass_name == "shard-attention"],
-        "inputs": held,
+        "inputs": held_per_input(program, bound, compiled),
         "kv_inputs": list(state) or list(graph.inputs[1:3]),
         "collectives": collectives(compiled.as_text()),
         "mesh_devices": int(np.prod(list(LAYOUT_MESH.values()))),
@@ -243,7 +248,8 @@ def measure(name: str) -> dict[str, Any]:
     program = lower(sharded_graph, "jax", mesh=host_mesh(axes) if multihost else make_mesh(axes))
     bound = program.bind(**args)
     out = program.fn(*bound)
-    hlo = program.fn.lower(*bound).compile().as_text()
+    compiled = program.fn.lower(*bound).compile()
+    hlo = compiled.as_text()
     kv = [n for n in program.input_names if n.startswith(("k_cache", "v_cache"))]
     held = {d.id: 0 for d in jax.devices()}
     for n in kv:
@@ -259,6 +265,8 @@ def measure(name: str) -> dict[str, Any]:
         "max_abs_diff": float(np.max(np.abs(actual.astype(np.float64) - expected.astype(np.float64)))),
         "max_abs": float(np.max(np.abs(expected.astype(np.float64)))),
         "reference_error": relative_error(actual, reference),
+        "inputs": held_per_input(program, bound, compiled),
+        "mesh_size": int(np.prod(list(axes.values()))),
         "dtype": str(expected.dtype),
         "collectives": collectives(hlo),
         "combine_bytes": b * hq * s * (dv + 1) * 4,  # one attention's float32 partial sums and weights

@@ -89,6 +89,20 @@ def assert_kv_split_evenly(case: dict) -> None:
     per_device = case["kv_bytes_total"] // case["devices"]
     assert case["kv_bytes_per_device"] == [per_device], case["case"]  # every device the same, 1/8 of the whole
     assert case["kv_bytes_per_device_from_sharding"] == per_device
+    assert_the_remarks_bytes_are_held(case, case["mesh_size"])
+
+
+def assert_the_remarks_bytes_are_held(case: dict, n: int) -> None:
+    """Every applied remark states its K/V inputs' bytes per device; each device of the mesh holds exactly
+    that (``addressable_shards``), ``1/n`` of the input, and the compiled program takes it so placed."""
+    for remark in applied(case):
+        claims = claimed_bytes(remark)
+        assert len(claims) >= 2, remark  # K's and V's
+        for value, (per_device, total) in claims.items():
+            held = case["inputs"][value]
+            assert held["devices"] == n and held["compiled_sharding_matches"], held
+            assert held["total"] == total and total % n == 0
+            assert held["per_device"] == [per_device] == [total // n], (value, held, claims[value])
 
 
 HEADS_ONLY = ["verify-1x8-heads-8kv", "verify-2x4-batch-heads-8kv", "qsa-1x8-heads-8kv"]
@@ -169,14 +183,8 @@ def test_each_device_holds_the_share_of_k_and_v_the_remark_states(cases, name):
     original's."""
     case = cases[name]
     (remark,) = applied(case)
-    claims = claimed_bytes(remark)
-    assert set(case["kv_inputs"]) <= set(claims), remark  # the remark states K's and V's bytes per device
-    n = case["mesh_devices"]
-    for value, (per_device, total) in claims.items():
-        held = case["inputs"][value]
-        assert held["devices"] == n and held["compiled_sharding_matches"], held
-        assert held["total"] == total and total % n == 0
-        assert held["per_device"] == [per_device] == [total // n], (value, held, claims[value])
+    assert set(case["kv_inputs"]) <= set(claimed_bytes(remark)), remark  # it states K's and V's bytes per device
+    assert_the_remarks_bytes_are_held(case, case["mesh_devices"])
     collectives = {op: found for op, found in case["collectives"].items() if found}
     assert set(collectives) <= ({"all-reduce"} if name.endswith("-seq") else set()), collectives
     assert_equals_the_original(case)

@@ -264,3 +264,19 @@ def test_a_query_that_cannot_carry_the_sharding_back_is_annotated_where_its_chai
     assert graph.node("k").sharding == graph.node("v").sharding == (None, "m", None, None)
     arrays = [random_array(rng, s.shape, s.dtype) for s in specs]
     assert_close(run(lower(graph, "numpy"), *arrays), run(lower(original, "numpy"), *arrays))
+
+
+@pytest.mark.parametrize(
+    ("option", "expected"),
+    [("heads", ("m", None, None, None)), ("batch", (None, None, "m", None)), ("seq", (None, "m", None, None))],
+)
+def test_a_transpose_that_is_not_its_own_inverse_maps_each_dimension_back(option, expected, rng):
+    def stored(q, k, v):  # K/V stored [Hkv, T, B, D]; perm (2, 0, 1, 3) gives [B, Hkv, T, D]
+        return ops.sdpa(q, ops.transpose(k, (2, 0, 1, 3)), ops.transpose(v, (2, 0, 1, 3)))
+
+    specs = [TensorSpec((2, 4, 3, 16)), TensorSpec((2, 64, 2, 16)), TensorSpec((2, 64, 2, 16))]
+    original = trace(stored, *specs)
+    graph, remarks = shard(original.copy(), f"shard-attention{{{option}=m}}", {"m": 2})
+    assert graph.node("k").sharding == graph.node("v").sharding == expected, remarks
+    arrays = [random_array(rng, s.shape, s.dtype) for s in specs]
+    assert_close(run(lower(graph, "numpy"), *arrays), run(lower(original, "numpy"), *arrays))
