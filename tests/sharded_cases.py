@@ -14,6 +14,7 @@ compiled HLO and the K/V bytes each device holds (from ``addressable_shards``).
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -282,6 +283,14 @@ def measure(name: str) -> dict[str, Any]:
     }
 
 
+CLAIM = re.compile(r"(\w+) \((?:graph input|state) \S+, placed \(.*?\)\): ([\d,]+) of ([\d,]+) bytes per device")
+
+
+def claimed_bytes(remark: str) -> dict[str, tuple[int, int]]:
+    """``{input: (bytes per device, total bytes)}`` as a shard-attention remark states them."""
+    return {m[1]: (int(m[2].replace(",", "")), int(m[3].replace(",", ""))) for m in CLAIM.finditer(remark)}
+
+
 def relative_error(actual: np.ndarray, reference: np.ndarray) -> float:
     """``max |actual - reference| / (|reference| + max |reference|)``, elementwise in float64: the measure
     ``tests.util.assert_close`` bounds by its per-dtype ``RTOL``."""
@@ -321,7 +330,6 @@ def readme_block() -> dict[str, Any]:
     """Run the README's first ``py`` block of "Shard over a device mesh" (the one that needs 8 devices)."""
     import contextlib
     import io
-    import re
     from pathlib import Path
 
     text = (Path(__file__).resolve().parent.parent / "README.md").read_text()

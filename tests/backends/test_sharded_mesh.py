@@ -21,7 +21,6 @@ from __future__ import annotations
 import ast
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -29,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from attnpass.ir import DType
-from tests.sharded_cases import LAYOUT_CASES
+from tests.sharded_cases import LAYOUT_CASES, claimed_bytes
 from tests.util import RTOL, requires
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -77,12 +76,6 @@ def assert_equals_the_original(case: dict) -> None:
     assert case["reference_error"] <= rtol, f"{case['case']}: {case['reference_error']} > {rtol}"
 
 
-CLAIM = re.compile(r"(\w+) \((?:graph input|state) \S+, placed \(.*?\)\): ([\d,]+) of ([\d,]+) bytes per device")
-
-
-def claimed_bytes(remark: str) -> dict[str, tuple[int, int]]:
-    """``{input: (bytes per device, total bytes)}`` as the remark states them."""
-    return {m[1]: (int(m[2].replace(",", "")), int(m[3].replace(",", ""))) for m in CLAIM.finditer(remark)}
 
 
 def assert_kv_split_evenly(case: dict) -> None:

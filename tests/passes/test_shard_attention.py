@@ -19,7 +19,17 @@ from attnpass.models import (
     verify_step,
 )
 from attnpass.passes import PassManager, ShardAttention, parse_pipeline
-from tests.sharded_cases import B, HKV, HQ, T, rows_first, rows_first_repeated, verify_graph, verify_inputs
+from tests.sharded_cases import (
+    B,
+    HKV,
+    HQ,
+    T,
+    claimed_bytes,
+    rows_first,
+    rows_first_repeated,
+    verify_graph,
+    verify_inputs,
+)
 from tests.util import assert_close, random_array, target_params
 
 HEADS = (None, "model", None, None)
@@ -116,8 +126,9 @@ def test_preconditions_decline_with_the_numbers(pipeline, mesh, reason):
 
 def test_seq_and_batch_cannot_share_the_leading_dimension():
     graph = verify_graph(QSAConfig(), batch=2, kv_len=256)
-    _, remarks = shard(graph, "shard-attention{seq=model,batch=data}", {"data": 2, "model": 4})
-    assert "the T-shards share the leading dimension with the streams" in remarks[0]
+    sharded, remarks = shard(graph, "shard-attention{seq=model,batch=data}", {"data": 2, "model": 4})
+    assert "] declined " in remarks[0] and "the T-shards share the leading dimension with the streams" in remarks[0]
+    assert all(n.sharding is None for n in sharded.nodes()) and not any(n.op == "sdpa_lse" for n in sharded.nodes())
 
 
 def test_the_per_stream_gather_form_declines_stream_sharding():
@@ -180,13 +191,6 @@ def test_options_are_checked(options, message):
         ShardAttention(**options)
 
 
-def held_bytes(remark: str) -> dict[str, tuple[int, int]]:
-    """``{input: (bytes per device, total)}`` as an applied remark states them."""
-    from tests.backends.test_sharded_mesh import claimed_bytes
-
-    return claimed_bytes(remark)
-
-
 ROWS = {"heads": (None, None, "m", None), "batch": ("m", None, None, None), "seq": (None, "m", None, None)}
 
 
@@ -200,7 +204,7 @@ def test_rows_first_k_and_v_are_sharded_where_their_bytes_live(fn, option, rng):
     graph, remarks = shard(original.copy(), f"shard-attention{{{option}=m}}", {"m": 4})
     assert graph.node("k").sharding == graph.node("v").sharding == ROWS[option]
     nbytes = graph.node("k").type.nbytes
-    assert held_bytes(remarks[0]) == {"k": (nbytes // 4, nbytes), "v": (nbytes // 4, nbytes)}
+    assert claimed_bytes(remarks[0]) == {"k": (nbytes // 4, nbytes), "v": (nbytes // 4, nbytes)}
     if fn is rows_first_repeated and option == "heads":  # the sdpa reads 16 KV heads, 4 of k's repeated 4x
         assert "KV heads over m: 16/4 = 4 KV head(s) per device" in remarks[0]
         assert f"repeated 4x from k's {HKV}: {HKV // 4} of them per device" in remarks[0]
@@ -244,7 +248,7 @@ def test_k_and_v_computed_in_the_graph_are_annotated_there_and_no_input_bytes_ar
     original = trace(projected, *specs)
     graph, remarks = shard(original.copy(), "shard-attention{heads=m}", {"m": 2})
     assert "K/V per device: matmul is computed (matmul), not a graph input: annotated (_, _, m)" in remarks[0]
-    assert held_bytes(remarks[0]) == {}
+    assert claimed_bytes(remarks[0]) == {}
     assert [n for n in graph.inputs if graph.node(n).sharding] == ["q"]
     assert graph.node("matmul").sharding == graph.node("matmul_1").sharding == (None, None, "m")
     arrays = [random_array(rng, s.shape, s.dtype) for s in specs]
