@@ -109,7 +109,8 @@ LAYOUT_MESH = {"m": 4}
 B, HQ, HKV, S, T, D = 4, 16, 4, 4, 512, 32
 
 
-def _heads(x):
+def swap_th(x):
+    """``[B, T, H, D] <-> [B, H, T, D]``."""
     return ops.transpose(x, (0, 2, 1, 3))
 
 
@@ -118,15 +119,15 @@ def heads_first(q, k, v):
 
 
 def rows_first(q, k, v):
-    return _heads(ops.sdpa(_heads(q), _heads(k), _heads(v), causal="bottom_right"))
+    return swap_th(ops.sdpa(swap_th(q), swap_th(k), swap_th(v), causal="bottom_right"))
 
 
 def rows_first_repeated(q, k, v):
     def repeat(x):  # [B, T, Hkv, D] -> [B, Hq, T, D], each KV head repeated for its query heads
-        x = ops.reshape(_heads(x), (B, HKV, 1, T, D))
+        x = ops.reshape(swap_th(x), (B, HKV, 1, T, D))
         return ops.reshape(ops.broadcast_to(x, (B, HKV, HQ // HKV, T, D)), (B, HQ, T, D))
 
-    return _heads(ops.sdpa(_heads(q), repeat(k), repeat(v)))
+    return swap_th(ops.sdpa(swap_th(q), repeat(k), repeat(v)))
 
 
 def decode_state(q, k_new, v_new, k_cache, v_cache, at):

@@ -27,6 +27,7 @@ from tests.sharded_cases import (
     claimed_bytes,
     rows_first,
     rows_first_repeated,
+    swap_th,
     verify_graph,
     verify_inputs,
 )
@@ -283,4 +284,21 @@ def test_a_transpose_that_is_not_its_own_inverse_maps_each_dimension_back(option
     graph, remarks = shard(original.copy(), f"shard-attention{{{option}=m}}", {"m": 2})
     assert graph.node("k").sharding == graph.node("v").sharding == expected, remarks
     arrays = [random_array(rng, s.shape, s.dtype) for s in specs]
+    assert_close(run(lower(graph, "numpy"), *arrays), run(lower(original, "numpy"), *arrays))
+
+
+def test_a_rows_first_head_chunked_attention_is_sharded_on_its_inputs(rng):
+    def verify(q, k, v, mask):  # 24 query / 2 KV heads, rows-first: head-chunk slices the transposes
+        return swap_th(ops.sdpa(swap_th(q), swap_th(k), swap_th(v), mask=mask))
+
+    specs = [TensorSpec((1, 4, 24, 64)), TensorSpec((1, 256, 2, 64)), TensorSpec((1, 256, 2, 64)),
+             TensorSpec((1, 1, 4, 256), "bool")]  # fmt: skip
+    original = trace(verify, *specs)
+    graph, remarks = shard(original.copy(), "head-chunk,shard-attention{heads=model,seq=keys}", {"model": 2, "keys": 4})
+    assert "regrouped 4 head-chunk subcalls" in remarks[0]
+    assert graph.node("k").sharding == graph.node("v").sharding == (None, "keys", "model", None)
+    nbytes = graph.node("k").type.nbytes
+    assert claimed_bytes(remarks[0]) == {"k": (nbytes // 8, nbytes), "v": (nbytes // 8, nbytes)}
+    arrays = [random_array(rng, s.shape, s.dtype) for s in specs]
+    arrays[3][..., 0] = True
     assert_close(run(lower(graph, "numpy"), *arrays), run(lower(original, "numpy"), *arrays))
