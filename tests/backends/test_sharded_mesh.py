@@ -152,6 +152,7 @@ def test_a_heads_axis_that_does_not_divide_the_kv_heads_is_declined(cases, name)
     assert case["kv_bytes_per_device"] == [case["kv_bytes_total"]]  # replicated: correct, not split
     assert all(not found for found in case["collectives"].values())
     assert case["bitwise_equal"]
+    assert_equals_the_original(case)
 
 
 def test_two_hosts_of_four_devices_run_the_same_program(cases):
