@@ -22,8 +22,17 @@ holds, or declined, with the precondition that failed:
 Which forms (the annotated values keep every sharded dimension an array
 dimension, so XLA's partitioner needs no communication except the combine):
 
-- a plain ``sdpa``: its operands (through the slices, gathers and casts that
-  feed them, provided these keep the sharded dimensions whole) and its result;
+- a plain ``sdpa``: its operands and its result, and what the operands read
+  through layout ops back to the values that hold the bytes (graph inputs and
+  state, or the computed value where the chain ends): slices, gathers and
+  casts that keep the sharded dimensions whole, transposes, reshapes where a
+  sharded dimension has the row-major stride of an operand dimension (a
+  merged dimension carries the sharding on its outer part: ``repeat_kv``'s
+  ``[B, Hkv * G, T, D]``), broadcasts that do not repeat a sharded dimension,
+  and a ``dynamic_update_slice``'s buffer (a cache written by the step). So
+  rows-first ``[B, T, H, D]`` K/V (``jax.nn.dot_product_attention``, flax)
+  are sharded on the inputs themselves. Any other layout op on the way
+  declines the attention, naming it and the dimension it breaks;
 - a head-chunked attention (``head-chunk``'s concat of per-KV-group subcalls)
   under ``heads``: regrouped first into one sdpa per chunk position over all
   KV groups (``q`` reshaped to ``[B, Hkv, G, S, D]``, chunk ``[a, b)`` of every
@@ -42,6 +51,11 @@ dimension, so XLA's partitioner needs no communication except the combine):
 
 In both gathered forms the indexer's values stay unannotated: each device
 computes the selection itself from replicated inputs, and no K/V row moves.
+
+The remark's per-device counts (KV heads, streams, keys) are divided only by
+the axes the placement put on K's and V's roots, and it states each root's
+bytes per device when it is a graph input (a computed root: what was
+annotated, and no input bytes).
 
 Values that read annotated ones elementwise, by concatenation or through a
 transpose or a reshape that keeps each sharded dimension whole inherit their
@@ -75,6 +89,7 @@ from .split_kv import (
 
 QKV_LABELS = ("batch", "heads", None, None)
 PROPAGATING = frozenset({"add", "sub", "mul", "div", "maximum", "cast", "concat"})
+BACKWARD = frozenset({"slice", "take", "cast", "transpose", "reshape", "broadcast_to", "dynamic_update_slice"})
 
 
 @dataclass(frozen=True)
@@ -208,11 +223,14 @@ class ShardAttention(Pass):
         else:
             wanted += [(k, kv_labels), (v, kv_labels)]
         values: dict[str, Sharding] = {}
-        for value, labels in wanted:
-            chain = self._chain(graph, value, labels)
+        roots: list[str] = []  # where K's and V's chains end: the values that hold their bytes
+        for i, (value, labels) in enumerate(wanted):
+            chain = self._chain(graph, value, labels, strict=i > 0)
             if isinstance(chain, Decline):
                 return chain
-            values.update(chain)
+            values.update(chain[0])
+            if i and chain[0]:
+                roots.append(chain[1])
         if streams % nb:
             return Decline(
                 f"batch: mesh axis {self.batch} has {nb} devices, which does not divide {streams} stream(s)"
@@ -236,34 +254,29 @@ class ShardAttention(Pass):
             and all(graph.node(n).sharding == s for n, s in values.items())
         ):
             return Decline("already sharded as planned")
-        message = self._describe(graph, anchor, hkv, hq, streams, chunks, split, rows, values)
+        message = self._describe(graph, anchor, hkv, hq, streams, chunks, split, rows, values, roots)
         return _Plan(q, k, v, mask, chunks, split, rows, tuple(values.items()), message)
 
-    def _chain(self, graph: Graph, value: str, labels: Labels) -> dict[str, Sharding] | Decline:
-        """``value`` and what it reads through slices, gathers and casts that keep the sharded dimensions whole."""
+    def _chain(
+        self, graph: Graph, value: str, labels: Labels, strict: bool = True
+    ) -> tuple[dict[str, Sharding], str] | Decline:
+        """``value`` and what it reads through layout ops (:func:`_source_sharding`), each with the sharding
+        that lays its elements out on the devices as ``value``'s are, and the last of them: the value that
+        holds the bytes (a graph input, or the computed value the chain ends at). An op that cannot pass the
+        sharding on declines (``strict``: K and V, whose bytes are the point) or ends the chain (the query)."""
         sharding = self._sharding(labels)
         if sharding is None:
-            return {}
+            return {}, value
         out, node = {value: sharding}, graph.node(value)
-        while node.op in ("slice", "take", "cast"):
-            source = graph.node(node.inputs[0])
-            if node.op == "slice":
-                whole = [(0, n, 1) for n in source.type.shape]
-                bounds = list(zip(node.attrs["start"], node.attrs["stop"], node.attrs["step"]))
-                cut = [d for d, axis in enumerate(sharding) if axis and bounds[d] != whole[d]]
-                if cut:
-                    return Decline(
-                        f"{value} is read through slice {node.name} [{format_slice(node)}], which cuts dimension "
-                        f"{cut[0]} (to be sharded over {sharding[cut[0]]}); per-stream or per-head slices cannot "
-                        "stay on one device of an SPMD program"
-                    )
-            elif node.op == "take":
-                axis = node.attrs["axis"] % source.type.rank
-                if graph.node(node.inputs[1]).type.rank != 1 or sharding[axis]:
-                    return Decline(f"{value} is gathered by {node.name} along dimension {axis}, which would be sharded")
-            out[source.name] = sharding
-            node = source
-        return out
+        while node.op in BACKWARD:
+            source = _source_sharding(graph, node, sharding)
+            if isinstance(source, str) and not strict:
+                break
+            if isinstance(source, str):
+                return Decline(f"{value} is read through {node.op} {node.name}: {source}")
+            sharding, node = source, graph.node(node.inputs[0])
+            out[node.name] = sharding
+        return out, node.name
 
     def _sharding(self, labels: Labels) -> Sharding | None:
         return normalize_sharding([self._axis(label) if label else None for label in labels])
@@ -279,7 +292,11 @@ class ShardAttention(Pass):
         split: SplitPlan | None,
         rows: RowGather | None,
         values: dict[str, Sharding],
+        roots: list[str],
     ) -> str:
+        """The remark: what each device holds, counted from the annotations placed on K's and V's roots."""
+        held = {a for root in roots for a in values[root] if a is not None}
+        split_over = {a: graph.mesh_axes[a] if a in held else 1 for a in (self.heads, self.batch, self.seq) if a}
         parts = []
         if rows is not None and split is None:
             parts.append(
@@ -294,19 +311,30 @@ class ShardAttention(Pass):
                 "axis stays an array axis"
             )
         if self.heads is not None:
-            h = graph.mesh_axes[self.heads]
+            h = split_over[self.heads]
             parts.append(
                 f"KV heads over {self.heads}: {hkv}/{h} = {hkv // h} KV head(s) per device with their "
                 f"{hq // h} query heads (whole GQA groups)"
             )
+            sharded = values[roots[0]] if roots else ()
+            if self.heads in sharded:  # fewer heads on K's root than the sdpa reads: repeated (repeat_kv)
+                held_heads = graph.node(roots[0]).type.shape[sharded.index(self.heads)]
+                if held_heads < hkv:
+                    parts[-1] += (
+                        f", repeated {hkv // held_heads}x from {roots[0]}'s {held_heads}: {held_heads // h} of "
+                        f"them per device"
+                    )
         if self.batch is not None:
-            nb = graph.mesh_axes[self.batch]
+            nb = split_over[self.batch]
             parts.append(f"streams over {self.batch}: {b}/{nb} = {b // nb} per device")
-        if split is not None:
+        if split is not None and self.seq is not None:
+            ns = split_over[self.seq]
             parts.append(
-                f"keys over {self.seq}: {split.describe()}; each device holds {split.kv_len // split.shards} of "
+                f"keys over {self.seq}: {split.describe()}; each device holds {split.kv_len // ns} of "
                 f"{split.kv_len} keys and only the combine crosses devices"
             )
+        if roots:
+            parts.append("K/V per device: " + "; ".join(_holding(graph, r, values[r]) for r in dict.fromkeys(roots)))
         parts.append(f"annotated {', '.join(f'{n}{format_sharding(s)}' for n, s in values.items())}")
         return "; ".join(parts)
 
@@ -441,6 +469,78 @@ def _head_chunk_group(
     if any(not 0 <= start < stop <= group for start, stop in chunks):
         return Decline(f"not one head-chunked attention: a chunk of {concat.name} spans two KV groups")
     return (q, k, v, first.inputs[3] if len(first.inputs) == 4 else None), chunks
+
+
+def _source_sharding(graph: Graph, node: Node, sharding: Sharding) -> Sharding | str:
+    """The sharding of ``node``'s first operand that puts every element it passes to ``node`` on the devices
+    ``sharding`` puts it on, or why there is none (the end of a :meth:`ShardAttention._chain` message).
+
+    A sharded dimension must reach the operand whole (slice, take), permuted (transpose), as a dimension of the
+    same row-major stride (reshape: the block ``i`` of ``size`` blocks is then the same elements; a merged
+    dimension carries it on its outer part), or from an operand dimension it does not repeat (broadcast_to).
+    A ``dynamic_update_slice`` passes it to its buffer (a cache the step writes into).
+    """
+    source = graph.node(node.inputs[0])
+    src, dst = source.type.shape, node.type.shape
+    sharded = [(d, axis) for d, axis in enumerate(sharding) if axis is not None]
+    mesh = graph.mesh_axes
+    if node.op in ("cast", "dynamic_update_slice"):
+        return sharding
+    if node.op == "slice":
+        bounds = zip(node.attrs["start"], node.attrs["stop"], node.attrs["step"], src)
+        cut = [d for d, (lo, hi, st, n) in enumerate(bounds) if sharding[d] and (lo, hi, st) != (0, n, 1)]
+        if cut:
+            return (
+                f"it takes [{format_slice(node)}] of {source.name}, which cuts dimension {cut[0]} (to be sharded over "
+                f"{sharding[cut[0]]}); per-stream or per-head slices cannot stay on one device of an SPMD program"
+            )
+        return sharding
+    if node.op == "take":
+        axis = node.attrs["axis"] % source.type.rank
+        if graph.node(node.inputs[1]).type.rank != 1 or sharding[axis]:
+            return f"it gathers {source.name} along dimension {axis}, a dimension to be sharded"
+        return sharding
+    out: list[str | None] = [None] * len(src)
+    if node.op == "transpose":
+        for d, p in enumerate(node.attrs["perm"]):
+            out[p] = sharding[d]
+        return tuple(out)
+    lead = len(dst) - len(src)
+    for e, axis in sharded:
+        size = mesh[axis]
+        if node.op == "broadcast_to":
+            d = e - lead
+            if d < 0 or src[d] != dst[e]:
+                return (
+                    f"it repeats {source.name} {list(src)} along dimension {e} (to be sharded over {axis}): "
+                    f"every device would need all of {source.name}"
+                )
+        else:  # reshape: the dimension of src with the same row-major prefix, of a size the axis divides
+            prefix = math.prod(dst[:e])
+            kept = [d for d, n in enumerate(src) if math.prod(src[:d]) == prefix and n % size == 0 and out[d] is None]
+            kept.sort(key=lambda d: (src[d] != dst[e], src[d] == 1))  # the same size first, then not a unit dim
+            if not kept:
+                return (
+                    f"it reshapes {source.name} {list(src)} -> {list(dst)}, where dimension {e} (to be sharded over "
+                    f"{axis} of size {size}) is not the outer part of a dimension of {source.name} that {size} divides"
+                )
+            d = kept[0]
+        out[d] = axis
+    return tuple(out)
+
+
+def _holding(graph: Graph, root: str, sharding: Sharding) -> str:
+    """What one device holds of ``root`` under ``sharding``: its bytes when it is a graph input, else that it is
+    computed (so no input's bytes are split by annotating it)."""
+    node = graph.node(root)
+    if node.op != "input":
+        return f"{root} is computed ({node.op}), not a graph input: annotated {format_sharding(sharding)}"
+    blocks = math.prod(graph.mesh_axes[a] for a in sharding if a is not None)
+    kind = "state" if root in dict(graph.state_pairs()) else "graph input"
+    return (
+        f"{root} ({kind} {node.type}, placed {format_sharding(sharding)}): "
+        f"{node.type.nbytes // blocks:,} of {node.type.nbytes:,} bytes per device"
+    )
 
 
 def _mask_labels(shape: tuple[int, ...], b: int, hq: int, split: SplitPlan | None) -> Labels:

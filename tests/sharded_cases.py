@@ -14,13 +14,15 @@ compiled HLO and the K/V bytes each device holds (from ``addressable_shards``).
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from attnpass.ir import Graph, TensorSpec, trace
+from attnpass.backends import run
+from attnpass.ir import Graph, TensorSpec, ops, trace
 from attnpass.lowering import lower
 from attnpass.models import EXAMPLES, QSAConfig, build_layer, build_model, gather_pipeline, make_inputs, narrowed_inputs
 from attnpass.models.qwen38 import attention
@@ -62,22 +64,26 @@ def model_inputs(graph: Graph, cfg: QSAConfig) -> dict[str, np.ndarray]:
     return arrays
 
 
-def verify_case(cfg: QSAConfig = QWEN, batch: int = 1) -> tuple[Graph, dict[str, np.ndarray], str]:
+Case = tuple[Graph, Graph, dict[str, np.ndarray], str]  # the original graph, the graph sharded, inputs, pipeline
+
+
+def verify_case(cfg: QSAConfig = QWEN, batch: int = 1) -> Case:
     graph = verify_graph(cfg, batch)
-    return graph, verify_inputs(graph), "head-chunk"
+    return graph, graph.copy(), verify_inputs(graph), "head-chunk"
 
 
-def qsa_case(cfg: QSAConfig = QWEN) -> tuple[Graph, dict[str, np.ndarray], str]:
-    graph = gather_pipeline().run(build_layer(cfg, N_KV)).graph
-    return graph, make_inputs(cfg, N_KV, np.array([[5000]]), hidden_fraction=0.1), ""
+def qsa_case(cfg: QSAConfig = QWEN) -> Case:
+    original = build_layer(cfg, N_KV)
+    graph = gather_pipeline().run(original).graph
+    return original, graph, make_inputs(cfg, N_KV, np.array([[5000]]), hidden_fraction=0.1), ""
 
 
-def model_case(cfg: QSAConfig = QWEN_BF16) -> tuple[Graph, dict[str, np.ndarray], str]:
+def model_case(cfg: QSAConfig = QWEN_BF16) -> Case:
     graph = build_model(4, q_len=4, n_kv=N_KV, cfg=cfg)
-    return graph, model_inputs(graph, cfg), EXAMPLES["qwen38-model"].pipeline
+    return graph, graph.copy(), model_inputs(graph, cfg), EXAMPLES["qwen38-model"].pipeline
 
 
-Build = Callable[[], tuple[Graph, dict[str, np.ndarray], str]]
+Build = Callable[[], Case]
 CASES: dict[str, tuple[Build, dict[str, int], str]] = {
     # name: (graph, inputs and the pipeline before sharding; mesh; shard-attention options)
     "verify-1x8-seq": (verify_case, MESH_1X8, "seq=model"),
@@ -93,6 +99,121 @@ CASES: dict[str, tuple[Build, dict[str, int], str]] = {
     "model-2x4-heads-seq": (model_case, MESH_2X4, "heads=data,seq=model"),
     "model-1x8-heads-declined": (model_case, MESH_1X8, "heads=model"),
 }
+
+
+# Layouts: heads-first [B, H, T, D], rows-first [B, T, H, D] (jax.nn.dot_product_attention's, flax's), rows-first
+# with K/V repeated up to the query heads before the sdpa (repeat_kv), jax.nn.dot_product_attention itself, and a
+# decode step whose state caches the step writes into (dynamic_update_slice). Every option over one axis of 4
+# devices: 4 streams, 4 KV heads, 512 keys.
+LAYOUT_MESH = {"m": 4}
+B, HQ, HKV, S, T, D = 4, 16, 4, 4, 512, 32
+
+
+def swap_th(x):
+    """``[B, T, H, D] <-> [B, H, T, D]``."""
+    return ops.transpose(x, (0, 2, 1, 3))
+
+
+def heads_first(q, k, v):
+    return ops.sdpa(q, k, v, causal="bottom_right")
+
+
+def rows_first(q, k, v):
+    return swap_th(ops.sdpa(swap_th(q), swap_th(k), swap_th(v), causal="bottom_right"))
+
+
+def rows_first_repeated(q, k, v):
+    def repeat(x):  # [B, T, Hkv, D] -> [B, Hq, T, D], each KV head repeated for its query heads
+        x = ops.reshape(swap_th(x), (B, HKV, 1, T, D))
+        return ops.reshape(ops.broadcast_to(x, (B, HKV, HQ // HKV, T, D)), (B, HQ, T, D))
+
+    return swap_th(ops.sdpa(swap_th(q), repeat(k), repeat(v)))
+
+
+def decode_state(q, k_new, v_new, k_cache, v_cache, at):
+    k, v = ops.dynamic_update_slice(k_cache, k_new, at), ops.dynamic_update_slice(v_cache, v_new, at)
+    return ops.sdpa(q, k, v), k, v
+
+
+def layout_case(layout: str) -> tuple[Graph, list[np.ndarray], list[np.ndarray], str]:
+    """The graph (K and V its 2nd and 3rd input, or its caches), its inputs, the original's outputs (numpy
+    reference, or JAX's own function) and the pipeline before shard-attention."""
+    rows = layout not in ("heads-first", "decode-state")
+    q_shape, kv_shape = ((B, S, HQ, D), (B, T, HKV, D)) if rows else ((B, HQ, S, D), (B, HKV, T, D))
+    rng = np.random.default_rng(1)
+    q, k, v = (rng.standard_normal(shape).astype(np.float32) for shape in (q_shape, kv_shape, kv_shape))
+    if layout == "jax-rows-first":
+        import jax
+
+        from attnpass.ir.frontends.import_jax import from_jax
+
+        graph = from_jax(jax.nn.dot_product_attention, q, k, v).graph
+        return graph, [q, k, v], [np.asarray(jax.nn.dot_product_attention(q, k, v))], "raise-attention"
+    if layout == "decode-state":
+        rows = [rng.standard_normal((B, HKV, 1, D)).astype(np.float32) for _ in range(2)]
+        inputs = [rng.standard_normal((B, HQ, 1, D)).astype(np.float32), *rows, k, v, np.array([0, 0, 300, 0], "int32")]
+        specs = [TensorSpec(x.shape, str(x.dtype), role="resident" if x is k or x is v else "streamed") for x in inputs]
+        graph = trace(decode_state, *specs)
+        graph.pair_state("k_cache", 1)
+        graph.pair_state("v_cache", 2)
+    else:
+        fn = {"heads-first": heads_first, "rows-first": rows_first, "rows-first-repeated": rows_first_repeated}[layout]
+        inputs = [q, k, v]
+        graph = trace(fn, *(TensorSpec(x.shape) for x in inputs))
+    reference = run(lower(graph, "numpy"), *inputs)
+    return graph, inputs, list(reference) if isinstance(reference, tuple) else [reference], ""
+
+
+LAYOUTS = ("heads-first", "rows-first", "rows-first-repeated", "jax-rows-first", "decode-state")
+LAYOUT_CASES = [f"layout-{layout}-{option}" for layout in LAYOUTS for option in ("heads", "batch", "seq")]
+
+
+def held_per_input(program: Any, bound: list[Any], compiled: Any) -> dict[str, dict[str, Any]]:
+    """Per program input: the bytes each device holds of the placed argument (``addressable_shards``), on how
+    many devices, its total, and whether the compiled program takes it with that sharding."""
+    expected = compiled.input_shardings[0]
+    return {
+        n: {
+            "per_device": sorted({shard.data.nbytes for shard in a.addressable_shards}),
+            "devices": len(a.addressable_shards),
+            "total": a.nbytes,
+            "compiled_sharding_matches": a.sharding.is_equivalent_to(expected[i], a.ndim),
+        }
+        for i, (n, a) in enumerate(zip(program.input_names, bound))
+    }
+
+
+def measure_layout(name: str) -> dict[str, Any]:
+    """One layout under one option over 4 devices: the remarks, and per input the bytes each device holds
+    (``addressable_shards`` of the arguments placed by the program) and whether the compiled program takes
+    them with that sharding."""
+    import jax
+
+    from attnpass.backends.spmd import collectives
+    from attnpass.lowering.targets.jax.sharding import make_mesh
+
+    layout, option = name.removeprefix("layout-").rsplit("-", 1)
+    graph, inputs, reference, before = layout_case(layout)
+    graph.set_mesh(LAYOUT_MESH)
+    pipeline = ",".join(filter(None, [before, f"shard-attention{{{option}=m}}"]))
+    result = PassManager(parse_pipeline(pipeline)).run(graph)
+    program = lower(result.graph, "jax", mesh=make_mesh(LAYOUT_MESH))
+    bound = program.bind(*inputs)
+    compiled = program.fn.lower(*bound).compile()
+    out = program.fn(*bound)
+    outs = [np.asarray(o) for o in (out if isinstance(out, tuple) else (out,))]
+    state = dict(graph.state_pairs())
+    return {
+        "case": name,
+        "remarks": [str(r) for r in result.remarks if r.pass_name == "shard-attention"],
+        "inputs": held_per_input(program, bound, compiled),
+        "kv_inputs": list(state) or list(graph.inputs[1:3]),
+        "collectives": collectives(compiled.as_text()),
+        "mesh_devices": int(np.prod(list(LAYOUT_MESH.values()))),
+        "reference_error": max(relative_error(o, e) for o, e in zip(outs, reference, strict=True)),
+        "dtype": str(outs[0].dtype),
+        "jax_devices": len(jax.devices()),
+    }
 
 
 def host_mesh(axes: dict[str, int]) -> Any:
@@ -117,7 +238,7 @@ def measure(name: str) -> dict[str, Any]:
 
     multihost = name == "qsa-2hosts-x-4"
     build, axes, options = CASES["qsa-2x4-heads-seq" if multihost else name]
-    graph, inputs, before = build()
+    original, graph, inputs, before = build()
     graph.set_mesh(axes)
     pipeline = ",".join(filter(None, [before, f"shard-attention{{{options}}}"]))
     result = PassManager(parse_pipeline(pipeline)).run(graph)
@@ -125,10 +246,12 @@ def measure(name: str) -> dict[str, Any]:
     args = narrowed_inputs(sharded_graph, inputs)
     single = lower(sharded_graph, "jax")
     expected = np.asarray(jax.jit(single.fn)(*single.bind(**args)))
+    reference = run(lower(original, "numpy"), **narrowed_inputs(original, inputs))  # before any pass
     program = lower(sharded_graph, "jax", mesh=host_mesh(axes) if multihost else make_mesh(axes))
     bound = program.bind(**args)
     out = program.fn(*bound)
-    hlo = program.fn.lower(*bound).compile().as_text()
+    compiled = program.fn.lower(*bound).compile()
+    hlo = compiled.as_text()
     kv = [n for n in program.input_names if n.startswith(("k_cache", "v_cache"))]
     held = {d.id: 0 for d in jax.devices()}
     for n in kv:
@@ -143,6 +266,9 @@ def measure(name: str) -> dict[str, Any]:
         "bitwise_equal": bool(np.array_equal(actual.view(np.uint8), expected.view(np.uint8))),
         "max_abs_diff": float(np.max(np.abs(actual.astype(np.float64) - expected.astype(np.float64)))),
         "max_abs": float(np.max(np.abs(expected.astype(np.float64)))),
+        "reference_error": relative_error(actual, reference),
+        "inputs": held_per_input(program, bound, compiled),
+        "mesh_size": int(np.prod(list(axes.values()))),
         "dtype": str(expected.dtype),
         "collectives": collectives(hlo),
         "combine_bytes": b * hq * s * (dv + 1) * 4,  # one attention's float32 partial sums and weights
@@ -156,6 +282,21 @@ def measure(name: str) -> dict[str, Any]:
         "mesh_devices": np.vectorize(lambda d: d.id)(program.mesh.devices).tolist(),
         "source_on_abstract_mesh": program.source == lower(sharded_graph, "jax", mesh=_abstract(axes)).source,
     }
+
+
+CLAIM = re.compile(r"(\w+) \((?:graph input|state) \S+, placed \(.*?\)\): ([\d,]+) of ([\d,]+) bytes per device")
+
+
+def claimed_bytes(remark: str) -> dict[str, tuple[int, int]]:
+    """``{input: (bytes per device, total bytes)}`` as a shard-attention remark states them."""
+    return {m[1]: (int(m[2].replace(",", "")), int(m[3].replace(",", ""))) for m in CLAIM.finditer(remark)}
+
+
+def relative_error(actual: np.ndarray, reference: np.ndarray) -> float:
+    """``max |actual - reference| / (|reference| + max |reference|)``, elementwise in float64: the measure
+    ``tests.util.assert_close`` bounds by its per-dtype ``RTOL``."""
+    a, e = actual.astype(np.float64), reference.astype(np.float64)
+    return float(np.max(np.abs(a - e) / (np.abs(e) + np.max(np.abs(e)))))
 
 
 def _abstract(axes: dict[str, int]) -> Any:
@@ -190,7 +331,6 @@ def readme_block() -> dict[str, Any]:
     """Run the README's first ``py`` block of "Shard over a device mesh" (the one that needs 8 devices)."""
     import contextlib
     import io
-    import re
     from pathlib import Path
 
     text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
@@ -204,8 +344,9 @@ def readme_block() -> dict[str, Any]:
 
 def main(names: list[str]) -> None:
     special = {"readme": readme_block, "model-2x4-heads-seq-128k-compiled": compiled_at_128k}
-    for name in names or [*CASES, "qsa-2hosts-x-4", *special]:
-        print(json.dumps(special[name]() if name in special else measure(name)), flush=True)
+    for name in names or [*CASES, "qsa-2hosts-x-4", *special, *LAYOUT_CASES]:
+        case = special[name]() if name in special else measure_layout(name) if name in LAYOUT_CASES else measure(name)
+        print(json.dumps(case), flush=True)
 
 
 if __name__ == "__main__":

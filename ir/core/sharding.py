@@ -51,9 +51,18 @@ def normalize_mesh(axes: Mapping[str, int] | Sequence[tuple[str, int]]) -> dict[
 
 
 def parse_mesh(text: str) -> dict[str, int]:
-    """``"data=2, model=4"`` -> ``{"data": 2, "model": 4}`` (validated; GraphFormatError when malformed)."""
+    """``"data=2, model=4"`` -> ``{"data": 2, "model": 4}``, ``""`` -> ``{}`` (validated; GraphFormatError when
+    malformed, an empty entry such as the trailing one of ``"model=4,"`` included)."""
+    if not text.strip():
+        return {}
     pairs = []
-    for item in filter(None, (p.strip() for p in text.split(","))):
+    items = text.split(",")
+    for position, item in enumerate(p.strip() for p in items):
+        if not item:
+            raise GraphFormatError(
+                f"mesh axis entry {position + 1} of {len(items)} in {short_repr(text)} is empty; expected "
+                "name=size entries separated by commas, e.g. data=2,model=4"
+            )
         m = _MESH_ITEM.match(item)
         if not m:
             raise GraphFormatError(f"malformed mesh axis {short_repr(item)}; expected name=size, e.g. model=4")

@@ -9,6 +9,11 @@ heads, head dim 256, head-chunked), the QSA decode layer (gathered) and a
 heads, a heads axis of 8 is declined, so the 1x8 mesh shards the keys
 (``seq``, split-KV) and the 2x4 mesh splits the 2 KV heads over ``data`` and
 the keys over ``model``; models with 8 KV heads show heads (and streams) alone.
+The layout cases put heads-first, rows-first (traced, repeated K/V, and
+``jax.nn.dot_product_attention`` imported) and decode-state graphs under each
+of ``heads``, ``batch`` and ``seq`` over 4 devices, and hold the remark's K/V
+bytes per device to what ``addressable_shards`` hold. Every output is also
+compared with the graph before any pass.
 """
 
 from __future__ import annotations
@@ -22,7 +27,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.util import requires
+from attnpass.ir import DType
+from tests.sharded_cases import LAYOUT_CASES, claimed_bytes
+from tests.util import RTOL, requires
 
 ROOT = Path(__file__).resolve().parents[2]
 FORBIDDEN = ("all-gather", "all-to-all", "collective-permute", "reduce-scatter")
@@ -59,12 +66,36 @@ def declined(case: dict) -> list[str]:
 def assert_equals_single_device(case: dict) -> None:
     bound = TOLERANCE[case["dtype"]] * case["max_abs"]
     assert case["max_abs_diff"] <= bound, f"{case['case']}: |sharded - single| = {case['max_abs_diff']} > {bound}"
+    assert_equals_the_original(case)
+
+
+def assert_equals_the_original(case: dict) -> None:
+    """The sharded output against the graph before any pass (numpy reference, or JAX's own function), within
+    ``assert_close``'s tolerance of the dtype: ``|a - e| <= RTOL * (|e| + max|e|)`` elementwise."""
+    rtol = RTOL[DType.parse(case["dtype"])]
+    assert case["reference_error"] <= rtol, f"{case['case']}: {case['reference_error']} > {rtol}"
+
+
 
 
 def assert_kv_split_evenly(case: dict) -> None:
     per_device = case["kv_bytes_total"] // case["devices"]
     assert case["kv_bytes_per_device"] == [per_device], case["case"]  # every device the same, 1/8 of the whole
     assert case["kv_bytes_per_device_from_sharding"] == per_device
+    assert_the_remarks_bytes_are_held(case, case["mesh_size"])
+
+
+def assert_the_remarks_bytes_are_held(case: dict, n: int) -> None:
+    """Every applied remark states its K/V inputs' bytes per device; each device of the mesh holds exactly
+    that (``addressable_shards``), ``1/n`` of the input, and the compiled program takes it so placed."""
+    for remark in applied(case):
+        claims = claimed_bytes(remark)
+        assert len(claims) >= 2, remark  # K's and V's
+        for value, (per_device, total) in claims.items():
+            held = case["inputs"][value]
+            assert held["devices"] == n and held["compiled_sharding_matches"], held
+            assert held["total"] == total and total % n == 0
+            assert held["per_device"] == [per_device] == [total // n], (value, held, claims[value])
 
 
 HEADS_ONLY = ["verify-1x8-heads-8kv", "verify-2x4-batch-heads-8kv", "qsa-1x8-heads-8kv"]
@@ -121,6 +152,7 @@ def test_a_heads_axis_that_does_not_divide_the_kv_heads_is_declined(cases, name)
     assert case["kv_bytes_per_device"] == [case["kv_bytes_total"]]  # replicated: correct, not split
     assert all(not found for found in case["collectives"].values())
     assert case["bitwise_equal"]
+    assert_equals_the_original(case)
 
 
 def test_two_hosts_of_four_devices_run_the_same_program(cases):
@@ -135,3 +167,18 @@ def test_the_readme_block_runs_on_eight_devices(cases):
     assert printed[1] == "{524288} 4194304"
     counts = ast.literal_eval(printed[2])
     assert counts["all-reduce"] > 0 and all(counts[op] == 0 for op in FORBIDDEN)
+
+
+@pytest.mark.parametrize("name", LAYOUT_CASES)
+def test_each_device_holds_the_share_of_k_and_v_the_remark_states(cases, name):
+    """Heads-first, rows-first (traced, repeated K/V, imported from jax.nn.dot_product_attention) and decode-state
+    graphs under each option: the bytes the remark states per device are what ``addressable_shards`` of the
+    placed K and V hold on every device, the compiled program takes them so placed, and the outputs are the
+    original's."""
+    case = cases[name]
+    (remark,) = applied(case)
+    assert set(case["kv_inputs"]) <= set(claimed_bytes(remark)), remark  # it states K's and V's bytes per device
+    assert_the_remarks_bytes_are_held(case, case["mesh_devices"])
+    collectives = {op: found for op, found in case["collectives"].items() if found}
+    assert set(collectives) <= ({"all-reduce"} if name.endswith("-seq") else set()), collectives
+    assert_equals_the_original(case)

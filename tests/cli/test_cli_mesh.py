@@ -72,7 +72,8 @@ def test_export_keeps_the_shardings_on_more_devices_than_this_process_has(cli, g
         (["lower", "--target", "jax", "--mesh", "model=" + "9" * 5000], "--mesh: malformed mesh axis"),
         (["lower", "--target", "jax", "--mesh", "model=2,model=2"], "--mesh: mesh axis model is declared twice"),
         (["lower", "--target", "jax", "--mesh", "1x=2"], "--mesh: invalid mesh axis name '1x'"),
-        (["lower", "--target", "jax", "--mesh", ","], "--mesh is empty"),
+        (["lower", "--target", "jax", "--mesh", ","], "--mesh: mesh axis entry 1 of 2 in ',' is empty"),
+        (["lower", "--target", "jax", "--mesh", "model=2,"], "--mesh: mesh axis entry 2 of 2 in 'model=2,' is empty"),
         (["lower", "--target", "jax", "--mesh", "model=4"], f"{FITS} model=4"),
         (["lower", "--target", "jax", "--mesh", "data=2"], f"{FITS} data=2"),
         (["lower", "--target", "mlx", "--mesh", "model=2"], "target 'mlx' has no sharded lowering; targets with one: jax"),
@@ -91,6 +92,9 @@ def test_a_bad_mesh_is_one_line(cli, sharded_json, argv, message):
         ("model=5", "--mesh: set_mesh: value q: dimension 1 of size 24 does not divide over mesh axis model of size 5"),
         ("model=2=3", "--mesh: malformed mesh axis 'model=2=3'"),
         ("", "--mesh is empty"),
+        ("  ", "--mesh is empty"),
+        ("model=4,", "--mesh: mesh axis entry 2 of 2 in 'model=4,' is empty; expected name=size entries separated"),
+        ("data=1,,model=2", "--mesh: mesh axis entry 2 of 3 in 'data=1,,model=2' is empty"),
     ],
 )  # fmt: skip
 def test_run_refuses_a_mesh_the_graph_does_not_fit(cli, sharded_json, mesh, message):

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from attnpass.backends import run
-from attnpass.ir import Graph
+from attnpass.ir import Graph, TensorSpec, ops, trace
 from attnpass.lowering import lower
 from attnpass.models import (
     EXAMPLES,
@@ -19,8 +19,19 @@ from attnpass.models import (
     verify_step,
 )
 from attnpass.passes import PassManager, ShardAttention, parse_pipeline
-from tests.sharded_cases import verify_graph, verify_inputs
-from tests.util import assert_close, target_params
+from tests.sharded_cases import (
+    B,
+    HKV,
+    HQ,
+    T,
+    claimed_bytes,
+    rows_first,
+    rows_first_repeated,
+    swap_th,
+    verify_graph,
+    verify_inputs,
+)
+from tests.util import assert_close, random_array, target_params
 
 HEADS = (None, "model", None, None)
 
@@ -75,10 +86,8 @@ def test_the_whole_model_is_annotated_through_its_residual_adds():
     sharded, remarks = shard(graph, "shard-attention{heads=model}", {"model": 2})
     assert sum("] applied " in r for r in remarks) == 3 + 1  # 3 head-chunked dense layers, 1 batched gather
     assert "batched gather of 1 stream(s) x 4 row(s) rebuilt as one take_along_axis" in remarks[3]
-    assert remarks[-1] == (
-        "[shard-attention] analysis: 5 value(s) inherited the sharding of what they read elementwise, "
-        "concatenate, transpose or reshape"
-    )
+    residual = [n for n in sharded.nodes() if n.op == "add" and n.type.shape == (1, 24, 4, 256)]
+    assert len(residual) == 4 and all(n.sharding == HEADS for n in residual)
     flat = [n for n in sharded.nodes() if n.op == "take" and sharded.node(n.inputs[0]).op == "reshape"]
     assert not [n for n in flat if sharded.node(n.inputs[0]).inputs[0].startswith(("k_cache", "v_cache"))]
     rows = [n for n in sharded.nodes() if n.op == "take_along_axis"]
@@ -118,8 +127,9 @@ def test_preconditions_decline_with_the_numbers(pipeline, mesh, reason):
 
 def test_seq_and_batch_cannot_share_the_leading_dimension():
     graph = verify_graph(QSAConfig(), batch=2, kv_len=256)
-    _, remarks = shard(graph, "shard-attention{seq=model,batch=data}", {"data": 2, "model": 4})
-    assert "the T-shards share the leading dimension with the streams" in remarks[0]
+    sharded, remarks = shard(graph, "shard-attention{seq=model,batch=data}", {"data": 2, "model": 4})
+    assert "] declined " in remarks[0] and "the T-shards share the leading dimension with the streams" in remarks[0]
+    assert all(n.sharding is None for n in sharded.nodes()) and not any(n.op == "sdpa_lse" for n in sharded.nodes())
 
 
 def test_the_per_stream_gather_form_declines_stream_sharding():
@@ -148,8 +158,11 @@ def test_an_earlier_annotation_is_never_overwritten():
     graph = verify_step(q_len=4, kv_len=256)
     graph.set_mesh({"model": 2, "keys": 4})
     graph.set_sharding("k_cache", (None, None, "keys", None))
-    _, remarks = shard(graph, "head-chunk,shard-attention{heads=model}", {"model": 2, "keys": 4})
-    assert "k_cache is already sharded (_, _, keys, _); this attention needs (_, model, _, _)" in remarks[0]
+    chunked = PassManager(parse_pipeline("head-chunk")).run(graph).graph
+    sharded, remarks = shard(chunked.copy(), "shard-attention{heads=model}", {"model": 2, "keys": 4})
+    assert sharded == chunked  # declined: the same graph, every annotation as it was
+    assert sharded.node("k_cache").sharding == (None, None, "keys", None)
+    assert [r for r in remarks if "] declined " in r] and not [r for r in remarks if "] applied " in r]
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered in divide:RuntimeWarning")  # a shard seeing no cell
@@ -177,3 +190,115 @@ def test_the_gathered_qsa_layer_keeps_the_indexer_unannotated(batched, form):
 def test_options_are_checked(options, message):
     with pytest.raises(ValueError, match=message):
         ShardAttention(**options)
+
+
+ROWS = {"heads": (None, None, "m", None), "batch": ("m", None, None, None), "seq": (None, "m", None, None)}
+
+
+@pytest.mark.parametrize("option", ROWS)
+@pytest.mark.parametrize("fn", [rows_first, rows_first_repeated])
+def test_rows_first_k_and_v_are_sharded_where_their_bytes_live(fn, option, rng):
+    """K/V reach the sdpa through transposes (and a repeat_kv reshape/broadcast_to): the inputs carry the
+    sharding, and the remark states their bytes per device from it."""
+    specs = [TensorSpec((B, 4, HQ, 32)), TensorSpec((B, T, HKV, 32)), TensorSpec((B, T, HKV, 32))]
+    original = trace(fn, *specs)
+    graph, remarks = shard(original.copy(), f"shard-attention{{{option}=m}}", {"m": 4})
+    assert graph.node("k").sharding == graph.node("v").sharding == ROWS[option]
+    nbytes = graph.node("k").type.nbytes
+    assert claimed_bytes(remarks[0]) == {"k": (nbytes // 4, nbytes), "v": (nbytes // 4, nbytes)}
+    if fn is rows_first_repeated and option == "heads":  # the sdpa reads 16 KV heads, 4 of k's repeated 4x
+        assert "KV heads over m: 16/4 = 4 KV head(s) per device" in remarks[0]
+        assert f"repeated 4x from k's {HKV}: {HKV // 4} of them per device" in remarks[0]
+    arrays = [random_array(rng, s.shape, s.dtype) for s in specs]
+    assert_close(run(lower(graph, "numpy"), *arrays), run(lower(original, "numpy"), *arrays))
+
+
+def test_a_kv_head_repeated_over_the_heads_axis_is_declined_with_the_broadcast():
+    def mqa(q, k, v):  # one KV head broadcast to the 4 query heads
+        def repeat(x):
+            return ops.reshape(ops.broadcast_to(ops.reshape(x, (2, 1, 1, 64, 16)), (2, 1, 4, 64, 16)), (2, 4, 64, 16))
+
+        return ops.sdpa(q, repeat(k), repeat(v))
+
+    graph = trace(mqa, TensorSpec((2, 4, 3, 16)), TensorSpec((2, 1, 64, 16)), TensorSpec((2, 1, 64, 16)))
+    sharded, remarks = shard(graph, "shard-attention{heads=m}", {"m": 2})
+    (declined,) = [r for r in remarks if "] declined " in r]
+    assert "read through broadcast_to broadcast_to: it repeats reshape [2, 1, 1, 64, 16] along dimension 2" in declined
+    assert all(n.sharding is None for n in sharded.nodes())
+
+
+def test_a_reshape_that_splits_the_sharded_dimension_is_declined_with_it():
+    def folded(q, k, v):  # K/V arrive as [B*Hkv, T, D]: the KV heads are the inner part of the first dimension
+        return ops.sdpa(q, ops.reshape(k, (2, 2, 64, 16)), ops.reshape(v, (2, 2, 64, 16)))
+
+    graph = trace(folded, TensorSpec((2, 4, 3, 16)), TensorSpec((4, 64, 16)), TensorSpec((4, 64, 16)))
+    sharded, remarks = shard(graph, "shard-attention{heads=m}", {"m": 2})
+    (declined,) = [r for r in remarks if "] declined " in r]
+    assert "read through reshape reshape: it reshapes k [4, 64, 16] -> [2, 2, 64, 16], where dimension 1" in declined
+    assert all(n.sharding is None for n in sharded.nodes())
+
+
+def test_k_and_v_computed_in_the_graph_are_annotated_there_and_no_input_bytes_are_claimed(rng):
+    def projected(x, wk, wv, q):  # K/V projected from x inside the graph, rows-first
+        def heads(w):
+            return ops.transpose(ops.reshape(ops.matmul(x, w), (1, 64, 2, 16)), (0, 2, 1, 3))
+
+        return ops.sdpa(q, heads(wk), heads(wv))
+
+    specs = [TensorSpec((1, 64, 32)), TensorSpec((32, 32)), TensorSpec((32, 32)), TensorSpec((1, 4, 3, 16))]
+    original = trace(projected, *specs)
+    graph, remarks = shard(original.copy(), "shard-attention{heads=m}", {"m": 2})
+    assert "K/V per device: matmul is computed (matmul), not a graph input: annotated (_, _, m)" in remarks[0]
+    assert claimed_bytes(remarks[0]) == {}
+    assert [n for n in graph.inputs if graph.node(n).sharding] == ["q"]
+    assert graph.node("matmul").sharding == graph.node("matmul_1").sharding == (None, None, "m")
+    arrays = [random_array(rng, s.shape, s.dtype) for s in specs]
+    assert_close(run(lower(graph, "numpy"), *arrays), run(lower(original, "numpy"), *arrays))
+
+
+def test_a_query_that_cannot_carry_the_sharding_back_is_annotated_where_its_chain_ends(rng):
+    def shared_query(q, k, v):  # one query head broadcast to all 4: q's bytes are not what is split
+        return ops.sdpa(ops.broadcast_to(q, (2, 4, 3, 16)), k, v)
+
+    specs = [TensorSpec((2, 1, 3, 16)), TensorSpec((2, 2, 64, 16)), TensorSpec((2, 2, 64, 16))]
+    original = trace(shared_query, *specs)
+    graph, remarks = shard(original.copy(), "shard-attention{heads=m}", {"m": 2})
+    assert "] applied " in remarks[0]
+    assert graph.node("broadcast_to").sharding == (None, "m", None, None)
+    assert graph.node("q").sharding is None
+    assert graph.node("k").sharding == graph.node("v").sharding == (None, "m", None, None)
+    arrays = [random_array(rng, s.shape, s.dtype) for s in specs]
+    assert_close(run(lower(graph, "numpy"), *arrays), run(lower(original, "numpy"), *arrays))
+
+
+@pytest.mark.parametrize(
+    ("option", "expected"),
+    [("heads", ("m", None, None, None)), ("batch", (None, None, "m", None)), ("seq", (None, "m", None, None))],
+)
+def test_a_transpose_that_is_not_its_own_inverse_maps_each_dimension_back(option, expected, rng):
+    def stored(q, k, v):  # K/V stored [Hkv, T, B, D]; perm (2, 0, 1, 3) gives [B, Hkv, T, D]
+        return ops.sdpa(q, ops.transpose(k, (2, 0, 1, 3)), ops.transpose(v, (2, 0, 1, 3)))
+
+    specs = [TensorSpec((2, 4, 3, 16)), TensorSpec((2, 64, 2, 16)), TensorSpec((2, 64, 2, 16))]
+    original = trace(stored, *specs)
+    graph, remarks = shard(original.copy(), f"shard-attention{{{option}=m}}", {"m": 2})
+    assert graph.node("k").sharding == graph.node("v").sharding == expected, remarks
+    arrays = [random_array(rng, s.shape, s.dtype) for s in specs]
+    assert_close(run(lower(graph, "numpy"), *arrays), run(lower(original, "numpy"), *arrays))
+
+
+def test_a_rows_first_head_chunked_attention_is_sharded_on_its_inputs(rng):
+    def verify(q, k, v, mask):  # 24 query / 2 KV heads, rows-first: head-chunk slices the transposes
+        return swap_th(ops.sdpa(swap_th(q), swap_th(k), swap_th(v), mask=mask))
+
+    specs = [TensorSpec((1, 4, 24, 64)), TensorSpec((1, 256, 2, 64)), TensorSpec((1, 256, 2, 64)),
+             TensorSpec((1, 1, 4, 256), "bool")]  # fmt: skip
+    original = trace(verify, *specs)
+    graph, remarks = shard(original.copy(), "head-chunk,shard-attention{heads=model,seq=keys}", {"model": 2, "keys": 4})
+    assert "regrouped 4 head-chunk subcalls" in remarks[0]
+    assert graph.node("k").sharding == graph.node("v").sharding == (None, "keys", "model", None)
+    nbytes = graph.node("k").type.nbytes
+    assert claimed_bytes(remarks[0]) == {"k": (nbytes // 8, nbytes), "v": (nbytes // 8, nbytes)}
+    arrays = [random_array(rng, s.shape, s.dtype) for s in specs]
+    arrays[3][..., 0] = True
+    assert_close(run(lower(graph, "numpy"), *arrays), run(lower(original, "numpy"), *arrays))
