@@ -18,7 +18,7 @@ from attnpass.ir import Graph, TensorSpec, ops, parse_graph, trace
 from attnpass.lowering import lower
 from attnpass.models import QSAConfig, build_layer, make_inputs, narrowed_inputs, padded_mask
 from attnpass.passes import DeadCodeElimination, PassManager, QSAPoolCache, parse_pipeline
-from attnpass.passes.qsa_pool_cache import STORES
+from attnpass.passes.qsa_pool_cache import STORES, XLA_ROW_REDUCTION_ELEMENTS
 from tests.fuzz.families import Case
 from tests.passes.claims import audit, check_remarks, fuzzed
 from tests.util import assert_bits_equal, lazy_import, requires, target_params
@@ -367,3 +367,22 @@ def test_raw_keys_read_elsewhere_are_not_claimed_unread():
     assert "bytes no longer read" not in message
     assert "the pooling no longer reads the other 320 bytes, but raw is still read by reshape" in message
     assert check_remarks(g, result.graph, result.remarks, QSAPoolCache()) == 1
+
+
+@requires("jax")
+def test_xla_row_reductions_round_by_regime_as_the_padding_assumes():
+    """The backend fact behind XLA_ROW_REDUCTION_ELEMENTS (README, docs/semantics.md §4): on XLA's CPU a row sum of
+    fewer elements than the threshold rounds otherwise than one of at least as many (about half the rows differ at
+    D = 128), and within the large regime a row's bits depend on neither its place nor the other rows (zeros)."""
+    d = 128
+    rows = XLA_ROW_REDUCTION_ELEMENTS // d
+    x = np.random.default_rng(0).standard_normal((2 * rows, d)).astype(np.float32)
+    norm = jax.jit(lambda a: jax.numpy.sum(a * a, axis=-1))
+    whole = np.asarray(norm(x))  # the large regime: 2 * 4,096 elements
+    small = np.asarray(norm(x[: rows - 1]))  # 3,968 elements
+    differ = np.mean(small.view(np.uint32) != whole[: rows - 1].view(np.uint32))
+    assert 0.2 <= differ <= 0.8, differ
+    assert_bits_equal(np.asarray(norm(x[:rows])), whole[:rows])  # 4,096 elements: the large regime
+    padded = np.zeros((rows, d), np.float32)
+    padded[0] = x[5]
+    assert_bits_equal(np.asarray(norm(padded))[0], whole[5])  # row 0 of a zero pad rounds as row 5 among all
