@@ -425,12 +425,20 @@ def fuzzed(families: tuple[str, ...], n: int) -> list[Case]:
     return [FAMILIES[f](Choices(random.Random(seed))) for f in families for seed in range(n)]
 
 
-def audit(pass_: Pass, cases: list[Case], before: Callable[[Graph], Graph] = lambda g: g) -> Counter:
-    """Run ``pass_`` on each case's graph (through ``before`` first) and check its remarks; counts per remark kind."""
+def audit(
+    pass_: Pass, cases: list[Case], before: Callable[[Graph], Graph] = lambda g: g, anchor: str | None = None
+) -> Counter:
+    """Run ``pass_`` on each case's graph (through ``before`` first) and check its remarks; counts per remark kind.
+
+    ``anchor``: the op of the pass's rule; each node of that op (the candidates) gets exactly one remark.
+    """
     counts: Counter = Counter()
     for case in cases:
         graph = before(case.graph)
         result = PassManager([pass_]).run(graph)
+        candidates = sorted(n.name for n in graph.nodes() if n.op == anchor)
+        if candidates:
+            assert sorted(r.node for r in result.remarks) == candidates, "not one remark per candidate"
         counts["checked"] += check_remarks(graph, result.graph, result.remarks, pass_, case.arrays)
         counts.update(r.kind for r in result.remarks)
     return counts

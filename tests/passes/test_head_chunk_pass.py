@@ -328,5 +328,5 @@ def test_every_remark_states_the_subcalls_it_made(clean_env, budget):
     """The numbers of each remark are the call's (q_len, gqa, KV groups) and the rewrite's: that many subcalls, the
     largest with heads_per_chunk heads and q_len * heads <= budget, one-head K/V, the per-group sizes, concatenated in
     head order, the mask as stated; a declined call's q_len*gqa fits (tests/passes/claims.py)."""
-    counts = audit(HeadChunkSDPA(budget=budget), fuzzed(("sdpa", "chain"), 150))
+    counts = audit(HeadChunkSDPA(budget=budget), fuzzed(("sdpa", "chain"), 150), anchor="sdpa")
     assert counts["applied"] >= 30 and counts["checked"] >= counts["applied"] + 20

@@ -347,7 +347,7 @@ def test_every_remark_states_what_the_step_reads_and_writes(store):
         for cfg, n_kv, batch, rows in ((SMALL, N_KV, 1, 1), (SMALL, N_KV, 2, 3), (MODEL_INDEXER, N_KV, 2, 1),
                                         (MODEL_INDEXER, 1024, 1, 1))
     ]  # fmt: skip
-    counts = audit(QSAPoolCache(store=store), fuzzed(("qsa",), 200) + layers)
+    counts = audit(QSAPoolCache(store=store), fuzzed(("qsa",), 200) + layers, anchor="qsa_block_scores")
     assert counts["checked"] == counts["applied"] >= 20
 
 
