@@ -199,8 +199,9 @@ GATHERED = re.compile(
     r"gather: top (?P<top>\d+) blocks x ratio (?P<ratio>\d+) \+ (?P<tail>\d+) tail = (?P<cells>\d+) cells, "
     r"W=(?P<width>\d+) \(pad_multiple=(?P<pad>\d+)\); attention width n_kv=(?P<n_kv>\d+) -> (?P<width2>\d+) "
     r"\(n_kv >= (?P<factor>[\d.]+)\*W\); (?P<streams>\d+) stream\(s\) x (?P<rows>\d+) row\(s\), "
-    r"(?:one gather \[B, S, Hkv, W, D\] and one sdpa over (?P<batched>\d+) row\(s\)|(?P<per_row>\d+) gather\(s\) and "
-    r"sdpa call\(s\), one per row); visibility: (?P<vis>.*); the masked path is now dead \(run dce\)"
+    r"(?:one gather each of K and V \[B, S, Hkv, W, D\] and one sdpa over (?P<batched>\d+) row\(s\)|"
+    r"(?P<per_row>\d+) sdpa call\(s\), one per row, each over its own gather of K and of V); "
+    r"visibility: (?P<vis>.*); the masked path is now dead \(run dce\)"
 )
 
 
@@ -232,7 +233,9 @@ def _gathered(before: Graph, after: Graph, r: Remark, m: re.Match, ctx: _Context
             assert take.op == "take" and take.type.shape == (b, s, hkv, width, after.node(operand).type.shape[-1])
     else:
         assert int(m["per_row"]) == b * s == len(calls)
-        assert all(after.node(c.inputs[1]).type.shape[2] == width for c in calls)
+        for call in calls:  # K and V: each a take of the row's W cells along T
+            takes = [after.node(x) for x in call.inputs[1:3]]
+            assert all(x.op == "take" and x.type.shape[2] == width and x.attrs["axis"] == 2 for x in takes)
     assert r.node not in _live(after), "the masked sdpa is still live"
     if ctx.arrays is not None:  # the masked path's visible cells per row: at most the stated count
         qmask = _ancestor(before, anchor.inputs[3], "qsa_mask")
