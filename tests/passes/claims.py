@@ -331,8 +331,8 @@ def _pool_cache(before: Graph, after: Graph, r: Remark, m: re.Match, ctx: _Conte
 # ---------------------------------------------------------------------- raise-attention
 
 RAISED = re.compile(
-    r"attention: softmax\(q·kᵀ·scale \+ mask\)·v -> sdpa: q .*, "
-    r"v [^\s·/]+(?P<v_steps>(?:[·/][^ ]+)*) \([\w-]+\); "
+    r"attention: softmax\(q·kᵀ·scale \+ mask\)·v -> sdpa: q (?P<q>\S+) \([\w-]+\), k (?P<k>\S+) \([\w-]+\), "
+    r"v (?P<v>[^\s·/]+)(?P<v_steps>(?:[·/][^ ]+)*) \([\w-]+\); "
     r"(?P<hq>\d+) query heads over (?P<hkv>\d+) KV heads "
     r"\(GQA (?P<gqa>\d+)\); S=(?P<s>\d+) T=(?P<t>\d+) D=(?P<d>\d+); scale (?P<scale>\S+); mask (?P<mask>.*?)"
     r"(?P<rounding>; rounding: the source computes q·kᵀ in (?P<qk>\w+), the softmax in (?P<sm>\w+), "
@@ -349,6 +349,8 @@ def _raised(before: Graph, after: Graph, r: Remark, m: re.Match, ctx: _Context) 
     assert (int(m["s"]), int(m["t"]), int(m["d"])) == (s, t, d) == (s, t, dk)
     assert float(m["scale"]) == float(f"{call.attrs['scale']:g}") and call.attrs["causal"] == "none"
     assert (m["mask"] == "none") == (not mask)
+    for role, operand in zip("qkv", call.inputs):  # each operand is computed from the root the remark names
+        assert m[role] in after.ancestors([operand]) | {operand}, f"{role} does not read {m[role]}"
     if call.type.dtype is not DType.float32:
         assert m["rounding"], "a half-precision sdpa without its rounding clause"
     if m["rounding"]:
