@@ -11,6 +11,8 @@ from .base import Pass, Remarks
 from .registry import register_pass
 
 MAX_LISTED = 8  # dead internal node names listed in the summary remark before truncating
+# What an input's bytes are: the host sends a streamed input every call; a resident one stays on the device.
+UNITS = {"streamed": "bytes per call", "resident": "bytes of device memory"}
 
 
 @register_pass
@@ -22,8 +24,9 @@ class DeadCodeElimination(Pass):
     are removed in reverse topological order (readers before what they read).
     A graph input nobody live reads is removed too, so it leaves the signature;
     the remaining inputs keep their order. Remarks: one ``applied`` per removed
-    input (its bytes per call and role), one ``applied`` summary of removed
-    internal nodes, or a single ``declined`` "no dead values".
+    input (its role and bytes: per call when streamed, of device memory when
+    resident), one ``applied`` summary of removed internal nodes, or a single
+    ``declined`` "no dead values".
     """
 
     name: ClassVar[str] = "dce"
@@ -39,7 +42,7 @@ class DeadCodeElimination(Pass):
                 remarks.applied(
                     node.name,
                     f"graph input {node.name}:{node.type} ({role}) is never read: it leaves the signature, "
-                    f"saving {node.type.nbytes} bytes per call",
+                    f"saving {node.type.nbytes} {UNITS[role]}",
                     node.loc,
                 )
         internal = [n.name for n in dead if n.op != "input"]

@@ -10,7 +10,8 @@ first: a dead reader that is not a slice blocks the narrowing.
 
 One rule on the shared layer (:mod:`attnpass.passes.rewrite`), anchored at
 graph inputs: one remark per input, in signature order, ``applied`` with the
-bytes per call before and after, or ``declined`` with the reason.
+bytes before and after (per call when streamed, of device memory when resident),
+or ``declined`` with the reason.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import ClassVar
 from attnpass.ir import Graph, Node, TensorType, format_slice
 
 from .base import Pass, Remarks
+from .dce import UNITS
 from .registry import register_pass
 from .rewrite import Decline, Rewriter, Rule, apply_rules
 
@@ -69,7 +71,7 @@ def _rewrite(rw: Rewriter, m: _Narrowing) -> None:
 def _describe(m: _Narrowing) -> str:
     return (
         f"read only through the slice {m.window}: input {m.name}:{m.before} narrowed to {m.after} "
-        f"({m.role}), {m.before.nbytes} -> {m.after.nbytes} bytes per call"
+        f"({m.role}), {m.before.nbytes} -> {m.after.nbytes} {UNITS[m.role]}"
     )
 
 

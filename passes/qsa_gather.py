@@ -160,9 +160,9 @@ class QSAGather(SwitchedPass):
             f"cells, W={m.width} (pad_multiple={self.pad_multiple}); attention width n_kv={m.n_kv} -> {m.width} "
             f"(n_kv >= {self.min_depth_factor}*W); {m.streams} stream(s) x {m.rows} row(s), "
             + (
-                f"one gather [B, S, Hkv, W, D] and one sdpa over {m.streams * m.rows} row(s); "
+                f"one gather each of K and V [B, S, Hkv, W, D] and one sdpa over {m.streams * m.rows} row(s); "
                 if self.batched
-                else f"{m.streams * m.rows} gather(s) and sdpa call(s), one per row; "
+                else f"{m.streams * m.rows} sdpa call(s), one per row, each over its own gather of K and of V; "
             )
             + f"visibility: {vis}; the masked path is now dead (run dce)"
         )

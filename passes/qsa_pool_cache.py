@@ -110,6 +110,7 @@ class _Match:
     cache: str  # the new state input's name
     output: int  # the position of its next value among the outputs
     replay_rows: tuple[int, int]  # the leading shape the one-block replay of the chain runs over (zero-padded)
+    raw_readers: tuple[str, ...]  # live readers of the raw keys besides the pool: they still read them afterwards
 
 
 def _row_wise(graph: Graph, node: Node, n_blocks: int) -> str | None:
@@ -231,7 +232,9 @@ class QSAPoolCache(SwitchedPass):
         cache = graph.fresh_name(f"{raw.name}_blocks")
         stored = pool if self.store == "pooled" else keys
         replay = (1, 1) if stored is pool else _xla_reduction_rows(graph, chain, keys)
-        return _Match(pool, raw, keys, chain, stored, pos, streams, rows, cache, len(graph.outputs), replay)
+        live = graph.ancestors(list(graph.outputs))
+        others = tuple(sorted(u.name for u in graph.users(raw.name) if u.name != pool.name and u.name in live))
+        return _Match(pool, raw, keys, chain, stored, pos, streams, rows, cache, len(graph.outputs), replay, others)
 
 
 def _kept(reason: str) -> Decline:
@@ -405,11 +408,17 @@ def _describe(m: _Match) -> str:
         else f"{ops} up to the block keys run on the new block(s) only, not on {blocks:,}{_padding(m)}"
     )
     what = "pooled keys" if m.stored is m.pool else f"block keys {m.keys.name}"
+    saved = (
+        f"{raw.nbytes - read:,} bytes no longer read"
+        if not m.raw_readers
+        else f"the pooling no longer reads the other {raw.nbytes - read:,} bytes, but {m.raw.name} is still read by "
+        f"{', '.join(m.raw_readers)}"
+    )
     return (
         f"{what} (qsa_pool of {m.raw.name}) now come from the new resident input {m.cache}:{cache}, "
         f"{cache.nbytes:,} bytes, whose next value is output #{m.output}; per step {m.streams * m.rows} block(s) of "
         f"{ratio} rows ({read:,} bytes) are pooled and written instead of all {raw.shape[1]:,} rows of {m.raw.name} "
-        f"({raw.nbytes:,} bytes), written with {_write(m)}: {raw.nbytes - read:,} bytes no longer read; {after}; "
+        f"({raw.nbytes:,} bytes), written with {_write(m)}: {saved}; {after}; "
         "start the cache with "
         "QSAPoolCache().prefill(graph) and feed it back (Graph.state_pairs)"
     )

@@ -1,4 +1,5 @@
-"""README.md cannot rot: its python blocks run in order, its `$ attnpass` commands run and print what it shows."""
+"""README.md cannot rot: its python blocks run in order and print the output blocks shown after them, its `$ attnpass`
+commands run and print what it shows."""
 
 from __future__ import annotations
 
@@ -65,6 +66,20 @@ def test_python_blocks_run_in_order(capsys, monkeypatch):
     assert re.search(r"replay with: attnpass run --reproducer crashes/attnpass-crash-[0-9a-f]{8}\.json", out)
     assert "func.func public @main(%arg0: tensor<1x24x5x256xbf16>" in out
     assert Path("chunked.svg").read_text().lstrip().startswith("<?xml")
+    assert "\n0.0009765625\n" in out  # the bf16 error the Lower block's comment states
+    printed, shown = out.splitlines(), shown_outputs()
+    assert len(shown) >= 7
+    for line, rows in shown:
+        for row in rows:
+            pattern = _pattern(row.replace("...", "…"))
+            assert any(pattern.match(got) for got in printed), f"README.md:{line}: no printed line starts like\n{row}"
+
+
+def shown_outputs() -> list[tuple[int, list[str]]]:
+    """(line, rows) of every plain block right after a python block: what that block prints ('…', '...': any text;
+    a row may stop short of the printed line)."""
+    found = re.finditer(r"^```python\n.*?^```\n\n```\n(.*?)^```$", TEXT, flags=re.DOTALL | re.MULTILINE)
+    return [(TEXT[: m.start(1)].count("\n") + 1, m.group(1).splitlines()) for m in found]
 
 
 def _pattern(shown: str) -> re.Pattern:

@@ -12,6 +12,7 @@ from attnpass.ir import Graph, TensorSpec, ops, parse_graph, trace
 from attnpass.passes import HeadChunkSDPA, PassError, PassManager, head_chunk_plan
 from attnpass.passes import head_chunk as head_chunk_module
 from attnpass.passes.head_chunk import ENV_VAR
+from tests.passes.claims import audit, fuzzed
 
 ON = HeadChunkSDPA(enabled=True)
 
@@ -320,3 +321,12 @@ def test_pass_is_a_frozen_named_dataclass():
 def test_invalid_options_are_rejected_with_the_valid_range(kwargs):
     with pytest.raises(ValueError, match="budget must be an int >= 1|enabled must be True, False or None"):
         HeadChunkSDPA(**kwargs)
+
+
+@pytest.mark.parametrize("budget", [32, 16, 7])
+def test_every_remark_states_the_subcalls_it_made(clean_env, budget):
+    """The numbers of each remark are the call's (q_len, gqa, KV groups) and the rewrite's: that many subcalls, the
+    largest with heads_per_chunk heads and q_len * heads <= budget, one-head K/V, the per-group sizes, concatenated in
+    head order, the mask as stated; a declined call's q_len*gqa fits (tests/passes/claims.py)."""
+    counts = audit(HeadChunkSDPA(budget=budget), fuzzed(("sdpa", "chain"), 150), anchor="sdpa")
+    assert counts["applied"] >= 30 and counts["checked"] >= counts["applied"] + 20

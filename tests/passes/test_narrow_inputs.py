@@ -9,6 +9,8 @@ from attnpass.backends import run
 from attnpass.ir import TensorSpec, ops, parse_graph, trace
 from attnpass.lowering import lower
 from attnpass.passes import DeadCodeElimination, NarrowInputs, PassManager
+from tests.fuzz.families import Case
+from tests.passes.claims import audit, fuzzed
 
 NARROW = NarrowInputs()
 
@@ -43,7 +45,7 @@ def test_input_read_through_one_slice_is_narrowed_in_place():
     assert applied.node == "mask"
     assert applied.message == (
         "read only through the slice [0:2, 1:3, 0:8:2]: input mask:f16[2,64,8] narrowed to f16[2,2,4] "
-        f"(resident), {2 * 64 * 8 * 2} -> {2 * 2 * 4 * 2} bytes per call"
+        f"(resident), {2 * 64 * 8 * 2} -> {2 * 2 * 4 * 2} bytes of device memory"  # resident: not sent per call
     )
     rng = np.random.default_rng(0)
     x, mask, w = rng.standard_normal((2, 2, 4), np.float32), rng.standard_normal((2, 64, 8)).astype(np.float16), rng.standard_normal((4, 4), np.float32)
@@ -101,3 +103,17 @@ def test_dce_then_narrow_reduces_a_padded_mask_to_one_row():
     result = PassManager([DeadCodeElimination(), NarrowInputs()]).run(g)
     assert g.input_nbytes() == 16 * 4 + 64 * 16 * 4
     assert result.graph.input_nbytes() == 16 * 4 + 16 * 4
+
+
+def test_every_remark_states_the_bytes_its_input_loses():
+    """Each remark's window is its slices' bounds and gives the new type; its bytes are the old and new input's
+    (shape x numpy itemsize) and sum per role to what ``input_nbytes`` loses (tests/passes/claims.py)."""
+
+    def resident_mask(x, mask, w):
+        return ops.matmul(x, w) + ops.cast(mask[:, 1:3, ::2], "float32")
+
+    padded = TensorSpec((2, 64, 8), role="resident")
+    cases = [Case("narrow", trace(resident_mask, *SPECS)), Case("narrow", trace(model, SPECS[0], padded, SPECS[2]))]
+    cases += fuzzed(("sdpa", "chain"), 200)
+    counts = audit(NARROW, cases, before=lambda g: DeadCodeElimination()(g).graph, anchor="input")
+    assert counts["applied"] >= 20 and counts["checked"] >= counts["applied"] + 100  # declines with counts too

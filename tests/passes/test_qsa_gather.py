@@ -13,6 +13,8 @@ from attnpass.ir import TensorSpec, ops, parse_graph, trace
 from attnpass.lowering import lower
 from attnpass.models import QSAConfig, build_layer, make_inputs
 from attnpass.passes import DeadCodeElimination, PassManager, QSAGather
+from tests.fuzz.families import Case
+from tests.passes.claims import audit, fuzzed
 
 SMALL = QSAConfig(n_q_heads=4, n_kv_heads=2, head_dim=16, idx_dim=16, budget=32, mask_rows=4, rotary_dim=8)
 W_SMALL = 8 * 4 + 3  # K = 32 / 4 blocks
@@ -254,3 +256,15 @@ def test_graph_without_sdpa_and_bad_options():
             QSAGather(**bad)
     assert QSAGather(pad_multiple=256).width(512, 4) == 2304
     assert QSAGather().width(512, 4) == 2051
+
+
+@pytest.mark.parametrize("options", [{}, {"batched": False}, {"pad_multiple": 8, "min_depth_factor": 1.0}])
+def test_every_remark_states_the_gather_it_made(options):
+    """Each remark's numbers: K, ratio and the tail from the qsa_select, W the cells rounded up to pad_multiple,
+    n_kv the cache's, the streams and rows q's; the rewrite's new sdpa calls (one, or one per row) attend W cells
+    gathered by one take each of K and V; the masked sdpa is dead; and no row of the masked path, as the numpy
+    reference computes it on the fuzzer's inputs, sees more cells than stated (tests/passes/claims.py)."""
+    layers = [Case("qsa", build_layer(SMALL, 96, batch=b, rows=r), make_inputs(SMALL, 96, np.full((b, r), 60)))
+              for b, r in ((1, 1), (2, 3))]  # fmt: skip
+    counts = audit(QSAGather(**options), fuzzed(("qsa",), 200) + layers, anchor="sdpa")
+    assert counts["checked"] == counts["applied"] >= 60

@@ -18,7 +18,9 @@ from attnpass.ir import Graph, TensorSpec, ops, parse_graph, trace
 from attnpass.lowering import lower
 from attnpass.models import QSAConfig, build_layer, make_inputs, narrowed_inputs, padded_mask
 from attnpass.passes import DeadCodeElimination, PassManager, QSAPoolCache, parse_pipeline
-from attnpass.passes.qsa_pool_cache import STORES
+from attnpass.passes.qsa_pool_cache import STORES, XLA_ROW_REDUCTION_ELEMENTS
+from tests.fuzz.families import Case
+from tests.passes.claims import audit, check_remarks, fuzzed
 from tests.util import assert_bits_equal, lazy_import, requires, target_params
 
 jax = lazy_import("jax")
@@ -332,3 +334,55 @@ def test_positions_past_the_raw_cache_rewrite_its_last_block():
         out, after = run(lower(cached, "numpy"), **args, raw_blocks=first, positions=positions)
         assert_bits_equal(out, run(lower(g, "numpy"), **args, positions=positions))
         assert_bits_equal(after, first)  # every block complete: the last one written with the value it holds
+
+
+@pytest.mark.parametrize("store", STORES)
+def test_every_remark_states_what_the_step_reads_and_writes(store):
+    """Each remark's numbers, measured on the graphs: the cache input's type and bytes and its output, one write
+    op, one new qsa_pool of `ratio` rows per block, the bytes of the raw keys the step still reads (its only live
+    readers are the takes of those rows) and those it no longer reads, the row-wise ops between pool and block keys
+    and where they run (the whole cache, or the new block padded in the regime of the whole cache's reduction)."""
+    layers = [
+        Case("qsa", build_layer(cfg, n_kv, batch=batch, rows=rows))
+        for cfg, n_kv, batch, rows in ((SMALL, N_KV, 1, 1), (SMALL, N_KV, 2, 3), (MODEL_INDEXER, N_KV, 2, 1),
+                                        (MODEL_INDEXER, 1024, 1, 1))
+    ]  # fmt: skip
+    counts = audit(QSAPoolCache(store=store), fuzzed(("qsa",), 200) + layers, anchor="qsa_block_scores")
+    assert counts["checked"] == counts["applied"] >= 20
+
+
+def test_raw_keys_read_elsewhere_are_not_claimed_unread():
+    """When the attention reads the raw keys too, the remark names that reader instead of bytes no longer read."""
+
+    def step(q, raw, idx_q, positions):
+        scores = ops.qsa_block_scores(idx_q, ops.qsa_pool(raw, ratio=2))
+        sel = ops.qsa_select(scores, positions, ratio=2, top_k_blocks=2)
+        k = ops.reshape(raw, (1, 1, 12, 8))
+        return ops.sdpa(q, k, k, mask=ops.qsa_mask(sel, positions, ratio=2, kv_len=12))
+
+    specs = (TensorSpec((1, 2, 1, 8)), TensorSpec((1, 12, 8), role="resident"), TensorSpec((1, 1, 2, 8)))
+    g = trace(step, *specs, TensorSpec((1, 1), "int32"))
+    result = QSAPoolCache()(g)
+    message = remark_of(result, "applied")
+    assert "bytes no longer read" not in message
+    assert "the pooling no longer reads the other 320 bytes, but raw is still read by reshape" in message
+    assert check_remarks(g, result.graph, result.remarks, QSAPoolCache()) == 1
+
+
+@requires("jax")
+def test_xla_row_reductions_round_by_regime_as_the_padding_assumes():
+    """The backend fact behind XLA_ROW_REDUCTION_ELEMENTS (README, docs/semantics.md §4): on XLA's CPU a row sum of
+    fewer elements than the threshold rounds otherwise than one of at least as many (about half the rows differ at
+    D = 128), and within the large regime a row's bits depend on neither its place nor the other rows (zeros)."""
+    d = 128
+    rows = XLA_ROW_REDUCTION_ELEMENTS // d
+    x = np.random.default_rng(0).standard_normal((2 * rows, d)).astype(np.float32)
+    norm = jax.jit(lambda a: jax.numpy.sum(a * a, axis=-1))
+    whole = np.asarray(norm(x))  # the large regime: 2 * 4,096 elements
+    small = np.asarray(norm(x[: rows - 1]))  # 3,968 elements
+    differ = np.mean(small.view(np.uint32) != whole[: rows - 1].view(np.uint32))
+    assert 0.2 <= differ <= 0.8, differ
+    assert_bits_equal(np.asarray(norm(x[:rows])), whole[:rows])  # 4,096 elements: the large regime
+    padded = np.zeros((rows, d), np.float32)
+    padded[0] = x[5]
+    assert_bits_equal(np.asarray(norm(padded))[0], whole[5])  # row 0 of a zero pad rounds as row 5 among all

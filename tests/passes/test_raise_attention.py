@@ -15,6 +15,7 @@ from attnpass.backends import run
 from attnpass.ir import TensorSpec, from_jax, from_mlx, ops, trace
 from attnpass.lowering import lower
 from attnpass.passes import HeadChunkSDPA, PassManager, RaiseAttention, head_chunk_plan
+from tests.passes.claims import audit, fuzzed
 from tests.util import lazy_import, requires
 
 mx = lazy_import("mlx.core")
@@ -218,3 +219,11 @@ def test_jax_handwritten_einsum_attention_with_repeat_kv(rng):
     (sdpa,) = _sdpas(result.graph)
     assert sdpa.attrs["scale"] == SCALE
     np.testing.assert_allclose(run(lower(result.graph, "jax"), q, k, v, mask), np.asarray(attention(q, k, v, mask)), rtol=1e-5, atol=1e-6)
+
+
+def test_every_attention_remark_states_the_sdpa_it_made():
+    """Each attention remark's heads, GQA, S, T, D, scale and mask are the new sdpa's; a scale it puts on v is applied
+    to v; the dtypes its rounding clause names are the source's q·kᵀ, softmax and P·V, and a half-precision sdpa
+    always has one (tests/passes/claims.py)."""
+    counts = audit(RaiseAttention(), fuzzed(("decomposed",), 300))
+    assert counts["checked"] >= 150
