@@ -319,7 +319,7 @@ def _host_read_error(fn: Callable, exc: ValueError) -> ModelImportError:
     loc = raised_at(exc)
     at = f"at {loc}" if loc else "(its source line was not found)"
     return ModelImportError(
-        f"{graph_name(fn, None)} reads an array's value on the host {at} (.item(), int(), float(), np.array(), "
+        f"{getattr(fn, '__qualname__', type(fn).__name__)} reads an array's value on the host {at} (.item(), int(), float(), np.array(), "
         ".tolist(), or an `if` on an array): the import traces the function without values, so it cannot. Keep "
         "the value an array (mx.where instead of `if`, array indices instead of Python ints), or make it a static "
         "argument: a Python number the function closes over (functools.partial) rather than an array it computes"
