@@ -5,9 +5,12 @@ MLX hands the callback one record per primitive (``name``, ``arguments``,
 constants with their values. Each primitive maps to IR ops with its exact
 parameters (:func:`_emit`); anything else raises
 :class:`~attnpass.ir.importing.ModelImportError` naming the primitive, its
-arguments, its operand types and the user's source line that made it. The
-records carry no lines: :mod:`.mlx_source` records them while the export traces
-the function, and every node's location is that line, as a JAX import's is.
+arguments, its operand types and the user's source line that made it.
+Slices and gathers are normalised to the IR's canonical forms
+(:mod:`.mlx_slices`); a function that reads an array's value on the host
+(``.item()``, ``int(x)``) is refused at that line. The records carry no
+lines: :mod:`.mlx_source` records them while the export traces the function,
+and every node's location is that line, as a JAX import's is.
 ``mx.compile``'d helpers cannot be exported, so the import runs with
 compilation disabled (the same primitives, unfused).
 
@@ -319,8 +322,9 @@ def _host_read_error(fn: Callable, exc: ValueError) -> ModelImportError:
     loc = raised_at(exc)
     at = f"at {loc}" if loc else "(its source line was not found)"
     return ModelImportError(
-        f"{getattr(fn, '__qualname__', type(fn).__name__)} reads an array's value on the host {at} (.item(), int(), float(), np.array(), "
-        ".tolist(), or an `if` on an array): the import traces the function without values, so it cannot. Keep "
+        f"{getattr(fn, '__qualname__', type(fn).__name__)} reads an array's value on the host {at} (.item(), int(), "
+        "float(), np.array(), .tolist(), print, or an `if` on an array): the import traces the function without "
+        "values, so it cannot. Keep "
         "the value an array (mx.where instead of `if`, array indices instead of Python ints), or make it a static "
         "argument: a Python number the function closes over (functools.partial) rather than an array it computes"
     )

@@ -743,7 +743,7 @@ def test_prop_sdpa_gqa_heads(hkv, group, s, t, extra):
             sdpa((1, bad, s, 8), (1, hkv, t, 8), (1, hkv, t, 8))
 
 
-# ============================================================================ rounding, argmax/argmin, conv1d (MLX imports)
+# ============================================================================ rounding, argmax/argmin, conv1d
 
 
 @pytest.mark.parametrize("op", ["floor", "ceil", "round"])

@@ -2,7 +2,8 @@
 
 Rounding to integers and arg reductions are exact: every target computes the reference's bits
 (signs of zero and infinities included; a NaN stays a NaN, its payload is the target's: MLX's
-float16 floor returns 0x7D00 for 0x7E00; subnormal operands are left out, XLA on CPU flushes them). conv1d is arithmetic: the numpy target is bit for bit an independent float64 loop rounded
+float16 floor returns 0x7D00 for 0x7E00; subnormal operands are left out, XLA on CPU flushes
+them). conv1d is arithmetic: the numpy target is bit for bit an independent float64 loop rounded
 once, MLX is bit for bit ``mx.conv1d`` itself, and MLX and JAX are within rounding of the reference.
 """
 
@@ -85,7 +86,7 @@ def test_arg_reductions_pick_the_first_index_on_every_target(rng, target, dtype,
 
 
 def _conv1d_loops(x, w, stride, padding, dilation, groups):
-    """out[n, l, o] = sum over taps k and group channels c of x[n, l*stride + k*dilation - low, g*per + c] * w[o, k, c]."""
+    """out[n, l, o] = sum over taps k, group channels c of x[n, l*stride + k*dilation - low, g*per + c] * w[o, k, c]."""
     x, w = x.astype(np.float64), w.astype(np.float64)
     (n, length, c_in), (c_out, k, per) = x.shape, w.shape
     low, high = padding

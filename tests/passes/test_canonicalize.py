@@ -67,8 +67,10 @@ EVALUATOR_CASES = {
        for op in ("sum", "max")},
     "softmax": [([F32], {"axis": -1}), ([BF16], {"axis": 0})],
     **{op: [([F32], {}), ([BF16], {}), ([F16], {})] for op in ("floor", "ceil", "round")},
-    **{op: [([F32], {"axis": 1}), ([BF16], {"axis": 0, "keepdims": True}), ([I32], {"axis": -1})] for op in ("argmax", "argmin")},
-    "conv1d": [([TensorType((2, 7, 4), "float32"), TensorType((6, 3, 2), "float32")], {"groups": 2, "padding": (1, 2), "stride": 2}),
+    **{op: [([F32], {"axis": 1}), ([BF16], {"axis": 0, "keepdims": True}), ([I32], {"axis": -1})]
+       for op in ("argmax", "argmin")},
+    "conv1d": [([TensorType((2, 7, 4), "float32"), TensorType((6, 3, 2), "float32")],
+                {"groups": 2, "padding": (1, 2), "stride": 2}),
                ([TensorType((1, 6, 3), "bfloat16"), TensorType((3, 2, 1), "bfloat16")], {"groups": 3, "dilation": 2})],
 }  # fmt: skip
 

@@ -198,7 +198,8 @@ def test_argmax_router():
     assert "argmax" in _ops(imported.graph)
     assert_mlx_import_reproduces(imported, route, x)
     ties = mx.zeros((1, 2, 8))  # every logit equal: expert 0
-    np.testing.assert_array_equal(run(lower(from_mlx(lambda x: mx.argmax(x @ gate, axis=-1), ties).graph, "mlx"), ties), 0)
+    tied = from_mlx(lambda x: mx.argmax(x @ gate, axis=-1), ties)
+    np.testing.assert_array_equal(run(lower(tied.graph, "mlx"), ties), 0)
 
 
 def test_argmin_keepdims():
@@ -246,7 +247,7 @@ def test_conv1d_with_stride_padding_dilation_groups_and_a_module(dtype):
 
 def test_unsupported_convolutions_are_named():
     x2 = mx.zeros((1, 5, 5, 2))
-    with pytest.raises(ModelImportError, match=r"Convolution .*only 1-D convolutions \(conv1d\) are supported, not 2-D"):
+    with pytest.raises(ModelImportError, match=r"Convolution .*only 1-D convolutions \(conv1d\) are supported, not 2"):
         from_mlx(lambda x: mx.conv2d(x, mx.ones((2, 3, 3, 2))), x2)
     with pytest.raises(ModelImportError, match=r"flipped kernels .* not supported"):
         from_mlx(lambda x: mx.conv_general(x, mx.ones((2, 3, 2)), flip=True), mx.zeros((1, 5, 2)))
