@@ -50,10 +50,9 @@ def strided_slice(
     lows, highs, steps, reversed_axes = [], [], [], []
     for axis, (lo, st, m, n) in enumerate(zip(start, step, counts, shape)):
         first, last = _positions(lo, st, m, n, where, axis)
-        low = min(first, last) if m else 0
-        lows.append(low)
+        lows.append(min(first, last) if m else 0)
         highs.append(max(first, last) + 1 if m else 0)
-        steps.append(abs(st))
+        steps.append(abs(st) if m > 1 else 1)
         if st < 0 and m > 1:
             reversed_axes.append(axis)
     y = x
@@ -90,6 +89,7 @@ def slice_update(
 
 
 def _update_strided(b: GraphBuilder, x: str, update: str, lows: list[int], steps: list[int], axis: int) -> str:
+    """``x`` with ``update`` written at ``lows + k * steps`` on the axes from ``axis`` on (positive steps)."""
     shape = b.type(x).shape
     if axis == len(shape):
         return update
