@@ -129,6 +129,7 @@ _CALL1 = {
     "neg": "negative", "exp": "exp", "sin": "sin", "cos": "cos",
     "tanh": "tanh", "log": "log", "log1p": "log1p", "expm1": "expm1", "sqrt": "sqrt", "abs": "abs", "sign": "sign",
     "logical_not": "logical_not",
+    "floor": "floor", "ceil": "ceil", "round": "round",
 }  # fmt: skip
 
 
@@ -152,6 +153,11 @@ def array_api_emitters(xp: str) -> dict[str, Emitter]:
             return f"{xp}.{fn}({a[0]}, axis={py_literal(axes)}, keepdims={n.attrs['keepdims']})" if axes else a[0]
 
         return emit
+
+    def arg_reduce(fn: str) -> Emitter:
+        return lambda n, a, env: (
+            f"{xp}.{fn}({a[0]}, axis={n.attrs['axis']}, keepdims={n.attrs['keepdims']}).astype({xp}.int32)"
+        )
 
     def sdpa_lse(n: Node, a: list[str], env: EmitEnv) -> str:
         mask = a[3] if len(a) == 4 else None
@@ -180,5 +186,6 @@ def array_api_emitters(xp: str) -> dict[str, Emitter]:
         "argpartition": lambda n, a, env: (
             f"{xp}.argpartition({a[0]}, {n.attrs['kth']}, axis={n.attrs['axis']}).astype({xp}.int32)"
         ),
+        **{op: arg_reduce(op) for op in ("argmax", "argmin")},
     }
     return table

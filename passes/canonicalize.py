@@ -11,7 +11,7 @@ graph computes bit for bit the same function afterwards.
   :mod:`attnpass.ir.dialects.evaluate` in the op's dtype. By default only
   ops that MLX and JAX compute bit for bit as the reference does are folded
   (correctly rounded arithmetic ``+ - * /`` and ``sqrt``, comparisons,
-  selection, moves), so the lowered program keeps its bits on every target;
+  selection, moves, floor/ceil/round and argmax/argmin), so the lowered program keeps its bits on every target;
   where IEEE leaves the bits to the target the fold is declined: a subnormal
   operand or result (XLA on CPU flushes them to zero), a NaN result, ``+0.0``
   and ``-0.0`` meeting in a max. ``fold="reference"`` folds
@@ -67,7 +67,7 @@ _NOT_FOLDED = {
 }
 FOLD_MODES = ("exact", "reference")
 # Ops every target computes bit for bit as the reference does: correctly rounded arithmetic, comparisons,
-# selection and moves. + - * / and sqrt are correctly rounded in IEEE arithmetic; the reference computes them
+# selection, moves, rounding to integers and arg reductions (exact results). + - * / and sqrt are correctly rounded in IEEE arithmetic; the reference computes them
 # in float64 and rounds once, which is the correctly rounded result in float32, bfloat16 and float16 (53 >=
 # 2p + 2 bits for each: double rounding is innocuous), and so is what a target gets computing in the dtype
 # itself or in float32 and rounding once (24 >= 2p + 2 for bf16 and f16). exp, sin, cos, rsqrt, sigmoid,
@@ -75,6 +75,7 @@ FOLD_MODES = ("exact", "reference")
 _TARGET_EXACT = frozenset({
     "add", "sub", "mul", "div", "sqrt", "maximum", "neg", "relu", "equal", "less", "greater_equal", "logical_and",
     "logical_or", "where", "cast", "reshape", "transpose", "broadcast_to", "slice", "concat", "take", "max",
+    "floor", "ceil", "round", "argmax", "argmin",
 })  # fmt: skip
 # Exact ops that copy bits (or flip a sign bit) without arithmetic: subnormals and NaNs pass through them alike.
 _BIT_COPYING = frozenset({"neg", "where", "cast", "reshape", "transpose", "broadcast_to", "slice", "concat", "take"})

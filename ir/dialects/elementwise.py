@@ -86,3 +86,8 @@ _unary("logical_not", (DType.bool,), "not x on a bool tensor.")
 _binary("minimum", NUMERIC, "Elementwise minimum with numpy broadcasting.")
 _binary("power", FLOATS, "x ** y (floats) with numpy broadcasting.")
 _binary("logaddexp", FLOATS, "log(exp(x) + exp(y)) without overflow, numpy broadcasting.")
+
+# Rounding to integral values (MLX Floor, Ceil, Round): exact on every target, signs of zero kept.
+_unary("floor", FLOATS, "The largest integral value <= x (numpy.floor).")
+_unary("ceil", FLOATS, "The smallest integral value >= x (numpy.ceil).")
+_unary("round", FLOATS, "x rounded to the nearest integral value, halves to even (numpy.round, mx.round, jnp.round).")

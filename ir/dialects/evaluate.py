@@ -88,6 +88,23 @@ def _reduce(fn: Callable[..., np.ndarray]) -> Evaluator:
     return lambda attrs, xs, t: rounded(fn(wide(xs[0]), axis=tuple(attrs["axes"]), keepdims=attrs["keepdims"]), t.dtype)
 
 
+def _arg_reduce(fn: Callable[..., np.ndarray]) -> Evaluator:
+    return lambda attrs, xs, t: fn(wide(xs[0]), axis=attrs["axis"], keepdims=attrs["keepdims"]).astype(np.int32)
+
+
+def conv1d(x, w, *, stride: int, padding: Sequence[int], dilation: int, groups: int, dtype: str | DType) -> np.ndarray:
+    """The ``conv1d`` op: x [N, L, C_in] (zero-padded on L) cross-correlated with w [C_out, K, C_in/groups] in
+    float64, rounded once to ``dtype``."""
+    x, w = wide(x), wide(w)
+    (n, _length, c_in), (c_out, k, per_group) = x.shape, w.shape
+    x = np.pad(x, ((0, 0), tuple(padding), (0, 0)))
+    l_out = (x.shape[1] - dilation * (k - 1) - 1) // stride + 1
+    taps = np.stack([x[:, j * dilation : j * dilation + (l_out - 1) * stride + 1 : stride] for j in range(k)], axis=2)
+    taps = taps.reshape(n, l_out, k, groups, per_group)
+    out = np.einsum("nlkgc,gokc->nlgo", taps, w.reshape(groups, c_out // groups, k, per_group))
+    return rounded(out.reshape(n, l_out, c_out), dtype)
+
+
 EVALUATORS: dict[str, Evaluator] = {
     "add": _arith(np.add),
     "sub": _arith(np.subtract),
@@ -120,6 +137,12 @@ EVALUATORS: dict[str, Evaluator] = {
     "sum": _reduce(np.sum),
     "max": _reduce(np.max),
     "softmax": lambda attrs, xs, t: softmax(xs[0], attrs["axis"], t.dtype),
+    "floor": _arith(np.floor),
+    "ceil": _arith(np.ceil),
+    "round": _arith(np.round),  # halves to even
+    "argmax": _arg_reduce(np.argmax),
+    "argmin": _arg_reduce(np.argmin),
+    "conv1d": lambda attrs, xs, t: conv1d(*xs, **attrs, dtype=t.dtype),
 }
 
 
@@ -134,4 +157,4 @@ def evaluate(op: str, attrs: Mapping, operands: Sequence[np.ndarray], result: Te
     return np.array(np.broadcast_to(out, result.shape), dtype=result.dtype.numpy)
 
 
-__all__ = ["EVALUATORS", "constant", "evaluate", "rounded", "softmax", "wide"]
+__all__ = ["EVALUATORS", "constant", "conv1d", "evaluate", "rounded", "softmax", "wide"]

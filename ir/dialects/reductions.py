@@ -58,3 +58,31 @@ register(
         "before, larger ones after. The order inside each side (and among ties) is target-defined.",
     )
 )
+
+
+def _arg_reduction(name: str, which: str) -> None:
+    def infer(ts, *, axis, keepdims):
+        (x,) = ts
+        require_dtype(name, x, NUMERIC)
+        if x.rank == 0:
+            raise ShapeError(f"{name}: operand {x} is a scalar; need rank >= 1")
+        ax = normalize_axis(name, axis, x.rank)
+        if x.shape[ax] == 0:
+            raise ShapeError(f"{name}: axis {axis} of {x} is empty; it has no {which}")
+        kept = (1,) if keepdims else ()
+        return TensorType(x.shape[:ax] + kept + x.shape[ax + 1 :], DType.int32)
+
+    register(
+        OpDef(
+            name,
+            ("x",),
+            infer,
+            {"axis": attr("int"), "keepdims": attr("bool", False)},
+            "reduction",
+            f"int32 index of the {which} along axis: the first one on ties, the first NaN if any (numpy.{name}).",
+        )
+    )
+
+
+_arg_reduction("argmax", "maximum")
+_arg_reduction("argmin", "minimum")

@@ -5,9 +5,12 @@ MLX hands the callback one record per primitive (``name``, ``arguments``,
 constants with their values. Each primitive maps to IR ops with its exact
 parameters (:func:`_emit`); anything else raises
 :class:`~attnpass.ir.importing.ModelImportError` naming the primitive, its
-arguments, its operand types and the user's source line that made it. The
-records carry no lines: :mod:`.mlx_source` records them while the export traces
-the function, and every node's location is that line, as a JAX import's is.
+arguments, its operand types and the user's source line that made it.
+Slices and gathers are normalised to the IR's canonical forms
+(:mod:`.mlx_slices`); a function that reads an array's value on the host
+(``.item()``, ``int(x)``) is refused at that line. The records carry no
+lines: :mod:`.mlx_source` records them while the export traces the function,
+and every node's location is that line, as a JAX import's is.
 ``mx.compile``'d helpers cannot be exported, so the import runs with
 compilation disabled (the same primitives, unfused).
 
@@ -40,7 +43,8 @@ from .importing import (
     parameter_names,
     walk,
 )
-from .mlx_source import LineRecorder, locate
+from .mlx_slices import slice_update, strided_slice, wrapped_indices
+from .mlx_source import LineRecorder, locate, raised_at
 
 _WIDE_INTS = ("int64", "uint32")
 _REDUCE = {2: "sum", 5: "max"}  # mlx::core::Reduce::ReduceType: And, Or, Sum, Prod, Min, Max
@@ -66,6 +70,8 @@ _UNARY = {
     "Exp": "exp", "Negative": "neg", "Sin": "sin", "Cos": "cos", "Sigmoid": "sigmoid", "Tanh": "tanh", "Erf": "erf",
     "Log1p": "log1p", "Expm1": "expm1", "Abs": "abs", "Sign": "sign", "LogicalNot": "logical_not",
 }  # fmt: skip
+_ROUNDING = {"Floor": "floor", "Ceil": "ceil", "Round": "round"}  # the identity on integers
+_ARG_REDUCE = {0: "argmin", 1: "argmax"}  # mlx::core::ArgReduce::ReduceType
 _NATURAL_LOG = 2  # mlx::core::Log::Base: two, ten, e
 _ALIASES = ("Full", "Copy", "StopGradient")  # materialise or copy their operand: same values
 _RESHAPES = ("Reshape", "Flatten", "Unflatten", "ExpandDims", "Squeeze")  # the output shape says it all
@@ -106,6 +112,21 @@ def _gather_mm(b: GraphBuilder, a: str, w: str, lhs: str, rhs: str) -> str:
     return b.op("matmul", picked)
 
 
+def _conv1d(b: GraphBuilder, r: _Record, x: str, w: str) -> str:
+    """MLX ``Convolution`` (stride, padding low, padding high, kernel dilation, input dilation, groups, flip),
+    1-D and unflipped: ``conv1d``."""
+    stride, low, high, dilation, input_dilation, groups, flip = r.args
+    if len(stride) != 1:
+        raise ModelImportError(f"{r.where()}: only 1-D convolutions (conv1d) are supported, not {len(stride)}-D")
+    if input_dilation != [1] or flip:
+        raise ModelImportError(
+            f"{r.where()}: input dilation and flipped kernels (conv_transpose, conv_general(flip=True)) are not "
+            "supported: only mx.conv1d / conv_general with input_dilation=1, flip=False"
+        )
+    attrs = {"stride": stride[0], "padding": (low[0], high[0]), "dilation": dilation[0], "groups": groups}
+    return b.op("conv1d", [x, w], attrs)
+
+
 def _emit(b: GraphBuilder, r: _Record) -> list[str]:
     """IR values for the outputs of one primitive."""
     x = [b.read(i[0]) for i in r.inputs]
@@ -119,6 +140,13 @@ def _emit(b: GraphBuilder, r: _Record) -> list[str]:
         return [b.op(_UNARY[name], x)]
     if name in _ALIASES:
         return [x[0]]
+    if name in _ROUNDING:
+        return [b.op(_ROUNDING[name], x) if b.type(x[0]).dtype.is_float else x[0]]
+    if name == "ArgReduce":
+        kind, axis = r.args
+        return [b.op(_ARG_REDUCE[kind], x, {"axis": axis, "keepdims": True})]
+    if name == "Convolution":
+        return [_conv1d(b, r, *x)]
     if name in _RESHAPES:
         return [b.reshape(x[0], out.shape)]
     if name == "Square":
@@ -135,7 +163,9 @@ def _emit(b: GraphBuilder, r: _Record) -> list[str]:
         alpha, beta = r.args
         return [b.op("addmm", [x[2], x[0], x[1]], {"alpha": alpha, "beta": beta})]
     if name == "GatherAxis":
-        return [b.op("take_along_axis", [x[0], b.cast(x[1], DType.int32)], {"axis": r.args[0]})]
+        axis = r.args[0]
+        indices = wrapped_indices(b, x[1], b.type(x[0]).shape[axis])
+        return [b.op("take_along_axis", [x[0], indices], {"axis": axis})]
     if name == "GatherMM":
         return [_gather_mm(b, *x)]
     if name == "BitwiseBinary":
@@ -154,15 +184,13 @@ def _emit(b: GraphBuilder, r: _Record) -> list[str]:
     if name == "Transpose":
         return [b.op("transpose", x, {"perm": tuple(r.args[0])})]
     if name == "Slice":
-        start, stop, step = (tuple(a) for a in r.args)
-        if any(s < 1 for s in step):
-            raise ModelImportError(f"{r.where()}: negative or zero slice strides are not supported")
-        return [b.op("slice", x, {"start": start, "stop": stop, "step": step})]
+        start, _stop, step = r.args  # MLX's stop is as written (-1, beyond the size): the result's size says it
+        return [strided_slice(b, x[0], start, step, out.shape, r.where())]
     if name == "SliceUpdate":
-        _reduce, start, stop, step = r.args
-        if any(s != 1 for s in step) or _reduce != 4:
-            raise ModelImportError(f"{r.where()}: only plain assignment with unit strides is supported")
-        return [b.update_box(x[0], x[1], tuple(start), tuple(stop))]
+        kind, start, _stop, step = r.args
+        if kind != 4:
+            raise ModelImportError(f"{r.where()}: only plain assignment (SliceUpdate None) is supported")
+        return [slice_update(b, x[0], x[1], start, step, r.where())]
     if name == "Concatenate":
         return [b.op("concat", x, {"axis": r.args[0]})]
     if name == "Split":
@@ -192,7 +220,9 @@ def _emit(b: GraphBuilder, r: _Record) -> list[str]:
         return [b.constant(values, out.dtype, "arange", inline=True)]
     if name == "Gather":
         axes, slice_sizes = r.args
-        return [b.gather(x[0], x[1:], tuple(axes), tuple(slice_sizes))]
+        shape = b.type(x[0]).shape
+        indices = [wrapped_indices(b, i, shape[a]) for i, a in zip(x[1:], axes)]
+        return [b.gather(x[0], indices, tuple(axes), tuple(slice_sizes))]
     if name == "ArgPartition":
         kth, axis = r.args
         return [b.op("argpartition", x, {"kth": kth, "axis": axis})]
@@ -284,6 +314,22 @@ def _export(fn: Callable, example_args: tuple, recorder: LineRecorder) -> tuple[
         mx.enable_compile()
 
 
+_HOST_READ = "[eval] Attempting to eval an array during function transformations"
+
+
+def _host_read_error(fn: Callable, exc: ValueError) -> ModelImportError:
+    """What MLX's refusal to evaluate during the export means: ``fn`` reads an array's value on the host."""
+    loc = raised_at(exc)
+    at = f"at {loc}" if loc else "(its source line was not found)"
+    return ModelImportError(
+        f"{getattr(fn, '__qualname__', type(fn).__name__)} reads an array's value on the host {at} (.item(), int(), "
+        "float(), np.array(), .tolist(), print, or an `if` on an array): the import traces the function without "
+        "values, so it cannot. Keep "
+        "the value an array (mx.where instead of `if`, array indices instead of Python ints), or make it a static "
+        "argument: a Python number the function closes over (functools.partial) rather than an array it computes"
+    )
+
+
 def _live(primitives: list[dict], outputs: list) -> tuple[list[int], set]:
     """The indices of the primitives ``outputs`` depend on, and the keys of every value they read
     (the recorder's extra outputs add primitives the function's outputs may not need)."""
@@ -312,7 +358,12 @@ def from_mlx(fn: Callable, *example_args: Any, name: str | None = None, inline_l
 
     reachable = _handles(captured_paths(fn, lambda root: walk(root, lambda a: isinstance(a, mx.array)), _is_module))
     recorder = LineRecorder()
-    records, compile_off = _export(fn, example_args, recorder)
+    try:
+        records, compile_off = _export(fn, example_args, recorder)
+    except ValueError as exc:
+        if _HOST_READ not in str(exc):
+            raise
+        raise _host_read_error(fn, exc) from None
     lines = recorder.lines(records)
     b = GraphBuilder(graph_name(fn, name), inline_limit)
     by_type = {r["type"]: r for r in records if r["type"] != "primitive"}

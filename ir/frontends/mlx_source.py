@@ -52,6 +52,17 @@ def _is_user(filename: str) -> bool:
     return not filename.startswith("<") and not os.path.abspath(filename).startswith(_library_dirs())
 
 
+def raised_at(exc: BaseException) -> SourceLoc | None:
+    """The innermost line of user code in ``exc``'s traceback (where a function did what raised), or None."""
+    loc, tb = None, exc.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if _is_user(code.co_filename):
+            loc = SourceLoc(code.co_filename, tb.tb_lineno, code.co_name)
+        tb = tb.tb_next
+    return loc
+
+
 def _signature(record: dict) -> tuple:
     """What identifies a primitive across exports: name, arguments, operand and result types."""
     def types(values: list) -> tuple:
@@ -214,4 +225,4 @@ def locate(fn: Callable, args: Sequence[Any], record: dict, *, compile_off: bool
     return replay.by_name
 
 
-__all__ = ["LineRecorder", "locate"]
+__all__ = ["LineRecorder", "locate", "raised_at"]

@@ -251,3 +251,30 @@ logical_not = _unary_builder("logical_not")
 minimum = _binary_builder("minimum")
 power = _binary_builder("power")
 logaddexp = _binary_builder("logaddexp")
+
+# Rounding, arg reductions and conv1d (MLX Floor, Ceil, Round, ArgReduce, Convolution).
+floor = _unary_builder("floor")
+ceil = _unary_builder("ceil")
+round = _unary_builder("round")  # noqa: A001
+
+
+def argmax(x: Tensor, axis: int, keepdims: bool = False) -> Tensor:
+    """int32 index of the maximum along ``axis``: the first on ties, the first NaN if any."""
+    return emit("argmax", [x], {"axis": int(axis), "keepdims": keepdims})
+
+
+def argmin(x: Tensor, axis: int, keepdims: bool = False) -> Tensor:
+    """int32 index of the minimum along ``axis``: the first on ties, the first NaN if any."""
+    return emit("argmin", [x], {"axis": int(axis), "keepdims": keepdims})
+
+
+def conv1d(
+    x: Tensor, w: Tensor, *, stride: int = 1, padding: int | Sequence[int] = 0, dilation: int = 1, groups: int = 1
+) -> Tensor:
+    """``mx.conv1d``: x ``[N, L, C_in]``, w ``[C_out, K, C_in / groups]``; ``padding`` one int or (low, high)."""
+    pad = (int(padding), int(padding)) if isinstance(padding, int) else tuple(int(p) for p in padding)
+    attrs = {"stride": int(stride), "padding": pad, "dilation": int(dilation), "groups": int(groups)}
+    return emit("conv1d", [x, w], attrs)
+
+
+__all__ += ["floor", "ceil", "round", "argmax", "argmin", "conv1d"]

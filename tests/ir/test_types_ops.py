@@ -741,3 +741,69 @@ def test_prop_sdpa_gqa_heads(hkv, group, s, t, extra):
     if extra and bad % hkv:
         with raises(f"query heads {bad} not divisible by kv heads {hkv}"):
             sdpa((1, bad, s, 8), (1, hkv, t, 8), (1, hkv, t, 8))
+
+
+# ============================================================================ rounding, argmax/argmin, conv1d
+
+
+@pytest.mark.parametrize("op", ["floor", "ceil", "round"])
+def test_rounding_ops_keep_the_float_type_and_refuse_integers(op):
+    assert get_op(op).family == "elementwise"
+    for dtype in (F32, F16, BF16):
+        assert infer(op, T((3, 0, 2), dtype)) == T((3, 0, 2), dtype)
+    with raises(f"{op}: operand has dtype int32 (i32[2]); valid: float32, float16, bfloat16"):
+        infer(op, T((2,), I32))
+
+
+@pytest.mark.parametrize("op", ["argmax", "argmin"])
+def test_arg_reduction_rule(op):
+    x = T((2, 3, 4), BF16)
+    assert get_op(op).family == "reduction"
+    assert infer(op, x, axis=1) == T((2, 4), I32)
+    assert infer(op, x, axis=-1, keepdims=True) == T((2, 3, 1), I32)
+    assert infer(op, T((5,), I32), axis=0) == T((), I32)
+    with raises(f"{op}: axis 3 out of range for rank 3 (valid: -3..2)"):
+        infer(op, x, axis=3)
+    with raises(f"{op}: operand f32[] is a scalar; need rank >= 1"):
+        infer(op, T(()), axis=0)
+    with raises(f"{op}: axis 1 of f32[2,0] is empty"):
+        infer(op, T((2, 0)), axis=1)
+    with raises(f"{op}: operand has dtype bool (bool[2])"):
+        infer(op, T((2,), BOOL), axis=0)
+    with raises(f"{op}: missing required attribute axis (int)"):
+        infer(op, x)
+
+
+@pytest.mark.parametrize(
+    "x, w, attrs, out",
+    [
+        ((1, 10, 6), (6, 3, 1), {"groups": 6}, (1, 8, 6)),  # depthwise, no padding
+        ((2, 10, 6), (4, 3, 6), {"stride": 2, "padding": (1, 1), "dilation": 2}, (2, 4, 4)),
+        ((1, 5, 4), (6, 2, 2), {"groups": 2, "padding": (1, 0)}, (1, 5, 6)),
+        ((1, 3, 2), (2, 3, 2), {}, (1, 1, 2)),
+    ],
+)
+def test_conv1d_rule(x, w, attrs, out):
+    """The output length is (L + low + high - dilation * (K - 1) - 1) // stride + 1, as mx.conv1d's."""
+    assert infer("conv1d", T(x, BF16), T(w, BF16), **attrs) == T(out, BF16)
+
+
+@pytest.mark.parametrize(
+    "x, w, attrs, message",
+    [
+        ((1, 10, 6), (6, 3, 2), {"groups": 6}, "conv1d: groups=6 does not fit x f32[1,10,6] and w f32[6,3,2]"),
+        ((1, 10, 6), (4, 3, 1), {"groups": 6}, "conv1d: groups=6 does not fit"),
+        ((1, 10, 6), (6, 3, 6), {"stride": 0}, "conv1d: stride=0 padding=[0, 0] dilation=1 groups=1 invalid"),
+        ((1, 10, 6), (6, 3, 6), {"padding": (1,)}, "conv1d: stride=1 padding=[1] dilation=1 groups=1 invalid"),
+        ((1, 10, 6), (6, 3, 6), {"padding": (-1, 0)}, "padding=[-1, 0]"),
+        ((1, 4, 6), (6, 3, 6), {"dilation": 2}, "conv1d: the kernel spans 5 positions, more than the padded length 4"),
+        ((10, 6), (6, 3, 6), {}, "conv1d: need x [N, L, C_in] and w [C_out, K, C_in / groups], got f32[10,6]"),
+    ],
+)
+def test_conv1d_rule_errors(x, w, attrs, message):
+    with raises(message):
+        infer("conv1d", T(x), T(w), **attrs)
+    with raises("conv1d: operand has dtype int32"):
+        infer("conv1d", T((1, 10, 6), I32), T((6, 3, 6), I32))
+    with raises("conv1d: operands must share one dtype"):
+        infer("conv1d", T((1, 10, 6)), T((6, 3, 6), BF16))

@@ -66,6 +66,12 @@ EVALUATOR_CASES = {
     **{op: [([F32], {"axes": (1,), "keepdims": keep}) for keep in (False, True)] + [([BF16], {"axes": (0, 1)})]
        for op in ("sum", "max")},
     "softmax": [([F32], {"axis": -1}), ([BF16], {"axis": 0})],
+    **{op: [([F32], {}), ([BF16], {}), ([F16], {})] for op in ("floor", "ceil", "round")},
+    **{op: [([F32], {"axis": 1}), ([BF16], {"axis": 0, "keepdims": True}), ([I32], {"axis": -1})]
+       for op in ("argmax", "argmin")},
+    "conv1d": [([TensorType((2, 7, 4), "float32"), TensorType((6, 3, 2), "float32")],
+                {"groups": 2, "padding": (1, 2), "stride": 2}),
+               ([TensorType((1, 6, 3), "bfloat16"), TensorType((3, 2, 1), "bfloat16")], {"groups": 3, "dilation": 2})],
 }  # fmt: skip
 
 
@@ -175,6 +181,25 @@ def test_folds_whose_bits_the_target_chooses_are_declined(fn, reason):
 
 
 # ----------------------------------------------------------------------------- folding
+
+
+def test_folding_an_attention_temperature_from_positions_is_exact_everywhere():
+    """llama4's floor((pos + 1) / floor_scale) of constant positions folds (floor is exact on every target);
+    the log of it is target-computed and stays. The argmax of a constant folds too."""
+
+    def temperature(q):
+        positions = ops.constant(np.arange(12, dtype=np.float32))
+        buckets = ops.floor((positions + 1.0) / 4.0)
+        first = ops.cast(ops.argmax(ops.constant(np.array([1.0, 3.0, 3.0], np.float32)), axis=0), "float32")
+        return q * (ops.log(buckets + 1.0) * 0.1 + 1.0) + first
+
+    graph = trace(temperature, TensorSpec((2, 12)))
+    result = _canonical(graph)
+    assert "floor" not in _ops(result.graph) and "argmax" not in _ops(result.graph) and "log" in _ops(result.graph)
+    (bucket,) = [n for n in result.graph.nodes() if n.op == "constant" and n.type.shape == (12,)]
+    assert bucket.attrs["value"] == tuple(float(v) for v in np.floor((np.arange(12) + 1) / 4) + 1)
+    _same_bits_everywhere(graph, result.graph, random_array(np.random.default_rng(5), (2, 12), "float32"))
+
 
 
 def test_folding_computes_a_scale_from_constants_in_the_ops_dtype():

@@ -83,3 +83,16 @@ EMITTERS.update(
         ),
     }
 )
+
+
+def _conv1d(n: Node, a: list[str], env: EmitEnv) -> str:
+    """``jax.lax.conv_general_dilated`` in MLX's layout: x NWC, w OWI (output channels, taps, input channels)."""
+    at = n.attrs
+    return (
+        f"jax.lax.conv_general_dilated({a[0]}, {a[1]}, ({at['stride']},), [{py_literal(at['padding'])}], "
+        f"rhs_dilation=({at['dilation']},), dimension_numbers=('NWC', 'OWI', 'NWC'), "
+        f"feature_group_count={at['groups']})"
+    )
+
+
+EMITTERS["conv1d"] = _conv1d

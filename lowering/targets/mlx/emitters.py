@@ -102,3 +102,16 @@ EMITTERS.update(
         "take_along_axis": lambda n, a, env: f"mx.take_along_axis({a[0]}, {a[1]}, axis={n.attrs['axis']})",
     }
 )
+
+
+def _conv1d(n: Node, a: list[str], env: EmitEnv) -> str:
+    """``mx.conv_general`` (what ``mx.conv1d`` calls), with the (low, high) padding as MLX records it."""
+    at = n.attrs
+    low, high = at["padding"]
+    return (
+        f"mx.conv_general({a[0]}, {a[1]}, stride={at['stride']}, padding=([{low}], [{high}]), "
+        f"kernel_dilation={at['dilation']}, groups={at['groups']})"
+    )
+
+
+EMITTERS["conv1d"] = _conv1d

@@ -109,3 +109,30 @@ EMITTERS.update(
         ),
     }
 )
+
+
+def _conv1d(n: Node, a: list[str], env: EmitEnv) -> str:
+    at = n.attrs
+    return (
+        f"ref.conv1d({a[0]}, {a[1]}, stride={at['stride']}, padding={py_literal(at['padding'])}, "
+        f"dilation={at['dilation']}, groups={at['groups']}, dtype={_dt(n)})"
+    )
+
+
+def _arg_reduce(fn: str):
+    return lambda n, a, env: (
+        f"{fn}(ref.wide({a[0]}), axis={n.attrs['axis']}, keepdims={n.attrs['keepdims']}).astype(np.int32)"
+    )
+
+
+# Rounding to integers, argmax/argmin and conv1d (MLX Floor, Ceil, Round, ArgReduce, Convolution).
+EMITTERS.update(
+    {
+        "floor": _unary("np.floor({x})"),
+        "ceil": _unary("np.ceil({x})"),
+        "round": _unary("np.round({x})"),
+        "argmax": _arg_reduce("np.argmax"),
+        "argmin": _arg_reduce("np.argmin"),
+        "conv1d": _conv1d,
+    }
+)

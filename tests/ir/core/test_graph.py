@@ -106,8 +106,23 @@ def scalar_graph() -> Graph:
     return g
 
 
+def imported_ops_graph() -> Graph:
+    """The ops MLX imports added: rounding, argmax/argmin, conv1d with every attribute."""
+    g = Graph("imported_ops")
+    x = g.add_input("x", t((2, 9, 4), "bfloat16"))
+    w = g.add_input("w", t((6, 3, 2), "bfloat16"), "resident")
+    conv = g.add_node("conv1d", [x, w], {"stride": 2, "padding": (1, 2), "dilation": 2, "groups": 2}, name="conv")
+    r = g.add_node("round", [g.add_node("floor", [conv])], name="r")
+    c = g.add_node("ceil", [x], name="c")
+    hi = g.add_node("argmax", [r], {"axis": -1, "keepdims": True}, name="hi")
+    lo = g.add_node("argmin", [c], {"axis": 1}, name="lo")
+    g.set_outputs([hi, lo])
+    return g
+
+
 SAMPLES = {
     "attention": attention_graph,
+    "imported_ops": imported_ops_graph,
     "chain": lambda: chain_graph(12),
     "rich": rich_graph,
     "masked": masked_sdpa_graph,

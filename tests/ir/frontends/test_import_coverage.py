@@ -216,15 +216,16 @@ def test_mlx_errors_inside_library_layers_name_the_calling_line():
     import mlx.core as mx
     import mlx.nn as nn
 
-    layer = nn.Conv1d(2, 2, 3)  # Convolution: no IR op; made inside mlx.nn, called from here
+    layer = nn.Conv2d(2, 2, 3)  # a 2-D Convolution: no IR op; made inside mlx.nn, called from here
     mx.eval(layer.parameters())
 
     def model(x):
         return layer(x)
 
     with pytest.raises(ModelImportError) as err:
-        from_mlx(model, mx.ones((1, 5, 2)))
+        from_mlx(model, mx.ones((1, 5, 5, 2)))
     assert f"{__file__}:{model.__code__.co_firstlineno + 1} in model" in str(err.value)
+    assert "only 1-D convolutions (conv1d) are supported, not 2-D" in str(err.value)
 
 
 # ----------------------------------------------------------------------------- from_jax
