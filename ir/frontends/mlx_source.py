@@ -165,7 +165,8 @@ class LineRecorder:
             return None
         self.count = 0
         primitives = [r for r in records if r["type"] == "primitive"]
-        named = [(r, found) for r, found in zip(primitives, self._first(records)) if found and r["name"] == target["name"]]
+        first = self._first(records)
+        named = [(r, found) for r, found in zip(primitives, first) if found and r["name"] == target["name"]]
         exact = [found for r, found in named if _signature(r) == _signature(target)]
         best = min(exact or [found for _r, found in named], key=lambda found: found[0], default=None)
         return best[1] if best else None
