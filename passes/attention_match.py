@@ -640,7 +640,8 @@ class _Matcher:
             f"scale {scale:g}; mask {' and '.join(masks) or 'none'}{rounding}"
         )
         for fill in mask.finite_fills:
-            summary += f"; fill {fill:g} masks exactly while every row's highest unmasked score is >= {fill + UNDERFLOW:g}"
+            bound = fill + UNDERFLOW
+            summary += f"; fill {fill:g} masks exactly while every row's highest unmasked score is >= {bound:g}"
         return Attention(pv, *operands, mask, scale, dtype, out_layout, summary)
 
     @staticmethod
