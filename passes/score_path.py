@@ -246,7 +246,7 @@ def score_algebra(graph: Graph, steps: list[Step]) -> ScoreAlgebra | Decline:
                 + f"; a fill is exactly a mask only if it is -inf or <= {-limit:.3g} ({_limit_reason(dtype)})",
                 node.name,
             )  # fmt: skip
-        if math.isfinite(fill) and any(u.step.node.name in {s.node.name for s in steps[i + 1 :]} for u in adds):
+        if math.isfinite(reached) and any(u.step.node.name in {s.node.name for s in steps[i + 1 :]} for u in adds):
             return Decline(
                 f"where {node.name} fills with the finite {fill:g} and a mask is added after it: "
                 "the sum is no longer a fill",
