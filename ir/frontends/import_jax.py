@@ -9,8 +9,8 @@ equation, operand types and user source line. ``dot_general`` becomes
 transposes, reshapes and one batched ``matmul`` (operands cast first to its
 ``preferred_element_type``); ``broadcast_in_dim`` a reshape plus an explicit
 ``broadcast_to``; ``select_n`` with a bool predicate a ``where``; the cache idioms
-(``dynamic_update_slice``, ``dynamic_slice``, a one-window ``scatter`` such as
-``cache.at[:, i].set(k)``) a ``dynamic_update_slice`` or ``take``s. Equations
+(``dynamic_update_slice``, ``dynamic_slice``, ``scatter`` as ``cache.at[:, i].set(k)``
+writes) a ``dynamic_update_slice``, ``take``s or a ``put_along_axis``. Equations
 whose results nothing reads are left out.
 """
 
@@ -235,20 +235,25 @@ class _Importer:
         return x
 
     def _scatter(self, operand: str, indices: str, updates: str, params: dict) -> str:
-        """``lax.scatter`` (``x.at[...].set``) of one window: a ``dynamic_update_slice`` at the index.
+        """``lax.scatter`` (``x.at[...].set``): one window a ``dynamic_update_slice`` at the index; several
+        windows along one axis (``cache.at[:, positions].set(rows)``) one ``put_along_axis``.
 
-        The window is the update without its scatter axes, with size-1 axes where ``inserted_window_dims``
-        say; mode ``CLIP`` clamps the index (the op's own rule), the others (``FILL_OR_DROP``, the default
-        of ``.at[]``, and ``PROMISE_IN_BOUNDS``, which XLA executes the same way) leave the operand unchanged
-        when the window does not fit at the index.
+        Mode ``CLIP`` clamps an index (the ops' own rule for one window); the others (``FILL_OR_DROP``, the
+        default of ``.at[]``, and ``PROMISE_IN_BOUNDS``, which XLA executes the same way) drop a window that
+        does not fit at its index. Windows written to the same place: which one wins is target-defined, as in JAX.
         """
         b, dn = self.b, params["dimension_numbers"]
+        index_shape = b.type(indices).shape
+        clip = "CLIP" in str(params.get("mode"))
+        if dn.operand_batching_dims:
+            raise ModelImportError(f"scatter with operand batching dims {dn.operand_batching_dims} is not supported")
+        if math.prod(index_shape[:-1]) == 1:
+            return self._scatter_window(operand, indices, updates, dn, clip)
+        return self._scatter_rows(operand, indices, updates, dn, clip)
+
+    def _scatter_window(self, operand: str, indices: str, updates: str, dn: Any, clip: bool) -> str:
+        b = self.b
         shape, index_shape = b.type(operand).shape, b.type(indices).shape
-        if dn.operand_batching_dims or math.prod(index_shape[:-1]) != 1:
-            raise ModelImportError(
-                f"scatter of indices {list(index_shape)} ({dn}): only one window (indices of shape [..., k] holding "
-                "one index vector, no batching dims) is supported"
-            )
         inserted = {int(d) for d in dn.inserted_window_dims}
         window_sizes = iter(b.type(updates).shape[int(d)] for d in dn.update_window_dims)
         window = [1 if axis in inserted else next(window_sizes) for axis in range(len(shape))]
@@ -259,7 +264,7 @@ class _Importer:
         zero = b.reshape(b.scalar(0, DType.int32), [1])
         start = b.concat([coordinates.get(axis, zero) for axis in range(len(shape))], 0) if shape else None
         written = self._dynamic_update_slice(operand, update, start)
-        if "CLIP" in str(params.get("mode")) or not coordinates:
+        if clip or not coordinates:
             return written
         fits = None
         for axis, coordinate in coordinates.items():
@@ -268,6 +273,41 @@ class _Importer:
             inside = b.op("logical_and", [above, below])
             fits = inside if fits is None else b.op("logical_and", [fits, inside])
         return b.op("where", [b.reshape(fits, [1] * len(shape)), written, operand])
+
+    def _scatter_rows(self, operand: str, indices: str, updates: str, dn: Any, clip: bool) -> str:
+        """Several windows, each one whole row along the one scattered axis: ``put_along_axis`` on that axis,
+        with one spare row past the end that takes the dropped windows and is cut off again."""
+        b = self.b
+        shape, index_shape, update_shape = b.type(operand).shape, b.type(indices).shape, b.type(updates).shape
+        scattered = [int(axis) for axis in dn.scatter_dims_to_operand_dims]
+        inserted = [int(d) for d in dn.inserted_window_dims]
+        window_dims = [int(d) for d in dn.update_window_dims]
+        rest = [axis for axis in range(len(shape)) if axis not in inserted]
+        if len(scattered) != 1 or inserted != scattered or [update_shape[d] for d in window_dims] != [
+            shape[a] for a in rest
+        ]:
+            raise ModelImportError(
+                f"scatter of indices {list(index_shape)} ({dn}): several windows are supported only as whole rows "
+                "along one scattered axis (cache.at[:, positions].set(rows))"
+            )
+        (axis,) = scattered
+        count, n = math.prod(index_shape[:-1]), shape[axis]
+        batch_dims = [d for d in range(len(update_shape)) if d not in window_dims]
+        before = [d for d, a in zip(window_dims, rest) if a < axis]
+        rows = b.transpose(updates, before + batch_dims + [d for d in window_dims if d not in before])
+        rows = b.reshape(rows, [count if a == axis else shape[a] for a in range(len(shape))])
+        flat = b.reshape(b.cast(indices, DType.int32), [count])
+        if clip:
+            at = b.op("minimum", [b.op("maximum", [flat, b.scalar(0, DType.int32)]), b.scalar(n - 1, DType.int32)])
+        else:
+            inside = b.op("logical_and", [b.op("greater_equal", [flat, b.scalar(0, DType.int32)]),
+                                          b.op("less", [flat, b.scalar(n, DType.int32)])])  # fmt: skip
+            at = b.op("where", [inside, flat, b.scalar(n, DType.int32)])
+            spare = [1 if a == axis else shape[a] for a in range(len(shape))]
+            operand = b.concat([operand, b.broadcast(b.scalar(0, b.type(operand).dtype), spare)], axis)
+        at = b.broadcast(b.reshape(at, [count if a == axis else 1 for a in range(len(shape))]), b.type(rows).shape)
+        out = b.op("put_along_axis", [operand, at, rows], {"axis": axis})
+        return out if clip else b.slice_axis(out, axis, 0, n)
 
     def _integer_pow(self, x: str, y: int) -> str:
         """``x ** y`` by JAX's own square-and-multiply (the same products in the same order); y < 0 is 1 / x**-y."""

@@ -45,13 +45,38 @@ def test_cache_idioms_are_exact_on_every_target_in_and_out_of_bounds(rng, name, 
         assert_bits_equal(run(lower(imported.graph, target), cache, row, i, **imported.params), expected)
 
 
-def test_a_scatter_of_several_windows_is_declined_by_name(rng):
+IN_RANGE = [("two", [1, 4]), ("three", [5, 0, 2]), ("negative", [-1, 3]), ("2d", [[0, 1], [4, 5]])]
+OUT_OF_RANGE = [("past-end", [6, 2]), ("out", [9, -8])]  # promise_in_bounds: a broken promise, not compared
+ROW_CASES = [(name, p, mode) for name, p in IN_RANGE for mode in (None, "clip", "promise_in_bounds")]
+ROW_CASES += [(name, p, mode) for name, p in OUT_OF_RANGE for mode in (None, "clip")]
+
+
+@pytest.mark.parametrize("name, positions, mode", ROW_CASES, ids=[f"{c[0]}-{c[2]}" for c in ROW_CASES])
+def test_rows_written_at_positions_are_exact_on_every_target(rng, name, positions, mode):
+    """cache.at[:, positions].set(rows): one put_along_axis; negative positions wrap, out-of-range rows are
+    dropped (clamped with mode="clip"), bit for bit what jax.jit computes. Positions are distinct (JAX leaves
+    which of two writes to one row wins unspecified, and so does the IR)."""
+    positions = np.asarray(positions, np.int32)
+    cache = rng.standard_normal((2, 6, 3)).astype(np.float32)
+    rows = rng.standard_normal((2, *positions.shape, 3)).astype(np.float32)
+
+    def write(c, r, p):
+        return c.at[:, p].set(r, mode=mode)
+
+    imported = from_jax(write, cache, rows, positions)
+    assert [n.op for n in imported.graph.nodes()].count("put_along_axis") == 1
+    expected = np.asarray(jax.jit(write)(cache, rows, positions))
+    for target in ("numpy", "mlx", "jax"):
+        assert_bits_equal(run(lower(imported.graph, target), cache, rows, positions, **imported.params), expected)
+
+
+def test_a_scatter_of_partial_windows_is_declined_by_name(rng):
     cache = rng.standard_normal((1, 6, 3)).astype(np.float32)
-    rows = rng.standard_normal((1, 2, 3)).astype(np.float32)
-    positions = np.array([1, 4], np.int32)
-    message = r"(?s)scatter of indices \[2, 1\].*only one window.*equation #\d+ scatter"
+    rows = rng.standard_normal((2, 2)).astype(np.float32)
+    positions = np.array([[0, 1], [0, 4]], np.int32)
+    message = r"(?s)scatter of indices \[2, 3\].*only as whole rows along one scattered axis.*equation #\d+ scatter"
     with pytest.raises(ModelImportError, match=message):
-        from_jax(lambda c, r, p: c.at[:, p].set(r), cache, rows, positions)
+        from_jax(lambda c, r, p: c.at[p[:, 0], p[:, 1], :2].set(r), cache, rows, positions)
 
 
 def _decode_module(dtype: str):
