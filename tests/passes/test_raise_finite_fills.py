@@ -73,7 +73,7 @@ def test_a_finite_fill_far_below_the_scores_is_raised_and_exact(rng, dtype, fill
     raised, decision = _raise(source)
     assert decision.kind == "applied" and [n.op for n in raised.nodes()].count("sdpa") == 1
     reached = float(np.asarray(fill, DType.parse(dtype).numpy))  # the fill in the source's dtype
-    assert f"fill {reached:g} masks exactly while every row's highest unmasked score is >= {reached + 1024:g}" in (
+    assert f"fill {reached:g} masks exactly while every row's highest unmasked score is >= {reached + 1024:.10g}" in (
         decision.message
     )
     q, k, v, allowed = _inputs(dtype, rng)
@@ -186,3 +186,21 @@ def test_the_rule_as_docs_semantics_states_it():
     section = text.split("### 1.2 Finite mask fills", 1)[1].split("\n## ", 1)[0]
     (block,) = section.split("```python\n")[1:]
     exec(compile(block.split("```", 1)[0], "docs/semantics.md §1.2", "exec"), {})
+
+
+def test_the_remarks_condition_is_what_exactness_needs(rng):
+    """A row whose one unmasked score equals the fill (far from >= fill + 1024): the source weighs its masked
+    keys as much as that key, sdpa only that key; on the rows that meet the condition the two agree."""
+    fill = -1e9
+    raised, decision = _raise(_source(fill, "float32"))
+    assert decision.kind == "applied" and "highest unmasked score is >= -999998976" in decision.message
+    q, k, v, allowed = _inputs("float32", rng)
+    q[:, :, 1] = 0.0
+    q[:, :, 1, 0] = 1.0
+    k[:, :, 0] = 0.0
+    k[:, :, 0, 0] = fill * 8  # row 1 attends key 0 only, with score fill * 8 * 0.125 = fill
+    source_out = run(lower(_source(fill, "float32"), "numpy"), q, k, v, allowed)
+    got = run(lower(raised, "numpy"), q, k, v, allowed)
+    assert_close(got[:, :, 1], v[:, :, 0])  # sdpa: key 0's value
+    assert_close(source_out[:, :, 1], v.mean(axis=2))  # the source: every key alike
+    assert_close(got[:, :, 2:], source_out[:, :, 2:])
