@@ -41,7 +41,7 @@ from . import layout_algebra as la
 from .chains import Chain, chain_scale, elementwise_steps, exact_cast, replay, walk
 from .layout_algebra import Atom, Layout
 from .rewrite import Decline
-from .score_path import MaskUse, ScoreAlgebra, Step, score_algebra, score_steps
+from .score_path import UNDERFLOW, MaskUse, ScoreAlgebra, Step, score_algebra, score_steps
 
 ROLE_NAMES = ("b", "h", "s", "t")  # axes of the canonical score tensor [B, Hq, S, T]
 Order = tuple[int, int, int]  # the axes of a root's lifted view holding its heads, rows and head dim (batch: 0)
@@ -90,6 +90,7 @@ class MaskPlan:
     bools: tuple[tuple[str, tuple[int, ...]], ...]
     additive: tuple[str, tuple[int, ...], float] | None
     nan_rows: bool = False  # a bool mask filled with -inf: a row with no key is 0/0 = NaN in the source
+    finite_fills: tuple[float, ...] = ()  # the finite fills (at the softmax) taken as exact masks
 
 
 @dataclass(frozen=True)
@@ -539,7 +540,7 @@ class _Matcher:
     def masks(self, steps: list[Step], algebra: ScoreAlgebra, layout: Layout, sizes) -> tuple[Layout, MaskPlan] | Fail:
         """The scores layout at the softmax, and every mask laid out as sdpa takes it."""
         uses = {u.step.node.name: u for u in (*algebra.bools, *((algebra.additive,) if algebra.additive else ()))}
-        bools, additive, nan_rows = [], None, False
+        bools, additive, nan_rows, finite = [], None, False, []
         current: Layout | None = layout
         for step in steps:
             use = uses.get(step.node.name)
@@ -553,10 +554,11 @@ class _Matcher:
                 return found
             if step.kind == "where":
                 bools.append(found)
-                nan_rows = nan_rows or step.fill == -math.inf
+                nan_rows = nan_rows or use.fill == -math.inf
+                finite += [use.fill] if math.isfinite(use.fill) else []
             else:
                 additive = (*found, use.factor)
-        return current, MaskPlan(tuple(bools), additive, nan_rows)
+        return current, MaskPlan(tuple(bools), additive, nan_rows, tuple(finite))
 
     def mask(self, use: MaskUse, layout: Layout, sizes: tuple[int, ...]) -> tuple[str, tuple[int, ...]] | Fail:
         """The mask root and its [B, Hq, S, T]-broadcastable shape, or why it does not fit."""
@@ -637,6 +639,9 @@ class _Matcher:
             f"{sizes[1]} query heads over {sizes[1] // group} KV heads (GQA {group}); S={sizes[2]} T={sizes[3]} D={d}; "
             f"scale {scale:g}; mask {' and '.join(masks) or 'none'}{rounding}"
         )
+        for fill in mask.finite_fills:
+            bound = fill + UNDERFLOW
+            summary += f"; fill {fill:g} masks exactly while every row's highest unmasked score is >= {bound:.10g}"
         return Attention(pv, *operands, mask, scale, dtype, out_layout, summary)
 
     @staticmethod

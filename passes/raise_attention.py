@@ -32,9 +32,11 @@ where the two round differently the applied remark says so:
   its target does (MLX and JAX compute it in at least float32);
 - scales after an additive mask and scales on the mask are moved only where
   the algebra is exact (:mod:`.score_path`); everything else is declined;
-- a bool mask filled with a large finite negative (MLX and JAX use the
-  dtype's min) becomes sdpa's ``-inf``: identical except on rows that attend
-  no key at all, where MLX's and JAX's own fused attention behave as the source.
+- a bool mask filled with a finite negative (the dtype's min, ``-1e30``,
+  ``-1e9``) becomes sdpa's bool mask where that is exact: a fill at most
+  ``-(2^24 + 1024)`` (half the max in float16), given that every row's
+  highest unmasked score is at least ``-2^24``; a row without keys is the
+  mean of V in both (docs/semantics.md §1.2, :mod:`.score_path`).
 
 Decisions on what ``sdpa`` does not express (declined with a remark naming it):
 

@@ -21,9 +21,17 @@ moves where, exactly:
   mask with ``where(bool, additive, -inf)`` (both exact); two additive masks
   are declined (their sum would round).
 
-A finite fill at most half the dtype's min acts as ``-inf`` (the convention
-of MLX, JAX and Hugging Face): identical except on rows that attend no key
-at all.
+A finite fill is exactly a mask under one stated assumption (docs/semantics.md §1.2):
+the highest unmasked entry of every row of the softmax input is at least
+``-SCORE_BOUND`` (2^24). A fill ``f`` (as the source rounds it and the scales
+after it) at most ``-(SCORE_BOUND + 1024)`` then leaves ``f - row max <= -1024``,
+and ``exp`` of that is exactly 0 in float64 and every narrower format: the
+masked entries weigh exactly nothing, as in sdpa. float16 cannot hold that
+fill; there the limit is half its max (the dtype's min, as MLX and JAX fill,
+qualifies). A row every entry of which is the fill softmaxes to equal weights,
+the mean of V: sdpa's bool-mask rule for a row without keys. A fill that
+reaches ``-inf`` (written so, or overflowing in a later scale) makes that row
+0/0 = NaN, and the raised sdpa keeps it NaN.
 """
 
 from __future__ import annotations
@@ -31,10 +39,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from attnpass.ir import Graph, Node
+import numpy as np
+
+from attnpass.ir import DType, Graph, Node
+from attnpass.ir.dialects.evaluate import rounded
 
 from .chains import is_transparent, scalar_constant, scale_operand
 from .rewrite import Decline
+
+SCORE_BOUND = 2.0**24  # assumed: every row's highest unmasked score (softmax input) is >= -SCORE_BOUND
+UNDERFLOW = 1024.0  # exp(-1024) is 0 in float64 (below 2^-1075, half its smallest subnormal) and narrower formats
 
 NOT_SDPA = {  # ops on the scores path that sdpa cannot express, with what families use them for
     "tanh": "logit soft-capping (tanh(s / cap) * cap, as gemma2)",
@@ -60,10 +74,12 @@ class Step:
 
 @dataclass(frozen=True)
 class MaskUse:
-    """A mask as sdpa takes it: the step that applies it and the factor the source scales it by later."""
+    """A mask as sdpa takes it: the step that applies it and the factor the source scales it by later;
+    for a bool mask, ``fill`` is the value its masked entries reach the softmax with (rounded as the source does)."""
 
     step: Step
     factor: float
+    fill: float | None = None
 
 
 @dataclass(frozen=True)
@@ -161,6 +177,37 @@ def _power_of_two(c: float) -> bool:
     return c != 0 and math.isfinite(c) and math.frexp(abs(c))[0] == 0.5
 
 
+def fill_limit(dtype: DType) -> float:
+    """How far below zero a finite fill must reach the softmax to be exactly a mask (module docstring)."""
+    return min(SCORE_BOUND + UNDERFLOW, 0.5 * float(dtype.finfo.max))
+
+
+def _limit_reason(dtype: DType) -> str:
+    if fill_limit(dtype) < SCORE_BOUND + UNDERFLOW:
+        return f"half the {dtype.value} max: unmasked scores are assumed above {fill_limit(dtype) - UNDERFLOW:g}"
+    return (
+        f"exp(fill - row max) is then exactly 0 if every row's highest unmasked score is >= -{SCORE_BOUND:.3g}, "
+        "the bound raise-attention assumes"
+    )
+
+
+def _fill_at_softmax(graph: Graph, fill: float, dtype: DType, later: list[Step]) -> tuple[float, DType]:
+    """The fill as the source carries it to the softmax (each later scale and cast rounded in its dtype), and
+    the dtype on the way with the smallest :func:`fill_limit` (float16 scores cast up stay float16 values)."""
+    value, narrowest = fill, dtype
+    for step in later:
+        dtype = step.node.type.dtype
+        if step.kind == "scale":
+            node = step.node
+            divisor = scalar_constant(graph, node.inputs[1]) if node.op == "div" else None
+            value = value / divisor if divisor is not None else value * step.factor
+        if step.kind in ("scale", "cast"):
+            with np.errstate(over="ignore"):  # past the dtype's max: -inf, as the source computes it
+                value = float(rounded(value, dtype))
+            narrowest = min(narrowest, dtype, key=fill_limit) if dtype.is_float else narrowest
+    return value, narrowest
+
+
 def score_algebra(graph: Graph, steps: list[Step]) -> ScoreAlgebra | Decline:
     """sdpa's scale and masks for ``steps`` (matmul side first), or the step that cannot move."""
     later = [1.0] * (len(steps) + 1)  # later[i]: product of the scales after step i
@@ -181,28 +228,50 @@ def score_algebra(graph: Graph, steps: list[Step]) -> ScoreAlgebra | Decline:
                 f"(softmax((q·kᵀ + m)·{use.factor:g})); sdpa adds its mask after scaling, and m·{use.factor:g} "
                 "is not exact (not a power of two)", use.step.node.name,
             )  # fmt: skip
+    masks = []
     for i, use in wheres:
         node, fill, factor = use.step.node, use.step.fill, use.factor
-        limit = 0.5 * float(node.type.dtype.finfo.min)
         if factor < 0:
             return Decline(
                 f"the scores masked by where {node.name} are scaled by {factor:g} after it: "
                 f"the fill {fill:g} no longer masks",
                 node.name,
             )
-        if math.isnan(fill) or fill > limit or (math.isfinite(fill) and fill * factor > limit):
+        reached, dtype = _fill_at_softmax(graph, fill, node.type.dtype, steps[i + 1 :])
+        limit = fill_limit(dtype)
+        if math.isnan(reached) or reached > -limit:
             return Decline(
                 f"where {node.name} fills masked scores with {fill:g}"
-                + (f", scaled by {factor:g} after it to {fill * factor:g}" if factor != 1 else "")
-                + f"; a mask needs -inf or a value <= {limit:.3g} (half the {node.type.dtype.value} min)", node.name,
+                + (f", which reaches the softmax as {reached:g}" if reached != fill and not math.isnan(fill) else "")
+                + f"; a fill is exactly a mask only if it is -inf or <= {-limit:.3g} ({_limit_reason(dtype)})",
+                node.name,
             )  # fmt: skip
-        if math.isfinite(fill) and any(u.step.node.name in {s.node.name for s in steps[i + 1 :]} for u in adds):
+        if math.isfinite(reached) and any(u.step.node.name in {s.node.name for s in steps[i + 1 :]} for u in adds):
             return Decline(
                 f"where {node.name} fills with the finite {fill:g} and a mask is added after it: "
                 "the sum is no longer a fill",
                 node.name,
             )
-    return ScoreAlgebra(later[0], adds[0] if adds else None, tuple(u for _i, u in wheres))
+        if math.isfinite(reached) and adds:
+            return Decline(
+                f"where {node.name} fills with the finite {fill:g} over scores with the additive mask "
+                f"{adds[0].step.mask}: a row the bool mask leaves without a key is the mean of V in the source, "
+                "but NaN under sdpa's one mask (where(bool, additive, -inf))",
+                node.name,
+            )
+        masks.append(MaskUse(use.step, factor, reached))
+    if len({repr(u.fill) for u in masks}) > 1:
+        first, other = masks[0], next(u for u in masks if repr(u.fill) != repr(masks[0].fill))
+        return Decline(
+            f"where {first.step.node.name} and where {other.step.node.name} fill with {first.fill:g} and "
+            f"{other.fill:g} (at the softmax): a row both leave without a key weighs only the keys of the larger "
+            "fill, where sdpa gives such a row the mean of V (or NaN)",
+            other.step.node.name,
+        )
+    return ScoreAlgebra(later[0], adds[0] if adds else None, tuple(masks))
 
 
-__all__ = ["NOT_SDPA", "MaskUse", "ScoreAlgebra", "Step", "score_algebra", "score_steps"]
+__all__ = [
+    "NOT_SDPA", "SCORE_BOUND", "UNDERFLOW", "MaskUse", "ScoreAlgebra", "Step", "fill_limit", "score_algebra",
+    "score_steps",
+]  # fmt: skip

@@ -8,7 +8,10 @@ maps to IR ops with its exact parameters (:func:`_emit`); anything else raises
 equation, operand types and user source line. ``dot_general`` becomes
 transposes, reshapes and one batched ``matmul`` (operands cast first to its
 ``preferred_element_type``); ``broadcast_in_dim`` a reshape plus an explicit
-``broadcast_to``; ``select_n`` with a bool predicate a ``where``.
+``broadcast_to``; ``select_n`` with a bool predicate a ``where``; the cache idioms
+(``dynamic_update_slice``, ``dynamic_slice``, ``scatter`` as ``cache.at[:, i].set(k)``
+writes) a ``dynamic_update_slice``, ``take``s or a ``put_along_axis``. Equations
+whose results nothing reads are left out.
 """
 
 from __future__ import annotations
@@ -99,6 +102,8 @@ class _Importer:
 
     def equation(self, eqn: Any) -> None:
         index, self.count = self.count, self.count + 1
+        if not eqn.effects and all(type(v).__name__ == "DropVar" for v in eqn.outvars):
+            return  # a pure equation whose results nothing reads (flax's writes back to a module it discards)
         name = eqn.primitive.name
         loc = self.b.loc = _location(eqn, self.enclosing or SourceLoc(f"jax:{self.b.graph.name}", index, name))
         args = [self.read(v) for v in eqn.invars]
@@ -192,12 +197,117 @@ class _Importer:
         if name == "split":
             axis, bounds = int(params["axis"]), np.cumsum([0, *params["sizes"]]).tolist()
             return [b.slice_axis(x[0], axis, lo, hi) for lo, hi in zip(bounds, bounds[1:])]
+        if name == "dynamic_update_slice":
+            return [self._dynamic_update_slice(x[0], x[1], self._start_vector(x[2:]))]
+        if name == "dynamic_slice":
+            return [self._dynamic_slice(x[0], x[1:], tuple(int(d) for d in params["slice_sizes"]))]
+        if name == "scatter":
+            return [self._scatter(x[0], x[1], x[2], params)]
         if name == "iota":
             dtype = dtype_of(str(params["dtype"]), "iota")
             shape, dim = tuple(params["shape"]), int(params["dimension"])
             ramp = np.arange(shape[dim]).reshape([-1 if a == dim else 1 for a in range(len(shape))])
             return [b.constant(np.broadcast_to(ramp, shape).astype(dtype.numpy), dtype, "iota", inline=True)]
         raise ModelImportError(f"unsupported JAX primitive {name}")
+
+    def _start_vector(self, starts: list[str]) -> str:
+        """The scalar start indices of a dynamic slice as one ``i32[rank]`` vector."""
+        b = self.b
+        return b.concat([b.reshape(b.cast(s, DType.int32), [1]) for s in starts], 0)
+
+    def _dynamic_update_slice(self, buffer: str, update: str, start: str) -> str:
+        """``lax.dynamic_update_slice``: the IR op (each start clamped so the update fits, as in JAX)."""
+        if not self.b.type(buffer).rank:
+            return update
+        return self.b.op("dynamic_update_slice", [buffer, update, start])
+
+    def _dynamic_slice(self, x: str, starts: list[str], sizes: tuple[int, ...]) -> str:
+        """``lax.dynamic_slice``: per axis shorter than ``x``, a ``take`` of
+        ``clip(start, 0, dim - size) + arange(size)`` (JAX clamps the start so the slice fits)."""
+        b = self.b
+        for axis, (start, size, dim) in enumerate(zip(starts, sizes, b.type(x).shape)):
+            if size == dim:
+                continue
+            low = b.op("maximum", [b.cast(start, DType.int32), b.scalar(0, DType.int32)])
+            first = b.op("minimum", [low, b.scalar(dim - size, DType.int32)])
+            ramp = b.constant(np.arange(size, dtype=np.int32), DType.int32, "iota", inline=True)
+            x = b.op("take", [x, b.op("add", [b.reshape(first, [1]), ramp])], {"axis": axis})
+        return x
+
+    def _scatter(self, operand: str, indices: str, updates: str, params: dict) -> str:
+        """``lax.scatter`` (``x.at[...].set``): one window a ``dynamic_update_slice`` at the index; several
+        windows along one axis (``cache.at[:, positions].set(rows)``) one ``put_along_axis``.
+
+        Mode ``CLIP`` clamps an index (the ops' own rule for one window); the others (``FILL_OR_DROP``, the
+        default of ``.at[]``, and ``PROMISE_IN_BOUNDS``, which XLA executes the same way) drop a window that
+        does not fit at its index. Windows written to the same place: which one wins is target-defined, as in JAX.
+        """
+        b, dn = self.b, params["dimension_numbers"]
+        index_shape = b.type(indices).shape
+        clip = "CLIP" in str(params.get("mode"))
+        if dn.operand_batching_dims:
+            raise ModelImportError(f"scatter with operand batching dims {dn.operand_batching_dims} is not supported")
+        if math.prod(index_shape[:-1]) == 1:
+            return self._scatter_window(operand, indices, updates, dn, clip)
+        return self._scatter_rows(operand, indices, updates, dn, clip)
+
+    def _scatter_window(self, operand: str, indices: str, updates: str, dn: Any, clip: bool) -> str:
+        b = self.b
+        shape, index_shape = b.type(operand).shape, b.type(indices).shape
+        inserted = {int(d) for d in dn.inserted_window_dims}
+        window_sizes = iter(b.type(updates).shape[int(d)] for d in dn.update_window_dims)
+        window = [1 if axis in inserted else next(window_sizes) for axis in range(len(shape))]
+        update = b.reshape(updates, window)
+        point = b.reshape(b.cast(indices, DType.int32), [index_shape[-1]])
+        scattered = [int(axis) for axis in dn.scatter_dims_to_operand_dims]
+        coordinates = {axis: b.slice_axis(point, 0, j, j + 1) for j, axis in enumerate(scattered)}
+        zero = b.reshape(b.scalar(0, DType.int32), [1])
+        start = b.concat([coordinates.get(axis, zero) for axis in range(len(shape))], 0) if shape else None
+        written = self._dynamic_update_slice(operand, update, start)
+        if clip or not coordinates:
+            return written
+        fits = None
+        for axis, coordinate in coordinates.items():
+            limit = b.reshape(b.scalar(shape[axis] - window[axis], DType.int32), [1])
+            above, below = b.op("greater_equal", [coordinate, zero]), b.op("greater_equal", [limit, coordinate])
+            inside = b.op("logical_and", [above, below])
+            fits = inside if fits is None else b.op("logical_and", [fits, inside])
+        return b.op("where", [b.reshape(fits, [1] * len(shape)), written, operand])
+
+    def _scatter_rows(self, operand: str, indices: str, updates: str, dn: Any, clip: bool) -> str:
+        """Several windows, each one whole row along the one scattered axis: ``put_along_axis`` on that axis,
+        with one spare row past the end that takes the dropped windows and is cut off again."""
+        b = self.b
+        shape, index_shape, update_shape = b.type(operand).shape, b.type(indices).shape, b.type(updates).shape
+        scattered = [int(axis) for axis in dn.scatter_dims_to_operand_dims]
+        inserted = [int(d) for d in dn.inserted_window_dims]
+        window_dims = [int(d) for d in dn.update_window_dims]
+        rest = [axis for axis in range(len(shape)) if axis not in inserted]
+        if len(scattered) != 1 or inserted != scattered or [update_shape[d] for d in window_dims] != [
+            shape[a] for a in rest
+        ]:
+            raise ModelImportError(
+                f"scatter of indices {list(index_shape)} ({dn}): several windows are supported only as whole rows "
+                "along one scattered axis (cache.at[:, positions].set(rows))"
+            )
+        (axis,) = scattered
+        count, n = math.prod(index_shape[:-1]), shape[axis]
+        batch_dims = [d for d in range(len(update_shape)) if d not in window_dims]
+        before = [d for d, a in zip(window_dims, rest) if a < axis]
+        rows = b.transpose(updates, before + batch_dims + [d for d in window_dims if d not in before])
+        rows = b.reshape(rows, [count if a == axis else shape[a] for a in range(len(shape))])
+        flat = b.reshape(b.cast(indices, DType.int32), [count])
+        if clip:
+            at = b.op("minimum", [b.op("maximum", [flat, b.scalar(0, DType.int32)]), b.scalar(n - 1, DType.int32)])
+        else:
+            inside = b.op("logical_and", [b.op("greater_equal", [flat, b.scalar(0, DType.int32)]),
+                                          b.op("less", [flat, b.scalar(n, DType.int32)])])  # fmt: skip
+            at = b.op("where", [inside, flat, b.scalar(n, DType.int32)])
+            spare = [1 if a == axis else shape[a] for a in range(len(shape))]
+            operand = b.concat([operand, b.broadcast(b.scalar(0, b.type(operand).dtype), spare)], axis)
+        at = b.broadcast(b.reshape(at, [count if a == axis else 1 for a in range(len(shape))]), b.type(rows).shape)
+        out = b.op("put_along_axis", [operand, at, rows], {"axis": axis})
+        return out if clip else b.slice_axis(out, axis, 0, n)
 
     def _integer_pow(self, x: str, y: int) -> str:
         """``x ** y`` by JAX's own square-and-multiply (the same products in the same order); y < 0 is 1 / x**-y."""

@@ -8,14 +8,15 @@ export returns those arrays as extra outputs, so the records say which
 primitive made each, and :meth:`LineRecorder.lines` gives every primitive the
 first line at which an array depending on it appeared.
 
-:func:`locate` is the fallback for a failing primitive that has no such line:
-it calls the function again (lazily: nothing is evaluated) under the same
-tracer, exports the graph of each new array, and stops at the first line whose
-arrays contain the failing primitive: same name, arguments and operand and
-result types, or failing that the same name. The replay is best effort (and
-slow on deep graphs: an export per line): a function whose state the failed
-import already changed (a KV cache it updated) may take another path, and then
-``None`` is returned.
+:func:`locate` is the fallback for a failing primitive that has no such line
+(a function whose outputs are not arrays, an export that refused the extra
+outputs): it calls the function again (lazily: nothing is evaluated) under the
+same tracer, exports every array it recorded in one export (a cost linear in
+the graph, like the import's), and returns the first line whose arrays contain
+the failing primitive: same name, arguments and operand and result types, or
+failing that the same name. The replay is best effort: a function whose state
+the failed import already changed (a KV cache it updated) may take another
+path, and then ``None`` is returned.
 """
 
 from __future__ import annotations
@@ -29,11 +30,6 @@ from typing import Any, Callable, Sequence
 from attnpass.ir.core.types import SourceLoc
 
 _LIBRARY_DIRS: tuple[str, ...] | None = None
-
-
-class _Found(Exception):
-    def __init__(self, loc: SourceLoc) -> None:
-        self.loc = loc
 
 
 def _library_dirs() -> tuple[str, ...]:
@@ -69,54 +65,6 @@ def _signature(record: dict) -> tuple:
         return tuple((tuple(shape), str(dtype)) for _key, shape, dtype in values)
 
     return record["name"], repr(record.get("arguments", ())), types(record["inputs"]), types(record["outputs"])
-
-
-class _Replay:
-    def __init__(self, target: dict) -> None:
-        import mlx.core as mx
-
-        self.mx = mx
-        self.name, self.signature = target["name"], _signature(target)
-        self.seen: dict[int, Any] = {}  # id -> array, kept alive so ids are not reused
-        self.lines: dict[FrameType, int] = {}
-        self.by_name: SourceLoc | None = None
-
-    def _arrays(self, values: Sequence[Any]) -> list[Any]:
-        found = []
-        for value in values:
-            items = value if isinstance(value, (list, tuple)) else (value,)
-            for item in items:
-                if isinstance(item, self.mx.array) and id(item) not in self.seen:
-                    self.seen[id(item)] = item
-                    found.append(item)
-        return found
-
-    def _check(self, frame: FrameType, line: int, values: Sequence[Any]) -> None:
-        for array in self._arrays(values):
-            records: list[dict] = []
-            try:
-                self.mx.export_function(records.append, lambda: array)
-            except Exception:  # an array this replay cannot export (e.g. a compiled helper's output)
-                continue
-            loc = SourceLoc(frame.f_code.co_filename, line, frame.f_code.co_name)
-            for record in records:
-                if record["type"] != "primitive" or record["name"] != self.name:
-                    continue
-                if _signature(record) == self.signature:
-                    raise _Found(loc)
-                self.by_name = self.by_name or loc
-
-    def trace(self, frame: FrameType, event: str, arg: Any) -> Callable | None:
-        if event == "call":
-            return self.trace if _is_user(frame.f_code.co_filename) else None
-        if event == "line":
-            if frame in self.lines:
-                self._check(frame, self.lines[frame], list(frame.f_locals.values()))
-            self.lines[frame] = frame.f_lineno
-        elif event == "return":
-            self._check(frame, frame.f_lineno, [arg, *frame.f_locals.values()])
-            self.lines.pop(frame, None)
-        return self.trace
 
 
 class LineRecorder:
@@ -184,6 +132,10 @@ class LineRecorder:
     def lines(self, records: list[dict]) -> dict[int, SourceLoc]:
         """Primitive index (among the records' primitives) -> the first line at which an array made
         from it appeared: its own output's line, or the earliest of its consumers'."""
+        return {i: found[1] for i, found in enumerate(self._first(records)) if found is not None}
+
+    def _first(self, records: list[dict]) -> list[tuple[int, SourceLoc] | None]:
+        """Per primitive: (order, line) of the first recorded array made from it, or None."""
         outputs = next(r for r in records if r["type"] == "outputs")["outputs"]
         seen: dict[Any, tuple[int, SourceLoc]] = {}
         for order, ((key, _shape, _dtype), (_array, loc)) in enumerate(zip(outputs[self.count or 0 :], self.found)):
@@ -200,29 +152,48 @@ class LineRecorder:
             candidates = [seen[key] for key, _s, _d in primitives[i]["outputs"] if key in seen]
             candidates += [first[j] for j in consumers[i] if first[j] is not None]
             first[i] = min(candidates, key=lambda c: c[0], default=None)
-        return {i: found[1] for i, found in enumerate(first) if found is not None}
+        return first
+
+    def replay(self, fn: Callable, args: Sequence[Any], target: dict) -> SourceLoc | None:
+        """Run ``fn(*args)`` again (lazily) under the tracer, export every array it recorded in one export
+        and return the first line whose arrays contain ``target``'s primitive (by signature, else by name)."""
+        self.forget()
+        self.seen.update(id(a) for a in args)
+        previous = sys.gettrace()
+        sys.settrace(self.trace)
+        try:
+            fn(*args)
+        except Exception:  # the replay took another path: what it recorded so far still counts
+            pass
+        finally:
+            sys.settrace(previous)
+            self.lines_of.clear()
+        arrays = tuple(array for array, _loc in self.found)
+        records: list[dict] = []
+        try:
+            self.mx.export_function(records.append, lambda: arrays)
+        except Exception:  # an array the export refuses (e.g. a compiled helper's output)
+            return None
+        self.count = 0
+        primitives = [r for r in records if r["type"] == "primitive"]
+        first = self._first(records)
+        named = [(r, found) for r, found in zip(primitives, first) if found and r["name"] == target["name"]]
+        exact = [found for r, found in named if _signature(r) == _signature(target)]
+        best = min(exact or [found for _r, found in named], key=lambda found: found[0], default=None)
+        return best[1] if best else None
 
 
 def locate(fn: Callable, args: Sequence[Any], record: dict, *, compile_off: bool) -> SourceLoc | None:
     """The user line that created ``record``'s primitive when ``fn(*args)`` runs again, or None."""
     import mlx.core as mx
 
-    replay = _Replay(record)
-    previous = sys.gettrace()
     if compile_off:
         mx.disable_compile()
-    sys.settrace(replay.trace)
     try:
-        fn(*args)
-    except _Found as found:
-        return found.loc
-    except Exception:  # the replay took another path: fall back to a same-named primitive, if any
-        pass
+        return LineRecorder().replay(fn, args, record)
     finally:
-        sys.settrace(previous)
         if compile_off:
             mx.enable_compile()
-    return replay.by_name
 
 
 __all__ = ["LineRecorder", "locate", "raised_at"]

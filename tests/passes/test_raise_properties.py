@@ -133,12 +133,15 @@ def expressible(case: Case) -> bool:
         after = case.scales.get("after_where", 1.0) * (
             case.scales.get("after_add", 1.0) if case.mask == "where-then-add" else 1.0
         )
-        finite = math.isfinite(case.fill)
-        limit = 0.5 * float(DType.parse(case.dtype).finfo.min)
-        if after < 0 or case.fill > limit or (finite and case.fill * after > limit):
+        dtype = DType.parse(case.dtype)
+        with np.errstate(over="ignore"):
+            reached = float(semantics.rounded(np.float64(case.fill) * after, dtype))  # the fill at the softmax
+        limit = min(2.0**24 + 1024, 0.5 * float(dtype.finfo.max))  # docs/semantics.md §1.2 (the where's dtype
+        # bounds it: a float16 softmax accumulated in float32 reads float16 scores)
+        if after < 0 or reached > -limit:
             return False
-        if finite and (case.mask == "where-then-add" or "scores" in case.biases):
-            return False  # a mask added after a finite fill
+        if math.isfinite(reached) and (additive or {"scores", "before_mask"} & set(case.biases)):
+            return False  # a finite fill with an additive mask: a row without keys would be NaN under sdpa
     return True
 
 

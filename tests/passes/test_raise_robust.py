@@ -374,4 +374,5 @@ def test_a_fill_that_does_not_mask_is_declined(fill):
 
     result = _raise(trace(attention, *_specs()))
     (remark,) = _decisions(result, "attention")
-    assert remark.kind == "declined" and "a mask needs -inf or a value <= -1.7e+38" in remark.message
+    assert remark.kind == "declined" and f"fills masked scores with {fill:g};" in remark.message
+    assert "a fill is exactly a mask only if it is -inf or <= -1.68e+07" in remark.message

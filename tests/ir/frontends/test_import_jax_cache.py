@@ -1,0 +1,145 @@
+"""from_jax: the KV-cache idioms of JAX code (``dynamic_update_slice``, ``dynamic_slice``, ``x.at[...].set``
+scatters) import exactly, and flax nnx decode-mode attention imports, raises and computes what the module does."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from attnpass.backends import run
+from attnpass.ir import ModelImportError, from_jax
+from attnpass.lowering import lower
+from attnpass.passes import PassManager, parse_pipeline
+from tests.util import assert_bits_equal, assert_close, lazy_import, requires
+
+pytestmark = requires("jax", "mlx.core")
+jax = lazy_import("jax")
+jnp = lazy_import("jax.numpy")
+lax = lazy_import("jax.lax")
+
+# (name, function of (cache, row, index), the IR op that must carry it)
+IDIOMS = [
+    ("at-set", lambda c, k, i: c.at[:, i].set(k), "dynamic_update_slice"),
+    ("at-set-clip", lambda c, k, i: c.at[:, i].set(k, mode="clip"), "dynamic_update_slice"),
+    ("at-set-promise", lambda c, k, i: c.at[:, i].set(k, mode="promise_in_bounds"), "dynamic_update_slice"),
+    ("at-set-point", lambda c, k, i: c.at[0, i, 1].set(k[0, 0]), "dynamic_update_slice"),
+    ("update", lambda c, k, i: lax.dynamic_update_slice(c, k[:, None], (0, i, 0, 0)), "dynamic_update_slice"),
+    ("update_in_dim", lambda c, k, i: lax.dynamic_update_slice_in_dim(c, k[:, None], i, 1), "dynamic_update_slice"),
+    ("dynamic_slice", lambda c, k, i: lax.dynamic_slice(c, (0, i, 0, 1), (1, 2, 2, 2)) + k[:, :1, :2], "take"),
+    ("slice_in_dim", lambda c, k, i: lax.dynamic_slice_in_dim(c, i, 3, axis=1) * k[:, None], "take"),
+]
+
+
+@pytest.mark.parametrize("index", [-5, -4, -1, 0, 2, 3, 4, 7])
+@pytest.mark.parametrize("name, fn, op", IDIOMS, ids=[i[0] for i in IDIOMS])
+def test_cache_idioms_are_exact_on_every_target_in_and_out_of_bounds(rng, name, fn, op, index):
+    """Bit for bit what jax.jit computes, on all three targets: negative indices wrap (JAX's own select),
+    out-of-bounds ones are clamped (dynamic slices, mode="clip") or drop the write (.at[].set's default)."""
+    cache = rng.standard_normal((1, 4, 2, 3)).astype(np.float32)
+    row = rng.standard_normal((1, 2, 3)).astype(np.float32)
+    i = np.int32(index)
+    imported = from_jax(fn, cache, row, i)
+    assert op in [n.op for n in imported.graph.nodes()]
+    expected = np.asarray(jax.jit(fn)(cache, row, i))
+    for target in ("numpy", "mlx", "jax"):
+        assert_bits_equal(run(lower(imported.graph, target), cache, row, i, **imported.params), expected)
+
+
+IN_RANGE = [("two", [1, 4]), ("three", [5, 0, 2]), ("negative", [-1, 3]), ("2d", [[0, 1], [4, 5]])]
+OUT_OF_RANGE = [("past-end", [6, 2]), ("out", [9, -8])]  # promise_in_bounds: a broken promise, not compared
+ROW_CASES = [(name, p, mode) for name, p in IN_RANGE for mode in (None, "clip", "promise_in_bounds")]
+ROW_CASES += [(name, p, mode) for name, p in OUT_OF_RANGE for mode in (None, "clip")]
+
+
+@pytest.mark.parametrize("name, positions, mode", ROW_CASES, ids=[f"{c[0]}-{c[2]}" for c in ROW_CASES])
+def test_rows_written_at_positions_are_exact_on_every_target(rng, name, positions, mode):
+    """cache.at[:, positions].set(rows): one put_along_axis; negative positions wrap, out-of-range rows are
+    dropped (clamped with mode="clip"), bit for bit what jax.jit computes. Positions are distinct (JAX leaves
+    which of two writes to one row wins unspecified, and so does the IR)."""
+    positions = np.asarray(positions, np.int32)
+    cache = rng.standard_normal((2, 6, 3)).astype(np.float32)
+    rows = rng.standard_normal((2, *positions.shape, 3)).astype(np.float32)
+
+    def write(c, r, p):
+        return c.at[:, p].set(r, mode=mode)
+
+    imported = from_jax(write, cache, rows, positions)
+    assert [n.op for n in imported.graph.nodes()].count("put_along_axis") == 1
+    expected = np.asarray(jax.jit(write)(cache, rows, positions))
+    for target in ("numpy", "mlx", "jax"):
+        assert_bits_equal(run(lower(imported.graph, target), cache, rows, positions, **imported.params), expected)
+
+
+def test_a_scatter_of_partial_windows_is_declined_by_name(rng):
+    cache = rng.standard_normal((1, 6, 3)).astype(np.float32)
+    rows = rng.standard_normal((2, 2)).astype(np.float32)
+    positions = np.array([[0, 1], [0, 4]], np.int32)
+    message = r"(?s)scatter of indices \[2, 3\].*only as whole rows along one scattered axis.*equation #\d+ scatter"
+    with pytest.raises(ModelImportError, match=message):
+        from_jax(lambda c, r, p: c.at[p[:, 0], p[:, 1], :2].set(r), cache, rows, positions)
+
+
+def _decode_module(dtype: str):
+    """A flax nnx MultiHeadAttention(decode=True) whose cache already holds 3 tokens, as (graphdef, state)."""
+    from flax import nnx
+
+    jdtype = {"f32": jnp.float32, "bf16": jnp.bfloat16}[dtype]
+    module = nnx.MultiHeadAttention(
+        num_heads=2, in_features=8, qkv_features=8, decode=True, dtype=jdtype, param_dtype=jdtype, rngs=nnx.Rngs(0)
+    )
+    module.init_cache((1, 6, 8), dtype=jdtype)
+    graphdef, state = nnx.split(module)
+    tokens = np.random.default_rng(1).standard_normal((3, 1, 1, 8)).astype(jdtype)
+    for token in tokens:  # prefill the cache token by token through the module itself
+        _y, state = jax.jit(lambda s, x: _step(graphdef, s, x))(state, token)
+    return graphdef, state
+
+
+def _step(graphdef, state, x):
+    from flax import nnx
+
+    module = nnx.merge(graphdef, state)
+    return module(x), nnx.state(module)
+
+
+@requires("flax")
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_flax_nnx_decode_attention_imports_raises_and_matches_the_module(dtype):
+    """One decode step (the cache and its index are inputs, the updated ones outputs): raise-attention finds the
+    sdpa over the updated cache; every output of the raised graph matches the module's jitted step."""
+    graphdef, state = _decode_module(dtype)
+    x = np.random.default_rng(2).standard_normal((1, 1, 8)).astype(jnp.bfloat16 if dtype == "bf16" else np.float32)
+
+    def step(state, x):
+        return _step(graphdef, state, x)
+
+    imported = from_jax(step, state, x)
+    assert [n.op for n in imported.graph.nodes()].count("dynamic_update_slice") == 2  # keys and values
+    raised = PassManager(parse_pipeline("raise-attention")).run(imported.graph).graph
+    (sdpa,) = [n for n in raised.nodes() if n.op == "sdpa"]
+    assert raised.node(sdpa.inputs[1]).type.shape == (1, 2, 6, 4)  # all 6 cache slots, the mask hides the empty ones
+    leaves = [np.asarray(leaf) for leaf in jax.tree_util.tree_leaves((state, x))]
+    expected = [np.asarray(leaf) for leaf in jax.tree_util.tree_leaves(jax.jit(step)(state, x))]
+    for target in ("numpy", "jax", "mlx"):
+        got = run(lower(raised, target), *leaves, **imported.params)
+        assert len(got) == len(expected)
+        for a, e in zip(got, expected):
+            assert_close(a, e)
+
+
+@requires("flax")
+def test_flax_decode_through_a_captured_state_imports_and_raises():
+    """The module merged inside the function from a captured state: flax's writes back to that module copy are
+    equations whose results nothing reads, left out; the step raises and matches the module."""
+    from flax import nnx
+
+    graphdef, state = _decode_module("f32")
+    x = np.random.default_rng(3).standard_normal((1, 1, 8)).astype(np.float32)
+
+    def decode(x):
+        return nnx.merge(graphdef, state, copy=True)(x)
+
+    imported = from_jax(decode, x)
+    raised = PassManager(parse_pipeline("raise-attention")).run(imported.graph).graph
+    assert [n.op for n in raised.nodes()].count("sdpa") == 1
+    assert_close(run(lower(raised, "numpy"), x, **imported.params), np.asarray(jax.jit(decode)(x)))
