@@ -178,16 +178,6 @@ def test_two_bool_masks_are_raised_only_with_one_fill(rng, fills, raised):
     assert_bits_equal(run(lower(graph, "numpy"), *args)[:, :, 0], run(lower(source, "numpy"), *args)[:, :, 0])
 
 
-def test_the_rule_as_docs_semantics_states_it():
-    """The code block of docs/semantics.md §1.2 runs: the underflow points and the limits it states."""
-    from pathlib import Path
-
-    text = (Path(__file__).resolve().parents[2] / "docs" / "semantics.md").read_text()
-    section = text.split("### 1.2 Finite mask fills", 1)[1].split("\n## ", 1)[0]
-    (block,) = section.split("```python\n")[1:]
-    exec(compile(block.split("```", 1)[0], "docs/semantics.md §1.2", "exec"), {})
-
-
 def test_the_remarks_condition_is_what_exactness_needs(rng):
     """A row whose one unmasked score equals the fill (far from >= fill + 1024): the source weighs its masked
     keys as much as that key, sdpa only that key; on the rows that meet the condition the two agree."""
