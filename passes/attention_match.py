@@ -641,7 +641,7 @@ class _Matcher:
         )
         for fill in mask.finite_fills:
             bound = fill + UNDERFLOW
-            summary += f"; fill {fill:g} masks exactly while every row's highest unmasked score is >= {bound:.10g}"
+            summary += f"; fill {fill!r} masks exactly while every row's highest unmasked score is >= {bound!r}"
         return Attention(pv, *operands, mask, scale, dtype, out_layout, summary)
 
     @staticmethod

@@ -338,7 +338,9 @@ RAISED = re.compile(
     r"(?P<rounding>; rounding: the source computes q·kᵀ in (?P<qk>\w+), the softmax in (?P<sm>\w+), "
     r"P·V in (?P<pv>\w+)"
     r"(?:; .*)?; sdpa\((?P<dtype>\w+)\) rounds as its target does)?"
+    r"(?P<fills>(?:; fill \S+ masks exactly while every row's highest unmasked score is >= \S+)*)"
 )
+FILL = re.compile(r"; fill (\S+) masks exactly while every row's highest unmasked score is >= (\S+)")
 STEP = re.compile(r"([·/])([^·/]+)")
 
 
@@ -362,6 +364,9 @@ def _raised(before: Graph, after: Graph, r: Remark, m: re.Match, ctx: _Context) 
             exps = {n.name for n in probs if n.op == "exp"}  # the softmax: fused, or its normalizing div
             (sm,) = [n for n in probs if n.op == "softmax" or n.op == "div" and exps & before.ancestors([n.name])]
             assert (m["qk"], m["sm"], m["pv"]) == (qk.type.dtype.short, sm.type.dtype.short, pv.type.dtype.short)
+    for fill, bound in FILL.findall(m["fills"]):  # exp(fill - m) is 0 in float64 once m >= fill + 1024
+        assert m["mask"] != "none" and float(bound) == float(fill) + 1024, (fill, bound)
+        assert float(bound) <= -(2**24 if call.type.dtype is not DType.float16 else 31728), bound  # docs §1.2
     v_path = [after.node(n) for n in after.ancestors([call.inputs[2]]) if n not in before]
     for op, factor in STEP.findall(m["v_steps"]):  # each scale the remark puts on v is applied to v
         kind = "mul" if op == "·" else "div"

@@ -73,7 +73,7 @@ def test_a_finite_fill_far_below_the_scores_is_raised_and_exact(rng, dtype, fill
     raised, decision = _raise(source)
     assert decision.kind == "applied" and [n.op for n in raised.nodes()].count("sdpa") == 1
     reached = float(np.asarray(fill, DType.parse(dtype).numpy))  # the fill in the source's dtype
-    assert f"fill {reached:g} masks exactly while every row's highest unmasked score is >= {reached + 1024:.10g}" in (
+    assert f"fill {reached!r} masks exactly while every row's highest unmasked score is >= {reached + 1024!r}" in (
         decision.message
     )
     q, k, v, allowed = _inputs(dtype, rng)
