@@ -18,12 +18,13 @@ from typing import ClassVar
 from attnpass.ir import Graph, Node
 
 from .base import Remarks
+from .devices import METAL_VECTOR_BUDGET
 from .policy import SwitchedPass
 from .registry import register_pass
 from .rewrite import Decline, Rewriter, Rule, apply_rules
 
 ENV_VAR = "ATTNPASS_SDPA_HEAD_CHUNK"
-DEFAULT_BUDGET = 32
+DEFAULT_BUDGET = METAL_VECTOR_BUDGET
 
 log = logging.getLogger(__name__)
 # Acquired (never released) by the first engagement in this process, so it is logged exactly once.
