@@ -51,7 +51,7 @@ from typing import ClassVar
 
 from attnpass.ir import DType, Graph, Node
 
-from .base import Pass, Remarks
+from .base import Pass, Remarks, require_int
 from .devices import METAL_VECTOR_BUDGET, METAL_VECTOR_MAX_ROWS, metal_vector_serves
 from .registry import register_pass
 from .rewrite import Decline, Rewriter, Rule, apply_rules
@@ -107,8 +107,7 @@ class DecomposeSDPA(Pass):
                 f"DecomposeSDPA: device {self.device!r} with target {self.target!r}: "
                 f"{UNREACHABLE[self.device, self.target]}"
             )
-        if isinstance(self.max_q_len, bool) or not isinstance(self.max_q_len, int) or self.max_q_len < 1:
-            raise ValueError(f"DecomposeSDPA: max_q_len must be an int >= 1, got {self.max_q_len!r}")
+        require_int("DecomposeSDPA", "max_q_len", self.max_q_len)
 
     def run(self, graph: Graph, remarks: Remarks) -> bool:
         rule = Rule("decompose-sdpa", "sdpa", self._match, _rewrite, lambda plan: plan.reason)

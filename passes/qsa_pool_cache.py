@@ -86,7 +86,7 @@ from typing import ClassVar
 from attnpass.ir import DType, Graph, Node, TensorType, get_op
 from attnpass.ir.core.builder import Builder
 
-from .base import Remarks
+from .base import Remarks, require_int
 from .policy import SwitchedPass
 from .registry import register_pass
 from .rewrite import Decline, Rewriter, Rule, apply_rules
@@ -147,8 +147,7 @@ class QSAPoolCache(SwitchedPass):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if isinstance(self.max_rows, bool) or not isinstance(self.max_rows, int) or self.max_rows < 1:
-            raise ValueError(f"QSAPoolCache: max_rows must be an int >= 1, got {self.max_rows!r}")
+        require_int("QSAPoolCache", "max_rows", self.max_rows)
         if self.store not in STORES:
             raise ValueError(f"QSAPoolCache: store must be one of {', '.join(STORES)}, got {self.store!r}")
 
