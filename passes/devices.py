@@ -1,4 +1,4 @@
-"""What the fused attention kernels serve: one home for the passes that plan around them and the routes that predict them.
+"""What the fused attention kernels serve: one home for the passes that plan around them and the routes predicting them.
 
 MLX 0.32's Metal SDPA gates, read from ``mlx/backend/metal/scaled_dot_product_attention.cpp``
 (ml-explore/mlx at commit 00703ea6, the stored version closest to 0.32; docs/semantics.md §2.6):

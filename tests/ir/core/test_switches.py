@@ -74,4 +74,5 @@ def test_an_unrecognised_value_warns_once_per_variable_and_keeps_the_default(mon
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert env_checks() is False  # the second time: silent
-    assert switches.env_switch("UNSET_VAR_FOR_TEST", None, default=True, subject="x") == (True, "UNSET_VAR_FOR_TEST unset")
+    unset = "ATTNPASS_TEST_UNSET_SWITCH"
+    assert switches.env_switch(unset, None, default=True, subject="x") == (True, f"{unset} unset")
