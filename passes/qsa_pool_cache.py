@@ -197,7 +197,7 @@ class QSAPoolCache(SwitchedPass):
                 f"n_kv={t} of {raw.name} is not a multiple of ratio {ratio}: a row in the trailing partial block "
                 "would write over the last whole block"
             )
-        cone = (graph.ancestors([keys.name]) & _descendants(graph, pool.name)) - {pool.name}
+        cone = (graph.ancestors([keys.name]) & graph.descendants([pool.name])) - {pool.name}
         chain = tuple(n for n in graph.nodes() if n.name in cone)
         for node in (pool, *chain):
             readers = {u.name for u in graph.users(node.name)} - cone
@@ -238,16 +238,6 @@ class QSAPoolCache(SwitchedPass):
 
 def _kept(reason: str) -> Decline:
     return Decline(f"in-graph pooling kept: {reason}")
-
-
-def _descendants(graph: Graph, name: str) -> set[str]:
-    out, stack = {name}, [name]
-    while stack:
-        for user in graph.users(stack.pop()):
-            if user.name not in out:
-                out.add(user.name)
-                stack.append(user.name)
-    return out
 
 
 # ---------------------------------------------------------------------- rewrite

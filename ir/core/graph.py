@@ -262,6 +262,16 @@ class Graph:
                     stack.append(src)
         return out
 
+    def descendants(self, names: Sequence[str]) -> set[str]:
+        """``names`` and every value that transitively reads them."""
+        out, stack = set(names), list(names)
+        while stack:
+            for dst in self._dag.successors(stack.pop()):
+                if dst not in out:
+                    out.add(dst)
+                    stack.append(dst)
+        return out
+
     def input_types(self) -> list[TensorType]:
         """The graph inputs' types, in signature order."""
         return [self._nodes[n].type for n in self._inputs]
