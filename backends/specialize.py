@@ -41,6 +41,7 @@ from attnpass.ir.frontends.importing import graph_name
 from attnpass.lowering import Program, lower
 from attnpass.passes import Pass, PassManager, PassResult, Remark, format_pipeline, parse_pipeline
 from attnpass.passes import default_pipeline as device_pipeline
+from attnpass.passes.base import require_int
 
 MAX_SIGNATURES = 64
 RAISE = "raise-attention"  # imported graphs hold attention as primitives: raise it to sdpa before anything else
@@ -349,8 +350,7 @@ class CompiledFunction:
         name: str,
         decline: Callable[[Graph], str | None] | None = None,
     ) -> None:
-        if isinstance(max_signatures, bool) or not isinstance(max_signatures, int) or max_signatures < 1:
-            raise ValueError(f"{name}: max_signatures must be a positive int, got {max_signatures!r}")
+        require_int(name, "max_signatures", max_signatures)
         functools.update_wrapper(self, fn)
         self._fn = fn
         self._frontend = frontend

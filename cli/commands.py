@@ -190,26 +190,16 @@ def _mesh_axes(text: str) -> dict[str, int]:
     return axes
 
 
-def _spmd(target: Any) -> Any:
-    """The target's sharded lowering, for ``--mesh`` (an error naming the targets that have one)."""
-    from attnpass.lowering import available_targets
-
-    if target.spmd is None:
-        having = ", ".join(t.name for t in available_targets() if t.spmd is not None) or "none"
-        raise AttnpassError(f"--mesh: target {target.name!r} has no sharded lowering; targets with one: {having}")
-    return target.spmd
-
-
 def lower_command(args: argparse.Namespace) -> int:
     """The generated source only: the program is not compiled, so the backend is not imported."""
-    from attnpass.lowering import get_target
+    from attnpass.lowering import get_target, sharded_lowering
     from attnpass.lowering.codegen import generate
     from attnpass.lowering.sharding import check_mesh_axes
 
     graph, target = load_graph(args.graph), get_target(args.target)
     spmd = None
     if args.mesh is not None:  # the sharded source: the axes must fit the graph's mesh; no devices needed
-        spmd = _spmd(target)
+        spmd = sharded_lowering(target, "--mesh")
         check_mesh_axes(graph, _mesh_axes(args.mesh))
     print(generate(graph, target, comments=not args.no_comments, spmd=spmd).text.rstrip("\n"))
     return 0
@@ -235,11 +225,11 @@ def _writable(path: str, suffixes: tuple[str, ...] = ()) -> Path:
 
 
 def export(args: argparse.Namespace) -> int:
-    from attnpass.lowering import export_formats, lower
+    from attnpass.lowering import export_formats, lower, sharded_lowering
 
     graph = load_graph(args.graph)
     target = export_formats()[args.target]
-    axes, spmd = (None, None) if args.mesh is None else (_mesh_axes(args.mesh), _spmd(target))
+    axes, spmd = (None, None) if args.mesh is None else (_mesh_axes(args.mesh), sharded_lowering(target, "--mesh"))
     spec = target.export
     if spec.suffix and not args.output:
         raise AttnpassError(f"--target {spec.format} writes a binary {spec.suffix} file: give -o FILE{spec.suffix}")

@@ -5,8 +5,9 @@ The QSA ops' contract (:mod:`attnpass.ir.dialects.qsa`): positions in
 reference always checks it. MLX and JAX programs drop such ids and cells
 (never reading out of bounds) unless checks are on: lowered with
 ``lower(graph, target, checks=True)``, or :data:`ENV_VAR` set to ``1``,
-``true``, ``on`` or ``yes`` (any case, surrounding whitespace ignored), read
-each time a QSA op runs (at trace time under ``jax.jit``), never written.
+``true``, ``on`` or ``yes`` (any case, surrounding whitespace ignored; any
+other value but an "off" word warns once, :mod:`attnpass.ir.core.switches`),
+read each time a QSA op runs (at trace time under ``jax.jit``), never written.
 
 A check reads the values on the host: MLX evaluates the operands there (so a
 checked MLX program cannot be traced by ``mx.compile`` or exported), and
@@ -16,15 +17,14 @@ as a ``JaxRuntimeError`` carrying this message.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
 
 from attnpass.ir import AttnpassError
+from attnpass.ir.core.switches import env_switch
 
 ENV_VAR = "ATTNPASS_RUNTIME_CHECKS"
-ON_VALUES = frozenset({"1", "true", "on", "yes"})
 
 
 class RuntimeCheckError(AttnpassError, ValueError):
@@ -33,7 +33,7 @@ class RuntimeCheckError(AttnpassError, ValueError):
 
 def env_checks() -> bool:
     """Whether :data:`ENV_VAR` turns the checks on now."""
-    return os.environ.get(ENV_VAR, "").strip().lower() in ON_VALUES
+    return env_switch(ENV_VAR, None, default=False, subject="runtime checking")[0]
 
 
 def check_qsa_operands(op: str, selection: Any, positions: Any, *, ratio: int, kv_len: int) -> None:

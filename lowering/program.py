@@ -14,7 +14,7 @@ from attnpass.ir import AttnpassError, Graph, TensorType
 from attnpass.ir.core.types import type_str
 
 from .codegen import LoweringError, Source, generate
-from .registry import available_targets, get_target
+from .registry import get_target, sharded_lowering
 from .sharding import check_mesh
 
 
@@ -72,10 +72,7 @@ class Program:
         self.mesh = mesh
         spmd = None
         if mesh is not None:
-            spmd = self.target.spmd
-            if spmd is None:
-                having = ", ".join(t.name for t in available_targets() if t.spmd is not None) or "none"
-                raise LoweringError(f"target {target!r} has no sharded lowering (mesh=); targets with one: {having}")
+            spmd = sharded_lowering(self.target, "lower(mesh=)")
             check_mesh(self.graph, spmd, mesh)
         generated: Source = generate(self.graph, self.target, comments=comments, checks=checks, spmd=spmd)
         self.source = generated.text

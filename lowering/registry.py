@@ -8,6 +8,7 @@ target is one folder (emitters, runtime modules, a ``Target``; see
 from __future__ import annotations
 
 from .codegen import LoweringError
+from .sharding import Spmd
 from .target import Target
 from .targets import JAX, MLX, NUMPY
 
@@ -36,6 +37,14 @@ def available_targets() -> tuple[Target, ...]:
     return tuple(_REGISTRY.values())
 
 
+def sharded_lowering(target: Target, asked_by: str) -> Spmd:
+    """``target``'s sharded lowering; LoweringError naming ``asked_by`` and the targets that have one otherwise."""
+    if target.spmd is None:
+        having = ", ".join(t.name for t in _REGISTRY.values() if t.spmd is not None) or "none"
+        raise LoweringError(f"{asked_by}: target {target.name!r} has no sharded lowering; targets with one: {having}")
+    return target.spmd
+
+
 def export_formats() -> dict[str, Target]:
     """Export format name (``attnpass export --target``) -> the target whose programs it exports."""
     return {t.export.format: t for t in _REGISTRY.values() if t.export is not None}
@@ -44,4 +53,4 @@ def export_formats() -> dict[str, Target]:
 for _builtin in (NUMPY, MLX, JAX):
     register_target(_builtin)
 
-__all__ = ["available_targets", "export_formats", "get_target", "register_target"]
+__all__ = ["available_targets", "export_formats", "get_target", "register_target", "sharded_lowering"]

@@ -228,6 +228,14 @@ def _first_problem(layout: list[list[Atom | str]]) -> str | None:
     return (tiled or problems or [None])[0]
 
 
+def _uncovered(layout: Sequence[Sequence[Atom]], sizes: Sequence[int]) -> int | None:
+    """The first role whose atoms in ``layout`` do not cover its size exactly once, or None."""
+    for role, size in enumerate(sizes):
+        if not la.covers([a for axis in layout for a in axis if a.axis == role], size):
+            return role
+    return None
+
+
 def _dim_axis(dim_at: int) -> str:
     return "last axis" if dim_at == 3 else f"head-dim axis {dim_at}"
 
@@ -474,13 +482,13 @@ class _Matcher:
         if flips[0]:
             score_layout = list(_swap_last(tuple(score_layout)))
         sizes = (qs[0], hq, qs[qr], ks[kr])
-        for role, size in enumerate(sizes):
-            if not la.covers([a for axis in score_layout for a in axis if a.axis == role], size):
-                return Fail(
-                    f"the scores do not cover query/key {ROLE_NAMES[role]} (size {size}) exactly once {where}",
-                    qk.name,
-                    4,
-                )
+        role = _uncovered(score_layout, sizes)
+        if role is not None:
+            return Fail(
+                f"the scores do not cover query/key {ROLE_NAMES[role]} (size {sizes[role]}) exactly once {where}",
+                qk.name,
+                4,
+            )
         found = self.masks(steps, algebra, tuple(score_layout), sizes)
         if isinstance(found, Fail):
             return found
@@ -523,11 +531,9 @@ class _Matcher:
         if flips[1]:
             out_layout = list(_swap_last(tuple(out_layout)))
         out_sizes = (qs[0], hq, qs[qr], vs[vd])
-        for role, size in enumerate(out_sizes):
-            if not la.covers([a for axis in out_layout for a in axis if a.axis == role], size):
-                return Fail(
-                    f"P·V does not produce every output {('b', 'h', 's', 'dv')[role]} exactly once", self.pv.name, 8
-                )
+        role = _uncovered(out_layout, out_sizes)
+        if role is not None:
+            return Fail(f"P·V does not produce every output {('b', 'h', 's', 'dv')[role]} exactly once", self.pv.name, 8)
         scale = chains["q"].scale * chains["k"].scale * algebra.scale
         if scale == 0 or not math.isfinite(scale):
             return Fail(

@@ -51,7 +51,8 @@ from typing import ClassVar
 
 from attnpass.ir import DType, Graph, Node
 
-from .base import Pass, Remarks
+from .base import Pass, Remarks, require_int
+from .devices import METAL_VECTOR_BUDGET, METAL_VECTOR_MAX_ROWS, metal_vector_serves
 from .registry import register_pass
 from .rewrite import Decline, Rewriter, Rule, apply_rules
 
@@ -69,9 +70,6 @@ CPU_UNFUSED = {
     "mlx": "MLX has no fused CPU attention kernel; its CPU fallback broadcasts K/V to every query head",
     None: "no fused attention kernel on CPU",
 }
-METAL_VECTOR_MAX_ROWS = 8
-METAL_VECTOR_BUDGET = 32  # q_len * gqa
-METAL_VECTOR_HEAD_DIMS = frozenset({64, 96, 128, 256})
 
 
 @dataclass(frozen=True)
@@ -81,9 +79,11 @@ class _Plan:
 
 def _metal_vector_kernel(q_len: int, gqa: int, d: int, dv: int, kv_len: int) -> str | None:
     """Why MLX's Metal vector kernel serves this call, or None when it takes the unfused fallback."""
-    if q_len <= METAL_VECTOR_MAX_ROWS and q_len * gqa <= METAL_VECTOR_BUDGET and q_len <= kv_len:
-        if (d == dv and d in METAL_VECTOR_HEAD_DIMS) or (d, dv) == (192, 128):
-            return f"q_len {q_len} <= 8, q_len*gqa = {q_len * gqa} <= 32, head dims {d}/{dv}: MLX's fused vector kernel"
+    if metal_vector_serves(q_len, gqa, d, dv, kv_len):
+        return (
+            f"q_len {q_len} <= {METAL_VECTOR_MAX_ROWS}, q_len*gqa = {q_len * gqa} <= {METAL_VECTOR_BUDGET}, "
+            f"head dims {d}/{dv}: MLX's fused vector kernel"
+        )
     return None
 
 
@@ -107,8 +107,7 @@ class DecomposeSDPA(Pass):
                 f"DecomposeSDPA: device {self.device!r} with target {self.target!r}: "
                 f"{UNREACHABLE[self.device, self.target]}"
             )
-        if isinstance(self.max_q_len, bool) or not isinstance(self.max_q_len, int) or self.max_q_len < 1:
-            raise ValueError(f"DecomposeSDPA: max_q_len must be an int >= 1, got {self.max_q_len!r}")
+        require_int("DecomposeSDPA", "max_q_len", self.max_q_len)
 
     def run(self, graph: Graph, remarks: Remarks) -> bool:
         rule = Rule("decompose-sdpa", "sdpa", self._match, _rewrite, lambda plan: plan.reason)

@@ -17,13 +17,14 @@ from typing import ClassVar
 
 from attnpass.ir import Graph, Node
 
-from .base import Remarks
+from .base import Remarks, require_int
+from .devices import METAL_VECTOR_BUDGET
 from .policy import SwitchedPass
 from .registry import register_pass
 from .rewrite import Decline, Rewriter, Rule, apply_rules
 
 ENV_VAR = "ATTNPASS_SDPA_HEAD_CHUNK"
-DEFAULT_BUDGET = 32
+DEFAULT_BUDGET = METAL_VECTOR_BUDGET
 
 log = logging.getLogger(__name__)
 # Acquired (never released) by the first engagement in this process, so it is logged exactly once.
@@ -163,8 +164,7 @@ class HeadChunkSDPA(SwitchedPass):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if isinstance(self.budget, bool) or not isinstance(self.budget, int) or self.budget < 1:
-            raise ValueError(f"HeadChunkSDPA: budget must be an int >= 1 (q_len * heads per subcall), got {self.budget!r}")
+        require_int("HeadChunkSDPA", "budget", self.budget, meaning="q_len * heads per subcall")
 
     def run(self, graph: Graph, remarks: Remarks) -> bool:
         rule = Rule("head-chunk", "sdpa", _match(self.budget), _rewrite, lambda plan: plan.message)

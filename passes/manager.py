@@ -33,7 +33,7 @@ from typing import Iterable, Sequence
 
 from attnpass.ir import Graph, VerifyError
 
-from .base import Pass, PassError, PassResult, Remark, Remarks
+from .base import Pass, PassError, PassResult, Remark, Remarks, require_int
 from .instrument import Instrumentation
 from .reproducer import crash_note
 
@@ -56,8 +56,7 @@ class PassManager:
         for p in self.passes:
             if not isinstance(p, Pass):
                 raise TypeError(f"PassManager: {p!r} is not a Pass")
-        if isinstance(max_iterations, bool) or not isinstance(max_iterations, int) or max_iterations < 1:
-            raise ValueError(f"PassManager: max_iterations must be a positive int, got {max_iterations!r}")
+        require_int("PassManager", "max_iterations", max_iterations)
         self.fixed_point = fixed_point
         self.max_iterations = max_iterations
         self.instrumentations: tuple[Instrumentation, ...] = tuple(instrumentations)

@@ -16,11 +16,11 @@ import types
 import typing
 from typing import Any, Sequence
 
+from attnpass.ir.core.switches import parse_switch
+
 from .base import Pass
 from .registry import PipelineError, get_pass
 
-_TRUE = frozenset({"true", "on", "yes", "1"})
-_FALSE = frozenset({"false", "off", "no", "0"})
 _SCALARS = (bool, int, float, str)
 _RESERVED = frozenset("{},=")
 
@@ -74,8 +74,8 @@ def convert_value(text: str, option: PassOption) -> Any:
     for kind in (bool, int, float, str):
         if kind not in kinds:
             continue
-        if kind is bool and low in _TRUE | _FALSE:
-            return low in _TRUE
+        if kind is bool and (on := parse_switch(text)) is not None:
+            return on
         if kind is int:
             try:
                 return int(text, 10)

@@ -5,46 +5,18 @@ pass runs: ``false``, ``off``, ``no`` or ``0`` (any case, surrounding
 whitespace ignored) turns the rewrite off; any other value, or none, leaves it
 on (docs/semantics.md §2.5). ``true``, ``on``, ``yes`` and ``1`` are the
 recognised "on" values: any other value still leaves the rewrite on, with a
-warning once per process and variable naming the variable, its value and the
-accepted values (a typo such as ``flase`` should not pass silently).
+warning once per process and variable (:func:`attnpass.ir.core.switches.env_switch`,
+the one reader of every switch).
 """
 
 from __future__ import annotations
 
-import os
-import warnings
 from dataclasses import dataclass
 from typing import ClassVar
 
+from attnpass.ir.core.switches import env_switch
+
 from .base import Pass
-
-OFF = ("false", "off", "no", "0")
-ON = ("true", "on", "yes", "1")
-OFF_VALUES, ON_VALUES = frozenset(OFF), frozenset(ON)
-_WARNED: set[str] = set()  # variables already warned about in this process
-
-
-class SwitchWarning(UserWarning):
-    """An environment switch holds a value that is neither a recognised "on" nor "off" value."""
-
-
-def resolve_switch(enabled: bool | None, env_var: str) -> tuple[bool, str]:
-    """``(on, source)``: what decided, ``"enabled=False"`` or e.g. ``"ATTNPASS_QSA_GATHER=off"``."""
-    if enabled is not None:
-        return enabled, f"enabled={enabled}"
-    raw = os.environ.get(env_var)
-    if raw is None:
-        return True, f"{env_var} unset"
-    value = raw.strip().lower()
-    if value not in OFF_VALUES | ON_VALUES and env_var not in _WARNED:
-        _WARNED.add(env_var)
-        warnings.warn(
-            f"{env_var}={raw!r} is not a recognised value, so the rewrite stays on; accepted: "
-            f"{'/'.join(OFF)} turn it off, {'/'.join(ON)} (or unset) leave it on",
-            SwitchWarning,
-            stacklevel=2,
-        )
-    return value not in OFF_VALUES, f"{env_var}={raw.strip()}"
 
 
 @dataclass(frozen=True)
@@ -60,7 +32,7 @@ class SwitchedPass(Pass):
 
     def disabled(self) -> str | None:
         """None when the rewrite is on now; otherwise the reason, e.g. ``disabled by ATTNPASS_QSA_GATHER=off``."""
-        on, source = resolve_switch(self.enabled, self.env_var)
+        on, source = env_switch(self.env_var, self.enabled, default=True, subject="the rewrite")
         if on:
             return None
         return f"disabled by {type(self).__name__}(enabled=False)" if self.enabled is False else f"disabled by {source}"

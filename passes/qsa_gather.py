@@ -50,7 +50,7 @@ from typing import ClassVar
 from attnpass.ir import DType, Graph, Node
 from attnpass.ir.dialects import min_width
 
-from .base import Remarks
+from .base import Remarks, require_int
 from .policy import SwitchedPass
 from .registry import register_pass
 from .rewrite import Decline, Rewriter, Rule, apply_rules
@@ -89,10 +89,8 @@ class QSAGather(SwitchedPass):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for field_name in ("max_rows", "pad_multiple"):
-            value = getattr(self, field_name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"QSAGather: {field_name} must be an int >= 1, got {value!r}")
+        require_int("QSAGather", "max_rows", self.max_rows)
+        require_int("QSAGather", "pad_multiple", self.pad_multiple)
         if not isinstance(self.batched, bool):
             raise ValueError(f"QSAGather: batched must be True or False, got {self.batched!r}")
         depth = self.min_depth_factor

@@ -86,7 +86,7 @@ from typing import ClassVar
 from attnpass.ir import DType, Graph, Node, TensorType, get_op
 from attnpass.ir.core.builder import Builder
 
-from .base import Remarks
+from .base import Remarks, require_int
 from .policy import SwitchedPass
 from .registry import register_pass
 from .rewrite import Decline, Rewriter, Rule, apply_rules
@@ -147,8 +147,7 @@ class QSAPoolCache(SwitchedPass):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if isinstance(self.max_rows, bool) or not isinstance(self.max_rows, int) or self.max_rows < 1:
-            raise ValueError(f"QSAPoolCache: max_rows must be an int >= 1, got {self.max_rows!r}")
+        require_int("QSAPoolCache", "max_rows", self.max_rows)
         if self.store not in STORES:
             raise ValueError(f"QSAPoolCache: store must be one of {', '.join(STORES)}, got {self.store!r}")
 
@@ -198,7 +197,7 @@ class QSAPoolCache(SwitchedPass):
                 f"n_kv={t} of {raw.name} is not a multiple of ratio {ratio}: a row in the trailing partial block "
                 "would write over the last whole block"
             )
-        cone = (graph.ancestors([keys.name]) & _descendants(graph, pool.name)) - {pool.name}
+        cone = (graph.ancestors([keys.name]) & graph.descendants([pool.name])) - {pool.name}
         chain = tuple(n for n in graph.nodes() if n.name in cone)
         for node in (pool, *chain):
             readers = {u.name for u in graph.users(node.name)} - cone
@@ -239,16 +238,6 @@ class QSAPoolCache(SwitchedPass):
 
 def _kept(reason: str) -> Decline:
     return Decline(f"in-graph pooling kept: {reason}")
-
-
-def _descendants(graph: Graph, name: str) -> set[str]:
-    out, stack = {name}, [name]
-    while stack:
-        for user in graph.users(stack.pop()):
-            if user.name not in out:
-                out.add(user.name)
-                stack.append(user.name)
-    return out
 
 
 # ---------------------------------------------------------------------- rewrite

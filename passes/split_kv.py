@@ -59,7 +59,7 @@ from typing import ClassVar
 
 from attnpass.ir import DType, Graph, Node
 
-from .base import Pass, Remarks
+from .base import Pass, Remarks, require_int
 from .registry import register_pass
 from .rewrite import Decline, Rewriter, Rule, apply_rules
 
@@ -447,8 +447,7 @@ class SplitKV(Pass):
     shards: int = 2
 
     def __post_init__(self) -> None:
-        if isinstance(self.shards, bool) or not isinstance(self.shards, int) or self.shards < 2:
-            raise ValueError(f"SplitKV: shards must be an int >= 2, got {self.shards!r}")
+        require_int("SplitKV", "shards", self.shards, minimum=2)
 
     def run(self, graph: Graph, remarks: Remarks) -> bool:
         def rewrite(rw: Rewriter, plan: SplitPlan) -> None:

@@ -3,7 +3,8 @@
 The model follows ``mlx/backend/metal/scaled_dot_product_attention.cpp``
 (ml-explore/mlx; read at commit 00703ea6, the stored version closest to 0.32):
 ``has_fused_kernel`` and ``use_fallback`` pick fused or unfused, and
-``eval_gpu`` picks the vector kernel's one- or two-pass form:
+``eval_gpu`` picks the vector kernel's one- or two-pass form (the gates' numbers
+live in :mod:`attnpass.passes.devices`):
 
 - CPU streams always take the unfused fallback.
 - ``q_len <= 8`` (vector family): needs ``D == Dv`` in {64, 96, 128, 192, 256}
@@ -30,19 +31,20 @@ from attnpass.ir import DType
 from attnpass.lowering import Program
 from attnpass.lowering.codegen import EmitEnv
 from attnpass.lowering.targets.mlx import MLX, mask_kind
+from attnpass.passes.devices import (
+    METAL_FULL_HEAD_DIMS,
+    METAL_FULL_UNFUSED_FASTER,
+    METAL_LARGE_GPU_ARCH,
+    METAL_TWO_PASS_MIN_KEYS_GQA,
+    METAL_TWO_PASS_MIN_KEYS_LARGE_GPU,
+    METAL_VECTOR_BUDGET,
+    METAL_VECTOR_MAX_ROWS,
+    METAL_VECTOR_UNFUSED_FASTER,
+    metal_vector_head_dims,
+)
 
 Kernel = Literal["vector", "vector_2pass", "full", "fallback"]
 MaskKind = Literal["causal", "array"] | None
-
-VECTOR_MAX_ROWS = 8
-VECTOR_BUDGET = 32  # q_len * gqa
-VECTOR_HEAD_DIMS = frozenset({64, 96, 128, 192, 256})
-FULL_HEAD_DIMS = frozenset({64, 72, 80, 96, 128, 192, 256})
-UNFUSED_FASTER_FULL = frozenset({192, 256})
-TWO_PASS_MIN_KEYS_GQA = 4096
-TWO_PASS_MIN_KEYS_LARGE_GPU = 1024
-LARGE_GPU_ARCH = frozenset({"s", "d"})
-
 
 @dataclass(frozen=True)
 class Route:
@@ -83,26 +85,28 @@ def sdpa_route(
     _, hq, s, d = q_shape
     _, hkv, t, _ = k_shape
     dv = d if v_head_dim is None else v_head_dim
-    if s > VECTOR_MAX_ROWS:
-        if d != dv or d not in FULL_HEAD_DIMS:
+    if s > METAL_VECTOR_MAX_ROWS:
+        if d != dv or d not in METAL_FULL_HEAD_DIMS:
             return Route("fallback", f"q_len {s} > 8: the full kernel has no head dims D={d}, Dv={dv}")
         if mask == "causal" and s > t:
             return Route("fallback", f"q_len {s} > k_len {t}: the full kernel's causal mask needs q_len <= k_len")
-        if d in UNFUSED_FASTER_FULL:
+        if d in METAL_FULL_UNFUSED_FASTER:
             return Route("fallback", f"q_len {s} > 8 with head dim {d}: the default heuristic prefers the unfused path")
         return Route("full", f"q_len {s} > 8, head dim {d}: full (steel) attention kernel")
     gqa = hq // hkv
-    if not ((d == dv and d in VECTOR_HEAD_DIMS) or (d, dv) == (192, 128)):
+    if not metal_vector_head_dims(d, dv):
         return Route("fallback", f"q_len {s} <= 8: the vector kernel has no head dims D={d}, Dv={dv}")
     if s > t:
         return Route("fallback", f"q_len {s} > k_len {t}: the vector kernel needs q_len <= k_len")
-    if s * gqa > VECTOR_BUDGET:
-        return Route("fallback", f"q_len*gqa = {s * gqa} > {VECTOR_BUDGET} (q_len {s}, gqa {gqa}): no vector kernel")
-    if d == dv == 192:
-        return Route("fallback", "head dim 192 with q_len <= 8: the default heuristic prefers the unfused path")
-    if (arch in LARGE_GPU_ARCH and t >= TWO_PASS_MIN_KEYS_LARGE_GPU) or (hkv < hq and t >= TWO_PASS_MIN_KEYS_GQA):
-        return Route("vector_2pass", f"q_len*gqa = {s * gqa} <= {VECTOR_BUDGET}, k_len {t}: two-pass vector kernel")
-    return Route("vector", f"q_len*gqa = {s * gqa} <= {VECTOR_BUDGET}, k_len {t}: vector kernel")
+    budget = METAL_VECTOR_BUDGET
+    if s * gqa > budget:
+        return Route("fallback", f"q_len*gqa = {s * gqa} > {budget} (q_len {s}, gqa {gqa}): no vector kernel")
+    if d == dv and d in METAL_VECTOR_UNFUSED_FASTER:
+        return Route("fallback", f"head dim {d} with q_len <= 8: the default heuristic prefers the unfused path")
+    large = arch in METAL_LARGE_GPU_ARCH and t >= METAL_TWO_PASS_MIN_KEYS_LARGE_GPU
+    if large or (hkv < hq and t >= METAL_TWO_PASS_MIN_KEYS_GQA):
+        return Route("vector_2pass", f"q_len*gqa = {s * gqa} <= {budget}, k_len {t}: two-pass vector kernel")
+    return Route("vector", f"q_len*gqa = {s * gqa} <= {budget}, k_len {t}: vector kernel")
 
 
 def sdpa_routes(program: Program, device: str = "metal", *, arch: str = "g") -> list[tuple[str, Route]]:

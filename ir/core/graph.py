@@ -16,7 +16,7 @@ import json
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import AbstractSet as Set
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from . import builtin as _builtin  # noqa: F401  (registers input and constant)
 from .registry import AttrValue, OpDef, encode_attr, get_op
@@ -254,13 +254,11 @@ class Graph:
 
     def ancestors(self, names: Sequence[str]) -> set[str]:
         """``names`` and every value they transitively read."""
-        out, stack = set(names), list(names)
-        while stack:
-            for src in self._dag.predecessors(stack.pop()):
-                if src not in out:
-                    out.add(src)
-                    stack.append(src)
-        return out
+        return _reach(names, self._dag.predecessors)
+
+    def descendants(self, names: Sequence[str]) -> set[str]:
+        """``names`` and every value that transitively reads them."""
+        return _reach(names, self._dag.successors)
 
     def input_types(self) -> list[TensorType]:
         """The graph inputs' types, in signature order."""
@@ -469,6 +467,17 @@ def _without_paths(nodes: Mapping[str, Node]) -> dict[str, Node]:
         name: node.replace(attrs={k: v for k, v in node.attrs.items() if k != "path"}) if node.op == "input" else node
         for name, node in nodes.items()
     }
+
+
+def _reach(names: Sequence[str], step: Callable[[str], Iterable[str]]) -> set[str]:
+    """``names`` and everything ``step`` leads to from them, transitively."""
+    out, stack = set(names), list(names)
+    while stack:
+        for other in step(stack.pop()):
+            if other not in out:
+                out.add(other)
+                stack.append(other)
+    return out
 
 
 def _sha(obj: Any) -> str:

@@ -19,7 +19,8 @@ from attnpass.cli import commands, output
 from attnpass.cli.main import build_parser, main
 from attnpass.ir import Graph
 from attnpass.models import EXAMPLES, qwen38, verify_step
-from attnpass.passes import PassManager, parse_pipeline, policy, registry
+from attnpass.ir.core import switches
+from attnpass.passes import PassManager, parse_pipeline, registry
 from tests.util import requires
 
 QWEN38 = os.path.realpath(qwen38.__file__)
@@ -30,7 +31,7 @@ MODEL_PIPELINE = EXAMPLES["qwen38-model"].pipeline  # qsa-gather{max_rows=4},hea
 @pytest.fixture(autouse=True)
 def private_state(monkeypatch):
     monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
-    monkeypatch.setattr(policy, "_WARNED", set())
+    monkeypatch.setattr(switches, "_WARNED", set())
     monkeypatch.delenv("ATTNPASS_SDPA_HEAD_CHUNK", raising=False)
     monkeypatch.delenv("ATTNPASS_QSA_GATHER", raising=False)
 
@@ -352,22 +353,27 @@ def test_an_unrecognised_switch_value_warns_once_per_variable(cli, graph_json, m
     assert cli("explain", "-p", "head-chunk,head-chunk", graph_json)[2] == ""  # once per process
 
 
+def pass_switch(name: str) -> tuple[bool, str]:
+    """The switch as the passes read it (SwitchedPass.disabled)."""
+    return switches.env_switch(name, None, default=True, subject="the rewrite")
+
+
 def test_switch_values_and_their_warnings():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         for value in ("true", " ON ", "Yes", "1", "false", "OFF", "no", "\t0 "):
             os.environ["ATTNPASS_QSA_GATHER"] = value
-            assert policy.resolve_switch(None, "ATTNPASS_QSA_GATHER")[0] == (value.strip().lower() in policy.ON_VALUES)
+            assert pass_switch("ATTNPASS_QSA_GATHER")[0] == (value.strip().lower() in ("true", "on", "yes", "1"))
         del os.environ["ATTNPASS_QSA_GATHER"]
-        assert policy.resolve_switch(None, "ATTNPASS_QSA_GATHER") == (True, "ATTNPASS_QSA_GATHER unset")
+        assert pass_switch("ATTNPASS_QSA_GATHER") == (True, "ATTNPASS_QSA_GATHER unset")
     for name in ("ATTNPASS_QSA_GATHER", "ATTNPASS_SDPA_HEAD_CHUNK"):
         os.environ[name] = "enabled"
         try:
-            with pytest.warns(policy.SwitchWarning, match=f"{name}='enabled' is not a recognised value"):
-                assert policy.resolve_switch(None, name) == (True, f"{name}=enabled")
+            with pytest.warns(switches.SwitchWarning, match=f"{name}='enabled' is not a recognised value"):
+                assert pass_switch(name) == (True, f"{name}=enabled")
             with warnings.catch_warnings():
                 warnings.simplefilter("error")
-                policy.resolve_switch(None, name)  # the second time: silent
+                pass_switch(name)  # the second time: silent
         finally:
             del os.environ[name]
 

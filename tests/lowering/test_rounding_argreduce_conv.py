@@ -110,13 +110,18 @@ CONVS = [  # x shape, w shape, attributes
 ]
 
 
+def _conv_case(rng, shapes, dtype: str) -> tuple[Graph, np.ndarray, np.ndarray]:
+    """A one-op conv1d graph of ``shapes`` (x shape, w shape, attributes) and random operands for it."""
+    xs, ws, attrs = shapes
+    x, w = random_array(rng, xs, dtype), random_array(rng, ws, dtype)
+    return _one_op("conv1d", [TensorType(xs, dtype), TensorType(ws, dtype)], attrs), x, w
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("shapes", CONVS, ids=lambda c: f"{c[0]}x{c[1]}-{c[2]}")
 def test_conv1d_numpy_target_is_the_float64_loops_rounded_once(rng, shapes, dtype):
-    xs, ws, attrs = shapes
-    x, w = random_array(rng, xs, dtype), random_array(rng, ws, dtype)
-    graph = _one_op("conv1d", [TensorType(xs, dtype), TensorType(ws, dtype)], attrs)
-    full = {"stride": 1, "padding": (0, 0), "dilation": 1, "groups": 1, **attrs}
+    graph, x, w = _conv_case(rng, shapes, dtype)
+    full = {"stride": 1, "padding": (0, 0), "dilation": 1, "groups": 1, **shapes[2]}
     assert_bits_equal(run(lower(graph, "numpy"), x, w), rounded(_conv1d_loops(x, w, **full), dtype))
 
 
@@ -124,9 +129,8 @@ def test_conv1d_numpy_target_is_the_float64_loops_rounded_once(rng, shapes, dtyp
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("shapes", CONVS, ids=lambda c: f"{c[0]}x{c[1]}-{c[2]}")
 def test_conv1d_agrees_on_every_target_and_is_mx_conv1d_on_mlx(rng, shapes, dtype):
-    xs, ws, attrs = shapes
-    x, w = random_array(rng, xs, dtype), random_array(rng, ws, dtype)
-    graph = _one_op("conv1d", [TensorType(xs, dtype), TensorType(ws, dtype)], attrs)
+    graph, x, w = _conv_case(rng, shapes, dtype)
+    attrs = shapes[2]
     expected = run(lower(graph, "numpy"), x, w)
     for target in ("mlx", "jax"):
         assert_close(run(lower(graph, target), x, w), expected)

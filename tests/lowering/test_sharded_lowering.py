@@ -98,7 +98,7 @@ def test_generated_names_never_shadow_the_mesh_helpers():
 @pytest.mark.parametrize(
     ("target", "mesh", "message"),
     [
-        ("mlx", {"model": 2}, "target 'mlx' has no sharded lowering (mesh=); targets with one: jax"),
+        ("mlx", {"model": 2}, "lower(mesh=): target 'mlx' has no sharded lowering; targets with one: jax"),
         ("jax", {"data": 2}, "annotated for mesh axes model=2, but the mesh has data=2"),
         ("jax", {"model": 4}, "annotated for mesh axes model=2, but the mesh has model=4"),
     ],

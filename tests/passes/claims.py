@@ -60,16 +60,6 @@ def _live(graph: Graph) -> set[str]:
     return graph.ancestors(list(graph.outputs))
 
 
-def _descendants(graph: Graph, names) -> set[str]:
-    out, stack = set(names), list(names)
-    while stack:
-        for user in graph.users(stack.pop()):
-            if user.name not in out:
-                out.add(user.name)
-                stack.append(user.name)
-    return out
-
-
 def _role_deltas(before: Graph, after: Graph) -> dict[str, int]:
     return {role: before.input_nbytes(role) - after.input_nbytes(role) for role in UNITS}
 
@@ -305,7 +295,7 @@ def _pool_cache(before: Graph, after: Graph, r: Remark, m: re.Match, ctx: _Conte
     assert others == {u.name for u in before.users(raw.name) if u.name != pool.name and u.name in _live(before)}
     assert others <= {u.name for u in after.users(raw.name)}, "a reader the remark names no longer reads the raw keys"
     # the ops between the pool and the block keys
-    chain = (before.ancestors([keys.name]) & _descendants(before, [pool.name])) - {pool.name}
+    chain = (before.ancestors([keys.name]) & before.descendants([pool.name])) - {pool.name}
     assert int(m["n_ops"] or 0) == len(chain)
     assert (m["ops"] or "") == ", ".join(sorted({before.node(n).op for n in chain}))
     n_blocks = stored.type.shape[1]
@@ -314,7 +304,7 @@ def _pool_cache(before: Graph, after: Graph, r: Remark, m: re.Match, ctx: _Conte
         assert all(n in live and after.node(n).type.shape[1] == n_blocks for n in chain)
         return
     assert _int(m["not_on"]) == n_blocks and not chain & live, "the whole-cache chain still runs"
-    replayed = _descendants(after, [p.name for p in pools]) - {writer.name}
+    replayed = after.descendants([p.name for p in pools]) - {writer.name}
     sums = [after.node(n) for n in replayed if after.node(n).op == "sum"]
     if m["pb"] is None:
         assert not sums or all(after.node(s.inputs[0]).type.shape[:2] == (1, 1) for s in sums)

@@ -196,6 +196,10 @@ def test_users_and_ancestors():
     assert g.users("concat") == []
     assert [u.name for u in g.users("sdpa")] == ["reshape", "concat"]
     assert g.ancestors(["reshape"]) == {"reshape", "sdpa", "q", "k", "v", "mask"}
+    assert g.descendants(["sdpa"]) == {"sdpa", "reshape", "concat"}
+    names = [n.name for n in g.nodes()]
+    for a in names:  # b reads a transitively exactly when a is one of b's ancestors
+        assert g.descendants([a]) == {b for b in names if a in g.ancestors([b])}
     with pytest.raises(VerifyError, match="no value named 'ghost'"):
         g.users("ghost")
     with pytest.raises(VerifyError, match="no value named 'ghost'"):

@@ -1,0 +1,44 @@
+"""What the fused attention kernels serve: one home for the passes that plan around them and the routes predicting them.
+
+MLX 0.32's Metal SDPA gates, read from ``mlx/backend/metal/scaled_dot_product_attention.cpp``
+(ml-explore/mlx at commit 00703ea6, the stored version closest to 0.32; docs/semantics.md §2.6):
+``has_fused_kernel`` and ``use_fallback`` pick fused or unfused, ``eval_gpu`` the vector kernel's one- or
+two-pass form. :func:`attnpass.backends.mlx.sdpa_route` is the full route model built on these facts;
+``decompose-sdpa`` keeps the calls the vector kernel serves and ``head-chunk`` splits wider GQA calls
+under its budget.
+"""
+
+from __future__ import annotations
+
+METAL_VECTOR_MAX_ROWS = 8  # q_len of the vector (decode) kernel family; longer calls go to the full kernel
+METAL_VECTOR_BUDGET = 32  # the most q_len * gqa one vector-kernel call serves; head-chunk's default budget
+METAL_VECTOR_HEAD_DIMS = frozenset({64, 96, 128, 192, 256})  # D == Dv the vector kernel has (and D 192, Dv 128)
+METAL_VECTOR_UNFUSED_FASTER = frozenset({192})  # D == Dv the default heuristic still sends to the fallback
+METAL_FULL_HEAD_DIMS = frozenset({64, 72, 80, 96, 128, 192, 256})  # D == Dv the full ("steel") kernel has
+METAL_FULL_UNFUSED_FASTER = frozenset({192, 256})  # full-kernel head dims the default heuristic sends to the fallback
+METAL_TWO_PASS_MIN_KEYS_GQA = 4096  # k_len from which a GQA call takes the two-pass vector kernel
+METAL_TWO_PASS_MIN_KEYS_LARGE_GPU = 1024  # the same on a large GPU (architecture suffix in METAL_LARGE_GPU_ARCH)
+METAL_LARGE_GPU_ARCH = frozenset({"s", "d"})  # last letter of device_info()["architecture"]: Pro/Max, Ultra
+
+
+def metal_vector_head_dims(d: int, dv: int) -> bool:
+    """Whether the Metal vector kernel has head dims ``d``/``dv`` (before the default heuristic's choice)."""
+    return (d == dv and d in METAL_VECTOR_HEAD_DIMS) or (d, dv) == (192, 128)
+
+
+def metal_vector_serves(q_len: int, gqa: int, d: int, dv: int, kv_len: int) -> bool:
+    """Whether MLX's Metal vector kernel (one- or two-pass) serves this call by default."""
+    return (
+        q_len <= METAL_VECTOR_MAX_ROWS
+        and q_len <= kv_len
+        and q_len * gqa <= METAL_VECTOR_BUDGET
+        and metal_vector_head_dims(d, dv)
+        and not (d == dv and d in METAL_VECTOR_UNFUSED_FASTER)
+    )
+
+
+__all__ = [
+    "METAL_FULL_HEAD_DIMS", "METAL_FULL_UNFUSED_FASTER", "METAL_LARGE_GPU_ARCH", "METAL_TWO_PASS_MIN_KEYS_GQA",
+    "METAL_TWO_PASS_MIN_KEYS_LARGE_GPU", "METAL_VECTOR_BUDGET", "METAL_VECTOR_HEAD_DIMS", "METAL_VECTOR_MAX_ROWS",
+    "METAL_VECTOR_UNFUSED_FASTER", "metal_vector_head_dims", "metal_vector_serves",
+]  # fmt: skip
