@@ -93,6 +93,9 @@ def test_the_verdict_is_failed_before_declined_before_handled_with_the_first_rea
     assert sweep.verdict(_record("a", "handled", "declined", *["handled"] * 4)) == ("declined", "prefill/bf16: r1")
     assert sweep.verdict(_record("a", *["handled"] * 6, optimize="failed")) == ("failed", "optimize: o")
     assert sweep.verdict(_record("a", config="TypeError: x")) == ("failed", "config: TypeError: x")
+    no_attention = {**_record("a", *["handled"] * 6), "layers": 0}
+    assert sweep.verdict(no_attention) == ("declined", "no softmax-attention layer: nothing to raise")
+    assert sweep.verdict({**_record("a", "failed"), "layers": 0})[0] == "failed"
     crashed = {**_record("a", "handled"), "optimize": None, "crash": "timeout"}
     assert sweep.verdict(crashed) == ("failed", "timeout after 1 cases")
 
