@@ -277,9 +277,9 @@ def run_case(family: str, step: str, dtype: str, layers: int) -> dict[str, Any]:
             row = zoo.run_case(case)
     except Exception as exc:  # noqa: BLE001  (the sweep records whatever a case raises)
         return dict(case=case.name, status="failed", raised=None, reason=_failure(exc))
+    if row.imported != "yes":  # nothing imported, nothing raised
+        return dict(case=case.name, status="declined", raised=None, reason=row.imported.removeprefix("no: "))
     result = dict(case=case.name, raised=row.raised, reason="")
-    if row.imported != "yes":
-        return {**result, "status": "declined", "reason": row.imported.removeprefix("no: ")}
     if not row.ok:
         reason = f"MISMATCH (silently wrong): max error {row.error:.2e} > {row.bound:.1e}"
         return {**result, "status": "failed", "reason": reason}
