@@ -18,7 +18,7 @@ VENV_CORE := .venv-core
 PY_CORE := $(VENV_CORE)/bin/python
 STAMP_CORE := $(VENV_CORE)/.installed
 
-.PHONY: test test-core demo versions versions-core fuzz bench clean
+.PHONY: test test-core demo versions versions-core fuzz zoo bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -66,6 +66,11 @@ SEED ?= 0
 JOBS ?= 2
 fuzz: $(STAMP)
 	$(PY) -m tests.fuzz --n $(N) --seed $(SEED) --jobs $(JOBS)
+
+# The sweep over every model family of the installed mlx-lm: regenerates docs/mlx_lm_families.md
+# (`make zoo JOBS=2`: families run at once, each in its own process; a few tens of minutes on 2 cores).
+zoo: $(STAMP)
+	$(PY) examples/mlx_lm_sweep.py --jobs $(JOBS) --write docs/mlx_lm_families.md
 
 clean:
 	rm -rf $(VENV) $(VENV_CORE) build *.egg-info .pytest_cache .hypothesis

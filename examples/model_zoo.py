@@ -120,17 +120,25 @@ def tolerance(dtype: str, expected: np.ndarray) -> float:
 # ----------------------------------------------------------------------------- mlx-lm families
 
 
+Configure = Callable[[str, Any], dict[str, Any]]
+
+
+def zoo_args(family: str, module: Any) -> dict[str, Any]:
+    """``ModelArgs`` keywords of a zoo family: :data:`COMMON` and its :data:`FAMILIES` entry, the fields it has."""
+    fields = module.ModelArgs.__dataclass_fields__
+    return {k: v for k, v in {**COMMON, **FAMILIES[family]}.items() if k in fields}
+
+
 @functools.lru_cache(maxsize=None)
-def mlx_model(family: str, dtype: str) -> Any:
-    """A tiny random-initialised mlx-lm model of ``family`` (weights seeded, evaluated)."""
+def mlx_model(family: str, dtype: str, configure: Configure = zoo_args) -> Any:
+    """A tiny random-initialised mlx-lm model of ``family`` (weights seeded, evaluated); ``configure(family,
+    module)`` gives its ``ModelArgs`` keywords."""
     import mlx.core as mx
     from mlx_lm.utils import MODEL_REMAPPING
 
     module = importlib.import_module(f"mlx_lm.models.{MODEL_REMAPPING.get(family, family)}")
-    fields = module.ModelArgs.__dataclass_fields__
-    args = {k: v for k, v in {**COMMON, **FAMILIES[family]}.items() if k in fields}
     mx.random.seed(0)
-    model = module.Model(module.ModelArgs(model_type=family, **args))
+    model = module.Model(module.ModelArgs(model_type=family, **configure(family, module)))
     model.set_dtype(mx.bfloat16 if dtype == "bf16" else mx.float32)
     mx.eval(model.parameters())
     return model
@@ -157,14 +165,15 @@ def bf16_gather_mm() -> Iterator[None]:
         mx.gather_mm = native
 
 
-def prefilled(family: str, step: str, dtype: str) -> list | None:
-    """The KV cache after the prompt (None for a prefill)."""
+def prefilled(family: str, step: str, dtype: str, configure: Configure = zoo_args) -> list | None:
+    """The cache after the prompt, of the model's own kind (its ``make_cache()``, else mlx-lm's default);
+    None for a prefill."""
     import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache
 
     if step == "prefill":
         return None
-    model = mlx_model(family, dtype)
+    model = mlx_model(family, dtype, configure)
     cache = make_prompt_cache(model)
     with bf16_gather_mm():
         model(mx.array(TOKENS[None, :PROMPT]), cache=cache)
@@ -172,24 +181,26 @@ def prefilled(family: str, step: str, dtype: str) -> list | None:
     return cache
 
 
-def mlx_case(family: str, step: str, dtype: str) -> Case:
+def mlx_case(family: str, step: str, dtype: str, configure: Configure = zoo_args, layers: int = LAYERS) -> Case:
+    """One step of an mlx-lm family; ``layers``: its attention layers."""
+
     def make() -> tuple[Callable, tuple, Callable[[], np.ndarray]]:
         import mlx.core as mx
 
-        model = mlx_model(family, dtype)
+        model = mlx_model(family, dtype, configure)
         tokens = mx.array(TOKENS[None, PROMPT : PROMPT + STEPS[step]])
-        cache = prefilled(family, step, dtype)  # a step updates its cache: import and reference get one each
+        cache = prefilled(family, step, dtype, configure)  # a step updates its cache: import and reference get one each
 
         def forward(tokens: Any) -> Any:
             return model(tokens, cache=cache)
 
         def reference() -> np.ndarray:
             with bf16_gather_mm():
-                return np.array(model(tokens, cache=prefilled(family, step, dtype)).astype(mx.float32))
+                return np.array(model(tokens, cache=prefilled(family, step, dtype, configure)).astype(mx.float32))
 
         return forward, (tokens,), reference
 
-    return Case(f"{family}/{step}/{dtype}", "mlx", dtype, LAYERS, make)
+    return Case(f"{family}/{step}/{dtype}", "mlx", dtype, layers, make)
 
 
 # ----------------------------------------------------------------------------- JAX code

@@ -1,0 +1,565 @@
+"""The sweep: every model family of the installed mlx-lm, imported, raised, lowered and checked, one row each.
+
+Every module of ``mlx_lm.models`` that defines ``Model`` and ``ModelArgs`` is a
+family (helper modules are listed with why they are skipped). Each gets a tiny
+random configuration generated from its ``ModelArgs`` (:func:`tiny_args`:
+fields filled by name from :data:`TINY` and :data:`FILL`, the model zoo's
+sizes; :data:`OVERRIDES` only where generation cannot work), then the model
+zoo's cases (``examples/model_zoo.py``): prefill, verify and decode, float32
+and bfloat16, through ``from_mlx`` -> ``raise-attention`` -> ``head-chunk`` ->
+MLX, compared with the module; and the drop-in: ``optimize(model)``'s greedy
+tokens (float32, 8 tokens, ``generate_step``) against the plain model's.
+
+A family ends as **handled** (every case imports, raises all its attention
+layers and matches; greedy tokens identical), **declined** (a case's import
+raised ``ModelImportError``, or raise-attention declined a layer with a
+remark: the reason, quoted) or **failed** (any other exception, a mismatch
+beyond the zoo's tolerance, a layer left unraised without a remark,
+different greedy tokens, a timeout, or a configuration that does not build).
+Each family runs in its own process, each case under :data:`CASE_TIMEOUT`.
+
+Run: ``.venv/bin/python examples/mlx_lm_sweep.py [--write docs/mlx_lm_families.md] [FAMILY ...]`` (``make zoo``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import contextlib
+import dataclasses
+import datetime
+import importlib
+import json
+import pkgutil
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import model_zoo as zoo  # noqa: E402  (the zoo's machinery: configurations, cases, tolerance)
+
+CASE_TIMEOUT = 60  # seconds per case; the family's process gets one per case and one for the drop-in
+OPTIMIZE_TOKENS = 8
+STATUSES = ("handled", "declined", "failed")
+
+# Sizes: set on every family that has the field, whatever its default (the zoo's COMMON and a few MoE/MLA/hybrid
+# sizes, small).
+TINY: dict[str, Any] = {
+    **zoo.COMMON,
+    **zoo.MOE,
+    "num_experts": 4, "num_experts_per_token": 2, "n_routed_experts": 4, "num_local_experts": 4, "moe_num_experts": 4,
+    "n_shared_experts": 1, "num_kv_shared_layers": 0,
+    "num_shared_experts": 1, "num_shared_expert": 1, "moe_topk": 2, "n_group": 1, "topk_group": 1,
+    "first_k_dense_replace": 1, "shared_expert_intermediate_size": 32, "shared_intermediate_size": 32,
+    "expert_ffn_hidden_size": 32, "ffn_hidden_size": 128, "ff_intermediate_size": 128, "intermediate_size_mlp": 128,
+    "kv_lora_rank": 16, "q_lora_rank": 24, "qk_rope_head_dim": 4, "qk_nope_head_dim": 8, "v_head_dim": 8,
+    "n_embd": zoo.HIDDEN, "n_head": zoo.HQ, "n_layer": zoo.LAYERS, "n_positions": 512, "n_ctx": 512, "n_inner": 128,
+    "num_layers": zoo.LAYERS, "n_layers": zoo.LAYERS, "num_heads": zoo.HQ, "n_heads": zoo.HQ, "num_kv_heads": zoo.HKV,
+    "n_kv_heads": zoo.HKV, "d_model": zoo.HIDDEN, "model_dim": zoo.HIDDEN, "hidden_dim": 128,
+    "num_query_heads": zoo.HQ, "num_attention_groups": zoo.HKV,
+    "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 8, "linear_value_head_dim": 8,
+    "linear_conv_kernel_dim": 4, "conv_kernel": 4, "conv1d_width": 4, "state_size": 8, "ssm_state_size": 8,
+    "mamba_d_state": 8, "mamba_d_conv": 4, "mamba_expand": 2, "mamba_num_heads": 8, "mamba_head_dim": 8, "n_groups": 1,
+    "time_step_rank": 8, "index_head_dim": 8, "index_n_heads": 2, "index_topk": 4,
+    "swa_num_attention_heads": zoo.HQ, "swa_num_key_value_heads": zoo.HKV, "swa_head_dim": zoo.HEAD_DIM,
+    "swa_v_head_dim": zoo.HEAD_DIM, "sliding_window": 8, "sliding_window_size": 8, "attention_window_size": 8,
+    "model_max_length": 512, "rotary_dim": 4,
+}  # fmt: skip
+
+# Values for required fields (no default) that are not sizes.
+FILL: dict[str, Any] = {
+    "layer_norm_epsilon": 1e-5, "layer_norm_eps": 1e-5, "norm_eps": 1e-5, "layernorm_epsilon": 1e-5,
+    "attention_bias": False, "use_bias": False, "mlp_bias": False, "use_qkv_bias": False, "conv_bias": True,
+    "use_conv_bias": True, "norm_topk_prob": True, "routed_scaling_factor": 1.0, "partial_rotary_factor": 0.5,
+    "rotary_pct": 0.5, "rope_scaling": None, "rope_parameters": None, "topk_method": "greedy",
+    "scoring_func": "softmax", "mlp_only_layers": [], "decoder_sparse_step": 1, "moe_layer_freq": 1,
+    "use_qk_norm": False, "qk_norm": False, "logits_scaling": 1.0, "attention_multiplier": 0.125,
+    "embedding_multiplier": 1.0, "residual_multiplier": 1.0, "hidden_act": "silu", "rotary_emb_base": 10000.0,
+    "swa_rope_theta": 10000.0, "dim_model_base": 64, "scale_depth": 1.4, "scale_emb": 1.0, "logits_soft_cap": 30.0,
+    "post_norm": False, "use_expert_bias": False, "mla_scale_q_lora": False, "mla_scale_kv_lora": False,
+    "time_step_limit": (0.0, float("inf")), "conv_L_cache": 3, "conv_window": 4, "block_size": 8,
+    "sliding_window_pattern": 2, "layer_group_size": 1, "group_norm_size": 1, "num_kv_reuse_layers": 0,
+    "layer_types": ["sliding_attention", "full_attention"], "is_moe_layer": [False, True], "use_mixed_mlp_moe": False,
+    "use_cla": False, "cla_share_factor": 1, "attn_layer_offset": 1, "attn_layer_period": 2, "expert_layer_offset": 1,
+    "expert_layer_period": 2, "block_dim": zoo.HIDDEN, "block_multiple_of": 16, "block_ffn_dim_multiplier": 1.0,
+    "block_auto_adjust_ff_dim": False, "num_dense_layers": 1, "zero_expert_type": "identity", "zero_expert_num": 1,
+    "hybrid_layer_pattern": [0, 1], "add_swa_attention_sink_bias": False, "add_full_attention_sink_bias": False,
+    "mamba_proj_bias": False, "linear_allow_neg_eigval": False, "dense_attention_every_n_layers": 2,
+    "gegelu_limit": 20.0, "a_low_rank_dim": 8, "v_low_rank_dim": 8, "gate_low_rank_dim": 8, "decay_low_rank_dim": 8,
+}  # fmt: skip
+# FILL values that are a choice among a family's options: not given to a wrapper's inner model (text_config), whose
+# own defaults then hold.
+CHOICES = ("topk_method", "scoring_func", "rope_scaling", "rope_parameters", "layer_types", "is_moe_layer")
+
+# Kimi's linear-attention layers: layer 1 linear (KDA), layer 2 full attention (1-based layer numbers).
+KDA = {"kda_layers": [1], "full_attn_layers": [2], "head_dim": 8, "num_heads": 4, "short_conv_kernel_size": 4}
+# Where generation cannot work: each family's fields beyond TINY and FILL, each with its reason.
+OVERRIDES: dict[str, dict[str, Any]] = {
+    **{family: dict(args) for family, args in zoo.FAMILIES.items()},  # the zoo's hand-written configurations
+    # hybrids: one layer of each kind in the 2 layers (their defaults put the first attention layer past layer 2)
+    **{f: dict(full_attention_interval=2) for f in ("qwen3_next", "qwen3_5", "qwen3_5_moe")},
+    **{f: dict(layer_types=["conv", "full_attention"]) for f in ("lfm2", "lfm2_moe", "lfm2-vl")},
+    "nemotron_h": dict(hybrid_override_pattern=["M", "*"]),
+    "recurrent_gemma": dict(block_types=["recurrent", "attention"]),
+    "olmo3": dict(layer_types=["sliding_attention", "full_attention"]),
+    "olmo_hybrid": dict(layer_types=["linear_attention", "full_attention"]),
+    "exaone4": dict(sliding_window_pattern="LG"),  # a string of L(ocal)/G(lobal) per layer
+    "llama4_text": dict(no_rope_layers=[1, 0]),  # 1: the layer uses RoPE
+    # RoPE parameters these families read without a default
+    "mellum": dict(rope_parameters={t: {"rope_theta": 10000.0} for t in ("sliding_attention", "full_attention")}),
+    "hunyuan": dict(rope_scaling={"alpha": 1.0, "factor": 1.0, "type": "dynamic"}),
+    **{f: dict(rope_parameters={"rope_theta": 10000.0, "llama_4_scaling_beta": 0.1, "rope_type": "default",
+                                "original_max_position_embeddings": 512}) for f in ("ministral3", "mistral4")},
+    "glm_moe_dsa": dict(rope_parameters={"rope_theta": 10000.0}, topk_method="noaux_tc"),  # its only router
+    "gemma3n": dict(  # its text model's required fields (per-layer inputs, AltUp, Laurel): small values
+        vocab_size_per_layer_input=zoo.VOCAB, rope_local_base_freq=10000.0, final_logit_softcapping=30.0,
+        layer_types=["sliding_attention", "full_attention"], activation_sparsity_pattern=[0.0, 0.0],
+        hidden_size_per_layer_input=8, altup_num_inputs=2, altup_coef_clip=120.0, altup_correct_scale=True,
+        altup_active_idx=0, laurel_rank=8,
+    ),
+    "muse_spark": dict(  # MoE layers only (it rejects shared experts and dense layers)
+        post_norm_eps=1e-5, layer_rope_theta=[10000.0] * zoo.LAYERS, final_logit_softcapping=30.0,
+        layer_types=["sliding_attention", "full_attention"], output_multiplier=1.0, moe_hidden_size=32,
+        rope_parameters={"rope_theta": 10000.0}, num_shared_experts=0,
+    ),
+    # one attention block with GQA 12, one without attention (a no-op): its blocks are configured one by one
+    "nemotron-nas": dict(block_configs=[
+        {"attention": {"n_heads_in_group": zoo.HQ // zoo.HKV}, "ffn": {"ffn_mult": 1.0}},
+        {"attention": {"no_op": True}, "ffn": {"ffn_mult": 1.0}},
+    ]),
+    "phi": dict(partial_rotary_factor=0.5),  # its default 0.4 of head dim 8 is an odd RoPE width
+    "qwen": dict(kv_channels=zoo.HEAD_DIM),  # its head dim, default 128
+    "afm7": dict(hidden_dim=zoo.HIDDEN),  # its model width (TINY's hidden_dim is an FFN width elsewhere)
+    "baichuan_m1": dict(sliding_window_layers=[0], conv_window=2, tie_word_embeddings=False),  # asserts a window of 2
+    "minicpm3": dict(  # LongRoPE parameters, read without a default
+        rope_scaling={"original_max_position_embeddings": 512, "short_factor": 1.0, "long_factor": 1.0}
+    ),
+    "kimi_k3": dict(hidden_act="situ", linear_attn_config=KDA),  # situ: the only activation it accepts
+    # mla_scale_*=False leaves an attribute the attention reads unset
+    **{f: dict(attention_method="MLA", mla_scale_q_lora=True, mla_scale_kv_lora=True)
+       for f in ("longcat_flash", "longcat_flash_ngram")},
+    "step3p5": dict(moe_top_k=2, share_expert_dim=32),  # its default top-k 8 is over TINY's 4 experts
+    # its model reads layer 3's cache: 4 layers
+    "llama4": dict(attention_chunk_size=8, interleave_moe_layer_step=1, rope_scaling=None, num_experts_per_tok=1,
+                   num_hidden_layers=4),
+    "dbrx": dict(  # its required MoE and attention sub-configurations
+        ffn_config={"ffn_hidden_size": 128, "moe_num_experts": 4, "moe_top_k": 2},
+        attn_config={"kv_n_heads": zoo.HKV, "clip_qkv": 8.0, "rope_theta": 10000.0},
+    ),
+    "openelm": dict(num_transformer_layers=zoo.LAYERS, ffn_dim_divisor=8, num_query_heads=[zoo.HQ] * zoo.LAYERS,
+                    num_kv_heads=[zoo.HKV] * zoo.LAYERS, ffn_multipliers=[1.0] * zoo.LAYERS),  # per-layer lists
+    # hybrid: one Mamba layer (its sizes are None by default), one attention layer
+    "granitemoehybrid": dict(layer_types=["mamba", "attention"], mamba_n_heads=24, mamba_d_head=16, mamba_d_state=8,
+                             mamba_d_conv=4, mamba_n_groups=1, mamba_conv_bias=True, mamba_proj_bias=False),
+    "kimi_linear": dict(linear_attn_config=KDA),  # required, no default
+    # per-layer lists: layer 0 sliding window / dense MLP, layer 1 full attention / MoE
+    "mimo_v2_flash": dict(moe_layer_freq=[0, 1], hybrid_layer_pattern=[1, 0], topk_method="noaux_tc"),
+    **{f: dict(moe_layer_freq=[0, 1], layer_types=["sliding_attention", "full_attention"],
+               rope_parameters={t: {"rope_theta": 10000.0} for t in ("sliding_attention", "full_attention")})
+       for f in ("minimax_m3_vl", "spark2_5")},
+}  # fmt: skip
+
+# Helper modules of mlx_lm.models: no Model/ModelArgs, so no row (the reason is printed in the table's notes).
+HELPER_REASON = "no Model and ModelArgs (a helper module)"
+
+
+def tiny_args(family: str, module: Any) -> dict[str, Any]:
+    """``ModelArgs`` keywords for a tiny ``family``: sizes from :data:`TINY` on every field that has one,
+    :data:`FILL` for the remaining required fields, :data:`OVERRIDES` last; ``text_config`` (a wrapper's inner
+    model) gets the same, as a dict its inner ``ModelArgs.from_dict`` filters."""
+    args: dict[str, Any] = {}
+    for field in dataclasses.fields(module.ModelArgs):
+        required = field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING
+        if field.name in TINY:
+            args[field.name] = TINY[field.name]
+        elif field.name == "text_config":
+            inner = {k: v for k, v in FILL.items() if k not in CHOICES}
+            args[field.name] = {**inner, **TINY, "model_type": family, **OVERRIDES.get(family, {})}
+        elif required and field.name in FILL:
+            args[field.name] = FILL[field.name]
+    names = {field.name for field in dataclasses.fields(module.ModelArgs)}
+    args.update({k: v for k, v in OVERRIDES.get(family, {}).items() if k in names})
+    args.pop("model_type", None)
+    return args
+
+
+# ----------------------------------------------------------------------------- the families
+
+
+def families() -> tuple[list[str], dict[str, str]]:
+    """``(families, skipped)``: the installed ``mlx_lm.models`` modules with ``Model`` and ``ModelArgs``, sorted,
+    and the others with why."""
+    import mlx_lm.models
+
+    found, skipped = [], {}
+    for info in sorted(pkgutil.iter_modules(mlx_lm.models.__path__), key=lambda i: i.name):
+        try:
+            module = importlib.import_module(f"mlx_lm.models.{info.name}")
+        except BaseException as exc:  # noqa: BLE001  (olmo calls sys.exit when its optional package is missing)
+            skipped[info.name] = f"does not import: {_short(exc)}"
+            continue
+        if hasattr(module, "Model") and hasattr(module, "ModelArgs"):
+            found.append(info.name)
+        else:
+            skipped[info.name] = HELPER_REASON
+    return found, skipped
+
+
+def _short(exc: BaseException, limit: int = 160) -> str:
+    text = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}".rstrip(": ")
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+@contextlib.contextmanager
+def time_box(seconds: int) -> Iterator[None]:
+    """``TimeoutError`` after ``seconds`` (checked when Python code runs; the parent kills a process that hangs)."""
+
+    def expire(signum: int, frame: Any) -> None:
+        raise TimeoutError(f"over {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+@contextlib.contextmanager
+def counting_attention() -> Iterator[list[int]]:
+    """Counts softmax-attention calls: ``mx.fast.scaled_dot_product_attention`` (mlx-lm's helper calls it) and
+    ``mx.softmax`` over scores of 4 or more axes (``[B, H, L, S]``, hand-written attention; an MoE router's softmax
+    is over 3)."""
+    import mlx.core as mx
+
+    fused, softmax = mx.fast.scaled_dot_product_attention, mx.softmax
+    calls = [0]
+
+    def counted_fused(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        return fused(*args, **kwargs)
+
+    def counted_softmax(x: Any, *args: Any, **kwargs: Any) -> Any:
+        calls[0] += x.ndim >= 4
+        return softmax(x, *args, **kwargs)
+
+    mx.fast.scaled_dot_product_attention, mx.softmax = counted_fused, counted_softmax
+    try:
+        yield calls
+    finally:
+        mx.fast.scaled_dot_product_attention, mx.softmax = fused, softmax
+
+
+def attention_layers(family: str) -> int:
+    """Softmax-attention layers of the tiny ``family``: fused attention calls in one float32 prefill."""
+    import mlx.core as mx
+
+    model = zoo.mlx_model(family, "f32", tiny_args)
+    with counting_attention() as calls, zoo.bf16_gather_mm():
+        mx.eval(model(mx.array(zoo.TOKENS[None, : zoo.PREFILL])))
+    return calls[0]
+
+
+# ----------------------------------------------------------------------------- one family (in its own process)
+
+
+def run_case(family: str, step: str, dtype: str, layers: int) -> dict[str, Any]:
+    """One zoo case: ``{"case", "status", "raised", "reason"}``."""
+    case = zoo.mlx_case(family, step, dtype, tiny_args, layers)
+    try:
+        with time_box(CASE_TIMEOUT):
+            row = zoo.run_case(case)
+    except Exception as exc:  # noqa: BLE001  (the sweep records whatever a case raises)
+        return dict(case=case.name, status="failed", raised=None, reason=_failure(exc))
+    if row.imported != "yes":  # nothing imported, nothing raised
+        return dict(case=case.name, status="declined", raised=None, reason=row.imported.removeprefix("no: "))
+    result = dict(case=case.name, raised=row.raised, reason="")
+    if not row.ok:
+        reason = f"MISMATCH (silently wrong): max error {row.error:.2e} > {row.bound:.1e}"
+        return {**result, "status": "failed", "reason": reason}
+    if row.remark.startswith("raise-attention left no remark") or (row.raised < layers and not row.remark):
+        return {**result, "status": "failed", "reason": row.remark or f"{row.raised}/{layers} raised, no remark"}
+    if row.raised < layers:
+        return {**result, "status": "declined", "reason": row.remark}
+    return {**result, "status": "handled"}
+
+
+ATTNPASS = Path(importlib.import_module("attnpass.ir").__file__).resolve().parents[1]  # the package's root
+
+
+def _library(path: Path) -> bool:
+    """Whether ``path`` is attnpass's own code (not an example or a test of its checkout)."""
+    path = path.resolve()
+    return path.is_relative_to(ATTNPASS) and path.relative_to(ATTNPASS).parts[0] not in ("examples", "tests")
+
+
+def _failure(exc: BaseException) -> str:
+    """``exc`` short, with the innermost attnpass or mlx-lm frame; ``module:`` first when no attnpass frame is on
+    the stack (the model itself raised, outside the import: an mlx-lm bug or a configuration it rejects)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    ours = [f for f in frames if _library(Path(f.filename))]
+    where = [f for f in frames if f in ours or "mlx_lm" in f.filename]
+    at = f" (at {Path(where[-1].filename).name}:{where[-1].lineno})" if where else ""
+    return f"{'' if ours else 'module: '}{_short(exc)}{at}"
+
+
+def greedy(model: Any, count: int = OPTIMIZE_TOKENS) -> list[int]:
+    """``count`` greedy tokens after the zoo's prompt (``mlx_lm.generate.generate_step``)."""
+    import mlx.core as mx
+    from mlx_lm.generate import generate_step
+
+    with zoo.bf16_gather_mm():
+        steps = generate_step(mx.array(zoo.TOKENS[: zoo.PROMPT]), model, max_tokens=count)
+        return [int(token) for token, _ in steps]
+
+
+def run_optimize(family: str) -> dict[str, Any]:
+    """The drop-in: ``optimize(model)``'s greedy tokens against the plain model's (float32), routed/declined calls."""
+    from attnpass.backends.mlx import optimize
+
+    model = zoo.mlx_model(family, "f32", tiny_args)
+    try:
+        with time_box(CASE_TIMEOUT):
+            plain = greedy(model)
+            try:
+                opt = optimize(model)
+            except ValueError as exc:  # no module calls mlx-lm's helper: nothing to route, said by name
+                return dict(status="declined", reason=_short(exc, 120), identical=None, routed=0, declined={})
+            with opt:
+                optimized = greedy(model)
+    except Exception as exc:  # noqa: BLE001
+        return dict(status="failed", reason=_failure(exc), identical=None, routed=0, declined={})
+    identical = optimized == plain
+    result = dict(identical=identical, routed=opt.routed, declined=dict(opt.declined), reason="")
+    if not identical:
+        return {**result, "status": "failed", "reason": f"greedy tokens differ: {optimized} vs {plain}"}
+    return {**result, "status": "handled"}
+
+
+def run_family(family: str, emit: Callable[[dict[str, Any]], None] = lambda record: None) -> dict[str, Any]:
+    """Every case of ``family`` and its drop-in, each record also given to ``emit`` as it completes."""
+    record: dict[str, Any] = dict(family=family, cases=[], optimize=None, layers=None, config="")
+    try:
+        with time_box(CASE_TIMEOUT):
+            record["layers"] = attention_layers(family)
+    except Exception as exc:  # noqa: BLE001
+        record["config"] = _failure(exc).removeprefix("module: ")
+        emit(dict(config=record["config"]))
+        return record
+    emit(dict(layers=record["layers"]))
+    for step in zoo.STEPS:
+        for dtype in zoo.DTYPES:
+            case = run_case(family, step, dtype, record["layers"])
+            record["cases"].append(case)
+            emit(dict(case=case))
+    record["optimize"] = run_optimize(family)
+    emit(dict(optimize=record["optimize"]))
+    return record
+
+
+def _child(family: str) -> int:
+    """Runs one family, one JSON line per record on stdout (the parent assembles them)."""
+    run_family(family, lambda record: print(json.dumps(record), flush=True))
+    return 0
+
+
+def family_in_process(family: str) -> dict[str, Any]:
+    """``run_family`` in a fresh process, killed after every case's time box is spent: a hang is a timeout."""
+    budget = CASE_TIMEOUT * (len(zoo.STEPS) * len(zoo.DTYPES) + 2) + 30
+    command = [sys.executable, __file__, "--child", family]
+    record: dict[str, Any] = dict(family=family, cases=[], optimize=None, layers=None, config="")
+    start = time.monotonic()
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=budget)
+        out, ended = done.stdout, _ending(done.returncode, done.stderr)
+    except subprocess.TimeoutExpired as exc:
+        out, ended = _text(exc.stdout), f"timeout (over {budget} s)"
+    record["seconds"] = round(time.monotonic() - start, 1)
+    for line in out.splitlines():
+        if line.startswith("{"):
+            item = json.loads(line)
+            if "case" in item:
+                record["cases"].append(item["case"])
+            else:
+                record.update(item)
+    if record["layers"] is None and not record["config"]:
+        record["config"] = f"process ended: {ended}"
+    elif record["optimize"] is None:
+        record["crash"] = ended
+    return record
+
+
+def _ending(returncode: int, stderr: str) -> str:
+    """How a family's process ended early: the signal that killed it, else its last line of stderr."""
+    if returncode < 0:
+        return f"killed by {signal.Signals(-returncode).name}"
+    return (stderr.strip().splitlines() or [f"exit status {returncode}, no output"])[-1][:160]
+
+
+def _text(value: bytes | str | None) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else (value or "")
+
+
+# ----------------------------------------------------------------------------- the verdict and the table
+
+
+def verdict(record: dict[str, Any]) -> tuple[str, str]:
+    """``(status, reason)`` of a family: failed before declined before handled, the first such reason; a family
+    without softmax attention is declined (nothing to raise) unless a part failed."""
+    if record["config"]:
+        return "failed", f"config: {record['config']}"
+    if record.get("crash"):
+        return "failed", f"{record['crash']} after {len(record['cases'])} cases"
+    parts = [*record["cases"], *([record["optimize"]] if record["optimize"] else [])]
+    for status in ("failed", "declined"):
+        if status == "declined" and record["layers"] == 0:
+            return "declined", "no softmax-attention layer: nothing to raise"
+        for part in parts:
+            if part["status"] == status:
+                name = part.get("case", "optimize").split("/", 1)[-1]
+                return status, f"{name}: {part['reason']}"
+    return "handled", ""
+
+
+def _cell(record: dict[str, Any], step: str, dtype: str) -> str:
+    name = f"{record['family']}/{step}/{dtype}"
+    case = next((c for c in record["cases"] if c["case"] == name), None)
+    return {None: "-", "handled": "ok", "declined": "declined", "failed": "**FAIL**"}[case and case["status"]]
+
+
+def _raised(record: dict[str, Any]) -> str:
+    counts = [c["raised"] for c in record["cases"] if c["raised"] is not None]
+    if record["layers"] is None or not counts:
+        return "-"
+    low, high = min(counts), max(counts)
+    return f"{low}/{record['layers']}" if low == high else f"{low}-{high}/{record['layers']}"
+
+
+def _optimize_cell(record: dict[str, Any]) -> str:
+    opt = record["optimize"]
+    if opt is None:
+        return "-"
+    if opt["identical"] is None:
+        return opt["status"]
+    declined = sum(opt["declined"].values())
+    return f"{'identical' if opt['identical'] else '**DIFFER**'} {opt['routed']}/{declined}"
+
+
+def _escape(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def table(
+    records: list[dict[str, Any]], skipped: dict[str, str], command: str, seconds: float | None, note: str = ""
+) -> str:
+    """The docs page: counts, one row per family, the skipped modules."""
+    import mlx.core as mx
+    import mlx_lm
+
+    verdicts = [verdict(r) for r in records]
+    counts = {s: sum(v[0] == s for v in verdicts) for s in STATUSES}
+    head = ["family", "status", *[f"{s} {d}" for s in zoo.STEPS for d in zoo.DTYPES], "raised", "optimize", "reason"]
+    lines = [
+        "# mlx-lm families",
+        "",
+        f"Generated by `{command}` on {datetime.date.today().isoformat()}"
+        f"{'' if seconds is None else f' ({seconds / 60:.0f} min)'} with mlx-lm "
+        f"{mlx_lm.__version__} and MLX {mx.__version__}; the sweep is `examples/mlx_lm_sweep.py`, described in "
+        f"its docstring. Do not edit by hand: `make zoo` regenerates it.{' ' + note if note else ''}",
+        "",
+        f"**{len(records)} families: {counts['handled']} handled, {counts['declined']} declined by name, "
+        f"{counts['failed']} failed.**",
+        "",
+        "Cells: `ok` (imported, every attention layer raised, matches the module within the zoo's tolerance), "
+        "`declined` (a named reason), `**FAIL**` (an error without one, a mismatch, a timeout). `raised`: "
+        "attention layers raised to `sdpa` / softmax-attention layers (fused attention calls in a prefill; a range "
+        "over the six cases). `optimize`: greedy tokens of `optimize(model)` vs the plain model (float32, "
+        f"{OPTIMIZE_TOKENS} tokens), then attention calls routed/declined. `reason`: the first failed part, "
+        "else the first declined one; `module:` when the model itself raised outside attnpass (an mlx-lm bug or a "
+        "configuration it rejects), `config:` when the tiny configuration did not build or run.",
+        "",
+        "Configurations are generated from each `ModelArgs` by field name (`TINY`, `FILL` in the sweep); "
+        f"`OVERRIDES` sets fields by hand for {len(set(OVERRIDES) - set(zoo.FAMILIES))} families beyond the model "
+        f"zoo's {len(zoo.FAMILIES)}, each with its reason in a comment.",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
+    for record, (status, reason) in zip(records, verdicts):
+        cells = [_cell(record, s, d) for s in zoo.STEPS for d in zoo.DTYPES]
+        reason = reason if len(reason) <= 200 else reason[:199] + "…"
+        row = [f"`{record['family']}`", status, *cells, _raised(record), _optimize_cell(record), _escape(reason)]
+        lines.append("| " + " | ".join(row) + " |")
+    lines += ["", "Modules of `mlx_lm.models` without a row:", ""]
+    lines += [f"- `{name}`: {reason}" for name, reason in sorted(skipped.items())]
+    return "\n".join(lines) + "\n"
+
+
+def committed(path: Path) -> dict[str, str]:
+    """Family -> status, read from a generated table."""
+    statuses = {}
+    for line in path.read_text().splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if line.startswith("| `") and len(cells) > 2:
+            statuses[cells[0].strip("`")] = cells[1]
+    return statuses
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("only", nargs="*", help="these families only (default: every family)")
+    parser.add_argument("--write", type=Path, help="write the table to this markdown file")
+    parser.add_argument("--jobs", type=int, default=1, help="families run at once (default 1)")
+    parser.add_argument(
+        "--records", type=Path,
+        help="a JSON-lines file of finished families: appended to; families in it are not rerun unless named; "
+        "the table then covers every family it holds",
+    )  # fmt: skip
+    parser.add_argument("--note", default="", help="a sentence for the table's header (how this run was made)")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    options = parser.parse_args(argv)
+    if options.child:
+        return _child(options.child)
+    found, skipped = families()
+    unknown = sorted(set(options.only) - set(found))
+    if unknown:
+        parser.error(f"not a family of the installed mlx-lm: {', '.join(unknown)}")
+    selected = [f for f in found if not options.only or f in options.only]
+    kept = _read_records(options.records) if options.records else {}
+    start = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(options.jobs) as pool:  # each family is its own process
+        for record in pool.map(family_in_process, [f for f in selected if options.only or f not in kept]):
+            kept[record["family"]] = record
+            if options.records:
+                with options.records.open("a") as out:
+                    out.write(json.dumps(record) + "\n")
+            status, reason = verdict(record)
+            print(f"{record['family']:<28} {status:<9} {_raised(record):>6}  {reason[:110]}", flush=True)
+    if options.write:
+        records = [kept[f] for f in (found if options.records else selected) if f in kept]
+        given = sys.argv[1:] if argv is None else argv
+        shown = [a for i, a in enumerate(given) if a != "--note" and (i == 0 or given[i - 1] != "--note")]
+        command = " ".join(["python examples/mlx_lm_sweep.py", *shown])
+        seconds = None if options.records else time.monotonic() - start  # a run assembled from records: no one time
+        options.write.write_text(table(records, skipped, command, seconds, options.note))
+    return 0
+
+
+def _read_records(path: Path) -> dict[str, dict[str, Any]]:
+    """Family -> its last record in a ``--records`` file (none if the file does not exist)."""
+    records = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            records[record["family"]] = record
+    return records
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

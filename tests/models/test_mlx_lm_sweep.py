@@ -1,0 +1,113 @@
+"""The mlx-lm sweep (examples/mlx_lm_sweep.py) and its committed table (docs/mlx_lm_families.md).
+
+The table lists every family of the installed mlx-lm; a fixed fast subset of
+families is rerun here and must end with the status the table records, so a
+regression or an improvement shows up as a failing test (then ``make zoo``).
+The sweep's own parts are checked on their own: the generated configuration,
+the attention-layer count, the verdict's order and the table's round trip.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from pathlib import Path
+
+import pytest
+
+from tests.util import load_example, requires
+
+sweep = load_example("mlx_lm_sweep")
+TABLE = Path(__file__).resolve().parents[2] / "docs" / "mlx_lm_families.md"
+
+# Diverse and fast (about 30 s in all on 2 shared cores): dense GQA, hand-written soft-capped attention, a Mamba hybrid
+# (conv1d), an MoE, MLA, attention sinks, and an MoE router that reads a value on the host (failed today).
+SUBSET = ("llama", "gemma2", "nemotron_h", "qwen3_moe", "deepseek_v2", "gpt_oss", "dbrx")
+
+mlx_lm_only = requires("mlx.core", "mlx_lm")
+
+
+@mlx_lm_only
+def test_the_table_has_one_row_per_installed_family_and_lists_the_modules_without_one():
+    found, skipped = sweep.families()
+    assert len(found) >= 100  # mlx-lm 0.32 has 125
+    assert list(sweep.committed(TABLE)) == found, "a family was added or removed: run `make zoo`"
+    text = TABLE.read_text()
+    for name in skipped:
+        assert f"- `{name}`:" in text
+    assert {"base", "cache", "switch_layers", "rope_utils"} <= set(skipped)
+
+
+@mlx_lm_only
+@pytest.mark.parametrize("family", SUBSET)
+def test_a_family_reaches_the_status_the_table_records(family):
+    record = sweep.run_family(family)
+    status, reason = sweep.verdict(record)
+    assert status == sweep.committed(TABLE)[family], f"{family}: {status}: {reason}"
+    assert len(record["cases"]) == 6 and record["optimize"] is not None
+    if status == "handled":
+        assert all(c["raised"] == record["layers"] > 0 for c in record["cases"])
+        assert record["optimize"]["identical"]
+
+
+@mlx_lm_only
+def test_generated_arguments_are_tiny_fill_required_fields_and_keep_other_defaults():
+    module = importlib.import_module("mlx_lm.models.qwen3")
+    args = sweep.tiny_args("qwen3_not_in_the_zoo", module)
+    assert args["hidden_size"] == 192 and args["num_hidden_layers"] == 2 and args["vocab_size"] == 128
+    fields = {f.name: f for f in dataclasses.fields(module.ModelArgs)}
+    required = {n for n, f in fields.items() if f.default is f.default_factory is dataclasses.MISSING}
+    assert required - {"model_type"} <= set(args) <= set(fields)
+    # a field with a default and no size keeps it: nothing beyond TINY, FILL-for-required and overrides is set
+    assert all(n in sweep.TINY or n in required for n in args)
+
+
+@mlx_lm_only
+def test_a_wrapper_gets_its_inner_model_as_a_text_config():
+    module = importlib.import_module("mlx_lm.models.gemma3")
+    args = sweep.tiny_args("gemma3", module)
+    assert args["text_config"]["hidden_size"] == 192 and args["text_config"]["model_type"] == "gemma3"
+    assert not set(sweep.CHOICES) & set(args["text_config"])
+
+
+@mlx_lm_only
+@pytest.mark.parametrize("family, layers", [("llama", 2), ("gemma2", 2), ("nemotron_h", 1)])
+def test_attention_layers_count_fused_and_hand_written_attention_not_other_layers(family, layers):
+    # llama: mlx-lm's fused helper; gemma2: its own softmax over [B, H, L, S]; nemotron_h: 1 Mamba layer, 1 attention
+    assert sweep.attention_layers(family) == layers
+
+
+def _record(family, *statuses, optimize="handled", config=""):
+    cases = [
+        dict(case=f"{family}/{step}/{dtype}", status=s, raised=2, reason=f"r{i}")
+        for i, ((step, dtype), s) in enumerate(zip([(s, d) for s in ("prefill", "verify", "decode")
+                                                     for d in ("f32", "bf16")], statuses))
+    ]  # fmt: skip
+    opt = dict(status=optimize, identical=optimize == "handled", routed=3, declined={"x": 1}, reason="o")
+    return dict(family=family, cases=cases, optimize=opt, layers=2, config=config)
+
+
+def test_the_verdict_is_failed_before_declined_before_handled_with_the_first_reason():
+    assert sweep.verdict(_record("a", *["handled"] * 6)) == ("handled", "")
+    assert sweep.verdict(_record("a", "handled", "declined", "failed", "declined", "handled", "handled")) == (
+        "failed", "verify/f32: r2")  # fmt: skip
+    assert sweep.verdict(_record("a", "handled", "declined", *["handled"] * 4)) == ("declined", "prefill/bf16: r1")
+    assert sweep.verdict(_record("a", *["handled"] * 6, optimize="failed")) == ("failed", "optimize: o")
+    assert sweep.verdict(_record("a", config="TypeError: x")) == ("failed", "config: TypeError: x")
+    no_attention = {**_record("a", *["handled"] * 6), "layers": 0}
+    assert sweep.verdict(no_attention) == ("declined", "no softmax-attention layer: nothing to raise")
+    assert sweep.verdict({**_record("a", "failed"), "layers": 0})[0] == "failed"
+    crashed = {**_record("a", "handled"), "optimize": None, "crash": "timeout"}
+    assert sweep.verdict(crashed) == ("failed", "timeout after 1 cases")
+
+
+@mlx_lm_only
+def test_the_table_round_trips_each_family_status_and_counts_them(tmp_path):
+    records = [_record("a", *["handled"] * 6), _record("b", "declined", *["handled"] * 5),
+               _record("d", "failed", *["handled"] * 5)]  # fmt: skip
+    text = sweep.table(records, {"base": sweep.HELPER_REASON}, "make zoo", 60.0)
+    (tmp_path / "t.md").write_text(text)
+    assert sweep.committed(tmp_path / "t.md") == {"a": "handled", "b": "declined", "d": "failed"}
+    assert "3 families: 1 handled, 1 declined by name, 1 failed." in text
+    assert "| `a` | handled | ok | ok | ok | ok | ok | ok | 2/2 | identical 3/1 |  |" in text
+    assert "- `base`: no Model and ModelArgs" in text
