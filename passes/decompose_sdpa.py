@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from attnpass.ir import DType, Graph, Node
+from attnpass.ir.dialects.attention import sdpa_variants
 
 from .base import Pass, Remarks
 from .registry import register_pass
@@ -124,6 +125,9 @@ class DecomposeSDPA(Pass):
             return Decline(head + GPU_FUSED[self.target])
         if self.device == "tpu":
             return Decline(head + "XLA compiles jax.nn.dot_product_attention for the TPU itself")
+        variants = sdpa_variants(node.attrs)
+        if variants:
+            return Decline(head + f"{variants}: decompose-sdpa does not write them out (the targets lower them)")
         if node.attrs["causal"] != "none":
             return Decline(head + f"causal={node.attrs['causal']!r} stays with the fused call (no [S, T] constant)")
         if s > self.max_q_len:

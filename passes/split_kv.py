@@ -58,6 +58,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from attnpass.ir import DType, Graph, Node
+from attnpass.ir.dialects.attention import sdpa_variants
 
 from .base import Pass, Remarks
 from .registry import register_pass
@@ -184,6 +185,9 @@ def match_split(graph: Graph, node: Node, shards: int) -> SplitPlan | Decline:
     """The plan for splitting ``node`` into ``shards`` T-shards, or the precondition that failed."""
     if is_split_partial(graph, node):
         return Decline("already a split-KV partial (its sdpa_lse companion reads the same operands)")
+    variants = sdpa_variants(node.attrs)
+    if variants:
+        return Decline(f"{variants}: split-kv's log-sum-exp combine does not add them yet")
     k, v = graph.node(node.inputs[1]), graph.node(node.inputs[2])
     row_gather = match_row_gather(graph, k, v)
     gathered = k.op == "take" and v.op == "take"

@@ -37,6 +37,14 @@ def sdpa_operands(node_or_types, has_sinks: bool) -> tuple:
     return (rest[0] if rest else None), sinks
 
 
+def sdpa_variants(attrs) -> str | None:
+    """``"sinks"``, ``"logit_softcap=c"`` or both, for the variants an sdpa's ``attrs`` turn on (None: neither)."""
+    parts = (["sinks"] if attrs.get("has_sinks") else []) + (
+        [f"logit_softcap={attrs['logit_softcap']:g}"] if attrs.get("logit_softcap") is not None else []
+    )
+    return " and ".join(parts) or None
+
+
 def _infer_sdpa(ts, *, scale, causal, has_sinks=False, logit_softcap=None):
     q, k, v = ts[:3]
     if has_sinks and len(ts) == 3:
