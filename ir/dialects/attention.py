@@ -122,8 +122,8 @@ register(
         {
             "scale": attr("float?", None),
             "causal": attr("choice:" + "|".join(CAUSAL_KINDS), "none"),
-            "has_sinks": attr("bool", False),
-            "logit_softcap": attr("float?", None),
+            "has_sinks": attr("bool", False, quiet=True),
+            "logit_softcap": attr("float?", None, quiet=True),
         },
         "attention",
         "softmax(q @ k^T * scale + mask) @ v; layout [B, H, S, D]; GQA: query head h uses kv head "
