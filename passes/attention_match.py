@@ -30,9 +30,10 @@ dtypes are cast to it, and the summary states where the source rounded.
 
 from __future__ import annotations
 
+
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Iterator, Sequence
 
 from attnpass.ir import DType, Graph, Node
@@ -106,6 +107,7 @@ class Attention:
     dtype: DType
     out_layout: Layout
     summary: str
+    softcap: float | None = None
 
 
 @dataclass(frozen=True)
@@ -535,7 +537,12 @@ class _Matcher:
                 qk.name,
                 8,
             )
-        return self.result(chains, orders, mask, scale, tuple(out_layout), group, sizes, d, qk, softmax)
+        found = self.result(chains, orders, mask, scale, tuple(out_layout), group, sizes, d, qk, softmax)
+        if algebra.softcap is None:
+            return found
+        return replace(
+            found, softcap=algebra.softcap, summary=found.summary + f"; logit_softcap {algebra.softcap:g}"
+        )
 
     def masks(self, steps: list[Step], algebra: ScoreAlgebra, layout: Layout, sizes) -> tuple[Layout, MaskPlan] | Fail:
         """The scores layout at the softmax, and every mask laid out as sdpa takes it."""

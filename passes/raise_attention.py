@@ -125,9 +125,8 @@ def _attention_rewrite(rw: Rewriter, m: Attention) -> None:
     name = m.pv.name
     operands = [_operand(rw, x, m.dtype, f"{name}_{role}") for role, x in zip("qkv", (m.q, m.k, m.v))]
     mask = _mask(rw, m.mask, m.dtype, f"{name}_mask")
-    out = rw.op(
-        "sdpa", operands + ([mask] if mask is not None else []), {"scale": m.scale, "causal": "none"}, f"{name}_sdpa"
-    )
+    attrs = {"scale": m.scale, "causal": "none", "logit_softcap": m.softcap}
+    out = rw.op("sdpa", operands + ([mask] if mask is not None else []), attrs, f"{name}_sdpa")
     split, perm = la.view_plan(m.out_layout, rw.type(out).shape)  # [B, H, S, D] laid out as P·V was
     rw.replace_matched(rw.relayout(out, split, perm, m.pv.type.shape, f"{name}_out"), prune=True)
 
