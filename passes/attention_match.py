@@ -30,7 +30,6 @@ dtypes are cast to it, and the summary states where the source rounded.
 
 from __future__ import annotations
 
-
 import itertools
 import math
 from dataclasses import dataclass, replace
