@@ -642,7 +642,7 @@ class _Matcher:
             if refined is None:
                 return Fail(f"mask {root} and the scores split axis {axis} of {node.name} differently", node.name, 5)
             pairs += [(sa, ma) for sa, ma in refined if ma is not None]
-        order = []
+        groups: list[tuple[int, list[int]]] = []  # (role, root axes): consecutive axes walking one score axis
         for axis, size in enumerate(shape):
             if size == 1:
                 continue
@@ -652,21 +652,29 @@ class _Matcher:
                 shown = ", ".join(sorted(ROLE_NAMES[r] if r is not None else "none" for r in roles)) or "none"
                 return Fail(f"mask {root} axis {axis} walks score axes ({shown}), not one of them", node.name, 5)
             (role,) = roles
+            if groups and groups[-1][0] == role:
+                groups[-1][1].append(axis)
+            else:
+                groups.append((role, [axis]))
+        order, shape4 = [], [1, 1, 1, 1]
+        for role, axes in groups:  # row-major: the axes of a group merge into one (as [Hkv, G] into Hq)
+            inner = {a: math.prod(shape[b] for b in axes if b > a) for a in axes}
+            mine = [(sa, ma) for sa, ma in pairs if ma.axis in axes]
+            size = math.prod(shape[a] for a in axes)
             whole = size == sizes[role] and la.covers([sa for sa, _ma in mine], size)
-            if not whole or any(sa.stride != ma.stride for sa, ma in mine):
+            if not whole or any(sa.stride != ma.stride * inner[ma.axis] for sa, ma in mine):
+                shown = f"axis {axes[0]}" if len(axes) == 1 else f"axes {', '.join(map(str, axes))}"
                 return Fail(
-                    f"mask {root} axis {axis} (size {size}) is not the whole {ROLE_NAMES[role]} axis", node.name, 5
+                    f"mask {root} {shown} (size {size}) is not the whole {ROLE_NAMES[role]} axis", node.name, 5
                 )
             order.append(role)
+            shape4[role] = size
         if order != sorted(order):
             shown = ", ".join(ROLE_NAMES[r] for r in order)
             return Fail(
                 f"mask {root} has axes ({shown}); sdpa masks are laid out [..., S, T] and a reordered mask is not raised",
                 node.name, 5,
             )  # fmt: skip
-        shape4 = [1, 1, 1, 1]
-        for role, size in zip(order, [n for n in shape if n != 1]):
-            shape4[role] = size
         return root, tuple(shape4)
 
     def result(self, chains, orders, mask: MaskPlan, scale, out_layout, group, sizes, d, qk, softmax) -> Attention:
