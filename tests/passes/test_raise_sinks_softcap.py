@@ -76,3 +76,46 @@ def test_the_sinks_matter():
     graph = RaiseAttention()(imported.graph).graph
     got = run(lower(graph, "numpy"), *[to_numpy(a) for a in args], **imported.params).astype(np.float64)
     assert np.max(np.abs(got - expected)) > 1e-3
+
+
+def _capped(order: str):
+    """A hand-written capped attention: ``order`` says where the mask and a late scale go around the cap."""
+    from attnpass.ir import TensorSpec, ops, trace
+
+    def fn(q, k, v, m):
+        s = ops.matmul(q, ops.transpose(k, (0, 1, 3, 2))) * 0.25
+        if order == "mask-first":
+            s = ops.where(m, s, -1e30)
+        s = ops.tanh(s / 30.0) * 30.0
+        if order == "scale-after":
+            s = s * 0.5
+        if order != "mask-first":
+            s = ops.where(m, s, -1e30)
+        return ops.matmul(ops.softmax(s, axis=-1), v)
+
+    specs = [TensorSpec((1, 2, 4, 8)), TensorSpec((1, 2, 5, 8)), TensorSpec((1, 2, 5, 8)), TensorSpec((4, 5), "bool")]
+    return trace(fn, *specs, name="capped")
+
+
+@pytest.mark.parametrize(
+    "order, says",
+    [
+        ("mask-first", "comes before the soft-cap"),
+        ("scale-after", "are scaled by 0.5 after the cap"),
+        ("cap-then-mask", None),
+    ],
+)
+def test_a_cap_raises_only_between_the_scales_and_the_masks(order, says):
+    graph = _capped(order)
+    result = RaiseAttention()(graph)
+    sdpas = [n for n in result.graph.nodes() if n.op == "sdpa"]
+    if says is None:
+        (sdpa,) = sdpas
+        assert sdpa.attrs["logit_softcap"] == 30.0 and sdpa.attrs["scale"] == 0.25
+        rng = np.random.default_rng(0)
+        xs = [rng.normal(size=t.shape).astype(np.float32) * 3 for t in graph.input_types()[:3]]
+        xs.append(np.tril(np.ones((4, 5), bool)))
+        assert np.allclose(run(lower(result.graph, "numpy"), *xs), run(lower(graph, "numpy"), *xs), atol=1e-6)
+        return
+    assert not sdpas
+    assert any(says in r.message for r in result.declined()), [r.message for r in result.declined()]
