@@ -1,6 +1,7 @@
 """What each pass does with sdpa's sinks and logit soft-capping (issue 23): head-chunk slices the sinks per
-chunk and keeps the cap (checked on every target against the unchunked call); decompose-sdpa, split-kv,
-qsa-gather and shard-attention decline by name, leaving the call as it was."""
+chunk and keeps the cap; split-kv keeps the cap in every partial and its sdpa_lse and adds the sinks once, in
+the combine (both checked on every target against the unchanged call); decompose-sdpa, qsa-gather and
+shard-attention decline by name, leaving the call as it was."""
 
 from __future__ import annotations
 
@@ -67,7 +68,6 @@ def test_the_other_passes_decline_by_name(variant):
     named = "sinks" if variant["sinks"] else "logit_softcap=5"
     for pass_, says in (
         (DecomposeSDPA(device="cpu", target="mlx"), "decompose-sdpa does not write them out"),
-        (SplitKV(shards=2), "split-kv's log-sum-exp combine does not add them yet"),
         (QSAGather(enabled=True), "the QSA gather form has neither"),
     ):
         result = pass_(graph)
@@ -88,3 +88,43 @@ def test_shard_attention_declines_a_head_chunked_group_with_sinks():
     result = PassManager(parse_pipeline("shard-attention{heads=model}")).run(chunked)
     declined = [str(r) for r in result.remarks if r.pass_name == "shard-attention" and r.kind == "declined"]
     assert any("sinks: shard-attention does not carry them" in r for r in declined), declined
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("causal", ["none", "bottom_right"])
+@pytest.mark.parametrize("mask", [None, "bool", "additive"])
+@pytest.mark.parametrize("variant", VARIANTS, ids=IDS)
+def test_split_kv_adds_the_sinks_once_and_caps_every_partial(variant, mask, causal, target):
+    rng = np.random.default_rng(1)
+    s = 10 if causal == "bottom_right" else S  # bottom-right with S > T: rows 0, 1 see no key
+    xs = [random_array(rng, (B, HQ, s, D), F32, low=-3, high=3), random_array(rng, (B, HKV, T, D), F32, low=-3, high=3),
+          random_array(rng, (B, HKV, T, D), F32)]  # fmt: skip
+    if mask == "bool":
+        m = rng.random((B, HQ, s, T)) < 0.6
+        m[0, 3, 1] = False  # a row without keys: 0 with sinks, the mean of V without
+        xs.append(m)
+    elif mask == "additive":
+        xs.append(random_array(rng, (s, T), F32))
+    if variant["sinks"]:
+        xs.append(random_array(rng, (HQ,), F32, low=-1, high=3))
+    has_mask, sinks = mask is not None, variant["sinks"]
+
+    def call(q, k, v, rest):
+        return ops.sdpa(q, k, v, mask=rest[0] if has_mask else None, sinks=rest[-1] if sinks else None,
+                        logit_softcap=variant["softcap"], causal=causal)  # fmt: skip
+
+    fn = {3: lambda q, k, v: call(q, k, v, ()), 4: lambda q, k, v, a: call(q, k, v, (a,)),
+          5: lambda q, k, v, a, b: call(q, k, v, (a, b))}[len(xs)]  # fmt: skip
+    graph = trace(fn, *[TensorSpec(x.shape, DType.from_numpy(x.dtype)) for x in xs], name="attention")
+    result = SplitKV(shards=2)(graph)
+    (applied,) = result.applied()
+    assert ("sinks added once" in applied.message) == sinks
+    assert ("logit_softcap 5 kept by every partial" in applied.message) == (variant["softcap"] is not None)
+    partials = [n for n in result.graph.nodes() if n.op in ("sdpa", "sdpa_lse")]
+    assert len(partials) == 2 and all(n.attrs["logit_softcap"] == variant["softcap"] for n in partials)
+    assert not any(n.attrs["has_sinks"] for n in partials)  # the partials see no sink: the combine adds it once
+    expected = run(lower(graph, "numpy"), *xs)
+    got = run(lower(result.graph, target), *xs)
+    assert_close(got, expected)
+    if sinks and causal == "bottom_right":
+        assert np.all(got[:, :, :2] == 0)
