@@ -338,6 +338,7 @@ RAISED = re.compile(
     r"(?P<rounding>; rounding: the source computes q·kᵀ in (?P<qk>\w+), the softmax in (?P<sm>\w+), "
     r"P·V in (?P<pv>\w+)"
     r"(?:; .*)?; sdpa\((?P<dtype>\w+)\) rounds as its target does)?"
+    r"(?:; .*)?"  # later clauses: a finite fill's condition, logit_softcap, sinks
 )
 STEP = re.compile(r"([·/])([^·/]+)")
 

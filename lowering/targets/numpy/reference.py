@@ -29,7 +29,9 @@ def causal_mask(s: int, t: int, causal: str) -> np.ndarray | None:
     return np.arange(t)[None, :] <= np.arange(s)[:, None] + offset
 
 
-def _scores(q, k, mask, scale: float, causal: str, softcap: float | None) -> tuple[np.ndarray, np.ndarray | None]:
+def _scores(
+    q, k, mask, scale: float, causal: str, softcap: float | None = None
+) -> tuple[np.ndarray, np.ndarray | None]:
     """float64 ``q k^T * scale`` (soft-capped: ``c tanh(s / c)``) plus an additive mask, and the bool
     ``[.., S, T]`` of allowed keys (None: all)."""
     q, k = wide(q), wide(k)
