@@ -1,7 +1,7 @@
 """What each pass does with sdpa's sinks and logit soft-capping (issue 23): head-chunk slices the sinks per
 chunk and keeps the cap; split-kv keeps the cap in every partial and its sdpa_lse and adds the sinks once, in
-the combine (both checked on every target against the unchanged call); decompose-sdpa, qsa-gather and
-shard-attention decline by name, leaving the call as it was."""
+the combine; decompose-sdpa writes both out (each checked on every target against the unchanged call);
+qsa-gather and shard-attention decline by name, leaving the call as it was."""
 
 from __future__ import annotations
 
@@ -67,7 +67,6 @@ def test_the_other_passes_decline_by_name(variant):
     graph, _ = graph_and_inputs(mask=True, **variant)
     named = "sinks" if variant["sinks"] else "logit_softcap=5"
     for pass_, says in (
-        (DecomposeSDPA(device="cpu", target="mlx"), "decompose-sdpa does not write them out"),
         (QSAGather(enabled=True), "the QSA gather form has neither"),
     ):
         result = pass_(graph)
@@ -128,3 +127,18 @@ def test_split_kv_adds_the_sinks_once_and_caps_every_partial(variant, mask, caus
     assert_close(got, expected)
     if sinks and causal == "bottom_right":
         assert np.all(got[:, :, :2] == 0)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("mask", [False, True], ids=["nomask", "perheadmask"])
+@pytest.mark.parametrize("variant", VARIANTS, ids=IDS)
+def test_decompose_sdpa_writes_the_variants_out(variant, mask, target):
+    graph, xs = graph_and_inputs(mask=mask, **variant)
+    result = DecomposeSDPA(device="cpu", target="mlx")(graph)
+    (applied,) = result.applied()
+    named = "sinks" if variant["sinks"] else "logit_softcap=5"
+    assert named in applied.message and "written out" in applied.message
+    ops_after = {n.op for n in result.graph.nodes()}
+    assert "sdpa" not in ops_after and ("tanh" in ops_after) == (variant["softcap"] is not None)
+    assert ("concat" in ops_after) == variant["sinks"]
+    assert_close(run(lower(result.graph, target), *xs), run(lower(graph, "numpy"), *xs))
