@@ -593,7 +593,8 @@ class _Matcher:
             return Fail(f"sink column {sink}: " + found.reason.replace("mask ", "", 1), sink, 9)
         if found[1][0] != 1 or found[1][2:] != (1, 1):
             return Fail(
-                f"sink column {sink} varies over {found[1]} of [B, Hq, S, T]; sdpa's sinks are one logit per query head",
+                f"sink column {sink} varies over {found[1]} of [B, Hq, S, T]; "
+                "sdpa's sinks are one logit per query head",
                 sink, 9,
             )  # fmt: skip
         return found

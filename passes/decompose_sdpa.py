@@ -142,7 +142,7 @@ class DecomposeSDPA(Pass):
         else:
             why = CPU_UNFUSED[self.target]
         variants = sdpa_variants(node.attrs)
-        extra = f"; {variants} written out (the sink as one more softmax column, dropped before @ v)" if variants else ""
+        extra = f"; {variants} written out (a sink: one more softmax column, dropped before @ v)" if variants else ""
         return _Plan(f"strategy decomposed ({on}): {why}; {folded}{extra}")
 
 
@@ -160,7 +160,8 @@ def _rewrite(rw: Rewriter, plan: _Plan) -> None:
     cap = node.attrs["logit_softcap"]
     if cap is not None:
         c = rw.scalar(cap, DType.float32, "cap")
-        scores = rw.op("mul", [rw.op("tanh", [rw.op("div", [scores, c], hint="scores")], hint="scores"), c], hint="scores")
+        capped = rw.op("tanh", [rw.op("div", [scores, c], hint="scores")], hint="scores")
+        scores = rw.op("mul", [capped, c], hint="scores")
     mask, sinks = sdpa_operands(node.inputs, node.attrs["has_sinks"])
     if mask is not None:
         scores = _masked(rw, rw.reshape(scores, (b, hkv, g, s, t), "scores"), mask, hkv, g)

@@ -97,7 +97,7 @@ class SplitPlan:
             f"{self.k_source}/{self.v_source}: one batched partial sdpa + sdpa_lse, combined exactly in "
             f"float32 by log-sum-exp weights; {form}"
             + (f"; logit_softcap {self.softcap:g} kept by every partial and its sdpa_lse" if self.softcap else "")
-            + ("; sinks added once, to the combine's denominator (weight exp(sink - max), no value)" if self.sinks else "")
+            + ("; sinks added once, to the combine's denominator (weight exp(sink - max))" if self.sinks else "")
         )
 
 
