@@ -119,3 +119,30 @@ def test_a_cap_raises_only_between_the_scales_and_the_masks(order, says):
         return
     assert not sdpas
     assert any(says in r.message for r in result.declined()), [r.message for r in result.declined()]
+
+
+def test_a_per_head_mask_laid_out_kv_heads_by_group_is_raised_merged():
+    """A root whose consecutive axes walk one score axis row-major ([Hkv, G] of the heads) is laid out merged
+    as [Hq]: the per-head mask of a GQA attention written [B, Hkv, G, S, T] raises to a [1, Hq, S, T] mask."""
+    from attnpass.ir import TensorSpec, ops, trace
+
+    hkv, g, s, t, d = 2, 3, 4, 5, 8
+
+    def fn(q, k, v, m):  # q [1, Hq, S, D] viewed [1, Hkv, G, S, D]; k, v [1, Hkv, 1, T, D]
+        q = ops.reshape(q, (1, hkv, g, s, d))
+        scores = ops.matmul(q, ops.transpose(ops.broadcast_to(k, (1, hkv, g, t, d)), (0, 1, 2, 4, 3))) * 0.25
+        probs = ops.softmax(ops.where(m, scores, float("-inf")), axis=-1)
+        return ops.matmul(probs, ops.broadcast_to(v, (1, hkv, g, t, d)))
+
+    specs = [TensorSpec((1, hkv * g, s, d)), TensorSpec((1, hkv, 1, t, d)), TensorSpec((1, hkv, 1, t, d)),
+             TensorSpec((1, hkv, g, s, t), "bool")]  # fmt: skip
+    graph = trace(fn, *specs)
+    result = RaiseAttention()(graph)
+    (sdpa,) = [n for n in result.graph.nodes() if n.op == "sdpa"]
+    assert result.graph.node(sdpa.inputs[3]).type.shape == (1, hkv * g, s, t)
+    rng = np.random.default_rng(0)
+    xs = [rng.normal(size=sp.shape).astype(np.float32) for sp in specs[:3]]
+    m = rng.random((1, hkv, g, s, t)) < 0.7
+    m[..., 0] = True
+    xs.append(m)
+    assert np.allclose(run(lower(result.graph, "numpy"), *xs), run(lower(graph, "numpy"), *xs), atol=1e-6)
