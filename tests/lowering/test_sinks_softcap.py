@@ -137,3 +137,14 @@ def test_the_verifier_names_bad_sinks_and_caps():
             trace(lambda q, k, v, s: ops.sdpa(q, k, v, sinks=s), *spec, sinks)
     with pytest.raises(ShapeError, match="logit_softcap -1.0 must be > 0"):
         trace(lambda q, k, v: ops.sdpa(q, k, v, logit_softcap=-1.0), *spec)
+
+
+@pytest.mark.parametrize("target", ["numpy", pytest.param("mlx", marks=requires("mlx.core")),
+                                    pytest.param("jax", marks=requires("jax"))])  # fmt: skip
+def test_bfloat16_sinks_with_float32_q_are_promoted_exactly(target):
+    graph, xs, _ = case(F32, sinks=True, softcap=None, mask="bool")
+    sinks16 = xs[-1].astype(DType.bfloat16.numpy)
+    specs = [TensorSpec(x.shape, DType.from_numpy(x.dtype)) for x in xs[:-1]] + [TensorSpec((HQ,), DType.bfloat16)]
+    mixed = trace(lambda q, k, v, m, s: ops.sdpa(q, k, v, mask=m, sinks=s), *specs, name="attention")
+    exact = [*xs[:-1], sinks16.astype(np.float32)]  # the same values, as float32
+    assert_close(run(lower(mixed, target), *xs[:-1], sinks16), run(lower(graph, "numpy"), *exact))
