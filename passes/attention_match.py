@@ -310,8 +310,8 @@ def _probability_change(graph: Graph, value: str, depth: int = 3) -> Fail | None
             if source.op == "concat":
                 return Fail(
                     f"P·V reads slice {node.name} of softmax {softmax.name} over concat {source.name}: the softmax "
-                    "also normalizes over columns P·V drops (attention sinks, as gpt_oss and MLX's sinks=); "
-                    "sdpa has no sinks", node.name, 1,
+                    "also normalizes over columns P·V drops, not as sdpa's sinks (one column per row, along the "
+                    "softmax axis, before or after the scores, sliced back out exactly)", node.name, 1,
                 )  # fmt: skip
             return Fail(
                 f"P·V reads slice {node.name} of softmax {softmax.name}; sdpa reads all the keys it normalizes over",
