@@ -7,6 +7,7 @@ import math
 import numpy as np
 
 from attnpass.ir import DType, Node, format_slice
+from attnpass.ir.dialects.attention import sdpa_operands
 from attnpass.ir.dialects.evaluate import rounded
 
 from .codegen import EmitEnv, Emitter, py_float, py_literal
@@ -47,6 +48,18 @@ def dtype_expr(xp: str, dtype: DType) -> str:
     return f"{xp}.{dtype_name(dtype)}"
 
 
+def explicit_sdpa_call(node: Node, a: list[str], env: EmitEnv, xp: str, alias: str) -> str:
+    """A call of the target's runtime ``explicit_sdpa`` (imported as ``alias``): the causal part folded into
+    the mask; for sinks, logit soft-capping, or whatever else the fused call cannot take."""
+    mask, sinks = sdpa_operands(a, node.attrs["has_sinks"])
+    q = zero_dead_rows(node, env, xp, a[0])
+    mask, is_bool = with_causal(node, env, xp, mask, causal_offset(node, env))
+    return (
+        f"{env.runtime(alias)}({q}, {a[1]}, {a[2]}, {mask}, {sinks}, scale={sdpa_scale(node, env)}, "
+        f"mask_is_bool={is_bool}, softcap={node.attrs['logit_softcap']!r})"
+    )
+
+
 def with_causal(
     node: Node, env: EmitEnv, xp: str, mask: str | None, offset: int | None
 ) -> tuple[str | None, bool]:
@@ -72,8 +85,9 @@ def with_causal(
 
 
 def dead_rows(node: Node, env: EmitEnv) -> int:
-    """How many leading query rows causality leaves without any key (bottom_right with S > T)."""
-    offset = causal_offset(node, env)
+    """How many leading query rows causality leaves without any key (bottom_right with S > T) and that must
+    be the mean of V: none with sinks (such a row weighs only its sink, from the -inf mask alone)."""
+    offset = None if node.attrs.get("has_sinks") else causal_offset(node, env)
     return 0 if offset is None else min(sdpa_lengths(node, env)[0], max(0, -offset))
 
 
@@ -89,7 +103,8 @@ def zero_dead_rows(node: Node, env: EmitEnv, xp: str, q: str) -> str:
     rows get all-zero scores instead (zero query, 0 in the mask of
     :func:`with_causal`): equal weights, the same mean.
     """
-    additive = len(node.inputs) == 4 and env.type_of(node.inputs[3]).dtype is not DType.bool
+    mask = sdpa_operands(node.inputs, node.attrs["has_sinks"])[0]
+    additive = mask is not None and env.type_of(mask).dtype is not DType.bool
     if not (additive and dead_rows(node, env)):
         return q
     return f"{xp}.where({_live(xp, node, env)}, {q}, {xp}.array(0, dtype={dtype_expr(xp, node.type.dtype)}))"
@@ -164,7 +179,7 @@ def array_api_emitters(xp: str) -> dict[str, Emitter]:
         is_bool = mask is not None and env.type_of(n.inputs[3]).dtype is DType.bool
         return (
             f"{env.runtime('lse')}({a[0]}, {a[1]}, {mask}, scale={sdpa_scale(n, env)}, mask_is_bool={is_bool}, "
-            f"causal_offset={causal_offset(n, env)})"
+            f"causal_offset={causal_offset(n, env)}, softcap={n.attrs['logit_softcap']!r})"
         )
 
     table: dict[str, Emitter] = {

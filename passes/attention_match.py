@@ -32,13 +32,13 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Iterator, Sequence
 
 from attnpass.ir import DType, Graph, Node
 
 from . import layout_algebra as la
-from .chains import Chain, chain_scale, elementwise_steps, exact_cast, replay, walk
+from .chains import Chain, chain_scale, elementwise_steps, exact_cast, replay, scalar_constant, walk
 from .layout_algebra import Atom, Layout
 from .rewrite import Decline
 from .score_path import UNDERFLOW, MaskUse, ScoreAlgebra, Step, score_algebra, score_steps
@@ -106,6 +106,8 @@ class Attention:
     dtype: DType
     out_layout: Layout
     summary: str
+    softcap: float | None = None
+    sinks: tuple[str, tuple[int, ...]] | float | None = None  # (root, 4-d shape (1, Hq|1, 1, 1)) or a splat value
 
 
 @dataclass(frozen=True)
@@ -316,8 +318,8 @@ def _probability_change(graph: Graph, value: str, depth: int = 3) -> Fail | None
             if source.op == "concat":
                 return Fail(
                     f"P·V reads slice {node.name} of softmax {softmax.name} over concat {source.name}: the softmax "
-                    "also normalizes over columns P·V drops (attention sinks, as gpt_oss and MLX's sinks=); "
-                    "sdpa has no sinks", node.name, 1,
+                    "also normalizes over columns P·V drops, not as sdpa's sinks (one column per row, along the "
+                    "softmax axis, before or after the scores, sliced back out exactly)", node.name, 1,
                 )  # fmt: skip
             return Fail(
                 f"P·V reads slice {node.name} of softmax {softmax.name}; sdpa reads all the keys it normalizes over",
@@ -334,6 +336,32 @@ def _probability_change(graph: Graph, value: str, depth: int = 3) -> Fail | None
             f"{node.op} {node.name} changes the probabilities between softmax {softmax.name} and P·V", node.name, 1
         )
     return None
+
+
+def _sink_form(graph: Graph, node: Node) -> tuple[Node, str, str] | None:
+    """``(softmax, sink column, scores)`` when ``node`` slices the scores' columns back out of a softmax over
+    ``concat([sink, scores])`` (or ``[scores, sink]``) along the softmax's last axis, the sink one column wide:
+    attention sinks (MLX's ``sinks=`` as its fallback writes it)."""
+    if node.op != "slice":
+        return None
+    softmax = graph.node(node.inputs[0])
+    concat = graph.node(softmax.inputs[0]) if softmax.op == "softmax" else None
+    if concat is None or concat.op != "concat" or len(concat.inputs) != 2:
+        return None
+    rank = softmax.type.rank
+    if softmax.attrs["axis"] % rank != rank - 1 or concat.attrs["axis"] % rank != rank - 1:
+        return None
+    first, second = (graph.node(x).type.shape for x in concat.inputs)
+    sink_at = 0 if first[-1] == 1 else 1 if second[-1] == 1 else None
+    if sink_at is None:
+        return None
+    scores = concat.inputs[1 - sink_at]
+    width = graph.node(scores).type.shape[-1]
+    start = (0,) * (rank - 1) + ((1,) if sink_at == 0 else (0,))
+    stop = softmax.type.shape[:-1] + ((width + 1,) if sink_at == 0 else (width,))
+    if node.attrs["start"] != start or node.attrs["stop"] != stop or set(node.attrs["step"]) != {1}:
+        return None
+    return softmax, concat.inputs[sink_at], scores
 
 
 def _mask_chain(graph: Graph, value: str) -> tuple[str, tuple[Node, ...]]:
@@ -364,15 +392,18 @@ class _Matcher:
 
     def run(self) -> Attention | Fail | None:
         g, pv = self.g, self.pv
+        sink_form = None
         for flip_pv in (False, True):  # P·V, or (P·V)ᵀ written as vᵀ·Pᵀ
             p_chain = walk(g, pv.inputs[1 if flip_pv else 0])
-            if g.node(p_chain.root).op == "softmax":
+            sink_form = _sink_form(g, g.node(p_chain.root))
+            if g.node(p_chain.root).op == "softmax" or sink_form is not None:
                 break
         else:
             return next((f for f in (_probability_change(g, x) for x in pv.inputs) if f is not None), None)
-        softmax = g.node(p_chain.root)
+        softmax = g.node(p_chain.root) if sink_form is None else sink_form[0]
+        self.sink = None if sink_form is None else sink_form[1:]
         v_chain = walk(g, pv.inputs[0 if flip_pv else 1], scales=True)
-        found = score_steps(g, softmax.inputs[0])
+        found = score_steps(g, softmax.inputs[0] if sink_form is None else sink_form[2])
         if isinstance(found, Decline):
             return Fail(found.reason, found.node or softmax.name, 1)
         steps, qk = found
@@ -541,7 +572,38 @@ class _Matcher:
                 qk.name,
                 8,
             )
-        return self.result(chains, orders, mask, scale, tuple(out_layout), group, sizes, d, qk, softmax)
+        found = self.result(chains, orders, mask, scale, tuple(out_layout), group, sizes, d, qk, softmax)
+        if algebra.softcap is not None:
+            summary = found.summary + f"; logit_softcap {algebra.softcap:g}"
+            found = replace(found, softcap=algebra.softcap, summary=summary)
+        if self.sink is None:
+            return found
+        sinks = self.sinks(layout, sizes)
+        if isinstance(sinks, Fail):
+            return sinks
+        shown = f"{sinks:g} for every head" if isinstance(sinks, float) else f"{sinks[0]} (per query head)"
+        return replace(found, sinks=sinks, summary=found.summary + f"; sinks {shown}")
+
+    def sinks(self, layout: Layout, sizes: tuple[int, ...]) -> tuple[str, tuple[int, ...]] | float | Fail:
+        """The sink column as sdpa's ``[Hq]`` sinks: its root laid out ``(1, Hq, 1, 1)`` (or ``(1, 1, 1, 1)``),
+        or a splat constant's value; else why it is not one logit per query head."""
+        g = self.g
+        sink, scores = self.sink
+        root, _nodes = _mask_chain(g, sink)
+        value = scalar_constant(g, root)
+        if value is not None:
+            return value
+        probe = Node(sink, "add", (scores, sink), {}, g.node(scores).type)
+        found = self.mask(MaskUse(Step(probe, "add", scores, mask=sink), 1.0), layout, sizes)
+        if isinstance(found, Fail):
+            return Fail(f"sink column {sink}: " + found.reason.replace("mask ", "", 1), sink, 9)
+        if found[1][0] != 1 or found[1][2:] != (1, 1):
+            return Fail(
+                f"sink column {sink} varies over {found[1]} of [B, Hq, S, T]; "
+                "sdpa's sinks are one logit per query head",
+                sink, 9,
+            )  # fmt: skip
+        return found
 
     def masks(self, steps: list[Step], algebra: ScoreAlgebra, layout: Layout, sizes) -> tuple[Layout, MaskPlan] | Fail:
         """The scores layout at the softmax, and every mask laid out as sdpa takes it."""
@@ -587,7 +649,7 @@ class _Matcher:
             if refined is None:
                 return Fail(f"mask {root} and the scores split axis {axis} of {node.name} differently", node.name, 5)
             pairs += [(sa, ma) for sa, ma in refined if ma is not None]
-        order = []
+        groups: list[tuple[int, list[int]]] = []  # (role, root axes): consecutive axes walking one score axis
         for axis, size in enumerate(shape):
             if size == 1:
                 continue
@@ -597,21 +659,29 @@ class _Matcher:
                 shown = ", ".join(sorted(ROLE_NAMES[r] if r is not None else "none" for r in roles)) or "none"
                 return Fail(f"mask {root} axis {axis} walks score axes ({shown}), not one of them", node.name, 5)
             (role,) = roles
+            if groups and groups[-1][0] == role:
+                groups[-1][1].append(axis)
+            else:
+                groups.append((role, [axis]))
+        order, shape4 = [], [1, 1, 1, 1]
+        for role, axes in groups:  # row-major: the axes of a group merge into one (as [Hkv, G] into Hq)
+            inner = {a: math.prod(shape[b] for b in axes if b > a) for a in axes}
+            mine = [(sa, ma) for sa, ma in pairs if ma.axis in axes]
+            size = math.prod(shape[a] for a in axes)
             whole = size == sizes[role] and la.covers([sa for sa, _ma in mine], size)
-            if not whole or any(sa.stride != ma.stride for sa, ma in mine):
+            if not whole or any(sa.stride != ma.stride * inner[ma.axis] for sa, ma in mine):
+                shown = f"axis {axes[0]}" if len(axes) == 1 else f"axes {', '.join(map(str, axes))}"
                 return Fail(
-                    f"mask {root} axis {axis} (size {size}) is not the whole {ROLE_NAMES[role]} axis", node.name, 5
+                    f"mask {root} {shown} (size {size}) is not the whole {ROLE_NAMES[role]} axis", node.name, 5
                 )
             order.append(role)
+            shape4[role] = size
         if order != sorted(order):
             shown = ", ".join(ROLE_NAMES[r] for r in order)
             return Fail(
                 f"mask {root} has axes ({shown}); sdpa masks are laid out [..., S, T] and a reordered mask is not raised",
                 node.name, 5,
             )  # fmt: skip
-        shape4 = [1, 1, 1, 1]
-        for role, size in zip(order, [n for n in shape if n != 1]):
-            shape4[role] = size
         return root, tuple(shape4)
 
     def result(self, chains, orders, mask: MaskPlan, scale, out_layout, group, sizes, d, qk, softmax) -> Attention:

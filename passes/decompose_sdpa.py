@@ -5,8 +5,9 @@ with ``G = Hq / Hkv``, computed in float32 (half operands are cast first, the
 result is cast back)::
 
     scores = (k @ (q.reshape(B, Hkv, G*S, D) * scale)^T)^T  # one matmul per KV head, K read once
+    scores = c * tanh(scores / c)                           # logit_softcap c, when set
     scores = where(mask, scores, lowest) | scores + mask     # viewed as [B, Hkv, G, S, T]
-    out    = softmax(scores) @ v -> reshape(B, Hq, S, Dv)
+    out    = softmax(scores) @ v -> reshape(B, Hq, S, Dv)   # sinks: softmax(concat([scores, sink]))[..., :T]
 
 It is the fused call's math with the query heads of each KV group folded into
 the rows of one matmul, so K/V are never repeated per query head; results
@@ -50,6 +51,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from attnpass.ir import DType, Graph, Node
+from attnpass.ir.dialects.attention import sdpa_operands, sdpa_variants
 
 from .base import Pass, Remarks, require_int
 from .devices import METAL_VECTOR_BUDGET, METAL_VECTOR_MAX_ROWS, metal_vector_serves
@@ -138,7 +140,9 @@ class DecomposeSDPA(Pass):
             why = f"q_len {s}, gqa {gqa}, head dims {d}/{dv}: MLX's Metal vector kernel does not serve it"
         else:
             why = CPU_UNFUSED[self.target]
-        return _Plan(f"strategy decomposed ({on}): {why}; {folded}")
+        variants = sdpa_variants(node.attrs)
+        extra = f"; {variants} written out (a sink: one more softmax column, dropped before @ v)" if variants else ""
+        return _Plan(f"strategy decomposed ({on}): {why}; {folded}{extra}")
 
 
 def _rewrite(rw: Rewriter, plan: _Plan) -> None:
@@ -152,9 +156,21 @@ def _rewrite(rw: Rewriter, plan: _Plan) -> None:
     # transpose all of K first, twice as slow at decode)
     scores_t = rw.op("matmul", [k, rw.transpose(folded, (0, 1, 3, 2), "q_t")], hint="scores_t")
     scores = rw.transpose(scores_t, (0, 1, 3, 2), "scores")
-    if len(node.inputs) == 4:
-        scores = _masked(rw, rw.reshape(scores, (b, hkv, g, s, t), "scores"), node.inputs[3], hkv, g)
+    cap = node.attrs["logit_softcap"]
+    if cap is not None:
+        c = rw.scalar(cap, DType.float32, "cap")
+        capped = rw.op("tanh", [rw.op("div", [scores, c], hint="scores")], hint="scores")
+        scores = rw.op("mul", [capped, c], hint="scores")
+    mask, sinks = sdpa_operands(node.inputs, node.attrs["has_sinks"])
+    if mask is not None:
+        scores = _masked(rw, rw.reshape(scores, (b, hkv, g, s, t), "scores"), mask, hkv, g)
+    if sinks is not None:  # one more softmax column per query head, dropped before @ v
+        sink = rw.reshape(rw.cast(sinks, DType.float32, "sinks"), (1, hkv, g, 1, 1), "sinks")
+        column = rw.broadcast(sink, (b, hkv, g, s, 1), "sinks")
+        scores = rw.concat([rw.reshape(scores, (b, hkv, g, s, t), "scores"), column], 4, "scores")
     probs = rw.op("softmax", [scores], {"axis": -1}, "probs")
+    if sinks is not None:
+        probs = rw.slice_axis(probs, 4, 0, t, hint="probs")
     out = rw.op("matmul", [rw.reshape(probs, (b, hkv, g * s, t), "probs"), v], hint="attended")
     rw.replace_matched(rw.cast(rw.reshape(out, (b, hq, s, dv), "attended"), node.type.dtype, f"{node.name}_out"))
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from attnpass.ir import Graph, Node
+from attnpass.ir.dialects.attention import sdpa_operands
 
 from .base import Remarks, require_int
 from .devices import METAL_VECTOR_BUDGET
@@ -81,7 +82,8 @@ def _match(budget: int):
                 return Decline(f"q_len {s} > {budget}: wide rows stay unchanged")
             return Decline(f"q_len*gqa = {s * gqa} <= {budget} (q_len {s}, gqa {gqa}): fits the fused budget")
         hpc, chunks = plan
-        mask = graph.node(node.inputs[3]).type.shape if len(node.inputs) == 4 else None
+        mask_value = sdpa_operands(node.inputs, node.attrs["has_sinks"])[0]
+        mask = graph.node(mask_value).type.shape if mask_value is not None else None
         slice_mask = mask is not None and len(mask) >= 3 and mask[-3] == hq
         if mask is None:
             masked = "no mask"
@@ -97,6 +99,7 @@ def _match(budget: int):
             f"q_len*gqa = {s * gqa} > {budget} (q_len {s}, gqa {gqa}): {chunks} subcalls with "
             f"heads_per_chunk {hpc} ({sizes} per KV group, {hkv} KV group(s)), one-head K/V slices, "
             f"concat in head order; {masked}"
+            + ("; sinks [Hq] sliced per chunk (one logit per query head)" if node.attrs["has_sinks"] else "")
         )
         return _Plan(hpc, chunks, slice_mask, message)
 
@@ -107,7 +110,7 @@ def _rewrite(rw: Rewriter, plan: _Plan) -> None:
     """One sdpa per chunk over its KV group's one-head K/V slices, concatenated in head order."""
     node = rw.anchor
     q, k, v = node.inputs[:3]
-    mask = node.inputs[3] if len(node.inputs) == 4 else None
+    mask, sinks = sdpa_operands(node.inputs, node.attrs["has_sinks"])
     hq, s = rw.type(q).shape[1:3]
     hkv = rw.type(k).shape[1]
     name, outs = node.name, []
@@ -120,6 +123,8 @@ def _rewrite(rw: Rewriter, plan: _Plan) -> None:
             operands.append(rw.slice_axis(mask, rw.type(mask).rank - 3, h0, h1, hint=f"{name}_m{i}"))
         elif mask is not None:
             operands.append(mask)
+        if sinks is not None:
+            operands.append(rw.slice_axis(sinks, 0, h0, h1, hint=f"{name}_sinks{i}"))
         outs.append(rw.op("sdpa", operands, node.attrs, f"{name}_c{i}"))
     rw.replace_matched(rw.concat(outs, 1, f"{name}_heads"))
     if _FIRST_ENGAGEMENT.acquire(blocking=False):

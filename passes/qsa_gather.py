@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from attnpass.ir import DType, Graph, Node
+from attnpass.ir.dialects.attention import sdpa_variants
 from attnpass.ir.dialects import min_width
 
 from .base import Remarks, require_int
@@ -110,6 +111,9 @@ class QSAGather(SwitchedPass):
 
     def _match(self, graph: Graph, node: Node) -> _Match | Decline:
         """The matched pattern, or why the masked path is kept (with the numbers)."""
+        variants = sdpa_variants(node.attrs)
+        if variants:
+            return _kept(f"sdpa has {variants}; the QSA gather form has neither")
         if len(node.inputs) < 4:
             return _kept("sdpa has no mask, so it is not a masked QSA attention")
         if node.attrs["causal"] != "none":

@@ -121,13 +121,30 @@ def _mask(rw: Rewriter, plan: MaskPlan, dtype: DType, hint: str) -> str | None:
     return rw.op("where", [allowed, bias, rw.scalar(float("-inf"), rw.type(bias).dtype, f"{hint}_fill")], hint=hint)
 
 
+def _sinks(rw: Rewriter, m: Attention, hq: int, hint: str) -> str | None:
+    """sdpa's ``[Hq]`` sinks from the matched sink column (a splat: one value for every head), in a dtype
+    sdpa takes (q's, or any float with float32 q)."""
+    if m.sinks is None:
+        return None
+    if isinstance(m.sinks, float):
+        return rw.broadcast(rw.scalar(m.sinks, m.dtype, hint), (hq,), hint)
+    root, shape4 = m.sinks
+    sinks = rw.reshape(root, (shape4[1],), hint)
+    if shape4[1] != hq:
+        sinks = rw.broadcast(sinks, (hq,), hint)
+    if rw.type(sinks).dtype is not m.dtype and m.dtype is not DType.float32:
+        sinks = rw.cast(sinks, m.dtype, hint)
+    return sinks
+
+
 def _attention_rewrite(rw: Rewriter, m: Attention) -> None:
     name = m.pv.name
     operands = [_operand(rw, x, m.dtype, f"{name}_{role}") for role, x in zip("qkv", (m.q, m.k, m.v))]
     mask = _mask(rw, m.mask, m.dtype, f"{name}_mask")
-    out = rw.op(
-        "sdpa", operands + ([mask] if mask is not None else []), {"scale": m.scale, "causal": "none"}, f"{name}_sdpa"
-    )
+    sinks = _sinks(rw, m, rw.type(operands[0]).shape[1], f"{name}_sinks")
+    attrs = {"scale": m.scale, "causal": "none", "has_sinks": sinks is not None, "logit_softcap": m.softcap}
+    operands += ([mask] if mask is not None else []) + ([sinks] if sinks is not None else [])
+    out = rw.op("sdpa", operands, attrs, f"{name}_sdpa")
     split, perm = la.view_plan(m.out_layout, rw.type(out).shape)  # [B, H, S, D] laid out as P·V was
     rw.replace_matched(rw.relayout(out, split, perm, m.pv.type.shape, f"{name}_out"), prune=True)
 

@@ -17,6 +17,9 @@ moves where, exactly:
   negative scale or one that shrinks a finite fill above half the dtype's
   min is declined; a finite fill followed by an additive mask is declined
   (their sum is no longer a fill);
+- a soft-cap ``tanh(s / c) · c`` (gemma2) is sdpa's ``logit_softcap`` when it
+  follows every scale and precedes every mask (sdpa caps the scaled scores,
+  then masks); one after a mask or before a further scale is declined;
 - several bool masks combine with ``logical_and``, a bool and an additive
   mask with ``where(bool, additive, -inf)`` (both exact); two additive masks
   are declined (their sum would round).
@@ -58,8 +61,9 @@ NOT_SDPA = {  # ops on the scores path that sdpa cannot express, with what famil
 
 @dataclass(frozen=True)
 class Step:
-    """One op between q·kᵀ and the softmax: ``kind`` is layout, cast, scale, add or where.
+    """One op between q·kᵀ and the softmax: ``kind`` is layout, cast, scale, softcap, add or where.
 
+    A ``softcap`` step is ``tanh(scores / c) · c``, the outer mul its ``node``, ``factor`` the cap ``c``.
     ``scores`` is the operand carrying the scores; ``mask`` the other operand of an add (additive
     mask, ``factor`` -1 for a ``sub``) or the condition of a where (``fill`` its constant fill).
     """
@@ -87,6 +91,7 @@ class ScoreAlgebra:
     scale: float
     additive: MaskUse | None
     bools: tuple[MaskUse, ...]
+    softcap: float | None = None
 
 
 class _ScorePath:
@@ -99,8 +104,9 @@ class _ScorePath:
         if value in self.memo:
             return self.memo[value]
         node = self.g.node(value)
-        while is_transparent(self.g, node) or scale_operand(self.g, node) is not None:
-            node = self.g.node(node.inputs[0] if is_transparent(self.g, node) else scale_operand(self.g, node)[0])
+        while is_transparent(self.g, node) or node.op == "tanh" or scale_operand(self.g, node) is not None:
+            scaled = scale_operand(self.g, node)
+            node = self.g.node(node.inputs[0] if scaled is None else scaled[0])
         if node.op == "matmul":
             found = True
         elif depth > 8 or node.op not in ("add", "sub", "where"):
@@ -114,6 +120,9 @@ class _ScorePath:
         g = self.g
         if is_transparent(g, node):
             return Step(node, "cast" if node.op == "cast" else "layout", node.inputs[0])
+        capped = _softcap(g, node)
+        if capped is not None:
+            return capped
         scaled = scale_operand(g, node)
         if scaled is not None:
             return Step(node, "scale", scaled[0], factor=scaled[1])
@@ -157,6 +166,17 @@ class _ScorePath:
             "sdpa computes softmax(q·kᵀ·scale + mask)",
             node.name,
         )
+
+
+def _softcap(graph: Graph, node: Node) -> Step | None:
+    """``tanh(s / c) · c`` (or ``tanh(s · (1/c)) · c``) ending at ``node``: a softcap step with cap ``c``."""
+    outer = scale_operand(graph, node)
+    if outer is None or graph.node(outer[0]).op != "tanh" or outer[1] <= 0:
+        return None
+    inner = scale_operand(graph, graph.node(graph.node(outer[0]).inputs[0]))
+    if inner is None or not math.isclose(inner[1] * outer[1], 1.0, rel_tol=1e-12):
+        return None
+    return Step(node, "softcap", inner[0], factor=outer[1])
 
 
 def score_steps(graph: Graph, value: str) -> tuple[list[Step], Node] | Decline:
@@ -210,6 +230,24 @@ def _fill_at_softmax(graph: Graph, fill: float, dtype: DType, later: list[Step])
 
 def score_algebra(graph: Graph, steps: list[Step]) -> ScoreAlgebra | Decline:
     """sdpa's scale and masks for ``steps`` (matmul side first), or the step that cannot move."""
+    caps = [i for i, s in enumerate(steps) if s.kind == "softcap"]
+    for i in caps:
+        step = steps[i]
+        if len(caps) > 1:
+            return Decline(f"two soft-caps reach the scores ({steps[caps[1]].node.name}); sdpa has one", step.node.name)
+        after = next((s for s in steps[i + 1 :] if s.kind == "scale"), None)
+        if after is not None:
+            return Decline(
+                f"the soft-capped scores ({step.node.name}, cap {step.factor:g}) are scaled by {after.factor:g} "
+                f"after the cap ({after.node.name}); sdpa caps the scaled scores last",
+                after.node.name,
+            )
+        before = next((s for s in steps[:i] if s.kind in ("add", "where")), None)
+        if before is not None:
+            return Decline(
+                f"mask step {before.node.name} comes before the soft-cap {step.node.name}; sdpa caps, then masks",
+                before.node.name,
+            )
     later = [1.0] * (len(steps) + 1)  # later[i]: product of the scales after step i
     for i in range(len(steps) - 1, -1, -1):
         later[i] = later[i + 1] * (steps[i].factor if steps[i].kind == "scale" else 1.0)
@@ -268,7 +306,8 @@ def score_algebra(graph: Graph, steps: list[Step]) -> ScoreAlgebra | Decline:
             "fill, where sdpa gives such a row the mean of V (or NaN)",
             other.step.node.name,
         )
-    return ScoreAlgebra(later[0], adds[0] if adds else None, tuple(masks))
+    softcap = steps[caps[0]].factor if caps else None
+    return ScoreAlgebra(later[0], adds[0] if adds else None, tuple(masks), softcap)
 
 
 __all__ = [

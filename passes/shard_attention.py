@@ -70,6 +70,7 @@ from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from attnpass.ir import Graph, Node, format_slice
+from attnpass.ir.dialects.attention import sdpa_variants
 from attnpass.ir.core.sharding import Sharding, format_sharding, normalize_sharding
 
 from .base import Pass, Remarks
@@ -164,6 +165,9 @@ class ShardAttention(Pass):
             return None  # a head-chunk subcall: decided with its group at the concat
         if is_split_partial(graph, node):
             return Decline("a split-KV partial (its sdpa_lse companion reads the same operands): already split")
+        variants = sdpa_variants(node.attrs)
+        if variants:
+            return Decline(f"{variants}: shard-attention does not carry them")
         mask = node.inputs[3] if len(node.inputs) == 4 else None
         return self._undeclared(graph) or self._plan(graph, node, *node.inputs[:3], mask, None, node)
 
@@ -173,6 +177,9 @@ class ShardAttention(Pass):
         calls = _chunk_subcalls(graph, node)
         if calls is None:
             return None
+        variants = sdpa_variants(calls[0].attrs)
+        if variants:
+            return Decline(f"{variants}: shard-attention does not carry them")
         group = _head_chunk_group(graph, node, calls)
         if isinstance(group, Decline):
             return group

@@ -58,6 +58,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from attnpass.ir import DType, Graph, Node
+from attnpass.ir.dialects.attention import sdpa_operands
 
 from .base import Pass, Remarks, require_int
 from .registry import register_pass
@@ -81,6 +82,8 @@ class SplitPlan:
     cells: str | None  # the gathered form's cell indices (1-D, or [B, S, 1, W] batched), None for the dense form
     kv_len: int
     batched: bool = False  # the batched multi-row gather form (cells [B, S, 1, W])
+    sinks: bool = False
+    softcap: float | None = None
 
     def describe(self) -> str:
         form = (
@@ -93,6 +96,8 @@ class SplitPlan:
             f"{self.shards} T-shards of {self.kv_len // self.shards} keys (kv_len {self.kv_len}) of "
             f"{self.k_source}/{self.v_source}: one batched partial sdpa + sdpa_lse, combined exactly in "
             f"float32 by log-sum-exp weights; {form}"
+            + (f"; logit_softcap {self.softcap:g} kept by every partial and its sdpa_lse" if self.softcap else "")
+            + ("; sinks added once, to the combine's denominator (weight exp(sink - max))" if self.sinks else "")
         )
 
 
@@ -204,13 +209,17 @@ def match_split(graph: Graph, node: Node, shards: int) -> SplitPlan | Decline:
         k_source, v_source = k.name, v.name
     kv_len = graph.node(k_source).type.shape[2]
     keys = k.type.shape[2]
-    if len(node.inputs) == 4 and graph.node(node.inputs[3]).type.shape[-1:] != (keys,):
-        return Decline(f"the mask {node.inputs[3]} broadcasts over the keys (last dimension is not {keys})")
+    mask, sinks = sdpa_operands(node.inputs, node.attrs["has_sinks"])
+    if mask is not None and graph.node(mask).type.shape[-1:] != (keys,):
+        return Decline(f"the mask {mask} broadcasts over the keys (last dimension is not {keys})")
+    if sinks is not None and (row_gather is not None or gathered):
+        return Decline("sinks with the gathered form: its rows without a slot are the mean of V, not 0")
     if kv_len % shards:
         return Decline(f"kv_len {kv_len} of {k_source} is not divisible by {shards} shards")
+    variants = {"sinks": sinks is not None, "softcap": node.attrs["logit_softcap"]}
     if row_gather is not None:
-        return SplitPlan(shards, k_source, v_source, row_gather.cells, kv_len, batched=True)
-    return SplitPlan(shards, k_source, v_source, k.inputs[1] if gathered else None, kv_len)
+        return SplitPlan(shards, k_source, v_source, row_gather.cells, kv_len, batched=True, **variants)
+    return SplitPlan(shards, k_source, v_source, k.inputs[1] if gathered else None, kv_len, **variants)
 
 
 def rewrite_split(rw: Rewriter, plan: SplitPlan, place: Place) -> str:
@@ -221,10 +230,10 @@ def rewrite_split(rw: Rewriter, plan: SplitPlan, place: Place) -> str:
     dv = rw.type(node.inputs[2]).shape[3]
     tn = plan.kv_len // n
     name = node.name
-    mask = node.inputs[3] if len(node.inputs) == 4 else None
+    mask, sinks = sdpa_operands(node.inputs, node.attrs["has_sinks"])
     bool_mask = mask is not None and rw.type(mask).dtype is DType.bool
     live = None  # bool [1, 1, S, 1]: the rows causality leaves a key (None: all), when the mask is additive
-    if plan.cells is None and mask is not None and not bool_mask:
+    if plan.cells is None and mask is not None and not bool_mask and sinks is None:  # with sinks such a row is 0
         live = _causal_live_rows(rw, node.attrs["causal"], s, plan.kv_len)
         if live is not None:  # rows without keys: zero query (and zero mask below), equal weights
             q = rw.op("where", [live, q, rw.scalar(0.0, rw.type(q).dtype, "zero")], hint=f"{name}_q_live")
@@ -262,12 +271,12 @@ def rewrite_split(rw: Rewriter, plan: SplitPlan, place: Place) -> str:
             place(value, ("shard", "heads", None, None))
         mask = _owned_mask(rw, mask, owned, n, b, hq, s, place)
     operands = [q_rep, k_split, v_split] + ([mask] if mask is not None else [])
-    attrs = {"scale": node.attrs["scale"], "causal": "none"}
+    attrs = {"scale": node.attrs["scale"], "causal": "none", "logit_softcap": node.attrs["logit_softcap"]}
     partial = rw.op("sdpa", operands, attrs, f"{name}_partial")
     place(partial, ("shard", "heads", None, None))
     lse = rw.op("sdpa_lse", operands, attrs, f"{name}_lse")
     place(lse, ("shard", "heads", None))
-    return _combine(rw, partial, lse, (n, b, hq, s, dv), node.type.dtype, place)
+    return _combine(rw, partial, lse, (n, b, hq, s, dv), node.type.dtype, place, sinks)
 
 
 def _split_keys5(rw: Rewriter, x: str, n: int, place: Place, hint: str) -> str:
@@ -403,9 +412,13 @@ def _owned_mask(rw: Rewriter, mask: str | None, owned: str, n: int, b: int, hq: 
 
 
 def _combine(
-    rw: Rewriter, partial: str, lse: str, shape: tuple[int, int, int, int, int], dtype: DType, place: Place
-) -> str:
-    """``sum_i w_i o_i / sum_i w_i`` with ``w_i = exp(l_i - max_j l_j)`` in float32, cast back to ``dtype``."""
+    rw: Rewriter, partial: str, lse: str, shape: tuple[int, int, int, int, int], dtype: DType, place: Place,
+    sinks: str | None = None,
+) -> str:  # fmt: skip
+    """``sum_i w_i o_i / sum_i w_i`` with ``w_i = exp(l_i - max_j l_j)`` in float32, cast back to ``dtype``.
+
+    ``sinks`` ``[Hq]``: one more term of the denominator, once, ``exp(sink - max)`` (the max taken with it),
+    carrying no value; a row no shard attends is then 0."""
     n, b, hq, s, dv = shape
     name = rw.anchor.name
     o = rw.cast(rw.reshape(partial, shape, f"{name}_parts"), DType.float32, f"{name}_parts")
@@ -413,6 +426,10 @@ def _combine(
     for value in (o, lse5):
         place(value, ("shard", "batch", "heads", None, None))
     peak = rw.op("max", [lse5], {"axes": (0,), "keepdims": True}, f"{name}_lse_max")
+    sink = None
+    if sinks is not None:
+        sink = rw.reshape(rw.cast(sinks, DType.float32, f"{name}_sinks"), (1, 1, hq, 1, 1), f"{name}_sinks")
+        peak = rw.op("maximum", [peak, sink], hint=f"{name}_lse_max")
     zero = rw.scalar(0.0, DType.float32, "zero")
     # No shard attends a key (every l_i = -inf): each partial is the mean of its T/n values; weigh them equally.
     none = rw.op("equal", [peak, rw.scalar(-math.inf, DType.float32, "neg_inf")], hint=f"{name}_no_key")
@@ -424,6 +441,9 @@ def _combine(
     )
     num = rw.op("sum", [weighted], {"axes": (0,)}, f"{name}_num")
     den = rw.op("sum", [weight], {"axes": (0,)}, f"{name}_den")
+    if sink is not None:  # peak is finite here (at least the sink), so `none` is False
+        sink_weight = rw.op("exp", [rw.op("sub", [sink, peak], hint=f"{name}_sink_shift")], hint=f"{name}_sink_weight")
+        den = rw.op("add", [den, rw.reshape(sink_weight, (b, hq, s, 1), f"{name}_sink_weight")], hint=f"{name}_den")
     for value in (num, den):
         place(value, ("batch", "heads", None, None))
     out = rw.cast(rw.op("div", [num, den], hint=f"{name}_combined"), dtype, f"{name}_combined")

@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .registry import get_op
+from .registry import get_op, registered_ops
 from .sharding import Sharding, parse_mesh
 from .types import AttnpassError, DType, GraphFormatError, TensorType, short_repr
 
@@ -66,7 +66,10 @@ def format_slice(node: "Node") -> str:
 
 def format_node(node: "Node", settings: PrintSettings = PrintSettings()) -> str:
     """``name:type = op[attrs] operands`` for one node."""
-    attrs = ", ".join(f"{k}={_format_value(v)}" for k, v in node.attrs.items())
+    op = registered_ops().get(node.op)
+    specs = op.attrs if op is not None else {}
+    shown = {k: v for k, v in node.attrs.items() if not (k in specs and specs[k].quiet and v == specs[k].default)}
+    attrs = ", ".join(f"{k}={_format_value(v)}" for k, v in shown.items())
     head = f"{node.name}:{format_type(node.type, node.sharding)} = {node.op}{f'[{attrs}]' if attrs else ''}"
     line = " ".join([head, *node.inputs])
     if settings.show_locs and node.loc is not None:

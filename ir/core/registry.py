@@ -22,11 +22,13 @@ _REQUIRED = object()
 
 @dataclass(frozen=True)
 class AttrSpec:
-    """An attribute's validator (normalizes or raises ``ValueError``) and default."""
+    """An attribute's validator (normalizes or raises ``ValueError``) and default; ``quiet``: the printer
+    leaves it out while it has its default (an opt-in variant, so older graphs print as before)."""
 
     kind: str
     check: Callable[[Any], AttrValue]
     default: Any = _REQUIRED
+    quiet: bool = False
 
     @property
     def required(self) -> bool:
@@ -109,10 +111,10 @@ def _dtype(v: Any) -> DType:
         raise ValueError(str(exc)) from None
 
 
-def attr(kind: str, default: Any = _REQUIRED) -> AttrSpec:
+def attr(kind: str, default: Any = _REQUIRED, *, quiet: bool = False) -> AttrSpec:
     """Build an attribute spec. Kinds: int, ints, bool, float, float?, str?, scalars, dtype, or ``choice:a|b``."""
     if kind.startswith("choice:"):
-        return AttrSpec(kind, _choice(*kind[len("choice:") :].split("|")), default)
+        return AttrSpec(kind, _choice(*kind[len("choice:") :].split("|")), default, quiet)
     checks = {
         "int": _int,
         "ints": _ints,
@@ -123,7 +125,7 @@ def attr(kind: str, default: Any = _REQUIRED) -> AttrSpec:
         "scalars": _scalars,
         "dtype": _dtype,
     }
-    return AttrSpec(kind, checks[kind], default)
+    return AttrSpec(kind, checks[kind], default, quiet)
 
 
 @dataclass(frozen=True)

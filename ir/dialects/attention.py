@@ -30,9 +30,30 @@ def _infer_softmax(ts, *, axis, precise):
 CAUSAL_KINDS = ("none", "top_left", "bottom_right")
 
 
-def _infer_sdpa(ts, *, scale, causal):
+def sdpa_operands(node_or_types, has_sinks: bool) -> tuple:
+    """``(mask, sinks)`` of an sdpa/sdpa_lse's operands (inputs or types), each None when absent."""
+    rest = list(node_or_types)[3:]
+    sinks = rest.pop() if has_sinks and rest else None
+    return (rest[0] if rest else None), sinks
+
+
+def sdpa_variants(attrs) -> str | None:
+    """``"sinks"``, ``"logit_softcap=c"`` or both, for the variants an sdpa's ``attrs`` turn on (None: neither)."""
+    parts = (["sinks"] if attrs.get("has_sinks") else []) + (
+        [f"logit_softcap={attrs['logit_softcap']:g}"] if attrs.get("logit_softcap") is not None else []
+    )
+    return " and ".join(parts) or None
+
+
+def _infer_sdpa(ts, *, scale, causal, has_sinks=False, logit_softcap=None):
     q, k, v = ts[:3]
-    mask = ts[3] if len(ts) == 4 else None
+    if has_sinks and len(ts) == 3:
+        raise ShapeError("sdpa: has_sinks=True but no sinks operand (operands: q, k, v, mask?, sinks)")
+    if not has_sinks and len(ts) == 5:
+        raise ShapeError(f"sdpa: 5 operands but has_sinks=False; the fifth, {ts[4]}, is sinks only with has_sinks=True")
+    mask, sinks = sdpa_operands(ts, has_sinks)
+    if logit_softcap is not None and not logit_softcap > 0:
+        raise ShapeError(f"sdpa: logit_softcap {logit_softcap!r} must be > 0 (None = off)")
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.rank != 4:
             raise ShapeError(f"sdpa: {name} must be rank 4 [B, H, S, D], got {name}={t}")
@@ -61,11 +82,24 @@ def _infer_sdpa(ts, *, scale, causal):
         full = (b, hq, s, t)
         if broadcast_shapes("sdpa mask", mask.shape, full) != full:
             raise ShapeError(f"sdpa: mask {mask} does not broadcast to [B, Hq, S, T] = {list(full)}")
+    if sinks is not None:
+        if sinks.shape != (hq,):
+            raise ShapeError(f"sdpa: sinks {sinks} must be [Hq] = [{hq}] (one logit per query head)")
+        if sinks.dtype is not q.dtype and not (q.dtype is DType.float32 and sinks.dtype in FLOATS):
+            raise ShapeError(
+                f"sdpa: sinks {sinks} must have q's dtype {q.dtype.value} "
+                "(with float32 q, any float dtype, promoted exactly, as MLX does)"
+            )
     return TensorType((b, hq, s, v.shape[3]), q.dtype)
 
 
-def _infer_sdpa_lse(ts, *, scale, causal):
-    b, hq, s, _ = _infer_sdpa(ts, scale=scale, causal=causal).shape
+def _infer_sdpa_lse(ts, *, scale, causal, has_sinks=False, logit_softcap=None):
+    if has_sinks:
+        raise ShapeError(
+            "sdpa_lse: has_sinks=True is not supported: the log-sum-exp is over the keys only; "
+            "a split-KV combine adds the sinks once (valid: has_sinks=False)"
+        )
+    b, hq, s, _ = _infer_sdpa(ts, scale=scale, causal=causal, logit_softcap=logit_softcap).shape
     return TensorType((b, hq, s), DType.float32)
 
 
@@ -83,9 +117,14 @@ register(
 register(
     OpDef(
         "sdpa",
-        ("q", "k", "v", "mask?"),
+        ("q", "k", "v", "mask?", "sinks?"),
         _infer_sdpa,
-        {"scale": attr("float?", None), "causal": attr("choice:" + "|".join(CAUSAL_KINDS), "none")},
+        {
+            "scale": attr("float?", None),
+            "causal": attr("choice:" + "|".join(CAUSAL_KINDS), "none"),
+            "has_sinks": attr("bool", False, quiet=True),
+            "logit_softcap": attr("float?", None, quiet=True),
+        },
         "attention",
         "softmax(q @ k^T * scale + mask) @ v; layout [B, H, S, D]; GQA: query head h uses kv head "
         "h // (Hq / Hkv); scale None = 1/sqrt(D); mask bool (True = attend) or additive in q's dtype (a "
@@ -93,7 +132,10 @@ register(
         "to [B, Hq, S, T]; causal 'top_left' (JAX: query i sees keys <= i) or 'bottom_right' "
         "(MLX: query i sees keys <= i + T - S). A row that the bool mask and causal leave without any key "
         "weighs all T keys equally (the mean of V, as MLX's and JAX's fused calls return); an additive mask "
-        "is added to the scores, so a row of -inf is NaN.",
+        "is added to the scores, so a row of -inf is NaN. logit_softcap c (None = off): the scaled scores become "
+        "c * tanh(s / c) before the mask (gemma2's order). has_sinks: the last operand is sinks, f32-or-q-dtype "
+        "[Hq], one logit per query head that joins each row's softmax denominator and carries no value (MLX's "
+        "sinks=); a row with sinks and no key left is 0.",
     )
 )
 

@@ -147,13 +147,19 @@ def sdpa(
     scale: float | None = None,
     mask: Tensor | None = None,
     causal: str | None = None,
+    sinks: Tensor | None = None,
+    logit_softcap: float | None = None,
 ) -> Tensor:
     """Scaled dot-product attention, layout ``[B, H, S, D]``, GQA when K/V have fewer heads.
 
     ``mask``: bool (True = attend) or additive float, broadcastable to ``[B, Hq, S, T]``.
     ``causal``: None, ``"top_left"`` (JAX ``is_causal``) or ``"bottom_right"`` (MLX ``"causal"``).
+    ``sinks``: ``[Hq]`` logits joining each row's softmax denominator (MLX's ``sinks=``).
+    ``logit_softcap``: c, scaled scores become ``c * tanh(s / c)`` before the mask (gemma2).
     """
-    return _attention("sdpa", q, k, v, scale=scale, mask=mask, causal=causal)
+    operands = [q, k, v] + ([mask] if mask is not None else []) + ([sinks] if sinks is not None else [])
+    attrs = {"scale": scale, "causal": causal or "none", "has_sinks": sinks is not None}
+    return emit("sdpa", operands, {**attrs, "logit_softcap": logit_softcap})
 
 
 def sdpa_lse(q: Tensor, k: Tensor, v: Tensor, **options: Any) -> Tensor:

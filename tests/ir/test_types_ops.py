@@ -175,9 +175,10 @@ def test_wrongly_typed_attribute(op, operands, attrs, message):
 
 def test_attributes_are_normalized_in_spec_order_with_defaults():
     opdef = get_op("sdpa")
-    assert opdef.normalize_attrs({"causal": "top_left", "scale": 1}) == {"scale": 1.0, "causal": "top_left"}
-    assert list(opdef.normalize_attrs({"causal": "top_left", "scale": 1})) == ["scale", "causal"]
-    assert opdef.normalize_attrs({}) == {"scale": None, "causal": "none"}
+    variants = {"has_sinks": False, "logit_softcap": None}
+    assert opdef.normalize_attrs({"causal": "top_left", "scale": 1}) == {"scale": 1.0, "causal": "top_left", **variants}
+    assert list(opdef.normalize_attrs({"causal": "top_left", "scale": 1})) == ["scale", "causal", *variants]
+    assert opdef.normalize_attrs({}) == {"scale": None, "causal": "none", **variants}
     assert get_op("transpose").normalize_attrs({"perm": [1, 0]}) == {"perm": (1, 0)}
     assert get_op("cast").normalize_attrs({"dtype": "bf16"}) == {"dtype": BF16}
 
@@ -188,8 +189,8 @@ def test_attributes_are_normalized_in_spec_order_with_defaults():
         ("add", 1, "add: expected 2 operand(s) (x, y), got 1"),
         ("exp", 2, "exp: expected 1 operand(s) (x), got 2"),
         ("where", 2, "where: expected 3 operand(s) (cond, x, y), got 2"),
-        ("sdpa", 2, "sdpa: expected 3 to 4 operand(s) (q, k, v, mask?), got 2"),
-        ("sdpa", 5, "sdpa: expected 3 to 4 operand(s) (q, k, v, mask?), got 5"),
+        ("sdpa", 2, "sdpa: expected 3 to 5 operand(s) (q, k, v, mask?, sinks?), got 2"),
+        ("sdpa", 6, "sdpa: expected 3 to 5 operand(s) (q, k, v, mask?, sinks?), got 6"),
         ("concat", 0, "concat: expected at least 1 operand(s) (*xs), got 0"),
         ("input", 1, "input: expected 0 operand(s) (), got 1"),
     ],

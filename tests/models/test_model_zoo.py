@@ -25,8 +25,6 @@ zoo = load_example("model_zoo")
 
 # case-name pattern -> attention layers raise-attention raises today (of 2 per mlx-lm model, 1 per JAX case)
 RAISED: list[tuple[str, int]] = [
-    ("gemma2/*", 0),  # tanh logit soft-capping between the scores and the softmax: declined by name
-    ("gpt_oss/*", 0),  # attention sinks (an extra softmax column): declined by name
     ("jax.*", 1),
     ("flax.*", 1),
     ("equinox.*", 1),

@@ -329,6 +329,7 @@ RAISED = re.compile(
     r"P·V in (?P<pv>\w+)"
     r"(?:; .*)?; sdpa\((?P<dtype>\w+)\) rounds as its target does)?"
     r"(?P<fills>(?:; fill \S+ masks exactly while every row's highest unmasked score is >= \S+)*)"
+    r"(?:; logit_softcap (?P<softcap>\S+))?(?:; sinks (?P<sinks>.+))?"
 )
 FILL = re.compile(r"; fill (\S+) masks exactly while every row's highest unmasked score is >= (\S+)")
 STEP = re.compile(r"([·/])([^·/]+)")
@@ -354,6 +355,9 @@ def _raised(before: Graph, after: Graph, r: Remark, m: re.Match, ctx: _Context) 
             exps = {n.name for n in probs if n.op == "exp"}  # the softmax: fused, or its normalizing div
             (sm,) = [n for n in probs if n.op == "softmax" or n.op == "div" and exps & before.ancestors([n.name])]
             assert (m["qk"], m["sm"], m["pv"]) == (qk.type.dtype.short, sm.type.dtype.short, pv.type.dtype.short)
+    cap = call.attrs.get("logit_softcap")
+    assert (m["softcap"] is None) == (cap is None) and (cap is None or float(m["softcap"]) == float(f"{cap:g}"))
+    assert (m["sinks"] is not None) == bool(call.attrs.get("has_sinks")), "sinks stated iff the sdpa has them"
     for fill, bound in FILL.findall(m["fills"]):  # exp(fill - m) is 0 in float64 once m >= fill + 1024
         assert m["mask"] != "none" and float(bound) == float(fill) + 1024, (fill, bound)
         assert float(bound) <= -(2**24 if call.type.dtype is not DType.float16 else 31728), bound  # docs §1.2

@@ -220,15 +220,18 @@ def test_mlx_precise_softmax_in_float32_is_raised_with_its_rounding(rng):
 
 
 @requires("mlx.core")
-def test_attention_sinks_are_declined_with_the_reason(rng):
+def test_attention_sinks_are_raised_to_sdpa_sinks(rng):
     import mlx.core as mx
 
     attention, x = llama_attention(mx.float32, sinks=True)
     imported = from_mlx(attention, x)
     result = _raise(imported.graph)
     (remark,) = _decisions(result, "attention")
-    assert not _sdpas(result.graph) and remark.kind == "declined"
-    assert "attention sinks, as gpt_oss and MLX's sinks=); sdpa has no sinks" in remark.message
+    (sdpa,) = _sdpas(result.graph)
+    assert remark.kind == "applied" and "sinks" in remark.message and sdpa.attrs["has_sinks"]
+    expected = np.array(attention(x))
+    for target in ("numpy", "mlx"):
+        assert_close(run(lower(result.graph, target), np.array(x), **imported.params), expected)
 
 
 @requires("mlx.core")
@@ -327,15 +330,20 @@ def test_a_step_on_the_scores_sdpa_lacks_is_declined_by_name():
 
 
 @pytest.mark.skipif("tanh" not in registered_ops(), reason="the tanh op is not registered")
-def test_logit_soft_capping_is_declined_by_name():
+@pytest.mark.parametrize("outer, raised", [(50.0, True), (40.0, False)], ids=["cap", "not-a-cap"])
+def test_logit_soft_capping_is_raised_or_declined_by_name(outer, raised):
     def attention(q, k, v, m):
         scores = ops.matmul(q, ops.transpose(_repeat(k), (0, 1, 3, 2)))
-        capped = ops.mul(ops.emit("tanh", [ops.div(scores, 50.0)]), 50.0)
+        capped = ops.mul(ops.emit("tanh", [ops.div(scores, 50.0)]), outer)
         return ops.matmul(_softmax(capped), _repeat(v))
 
     result = _raise(trace(attention, *_specs()))
     (remark,) = _decisions(result, "attention")
-    assert remark.kind == "declined" and "logit soft-capping" in remark.message
+    if raised:
+        (sdpa,) = _sdpas(result.graph)
+        assert remark.kind == "applied" and sdpa.attrs["logit_softcap"] == 50.0
+    else:
+        assert remark.kind == "declined" and "logit soft-capping" in remark.message
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,7 @@ from attnpass.lowering.codegen import EmitEnv, Emitter, py_float, py_literal
 from attnpass.lowering.common import (
     array_api_emitters,
     causal_offset,
+    explicit_sdpa_call,
     dtype_expr,
     sdpa_scale,
     update_start,
@@ -23,6 +24,8 @@ from attnpass.lowering.qsa_emitters import QSA_EMITTERS
 
 
 def _sdpa(n: Node, a: list[str], env: EmitEnv) -> str:
+    if n.attrs["has_sinks"] or n.attrs["logit_softcap"] is not None:  # jax.nn.dot_product_attention has neither
+        return explicit_sdpa_call(n, a, env, "jnp", "attn")
     q, k, v = zero_dead_rows(n, env, "jnp", a[0]), a[1], a[2]
     offset = causal_offset(n, env)
     # jax.nn.dot_product_attention asks for float32 logits from float16 operands (F16_F16_F32), which

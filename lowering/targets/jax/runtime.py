@@ -64,3 +64,4 @@ def _check(op: str, selection: jax.Array, positions: jax.Array, ratio: int, kv_l
 qsa = QSAOps(jnp, top_k=_top_k, put=_put, check=_check)
 qsa_checked = dataclasses.replace(qsa, checks=True)  # the ``qsa`` of programs lowered with checks=True
 sdpa_lse = functools.partial(attention_array_api.sdpa_lse, jnp)  # the ``lse`` helper
+sinks_sdpa = functools.partial(attention_array_api.explicit_sdpa, jnp)  # sdpa with sinks or soft-capping

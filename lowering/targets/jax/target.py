@@ -103,6 +103,7 @@ JAX = Target(
         "qsa": "attnpass.lowering.targets.jax.runtime.qsa",
         "qsa_checked": "attnpass.lowering.targets.jax.runtime.qsa_checked",
         "lse": "attnpass.lowering.targets.jax.runtime.sdpa_lse",
+        "attn": "attnpass.lowering.targets.jax.runtime.sinks_sdpa",
     },
     count_primitives=count_primitives,
     placeholders=placeholders,

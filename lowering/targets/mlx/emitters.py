@@ -5,10 +5,12 @@ from __future__ import annotations
 from typing import Literal
 
 from attnpass.ir import Node
+from attnpass.ir.dialects.attention import sdpa_operands
 from attnpass.lowering.codegen import EmitEnv, Emitter, py_float, py_literal
 from attnpass.lowering.common import (
     array_api_emitters,
     causal_offset,
+    explicit_sdpa_call,
     sdpa_lengths,
     sdpa_scale,
     update_start,
@@ -59,19 +61,24 @@ def _take(n: Node, a: list[str], env: EmitEnv) -> str:
 def mask_kind(n: Node, env: EmitEnv) -> Literal["causal", "array"] | None:
     """What the MLX lowering passes as ``mask``: MLX's own bottom-right ``"causal"``, an array, or nothing."""
     offset = causal_offset(n, env)
-    if len(n.inputs) == 4 or offset is None:
-        return "array" if len(n.inputs) == 4 else None
+    has_mask = sdpa_operands(n.inputs, n.attrs["has_sinks"])[0] is not None
+    if has_mask or offset is None:
+        return "array" if has_mask else None
     s, t = sdpa_lengths(n, env)
     return "causal" if offset == t - s and s <= t else "array"
 
 
 def _sdpa(n: Node, a: list[str], env: EmitEnv) -> str:
+    """MLX's fused call (with ``sinks=``); with logit soft-capping, which it lacks, the explicit form."""
+    if n.attrs["logit_softcap"] is not None:
+        return explicit_sdpa_call(n, a, env, "mx", "attn")
     q, k, v = zero_dead_rows(n, env, "mx", a[0]), a[1], a[2]
+    mask, sinks = sdpa_operands(a, n.attrs["has_sinks"])
     if mask_kind(n, env) == "causal":
         mask = '"causal"'
     else:
-        mask, _ = with_causal(n, env, "mx", a[3] if len(a) == 4 else None, causal_offset(n, env))
-    extra = f", mask={mask}" if mask is not None else ""
+        mask, _ = with_causal(n, env, "mx", mask, causal_offset(n, env))
+    extra = (f", mask={mask}" if mask is not None else "") + (f", sinks={sinks}" if sinks is not None else "")
     return f"mx.fast.scaled_dot_product_attention({q}, {k}, {v}, scale={sdpa_scale(n, env)}{extra})"
 
 

@@ -57,3 +57,4 @@ def _row_major(x: mx.array) -> mx.array:
 qsa = QSAOps(mx, top_k=_top_k, put=_put, check=_check, row_major=_row_major)
 qsa_checked = dataclasses.replace(qsa, checks=True)  # the ``qsa`` of programs lowered with checks=True
 sdpa_lse = functools.partial(attention_array_api.sdpa_lse, mx)  # the ``lse`` helper
+explicit_sdpa = functools.partial(attention_array_api.explicit_sdpa, mx)  # sdpa with logit soft-capping

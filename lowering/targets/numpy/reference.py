@@ -29,12 +29,17 @@ def causal_mask(s: int, t: int, causal: str) -> np.ndarray | None:
     return np.arange(t)[None, :] <= np.arange(s)[:, None] + offset
 
 
-def _scores(q, k, mask, scale: float, causal: str) -> tuple[np.ndarray, np.ndarray | None]:
-    """float64 ``q k^T * scale`` plus an additive mask, and the bool ``[.., S, T]`` of allowed keys (None: all)."""
+def _scores(
+    q, k, mask, scale: float, causal: str, softcap: float | None = None
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """float64 ``q k^T * scale`` (soft-capped: ``c tanh(s / c)``) plus an additive mask, and the bool
+    ``[.., S, T]`` of allowed keys (None: all)."""
     q, k = wide(q), wide(k)
     (b, hq, s, _), (hkv, t) = q.shape, k.shape[1:3]
     folded = q.reshape(b, hkv, (hq // hkv) * s, q.shape[3])
     scores = np.matmul(folded, np.swapaxes(k, -1, -2)).reshape(b, hq, s, t) * scale
+    if softcap is not None:
+        scores = softcap * np.tanh(scores / softcap)
     allowed = causal_mask(s, t, causal)
     if mask is not None:
         mask = np.asarray(mask)
@@ -45,7 +50,9 @@ def _scores(q, k, mask, scale: float, causal: str) -> tuple[np.ndarray, np.ndarr
     return scores, allowed
 
 
-def sdpa(q, k, v, mask=None, *, scale: float, causal: str, dtype: str) -> np.ndarray:
+def sdpa(
+    q, k, v, mask=None, sinks=None, *, scale: float, causal: str, dtype: str, softcap: float | None = None
+) -> np.ndarray:
     """softmax(q k^T * scale + mask) v in float64; query head h reads kv head h // (Hq / Hkv).
 
     The query heads of each KV group are folded into the rows of one matmul
@@ -53,27 +60,35 @@ def sdpa(q, k, v, mask=None, *, scale: float, causal: str, dtype: str) -> np.nda
     ``causal`` exclude keys; a row they leave without any key weighs all ``T``
     keys equally (the mean of V), as MLX's and JAX's fused calls do. An
     additive mask is arithmetic: a row it sets to -inf everywhere is NaN.
+    ``softcap`` c: the scaled scores become ``c tanh(s / c)`` before the mask.
+    ``sinks`` ``[Hq]``: head h's logit joins each of its rows' softmax as one
+    more column without a value; a row without any key then weighs only the
+    sink: 0 (as MLX's fused call gives).
     """
-    scores, allowed = _scores(q, k, mask, scale, causal)
+    scores, allowed = _scores(q, k, mask, scale, causal, softcap)
     (b, hq, s, t), hkv = scores.shape, k.shape[1]
     if allowed is not None:
         scores = np.where(allowed, scores, -np.inf)
-        scores = np.where(np.any(allowed, axis=-1, keepdims=True), scores, 0.0)  # no key left: uniform
-    peak = np.max(scores, axis=-1, keepdims=True)
-    e = np.exp(scores - np.where(np.isfinite(peak), peak, 0.0))
+        if sinks is None:  # no key left: uniform
+            scores = np.where(np.any(allowed, axis=-1, keepdims=True), scores, 0.0)
+    sink = None if sinks is None else np.broadcast_to(wide(sinks).reshape(1, hq, 1, 1), (b, hq, s, 1))
+    peak = np.max(scores if sink is None else np.concatenate([scores, sink], axis=-1), axis=-1, keepdims=True)
+    peak = np.where(np.isfinite(peak), peak, 0.0)
+    e = np.exp(scores - peak)
+    total = np.sum(e, axis=-1, keepdims=True) + (0.0 if sink is None else np.exp(sink - peak))
     with np.errstate(invalid="ignore"):  # an additive row of -inf: 0/0 = NaN, as in MLX and JAX
-        probs = (e / np.sum(e, axis=-1, keepdims=True)).reshape(b, hkv, (hq // hkv) * s, t)
+        probs = (e / total).reshape(b, hkv, (hq // hkv) * s, t)
     return rounded(np.matmul(probs, wide(v)).reshape(b, hq, s, v.shape[3]), dtype)
 
 
-def sdpa_lse(q, k, mask=None, *, scale: float, causal: str) -> np.ndarray:
+def sdpa_lse(q, k, mask=None, *, scale: float, causal: str, softcap: float | None = None) -> np.ndarray:
     """float32 logsumexp over the keys sdpa attends of its logits: -inf for a row with no key.
 
     Unlike sdpa, a row that the bool mask and ``causal`` leave without any key
     is not given uniform weights here: its log-sum-exp is log(0) = -inf, so a
     combine of partial attentions (split-kv) gives it no weight.
     """
-    scores, allowed = _scores(q, k, mask, scale, causal)
+    scores, allowed = _scores(q, k, mask, scale, causal, softcap)
     if allowed is not None:
         scores = np.where(allowed, scores, -np.inf)
     peak = np.max(scores, axis=-1)

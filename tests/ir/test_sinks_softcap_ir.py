@@ -1,0 +1,70 @@
+"""sdpa's sinks operand and logit_softcap attribute in the IR (issue 23): verifier, printer, JSON, fingerprint."""
+
+from __future__ import annotations
+
+import pytest
+
+from attnpass.ir import DType, Graph, ShapeError, TensorSpec, get_op, ops, parse_graph, trace
+
+BF16, F32 = DType.bfloat16, DType.float32
+Q, KV = TensorSpec((1, 4, 3, 8), BF16), TensorSpec((1, 2, 5, 8), BF16)
+
+
+def graph(softcap: float | None = 30.0, sinks_dtype: DType = BF16) -> Graph:
+    return trace(
+        lambda q, k, v, m, s: ops.sdpa(q, k, v, mask=m, sinks=s, logit_softcap=softcap, causal="bottom_right"),
+        Q, KV, KV, TensorSpec((3, 5), DType.bool), TensorSpec((4,), sinks_dtype), name="attention",
+    )  # fmt: skip
+
+
+def test_printed_and_json_forms_round_trip_the_variants():
+    g = graph()
+    (line,) = [line for line in str(g).splitlines() if "= sdpa[" in line]
+    assert "has_sinks=True, logit_softcap=30.0] q k v m s" in line
+    assert parse_graph(str(g)) == g and Graph.from_json(g.to_json()) == g
+    assert parse_graph(str(g)).fingerprint() == Graph.from_json(g.to_json()).fingerprint() == g.fingerprint()
+
+
+def test_an_sdpa_without_the_variants_prints_as_before():
+    g = trace(lambda q, k, v: ops.sdpa(q, k, v), Q, KV, KV)
+    (line,) = [line for line in str(g).splitlines() if "= sdpa[" in line]
+    assert line.endswith("= sdpa[scale=None, causal='none'] q k v")
+
+
+def test_the_fingerprint_tells_each_variant_apart():
+    prints = {graph(c).fingerprint() for c in (None, 30.0, 50.0)}
+    without = trace(lambda q, k, v, m: ops.sdpa(q, k, v, mask=m, causal="bottom_right"),
+                    Q, KV, KV, TensorSpec((3, 5), DType.bool))  # fmt: skip
+    assert len(prints | {without.fingerprint()}) == 4
+
+
+@pytest.mark.parametrize(
+    "attrs, operands, message",
+    [
+        ({"has_sinks": True}, [Q, KV, KV], "has_sinks=True but no sinks operand"),
+        ({}, [Q, KV, KV, TensorSpec((3, 5), DType.bool), TensorSpec((4,), BF16)], "5 operands but has_sinks=False"),
+        ({"has_sinks": True}, [Q, KV, KV, TensorSpec((1, 4), BF16)], r"sinks .*\[1,4\].* must be \[Hq\] = \[4\]"),
+        ({"has_sinks": True}, [Q, KV, KV, TensorSpec((4,), DType.int32)], "must have q's dtype bfloat16"),
+        ({"logit_softcap": 0.0}, [Q, KV, KV], "logit_softcap 0.0 must be > 0"),
+        ({"has_sinks": True}, [Q, KV, KV, TensorSpec((4,), BF16)], None),
+    ],
+)
+def test_the_verifier_names_what_is_wrong(attrs, operands, message):
+    types = [s.type if hasattr(s, "type") else s for s in operands]
+    op = get_op("sdpa")
+    if message is None:
+        assert op.result_type(types, attrs).shape == (1, 4, 3, 8)
+        return
+    with pytest.raises(ShapeError, match=message):
+        op.result_type(types, attrs)
+
+
+def test_float32_q_takes_sinks_of_any_float_dtype():
+    spec = TensorSpec((1, 4, 3, 8), F32), TensorSpec((1, 2, 5, 8), F32)
+    g = trace(lambda q, k, v, s: ops.sdpa(q, k, v, sinks=s), spec[0], spec[1], spec[1], TensorSpec((4,), BF16))
+    assert g.node(g.outputs[0]).attrs["has_sinks"]
+
+
+def test_sdpa_lse_refuses_sinks():
+    with pytest.raises(ShapeError, match="sdpa_lse: has_sinks=True is not supported"):
+        get_op("sdpa_lse").result_type([Q.type, KV.type, KV.type, TensorSpec((4,), BF16).type], {"has_sinks": True})
