@@ -43,7 +43,7 @@ from attnpass.passes.devices import (
     metal_vector_head_dims,
 )
 
-Kernel = Literal["vector", "vector_2pass", "full", "fallback"]
+Kernel = Literal["vector", "vector_2pass", "full", "fallback", "explicit"]  # explicit: no fused call at all
 MaskKind = Literal["causal", "array"] | None
 
 @dataclass(frozen=True)
@@ -115,7 +115,10 @@ def sdpa_routes(program: Program, device: str = "metal", *, arch: str = "g") -> 
     env = EmitEnv(program.graph, MLX)
     routes = []
     for node in program.graph.nodes():
-        if node.op == "sdpa":
+        if node.op == "sdpa" and node.attrs.get("logit_softcap") is not None:
+            reason = "logit_softcap: MLX's fused call has no soft-capping, so the program writes the attention out"
+            routes.append((node.name, Route("explicit", reason)))
+        elif node.op == "sdpa":
             q, k, v = (env.type_of(i) for i in node.inputs[:3])
             route = sdpa_route(
                 q.shape,

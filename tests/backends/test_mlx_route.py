@@ -137,3 +137,23 @@ def test_route_is_a_frozen_record():
     assert r.kernel == "vector" and "q_len*gqa = 8 <= 32" in r.reason
     with pytest.raises(dataclasses.FrozenInstanceError):
         r.kernel = "full"  # type: ignore[misc]
+
+
+@requires("mlx.core")
+def test_a_soft_capped_sdpa_is_predicted_explicit_and_calls_no_fused_attention():
+    """MLX's fused call has no soft-capping: the route says the program writes it out, and the program indeed
+    never calls MLX's fused attention, while a plain sdpa of the same shapes does."""
+
+    def program(cap):
+        def attention(q, k, v):
+            return ops.sdpa(q, k, v, scale=1 / 8, logit_softcap=cap)
+
+        kv = TensorSpec((1, 2, 16, 64), "f32")
+        return lower(trace(attention, TensorSpec((1, 8, 1, 64), "f32"), kv, kv), "mlx")
+
+    capped, plain = program(50.0), program(None)
+    ((_, route),) = sdpa_routes(capped)
+    assert route.kernel == "explicit" and "logit_softcap" in route.reason
+    assert sdpa_routes(plain)[0][1].kernel == "vector"
+    fused = "mx.fast.scaled_dot_product_attention("
+    assert fused not in capped.source and fused in plain.source
