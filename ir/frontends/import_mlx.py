@@ -56,6 +56,7 @@ _BINARY = {
     "Divide": "div",
     "Maximum": "maximum",
     "FloorDivide": "floor_divide",
+    "Remainder": "remainder",
     "Equal": "equal",
     "Less": "less",
     "GreaterEqual": "greater_equal",
@@ -72,6 +73,7 @@ _UNARY = {
 }  # fmt: skip
 _ROUNDING = {"Floor": "floor", "Ceil": "ceil", "Round": "round"}  # the identity on integers
 _ARG_REDUCE = {0: "argmin", 1: "argmax"}  # mlx::core::ArgReduce::ReduceType
+_SCAN = {0: "max", 1: "min", 2: "sum", 3: "prod"}  # mlx::core::Scan::ReduceType; Scan's state: kind, axis, reverse, inclusive
 _NATURAL_LOG = 2  # mlx::core::Log::Base: two, ten, e
 _ALIASES = ("Full", "Copy", "StopGradient")  # materialise or copy their operand: same values
 _RESHAPES = ("Reshape", "Flatten", "Unflatten", "ExpandDims", "Squeeze")  # the output shape says it all
@@ -147,6 +149,10 @@ def _emit(b: GraphBuilder, r: _Record) -> list[str]:
         return [b.op(_ARG_REDUCE[kind], x, {"axis": axis, "keepdims": True})]
     if name == "Convolution":
         return [_conv1d(b, r, *x)]
+    if name == "Scan":
+        kind, axis, reverse, inclusive = r.args
+        operand = x[0] if b.type(x[0]).dtype is out.dtype else b.cast(x[0], out.dtype)  # cumsum of bools: int32
+        return [b.op("scan", [operand], {"kind": _SCAN[kind], "axis": axis, "reverse": reverse, "inclusive": inclusive})]
     if name in _RESHAPES:
         return [b.reshape(x[0], out.shape)]
     if name == "Square":

@@ -294,3 +294,70 @@ def test_host_reads_are_named_at_the_users_line(fn, text):
     assert f"{fn.__name__} reads an array's value on the host at {__file__}:{_line_of(fn, text)}" in message
     assert "Keep the value an array" in message and "static argument" in message
     assert "[eval]" not in message
+
+
+# ----------------------------------------------------------------------------- Scan (cumsum and kin), Remainder
+
+
+SCANS = [
+    lambda x: mx.cumsum(x, axis=-1),  # the issue's repro
+    lambda x: mx.cumsum(x, axis=1, reverse=True),
+    lambda x: mx.cumsum(x, axis=-1, inclusive=False),
+    lambda x: mx.cumsum(x, axis=0, reverse=True, inclusive=False),
+    lambda x: mx.cumprod(x, axis=2),
+    lambda x: mx.cummax(x, axis=-1, reverse=True, inclusive=False),
+    lambda x: mx.cummin(x, axis=1, inclusive=False),
+]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int32"])
+@pytest.mark.parametrize("fn", SCANS, ids=range(len(SCANS)))
+def test_scans_import_with_their_kind_axis_direction_and_inclusiveness(fn, dtype):
+    """MLX's Scan state is (kind, axis, reverse, inclusive); MLX lowers it back to the same mx.cum* call."""
+    rng = np.random.default_rng(6)
+    x = mx.array(rng.integers(-3, 4, (2, 3, 5)).astype(dtype))
+    imported = from_mlx(fn, x)
+    assert _ops(imported.graph) == ["scan"]
+    assert_mlx_import_reproduces(imported, fn, x)
+
+
+def test_a_mamba_style_segment_sum_imports():
+    """Mamba2's segsum: an exclusive-free cumsum of the decay, differenced and masked, then exponentiated."""
+    rng = np.random.default_rng(7)
+    a = mx.array(random_array(rng, (1, 2, 6), "float32"))
+
+    def segsum(a):
+        cs = mx.cumsum(a, axis=-1)
+        diff = cs[..., :, None] - cs[..., None, :]
+        keep = mx.tril(mx.ones((6, 6), dtype=mx.bool_))
+        return mx.exp(mx.where(keep, diff, -mx.inf))
+
+    imported = from_mlx(segsum, a)
+    assert "scan" in _ops(imported.graph)
+    assert_mlx_import_reproduces(imported, segsum, a)
+
+
+def test_cumsum_of_bools_counts_in_int32():
+    x = mx.array(np.array([[True, False, True, True]]))
+    fn = lambda x: mx.cumsum(x, axis=1)  # noqa: E731
+    imported = from_mlx(fn, x)
+    assert _ops(imported.graph) == ["cast", "scan"]
+    _exact_on_mlx_and_numpy(imported, fn, x)
+    assert np.array(fn(x)).tolist() == [[1, 1, 2, 3]]
+
+
+def test_logcumsumexp_is_named_as_unsupported():
+    with pytest.raises((ModelImportError, ValueError), match="CumLogAddExp"):
+        from_mlx(lambda x: mx.logcumsumexp(x, axis=-1), mx.zeros((2, 3)))
+
+
+@pytest.mark.parametrize("dtype", ["int32", "float32"])
+def test_remainder_takes_the_divisors_sign(dtype):
+    """x % y as in Python and mx.remainder, on every sign pairing: bit for bit on every target."""
+    x = mx.array(np.array([-7, 7, -7, 7, 0, -6, 5], dtype))
+    y = mx.array(np.array([3, -3, -3, 3, 5, 3, 2], dtype))
+    imported = from_mlx(lambda x, y: x % y, x, y)
+    assert _ops(imported.graph) == ["remainder"]
+    _exact_on_mlx_and_numpy(imported, lambda x, y: x % y, x, y)
+    got = run(lower(imported.graph, "jax"), np.array(x), np.array(y))
+    np.testing.assert_array_equal(got, [2, -2, -1, 1, 0, 0, 1])
