@@ -290,20 +290,63 @@ def _export_records(fn: Callable, example_args: tuple) -> list[dict]:
     return records
 
 
+_NO_STATE = "[export_function] Unable to get state for primitive "
+
+
 def _export_traced(fn: Callable, example_args: tuple, recorder: LineRecorder) -> list[dict]:
     """The records of ``fn`` with the recorder's extra outputs, or without them (no lines) when they cannot
-    be exported: an array made from an example argument itself rather than from its tracer."""
+    be exported: an array made from an example argument itself rather than from its tracer, or one made by
+    a primitive MLX cannot export (``mx.contiguous`` of a cache's state, which the outputs may not need)."""
     try:
         return _export_records(recorder.wrap(fn, example_args), example_args)
     except ValueError as exc:
-        if "uncaptured inputs" not in str(exc) or not recorder.found:
+        retry = "uncaptured inputs" in str(exc) or (_NO_STATE in str(exc) and "primitive Compiled" not in str(exc))
+        if not retry or not recorder.found:
             raise
     recorder.forget()
     return _export_records(fn, example_args)
 
 
+def _unexportable_error(fn: Callable, exc: ValueError) -> ModelImportError:
+    """MLX's export has no state for a primitive the function's outputs need: name it and what to do."""
+    primitive = str(exc).split(_NO_STATE, 1)[1].strip()
+    return ModelImportError(
+        f"{graph_name(fn, None)} computes its outputs with MLX primitive {primitive}, which mx.export_function "
+        f"cannot export (it records no state for it): {_NO_STATE_HINTS.get(primitive, _NO_STATE_HINT)}"
+    )
+
+
+_NO_STATE_HINT = (
+    "replace the call that makes it (mx.contiguous, a custom Metal kernel, a compiled or fast-path function) "
+    "by plain mlx.core ops, or leave its result out of the function's outputs"
+)
+_NO_STATE_HINTS = {
+    "Contiguous": "mx.contiguous(x) copies x's values; call it as mx.contiguous (the import then reads it as x) "
+    "or drop the call",
+}
+
+
 def _export(fn: Callable, example_args: tuple, recorder: LineRecorder) -> tuple[list[dict], bool]:
-    """The export records of ``fn`` (traced by ``recorder``), and whether compilation had to be turned off for them."""
+    """The export records of ``fn`` (traced by ``recorder``), and whether compilation had to be turned off for them.
+
+    ``mx.contiguous`` is the identity while the export runs: it copies its operand's values, and MLX cannot
+    export its primitive (qwen3_next's cache update ``cache[0] = mx.contiguous(conv_input[:, -n:, :])``).
+    """
+    import mlx.core as mx
+
+    contiguous = mx.contiguous
+    mx.contiguous = _same_values
+    try:
+        return _export_compiled_off_if_needed(fn, example_args, recorder)
+    finally:
+        mx.contiguous = contiguous
+
+
+def _same_values(a: Any, allow_col_major: bool = False) -> Any:
+    return a
+
+
+def _export_compiled_off_if_needed(fn: Callable, example_args: tuple, recorder: LineRecorder) -> tuple[list[dict], bool]:
     import mlx.core as mx
 
     try:
@@ -367,6 +410,8 @@ def from_mlx(fn: Callable, *example_args: Any, name: str | None = None, inline_l
     try:
         records, compile_off = _export(fn, example_args, recorder)
     except ValueError as exc:
+        if _NO_STATE in str(exc):
+            raise _unexportable_error(fn, exc) from None
         if _HOST_READ not in str(exc):
             raise
         raise _host_read_error(fn, exc) from None

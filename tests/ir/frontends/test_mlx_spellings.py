@@ -346,9 +346,42 @@ def test_cumsum_of_bools_counts_in_int32():
     assert np.array(fn(x)).tolist() == [[1, 1, 2, 3]]
 
 
-def test_logcumsumexp_is_named_as_unsupported():
-    with pytest.raises((ModelImportError, ValueError), match="CumLogAddExp"):
+def test_a_primitive_mlx_cannot_export_is_named():
+    """mx.logcumsumexp's CumLogAddExp has no export state: a ModelImportError naming it and what to do."""
+    with pytest.raises(ModelImportError, match=r"MLX primitive CumLogAddExp, which mx.export_function cannot export"):
         from_mlx(lambda x: mx.logcumsumexp(x, axis=-1), mx.zeros((2, 3)))
+
+
+def test_contiguous_imports_as_its_operand_and_mx_contiguous_is_restored():
+    """qwen3_next's conv-state update: mx.contiguous copies values; MLX cannot export its primitive."""
+    original = mx.contiguous
+    state = mx.zeros((1, 3, 4))
+
+    def step(x):
+        window = mx.concatenate([state, x], axis=1)
+        return window.sum(axis=1), mx.contiguous(window[:, -3:, :].swapaxes(1, 2))
+
+    x = mx.array(random_array(np.random.default_rng(8), (1, 5, 4), "float32"))
+    imported = from_mlx(step, x)
+    assert mx.contiguous is original
+    expected = [np.array(a) for a in step(x)]
+    for got, want in zip(run(lower(imported.graph, "mlx"), x, **imported.params), expected):
+        np.testing.assert_array_equal(got, want)
+    with pytest.raises(ModelImportError):
+        from_mlx(lambda x: mx.contiguous(mx.logcumsumexp(x, axis=-1)), x)
+    assert mx.contiguous is original
+
+
+def test_a_helper_compiled_with_mx_compile_imports():
+    @mx.compile
+    def gate(a, b):
+        return mx.tanh(a) * b
+
+    x = mx.array(random_array(np.random.default_rng(9), (2, 3), "float32"))
+    fn = lambda x: gate(x, x + 1) + 2  # noqa: E731
+    imported = from_mlx(fn, x)
+    assert "tanh" in _ops(imported.graph)
+    assert_mlx_import_reproduces(imported, fn, x)
 
 
 @pytest.mark.parametrize("dtype", ["int32", "float32"])
