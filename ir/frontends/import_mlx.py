@@ -232,6 +232,10 @@ def _emit(b: GraphBuilder, r: _Record) -> list[str]:
     if name == "ArgPartition":
         kth, axis = r.args
         return [b.op("argpartition", x, {"kth": kth, "axis": axis})]
+    if name == "Partition":  # mx.partition, mx.topk: the values at argpartition's indices
+        kth, axis = r.args
+        order = b.op("argpartition", x, {"kth": kth, "axis": axis})
+        return [b.op("take_along_axis", [x[0], order], {"axis": axis})]
     if name == "ScatterAxis":
         kind, axis = r.args
         if kind != 1:

@@ -394,3 +394,40 @@ def test_remainder_takes_the_divisors_sign(dtype):
     _exact_on_mlx_and_numpy(imported, lambda x, y: x % y, x, y)
     got = run(lower(imported.graph, "jax"), np.array(x), np.array(y))
     np.testing.assert_array_equal(got, [2, -2, -1, 1, 0, 0, 1])
+
+
+# ----------------------------------------------------------------------------- Partition (mx.partition, mx.topk)
+
+
+def _sides(a: np.ndarray, kth: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """What a partition defines along the last axis: the sorted values before kth, the kth value, those after."""
+    return np.sort(a[..., :kth], axis=-1), a[..., kth], np.sort(a[..., kth + 1 :], axis=-1)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int32"])
+def test_partition_values_import_as_a_gather_of_argpartition(dtype):
+    """Each side's values (as a set) and the kth value are MLX's on every target; the order inside a side is
+    the target's (argpartition)."""
+    rng = np.random.default_rng(10)
+    x = mx.array(rng.integers(-4, 5, (3, 2, 7)).astype(dtype))  # ties everywhere
+    fn = lambda x: mx.partition(x, 3, axis=-1)  # noqa: E731
+    imported = from_mlx(fn, x)
+    assert _ops(imported.graph) == ["argpartition", "take_along_axis"]
+    expected = _sides(np.array(fn(x)), 3)
+    for target in ("numpy", "mlx", "jax"):
+        got = run(lower(imported.graph, target), np.array(x))
+        for side, want in zip(_sides(got, 3), expected):
+            np.testing.assert_array_equal(side, want)
+
+
+def test_bailing_moe_v3_group_scores_topk_sum():
+    """bailing_moe_v3's router: mx.topk(scores, 2).sum(-1) (recorded as Partition then a slice): the sum of
+    each row's two largest values, the same set on every target (summed in the target's order)."""
+    rng = np.random.default_rng(11)
+    scores = mx.array(random_array(rng, (1, 7, 2, 8), "float32"))
+    fn = lambda s: mx.topk(s, 2, axis=-1).sum(axis=-1, keepdims=True)  # noqa: E731
+    imported = from_mlx(fn, scores)
+    assert "argpartition" in _ops(imported.graph)
+    assert_mlx_import_reproduces(imported, fn, scores)
+    top2 = np.sort(np.array(scores).astype(np.float64), axis=-1)[..., -2:].sum(axis=-1, keepdims=True)
+    np.testing.assert_allclose(run(lower(imported.graph, "numpy"), np.array(scores)), top2, rtol=1e-6)
