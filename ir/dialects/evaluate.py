@@ -195,4 +195,6 @@ def evaluate(op: str, attrs: Mapping, operands: Sequence[np.ndarray], result: Te
     return np.array(np.broadcast_to(out, result.shape), dtype=result.dtype.numpy)
 
 
-__all__ = ["EVALUATORS", "constant", "conv1d", "evaluate", "remainder", "rounded", "scan", "scan_identity", "softmax", "wide"]
+__all__ = [
+    "EVALUATORS", "constant", "conv1d", "evaluate", "remainder", "rounded", "scan", "scan_identity", "softmax", "wide",
+]  # fmt: skip

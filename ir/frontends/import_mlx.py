@@ -73,7 +73,8 @@ _UNARY = {
 }  # fmt: skip
 _ROUNDING = {"Floor": "floor", "Ceil": "ceil", "Round": "round"}  # the identity on integers
 _ARG_REDUCE = {0: "argmin", 1: "argmax"}  # mlx::core::ArgReduce::ReduceType
-_SCAN = {0: "max", 1: "min", 2: "sum", 3: "prod"}  # mlx::core::Scan::ReduceType; Scan's state: kind, axis, reverse, inclusive
+# mlx::core::Scan::ReduceType; a Scan's state is (kind, axis, reverse, inclusive)
+_SCAN = {0: "max", 1: "min", 2: "sum", 3: "prod"}
 _NATURAL_LOG = 2  # mlx::core::Log::Base: two, ten, e
 _ALIASES = ("Full", "Copy", "StopGradient")  # materialise or copy their operand: same values
 _RESHAPES = ("Reshape", "Flatten", "Unflatten", "ExpandDims", "Squeeze")  # the output shape says it all
@@ -152,7 +153,8 @@ def _emit(b: GraphBuilder, r: _Record) -> list[str]:
     if name == "Scan":
         kind, axis, reverse, inclusive = r.args
         operand = x[0] if b.type(x[0]).dtype is out.dtype else b.cast(x[0], out.dtype)  # cumsum of bools: int32
-        return [b.op("scan", [operand], {"kind": _SCAN[kind], "axis": axis, "reverse": reverse, "inclusive": inclusive})]
+        attrs = {"kind": _SCAN[kind], "axis": axis, "reverse": reverse, "inclusive": inclusive}
+        return [b.op("scan", [operand], attrs)]
     if name in _RESHAPES:
         return [b.reshape(x[0], out.shape)]
     if name == "Square":
@@ -350,7 +352,9 @@ def _same_values(a: Any, allow_col_major: bool = False) -> Any:
     return a
 
 
-def _export_compiled_off_if_needed(fn: Callable, example_args: tuple, recorder: LineRecorder) -> tuple[list[dict], bool]:
+def _export_compiled_off_if_needed(
+    fn: Callable, example_args: tuple, recorder: LineRecorder
+) -> tuple[list[dict], bool]:
     import mlx.core as mx
 
     try:

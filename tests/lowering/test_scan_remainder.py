@@ -56,7 +56,8 @@ def test_scan_on_every_target_against_loops(rng, target, kind, dtype):
     """Integer scans and max/min scans bit for bit; float sums and products within rounding."""
     x = rng.integers(-3, 4, (3, 4, 5)).astype(DType.parse(dtype).numpy)
     if dtype != "int32" and kind in ("sum", "prod"):
-        x = random_array(rng, (3, 4, 5), dtype, low=0.5 if kind == "prod" else -2.0, high=1.5 if kind == "prod" else 2.0)
+        low, high = (0.5, 1.5) if kind == "prod" else (-2.0, 2.0)
+        x = random_array(rng, (3, 4, 5), dtype, low=low, high=high)
     for (reverse, inclusive), axis in itertools.product(FLAGS, (-1, 0, 1)):
         attrs = {"kind": kind, "axis": axis, "reverse": reverse, "inclusive": inclusive}
         got = run(lower(_one_op("scan", [TensorType(x.shape, dtype)], attrs), target), x)

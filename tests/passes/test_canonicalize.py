@@ -69,8 +69,9 @@ EVALUATOR_CASES = {
     **{op: [([F32], {}), ([BF16], {}), ([F16], {})] for op in ("floor", "ceil", "round")},
     **{op: [([F32], {"axis": 1}), ([BF16], {"axis": 0, "keepdims": True}), ([I32], {"axis": -1})]
        for op in ("argmax", "argmin")},
-    "scan": [([F32], {"kind": kind, "axis": 1, "reverse": rev, "inclusive": inc}) for kind in ("sum", "prod", "max", "min")
-             for rev in (False, True) for inc in (False, True)] + [([I32], {"kind": "max", "axis": 0, "inclusive": False}), ([BF16], {"kind": "sum", "axis": -1})],
+    "scan": [([F32], {"kind": kind, "axis": 1, "reverse": rev, "inclusive": inc})
+             for kind in ("sum", "prod", "max", "min") for rev in (False, True) for inc in (False, True)]
+            + [([I32], {"kind": "max", "axis": 0, "inclusive": False}), ([BF16], {"kind": "sum", "axis": -1})],
     "remainder": [([F32, F32], {}), ([BF16, BF16], {}), ([I32, I32], {})],
     "conv1d": [([TensorType((2, 7, 4), "float32"), TensorType((6, 3, 2), "float32")],
                 {"groups": 2, "padding": (1, 2), "stride": 2}),

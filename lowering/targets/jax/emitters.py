@@ -108,8 +108,10 @@ def _scan(n: Node, a: list[str], env: EmitEnv) -> str:
     if not at["inclusive"]:
         length = t.shape[axis]
         edge = tuple(1 if i == axis else d for i, d in enumerate(t.shape))
-        first = f"jnp.full({py_literal(edge)}, {py_literal(scan_identity(at['kind'], t.dtype))}, {dtype_expr('jnp', t.dtype)})"
-        kept = f"jax.lax.slice_in_dim({x}, {1 if at['reverse'] else 0}, {length if at['reverse'] else length - 1}, axis={axis})"
+        identity = py_literal(scan_identity(at["kind"], t.dtype))
+        first = f"jnp.full({py_literal(edge)}, {identity}, {dtype_expr('jnp', t.dtype)})"
+        start, stop = (1, length) if at["reverse"] else (0, length - 1)
+        kept = f"jax.lax.slice_in_dim({x}, {start}, {stop}, axis={axis})"
         parts = [kept, first] if at["reverse"] else [first, kept]
         x = f"jnp.concatenate([{', '.join(parts)}], axis={axis})"
     return f"jax.lax.cum{at['kind']}({x}, axis={axis}, reverse={at['reverse']})"

@@ -2,7 +2,8 @@
 
 This is the oracle the tests compare MLX and JAX programs with. Integer and
 boolean ops stay exact; layout ops (slice, reshape, take, ...) move values
-without arithmetic. ``wide``, ``rounded``, ``constant``, ``softmax``, ``conv1d``, ``scan`` and ``remainder`` are the op semantics
+without arithmetic. ``wide``, ``rounded``, ``constant``, ``softmax``, ``conv1d``, ``scan`` and ``remainder``
+are the op semantics
 of :mod:`attnpass.ir.dialects.evaluate`, which constant folding shares.
 """
 
