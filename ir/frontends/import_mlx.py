@@ -306,8 +306,7 @@ def _export_traced(fn: Callable, example_args: tuple, recorder: LineRecorder) ->
     try:
         return _export_records(recorder.wrap(fn, example_args), example_args)
     except ValueError as exc:
-        retry = "uncaptured inputs" in str(exc) or (_NO_STATE in str(exc) and "primitive Compiled" not in str(exc))
-        if not retry or not recorder.found:
+        if ("uncaptured inputs" not in str(exc) and _NO_STATE not in str(exc)) or not recorder.found:
             raise
     recorder.forget()
     return _export_records(fn, example_args)
@@ -316,10 +315,18 @@ def _export_traced(fn: Callable, example_args: tuple, recorder: LineRecorder) ->
 def _unexportable_error(fn: Callable, exc: ValueError) -> ModelImportError:
     """MLX's export has no state for a primitive the function's outputs need: name it and what to do."""
     primitive = str(exc).split(_NO_STATE, 1)[1].strip()
+    hint = _COMPILED_HINT if primitive.startswith("Compiled") else _NO_STATE_HINTS.get(primitive, _NO_STATE_HINT)
     return ModelImportError(
         f"{graph_name(fn, None)} computes its outputs with MLX primitive {primitive}, which mx.export_function "
-        f"cannot export (it records no state for it): {_NO_STATE_HINTS.get(primitive, _NO_STATE_HINT)}"
+        f"cannot export (it records no state for it): {hint}"
     )
+
+
+_COMPILED_HINT = (
+    "it is code compiled with mx.compile, and the export retried with compilation off still met it; call "
+    "mx.disable_compile() before the import (and mx.enable_compile() after it) so that the first export runs "
+    "the uncompiled code"
+)
 
 
 _NO_STATE_HINT = (
