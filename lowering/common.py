@@ -137,7 +137,7 @@ def constant_values(node: Node) -> tuple:
 _CALL2 = {
     "add": "add", "sub": "subtract", "mul": "multiply", "div": "divide", "maximum": "maximum",
     "logical_and": "logical_and", "logical_or": "logical_or", "equal": "equal", "less": "less",
-    "greater_equal": "greater_equal", "floor_divide": "floor_divide",
+    "greater_equal": "greater_equal", "floor_divide": "floor_divide", "remainder": "remainder",
     "minimum": "minimum", "power": "power", "logaddexp": "logaddexp",
 }  # fmt: skip
 _CALL1 = {

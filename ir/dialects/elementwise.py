@@ -72,6 +72,12 @@ _unary("sin", FLOATS, "sin(x).")
 _unary("cos", FLOATS, "cos(x).")
 _unary("sigmoid", FLOATS, "1 / (1 + exp(-x)).")
 _binary("floor_divide", NUMERIC, "numpy floor division x // y with numpy broadcasting.")
+_binary(
+    "remainder",
+    NUMERIC,
+    "x % y as Python's and mx.remainder: r = fmod(x, y), plus y when r is nonzero and its sign differs from y's "
+    "(the result takes the divisor's sign; a zero result keeps x's sign). An integer divisor of 0 is undefined.",
+)
 
 # Ops of imported models (from_mlx / from_jax): activations, logarithms, powers, clamps, logic.
 _unary("tanh", FLOATS, "tanh(x).")

@@ -105,6 +105,42 @@ def conv1d(x, w, *, stride: int, padding: Sequence[int], dilation: int, groups: 
     return rounded(out.reshape(n, l_out, c_out), dtype)
 
 
+def remainder(x, y, dtype: str | DType) -> np.ndarray:
+    """The ``remainder`` op: fmod (exact) in float64 / int64, plus y where its sign differs from a nonzero
+    fmod, rounded once to ``dtype``. A zero keeps x's sign, as MLX and JAX compute it (numpy's takes y's)."""
+    x, y = wide(x), wide(y)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        r = np.fmod(x, y)
+    return rounded(np.where((r != 0) & ((r < 0) != (y < 0)), r + y, r), dtype)
+
+
+_SCANS = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}
+
+
+def scan_identity(kind: str, dtype: str | DType) -> float | int:
+    """The value an exclusive ``scan`` of ``kind`` starts from: 0, 1, or the dtype's lowest / highest."""
+    dt = DType.parse(dtype)
+    if kind in ("sum", "prod"):
+        return int(kind == "prod")
+    if dt.is_float:
+        return -np.inf if kind == "max" else np.inf
+    info = np.iinfo(dt.numpy)
+    return int(info.min if kind == "max" else info.max)
+
+
+def scan(x, *, kind: str, axis: int, reverse: bool, inclusive: bool, dtype: str | DType) -> np.ndarray:
+    """The ``scan`` op in float64 (int64 for integers), rounded once to ``dtype``; exclusive scans are the
+    inclusive scan of x shifted by one, the identity entering first."""
+    x = wide(x)
+    if reverse:
+        x = np.flip(x, axis)
+    if not inclusive:
+        first = np.full_like(np.take(x, [0], axis=axis), scan_identity(kind, dtype))
+        x = np.concatenate([first, np.take(x, np.arange(x.shape[axis] - 1), axis=axis)], axis=axis)
+    out = _SCANS[kind].accumulate(x, axis=axis)
+    return rounded(np.flip(out, axis) if reverse else out, dtype)
+
+
 EVALUATORS: dict[str, Evaluator] = {
     "add": _arith(np.add),
     "sub": _arith(np.subtract),
@@ -143,6 +179,8 @@ EVALUATORS: dict[str, Evaluator] = {
     "argmax": _arg_reduce(np.argmax),
     "argmin": _arg_reduce(np.argmin),
     "conv1d": lambda attrs, xs, t: conv1d(*xs, **attrs, dtype=t.dtype),
+    "scan": lambda attrs, xs, t: scan(*xs, **attrs, dtype=t.dtype),
+    "remainder": lambda attrs, xs, t: remainder(*xs, dtype=t.dtype),
 }
 
 
@@ -157,4 +195,6 @@ def evaluate(op: str, attrs: Mapping, operands: Sequence[np.ndarray], result: Te
     return np.array(np.broadcast_to(out, result.shape), dtype=result.dtype.numpy)
 
 
-__all__ = ["EVALUATORS", "constant", "conv1d", "evaluate", "rounded", "softmax", "wide"]
+__all__ = [
+    "EVALUATORS", "constant", "conv1d", "evaluate", "remainder", "rounded", "scan", "scan_identity", "softmax", "wide",
+]  # fmt: skip

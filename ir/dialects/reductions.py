@@ -1,4 +1,4 @@
-"""Reductions: sum, max (axes, keepdims) and argpartition."""
+"""Reductions: sum, max (axes, keepdims), argpartition, argmax/argmin and scans (cumulative sum, product, max, min)."""
 
 from __future__ import annotations
 
@@ -86,3 +86,34 @@ def _arg_reduction(name: str, which: str) -> None:
 
 _arg_reduction("argmax", "maximum")
 _arg_reduction("argmin", "minimum")
+
+
+SCAN_KINDS = ("sum", "prod", "max", "min")
+
+
+def _infer_scan(ts, *, kind, axis, reverse, inclusive):
+    (x,) = ts
+    require_dtype("scan", x, NUMERIC)
+    if x.rank == 0:
+        raise ShapeError(f"scan: operand {x} is a scalar; need rank >= 1")
+    normalize_axis("scan", axis, x.rank)
+    return x
+
+
+register(
+    OpDef(
+        "scan",
+        ("x",),
+        _infer_scan,
+        {
+            "kind": attr("choice:" + "|".join(SCAN_KINDS)),
+            "axis": attr("int"),
+            "reverse": attr("bool", False),
+            "inclusive": attr("bool", True),
+        },
+        "reduction",
+        "Cumulative kind (sum, prod, max, min) along axis, as mx.cumsum/cumprod/cummax/cummin: out[i] combines "
+        "x[0..i] (x[i..n-1] when reverse); exclusive leaves x[i] out, the first (last) element being the "
+        "identity (0, 1, the dtype's lowest, its highest: -inf/inf for floats).",
+    )
+)

@@ -56,6 +56,7 @@ _BINARY = {
     "Divide": "div",
     "Maximum": "maximum",
     "FloorDivide": "floor_divide",
+    "Remainder": "remainder",
     "Equal": "equal",
     "Less": "less",
     "GreaterEqual": "greater_equal",
@@ -72,6 +73,8 @@ _UNARY = {
 }  # fmt: skip
 _ROUNDING = {"Floor": "floor", "Ceil": "ceil", "Round": "round"}  # the identity on integers
 _ARG_REDUCE = {0: "argmin", 1: "argmax"}  # mlx::core::ArgReduce::ReduceType
+# mlx::core::Scan::ReduceType; a Scan's state is (kind, axis, reverse, inclusive)
+_SCAN = {0: "max", 1: "min", 2: "sum", 3: "prod"}
 _NATURAL_LOG = 2  # mlx::core::Log::Base: two, ten, e
 _ALIASES = ("Full", "Copy", "StopGradient")  # materialise or copy their operand: same values
 _RESHAPES = ("Reshape", "Flatten", "Unflatten", "ExpandDims", "Squeeze")  # the output shape says it all
@@ -147,6 +150,11 @@ def _emit(b: GraphBuilder, r: _Record) -> list[str]:
         return [b.op(_ARG_REDUCE[kind], x, {"axis": axis, "keepdims": True})]
     if name == "Convolution":
         return [_conv1d(b, r, *x)]
+    if name == "Scan":
+        kind, axis, reverse, inclusive = r.args
+        operand = x[0] if b.type(x[0]).dtype is out.dtype else b.cast(x[0], out.dtype)  # cumsum of bools: int32
+        attrs = {"kind": _SCAN[kind], "axis": axis, "reverse": reverse, "inclusive": inclusive}
+        return [b.op("scan", [operand], attrs)]
     if name in _RESHAPES:
         return [b.reshape(x[0], out.shape)]
     if name == "Square":
@@ -226,6 +234,10 @@ def _emit(b: GraphBuilder, r: _Record) -> list[str]:
     if name == "ArgPartition":
         kth, axis = r.args
         return [b.op("argpartition", x, {"kth": kth, "axis": axis})]
+    if name == "Partition":  # mx.partition, mx.topk: the values at argpartition's indices
+        kth, axis = r.args
+        order = b.op("argpartition", x, {"kth": kth, "axis": axis})
+        return [b.op("take_along_axis", [x[0], order], {"axis": axis})]
     if name == "ScatterAxis":
         kind, axis = r.args
         if kind != 1:
@@ -284,20 +296,72 @@ def _export_records(fn: Callable, example_args: tuple) -> list[dict]:
     return records
 
 
+_NO_STATE = "[export_function] Unable to get state for primitive "
+
+
 def _export_traced(fn: Callable, example_args: tuple, recorder: LineRecorder) -> list[dict]:
     """The records of ``fn`` with the recorder's extra outputs, or without them (no lines) when they cannot
-    be exported: an array made from an example argument itself rather than from its tracer."""
+    be exported: an array made from an example argument itself rather than from its tracer, or one made by
+    a primitive MLX cannot export (``mx.contiguous`` of a cache's state, which the outputs may not need)."""
     try:
         return _export_records(recorder.wrap(fn, example_args), example_args)
     except ValueError as exc:
-        if "uncaptured inputs" not in str(exc) or not recorder.found:
+        if ("uncaptured inputs" not in str(exc) and _NO_STATE not in str(exc)) or not recorder.found:
             raise
     recorder.forget()
     return _export_records(fn, example_args)
 
 
+def _unexportable_error(fn: Callable, exc: ValueError) -> ModelImportError:
+    """MLX's export has no state for a primitive the function's outputs need: name it and what to do."""
+    primitive = str(exc).split(_NO_STATE, 1)[1].strip()
+    hint = _COMPILED_HINT if primitive.startswith("Compiled") else _NO_STATE_HINTS.get(primitive, _NO_STATE_HINT)
+    return ModelImportError(
+        f"{graph_name(fn, None)} computes its outputs with MLX primitive {primitive}, which mx.export_function "
+        f"cannot export (it records no state for it): {hint}"
+    )
+
+
+_COMPILED_HINT = (
+    "it is code compiled with mx.compile, and the export retried with compilation off still met it; call "
+    "mx.disable_compile() before the import (and mx.enable_compile() after it) so that the first export runs "
+    "the uncompiled code"
+)
+
+
+_NO_STATE_HINT = (
+    "replace the call that makes it (mx.contiguous, a custom Metal kernel, a compiled or fast-path function) "
+    "by plain mlx.core ops, or leave its result out of the function's outputs"
+)
+_NO_STATE_HINTS = {
+    "Contiguous": "mx.contiguous(x) copies x's values; call it as mx.contiguous (the import then reads it as x) "
+    "or drop the call",
+}
+
+
 def _export(fn: Callable, example_args: tuple, recorder: LineRecorder) -> tuple[list[dict], bool]:
-    """The export records of ``fn`` (traced by ``recorder``), and whether compilation had to be turned off for them."""
+    """The export records of ``fn`` (traced by ``recorder``), and whether compilation had to be turned off for them.
+
+    ``mx.contiguous`` is the identity while the export runs: it copies its operand's values, and MLX cannot
+    export its primitive (qwen3_next's cache update ``cache[0] = mx.contiguous(conv_input[:, -n:, :])``).
+    """
+    import mlx.core as mx
+
+    contiguous = mx.contiguous
+    mx.contiguous = _same_values
+    try:
+        return _export_compiled_off_if_needed(fn, example_args, recorder)
+    finally:
+        mx.contiguous = contiguous
+
+
+def _same_values(a: Any, allow_col_major: bool = False) -> Any:
+    return a
+
+
+def _export_compiled_off_if_needed(
+    fn: Callable, example_args: tuple, recorder: LineRecorder
+) -> tuple[list[dict], bool]:
     import mlx.core as mx
 
     try:
@@ -361,6 +425,8 @@ def from_mlx(fn: Callable, *example_args: Any, name: str | None = None, inline_l
     try:
         records, compile_off = _export(fn, example_args, recorder)
     except ValueError as exc:
+        if _NO_STATE in str(exc):
+            raise _unexportable_error(fn, exc) from None
         if _HOST_READ not in str(exc):
             raise
         raise _host_read_error(fn, exc) from None

@@ -50,6 +50,7 @@ mul = _binary_builder("mul")
 div = _binary_builder("div")
 maximum = _binary_builder("maximum")
 floor_divide = _binary_builder("floor_divide")
+remainder = _binary_builder("remainder")
 logical_and = _binary_builder("logical_and")
 logical_or = _binary_builder("logical_or")
 equal = _binary_builder("equal")
@@ -284,3 +285,11 @@ def conv1d(
 
 
 __all__ += ["floor", "ceil", "round", "argmax", "argmin", "conv1d"]
+
+
+def scan(x: Tensor, kind: str, axis: int, *, reverse: bool = False, inclusive: bool = True) -> Tensor:
+    """Cumulative ``kind`` ("sum", "prod", "max", "min") along ``axis``, as ``mx.cumsum`` and its kin."""
+    return emit("scan", [x], {"kind": kind, "axis": int(axis), "reverse": reverse, "inclusive": inclusive})
+
+
+__all__ += ["remainder", "scan"]

@@ -808,3 +808,35 @@ def test_conv1d_rule_errors(x, w, attrs, message):
         infer("conv1d", T((1, 10, 6), I32), T((6, 3, 6), I32))
     with raises("conv1d: operands must share one dtype"):
         infer("conv1d", T((1, 10, 6)), T((6, 3, 6), BF16))
+
+
+# ============================================================================ scan, remainder (MLX imports)
+
+
+def test_scan_rule():
+    x = T((2, 3, 4), BF16)
+    assert get_op("scan").family == "reduction"
+    for kind in ("sum", "prod", "max", "min"):
+        assert infer("scan", x, kind=kind, axis=-1) == x
+    assert infer("scan", T((5,), I32), kind="sum", axis=0, reverse=True, inclusive=False) == T((5,), I32)
+    assert infer("scan", T((2, 0)), kind="max", axis=1) == T((2, 0))
+    with raises("scan: axis 3 out of range for rank 3 (valid: -3..2)"):
+        infer("scan", x, kind="sum", axis=3)
+    with raises("scan: operand f32[] is a scalar; need rank >= 1"):
+        infer("scan", T(()), kind="sum", axis=0)
+    with raises("scan: operand has dtype bool (bool[2])"):
+        infer("scan", T((2,), BOOL), kind="sum", axis=0)
+    with raises("kind"):
+        infer("scan", x, kind="mean", axis=0)
+    with raises("scan: missing required attribute axis (int)"):
+        infer("scan", x, kind="sum")
+
+
+def test_remainder_rule():
+    assert get_op("remainder").family == "elementwise"
+    assert infer("remainder", T((2, 1), I32), T((3,), I32)) == T((2, 3), I32)
+    assert infer("remainder", T((4,), BF16), T((), BF16)) == T((4,), BF16)
+    with raises("remainder: operand has dtype bool"):
+        infer("remainder", T((2,), BOOL), T((2,), BOOL))
+    with raises("remainder: operands must share one dtype"):
+        infer("remainder", T((2,)), T((2,), I32))

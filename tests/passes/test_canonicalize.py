@@ -69,6 +69,10 @@ EVALUATOR_CASES = {
     **{op: [([F32], {}), ([BF16], {}), ([F16], {})] for op in ("floor", "ceil", "round")},
     **{op: [([F32], {"axis": 1}), ([BF16], {"axis": 0, "keepdims": True}), ([I32], {"axis": -1})]
        for op in ("argmax", "argmin")},
+    "scan": [([F32], {"kind": kind, "axis": 1, "reverse": rev, "inclusive": inc})
+             for kind in ("sum", "prod", "max", "min") for rev in (False, True) for inc in (False, True)]
+            + [([I32], {"kind": "max", "axis": 0, "inclusive": False}), ([BF16], {"kind": "sum", "axis": -1})],
+    "remainder": [([F32, F32], {}), ([BF16, BF16], {}), ([I32, I32], {})],
     "conv1d": [([TensorType((2, 7, 4), "float32"), TensorType((6, 3, 2), "float32")],
                 {"groups": 2, "padding": (1, 2), "stride": 2}),
                ([TensorType((1, 6, 3), "bfloat16"), TensorType((3, 2, 1), "bfloat16")], {"groups": 3, "dilation": 2})],
@@ -88,7 +92,7 @@ def test_fold_evaluates_like_the_numpy_target_bit_for_bit(rng, op, types, attrs)
     graph = Graph("one_op")
     names = [graph.add_input(f"x{i}", t) for i, t in enumerate(types)]
     graph.set_outputs([graph.add_node(op, names, attrs)])
-    low = {"rsqrt": 0.25, "sqrt": 0.0, "floor_divide": 1, "take": 0}.get(op, -2.0)  # no zero divisors, no negative indices
+    low = {"rsqrt": 0.25, "sqrt": 0.0, "floor_divide": 1, "remainder": 1, "take": 0}.get(op, -2.0)  # no zero divisors, no negative indices
     arrays = [random_array(rng, t.shape, t.dtype, low=low, high=4 if op == "take" else 2.0) for t in types]
     node = graph.node(graph.outputs[0])
     assert_bits_equal(evaluate(op, node.attrs, arrays, node.type), run(lower(graph, "numpy"), *arrays))

@@ -9,6 +9,7 @@ dtype is float16 (which ``jax.jit`` of it cannot compile on CPU).
 from __future__ import annotations
 
 from attnpass.ir import DType, Node
+from attnpass.ir.dialects.evaluate import scan_identity
 from attnpass.lowering.codegen import EmitEnv, Emitter, py_float, py_literal
 from attnpass.lowering.common import (
     array_api_emitters,
@@ -99,3 +100,24 @@ def _conv1d(n: Node, a: list[str], env: EmitEnv) -> str:
 
 
 EMITTERS["conv1d"] = _conv1d
+
+
+def _scan(n: Node, a: list[str], env: EmitEnv) -> str:
+    """``jax.lax.cum{kind}`` (reverse included); an exclusive scan is the inclusive scan of the operand shifted
+    by one along the axis, the identity entering first."""
+    at, t = n.attrs, n.type
+    axis = at["axis"] % t.rank
+    x = a[0]
+    if not at["inclusive"]:
+        length = t.shape[axis]
+        edge = tuple(1 if i == axis else d for i, d in enumerate(t.shape))
+        identity = py_literal(scan_identity(at["kind"], t.dtype))
+        first = f"jnp.full({py_literal(edge)}, {identity}, {dtype_expr('jnp', t.dtype)})"
+        start, stop = (1, length) if at["reverse"] else (0, length - 1)
+        kept = f"jax.lax.slice_in_dim({x}, {start}, {stop}, axis={axis})"
+        parts = [kept, first] if at["reverse"] else [first, kept]
+        x = f"jnp.concatenate([{', '.join(parts)}], axis={axis})"
+    return f"jax.lax.cum{at['kind']}({x}, axis={axis}, reverse={at['reverse']})"
+
+
+EMITTERS["scan"] = _scan

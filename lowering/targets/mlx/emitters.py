@@ -122,3 +122,12 @@ def _conv1d(n: Node, a: list[str], env: EmitEnv) -> str:
 
 
 EMITTERS["conv1d"] = _conv1d
+
+
+def _scan(n: Node, a: list[str], env: EmitEnv) -> str:
+    """``mx.cumsum`` / ``cumprod`` / ``cummax`` / ``cummin``, which take reverse and inclusive as the op does."""
+    at = n.attrs
+    return f"mx.cum{at['kind']}({a[0]}, axis={at['axis']}, reverse={at['reverse']}, inclusive={at['inclusive']})"
+
+
+EMITTERS["scan"] = _scan

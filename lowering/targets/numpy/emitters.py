@@ -140,3 +140,15 @@ EMITTERS.update(
         "conv1d": _conv1d,
     }
 )
+
+
+def _scan(n: Node, a: list[str], env: EmitEnv) -> str:
+    at = n.attrs
+    return (
+        f"ref.scan({a[0]}, kind={at['kind']!r}, axis={at['axis']}, reverse={at['reverse']}, "
+        f"inclusive={at['inclusive']}, dtype={_dt(n)})"
+    )
+
+
+EMITTERS["scan"] = _scan
+EMITTERS["remainder"] = lambda n, a, env: f"ref.remainder({a[0]}, {a[1]}, {_dt(n)})"

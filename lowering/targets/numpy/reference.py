@@ -2,7 +2,8 @@
 
 This is the oracle the tests compare MLX and JAX programs with. Integer and
 boolean ops stay exact; layout ops (slice, reshape, take, ...) move values
-without arithmetic. ``wide``, ``rounded``, ``constant``, ``softmax`` and ``conv1d`` are the op semantics
+without arithmetic. ``wide``, ``rounded``, ``constant``, ``softmax``, ``conv1d``, ``scan`` and ``remainder``
+are the op semantics
 of :mod:`attnpass.ir.dialects.evaluate`, which constant folding shares.
 """
 
@@ -13,7 +14,7 @@ import math
 import numpy as np
 
 # ``ref.*`` in generated code:
-from attnpass.ir.dialects.evaluate import constant, conv1d, rounded, softmax, wide  # noqa: F401
+from attnpass.ir.dialects.evaluate import constant, conv1d, remainder, rounded, scan, softmax, wide  # noqa: F401
 
 
 def erf(x: np.ndarray) -> np.ndarray:

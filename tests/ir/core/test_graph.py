@@ -107,7 +107,7 @@ def scalar_graph() -> Graph:
 
 
 def imported_ops_graph() -> Graph:
-    """The ops MLX imports added: rounding, argmax/argmin, conv1d with every attribute."""
+    """The ops MLX imports added: rounding, argmax/argmin, conv1d, scan and remainder with every attribute."""
     g = Graph("imported_ops")
     x = g.add_input("x", t((2, 9, 4), "bfloat16"))
     w = g.add_input("w", t((6, 3, 2), "bfloat16"), "resident")
@@ -116,7 +116,9 @@ def imported_ops_graph() -> Graph:
     c = g.add_node("ceil", [x], name="c")
     hi = g.add_node("argmax", [r], {"axis": -1, "keepdims": True}, name="hi")
     lo = g.add_node("argmin", [c], {"axis": 1}, name="lo")
-    g.set_outputs([hi, lo])
+    scan = {"kind": "prod", "axis": 1, "reverse": True, "inclusive": False}
+    cum = g.add_node("remainder", [g.add_node("scan", [c], scan, name="cum"), x], name="rem")
+    g.set_outputs([hi, lo, cum])
     return g
 
 

@@ -294,3 +294,140 @@ def test_host_reads_are_named_at_the_users_line(fn, text):
     assert f"{fn.__name__} reads an array's value on the host at {__file__}:{_line_of(fn, text)}" in message
     assert "Keep the value an array" in message and "static argument" in message
     assert "[eval]" not in message
+
+
+# ----------------------------------------------------------------------------- Scan (cumsum and kin), Remainder
+
+
+SCANS = [
+    lambda x: mx.cumsum(x, axis=-1),  # the issue's repro
+    lambda x: mx.cumsum(x, axis=1, reverse=True),
+    lambda x: mx.cumsum(x, axis=-1, inclusive=False),
+    lambda x: mx.cumsum(x, axis=0, reverse=True, inclusive=False),
+    lambda x: mx.cumprod(x, axis=2),
+    lambda x: mx.cummax(x, axis=-1, reverse=True, inclusive=False),
+    lambda x: mx.cummin(x, axis=1, inclusive=False),
+]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int32"])
+@pytest.mark.parametrize("fn", SCANS, ids=range(len(SCANS)))
+def test_scans_import_with_their_kind_axis_direction_and_inclusiveness(fn, dtype):
+    """MLX's Scan state is (kind, axis, reverse, inclusive); MLX lowers it back to the same mx.cum* call."""
+    rng = np.random.default_rng(6)
+    x = mx.array(rng.integers(-3, 4, (2, 3, 5)).astype(dtype))
+    imported = from_mlx(fn, x)
+    assert _ops(imported.graph) == ["scan"]
+    assert_mlx_import_reproduces(imported, fn, x)
+
+
+def test_a_mamba_style_segment_sum_imports():
+    """Mamba2's segsum: an exclusive-free cumsum of the decay, differenced and masked, then exponentiated."""
+    rng = np.random.default_rng(7)
+    a = mx.array(random_array(rng, (1, 2, 6), "float32"))
+
+    def segsum(a):
+        cs = mx.cumsum(a, axis=-1)
+        diff = cs[..., :, None] - cs[..., None, :]
+        keep = mx.tril(mx.ones((6, 6), dtype=mx.bool_))
+        return mx.exp(mx.where(keep, diff, -mx.inf))
+
+    imported = from_mlx(segsum, a)
+    assert "scan" in _ops(imported.graph)
+    assert_mlx_import_reproduces(imported, segsum, a)
+
+
+def test_cumsum_of_bools_counts_in_int32():
+    x = mx.array(np.array([[True, False, True, True]]))
+    fn = lambda x: mx.cumsum(x, axis=1)  # noqa: E731
+    imported = from_mlx(fn, x)
+    assert _ops(imported.graph) == ["cast", "scan"]
+    _exact_on_mlx_and_numpy(imported, fn, x)
+    assert np.array(fn(x)).tolist() == [[1, 1, 2, 3]]
+
+
+def test_a_primitive_mlx_cannot_export_is_named():
+    """mx.logcumsumexp's CumLogAddExp has no export state: a ModelImportError naming it and what to do."""
+    with pytest.raises(ModelImportError, match=r"MLX primitive CumLogAddExp, which mx.export_function cannot export"):
+        from_mlx(lambda x: mx.logcumsumexp(x, axis=-1), mx.zeros((2, 3)))
+
+
+def test_contiguous_imports_as_its_operand_and_mx_contiguous_is_restored():
+    """qwen3_next's conv-state update: mx.contiguous copies values; MLX cannot export its primitive."""
+    original = mx.contiguous
+    state = mx.zeros((1, 3, 4))
+
+    def step(x):
+        window = mx.concatenate([state, x], axis=1)
+        return window.sum(axis=1), mx.contiguous(window[:, -3:, :].swapaxes(1, 2))
+
+    x = mx.array(random_array(np.random.default_rng(8), (1, 5, 4), "float32"))
+    imported = from_mlx(step, x)
+    assert mx.contiguous is original
+    expected = [np.array(a) for a in step(x)]
+    for got, want in zip(run(lower(imported.graph, "mlx"), x, **imported.params), expected):
+        np.testing.assert_array_equal(got, want)
+    with pytest.raises(ModelImportError):
+        from_mlx(lambda x: mx.contiguous(mx.logcumsumexp(x, axis=-1)), x)
+    assert mx.contiguous is original
+
+
+def test_a_helper_compiled_with_mx_compile_imports():
+    @mx.compile
+    def gate(a, b):
+        return mx.tanh(a) * b
+
+    x = mx.array(random_array(np.random.default_rng(9), (2, 3), "float32"))
+    fn = lambda x: gate(x, x + 1) + 2  # noqa: E731
+    imported = from_mlx(fn, x)
+    assert "tanh" in _ops(imported.graph)
+    assert_mlx_import_reproduces(imported, fn, x)
+
+
+@pytest.mark.parametrize("dtype", ["int32", "float32"])
+def test_remainder_takes_the_divisors_sign(dtype):
+    """x % y as in Python and mx.remainder, on every sign pairing: bit for bit on every target."""
+    x = mx.array(np.array([-7, 7, -7, 7, 0, -6, 5], dtype))
+    y = mx.array(np.array([3, -3, -3, 3, 5, 3, 2], dtype))
+    imported = from_mlx(lambda x, y: x % y, x, y)
+    assert _ops(imported.graph) == ["remainder"]
+    _exact_on_mlx_and_numpy(imported, lambda x, y: x % y, x, y)
+    got = run(lower(imported.graph, "jax"), np.array(x), np.array(y))
+    np.testing.assert_array_equal(got, [2, -2, -1, 1, 0, 0, 1])
+
+
+# ----------------------------------------------------------------------------- Partition (mx.partition, mx.topk)
+
+
+def _sides(a: np.ndarray, kth: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """What a partition defines along the last axis: the sorted values before kth, the kth value, those after."""
+    return np.sort(a[..., :kth], axis=-1), a[..., kth], np.sort(a[..., kth + 1 :], axis=-1)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int32"])
+def test_partition_values_import_as_a_gather_of_argpartition(dtype):
+    """Each side's values (as a set) and the kth value are MLX's on every target; the order inside a side is
+    the target's (argpartition)."""
+    rng = np.random.default_rng(10)
+    x = mx.array(rng.integers(-4, 5, (3, 2, 7)).astype(dtype))  # ties everywhere
+    fn = lambda x: mx.partition(x, 3, axis=-1)  # noqa: E731
+    imported = from_mlx(fn, x)
+    assert _ops(imported.graph) == ["argpartition", "take_along_axis"]
+    expected = _sides(np.array(fn(x)), 3)
+    for target in ("numpy", "mlx", "jax"):
+        got = run(lower(imported.graph, target), np.array(x))
+        for side, want in zip(_sides(got, 3), expected):
+            np.testing.assert_array_equal(side, want)
+
+
+def test_bailing_moe_v3_group_scores_topk_sum():
+    """bailing_moe_v3's router: mx.topk(scores, 2).sum(-1) (recorded as Partition then a slice): the sum of
+    each row's two largest values, the same set on every target (summed in the target's order)."""
+    rng = np.random.default_rng(11)
+    scores = mx.array(random_array(rng, (1, 7, 2, 8), "float32"))
+    fn = lambda s: mx.topk(s, 2, axis=-1).sum(axis=-1, keepdims=True)  # noqa: E731
+    imported = from_mlx(fn, scores)
+    assert "argpartition" in _ops(imported.graph)
+    assert_mlx_import_reproduces(imported, fn, scores)
+    top2 = np.sort(np.array(scores).astype(np.float64), axis=-1)[..., -2:].sum(axis=-1, keepdims=True)
+    np.testing.assert_allclose(run(lower(imported.graph, "numpy"), np.array(scores)), top2, rtol=1e-6)
