@@ -41,7 +41,7 @@ from types import ModuleType, SimpleNamespace
 import numpy as np
 import pytest
 
-from attnpass.ir import DType
+from attnpass.ir import DType, Graph
 
 RTOL = {DType.bfloat16: 2e-2, DType.float16: 2e-3, DType.float32: 1e-5}
 FLOAT_DTYPES = (DType.bfloat16, DType.float16, DType.float32)
@@ -206,3 +206,11 @@ def lazy_import(module: str) -> ModuleType:
     the tests that read them carry :func:`requires`.
     """
     return _LazyModule(module)
+
+
+def one_op_graph(op: str, types, attrs=None):
+    """A graph of one ``op`` node over inputs ``x0, x1, ...`` of ``types``, its only output."""
+    graph = Graph(op)
+    names = [graph.add_input(f"x{i}", t) for i, t in enumerate(types)]
+    graph.set_outputs([graph.add_node(op, names, attrs or {})])
+    return graph

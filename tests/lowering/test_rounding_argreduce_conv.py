@@ -13,19 +13,14 @@ import numpy as np
 import pytest
 
 from attnpass.backends import run
-from attnpass.ir import DType, Graph, TensorType
+from attnpass.ir import DType, TensorType
 from attnpass.ir.dialects.evaluate import rounded
 from attnpass.lowering import lower
-from tests.util import assert_bits_equal, assert_close, bits, lazy_import, random_array, requires, target_params
+from tests.util import (
+    assert_bits_equal, assert_close, bits, lazy_import, one_op_graph, random_array, requires, target_params,
+)
 
 mx = lazy_import("mlx.core")
-
-
-def _one_op(op, types, attrs=None):
-    graph = Graph(op)
-    names = [graph.add_input(f"x{i}", t) for i, t in enumerate(types)]
-    graph.set_outputs([graph.add_node(op, names, attrs or {})])
-    return graph
 
 
 def _rounding_samples(rng, dtype: DType) -> np.ndarray:
@@ -46,7 +41,7 @@ def test_rounding_is_bit_exact_on_every_target(rng, target, dtype, op, reference
     """round is half to even (np.rint): 0.5 -> 0, 1.5 -> 2, 2.5 -> 2, -0.5 -> -0.0."""
     dtype = DType.parse(dtype)
     x = _rounding_samples(rng, dtype)
-    got = run(lower(_one_op(op, [TensorType(x.shape, dtype)]), target), x)
+    got = run(lower(one_op_graph(op, [TensorType(x.shape, dtype)]), target), x)
     expected = rounded(reference(x.astype(np.float64)), dtype)
     nan = np.isnan(expected.astype(np.float64))
     np.testing.assert_array_equal(np.isnan(got.astype(np.float64)), nan)
@@ -56,7 +51,7 @@ def test_rounding_is_bit_exact_on_every_target(rng, target, dtype, op, reference
 
 def test_round_halves_to_even():
     x = np.array([0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 3.5], np.float32)
-    got = run(lower(_one_op("round", [TensorType((7,), "float32")]), "numpy"), x)
+    got = run(lower(one_op_graph("round", [TensorType((7,), "float32")]), "numpy"), x)
     assert got.tolist() == [0.0, 2.0, 2.0, -0.0, -2.0, -2.0, 4.0]
     assert np.signbit(got[3])
 
@@ -78,7 +73,7 @@ def test_arg_reductions_pick_the_first_index_on_every_target(rng, target, dtype,
     x = _arg_samples(rng, dtype)
     wide = x.astype(np.float64)
     for axis, keepdims in ((-1, False), (1, True), (0, False)):
-        graph = _one_op(op, [TensorType(x.shape, dtype)], {"axis": axis, "keepdims": keepdims})
+        graph = one_op_graph(op, [TensorType(x.shape, dtype)], {"axis": axis, "keepdims": keepdims})
         got = run(lower(graph, target), x)
         expected = getattr(np, op)(wide, axis=axis, keepdims=keepdims).astype(np.int32)
         assert got.dtype == np.int32
@@ -114,7 +109,7 @@ def _conv_case(rng, shapes, dtype: str) -> tuple[Graph, np.ndarray, np.ndarray]:
     """A one-op conv1d graph of ``shapes`` (x shape, w shape, attributes) and random operands for it."""
     xs, ws, attrs = shapes
     x, w = random_array(rng, xs, dtype), random_array(rng, ws, dtype)
-    return _one_op("conv1d", [TensorType(xs, dtype), TensorType(ws, dtype)], attrs), x, w
+    return one_op_graph("conv1d", [TensorType(xs, dtype), TensorType(ws, dtype)], attrs), x, w
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

@@ -14,19 +14,12 @@ import numpy as np
 import pytest
 
 from attnpass.backends import run
-from attnpass.ir import DType, Graph, TensorType
+from attnpass.ir import DType, TensorType
 from attnpass.ir.dialects.evaluate import rounded
 from attnpass.lowering import lower
-from tests.util import assert_bits_equal, assert_close, lazy_import, random_array, requires, target_params
+from tests.util import assert_bits_equal, assert_close, lazy_import, one_op_graph, random_array, requires, target_params
 
 mx = lazy_import("mlx.core")
-
-
-def _one_op(op, types, attrs=None):
-    graph = Graph(op)
-    names = [graph.add_input(f"x{i}", t) for i, t in enumerate(types)]
-    graph.set_outputs([graph.add_node(op, names, attrs or {})])
-    return graph
 
 
 def _scan_loops(x: np.ndarray, kind: str, axis: int, reverse: bool, inclusive: bool) -> np.ndarray:
@@ -60,7 +53,7 @@ def test_scan_on_every_target_against_loops(rng, target, kind, dtype):
         x = random_array(rng, (3, 4, 5), dtype, low=low, high=high)
     for (reverse, inclusive), axis in itertools.product(FLAGS, (-1, 0, 1)):
         attrs = {"kind": kind, "axis": axis, "reverse": reverse, "inclusive": inclusive}
-        got = run(lower(_one_op("scan", [TensorType(x.shape, dtype)], attrs), target), x)
+        got = run(lower(one_op_graph("scan", [TensorType(x.shape, dtype)], attrs), target), x)
         loops = _scan_loops(x, kind, axis, reverse, inclusive)
         if dtype == "int32" and kind in ("max", "min"):  # the exclusive identity is the dtype's lowest / highest
             info = np.iinfo(np.int32)
@@ -76,7 +69,7 @@ def test_scan_on_every_target_against_loops(rng, target, kind, dtype):
 def test_scan_numpy_target_is_the_float64_sum_rounded_once(rng):
     x = random_array(rng, (2, 9), "bfloat16")
     attrs = {"kind": "sum", "axis": 1, "reverse": True, "inclusive": False}
-    got = run(lower(_one_op("scan", [TensorType(x.shape, "bfloat16")], attrs), "numpy"), x)
+    got = run(lower(one_op_graph("scan", [TensorType(x.shape, "bfloat16")], attrs), "numpy"), x)
     assert_bits_equal(got, rounded(_scan_loops(x, "sum", 1, True, False), "bfloat16"))
 
 
@@ -86,7 +79,7 @@ def test_scan_on_mlx_is_mx_cum_itself(rng, kind):
     x = random_array(rng, (4, 7), "float32")
     for reverse, inclusive in FLAGS:
         attrs = {"kind": kind, "axis": 1, "reverse": reverse, "inclusive": inclusive}
-        got = run(lower(_one_op("scan", [TensorType(x.shape, "float32")], attrs), "mlx"), x)
+        got = run(lower(one_op_graph("scan", [TensorType(x.shape, "float32")], attrs), "mlx"), x)
         theirs = getattr(mx, f"cum{kind}")(mx.array(x), axis=1, reverse=reverse, inclusive=inclusive)
         assert_bits_equal(got, np.array(theirs))
 
@@ -119,7 +112,7 @@ def _python_remainder(x: float, y: float) -> float:
 def test_remainder_is_exact_on_every_target(rng, target, dtype):
     """The result takes the divisor's sign, as Python's % and mx.remainder; bit for bit, zeros' signs included."""
     x, y = _remainder_samples(rng, dtype)
-    got = run(lower(_one_op("remainder", [TensorType(x.shape, dtype)] * 2), target), x, y)
+    got = run(lower(one_op_graph("remainder", [TensorType(x.shape, dtype)] * 2), target), x, y)
     if dtype == "int32":
         np.testing.assert_array_equal(got, np.array([int(a) % int(b) for a, b in zip(x, y)], np.int32))
         return
@@ -133,7 +126,7 @@ def test_remainder_is_exact_on_every_target(rng, target, dtype):
 def test_remainder_on_mlx_is_mx_remainder_and_negative_zero_keeps_its_sign():
     x = np.array([-7.0, 7.0, -7.0, 7.0, -0.0, 6.0, -6.0, -1e-30], np.float32)
     y = np.array([3.0, -3.0, -3.0, 3.0, 2.0, -3.0, 3.0, 2.0], np.float32)
-    got = run(lower(_one_op("remainder", [TensorType(x.shape, "float32")] * 2), "mlx"), x, y)
+    got = run(lower(one_op_graph("remainder", [TensorType(x.shape, "float32")] * 2), "mlx"), x, y)
     assert_bits_equal(got, np.array(mx.remainder(mx.array(x), mx.array(y))))
     assert got.tolist() == [2.0, -2.0, -1.0, 1.0, 0.0, 0.0, 0.0, 2.0]
     assert np.signbit(got[4]) and not np.signbit(got[5]) and np.signbit(got[6])  # a zero keeps x's sign
