@@ -24,8 +24,9 @@ from __future__ import annotations
 import os
 import sys
 import sysconfig
+from contextlib import contextmanager
 from types import FrameType
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from attnpass.ir.core.types import SourceLoc
 
@@ -105,15 +106,8 @@ class LineRecorder:
         example arguments themselves: the export replaces them by tracers and refuses them as outputs)."""
 
         def traced(*args: Any) -> Any:
-            self.forget()
-            self.seen.update(id(a) for a in example_args)
-            previous = sys.gettrace()
-            sys.settrace(self.trace)
-            try:
+            with self._recording(example_args):
                 out = fn(*args)
-            finally:
-                sys.settrace(previous)
-                self.lines_of.clear()
             outs = [out] if isinstance(out, self.mx.array) else out
             if not isinstance(outs, (list, tuple)) or not all(isinstance(o, self.mx.array) for o in outs):
                 self.forget()
@@ -122,6 +116,19 @@ class LineRecorder:
             return (*outs, *(array for array, _loc in self.found))
 
         return traced
+
+    @contextmanager
+    def _recording(self, args: Sequence[Any]) -> Iterator[None]:
+        """Record afresh under the line tracer, the arguments ``args`` not counted as new arrays."""
+        self.forget()
+        self.seen.update(id(a) for a in args)
+        previous = sys.gettrace()
+        sys.settrace(self.trace)
+        try:
+            yield
+        finally:
+            sys.settrace(previous)
+            self.lines_of.clear()
 
     def forget(self) -> None:
         """Nothing recorded: the export's outputs are the function's own."""
@@ -157,17 +164,11 @@ class LineRecorder:
     def replay(self, fn: Callable, args: Sequence[Any], target: dict) -> SourceLoc | None:
         """Run ``fn(*args)`` again (lazily) under the tracer, export every array it recorded in one export
         and return the first line whose arrays contain ``target``'s primitive (by signature, else by name)."""
-        self.forget()
-        self.seen.update(id(a) for a in args)
-        previous = sys.gettrace()
-        sys.settrace(self.trace)
-        try:
-            fn(*args)
-        except Exception:  # the replay took another path: what it recorded so far still counts
-            pass
-        finally:
-            sys.settrace(previous)
-            self.lines_of.clear()
+        with self._recording(args):
+            try:
+                fn(*args)
+            except Exception:  # the replay took another path: what it recorded so far still counts
+                pass
         arrays = tuple(array for array, _loc in self.found)
         records: list[dict] = []
         try:
