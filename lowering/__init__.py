@@ -6,6 +6,10 @@ from .codegen import LoweringError
 from .program import IdentityMismatch, Program, lower, program_identity
 from .registry import available_targets, export_formats, get_target, register_target, sharded_lowering
 from .target import Export, Target
+from .targets import JAX, MLX, NUMPY
+
+for _builtin in (NUMPY, MLX, JAX):  # the numpy reference first
+    register_target(_builtin)
 
 __all__ = [
     "Artifact", "ArtifactError", "Export", "IdentityMismatch", "LoweringError", "Program", "RuntimeCheckError",

@@ -1,6 +1,8 @@
 """The target registry: names -> :class:`Target`, for ``lower``, artifacts, the backends and the CLI.
 
-The built-in targets are registered here, the numpy reference first. Adding a
+The registry imports no target: the built-in ones are registered by
+:mod:`attnpass.lowering` when the package is imported (the numpy reference
+first), as :mod:`attnpass.passes` registers the built-in passes. Adding a
 target is one folder (emitters, runtime modules, a ``Target``; see
 :mod:`attnpass.lowering.target`) and one :func:`register_target` call.
 """
@@ -10,7 +12,6 @@ from __future__ import annotations
 from .codegen import LoweringError
 from .sharding import Spmd
 from .target import Target
-from .targets import JAX, MLX, NUMPY
 
 _REGISTRY: dict[str, Target] = {}
 
@@ -49,8 +50,5 @@ def export_formats() -> dict[str, Target]:
     """Export format name (``attnpass export --target``) -> the target whose programs it exports."""
     return {t.export.format: t for t in _REGISTRY.values() if t.export is not None}
 
-
-for _builtin in (NUMPY, MLX, JAX):
-    register_target(_builtin)
 
 __all__ = ["available_targets", "export_formats", "get_target", "register_target", "sharded_lowering"]

@@ -327,23 +327,22 @@ def compiled_at_128k() -> dict[str, Any]:
     }
 
 
-def readme_block() -> dict[str, Any]:
-    """Run the README's first ``py`` block of "Shard over a device mesh" (the one that needs 8 devices)."""
+def sharding_page_block() -> dict[str, Any]:
+    """Run the first ``py`` block of docs/sharding.md (the one that needs 8 devices)."""
     import contextlib
     import io
     from pathlib import Path
 
-    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    section = text.split("## Shard over a device mesh", 1)[1]
+    section = (Path(__file__).resolve().parent.parent / "docs" / "sharding.md").read_text()
     body = re.search(r"^```py\n(.*?)^```$", section, flags=re.DOTALL | re.MULTILINE).group(1)
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        exec(compile(body, "README.md (Shard over a device mesh)", "exec"), {"__name__": "readme"})
-    return {"case": "readme", "stdout": out.getvalue()}
+        exec(compile(body, "docs/sharding.md", "exec"), {"__name__": "sharding_page"})
+    return {"case": "sharding-page", "stdout": out.getvalue()}
 
 
 def main(names: list[str]) -> None:
-    special = {"readme": readme_block, "model-2x4-heads-seq-128k-compiled": compiled_at_128k}
+    special = {"sharding-page": sharding_page_block, "model-2x4-heads-seq-128k-compiled": compiled_at_128k}
     for name in names or [*CASES, "qsa-2hosts-x-4", *special, *LAYOUT_CASES]:
         case = special[name]() if name in special else measure_layout(name) if name in LAYOUT_CASES else measure(name)
         print(json.dumps(case), flush=True)

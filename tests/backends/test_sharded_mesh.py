@@ -161,8 +161,8 @@ def test_two_hosts_of_four_devices_run_the_same_program(cases):
     assert case["source_on_abstract_mesh"]  # generated from axis names and sizes only: no per-host code
 
 
-def test_the_readme_block_runs_on_eight_devices(cases):
-    printed = cases["readme"]["stdout"].splitlines()
+def test_the_sharding_page_block_runs_on_eight_devices(cases):
+    printed = cases["sharding-page"]["stdout"].splitlines()
     assert printed[0] == "P(None, 'data', None, None)"
     assert printed[1] == "{524288} 4194304"
     counts = ast.literal_eval(printed[2])

@@ -1,6 +1,6 @@
 """Random pipelines over the pass registry: every registered attnpass pass and entry point, with random options.
 
-Passes defined elsewhere in a test process (the README's ``broken`` pass, say)
+Passes defined elsewhere in a test process (docs/guide.md's ``broken`` pass, say)
 are left out: a pass joins when its class lives in an ``attnpass`` module or
 comes from an entry point, and it can be built with its defaults or with
 :data:`REQUIRED` (``shard-attention`` names at least one mesh axis; every

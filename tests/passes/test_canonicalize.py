@@ -424,7 +424,7 @@ def test_an_imported_jax_layer_gets_shorter_and_keeps_its_bits(rng):
 
 @pytest.mark.parametrize("target", target_params("numpy", "mlx", "jax"))
 def test_every_fuzzed_graph_keeps_its_bits_on_every_target(target):
-    """The README's claim, "bit for bit the same program on every target", over the fuzzer's four families (scaled,
+    """docs/guide.md's claim, "bit for bit the same program on every target", over the fuzzer's four families (scaled,
     masked, GQA and decomposed attention, QSA): the canonical graph's outputs have the original's bits. JAX compiles
     every program (seconds each on a loaded CPU), so it checks the first 8 graphs canonicalize changes."""
     from tests.passes.claims import fuzzed

@@ -371,7 +371,7 @@ def test_raw_keys_read_elsewhere_are_not_claimed_unread():
 
 @requires("jax")
 def test_xla_row_reductions_round_by_regime_as_the_padding_assumes():
-    """The backend fact behind XLA_ROW_REDUCTION_ELEMENTS (README, docs/semantics.md §4): on XLA's CPU a row sum of
+    """The backend fact behind XLA_ROW_REDUCTION_ELEMENTS (docs/qsa.md, docs/semantics.md §4): on XLA's CPU a row sum of
     fewer elements than the threshold rounds otherwise than one of at least as many (about half the rows differ at
     D = 128), and within the large regime a row's bits depend on neither its place nor the other rows (zeros)."""
     d = 128
