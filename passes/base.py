@@ -33,6 +33,7 @@ class Remark:
     node: str | None
     message: str
     loc: SourceLoc | None = None
+    rule: str | None = None  # the rewrite rule that decided (apply_rules), when the pass has rules
 
     def __str__(self) -> str:
         where = f" {self.node}" if self.node else ""
@@ -47,17 +48,17 @@ class Remarks:
     pass_name: str
     items: list[Remark] = field(default_factory=list)
 
-    def applied(self, node: str | None, message: str, loc: SourceLoc | None = None) -> None:
+    def applied(self, node: str | None, message: str, loc: SourceLoc | None = None, rule: str | None = None) -> None:
         """Record a rewrite this pass made at ``node``, and why it was valid."""
-        self.items.append(Remark(self.pass_name, "applied", node, message, loc))
+        self.items.append(Remark(self.pass_name, "applied", node, message, loc, rule))
 
-    def declined(self, node: str | None, message: str, loc: SourceLoc | None = None) -> None:
+    def declined(self, node: str | None, message: str, loc: SourceLoc | None = None, rule: str | None = None) -> None:
         """Record a rewrite this pass did not make at ``node``, and the precondition that failed."""
-        self.items.append(Remark(self.pass_name, "declined", node, message, loc))
+        self.items.append(Remark(self.pass_name, "declined", node, message, loc, rule))
 
-    def analysis(self, node: str | None, message: str, loc: SourceLoc | None = None) -> None:
+    def analysis(self, node: str | None, message: str, loc: SourceLoc | None = None, rule: str | None = None) -> None:
         """Record a finding that is neither a rewrite nor a refusal (counts, statistics)."""
-        self.items.append(Remark(self.pass_name, "analysis", node, message, loc))
+        self.items.append(Remark(self.pass_name, "analysis", node, message, loc, rule))
 
 
 @dataclass(frozen=True)

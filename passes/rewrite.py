@@ -165,9 +165,9 @@ def apply_rules(
                 break
         if not changed:
             break
-    for (_rule, name), (kind, message, loc) in decisions.items():
+    for (rule_name, name), (kind, message, loc) in decisions.items():
         if kind == "applied" or name in graph:
-            getattr(remarks, kind)(name, message, loc)
+            getattr(remarks, kind)(name, message, loc, rule_name)
     if not decisions and not prefixed:
         remarks.declined(None, "no nodes" if rules[0].op == ANY else f"no {rules[0].op} nodes")
     if prefixed:
