@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from .printer import format_node
 from .registry import get_op
 from .sharding import sharding_problem
-from .types import AttnpassError, VerifyError, check_identifier
+from .types import AttnpassError, TensorType, VerifyError, check_identifier
 
 if TYPE_CHECKING:
     from .graph import Graph, Node
@@ -103,13 +103,22 @@ def _check_state(graph: "Graph") -> None:
 
 
 def _check_types(graph: "Graph") -> None:
+    # The shape rules are pure: nodes alike in op, attributes and operand types (a model's layers) are inferred once.
+    inferred_for: dict[tuple, tuple[dict, TensorType]] = {}
     for n in graph.nodes():
-        try:
-            opdef = get_op(n.op)
-            attrs = opdef.normalize_attrs(n.attrs)
-            inferred = opdef.result_type([graph.node(i).type for i in n.inputs], attrs, normalized=True)
-        except AttnpassError as exc:
-            raise node_error(graph, n, f"{n.op} {n.name}: {exc}") from None
+        operands = tuple(graph.node(i).type for i in n.inputs)
+        key = _inference_key(n, operands)
+        found = inferred_for.get(key) if key is not None else None
+        if found is None:
+            try:
+                opdef = get_op(n.op)
+                attrs = opdef.normalize_attrs(n.attrs)
+                found = attrs, opdef.result_type(operands, attrs, normalized=True)
+            except AttnpassError as exc:
+                raise node_error(graph, n, f"{n.op} {n.name}: {exc}") from None
+            if key is not None:
+                inferred_for[key] = found
+        attrs, inferred = found
         if attrs != dict(n.attrs):
             raise node_error(graph, n, f"{n.op} {n.name}: attributes {dict(n.attrs)} are not normalized ({attrs})")
         if inferred != n.type:
@@ -117,3 +126,13 @@ def _check_types(graph: "Graph") -> None:
         problem = sharding_problem(n, graph.mesh_axes)
         if problem:
             raise node_error(graph, n, f"{n.op} {n.name}: {problem}")
+
+
+def _inference_key(node: "Node", operands: tuple[TensorType, ...]) -> tuple | None:
+    """What a node's inferred type depends on, or None when an attribute value is unhashable (not normalized)."""
+    key = (node.op, tuple(node.attrs.items()), operands)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
