@@ -142,11 +142,18 @@ class Graph:
         """Insert a node as given (no type inference; the verifier checks it). Operands may come later."""
         if node.name in self._nodes:
             raise VerifyError(f"graph {self.name}: duplicate name {node.name!r}")
+        order = self._order
         self._nodes[node.name] = node
         self._dag.add_node(node.name)
         self._rank[node.name] = self._next_rank
         self._next_rank += 1
         self._connect(node)
+        if order is not None and not self._dag.succ[node.name] and all(i in self._position for i in node.inputs):
+            # The newest rank with its operands placed and no readers: the stable order puts it last. Kept, not
+            # re-sorted: a pass that adds a node per rewrite and then reads users() stays linear.
+            self._position[node.name] = self._position[order[-1]] + 1 if order else 0
+            order.append(node.name)
+            self._order = order
 
     def set_outputs(self, names: Sequence[str]) -> None:
         """Set the ordered outputs (any defined values)."""
@@ -336,7 +343,9 @@ class Graph:
         self._dag.remove_node(name)
         if name in self._inputs:
             self._inputs.remove(name)
-        self._order = None
+        if self._order is not None:  # a node without readers leaves the stable order of the others as it was
+            self._order.remove(name)
+            del self._position[name]
 
     def remove_dead(self) -> list[Node]:
         """Remove every value no output reads, graph inputs included (they leave the signature).

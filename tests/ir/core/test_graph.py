@@ -13,6 +13,8 @@ import math
 import re
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from attnpass.ir import (
     AttnpassError,
@@ -943,3 +945,29 @@ def test_remove_dead_and_prune():
     g.replace_with("exp", g.add_node("exp", ["relu"], name="exp_relu"))
     assert [n.name for n in g.remove_dead()] == ["unused", "neg"]
     assert g.inputs == ("x",) and g.remove_dead() == []
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["add", "unary", "remove", "rewire"]), st.integers(0, 10**6)), max_size=40))
+def test_the_kept_order_equals_a_fresh_sort_after_any_edits(edits):
+    """The order ``nodes()`` keeps across appends and removals (not re-sorted) is the stable topological order a
+    fresh sort gives: operands first, ties by insertion."""
+    g = Graph("edits")
+    g.add_input("x", TensorType((3,), "float32"))
+    g.set_outputs(["x"])
+    for kind, pick in edits:
+        names = [n.name for n in g.nodes()]  # reading the order between edits is what keeps it cached
+        a, b = names[pick % len(names)], names[(pick // 7) % len(names)]
+        if kind == "add":
+            g.add_node("add", [a, b])
+        elif kind == "unary":
+            g.add_node("neg", [a])
+        elif kind == "remove" and not g.users(a) and a not in g.outputs and a not in g.inputs:
+            g.remove_node(a)
+        elif kind == "rewire" and a not in g.inputs and b not in g.inputs and a != b and b not in g.descendants([a]):
+            g.replace_all_uses(a, b)
+        g.set_outputs([g.nodes()[-1].name])
+    kept = [n.name for n in g.nodes()]
+    fresh = g.copy()
+    fresh._order = None  # force the full sort
+    assert kept == [n.name for n in fresh.nodes()]
