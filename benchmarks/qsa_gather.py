@@ -101,6 +101,7 @@ def step_function(backend: str, graph: Graph, inputs: dict[str, np.ndarray], pre
             return np.array(outs[0].astype(mx.float32))
 
         return run_mlx
+
     def run_jax() -> np.ndarray:
         outs = program.fn(*args)  # jax.jit-ed by lower, the state donated
         outs = outs if isinstance(outs, tuple) else (outs,)

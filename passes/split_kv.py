@@ -120,9 +120,7 @@ def match_split(graph: Graph, node: Node, shards: int) -> SplitPlan | Decline:
     gathered = k.op == "qsa_gather" or v.op == "qsa_gather"
     if gathered:
         if k.op != v.op or k.inputs[1] != v.inputs[1]:
-            return Decline(
-                f"k {k.name} ({k.op}) and v {v.name} ({v.op}) are not both qsa_gather of the same cells"
-            )
+            return Decline(f"k {k.name} ({k.op}) and v {v.name} ({v.op}) are not both qsa_gather of the same cells")
         if node.attrs["causal"] != "none":
             return Decline(f"gathered attention with causal={node.attrs['causal']!r}: key positions are gathered")
         k_source, v_source = k.inputs[0], v.inputs[0]

@@ -87,7 +87,8 @@ def test_per_head_visibility_is_gathered_per_head():
     )  # fmt: skip
     g = trace(step, *specs)
     result = QSAGather(min_depth_factor=0)(g)
-    assert "one qsa_gather each of K and V [B*S, Hkv, W, D] and one sdpa over 6 row(s)" in [r.message for r in result.applied()][0]
+    (applied,) = [r.message for r in result.applied()]
+    assert "one qsa_gather each of K and V [B*S, Hkv, W, D] and one sdpa over 6 row(s)" in applied
     rng = np.random.default_rng(4)
     args = [rng.standard_normal(s.shape).astype(np.float32) for s in specs[:4]]
     positions = np.array([[7, 8, 9], [9, 10, 11]], np.int32)

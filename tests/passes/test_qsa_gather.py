@@ -190,7 +190,8 @@ def test_rows_within_max_rows_and_several_streams_rewrite_to_one_gather_and_one_
     assert "2 stream(s) x 2 row(s)" in remark_of(result, "applied")
     assert sum(n.op == "sdpa" for n in result.graph.nodes()) == 1
     gathers = [n for n in result.graph.nodes() if n.op == "qsa_gather"]
-    assert [g.inputs[0] for g in gathers] == ["k_cache", "v_cache"] and all(g.type.shape == (4, 2, 35, 16) for g in gathers)
+    assert [g.inputs[0] for g in gathers] == ["k_cache", "v_cache"]
+    assert all(g.type.shape == (4, 2, 35, 16) for g in gathers)  # [B*S, Hkv, W, D]
     np.testing.assert_allclose(run(lower(result.graph, "numpy"), **inputs), want, rtol=1e-6, atol=1e-7)
 
 
