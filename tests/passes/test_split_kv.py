@@ -264,3 +264,16 @@ def test_a_gathered_row_without_any_slot_is_the_mean_of_the_gathered_values(targ
     out = execute(lower(result, target), q, k, v, cells, m)
     assert np.isfinite(out).all()
     assert_close(out, expected)
+
+
+def test_k_and_v_gathered_at_different_cells_are_declined():
+    specs = [TensorSpec((2, 4, 1, 16)), TensorSpec((1, 2, 64, 16)), TensorSpec((1, 2, 64, 16)),
+             TensorSpec((1, 2, 8), "int32"), TensorSpec((1, 2, 8), "int32")]  # fmt: skip
+
+    def gathered(q, k, v, k_cells, v_cells):
+        return ops.sdpa(q, ops.qsa_gather(k, k_cells), ops.qsa_gather(v, v_cells))
+
+    graph = trace(gathered, *specs)
+    result, remarks = split(graph, "split-kv{shards=4}")
+    assert result == graph
+    assert "are not both qsa_gather of the same cells" in remarks[0] and "] declined " in remarks[0], remarks
