@@ -20,13 +20,14 @@ Decode step (one query row), per depth, dtype and backend, timed interleaved in 
   if it only streamed those bytes at this backend's streaming rate.
 
 Verify step (S = 5 query rows, f32; depths ``--verify-n-kv``, default those of the decode table):
-``masked``, ``per-row`` (the cached pipeline with
-``qsa-gather{batched=false}``: one gather and one attention per row) and ``batched`` (the cached
-pipeline: one gather of every row's cells, one attention).
+``masked``, ``gathered`` (the cached pipeline: one ``qsa_gather`` of every row's cells per cache,
+one attention, lowered as the target does: MLX through a flat ``[B*Hkv*T, D]`` view, JAX by one
+``take_along_axis``) and ``other`` (the same graph with the other lowering of ``qsa_gather``: MLX
+by one ``take_along_axis``, JAX through the flat view).
 
-Each step runs to completion (MLX: ``mx.eval``; JAX: ``block_until_ready`` of the ``jax.jit``
-program, whose state buffer is donated), carrying the block-key cache from call to call like a
-decode loop; inputs already live on the backend. One warm-up call, then ``--reps`` repetitions,
+Each step runs to completion (MLX: ``mx.eval``; JAX: ``block_until_ready`` of the program as
+``lower`` returns it, ``jax.jit``-ed, its state buffer donated), carrying the block-key cache from
+call to call like a decode loop; inputs already live on the backend. One warm-up call, then ``--reps`` repetitions,
 the order of the paths rotating each repetition; the tables show medians and the machine's load.
 ``max |diff|`` is the largest difference of each rewritten output from the masked one.
 """
@@ -34,13 +35,16 @@ the order of the paths rotating each repetition; the tables show medians and the
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import gc
+import importlib
 import os
 import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -56,11 +60,23 @@ VERIFY_ROWS = 5
 Step = Callable[[], np.ndarray]
 
 
-def pipelines(*, pool_cache: str | None = "keys", batched: bool = True) -> PassManager:
-    """``default_pipeline("cpu")`` with the pooled-key cache storing ``pool_cache`` (None: no cache), batched or not."""
-    swap = {QSAPoolCache: QSAPoolCache(store=pool_cache or "keys"), QSAGather: QSAGather(batched=batched)}
+def pipelines(*, pool_cache: str | None = "keys") -> PassManager:
+    """``default_pipeline("cpu")`` with the pooled-key cache storing ``pool_cache`` (None: no cache)."""
+    swap = {QSAPoolCache: QSAPoolCache(store=pool_cache or "keys")}
     passes = [swap.get(type(p), p) for p in default_pipeline("cpu") if pool_cache or not isinstance(p, QSAPoolCache)]
     return PassManager(passes)
+
+
+@contextlib.contextmanager
+def other_gather(backend: str) -> Iterator[None]:
+    """Programs lowered inside gather with the backend's other ``qsa_gather`` lowering (flat view or not)."""
+    runtime = importlib.import_module(f"attnpass.lowering.targets.{backend}.runtime")
+    chosen = runtime.qsa
+    runtime.qsa = dataclasses.replace(chosen, flat_gather=not chosen.flat_gather)
+    try:
+        yield
+    finally:
+        runtime.qsa = chosen
 
 
 def step_function(backend: str, graph: Graph, inputs: dict[str, np.ndarray], prefill: Graph | None) -> Step:
@@ -85,12 +101,9 @@ def step_function(backend: str, graph: Graph, inputs: dict[str, np.ndarray], pre
             return np.array(outs[0].astype(mx.float32))
 
         return run_mlx
-    import jax
-
-    fn = program.fn if state else jax.jit(program.fn)  # a program with state is jitted with it donated
 
     def run_jax() -> np.ndarray:
-        outs = fn(*args)
+        outs = program.fn(*args)  # jax.jit-ed by lower, the state donated
         outs = outs if isinstance(outs, tuple) else (outs,)
         for arg, out in state:
             args[arg] = outs[out]
@@ -196,21 +209,22 @@ def run_verify(depths: tuple[int, ...], backends: tuple[str, ...], reps: int) ->
     cfg = QSAConfig(mask_rows=64)
     for n_kv in depths:
         masked = build_layer(cfg, n_kv, rows=VERIFY_ROWS)
-        per_row, batched = pipelines(batched=False).run(masked).graph, pipelines().run(masked).graph
+        gathered = pipelines().run(masked).graph
         prefill = QSAPoolCache(store="keys").prefill(masked)
         inputs = make_inputs(cfg, n_kv, np.arange(n_kv - 8, n_kv - 8 + VERIFY_ROWS)[None], seed=n_kv + 1)
         for backend in backends:
             steps = {
                 "masked": step_function(backend, masked, inputs, None),
-                "per-row": step_function(backend, per_row, inputs, prefill),
-                "batched": step_function(backend, batched, inputs, prefill),
+                "gathered": step_function(backend, gathered, inputs, prefill),
             }
+            with other_gather(backend):
+                steps["other"] = step_function(backend, gathered, inputs, prefill)
             ms, diff = measure(steps, reps)
             rows.append(Row(backend, "float32", n_kv, {p: t * 1e3 for p, t in ms.items()}, diff))
             print(format_verify(rows[-1]), flush=True)
             del steps
             gc.collect()
-        del masked, per_row, batched, prefill, inputs
+        del masked, gathered, prefill, inputs
         gc.collect()
     return rows
 
@@ -221,8 +235,8 @@ DECODE_HEADER = (
     f"{'max |diff|':>10}"
 )
 VERIFY_HEADER = (
-    f"{'backend':<7} {'n_kv':>8} {'masked':>9} {'per-row':>8} {'batched':>8} "
-    f"{'masked/batched':>14} {'per-row/batched':>15} {'max |diff|':>10}"
+    f"{'backend':<7} {'n_kv':>8} {'masked':>9} {'gathered':>8} {'other':>8} "
+    f"{'masked/gathered':>15} {'other/gathered':>14} {'max |diff|':>10}"
 )
 
 
@@ -239,8 +253,8 @@ def format_decode(r: Row) -> str:
 def format_verify(r: Row) -> str:
     m = r.ms
     return (
-        f"{r.backend:<7} {r.n_kv:>8,} {m['masked']:>9.1f} {m['per-row']:>8.1f} {m['batched']:>8.1f} "
-        f"{m['masked'] / m['batched']:>13.1f}x {m['per-row'] / m['batched']:>14.2f}x {max(r.diff.values()):>10.2e}"
+        f"{r.backend:<7} {r.n_kv:>8,} {m['masked']:>9.1f} {m['gathered']:>8.1f} {m['other']:>8.1f} "
+        f"{m['masked'] / m['gathered']:>14.1f}x {m['other'] / m['gathered']:>13.2f}x {max(r.diff.values()):>10.2e}"
     )
 
 
@@ -271,7 +285,7 @@ def plot(decode: list[Row], verify: list[Row], path: Path) -> None:
             ax_decode.plot(depth, [r.ms[step] for r in mine], style, color=color, label=label, alpha=0.85)
     for backend, color in zip(sorted({r.backend for r in verify}), plt.cm.Set1.colors):
         mine = [r for r in verify if r.backend == backend]
-        for step, style in zip(("masked", "per-row", "batched"), ("o-", "s--", "^-")):
+        for step, style in zip(("masked", "gathered", "other"), ("o-", "^-", "s--")):
             label = f"{backend} {step}"
             ax_verify.plot([r.n_kv for r in mine], [r.ms[step] for r in mine], style, color=color, label=label)
     for ax, title in ((ax_decode, "decode step (1 row)"), (ax_verify, f"verify step ({VERIFY_ROWS} rows, f32)")):

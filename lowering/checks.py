@@ -7,12 +7,15 @@ reference always checks it. MLX and JAX programs drop such ids and cells
 ``lower(graph, target, checks=True)``, or :data:`ENV_VAR` set to ``1``,
 ``true``, ``on`` or ``yes`` (any case, surrounding whitespace ignored; any
 other value but an "off" word warns once, :mod:`attnpass.ir.core.switches`),
-read each time a QSA op runs (at trace time under ``jax.jit``), never written.
+read each time a QSA op runs (at trace time under ``jax.jit``: a JAX program,
+jitted unless lowered with ``jit=False``, reads it when it is traced, at its
+first call per input types), never written.
 
 A check reads the values on the host: MLX evaluates the operands there (so a
-checked MLX program cannot be traced by ``mx.compile`` or exported), and
-under ``jax.jit`` the check is a ``jax.debug.callback``, whose error arrives
-as a ``JaxRuntimeError`` carrying this message.
+checked MLX program cannot be traced by ``mx.compile`` or exported), a JAX
+program lowered with ``checks=True`` is eager, and under ``jax.jit`` the
+check is a ``jax.debug.callback``, whose error arrives as a
+``JaxRuntimeError`` carrying this message.
 """
 
 from __future__ import annotations

@@ -103,9 +103,18 @@ class Source:
 
 
 def generate(
-    graph: Graph, target: Target, *, comments: bool = True, checks: bool = False, spmd: Spmd | None = None
+    graph: Graph,
+    target: Target,
+    *,
+    comments: bool = True,
+    checks: bool = False,
+    spmd: Spmd | None = None,
+    jit: bool = True,
 ) -> Source:
     """Emit one Python function computing ``graph`` with ``target``'s emitter table (``checks``: see EmitEnv).
+
+    ``jit``: rebind the function to the target's compiled form (:attr:`Target.jit`, state donated), if the
+    target has one; a sharded program's entry point is compiled anyway, so there it applies to state only.
 
     With ``spmd`` (a sharded lowering, :mod:`attnpass.lowering.sharding`), every
     annotated value gets a second line keeping it on its sharding, and the
@@ -143,8 +152,8 @@ def generate(
     outs = [ns(o) for o in graph.outputs]
     lines.append(f"    return {', '.join(outs)}")
     state = tuple(graph.inputs.index(name) for name, _ in graph.state_pairs())
-    if state and target.donate is not None:
-        lines += ["", "", target.donate(fn_name, state)]
+    if jit and target.jit is not None and (state or spmd is None):
+        lines += ["", "", target.jit(fn_name, state)]
     entry = fn_name
     if spmd is not None:
         entry = ns(f"{fn_name}_sharded")

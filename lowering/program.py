@@ -55,18 +55,27 @@ class Program:
     """A graph lowered to one target. Call it positionally (graph-input order) or by input name.
 
     Attributes: ``graph`` (the lowered graph), ``target`` (the registered
-    :class:`Target`), ``source`` (generated Python), ``fn`` (the raw generated
-    function, for ``mx.compile``/``jax.jit`` or export; for a graph with state
-    the target may have wrapped it to donate the state buffers, as JAX's
-    ``jax.jit(..., donate_argnums=...)``; with a mesh, the sharded ``jax.jit``
-    entry point), ``mesh``, ``input_names``, ``line_to_node`` and ``identity``
+    :class:`Target`), ``source`` (generated Python), ``fn`` (the generated
+    function, for ``mx.compile`` or export; a target with a compile step
+    returns it compiled unless lowered with ``jit=False``: JAX's ``jax.jit``,
+    a graph's state donated (``donate_argnums``); with a mesh, the sharded
+    ``jax.jit`` entry point), ``mesh``, ``input_names``, ``line_to_node`` and ``identity``
     (placement does not enter it: a sharded program computes the same values).
     A decode loop carries state with :meth:`next_state`.
     """
 
     def __init__(
-        self, graph: Graph, target: str, *, comments: bool = True, checks: bool = False, mesh: Any = None
+        self,
+        graph: Graph,
+        target: str,
+        *,
+        comments: bool = True,
+        checks: bool = False,
+        mesh: Any = None,
+        jit: bool = True,
     ) -> None:
+        if not isinstance(jit, bool):
+            raise ValueError(f"lower: jit must be True or False, got {jit!r}")
         self.target = get_target(target)
         self.graph = graph.copy()
         self.mesh = mesh
@@ -74,7 +83,9 @@ class Program:
         if mesh is not None:
             spmd = sharded_lowering(self.target, "lower(mesh=)")
             check_mesh(self.graph, spmd, mesh)
-        generated: Source = generate(self.graph, self.target, comments=comments, checks=checks, spmd=spmd)
+        generated: Source = generate(
+            self.graph, self.target, comments=comments, checks=checks, spmd=spmd, jit=jit and not checks
+        )
         self.source = generated.text
         self.line_to_node = generated.line_to_node
         namespace: dict[str, Any] = {"__name__": f"attnpass_generated_{target}", "mesh": mesh}
@@ -129,11 +140,16 @@ class Program:
         return f"<Program {self.graph.name} target={self.target.name} inputs={list(self.input_names)}>"
 
 
-def lower(graph: Graph, target: str, *, comments: bool = True, checks: bool = False, mesh: Any = None) -> Program:
+def lower(
+    graph: Graph, target: str, *, comments: bool = True, checks: bool = False, mesh: Any = None, jit: bool = True
+) -> Program:
     """Lower ``graph`` to the target registered as ``target`` ("mlx", "jax", "numpy", ...) and compile it.
 
+    ``jit``: a target with a compile step returns its program compiled (JAX: ``jax.jit``, state donated);
+    ``jit=False`` returns it eager (state not donated), and so does ``checks=True`` (a check reads the values
+    on the host, and raises there). Targets without a compile step (numpy, MLX) ignore it.
     ``checks=True``: values outside an op's contract raise at run time (:mod:`attnpass.lowering.checks`).
     ``mesh`` (e.g. a ``jax.sharding.Mesh``): lower with the graph's sharding annotations
     placed on it (:mod:`attnpass.lowering.sharding`); without one they are ignored.
     """
-    return Program(graph, target, comments=comments, checks=checks, mesh=mesh)
+    return Program(graph, target, comments=comments, checks=checks, mesh=mesh, jit=jit)

@@ -39,6 +39,10 @@ class QSAOps:
     # row_major(x): x as a row-major array, for a matmul operand that is a small transposed view (MLX 0.32's
     # CPU matmul reads such a view ~1.4x slower; same bits). Identity where the compiler chooses layouts (XLA).
     row_major: Callable[[Any], Any] = lambda x: x  # noqa: E731
+    # gather through a flat [B*H*T, D] view: one take of rows at cells plus (b*H + h)*T (MLX: its take_along_axis
+    # over the 5-D view is 3-6x slower on CPU); else one take_along_axis keeping streams and heads array axes
+    # (XLA partitions it along them on a mesh)
+    flat_gather: bool = False
 
     def _check(self, op: str, selection: Any, positions: Any, ratio: int, kv_len: int) -> None:
         if self.checks or (self.checks is None and env_checks()):
@@ -101,6 +105,17 @@ class QSAOps:
     def cell_valid(self, selection: Any, positions: Any, *, ratio: int, width: int, kv_len: int) -> Any:
         self._check("qsa_cell_valid", selection, positions, ratio, kv_len)
         return self._slots(selection, positions, ratio, width, kv_len)[1]
+
+    def gather(self, x: Any, cells: Any) -> Any:
+        """``x [B, H, T, D]`` at ``cells [B, S, W]`` -> ``[B*S, H, W, D]``, every stream, row and head at once."""
+        xp = self.xp
+        (b, h, t, d), (_b, s, w) = x.shape, cells.shape
+        if self.flat_gather and b * h * t < 2**31:  # the row index is int32
+            planes = xp.reshape(xp.arange(b * h, dtype=xp.int32) * t, (b, 1, h, 1))
+            rows = xp.take(xp.reshape(x, (b * h * t, d)), xp.reshape(cells, (b, s, 1, w)) + planes, axis=0)
+        else:
+            rows = xp.take_along_axis(xp.reshape(x, (b, 1, h, t, d)), xp.reshape(cells, (b, s, 1, w, 1)), axis=3)
+        return xp.reshape(rows, (b * s, h, w, d))
 
     def _slots(self, selection: Any, positions: Any, ratio: int, width: int, kv_len: int) -> tuple[Any, Any]:
         """``(cells, valid)`` of width W: the selected blocks' cells, then r-1 tail slots, then padding."""

@@ -2,7 +2,7 @@
 
 Every target's ``qsa`` helper (``Target.runtime["qsa"]``) offers the same
 functions (``pool``, ``block_scores``, ``select``, ``mask``, ``cells``,
-``cell_valid``), so the generated line reads
+``cell_valid``, ``gather``), so the generated line reads
 ``sel = qsa.select(scores, positions, ratio=4, top_k_blocks=512)``.
 """
 
@@ -19,6 +19,7 @@ _FUNCTIONS = {
     "qsa_mask": "mask",
     "qsa_cells": "cells",
     "qsa_cell_valid": "cell_valid",
+    "qsa_gather": "gather",
 }
 
 

@@ -61,9 +61,10 @@ class Target:
     count_primitives: Callable[..., Counter] | None = None  # (program, *args, **kwargs) -> primitive names
     placeholders: Callable[[Sequence[TensorType]], list[Any]] | None = None  # zero-cost example arguments
     export: Export | None = None
-    # (function name, state argument positions) -> a module-level line rebinding the function so the
-    # backend may update state buffers in place (JAX: jax.jit with donate_argnums); None: no donation
-    donate: Callable[[str, tuple[int, ...]], str] | None = None
+    # (function name, state argument positions) -> a module-level line rebinding the function compiled, the
+    # state buffers donated so the backend updates them in place (JAX: jax.jit with donate_argnums); None: the
+    # target has no compile step (its programs run as generated; lower's jit option does not apply)
+    jit: Callable[[str, tuple[int, ...]], str] | None = None
     spmd: Spmd | None = None  # sharded lowering over a device mesh (lower(..., mesh=...)), if the target has one
 
     @property

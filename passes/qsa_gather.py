@@ -11,19 +11,19 @@ value and ``ratio`` in ``qsa_select`` and ``qsa_mask``, ``kv_len`` equal to the
 cache length, ``block_scores`` covering no more cells than the cache, the
 ``-inf`` really a constant ``-inf``, and a deep enough cache:
 ``n_kv >= min_depth_factor * W`` with ``W = K*ratio + ratio - 1`` rounded up to
-``pad_multiple``; batched, ``B * Hkv * n_kv < 2**31`` (the int32 row index).
+``pad_multiple``.
 
-Rewrite (``batched=True``, the default): ``qsa_cells``/``qsa_cell_valid`` give
-each row ``W`` slots; one ``take`` of rows of ``k``/``v`` viewed as ``[B*Hkv*T,
-D]`` gathers every row's cells for every KV head at once, ``[B, S, Hkv, W, D]``
-(no GQA expansion; row-major, so folding the streams and rows into the batch
-is a reshape), and one ``sdpa`` with batch ``B*S``, one query row each, attends
-each row to its own ``W`` cells; ``vis`` is gathered the same way (a ``cast``
-on it is moved after the gather), invalid slots are masked (``False``, or
-``-inf`` with a visibility), the scale is the original one. With
-``batched=False``: one ``take`` along the T axis and one ``sdpa`` per (stream,
-row), concatenated back (the form before batching; kept for comparison). The
-masked path's nodes are left for :class:`DeadCodeElimination`.
+Rewrite: ``qsa_cells``/``qsa_cell_valid`` give each row ``W`` slots; one
+``qsa_gather`` of ``k`` and one of ``v`` read every row's cells for every KV
+head at once, ``[B*S, Hkv, W, D]`` (no GQA expansion; the streams and rows
+folded into the batch), and one ``sdpa`` with batch ``B*S``, one query row
+each, attends each row to its own ``W`` cells; ``vis`` is gathered by one
+``take_along_axis`` at the same cells (a ``cast`` on it is moved after the
+gather), invalid slots are masked (``False``, or ``-inf`` with a visibility),
+the scale is the original one. ``split-kv`` and ``shard-attention`` read the
+``qsa_gather`` ops as they are; how a target gathers is its lowering's
+choice (docs/semantics.md §3.3). The masked path's nodes are left for
+:class:`DeadCodeElimination`.
 
 Why it is exact: for a ``qsa_select`` selection (distinct ids) the valid slots
 are exactly the cells ``qsa_mask`` sets, each once, and every other cell of the
@@ -86,14 +86,11 @@ class QSAGather(SwitchedPass):
     max_rows: int = 8
     min_depth_factor: float = 2
     pad_multiple: int = 1
-    batched: bool = True
 
     def __post_init__(self) -> None:
         super().__post_init__()
         require_int("QSAGather", "max_rows", self.max_rows)
         require_int("QSAGather", "pad_multiple", self.pad_multiple)
-        if not isinstance(self.batched, bool):
-            raise ValueError(f"QSAGather: batched must be True or False, got {self.batched!r}")
         depth = self.min_depth_factor
         if isinstance(depth, bool) or not isinstance(depth, (int, float)) or not 0 <= depth < math.inf:
             raise ValueError(f"QSAGather: min_depth_factor must be a finite number >= 0, got {depth!r}")
@@ -104,7 +101,7 @@ class QSAGather(SwitchedPass):
         return -(-need // self.pad_multiple) * self.pad_multiple
 
     def run(self, graph: Graph, remarks: Remarks) -> bool:
-        rule = Rule("qsa-gather", "sdpa", self._match, _rewrite_batched if self.batched else _rewrite, self._describe)
+        rule = Rule("qsa-gather", "sdpa", self._match, _rewrite, self._describe)
         return bool(apply_rules(graph, [rule], remarks, decline_all=self.disabled()))
 
     # ------------------------------------------------------------------ check
@@ -144,8 +141,6 @@ class QSAGather(SwitchedPass):
             return _kept(f"block scores cover {n_blocks} blocks x ratio {ratio} = {n_blocks * ratio} cells > n_kv={t}")
         if s > self.max_rows:
             return _kept(f"prefill-shaped: {s} query rows per stream > max_rows={self.max_rows} (decode, verify only)")
-        if self.batched and b * k.shape[1] * t >= 2**31:
-            return _kept(f"B*Hkv*n_kv = {b * k.shape[1] * t} cells overflow the int32 row index of the batched gather")
         width = self.width(top_k, ratio)
         if t < self.min_depth_factor * width:
             return _kept(
@@ -161,12 +156,8 @@ class QSAGather(SwitchedPass):
             f"gather: top {m.top_k} blocks x ratio {m.ratio} + {m.ratio - 1} tail = {min_width(m.top_k, m.ratio)} "
             f"cells, W={m.width} (pad_multiple={self.pad_multiple}); attention width n_kv={m.n_kv} -> {m.width} "
             f"(n_kv >= {self.min_depth_factor}*W); {m.streams} stream(s) x {m.rows} row(s), "
-            + (
-                f"one gather each of K and V [B, S, Hkv, W, D] and one sdpa over {m.streams * m.rows} row(s); "
-                if self.batched
-                else f"{m.streams * m.rows} sdpa call(s), one per row, each over its own gather of K and of V; "
-            )
-            + f"visibility: {vis}; the masked path is now dead (run dce)"
+            f"one qsa_gather each of K and V [B*S, Hkv, W, D] and one sdpa over {m.streams * m.rows} row(s); "
+            f"visibility: {vis}; the masked path is now dead (run dce)"
         )
 
 
@@ -202,57 +193,18 @@ def _split_mask(graph: Graph, mask: Node) -> tuple[str, Node, str | None] | Decl
 
 
 def _rewrite(rw: Rewriter, m: _Match) -> None:
-    """Replace the matched sdpa by one gathered sdpa per (stream, row)."""
+    """Replace the matched sdpa by one ``qsa_gather`` each of K and V and one sdpa with the rows in its batch."""
     q, k, v = rw.anchor.inputs[:3]
-    n_streams, n_rows, t = m.streams, m.rows, m.n_kv
+    (b, _hq, s, _d), t = rw.type(q).shape, rw.type(k).shape[2]
     sel, positions = m.select.name, m.select.inputs[1]
     attrs = {"ratio": m.ratio, "width": m.width, "kv_len": t}
     cells = rw.op("qsa_cells", [sel, positions], attrs)
-    valid = rw.op("qsa_cell_valid", [sel, positions], attrs)
-    vis, vis_cast = _gather_source(rw, m.vis)
-    neg_inf = None if vis is None else rw.scalar(-math.inf, vis_cast or rw.type(vis).dtype, "neg_inf")
-    streams = []
-    for b in range(n_streams):
-        k_b, v_b, rows = rw.pick(k, {0: b}), rw.pick(v, {0: b}), []
-        for s in range(n_rows):
-            idx = rw.reshape(rw.pick(cells, {0: b, 1: s}), (m.width,), "cell_idx")
-            mask = rw.reshape(rw.pick(valid, {0: b, 1: s}), (1, 1, 1, m.width), "cell_ok")
-            if vis is not None:
-                row = rw.pick(vis, {0: b, 2: s})
-                if rw.type(row).shape[3] == t:
-                    row = rw.op("take", [row, idx], {"axis": 3}, "vis_gathered")
-                if vis_cast is not None:
-                    row = rw.op("cast", [row], {"dtype": vis_cast}, "vis_gathered")
-                mask = rw.op("where", [mask, row, neg_inf], hint="gather_mask")
-            operands = [
-                rw.pick(q, {0: b, 2: s}),
-                rw.op("take", [k_b, idx], {"axis": 2}, "k_gathered"),
-                rw.op("take", [v_b, idx], {"axis": 2}, "v_gathered"),
-                mask,
-            ]
-            rows.append(rw.op("sdpa", operands, {"scale": rw.anchor.attrs["scale"], "causal": "none"}, "sdpa_gather"))
-        streams.append(rw.concat(rows, 2, "sdpa_gather"))
-    rw.replace_matched(rw.concat(streams, 0, "sdpa_gather"))
-
-
-def _rewrite_batched(rw: Rewriter, m: _Match) -> None:
-    """Replace the matched sdpa by one gather of every row's cells and one sdpa with the rows in its batch."""
-    q, k, v = rw.anchor.inputs[:3]
-    (b, _hq, s, _d), (_b, hkv, t, _dk) = rw.type(q).shape, rw.type(k).shape
-    sel, positions = m.select.name, m.select.inputs[1]
-    attrs = {"ratio": m.ratio, "width": m.width, "kv_len": t}
-    cells = rw.reshape(rw.op("qsa_cells", [sel, positions], attrs), (b, s, 1, m.width), "cells")
     valid = rw.reshape(rw.op("qsa_cell_valid", [sel, positions], attrs), (b * s, 1, 1, m.width), "cell_ok")
-    rows = _flat_rows(rw, cells, (b, 1, hkv, 1), lambda i, _s, h: i * hkv + h, t, "kv_rows")
-    kv = []
-    for x, hint in ((k, "k"), (v, "v")):
-        d = rw.type(x).shape[3]
-        cells_kv = rw.op("take", [rw.reshape(x, (b * hkv * t, d), f"{x}_rows"), rows], {"axis": 0}, f"{hint}_cells")
-        kv.append(rw.reshape(cells_kv, (b * s, hkv, m.width, d), f"{hint}_gathered"))
+    kv = [rw.op("qsa_gather", [x, cells], hint=f"{hint}_gathered") for x, hint in ((k, "k"), (v, "v"))]
     mask = valid
     vis, vis_cast = _gather_source(rw, m.vis)
     if vis is not None:
-        vis = _gather_visibility(rw, vis, cells, b, s, t)
+        vis = _gather_visibility(rw, vis, cells, b, s)
         if vis_cast is not None:
             vis = rw.op("cast", [vis], {"dtype": vis_cast}, "vis_gathered")
         mask = rw.op("where", [valid, vis, rw.scalar(-math.inf, rw.type(vis).dtype, "neg_inf")], hint="gather_mask")
@@ -261,26 +213,17 @@ def _rewrite_batched(rw: Rewriter, m: _Match) -> None:
     rw.replace_matched(_batch_to_rows(rw, out, b, s))
 
 
-def _flat_rows(rw: Rewriter, cells: str, shape: tuple[int, int, int, int], plane, t: int, hint: str) -> str:
-    """Row indices into a ``[planes * t, ...]`` view: ``plane(i, j, h) * t + cells[i, j]`` over ``shape``."""
-    bases = tuple(plane(i, j, h) * t for i in range(shape[0]) for j in range(shape[1]) for h in range(shape[2]))
-    if not any(bases):
-        return cells
-    base = rw.op("constant", [], {"value": bases, "shape": shape, "dtype": DType.int32}, f"{hint}_base")
-    return rw.op("add", [cells, base], hint=hint)
-
-
-def _gather_visibility(rw: Rewriter, vis: str, cells: str, b: int, s: int, t: int) -> str:
-    """Visibility ``[b', h', s', T or 1]`` at each row's cells: ``[B*S, h', 1, W or 1]``."""
+def _gather_visibility(rw: Rewriter, vis: str, cells: str, b: int, s: int) -> str:
+    """Visibility ``[b', h', s', T or 1]`` at each row's cells (``[B, S, W]``): ``[B*S, h', 1, W or 1]``."""
     vb, vh, vs, vt = rw.type(vis).shape
-    # [b', s', h', T']: streams and rows outermost, so one flat row index serves every (stream, row, head)
+    # [b', s', h', T']: streams and rows outermost, as in the sdpa's batch
     vis = rw.reshape(vis, (vb, vs, vh, vt)) if 1 in (vh, vs) else rw.transpose(vis, (0, 2, 1, 3))
     if vt == 1:
         return rw.reshape(rw.broadcast(vis, (b, s, vh, 1)), (b * s, vh, 1, 1), "vis_rows")
-    flat = rw.reshape(vis, (vb * vs * vh * t,), "vis_flat")
-    rows = _flat_rows(rw, cells, (b, s, vh, 1), lambda i, j, h: ((i % vb) * vs + j % vs) * vh + h, t, "vis_cells")
     width = rw.type(cells).shape[-1]
-    return rw.reshape(rw.op("take", [flat, rows], {"axis": 0}, "vis_gathered"), (b * s, vh, 1, width))
+    index = rw.reshape(cells, (b, s, 1, width), "vis_cells")
+    gathered = rw.op("take_along_axis", [vis, index], {"axis": 3}, "vis_gathered")  # [B, S, h', W]
+    return rw.reshape(gathered, (b * s, vh, 1, width), "vis_gathered")
 
 
 def _rows_to_batch(rw: Rewriter, x: str) -> str:

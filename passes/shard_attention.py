@@ -39,18 +39,14 @@ dimension, so XLA's partitioner needs no communication except the combine):
   group at once, K/V whole), since a one-head slice of a head-sharded K cannot
   stay on its device in an SPMD program. Every call keeps ``q_len *
   heads-per-KV-head`` of the original chunks (MLX's fused-kernel budget);
-- a gathered QSA attention (``qsa-gather{batched=false}``, one gather per
-  row): its K/V gathers and queries; per stream slices make ``batch`` (size >
-  1) decline there;
-- a batched gathered QSA attention (``qsa-gather``'s default: one flat gather
-  of every row's cells from ``K`` viewed as ``[B*Hkv*T, D]``): the flat view
-  merges the streams and KV heads into the gathered axis, so the gather is
-  rebuilt as one ``take_along_axis`` from the caches themselves
-  (:func:`~attnpass.passes.split_kv.gather_rows`, the same rows bit for bit)
-  that keeps streams and KV heads array axes; the caches are annotated.
+- a gathered QSA attention (``qsa-gather``'s ``qsa_gather`` of every row's
+  cells, ``[B*S, Hkv, W, D]``): the gather keeps the streams (the outer part
+  of its batch) and the KV heads array axes, so its K/V and the caches it
+  reads are annotated as they are. A QSA gather of another form (a ``take`` or
+  ``take_along_axis`` of the ``qsa_cells``) is declined.
 
-In both gathered forms the indexer's values stay unannotated: each device
-computes the selection itself from replicated inputs, and no K/V row moves.
+The indexer's values stay unannotated: each device computes the selection
+itself from replicated inputs, and no K/V row moves.
 
 The remark's per-device counts (KV heads, streams, keys) are divided only by
 the axes the placement put on K's and V's roots, and it states each root's
@@ -76,21 +72,13 @@ from attnpass.ir.core.sharding import Sharding, format_sharding, normalize_shard
 from .base import Pass, Remarks
 from .registry import register_pass
 from .rewrite import Decline, Rewriter, Rule, apply_rules
-from .split_kv import (
-    Labels,
-    Place,
-    RowGather,
-    SplitPlan,
-    gather_rows,
-    is_split_partial,
-    match_row_gather,
-    match_split,
-    rewrite_split,
-)
+from .split_kv import Labels, Place, SplitPlan, gathers_qsa_cells, is_split_partial, match_split, rewrite_split
 
 QKV_LABELS = ("batch", "heads", None, None)
 PROPAGATING = frozenset({"add", "sub", "mul", "div", "maximum", "cast", "concat"})
-BACKWARD = frozenset({"slice", "take", "cast", "transpose", "reshape", "broadcast_to", "dynamic_update_slice"})
+BACKWARD = frozenset(
+    {"slice", "take", "cast", "transpose", "reshape", "broadcast_to", "dynamic_update_slice", "qsa_gather"}
+)
 
 
 @dataclass(frozen=True)
@@ -103,7 +91,6 @@ class _Plan:
     mask: str | None
     chunks: tuple[tuple[int, int], ...] | None  # head-chunk regroup: query-head offsets within a KV group
     split: SplitPlan | None
-    rows: RowGather | None  # the batched gather form, rebuilt from the caches when not split
     values: tuple[tuple[str, Sharding], ...]  # existing values and their new annotations
     message: str
 
@@ -207,8 +194,14 @@ class ShardAttention(Pass):
                 f"not divide {hkv}, so a device would hold part of a KV group (GQA groups are not split; "
                 "shard the keys with seq= instead)"
             )
-        rows = match_row_gather(graph, graph.node(k), graph.node(v)) if chunks is None else None
-        streams = b if rows is None else rows.streams  # the batched form's leading axis is (stream, row)
+        stray = next((x for x in (graph.node(k), graph.node(v)) if gathers_qsa_cells(graph, x)), None)
+        if stray is not None:
+            return Decline(
+                f"{stray.name} gathers the QSA cells by {stray.op}, not by qsa_gather (qsa-gather's form), so the "
+                "caches it reads cannot keep streams and KV heads on their devices"
+            )
+        gathered = graph.node(k).op == "qsa_gather"
+        streams = graph.node(graph.node(k).inputs[0]).type.shape[0] if gathered else b  # gathered: [B*S, ...]
         split = None
         if ns > 1:
             if nb > 1:
@@ -225,8 +218,6 @@ class ShardAttention(Pass):
         wanted: list[tuple[str, Labels]] = [(q, QKV_LABELS)]
         if split is not None and split.cells is not None:
             wanted += [(split.k_source, kv_labels), (split.v_source, kv_labels)]
-        elif rows is not None:
-            wanted += [(rows.k_source, kv_labels), (rows.v_source, kv_labels)]
         else:
             wanted += [(k, kv_labels), (v, kv_labels)]
         values: dict[str, Sharding] = {}
@@ -261,8 +252,9 @@ class ShardAttention(Pass):
             and all(graph.node(n).sharding == s for n, s in values.items())
         ):
             return Decline("already sharded as planned")
+        rows = b // streams if gathered else None
         message = self._describe(graph, anchor, hkv, hq, streams, chunks, split, rows, values, roots)
-        return _Plan(q, k, v, mask, chunks, split, rows, tuple(values.items()), message)
+        return _Plan(q, k, v, mask, chunks, split, tuple(values.items()), message)
 
     def _chain(
         self, graph: Graph, value: str, labels: Labels, strict: bool = True
@@ -297,7 +289,7 @@ class ShardAttention(Pass):
         b: int,
         chunks: tuple[tuple[int, int], ...] | None,
         split: SplitPlan | None,
-        rows: RowGather | None,
+        rows: int | None,
         values: dict[str, Sharding],
         roots: list[str],
     ) -> str:
@@ -307,8 +299,8 @@ class ShardAttention(Pass):
         parts = []
         if rows is not None and split is None:
             parts.append(
-                f"batched gather of {rows.streams} stream(s) x {rows.rows} row(s) rebuilt as one take_along_axis "
-                f"from {rows.k_source}/{rows.v_source} at {rows.cells}, streams and KV heads kept array axes"
+                f"gathered QSA attention over {b} stream(s) x {rows} row(s): each qsa_gather keeps streams and "
+                "KV heads array axes, so every device gathers its rows from its own part of the caches"
             )
         if chunks is not None:
             sizes = "+".join(str(stop - start) for start, stop in chunks)
@@ -363,23 +355,8 @@ class ShardAttention(Pass):
             rw.replace_matched(self._regroup(rw, plan, place), prune=True)
         elif plan.split is not None:
             rw.replace_matched(rewrite_split(rw, plan.split, place), prune=True)
-        elif plan.rows is not None:
-            rw.replace_matched(self._gather_rows(rw, plan, plan.rows, place), prune=True)
         else:
             rw.annotate_matched(self._sharding(QKV_LABELS) or ())
-
-    def _gather_rows(self, rw: Rewriter, plan: _Plan, rows: RowGather, place: Place) -> str:
-        """The batched gathered sdpa, its K/V gathered by :func:`gather_rows` from the (annotated) caches."""
-        name, kv = rw.anchor.name, []
-        for source, hint in ((rows.k_source, "k"), (rows.v_source, "v")):
-            b, h, t, d = rw.type(source).shape
-            whole = rw.reshape(source, (1, b, h, t, d), f"{name}_{hint}_source")
-            place(whole, (None, "batch", "heads", None, None))
-            kv.append(gather_rows(rw, whole, rows.cells, place, f"{name}_{hint}_gathered"))
-        operands = [plan.q, *kv] + ([plan.mask] if plan.mask else [])
-        out = rw.op("sdpa", operands, rw.anchor.attrs, name)
-        place(out, QKV_LABELS)
-        return out
 
     def _regroup(self, rw: Rewriter, plan: _Plan, place: Place) -> str:
         """One sdpa per chunk position over all KV groups: ``q[B, Hkv, G, S, D][:, :, a:b]`` against whole K/V."""
@@ -501,6 +478,10 @@ def _source_sharding(graph: Graph, node: Node, sharding: Sharding) -> Sharding |
                 f"it takes [{format_slice(node)}] of {source.name}, which cuts dimension {cut[0]} (to be sharded over "
                 f"{sharding[cut[0]]}); per-stream or per-head slices cannot stay on one device of an SPMD program"
             )
+        return sharding
+    if node.op == "qsa_gather":  # [B*S, H, W, D] from [B, H, T, D]: B the outer part of B*S, H as it is
+        if sharding[2]:
+            return f"it gathers {source.name} along T (dimension 2, to be sharded over {sharding[2]})"
         return sharding
     if node.op == "take":
         axis = node.attrs["axis"] % source.type.rank

@@ -17,19 +17,16 @@ Forms:
 - dense: ``k``/``v`` are read whole (``[B, Hkv, T, D]``); a causal attribute
   becomes an explicit bool mask compared from iotas (the shards need their own
   key offsets; each device computes only its part);
-- gathered (QSA, ``qsa-gather{batched=false}``): ``k = take(K, cells,
-  axis=2)`` and ``v = take(V, cells, axis=2)`` with the same 1-D ``cells``; the
+- gathered (QSA, ``qsa-gather``'s form): ``k = qsa_gather(K, cells)`` and
+  ``v = qsa_gather(V, cells)`` with the same ``cells`` ``[B, S, W]``; the
   gather *source* is split. Every shard gathers ``cells % Tn`` from its own
-  slice and masks the slots whose cell it does not own, so each slot is
-  attended by exactly the shard holding it (compute per shard stays O(W); only
-  K/V storage is split);
-- batched gathered (QSA, ``qsa-gather``'s default): ``k = reshape(take(
-  reshape(K, [B*Hkv*T, D]), rows, axis=0), [B*S, Hkv, W, D])`` (and ``v`` by the
-  same ``rows``) with ``rows = cells + (b*Hkv + h)*T``, ``cells`` int32 ``[B, S,
-  1, W]`` (see :func:`match_row_gather`). The same as the gathered form, per
-  (stream, row): every shard gathers ``cells % Tn`` from its own slice with one
-  ``take_along_axis`` that keeps the shard, stream and KV-head axes array axes
-  (:func:`gather_rows`), and masks the slots it does not own.
+  slice (one ``qsa_gather`` from ``K`` split as ``[n*B, Hkv, Tn, D]``, the
+  cells repeated per shard, so the sdpa batch is (shard, stream, row)) and
+  masks the slots whose cell it does not own, so each slot is attended by
+  exactly the shard holding it (compute per shard stays O(W); only K/V
+  storage is split). A ``k``/``v`` gathered any other way from the QSA cells
+  (a ``take`` or ``take_along_axis`` of ``qsa_cells``) is declined, not split
+  densely (every device would then gather from all of K).
 
 Numerics: partials are rounded to the sdpa's dtype before the float32 combine
 (rounding-class vs the unsplit call). A shard whose keys are all masked has
@@ -79,15 +76,14 @@ class SplitPlan:
     shards: int
     k_source: str
     v_source: str
-    cells: str | None  # the gathered form's cell indices (1-D, or [B, S, 1, W] batched), None for the dense form
+    cells: str | None  # the gathered form's cells [B, S, W] (qsa_gather's), None for the dense form
     kv_len: int
-    batched: bool = False  # the batched multi-row gather form (cells [B, S, 1, W])
     sinks: bool = False
     softcap: float | None = None
 
     def describe(self) -> str:
         form = (
-            f"gathered form{' (batched rows)' if self.batched else ''}: each shard gathers {self.cells} % "
+            f"gathered form (qsa_gather): each shard gathers {self.cells} % "
             f"{self.kv_len // self.shards} from its own slice and masks the cells it does not own"
             if self.cells
             else "dense form"
@@ -108,81 +104,12 @@ def is_split_partial(graph: Graph, node: Node) -> bool:
     )
 
 
-@dataclass(frozen=True)
-class RowGather:
-    """The batched multi-row QSA gather feeding an sdpa (``qsa-gather``'s default form)::
-
-        k = reshape(take(reshape(K, [B*Hkv*T, D]), rows, axis=0), [B*S, Hkv, W, D])   # v alike, same rows
-        rows = cells + base,  base[b, 0, h, 0] = (b*Hkv + h) * T   (no base when B*Hkv == 1)
-
-    so row ``(b, s)`` of the sdpa's batch reads ``K[b, h, cells[b, s, 0, :]]`` for every KV head ``h``, given
-    cells in ``[0, T)`` (as ``qsa_cells`` makes them; the rewrites assume it, like the per-row form's ``take``).
-    """
-
-    k_source: str  # K [B, Hkv, T, D]
-    v_source: str  # V [B, Hkv, T, Dv]
-    cells: str  # int32 [B, S, 1, W], each in [0, T)
-    streams: int
-    rows: int
-
-
-def match_row_gather(graph: Graph, k: Node, v: Node) -> RowGather | None:
-    """``k``/``v`` as the batched gather form; None when they are not gathered exactly that way (any other
-    form is then handled as before: a dense split reads ``k``/``v`` whole)."""
-    takes = [graph.node(x.inputs[0]) if x.op == "reshape" else None for x in (k, v)]
-    if any(t is None or t.op != "take" or t.type.rank != 5 or t.attrs["axis"] % 2 for t in takes):
-        return None
-    kt, vt = takes
-    assert kt is not None and vt is not None
-    flats = [graph.node(t.inputs[0]) for t in (kt, vt)]
-    if any(f.op != "reshape" or f.type.rank != 2 or graph.node(f.inputs[0]).type.rank != 4 for f in flats):
-        return None
-    ks, vs = (graph.node(f.inputs[0]) for f in flats)
-    (b, hkv, t, _), (vb, vh, vtn, _) = ks.type.shape, vs.type.shape
-    if kt.inputs[1] != vt.inputs[1] or (b, hkv, t) != (vb, vh, vtn):
-        return None
-    rows = graph.node(kt.inputs[1])
-    if rows.type.rank != 4:
-        return None
-    bs, s, hr, width = rows.type.shape
-    if (bs, hr) != (b, hkv) or (k.type.shape, v.type.shape) != (
-        (b * s, hkv, width, ks.type.shape[3]),
-        (b * s, hkv, width, vs.type.shape[3]),
-    ):
-        return None
-    if b == 1 and hkv == 1:  # one plane: the rows are the cells
-        return RowGather(ks.name, vs.name, rows.name, b, s)
-    if rows.op != "add":
-        return None
-    bases = tuple((i * hkv + h) * t for i in range(b) for h in range(hkv))
-    for x, y in (rows.inputs, rows.inputs[::-1]):
-        base = graph.node(y)
-        if (
-            base.op == "constant"
-            and base.type.shape == (b, 1, hkv, 1)
-            and tuple(base.attrs["value"]) == bases
-            and graph.node(x).type.shape == (b, s, 1, width)
-        ):
-            return RowGather(ks.name, vs.name, x, b, s)
-    return None
-
-
-def gather_rows(rw: Rewriter, source: str, cells: str, place: Place, hint: str) -> str:
-    """``source [N, B, Hkv, T, D]`` at ``cells [B, S, 1, W]`` -> ``[N*B*S, Hkv, W, D]``: for every ``n``, stream
-    ``b``, row ``s`` and KV head ``h``, ``source[n, b, h, cells[b, s, 0, :]]``. One ``take_along_axis`` whose
-    other axes (``N``, streams, KV heads, features) stay array axes, so a mesh axis over any of them needs no
-    communication; the same rows, bit for bit, as the flat gather of the batched form."""
-    n, b, h, t, d = rw.type(source).shape
-    _b, s, _one, width = rw.type(cells).shape
-    lead = "shard" if n > 1 else None
-    x = rw.reshape(source, (n, b, 1, h, t, d), f"{hint}_source")
-    place(x, (lead, "batch", None, "heads", None, None))
-    idx = rw.reshape(cells, (1, b, s, 1, width, 1), f"{hint}_index")
-    out = rw.op("take_along_axis", [x, idx], {"axis": 4}, hint)
-    place(out, (lead, "batch", None, "heads", None, None))
-    out = rw.reshape(out, (n * b * s, h, width, d), hint)
-    place(out, ("shard" if n > 1 else "batch", "heads", None, None))
-    return out
+def gathers_qsa_cells(graph: Graph, node: Node) -> bool:
+    """Whether ``node`` is a ``take``/``take_along_axis`` whose indices derive from a ``qsa_cells``: a QSA gather
+    not in the ``qsa_gather`` form."""
+    if node.op not in ("take", "take_along_axis"):
+        return False
+    return any(graph.node(n).op == "qsa_cells" for n in graph.ancestors([node.inputs[1]]))
 
 
 def match_split(graph: Graph, node: Node, shards: int) -> SplitPlan | Decline:
@@ -190,35 +117,31 @@ def match_split(graph: Graph, node: Node, shards: int) -> SplitPlan | Decline:
     if is_split_partial(graph, node):
         return Decline("already a split-KV partial (its sdpa_lse companion reads the same operands)")
     k, v = graph.node(node.inputs[1]), graph.node(node.inputs[2])
-    row_gather = match_row_gather(graph, k, v)
-    gathered = k.op == "take" and v.op == "take"
-    if row_gather is not None:
-        if node.attrs["causal"] != "none":
-            return Decline(f"gathered attention with causal={node.attrs['causal']!r}: key positions are gathered")
-        k_source, v_source = row_gather.k_source, row_gather.v_source
-    elif gathered:
-        if k.inputs[1] != v.inputs[1] or any(n.attrs["axis"] % 4 != 2 for n in (k, v)):
-            return Decline(f"k {k.name} and v {v.name} are takes, but not along T by the same cells")
-        cells = graph.node(k.inputs[1])
-        if cells.type.rank != 1:
-            return Decline(f"the gathered cells {cells.name} are {cells.type}, not one 1-D index vector")
+    gathered = k.op == "qsa_gather" or v.op == "qsa_gather"
+    if gathered:
+        if k.op != v.op or k.inputs[1] != v.inputs[1]:
+            return Decline(f"k {k.name} ({k.op}) and v {v.name} ({v.op}) are not both qsa_gather of the same cells")
         if node.attrs["causal"] != "none":
             return Decline(f"gathered attention with causal={node.attrs['causal']!r}: key positions are gathered")
         k_source, v_source = k.inputs[0], v.inputs[0]
     else:
+        stray = next((x for x in (k, v) if gathers_qsa_cells(graph, x)), None)
+        if stray is not None:
+            return Decline(
+                f"{stray.name} gathers the QSA cells by {stray.op}, not by qsa_gather (qsa-gather's form): a dense "
+                "split of the gathered values would have every device gather from all of K and V"
+            )
         k_source, v_source = k.name, v.name
     kv_len = graph.node(k_source).type.shape[2]
     keys = k.type.shape[2]
     mask, sinks = sdpa_operands(node.inputs, node.attrs["has_sinks"])
     if mask is not None and graph.node(mask).type.shape[-1:] != (keys,):
         return Decline(f"the mask {mask} broadcasts over the keys (last dimension is not {keys})")
-    if sinks is not None and (row_gather is not None or gathered):
+    if sinks is not None and gathered:
         return Decline("sinks with the gathered form: its rows without a slot are the mean of V, not 0")
     if kv_len % shards:
         return Decline(f"kv_len {kv_len} of {k_source} is not divisible by {shards} shards")
     variants = {"sinks": sinks is not None, "softcap": node.attrs["logit_softcap"]}
-    if row_gather is not None:
-        return SplitPlan(shards, k_source, v_source, row_gather.cells, kv_len, batched=True, **variants)
     return SplitPlan(shards, k_source, v_source, k.inputs[1] if gathered else None, kv_len, **variants)
 
 
@@ -254,19 +177,16 @@ def rewrite_split(rw: Rewriter, plan: SplitPlan, place: Place) -> str:
         if node.attrs["causal"] != "none":
             seen = _causal_split(rw, node.attrs["causal"], s, plan.kv_len, n, b, place)
             mask = seen if mask is None else _and_mask(rw, mask, seen, hq, place, live)
-    elif plan.batched:  # per (stream, row): the cells [B, S, 1, W] of this batch row
+    else:  # per (shard, stream, row): the cells [B, S, W] of this batch row, local to the shard
         local, owned = _owned_cells(rw, plan.cells, n, tn)
-        k5 = _split_keys5(rw, plan.k_source, n, place, f"{name}_k_split")
-        v5 = _split_keys5(rw, plan.v_source, n, place, f"{name}_v_split")
-        k_split = gather_rows(rw, k5, local, place, f"{name}_k_gathered")
-        v_split = gather_rows(rw, v5, local, place, f"{name}_v_gathered")
-        mask = _owned_mask(rw, mask, owned, n, b, hq, s, place)
-    else:
-        local, owned = _owned_cells(rw, plan.cells, n, tn)
+        streams, rows, width = rw.type(local).shape
+        local = rw.broadcast(local, (n, streams, rows, width), f"{name}_cells_split")
+        local = rw.reshape(local, (n * streams, rows, width), f"{name}_cells_split")
+        place(local, ("shard", None, None))
         k_split = _split_keys(rw, plan.k_source, n, place, f"{name}_k_split")
         v_split = _split_keys(rw, plan.v_source, n, place, f"{name}_v_split")
-        k_split = rw.op("take", [k_split, local], {"axis": 2}, f"{name}_k_gathered")
-        v_split = rw.op("take", [v_split, local], {"axis": 2}, f"{name}_v_gathered")
+        k_split = rw.op("qsa_gather", [k_split, local], hint=f"{name}_k_gathered")
+        v_split = rw.op("qsa_gather", [v_split, local], hint=f"{name}_v_gathered")
         for value in (k_split, v_split):
             place(value, ("shard", "heads", None, None))
         mask = _owned_mask(rw, mask, owned, n, b, hq, s, place)
@@ -279,20 +199,13 @@ def rewrite_split(rw: Rewriter, plan: SplitPlan, place: Place) -> str:
     return _combine(rw, partial, lse, (n, b, hq, s, dv), node.type.dtype, place, sinks)
 
 
-def _split_keys5(rw: Rewriter, x: str, n: int, place: Place, hint: str) -> str:
-    """``[B, H, T, E] -> [n, B, H, T/n, E]``, the shard axis outermost (shared by every sdpa splitting ``x``)."""
+def _split_keys(rw: Rewriter, x: str, n: int, place: Place, hint: str) -> str:
+    """``[B, H, T, E] -> [n*B, H, T/n, E]``, the shard axis outermost (shared by every sdpa splitting ``x``)."""
     b, h, t, e = rw.type(x).shape
     r = _reuse(rw, "reshape", x, {"shape": (b, h, n, t // n, e)}, hint)
     place(r, ("batch", "heads", "shard", None, None))
     r = _reuse(rw, "transpose", r, {"perm": (2, 0, 1, 3, 4)}, hint)
     place(r, ("shard", "batch", "heads", None, None))
-    return r
-
-
-def _split_keys(rw: Rewriter, x: str, n: int, place: Place, hint: str) -> str:
-    """``[B, H, T, E] -> [n*B, H, T/n, E]``, the shard axis outermost (shared by every sdpa splitting ``x``)."""
-    b, h, t, e = rw.type(x).shape
-    r = _split_keys5(rw, x, n, place, hint)
     r = _reuse(rw, "reshape", r, {"shape": (n * b, h, t // n, e)}, hint)
     place(r, ("shard", "heads", None, None))
     return r
@@ -377,8 +290,8 @@ def _and_mask(rw: Rewriter, mask: str, seen: str, hq: int, place: Place, live: s
 
 
 def _owned_cells(rw: Rewriter, cells: str, n: int, tn: int) -> tuple[str, str]:
-    """``(cells % Tn, owner == shard)``: the local index of every slot, and ``bool[n, R, 1, 1, W]`` of who holds
-    it, ``R`` the sdpa batch rows the cells belong to (1 for 1-D cells; ``B*S`` for batched ``[B, S, 1, W]``)."""
+    """``(cells % Tn, owner == shard)``: the local index of every slot, and ``bool[n, B*S, 1, 1, W]`` of who holds
+    it, for the sdpa batch rows the cells ``[B, S, W]`` belong to."""
     shape = rw.type(cells).shape
     rows, width = math.prod(shape[:-1]), shape[-1]
     size = rw.scalar(tn, DType.int32, "shard_len")
@@ -457,8 +370,8 @@ class SplitKV(Pass):
     """Split every ``sdpa``'s keys into ``shards`` T-shards, attended separately and combined exactly.
 
     Preconditions (one remark per sdpa): ``kv_len % shards == 0``; a gathered
-    sdpa reads K and V through ``take`` along T by one 1-D cell vector and has
-    no causal attribute; an sdpa that already has an ``sdpa_lse`` companion (a
+    sdpa reads K and V through ``qsa_gather`` of the same cells and has no
+    causal attribute (a QSA gather of another form is declined); an sdpa that already has an ``sdpa_lse`` companion (a
     partial of an earlier split) is left alone, so running the pass again
     changes nothing.
     """
@@ -482,10 +395,8 @@ __all__ = [
     "Place",
     "SplitKV",
     "SplitPlan",
-    "RowGather",
-    "gather_rows",
+    "gathers_qsa_cells",
     "is_split_partial",
-    "match_row_gather",
     "match_split",
     "no_placement",
     "rewrite_split",

@@ -13,7 +13,11 @@ The gather side is two ops over the same operands and attributes, because a
 node has one output: ``qsa_cells`` gives the cell index of every slot (a safe
 ``0`` where a slot is unused) and ``qsa_cell_valid`` says which slots are real.
 For a selection made by ``qsa_select`` the valid slots enumerate exactly the
-cells ``qsa_mask`` sets, each once.
+cells ``qsa_mask`` sets, each once. ``qsa_gather`` reads those cells of a
+``[B, H, T, D]`` cache for every (stream, row, head) at once, the streams and
+rows folded into the batch as an ``sdpa`` with one query row per batch entry
+takes them; how a target gathers (MLX: one ``take`` on a flat view) is its own
+lowering choice.
 
 Runtime values outside the contract (block ids outside ``[-1, NB)``, positions
 outside ``[0, kv_len)``) make the numpy reference raise; the MLX and JAX
@@ -115,6 +119,17 @@ def _gather_rule(op: str, dtype: DType):
     return infer
 
 
+def _infer_gather(ts):
+    x, cells = ts
+    if x.rank != 4:
+        raise ShapeError(f"qsa_gather: x must be [B, H, T, D] (rank 4), got x={x}")
+    _need("qsa_gather", cells, "cells", 3, (DType.int32,))
+    (b, h, _t, d), (bc, s, w) = x.shape, cells.shape
+    if bc != b:
+        raise ShapeError(f"qsa_gather: cells must be [B, S, W] with the B={b} of x={x}, got cells={cells}")
+    return TensorType((b * s, h, w, d), x.dtype)
+
+
 register(
     OpDef(
         "qsa_pool",
@@ -178,6 +193,17 @@ register(
         "qsa",
         "Companion of qsa_cells: bool[B, S, width], True where the slot holds a selected or tail cell "
         "(a selected block b < n_complete, a tail cell <= p, and always cell < kv_len).",
+    )
+)
+register(
+    OpDef(
+        "qsa_gather",
+        ("x", "cells"),
+        _infer_gather,
+        {},
+        "qsa",
+        "Every row's cells of a cache: x [B, H, T, D] at cells i32[B, S, W] -> [B*S, H, W, D], "
+        "out[b*S + s, h, w] = x[b, h, cells[b, s, w]]; cells must lie in [0, T).",
     )
 )
 

@@ -21,8 +21,8 @@ __all__ = [
     "sigmoid", "logical_and", "logical_or", "equal", "less", "greater_equal", "cast", "reshape",
     "broadcast_to", "transpose", "slice", "concat", "take", "where", "sum", "max", "matmul", "softmax",
     "sdpa", "sdpa_lse", "constant", "argpartition", "put_along_axis", "qsa_pool", "qsa_block_scores", "qsa_select",
-    "qsa_mask", "qsa_cells", "qsa_cell_valid", "dynamic_update_slice", "addmm", "take_along_axis", "tanh", "erf",
-    "log", "log1p", "expm1", "sqrt", "abs", "sign", "logical_not", "minimum", "power", "logaddexp",
+    "qsa_mask", "qsa_cells", "qsa_cell_valid", "qsa_gather", "dynamic_update_slice", "addmm", "take_along_axis",
+    "tanh", "erf", "log", "log1p", "expm1", "sqrt", "abs", "sign", "logical_not", "minimum", "power", "logaddexp",
 ]  # fmt: skip
 
 
@@ -210,6 +210,11 @@ def qsa_cells(selection: Tensor, positions: Tensor, *, ratio: int, width: int, k
 def qsa_cell_valid(selection: Tensor, positions: Tensor, *, ratio: int, width: int, kv_len: int) -> Tensor:
     """bool ``[B, S, width]``: which slots of :func:`qsa_cells` hold a real cell."""
     return emit("qsa_cell_valid", [selection, positions], {"ratio": ratio, "width": width, "kv_len": kv_len})
+
+
+def qsa_gather(x: Tensor, cells: Tensor) -> Tensor:
+    """``[B*S, H, W, D]``: row ``b*S + s`` is ``x[b, :, cells[b, s]]`` (x ``[B, H, T, D]``, cells i32 ``[B, S, W]``)."""
+    return emit("qsa_gather", [x, cells])
 
 
 # ----------------------------------------------------------------------------- ops imported models need

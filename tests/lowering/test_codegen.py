@@ -88,6 +88,9 @@ def attention(q, k, v):
     out = jnp.swapaxes(jax.nn.dot_product_attention(jnp.swapaxes(q, 1, 2), jnp.swapaxes(k, 1, 2), \
 jnp.swapaxes(v, 1, 2), scale=0.35355339059327373, mask=(jnp.arange(6)[None, :] <= jnp.arange(4)[:, None] + 2)), 1, 2)
     return probs, out
+
+
+attention = jax.jit(attention)
 '''
 
 
@@ -224,7 +227,7 @@ def test_source_location_cannot_inject_code(target, filename):
     assert program.source.splitlines() == program.source.split("\n")[:-1]
     comment = next(line for line in lines if line.lstrip().startswith("# y:"))
     assert comment.endswith(":3)") and "import os" in comment
-    assert "os" not in program.fn.__globals__
+    assert "os" not in getattr(program.fn, "__wrapped__", program.fn).__globals__  # a jax.jit wraps the function
     np.testing.assert_allclose(run(program, np.zeros((2, 3), np.float32)), np.ones((2, 3), np.float32))
 
 
@@ -330,7 +333,7 @@ def _attention_model(q, k, v, mask):
     return ops.sdpa(q, k, v, mask=mask, causal="bottom_right"), probs, ops.sum(probs, axis=-1)
 
 
-def _attention_program(target: str, dtype: DType = F32):
+def _attention_program(target: str, dtype: DType = F32, **options):
     graph = trace(
         _attention_model,
         TensorSpec((1, 2, 3, 64), dtype),
@@ -341,7 +344,7 @@ def _attention_program(target: str, dtype: DType = F32):
     rng = np.random.default_rng(5)
     xs = [random_array(rng, t.shape, t.dtype) for t in graph.input_types()]
     xs[3][:, 0] = True
-    return lower(graph, target), xs
+    return lower(graph, target, **options), xs
 
 
 @pytest.mark.parametrize("target", ALL_TARGETS)
@@ -418,18 +421,29 @@ def test_mx_compile_matches_eager():
 @requires("jax")
 @pytest.mark.parametrize("dtype", [F32, F16], ids=lambda d: d.short)
 def test_jax_jit_matches_eager(dtype):
-    """jax.jit of the raw function and of the Program itself (by name) equal the eager call.
+    """The program (jax.jit by default), jax.jit of its function and of the Program itself (by name) agree
+    bit for bit, and with the eager program (``jit=False``).
 
     float16 is the case XLA:CPU used to reject under jit (jax.nn.dot_product_attention requests
     float32 logits from float16 operands); the JAX target writes the explicit form for it.
     """
     program, (q, k, v, mask) = _attention_program("jax", dtype)
-    eager = run(program, q, k, v, mask)
+    eager_program, _ = _attention_program("jax", dtype, jit=False)
+    assert "jax.jit(" in program.source and "jax.jit(" not in eager_program.source
+    assert isinstance(program.fn, jax.stages.Wrapped) and not isinstance(eager_program.fn, jax.stages.Wrapped)
+    default = run(program, q, k, v, mask)
+    eager = run(eager_program, q, k, v, mask)
     jitted_fn = jax.jit(program.fn)(*program.bind(q, k, v, mask))
     jitted_program = jax.jit(program)(q=q, k=k, v=v, mask=mask)
-    for a, b, c in zip(jitted_fn, jitted_program, eager):
+    for a, b, c, d in zip(jitted_fn, jitted_program, default, eager):
         assert_bits_equal(to_numpy(a), to_numpy(b))
-        assert_close(to_numpy(a), c)
+        assert_bits_equal(to_numpy(a), c)
+        assert_close(c, d)
+
+
+def test_lower_jit_must_be_a_bool():
+    with pytest.raises(ValueError, match="lower: jit must be True or False, got 'no'"):
+        lower(small_graph(), "numpy", jit="no")
 
 
 @requires("jax")

@@ -72,7 +72,7 @@ def test_unchecked_backends_drop_out_of_range_values(target, monkeypatch):
 @pytest.mark.parametrize("target", BACKENDS)
 def test_environment_switch_is_read_at_each_call(target, value, monkeypatch):
     monkeypatch.delenv(ENV_VAR, raising=False)
-    program = lower(_graph("qsa_cells"), target)  # lowered without checks: the switch decides per call
+    program = lower(_graph("qsa_cells"), target, jit=False)  # eager, without checks: the switch decides per call
     run(program, *BAD[2][:2])
     monkeypatch.setenv(ENV_VAR, value)
     with pytest.raises(RuntimeCheckError, match=r"^qsa_cells: position 92"):
@@ -80,6 +80,29 @@ def test_environment_switch_is_read_at_each_call(target, value, monkeypatch):
     assert os.environ[ENV_VAR] == value  # read, never written
     monkeypatch.setenv(ENV_VAR, "off")
     run(program, *BAD[2][:2])
+
+
+@requires("jax")
+def test_a_jitted_program_reads_the_switch_when_traced(monkeypatch):
+    """A JAX program is jitted by default: the switch is read at its first call (the trace), not after."""
+    import jax
+
+    monkeypatch.setenv(ENV_VAR, "1")
+    traced_on = lower(_graph("qsa_cells"), "jax")
+    assert "jax.jit(" in traced_on.source
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"qsa_cells: position 92"):
+        run(traced_on, *BAD[2][:2])
+    monkeypatch.setenv(ENV_VAR, "0")
+    traced_off = lower(_graph("qsa_cells"), "jax")
+    run(traced_off, *BAD[2][:2])
+    monkeypatch.setenv(ENV_VAR, "1")
+    run(traced_off, *BAD[2][:2])  # traced with the switch off: no check compiled in
+
+
+@requires("jax")
+def test_a_checked_jax_program_is_eager():
+    program = lower(_graph("qsa_mask"), "jax", checks=True)
+    assert "jax.jit(" not in program.source
 
 
 @requires("jax")

@@ -189,8 +189,7 @@ GATHERED = re.compile(
     r"gather: top (?P<top>\d+) blocks x ratio (?P<ratio>\d+) \+ (?P<tail>\d+) tail = (?P<cells>\d+) cells, "
     r"W=(?P<width>\d+) \(pad_multiple=(?P<pad>\d+)\); attention width n_kv=(?P<n_kv>\d+) -> (?P<width2>\d+) "
     r"\(n_kv >= (?P<factor>[\d.]+)\*W\); (?P<streams>\d+) stream\(s\) x (?P<rows>\d+) row\(s\), "
-    r"(?:one gather each of K and V \[B, S, Hkv, W, D\] and one sdpa over (?P<batched>\d+) row\(s\)|"
-    r"(?P<per_row>\d+) sdpa call\(s\), one per row, each over its own gather of K and of V); "
+    r"one qsa_gather each of K and V \[B\*S, Hkv, W, D\] and one sdpa over (?P<batched>\d+) row\(s\); "
     r"visibility: (?P<vis>.*); the masked path is now dead \(run dce\)"
 )
 
@@ -213,19 +212,11 @@ def _gathered(before: Graph, after: Graph, r: Remark, m: re.Match, ctx: _Context
     assert int(m["n_kv"]) == t >= float(m["factor"]) * width
     assert (int(m["streams"]), int(m["rows"])) == (b, s)
     calls = _new(before, after, "sdpa")
-    if m["batched"] is not None:
-        assert int(m["batched"]) == b * s and len(calls) == 1
-        assert after.node(calls[0].inputs[1]).type.shape == (b * s, hkv, width, dk)
-        for operand in calls[0].inputs[1:3]:  # K and V: each one take of every row's cells, [B, S, Hkv, W, D]
-            take = after.node(operand)
-            while take.op == "reshape":
-                take = after.node(take.inputs[0])
-            assert take.op == "take" and take.type.shape == (b, s, hkv, width, after.node(operand).type.shape[-1])
-    else:
-        assert int(m["per_row"]) == b * s == len(calls)
-        for call in calls:  # K and V: each a take of the row's W cells along T
-            takes = [after.node(x) for x in call.inputs[1:3]]
-            assert all(x.op == "take" and x.type.shape[2] == width and x.attrs["axis"] == 2 for x in takes)
+    assert int(m["batched"]) == b * s and len(calls) == 1
+    kv = [after.node(x) for x in calls[0].inputs[1:3]]  # K and V: each one qsa_gather of every row's cells
+    assert [x.op for x in kv] == ["qsa_gather"] * 2 and kv[0].inputs[1] == kv[1].inputs[1]
+    assert [x.inputs[0] for x in kv] == list(anchor.inputs[1:3])
+    assert kv[0].type.shape == (b * s, hkv, width, dk)
     assert r.node not in _live(after), "the masked sdpa is still live"
     if ctx.arrays is not None:  # the masked path's visible cells per row: at most the stated count
         qmask = _ancestor(before, anchor.inputs[3], "qsa_mask")

@@ -1,4 +1,4 @@
-"""The batched multi-row gather: one gather of every row's cells, one attention, exact against the masked form.
+"""The multi-row gather: one qsa_gather of every row's cells, one attention, exact against the masked form.
 
 Small model (K = 8 blocks of ratio 4, W = 35), 2 streams of up to 8 consecutive verify rows.
 """
@@ -54,26 +54,21 @@ def test_each_row_gathers_exactly_its_own_masked_cells(rows):
 
 @pytest.mark.parametrize("visibility", ["additive", "none"])
 @pytest.mark.parametrize("target", target_params("numpy", "mlx", "jax"))
-def test_batched_verify_step_agrees_with_masked_and_per_row(target, visibility):
+def test_verify_step_agrees_with_masked(target, visibility):
     rows = 5
     masked = build_layer(SMALL, N_KV, batch=BATCH, rows=rows, visibility=visibility)
-    batched, per_row = rewrite(masked).graph, rewrite(masked, batched=False).graph
-    assert [n.op for n in batched.nodes()].count("sdpa") == 1
-    assert [n.op for n in per_row.nodes()].count("sdpa") == BATCH * rows
+    gathered = rewrite(masked).graph
+    assert [n.op for n in gathered.nodes()].count("sdpa") == 1
+    assert [n.op for n in gathered.nodes()].count("qsa_gather") == 2
     inputs = make_inputs(SMALL, N_KV, verify_positions(rows), seed=11, hidden_fraction=0.15)
     want = run(lower(masked, "numpy"), **inputs)
-    got_batched = run(lower(batched, target), **narrowed_inputs(batched, inputs))
-    got_per_row = run(lower(per_row, target), **narrowed_inputs(per_row, inputs))
-    assert_close(got_batched, want)
-    assert_close(got_per_row, want)
-    assert_close(got_batched, got_per_row)
+    assert_close(run(lower(gathered, target), **narrowed_inputs(gathered, inputs)), want)
 
 
-@pytest.mark.parametrize("batched", [True, False])
-def test_bool_visibility_keeps_the_masked_path_in_both_forms(batched):
+def test_bool_visibility_keeps_the_masked_path():
     """logical_and(qsa_mask, vis): a row vis hides completely is the mean of V over n_kv cells, not gatherable."""
     masked = build_layer(SMALL, N_KV, batch=BATCH, rows=5, visibility="bool")
-    result = QSAGather(batched=batched)(masked)
+    result = QSAGather()(masked)
     (remark,) = [r for r in result.remarks if r.pass_name == "qsa-gather"]
     assert remark.kind == "declined" and "is a bool logical_and" in remark.message
     assert not result.changed and result.graph == masked
@@ -92,7 +87,8 @@ def test_per_head_visibility_is_gathered_per_head():
     )  # fmt: skip
     g = trace(step, *specs)
     result = QSAGather(min_depth_factor=0)(g)
-    assert "one gather each of K and V [B, S, Hkv, W, D] and one sdpa over 6 row(s)" in [r.message for r in result.applied()][0]
+    (applied,) = [r.message for r in result.applied()]
+    assert "one qsa_gather each of K and V [B*S, Hkv, W, D] and one sdpa over 6 row(s)" in applied
     rng = np.random.default_rng(4)
     args = [rng.standard_normal(s.shape).astype(np.float32) for s in specs[:4]]
     positions = np.array([[7, 8, 9], [9, 10, 11]], np.int32)
@@ -112,16 +108,13 @@ def test_one_gather_per_cache_and_one_softmax_read_from_the_backends():
     rows = 5
     masked = build_layer(SMALL, N_KV, batch=BATCH, rows=rows)
     inputs = make_inputs(SMALL, N_KV, verify_positions(rows), seed=2)
-    for batched, calls in ((True, 1), (False, BATCH * rows)):
-        graph = rewrite(masked, batched=batched).graph
-        args = narrowed_inputs(graph, inputs)
-        assert_primitive_counts(
-            lower(graph, "mlx"), {"Softmax": calls, "GatherAxis": 0 if batched else 3 * calls}, **args
-        )
-        assert_primitive_counts(lower(graph, "jax"), {"exp": calls}, **args)
+    graph = rewrite(masked).graph
+    args = narrowed_inputs(graph, inputs)
+    # MLX: K and V by one flat Gather each, the visibility row by one GatherAxis (take_along_axis)
+    assert_primitive_counts(lower(graph, "mlx"), {"Softmax": 1, "GatherAxis": 1}, **args)
+    assert_primitive_counts(lower(graph, "jax"), {"exp": 1}, **args)
     from attnpass.lowering.targets.mlx import primitives
 
-    graph = rewrite(masked).graph
     gathers = [p for p in primitives(lower(graph, "mlx"), **narrowed_inputs(graph, inputs)) if p.name == "Gather"]
     kv = [p.outputs[0][0] for p in gathers if p.inputs[0][0] == (BATCH * 2 * N_KV, 16)]
     assert kv == [(BATCH, rows, 2, W, 1, 16)] * 2  # K once and V once: [B, S, Hkv, W, (1,) D]

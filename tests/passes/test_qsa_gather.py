@@ -39,19 +39,12 @@ GOLDEN_AFTER = """\
 graph decode(q:f32[1,4,1,8], k:f32[1,2,12,8]{resident}, v:f32[1,2,12,8]{resident}, scores:f32[1,1,6], positions:i32[1,1], vis:f32[1,1,1,12]) {
   qsa_select:i32[1,1,2] = qsa_select[ratio=2, top_k_blocks=2] scores positions
   qsa_cells:i32[1,1,5] = qsa_cells[ratio=2, width=5, kv_len=12] qsa_select positions
-  cells:i32[1,1,1,5] = reshape[shape=(1, 1, 1, 5)] qsa_cells
   qsa_cell_valid:bool[1,1,5] = qsa_cell_valid[ratio=2, width=5, kv_len=12] qsa_select positions
   cell_ok:bool[1,1,1,5] = reshape[shape=(1, 1, 1, 5)] qsa_cell_valid
-  kv_rows_base:i32[1,1,2,1] = constant[value=(0, 12), shape=(1, 1, 2, 1), dtype='int32']
-  kv_rows:i32[1,1,2,5] = add cells kv_rows_base
-  k_rows:f32[24,8] = reshape[shape=(24, 8)] k
-  k_cells:f32[1,1,2,5,8] = take[axis=0] k_rows kv_rows
-  k_gathered:f32[1,2,5,8] = reshape[shape=(1, 2, 5, 8)] k_cells
-  v_rows:f32[24,8] = reshape[shape=(24, 8)] v
-  v_cells:f32[1,1,2,5,8] = take[axis=0] v_rows kv_rows
-  v_gathered:f32[1,2,5,8] = reshape[shape=(1, 2, 5, 8)] v_cells
-  vis_flat:f32[12] = reshape[shape=(12,)] vis
-  vis_gathered:f32[1,1,1,5] = take[axis=0] vis_flat cells
+  k_gathered:f32[1,2,5,8] = qsa_gather k qsa_cells
+  v_gathered:f32[1,2,5,8] = qsa_gather v qsa_cells
+  vis_cells:i32[1,1,1,5] = reshape[shape=(1, 1, 1, 5)] qsa_cells
+  vis_gathered:f32[1,1,1,5] = take_along_axis[axis=3] vis vis_cells
   neg_inf:f32[] = constant[value=(-inf,), shape=(), dtype='float32']
   gather_mask:f32[1,1,1,5] = where cell_ok vis_gathered neg_inf
   sdpa_gather:f32[1,4,1,8] = sdpa[scale=0.5, causal='none'] q k_gathered v_gathered gather_mask
@@ -86,9 +79,9 @@ def test_model_forms_are_rewritten_and_agree_with_the_masked_output(visibility):
     result = gather(masked)
     assert "applied" in {r.kind for r in result.remarks if r.pass_name == "qsa-gather"}
     (sdpa,) = [n for n in result.graph.nodes() if n.op == "sdpa"]
-    k_op = result.graph.node(result.graph.node(sdpa.inputs[1]).inputs[0])  # k_gathered = reshape(take(k rows))
-    assert k_op.op == "take" and k_op.type.shape == (1, 1, 2, W_SMALL, 16)
-    assert result.graph.node(k_op.inputs[0]).inputs == ("k_cache",)
+    k_op = result.graph.node(sdpa.inputs[1])  # k_gathered = qsa_gather(k_cache, cells)
+    assert k_op.op == "qsa_gather" and k_op.type.shape == (1, 2, W_SMALL, 16)
+    assert k_op.inputs[0] == "k_cache" and result.graph.node(k_op.inputs[1]).op == "qsa_cells"
     assert "qsa_mask" not in {n.op for n in result.graph.nodes()}
     inputs = make_inputs(SMALL, n_kv, np.array([[90]]), seed=1, hidden_fraction=0.2)
     expected = run(lower(masked, "numpy"), **inputs)
@@ -186,18 +179,20 @@ def test_depth_threshold(n_kv, applies):
         )
 
 
-def test_rows_within_max_rows_and_several_streams_rewrite_batched_or_per_row():
+def test_rows_within_max_rows_and_several_streams_rewrite_to_one_gather_and_one_sdpa():
     n_kv, positions = 80, np.array([[70, 71], [79, 40]], dtype=np.int32)
     masked = build_layer(SMALL, n_kv, batch=2, rows=2)
     declined = gather(masked, max_rows=1)
     assert "2 query rows per stream > max_rows=1" in remark_of(declined)
     inputs = make_inputs(SMALL, n_kv, positions, seed=5, hidden_fraction=0.1)
     want = run(lower(masked, "numpy"), **inputs)
-    for batched, calls in ((True, 1), (False, 4)):
-        result = gather(masked, batched=batched)
-        assert "2 stream(s) x 2 row(s)" in remark_of(result, "applied")
-        assert sum(n.op == "sdpa" for n in result.graph.nodes()) == calls
-        np.testing.assert_allclose(run(lower(result.graph, "numpy"), **inputs), want, rtol=1e-6, atol=1e-7)
+    result = gather(masked)
+    assert "2 stream(s) x 2 row(s)" in remark_of(result, "applied")
+    assert sum(n.op == "sdpa" for n in result.graph.nodes()) == 1
+    gathers = [n for n in result.graph.nodes() if n.op == "qsa_gather"]
+    assert [g.inputs[0] for g in gathers] == ["k_cache", "v_cache"]
+    assert all(g.type.shape == (4, 2, 35, 16) for g in gathers)  # [B*S, Hkv, W, D]
+    np.testing.assert_allclose(run(lower(result.graph, "numpy"), **inputs), want, rtol=1e-6, atol=1e-7)
 
 
 def test_pad_multiple_widens_the_gather_with_masked_slots():
@@ -250,7 +245,6 @@ def test_graph_without_sdpa_and_bad_options():
     assert remark_of(gather(g)) == "no sdpa nodes"
     for bad in (
         {"max_rows": 0}, {"pad_multiple": 2.0}, {"enabled": "yes"}, {"min_depth_factor": -1}, {"max_rows": True},
-        {"batched": 1},
     ):  # fmt: skip
         with pytest.raises(ValueError, match="QSAGather"):
             QSAGather(**bad)
@@ -258,11 +252,11 @@ def test_graph_without_sdpa_and_bad_options():
     assert QSAGather().width(512, 4) == 2051
 
 
-@pytest.mark.parametrize("options", [{}, {"batched": False}, {"pad_multiple": 8, "min_depth_factor": 1.0}])
+@pytest.mark.parametrize("options", [{}, {"pad_multiple": 8, "min_depth_factor": 1.0}])
 def test_every_remark_states_the_gather_it_made(options):
     """Each remark's numbers: K, ratio and the tail from the qsa_select, W the cells rounded up to pad_multiple,
-    n_kv the cache's, the streams and rows q's; the rewrite's new sdpa calls (one, or one per row) attend W cells
-    gathered by one take each of K and V; the masked sdpa is dead; and no row of the masked path, as the numpy
+    n_kv the cache's, the streams and rows q's; the rewrite's one new sdpa attends W cells gathered by one
+    qsa_gather each of K and V; the masked sdpa is dead; and no row of the masked path, as the numpy
     reference computes it on the fuzzer's inputs, sees more cells than stated (tests/passes/claims.py)."""
     layers = [Case("qsa", build_layer(SMALL, 96, batch=b, rows=r), make_inputs(SMALL, 96, np.full((b, r), 60)))
               for b, r in ((1, 1), (2, 3))]  # fmt: skip

@@ -16,7 +16,8 @@ from tests.util import requires
 
 SMALL = QSAConfig(n_q_heads=4, n_kv_heads=2, head_dim=16, idx_dim=16, budget=32, mask_rows=4, rotary_dim=8)
 N_KV, W = 128, 35
-K_ROWS = (2 * N_KV, 16)  # the batched gather reads K and V as [B * Hkv * T, D] rows
+K_ROWS = (2 * N_KV, 16)  # MLX's qsa_gather reads K and V as [B * Hkv * T, D] rows (its flat-view lowering)
+K_PLANES = (1, 1, 2, N_KV, 16)  # JAX's reads them as [B, 1, Hkv, T, D] (one take_along_axis)
 
 
 @pytest.fixture(scope="module")
@@ -39,14 +40,14 @@ def test_mlx_gather_has_one_softmax_of_width_w_and_gathers_k_and_v_once(layers):
     kv_gathers = [p for p in prims if p.name == "Gather" and p.inputs[0][0] == K_ROWS]
     assert [p.outputs[0][0] for p in kv_gathers] == [(1, 1, 2, W, 1, 16)] * 2  # K once, V once, W cells each
     wide = {p.name for p in prims if any(shape and shape[-1] == N_KV for shape, _ in p.inputs)}
-    assert wide == {"Reshape", "Gather"}  # the mask row is only reshaped and gathered, never attended
+    assert wide == {"Reshape", "GatherAxis"}  # the mask row is only reshaped and gathered, never attended
     attention = [p for p in prims if p.name in ("Matmul", "Softmax", "Select", "Add")]
     assert all(N_KV not in shape for p in attention for shape, _ in p.inputs + p.outputs)
     assert_primitive_counts(
         program,
-        {"Softmax": 1, "Matmul": 3, "Gather": 5, "GatherAxis": 0, "Partition": 1, "Sort": 1, "ScatterAxis": 0},
+        {"Softmax": 1, "Matmul": 3, "Gather": 4, "GatherAxis": 1, "Partition": 1, "Sort": 1, "ScatterAxis": 0},
         **inputs,
-    )  # Matmul: indexer scores, q k^T, p v; Gather: 2 RoPE rows, K, V, visibility; Partition: top-k
+    )  # Matmul: indexer scores, q k^T, p v; Gather: 2 RoPE rows, K, V; GatherAxis: visibility; Partition: top-k
 
 
 @requires("mlx.core")
@@ -86,7 +87,7 @@ def test_jax_gather_has_one_exp_of_width_w_and_gathers_k_and_v_once(layers):
     eqns = list(_leaf_equations(jaxpr(program, **inputs).jaxpr))
     (exp,) = [e for e in eqns if e.primitive.name == "exp"]
     assert _shapes(exp.invars)[0][-1] == W
-    kv_gathers = [e for e in eqns if e.primitive.name == "gather" and _shapes(e.invars)[0] == K_ROWS]
+    kv_gathers = [e for e in eqns if e.primitive.name == "gather" and _shapes(e.invars)[0] == K_PLANES]
     assert [_shapes(e.outvars)[0] for e in kv_gathers] == [(1, 1, 2, W, 16)] * 2
     wide = {e.primitive.name for e in eqns if any(s and s[-1] == N_KV for s in _shapes(e.invars))}
     assert wide == {"reshape", "gather"}

@@ -84,14 +84,13 @@ def test_the_whole_model_is_annotated_through_its_residual_adds():
     model = build_model(4, q_len=4, n_kv=8192)
     graph = PassManager(parse_pipeline(EXAMPLES["qwen38-model"].pipeline)).run(model).graph
     sharded, remarks = shard(graph, "shard-attention{heads=model}", {"model": 2})
-    assert sum("] applied " in r for r in remarks) == 3 + 1  # 3 head-chunked dense layers, 1 batched gather
-    assert "batched gather of 1 stream(s) x 4 row(s) rebuilt as one take_along_axis" in remarks[3]
+    assert sum("] applied " in r for r in remarks) == 3 + 1  # 3 head-chunked dense layers, 1 gathered layer
+    assert "gathered QSA attention over 1 stream(s) x 4 row(s): each qsa_gather keeps streams and KV" in remarks[3]
     residual = [n for n in sharded.nodes() if n.op == "add" and n.type.shape == (1, 24, 4, 256)]
     assert len(residual) == 4 and all(n.sharding == HEADS for n in residual)
-    flat = [n for n in sharded.nodes() if n.op == "take" and sharded.node(n.inputs[0]).op == "reshape"]
-    assert not [n for n in flat if sharded.node(n.inputs[0]).inputs[0].startswith(("k_cache", "v_cache"))]
-    rows = [n for n in sharded.nodes() if n.op == "take_along_axis"]
-    assert len(rows) == 2 and all(n.sharding == (None, None, None, "model", None, None) for n in rows)
+    gathers = [n for n in sharded.nodes() if n.op == "qsa_gather"]  # annotated as they are, no rewrite
+    assert len(gathers) == 2 and all(n.sharding == HEADS for n in gathers)
+    assert {n.inputs[0] for n in gathers} <= set(sharded.inputs)  # read straight from the (sharded) caches
     assert sharded.node(sharded.outputs[0]).sharding == HEADS
     assert all(sharded.node(n).sharding == HEADS for n in sharded.inputs if n.startswith(("k_cache", "v_cache")))
     assert all(sharded.node(n).sharding is None for n in sharded.inputs if n.startswith(("idx_", "rope_")))
@@ -132,23 +131,24 @@ def test_seq_and_batch_cannot_share_the_leading_dimension():
     assert all(n.sharding is None for n in sharded.nodes()) and not any(n.op == "sdpa_lse" for n in sharded.nodes())
 
 
-def test_the_per_stream_gather_form_declines_stream_sharding():
-    graph = gather_pipeline(batched=False).run(build_layer(QSAConfig(), 8192, batch=2)).graph
-    _, remarks = shard(graph, "shard-attention{batch=data}", {"data": 2})
-    declined = [r for r in remarks if "] declined " in r]
-    assert len(declined) == 2  # one gathered sdpa per stream
-    assert "which cuts dimension 0 (to be sharded over data); per-stream or per-head slices cannot stay" in declined[0]
+def test_a_qsa_gather_of_another_form_is_declined():
+    from tests.passes.test_split_kv import qsa_take_graph
+
+    graph = qsa_take_graph()
+    sharded, remarks = shard(graph, "shard-attention{heads=model}", {"model": 2})
+    assert "] declined " in remarks[0] and "gathers the QSA cells by take, not by qsa_gather" in remarks[0], remarks
+    assert all(n.sharding is None for n in sharded.nodes())
 
 
-def test_the_batched_gather_form_shards_the_streams():
+def test_the_gather_form_shards_the_streams():
     cfg = QSAConfig()
     masked = build_layer(cfg, 8192, batch=2, rows=2)
     graph = gather_pipeline().run(masked).graph
     sharded, remarks = shard(graph, "shard-attention{batch=data}", {"data": 2})
     assert len(remarks) >= 1 and "] applied " in remarks[0] and "streams over data: 2/2 = 1 per device" in remarks[0]
     assert [sharded.node(n).sharding for n in ("k_cache", "v_cache")] == [("data", None, None, None)] * 2
-    rows = [n for n in sharded.nodes() if n.op == "take_along_axis"]
-    assert len(rows) == 2 and all(n.sharding == (None, "data", None, None, None, None) for n in rows)
+    gathers = [n for n in sharded.nodes() if n.op == "qsa_gather"]
+    assert len(gathers) == 2 and all(n.sharding == ("data", None, None, None) for n in gathers)
     inputs = make_inputs(cfg, 8192, np.array([[5000, 5001], [7000, 7001]]), hidden_fraction=0.1)
     expected = run(lower(masked, "numpy"), **inputs)
     assert_close(run(lower(sharded, "numpy"), **narrowed_inputs(sharded, inputs)), expected)
@@ -166,16 +166,11 @@ def test_an_earlier_annotation_is_never_overwritten():
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered in divide:RuntimeWarning")  # a shard seeing no cell
-@pytest.mark.parametrize(
-    ("batched", "form"),
-    [(True, "gathered form (batched rows): each shard gathers cells % 2048"),
-     (False, "gathered form: each shard gathers cell_idx % 2048")],
-)  # fmt: skip
-def test_the_gathered_qsa_layer_keeps_the_indexer_unannotated(batched, form):
+def test_the_gathered_qsa_layer_keeps_the_indexer_unannotated():
     cfg = QSAConfig()
-    graph = gather_pipeline(batched=batched).run(build_layer(cfg, 8192)).graph
+    graph = gather_pipeline().run(build_layer(cfg, 8192)).graph
     sharded, remarks = shard(graph, "shard-attention{heads=model,seq=keys}", {"model": 2, "keys": 4})
-    assert f"{form} from its own slice" in remarks[0]
+    assert "gathered form (qsa_gather): each shard gathers qsa_cells % 2048 from its own slice" in remarks[0]
     assert sharded.node("k_cache").sharding == (None, "model", "keys", None)
     assert all(sharded.node(n).sharding is None for n in ("idx_q", "idx_keys", "positions", "rope_cos"))
     inputs = make_inputs(cfg, 8192, np.array([[5000]]), hidden_fraction=0.1)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -109,21 +111,18 @@ def test_a_shard_whose_keys_are_all_masked_contributes_nothing(target, rng):
 
 
 @pytest.mark.parametrize("target", target_params("numpy", "jax"))
-@pytest.mark.parametrize("batched", [True, False])
-def test_the_gathered_qsa_layer_splits_the_gather_source(target, batched):
+def test_the_gathered_qsa_layer_splits_the_gather_source(target):
     cfg, n_kv = QSAConfig(), 8192
     masked = build_layer(cfg, n_kv)
-    gathered = gather_pipeline(batched=batched).run(masked).graph
+    gathered = gather_pipeline().run(masked).graph
     result, remarks = split(gathered, "split-kv{shards=8}")
-    if batched:  # one take_along_axis per cache, every shard from its own [1, 2, 1024, 256] slice
-        assert "gathered form (batched rows): each shard gathers cells % 1024 from its own slice" in remarks[0]
-        takes = [n for n in result.nodes() if n.op == "take_along_axis"]
-        assert {result.node(n.inputs[0]).type.shape for n in takes} == {(8, 1, 1, 2, 1024, 256)}
-        assert len(takes) == 2 and not [n for n in result.nodes() if n.op == "take" and n.type.rank == 5]
-    else:
-        assert "gathered form: each shard gathers cell_idx % 1024 from its own slice" in remarks[0]
-        takes = [n for n in result.nodes() if n.op == "take" and n.type.shape[0] == 8]
-        assert {result.node(n.inputs[0]).type.shape for n in takes} == {(8, 2, 1024, 256)}  # each from its own shard
+    # one qsa_gather per cache, every shard (the leading 8 of [8*B, Hkv, T/8, D]) from its own slice
+    assert "gathered form (qsa_gather): each shard gathers qsa_cells % 1024 from its own slice" in remarks[0]
+    gathers = [n for n in result.nodes() if n.op == "qsa_gather"]
+    assert {result.node(n.inputs[0]).type.shape for n in gathers} == {(8, 2, 1024, 256)} and len(gathers) == 2
+    assert {result.node(n.inputs[1]).type.shape for n in gathers} == {(8, 1, 2051)}
+    kv_reads = [n for n in result.nodes() if {"k_cache", "v_cache"} & set(n.inputs)]  # only the split reads them
+    assert {n.op for n in kv_reads} == {"reshape"} and {n.type.shape for n in kv_reads} == {(1, 2, 8, 1024, 256)}
     inputs = make_inputs(cfg, n_kv, np.array([[5000]]), hidden_fraction=0.1)
     expected = run(lower(masked, "numpy"), **inputs)
     assert_close(execute(lower(result, target), **narrowed_inputs(result, inputs)), expected)
@@ -137,7 +136,7 @@ def test_the_batched_gather_of_several_streams_and_rows_splits_exactly(target, v
     masked = build_layer(cfg, n_kv, batch=2, rows=3, visibility=visibility)
     gathered = gather_pipeline().run(masked).graph
     result, remarks = split(gathered, "split-kv{shards=4}")
-    assert "gathered form (batched rows)" in remarks[0] and "applied" in remarks[0]
+    assert "gathered form (qsa_gather)" in remarks[0] and "applied" in remarks[0]
     positions = np.array([[3000, 3001, 3002], [4000, 4093, 4095]])
     inputs = make_inputs(cfg, n_kv, positions, hidden_fraction=0.1)
     expected = run(lower(masked, "numpy"), **inputs)
@@ -152,13 +151,13 @@ def test_a_batched_gathered_row_without_any_slot_is_the_mean_of_the_gathered_val
                       [[3, 4, 20, 21, 22, 60], [9, 10, 11, 12, 13, 14]]], np.int32)  # fmt: skip
     graph = masked_gather_graph(b, s, hkv, t, w)
     result, remarks = split(graph, "split-kv{shards=4}")
-    assert "gathered form (batched rows)" in remarks[0]
+    assert "gathered form (qsa_gather)" in remarks[0]
     q = random_array(rng, (b * s, 4, 1, 16), "float32")
     k, v = random_array(rng, (b, hkv, t, 16), "float32"), random_array(rng, (b, hkv, t, 8), "float32")
     m = rng.random((b * s, 1, 1, w)) < 0.6
     m[1] = False  # stream 0, row 1 attends no slot
     m[2] = np.arange(w) < 2  # stream 1, row 0 attends shard 0's slots only
-    args = (q, k, v, cells.reshape(b, s, 1, w), m)
+    args = (q, k, v, cells, m)
     expected = run(lower(graph, "numpy"), *args)
     np.testing.assert_allclose(expected[1, :, 0], mean_of_v(v[:1, :, cells[0, 1]], 4)[0], rtol=1e-6)
     out = execute(lower(result, target), *args)
@@ -167,18 +166,33 @@ def test_a_batched_gathered_row_without_any_slot_is_the_mean_of_the_gathered_val
 
 
 def masked_gather_graph(b: int, s: int, hkv: int, t: int, w: int):
-    """The batched gather form of ``qsa-gather`` over given cells [B, S, 1, W] and a bool mask [B*S, 1, 1, W]."""
+    """The gather form of ``qsa-gather`` over given cells [B, S, W] and a bool mask [B*S, 1, 1, W]."""
     specs = [TensorSpec((b * s, 4, 1, 16)), TensorSpec((b, hkv, t, 16)), TensorSpec((b, hkv, t, 8)),
-             TensorSpec((b, s, 1, w), "int32"), TensorSpec((b * s, 1, 1, w), "bool")]  # fmt: skip
-    base = np.array([(i * hkv + h) * t for i in range(b) for h in range(hkv)], np.int32).reshape(b, 1, hkv, 1)
+             TensorSpec((b, s, w), "int32"), TensorSpec((b * s, 1, 1, w), "bool")]  # fmt: skip
 
     def gathered(q, k, v, cells, m):
-        rows = ops.add(cells, ops.constant(base, "int32", like=cells))
-        kg = ops.reshape(ops.take(ops.reshape(k, (b * hkv * t, 16)), rows, 0), (b * s, hkv, w, 16))
-        vg = ops.reshape(ops.take(ops.reshape(v, (b * hkv * t, 8)), rows, 0), (b * s, hkv, w, 8))
-        return ops.sdpa(q, kg, vg, mask=m)
+        return ops.sdpa(q, ops.qsa_gather(k, cells), ops.qsa_gather(v, cells), mask=m)
 
     return trace(gathered, *specs)
+
+
+def qsa_take_graph():
+    """K/V gathered from ``qsa_cells`` by ``take`` along T (the per-row form qsa-gather no longer makes)."""
+
+    def per_row(q, k, v, selection, positions):
+        cells = ops.reshape(ops.qsa_cells(selection, positions, ratio=4, width=12, kv_len=64), (12,))
+        return ops.sdpa(q, ops.take(k, cells, 2), ops.take(v, cells, 2))
+
+    specs = [TensorSpec((1, 4, 1, 16)), TensorSpec((1, 2, 64, 16)), TensorSpec((1, 2, 64, 16)),
+             TensorSpec((1, 1, 2), "int32"), TensorSpec((1, 1), "int32")]  # fmt: skip
+    return trace(per_row, *specs)
+
+
+def test_a_qsa_gather_of_another_form_is_declined_not_split_densely():
+    graph = qsa_take_graph()
+    result, remarks = split(graph, "split-kv{shards=4}")
+    assert result == graph
+    assert re.search(r"declined sdpa: take\w* gathers the QSA cells by take, not by qsa_gather", remarks[0]), remarks
 
 
 def test_preconditions_are_declined_with_their_numbers():
@@ -233,20 +247,33 @@ def test_a_row_that_attends_no_key_stays_the_mean_of_v_after_the_split(target, m
 def test_a_gathered_row_without_any_slot_is_the_mean_of_the_gathered_values(target, rng):
     """Shards own different numbers of the gathered slots; the combine weighs each by the slots it owns."""
     specs = [TensorSpec((1, 4, 3, 16)), TensorSpec((1, 2, 64, 16)), TensorSpec((1, 2, 64, 8)),
-             TensorSpec((10,), "int32"), TensorSpec((1, 1, 3, 10), "bool")]  # fmt: skip
+             TensorSpec((1, 1, 10), "int32"), TensorSpec((1, 1, 3, 10), "bool")]  # fmt: skip
 
-    def gathered(q, k, v, cells, m):
-        return ops.sdpa(ops.cast(q, "float32"), ops.take(k, cells, 2), ops.take(v, cells, 2), mask=m)
+    def gathered(q, k, v, cells, m):  # three query rows attend the same gathered cells
+        return ops.sdpa(ops.cast(q, "float32"), ops.qsa_gather(k, cells), ops.qsa_gather(v, cells), mask=m)
 
     graph = trace(gathered, *specs)
     result, remarks = split(graph, "split-kv{shards=4}")
     assert "gathered form" in remarks[0]
     q, k, v, _, m = (random_array(rng, sp.shape, sp.dtype) for sp in specs)
-    cells = np.array([1, 2, 3, 5, 17, 40, 41, 42, 43, 63], np.int32)  # shards own 4, 1, 4 and 1 slots
+    cells = np.array([[[1, 2, 3, 5, 17, 40, 41, 42, 43, 63]]], np.int32)  # shards own 4, 1, 4 and 1 slots
     m[..., 1, :] = False  # row 1 attends no slot
     m[..., 2, :] = np.arange(10) < 4  # row 2 attends shard 0's slots only
     expected = run(lower(graph, "numpy"), q, k, v, cells, m)
-    np.testing.assert_allclose(expected[:, :, 1], mean_of_v(v[:, :, cells], 4), rtol=1e-6)
+    np.testing.assert_allclose(expected[:, :, 1], mean_of_v(v[:, :, cells[0, 0]], 4), rtol=1e-6)
     out = execute(lower(result, target), q, k, v, cells, m)
     assert np.isfinite(out).all()
     assert_close(out, expected)
+
+
+def test_k_and_v_gathered_at_different_cells_are_declined():
+    specs = [TensorSpec((2, 4, 1, 16)), TensorSpec((1, 2, 64, 16)), TensorSpec((1, 2, 64, 16)),
+             TensorSpec((1, 2, 8), "int32"), TensorSpec((1, 2, 8), "int32")]  # fmt: skip
+
+    def gathered(q, k, v, k_cells, v_cells):
+        return ops.sdpa(q, ops.qsa_gather(k, k_cells), ops.qsa_gather(v, v_cells))
+
+    graph = trace(gathered, *specs)
+    result, remarks = split(graph, "split-kv{shards=4}")
+    assert result == graph
+    assert "are not both qsa_gather of the same cells" in remarks[0] and "] declined " in remarks[0], remarks

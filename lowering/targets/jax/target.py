@@ -2,8 +2,8 @@
 
 Primitive counts come from the jaxpr, recursing into nested jaxprs;
 placeholders are ``jax.ShapeDtypeStruct``; the export is StableHLO text. A
-program of a graph with state is ``jax.jit``-ed with its state inputs donated
-(``donate_argnums``), so XLA updates those buffers in place.
+program is ``jax.jit``-ed (``lower(..., jit=False)``: eager), a graph's state
+inputs donated (``donate_argnums``), so XLA updates those buffers in place.
 ``jax`` is imported only when one of these functions runs.
 """
 
@@ -90,6 +90,13 @@ def export_stablehlo(program: Program, *args: Any, **kwargs: Any) -> str:
     return program.fn.trace(*bound).lower(lowering_platforms=platforms).as_text()
 
 
+def jit_line(fn: str, state: tuple[int, ...]) -> str:
+    """The line rebinding the generated function ``fn`` to its ``jax.jit``, the ``state`` arguments donated."""
+    if not state:
+        return f"{fn} = jax.jit({fn})"
+    return f"{fn} = jax.jit({fn}, donate_argnums={state!r})  # state updated in place"
+
+
 JAX = Target(
     name="jax",
     distribution="jax",
@@ -108,6 +115,6 @@ JAX = Target(
     count_primitives=count_primitives,
     placeholders=placeholders,
     export=Export("stablehlo", export_stablehlo),
-    donate=lambda fn, argnums: f"{fn} = jax.jit({fn}, donate_argnums={argnums!r})  # state updated in place",
+    jit=jit_line,
     spmd=SPMD,
 )

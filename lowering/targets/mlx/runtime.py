@@ -54,7 +54,7 @@ def _row_major(x: mx.array) -> mx.array:
     return mx.reshape(mx.reshape(x, (-1,)), x.shape)
 
 
-qsa = QSAOps(mx, top_k=_top_k, put=_put, check=_check, row_major=_row_major)
+qsa = QSAOps(mx, top_k=_top_k, put=_put, check=_check, row_major=_row_major, flat_gather=True)
 qsa_checked = dataclasses.replace(qsa, checks=True)  # the ``qsa`` of programs lowered with checks=True
 sdpa_lse = functools.partial(attention_array_api.sdpa_lse, mx)  # the ``lse`` helper
 explicit_sdpa = functools.partial(attention_array_api.explicit_sdpa, mx)  # sdpa with logit soft-capping

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from attnpass.lowering.checks import check_qsa_operands
+from attnpass.lowering.checks import RuntimeCheckError, check_qsa_operands
 
 
 def pool(raw_keys: np.ndarray, *, ratio: int) -> np.ndarray:
@@ -88,3 +88,15 @@ def cells(selection, positions, *, ratio: int, width: int, kv_len: int) -> np.nd
 
 def cell_valid(selection, positions, *, ratio: int, width: int, kv_len: int) -> np.ndarray:
     return _slots("qsa_cell_valid", selection, positions, ratio, width, kv_len)[1]
+
+
+def gather(x: np.ndarray, cells: np.ndarray) -> np.ndarray:
+    """Row ``b*S + s`` of the result is ``x[b, :, cells[b, s]]``; a cell outside ``[0, T)`` raises."""
+    (b, h, t, d), (_b, s, w) = x.shape, cells.shape
+    bad = cells[(cells < 0) | (cells >= t)]
+    if bad.size:
+        raise RuntimeCheckError(f"qsa_gather: cell {int(bad[0])} is outside the cache [0, {t})")
+    out = np.empty((b * s, h, w, d), dtype=x.dtype)
+    for i, j in np.ndindex(b, s):
+        out[i * s + j] = x[i][:, cells[i, j]]
+    return out

@@ -149,3 +149,13 @@ def test_jax_program_donates_state_and_the_loop_carries_it():
         state = program.next_state(out)
     assert cache.is_deleted()  # donated: XLA reused the buffer
     np.testing.assert_array_equal(np.asarray(state["cache"])[:, 0], [1, 2, 3, 4])
+
+
+@requires("jax")
+def test_an_eager_jax_program_neither_jits_nor_donates():
+    program = lower(stateful(), "jax", jit=False)
+    assert "jax.jit" not in program.source
+    cache = jnp.zeros((4, 3), jnp.float32)
+    out = program(np.ones((1, 3), np.float32), cache, np.array([2, 0], np.int32))
+    assert not cache.is_deleted()  # eager: the buffer is not donated
+    np.testing.assert_array_equal(np.asarray(program.next_state(out)["cache"])[:, 0], [0, 0, 1, 0])

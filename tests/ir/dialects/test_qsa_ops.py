@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from attnpass.backends import run
-from attnpass.ir import ShapeError, TensorSpec, ops, trace
+from attnpass.ir import DType, ShapeError, TensorSpec, ops, trace
 from attnpass.lowering import lower
 from tests.util import lazy_import, requires, target_params
 
@@ -233,3 +233,56 @@ def test_mask_ops_take_python_scalars_and_lower_on_every_target():
             np.testing.assert_allclose(got, w, rtol=1e-6, err_msg=target)
     with pytest.raises(ShapeError, match="logical_and: operand has dtype float32"):
         trace(lambda a: ops.logical_and(a, True), TensorSpec((2,)))
+
+
+@pytest.mark.parametrize("target", target_params("numpy", "mlx", "jax"))
+@pytest.mark.parametrize(("b", "h", "s"), [(1, 1, 1), (1, 2, 1), (2, 2, 3), (3, 1, 2)])
+def test_qsa_gather_reads_every_rows_cells_bit_for_bit(target, b, h, s):
+    """out[b*S + s, h, w] = x[b, h, cells[b, s, w]] (bf16 bits), whichever gather the target lowers it to."""
+    t, d, w = 40, 8, 9
+    graph = trace(ops.qsa_gather, TensorSpec((b, h, t, d), "bfloat16"), TensorSpec((b, s, w), "int32"))
+    assert graph.node(graph.outputs[0]).type.shape == (b * s, h, w, d)
+    rng = np.random.default_rng(b * 100 + h * 10 + s)
+    x = rng.standard_normal((b, h, t, d)).astype(np.float32).astype(DType.bfloat16.numpy)
+    cells = rng.integers(0, t, (b, s, w)).astype(np.int32)
+    cells[..., 0] = t - 1  # the last cell of every plane
+    want = np.stack([x[i][:, cells[i, j]] for i in range(b) for j in range(s)])
+    got = run(lower(graph, target), x, cells)
+    np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
+
+
+@requires("mlx.core", "jax")
+def test_qsa_gather_lowering_choices_agree_bit_for_bit():
+    """The flat [B*H*T, D] view (MLX's choice) and the one take_along_axis (JAX's) gather the same bits."""
+    import dataclasses
+
+    import jax.numpy as jnp
+    import mlx.core as mx
+
+    from attnpass.lowering.targets.jax.runtime import qsa as jax_qsa
+    from attnpass.lowering.targets.mlx.runtime import qsa as mlx_qsa
+
+    assert mlx_qsa.flat_gather and not jax_qsa.flat_gather
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((2, 3, 50, 4)).astype(np.float32)
+    cells = rng.integers(0, 50, (2, 5, 11)).astype(np.int32)
+    outs = [np.asarray(ops_.gather(xp.asarray(x), xp.asarray(cells)))
+            for xp, qsa in ((mx, mlx_qsa), (jnp, jax_qsa))
+            for ops_ in (qsa, dataclasses.replace(qsa, flat_gather=not qsa.flat_gather))]  # fmt: skip
+    for out in outs[1:]:
+        np.testing.assert_array_equal(out.view(np.uint32), outs[0].view(np.uint32))
+
+
+def test_qsa_gather_shape_rule_and_the_reference_contract():
+    x, cells = TensorSpec((2, 2, 16, 4)), TensorSpec((2, 3, 5), "int32")
+    with pytest.raises(ShapeError, match=r"qsa_gather: x must be \[B, H, T, D\] \(rank 4\), got x=f32\[2,16,4\]"):
+        trace(ops.qsa_gather, TensorSpec((2, 16, 4)), cells)
+    with pytest.raises(ShapeError, match=r"qsa_gather: cells must be \[B, S, W\] with the B=1 of x=f32\[1,2,16,4\]"):
+        trace(ops.qsa_gather, TensorSpec((1, 2, 16, 4)), cells)
+    with pytest.raises(ShapeError, match=r"qsa_gather: cells has dtype float32"):
+        trace(ops.qsa_gather, x, TensorSpec((2, 3, 5)))
+    program = lower(trace(ops.qsa_gather, x, cells), "numpy")
+    bad = np.zeros((2, 3, 5), np.int32)
+    bad[1, 2, 4] = 16
+    with pytest.raises(ValueError, match=r"qsa_gather: cell 16 is outside the cache \[0, 16\)"):
+        run(program, np.zeros((2, 2, 16, 4), np.float32), bad)
