@@ -13,7 +13,8 @@ tokens (float32, 8 tokens, ``generate_step``) against the plain model's.
 A family ends as **handled** (every case imports, raises all its attention
 layers and matches; greedy tokens identical), **declined** (a case's import
 raised ``ModelImportError``, or raise-attention declined a layer with a
-remark: the reason, quoted) or **failed** (any other exception, a mismatch
+remark, or the module itself needs Metal (:func:`needs_metal`): the reason,
+quoted) or **failed** (any other exception, a mismatch
 beyond the zoo's tolerance, a layer left unraised without a remark,
 different greedy tokens, a timeout, or a configuration that does not build).
 Each family runs in its own process, each case under :data:`CASE_TIMEOUT`.
@@ -53,7 +54,6 @@ import model_zoo as zoo  # noqa: E402  (the zoo's machinery: configurations, cas
 
 CASE_TIMEOUT = 60  # seconds per case; the family's process gets one per case and one for the drop-in
 OPTIMIZE_TOKENS = 8
-NO_METAL = "[metal_kernel] No Metal back-end"  # what MLX without Metal raises when a custom Metal kernel runs
 STATUSES = ("handled", "declined", "failed")
 
 # Sizes: set on every family that has the field, whatever its default (the zoo's COMMON and a few MoE/MLA/hybrid
@@ -315,7 +315,8 @@ def run_case(family: str, step: str, dtype: str, layers: int | None) -> dict[str
         with time_box(CASE_TIMEOUT):
             row = zoo.run_case(case)
     except Exception as exc:  # noqa: BLE001  (the sweep records whatever a case raises)
-        return dict(case=case.name, status="failed", raised=None, reason=_failure(exc))
+        status = "declined" if needs_metal(exc) else "failed"  # filling a verify/decode cache runs the model
+        return dict(case=case.name, status=status, raised=None, reason=_failure(exc))
     if row.imported != "yes":  # nothing imported, nothing raised
         return dict(case=case.name, status="declined", raised=None, reason=row.imported.removeprefix("no: "))
     result = dict(case=case.name, raised=row.raised, reason="")
@@ -351,6 +352,12 @@ def _failure(exc: BaseException) -> str:
     return f"{'' if ours else 'module: '}{_short(exc)}{at}"
 
 
+def needs_metal(exc: BaseException) -> bool:
+    """Whether ``exc`` is MLX without Metal refusing to run a custom Metal kernel (``mx.fast.metal_kernel``; the
+    import names the kernel): the module itself does not run here, so neither a cache to fill nor the drop-in."""
+    return isinstance(exc, RuntimeError) and str(exc).startswith("[metal_kernel] No Metal back-end")
+
+
 def greedy(model: Any, count: int = OPTIMIZE_TOKENS) -> list[int]:
     """``count`` greedy tokens after the zoo's prompt (``mlx_lm.generate.generate_step``)."""
     import mlx.core as mx
@@ -370,11 +377,10 @@ def run_optimize(family: str) -> dict[str, Any]:
         with time_box(CASE_TIMEOUT):
             try:
                 plain = greedy(model)
-            except RuntimeError as exc:  # a custom Metal kernel (the import names it): the model does not run here
-                if not str(exc).startswith(NO_METAL):
+            except RuntimeError as exc:
+                if not needs_metal(exc):
                     raise
-                return dict(status="declined", reason=f"the plain model does not run here: {_short(exc)}",
-                            identical=None, routed=0, declined={})
+                return dict(status="declined", reason=_failure(exc), identical=None, routed=0, declined={})
             try:
                 opt = optimize(model)
             except ValueError as exc:  # no module calls mlx-lm's helper: nothing to route, said by name
