@@ -36,6 +36,7 @@ import datetime
 import importlib
 import json
 import pkgutil
+import re
 import signal
 import subprocess
 import sys
@@ -426,7 +427,7 @@ def _child(family: str) -> int:
 def family_in_process(family: str) -> dict[str, Any]:
     """``run_family`` in a fresh process, killed after every case's time box is spent: a hang is a timeout."""
     budget = CASE_TIMEOUT * (len(zoo.STEPS) * len(zoo.DTYPES) + 2) + 30
-    command = [sys.executable, __file__, "--child", family]
+    command = [sys.executable, "-X", "faulthandler", __file__, "--child", family]  # a crash prints its Python stack
     record: dict[str, Any] = dict(family=family, cases=[], optimize=None, layers=None, config="")
     start = time.monotonic()
     try:
@@ -450,9 +451,13 @@ def family_in_process(family: str) -> dict[str, Any]:
 
 
 def _ending(returncode: int, stderr: str) -> str:
-    """How a family's process ended early: the signal that killed it, else its last line of stderr."""
+    """How a family's process ended early: the signal that killed it and the sweep's or mlx-lm's innermost Python
+    frame then running (faulthandler's dump), else its last line of stderr."""
     if returncode < 0:
-        return f"killed by {signal.Signals(-returncode).name}"
+        frames = re.findall(r'File "([^"]+)", line (\d+) in (\S+)', stderr.split("most recent call first", 1)[-1])
+        ours = [f for f in frames if "mlx_lm" in f[0] or f[0] == __file__]
+        at = f" in {ours[0][2]} ({Path(ours[0][0]).name}:{ours[0][1]})" if ours else ""
+        return f"killed by {signal.Signals(-returncode).name}{at}"
     return (stderr.strip().splitlines() or [f"exit status {returncode}, no output"])[-1][:160]
 
 

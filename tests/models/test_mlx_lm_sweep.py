@@ -136,3 +136,15 @@ def test_the_table_round_trips_each_family_status_and_counts_them(tmp_path):
     assert "3 families: 1 handled, 1 declined by name, 1 failed." in text
     assert "| `a` | handled | ok | ok | ok | ok | ok | ok | 2/2 | identical 3/1 |  |" in text
     assert "- `base`: no Model and ModelArgs" in text
+
+
+def test_a_crash_names_its_signal_and_the_innermost_frame_of_the_sweep_or_mlx_lm():
+    dump = (
+        "Fatal Python error: Segmentation fault\n\nThread 0x7f (most recent call first):\n"
+        '  File "/x/mlx/nn/layers/base.py", line 9 in f\n'
+        '  File "/x/mlx_lm/models/phi3small.py", line 298 in __call__\n'
+        f'  File "{sweep.__file__}", line 265 in attention_layers\n'
+    )
+    assert sweep._ending(-11, dump) == "killed by SIGSEGV in __call__ (phi3small.py:298)"
+    assert sweep._ending(-9, "") == "killed by SIGKILL"
+    assert sweep._ending(1, "Traceback...\nValueError: bad") == "ValueError: bad"
