@@ -45,7 +45,6 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-
 from attnpass.ir import Graph, ModelImportError, from_mlx
 from attnpass.passes import PassManager, parse_pipeline
 from attnpass.passes.attention_match import match_attention
