@@ -43,7 +43,7 @@ from .importing import (
     parameter_names,
     walk,
 )
-from .mlx_slices import slice_update, strided_slice, wrapped_indices
+from .mlx_slices import point_scatter, slice_update, strided_slice, wrapped_indices
 from .mlx_source import LineRecorder, locate, raised_at
 
 _WIDE_INTS = ("int64", "uint32")
@@ -243,6 +243,11 @@ def _emit(b: GraphBuilder, r: _Record) -> list[str]:
         if kind != 1:
             raise ModelImportError(f"{r.where()}: only plain put_along_axis (ScatterAxis None) is supported")
         return [b.op("put_along_axis", [x[0], b.cast(x[1], DType.int32), x[2]], {"axis": axis})]
+    if name == "Scatter":  # x[i, j, k] = v
+        kind, axes = r.args
+        if kind != 4:
+            raise ModelImportError(f"{r.where()}: only plain assignment (Scatter None) is supported")
+        return [point_scatter(b, x[0], x[1:-1], x[-1], axes, r.where())]
     hint = " (evaluate the parameters first: mx.eval(model.parameters()))" if name == "RandomBits" else ""
     raise ModelImportError(f"unsupported MLX primitive {r.where()}{hint}")
 
