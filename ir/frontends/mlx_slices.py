@@ -7,7 +7,9 @@ wants ``0 <= start <= stop <= n`` and steps >= 1, its ``take`` indices in
 ``[0, n)``. What a slice selects along an axis is fixed by its start, step and
 result size alone (MLX computes the size from the stop): element ``k`` is
 ``start + k * step``. So a slice becomes one IR slice with positive steps, and
-a ``take`` of constant indices on each axis MLX walks backwards.
+a ``take`` of constant indices on each axis MLX walks backwards. A scatter of
+single elements (``x[..., ids] = v``) becomes one ``put_along_axis`` on the
+flattened array.
 """
 
 from __future__ import annotations
@@ -138,7 +140,9 @@ def wrapped_indices(b: GraphBuilder, indices: str, n: int) -> str:
     return b.op("where", [negative, b.op("add", [indices, b.scalar(n, DType.int32)]), indices], hint="wrapped")
 
 
-def point_scatter(b: GraphBuilder, x: str, indices: Sequence[str], updates: str, axes: Sequence[int], where: str) -> str:
+def point_scatter(
+    b: GraphBuilder, x: str, indices: Sequence[str], updates: str, axes: Sequence[int], where: str
+) -> str:
     """MLX's ``Scatter`` with plain assignment of single elements (``x[..., ids] = v``: one index array per axis,
     broadcast to one shape, the ellipsis as ``arange``s): each point's flat offset into ``x``, then one
     ``put_along_axis`` on ``x`` flattened. Negative indices wrap; points written twice: the target decides."""
