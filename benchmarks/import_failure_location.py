@@ -4,8 +4,9 @@
     .venv/bin/python benchmarks/import_failure_location.py --blocks 8 16 32 64 128
 
 The function is a chain of ``x = x + mx.tanh(x @ w)`` blocks ending in an
-unsupported op (``mx.cumsum``: MLX's ``Scan``). Two paths are timed: the
-import's own lines (recorded during its one export), and the fallback replay
+unsupported op (``mx.sort``: MLX's ``Sort``; ``mx.cumsum`` imports since the
+scan ops). Two paths are timed: the import's own lines (recorded during its
+one export), and the fallback replay
 (:func:`attnpass.ir.frontends.mlx_source.locate`), reached here because the
 function also holds an array made from the example argument itself, which the
 export refuses as an extra output. Each row prints the time of the failing
@@ -22,7 +23,7 @@ from typing import Any, Callable
 
 
 def chain(blocks: int, hold_argument: Any = None) -> Callable:
-    """``blocks`` residual tanh blocks then a cumsum; ``hold_argument``: an array kept alive in the frame."""
+    """``blocks`` residual tanh blocks then a sort; ``hold_argument``: an array kept alive in the frame."""
     import mlx.core as mx
 
     weights = [mx.random.normal((16, 16)) * 0.1 for _ in range(blocks)]
@@ -32,7 +33,7 @@ def chain(blocks: int, hold_argument: Any = None) -> Callable:
         held = None if hold_argument is None else hold_argument * 1.0  # noqa: F841 (forces the replay)
         for w in weights:
             x = x + mx.tanh(x @ w)
-        return mx.cumsum(x, axis=-1)
+        return mx.sort(x, axis=-1)
 
     return fn
 

@@ -13,10 +13,15 @@ tokens (float32, 8 tokens, ``generate_step``) against the plain model's.
 A family ends as **handled** (every case imports, raises all its attention
 layers and matches; greedy tokens identical), **declined** (a case's import
 raised ``ModelImportError``, or raise-attention declined a layer with a
-remark: the reason, quoted) or **failed** (any other exception, a mismatch
+remark, or the module itself needs Metal (:func:`needs_metal`): the reason,
+quoted) or **failed** (any other exception, a mismatch
 beyond the zoo's tolerance, a layer left unraised without a remark,
 different greedy tokens, a timeout, or a configuration that does not build).
 Each family runs in its own process, each case under :data:`CASE_TIMEOUT`.
+Its softmax-attention layers are counted by structure, by raise-attention's
+own matcher on the float32 prefill's import (:func:`attention_layers`): a
+softmax that no matmul contracts with V (an MoE router, a mixing or pooling
+weight) is not attention; a layer left unraised must have a declined remark.
 
 Run: ``.venv/bin/python examples/mlx_lm_sweep.py [--write docs/mlx_lm_families.md] [FAMILY ...]`` (``make zoo``).
 """
@@ -31,6 +36,7 @@ import datetime
 import importlib
 import json
 import pkgutil
+import re
 import signal
 import subprocess
 import sys
@@ -39,6 +45,9 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from attnpass.ir import Graph, ModelImportError, from_mlx
+from attnpass.passes import PassManager, parse_pipeline
+from attnpass.passes.attention_match import match_attention
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import model_zoo as zoo  # noqa: E402  (the zoo's machinery: configurations, cases, tolerance)
@@ -132,6 +141,19 @@ OVERRIDES: dict[str, dict[str, Any]] = {
         {"attention": {"n_heads_in_group": zoo.HQ // zoo.HKV}, "ffn": {"ffn_mult": 1.0}},
         {"attention": {"no_op": True}, "ffn": {"ffn_mult": 1.0}},
     ]),
+    # a Hadamard pack: its schema-2 namespace, 2-bit weights, one packed module (a dense MLP down projection, width 512
+    # for a 512-wide rotation block), qwen3_5's hybrid layout
+    "prism_hadamard_qwen35": dict(
+        schema_version=2, tensor_namespace="mlx-vlm-qwen3_5", quantization={"bits": 2, "group_size": 128,
+        "mode": "affine"}, full_attention_interval=2, intermediate_size=512, num_experts=0,
+        modules=[{"path": "model.layers.1.mlp.down_proj", "embedding": False, "dtype": "float16", "block": 512}],
+    ),
+    # the model writes -inf at fixed token ids up to 100351 (phi3small.py:298, `out[..., ids] = -inf`): a smaller
+    # vocabulary makes that scatter write out of bounds, and MLX's CPU Scatter crashes (SIGSEGV) instead of raising
+    "phi3small": dict(vocab_size=100352),
+    # one linear-attention (GLA) layer, then the attention layer: with groups of 1 every layer is attention, and
+    # create_ssm_mask then asks the KVCache of layer 0 for an SSM mask (make_mask without its arguments: TypeError)
+    **{f: dict(layer_group_size=2) for f in ("bailing_moe_linear", "bailing_hybrid")},
     "phi": dict(partial_rotary_factor=0.5),  # its default 0.4 of head dim 8 is an odd RoPE width
     "qwen": dict(kv_channels=zoo.HEAD_DIM),  # its head dim, default 128
     "afm7": dict(hidden_dim=zoo.HIDDEN),  # its model width (TINY's hidden_dim is an FFN width elsewhere)
@@ -232,56 +254,77 @@ def time_box(seconds: int) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def counting_attention() -> Iterator[list[int]]:
-    """Counts softmax-attention calls: ``mx.fast.scaled_dot_product_attention`` (mlx-lm's helper calls it) and
-    ``mx.softmax`` over scores of 4 or more axes (``[B, H, L, S]``, hand-written attention; an MoE router's softmax
-    is over 3)."""
+def counting_fused() -> Iterator[list[int]]:
+    """Counts ``mx.fast.scaled_dot_product_attention`` calls (mlx-lm's attention helper calls it)."""
     import mlx.core as mx
 
-    fused, softmax = mx.fast.scaled_dot_product_attention, mx.softmax
+    fused = mx.fast.scaled_dot_product_attention
     calls = [0]
 
-    def counted_fused(*args: Any, **kwargs: Any) -> Any:
+    def counted(*args: Any, **kwargs: Any) -> Any:
         calls[0] += 1
         return fused(*args, **kwargs)
 
-    def counted_softmax(x: Any, *args: Any, **kwargs: Any) -> Any:
-        calls[0] += x.ndim >= 4
-        return softmax(x, *args, **kwargs)
-
-    mx.fast.scaled_dot_product_attention, mx.softmax = counted_fused, counted_softmax
+    mx.fast.scaled_dot_product_attention = counted
     try:
         yield calls
     finally:
-        mx.fast.scaled_dot_product_attention, mx.softmax = fused, softmax
+        mx.fast.scaled_dot_product_attention = fused
 
 
-def attention_layers(family: str) -> int:
-    """Softmax-attention layers of the tiny ``family``: fused attention calls in one float32 prefill."""
+def candidates(graph: Graph) -> int:
+    """Softmax-attention layers of an imported graph, counted by structure: after ``raise-attention``, its ``sdpa``
+    nodes and the matmuls its matcher (:func:`~attnpass.passes.attention_match.match_attention`) still takes for
+    ``P·V`` of a softmax (declined ones). A softmax that no matmul contracts with V (a router, a mixing or pooling
+    weight) is not attention."""
+    raised = PassManager(parse_pipeline("raise-attention")).run(graph).graph
+    return sum(n.op == "sdpa" or (n.op == "matmul" and match_attention(raised, n) is not None) for n in raised.nodes())
+
+
+def attention_layers(family: str) -> int | None:
+    """Softmax-attention layers of the tiny ``family``: :func:`candidates` of its float32 prefill as ``from_mlx``
+    imports it; None when that import declines (the prefill case then declines with the reason). At least the
+    module's fused attention calls in that prefill, or ``RuntimeError`` (the structural count missed a layer)."""
     import mlx.core as mx
 
+    forward, args, _reference = zoo.mlx_case(family, "prefill", "f32", tiny_args).make()
+    try:
+        imported = from_mlx(forward, *args)
+    except ModelImportError:
+        return None
+    count = candidates(imported.graph)
     model = zoo.mlx_model(family, "f32", tiny_args)
-    with counting_attention() as calls, zoo.bf16_gather_mm():
+    with counting_fused() as fused, zoo.bf16_gather_mm():
         mx.eval(model(mx.array(zoo.TOKENS[None, : zoo.PREFILL])))
-    return calls[0]
+    if count < fused[0]:
+        raise RuntimeError(
+            f"the structural count found {count} attention layers, the module calls "
+            f"mx.fast.scaled_dot_product_attention {fused[0]} times"
+        )
+    return count
 
 
 # ----------------------------------------------------------------------------- one family (in its own process)
 
 
-def run_case(family: str, step: str, dtype: str, layers: int) -> dict[str, Any]:
-    """One zoo case: ``{"case", "status", "raised", "reason"}``."""
-    case = zoo.mlx_case(family, step, dtype, tiny_args, layers)
+def run_case(family: str, step: str, dtype: str, layers: int | None) -> dict[str, Any]:
+    """One zoo case: ``{"case", "status", "raised", "reason"}``; ``layers`` None: not counted (the float32 prefill's
+    import declined)."""
+    case = zoo.mlx_case(family, step, dtype, tiny_args, 0 if layers is None else layers)
     try:
         with time_box(CASE_TIMEOUT):
             row = zoo.run_case(case)
     except Exception as exc:  # noqa: BLE001  (the sweep records whatever a case raises)
-        return dict(case=case.name, status="failed", raised=None, reason=_failure(exc))
+        status = "declined" if needs_metal(exc) else "failed"  # filling a verify/decode cache runs the model
+        return dict(case=case.name, status=status, raised=None, reason=_failure(exc))
     if row.imported != "yes":  # nothing imported, nothing raised
         return dict(case=case.name, status="declined", raised=None, reason=row.imported.removeprefix("no: "))
     result = dict(case=case.name, raised=row.raised, reason="")
     if not row.ok:
         reason = f"MISMATCH (silently wrong): max error {row.error:.2e} > {row.bound:.1e}"
+        return {**result, "status": "failed", "reason": reason}
+    if layers is None:
+        reason = "imported, but its attention layers are not counted: the prefill/f32 import declined"
         return {**result, "status": "failed", "reason": reason}
     if row.remark.startswith("raise-attention left no remark") or (row.raised < layers and not row.remark):
         return {**result, "status": "failed", "reason": row.remark or f"{row.raised}/{layers} raised, no remark"}
@@ -309,6 +352,12 @@ def _failure(exc: BaseException) -> str:
     return f"{'' if ours else 'module: '}{_short(exc)}{at}"
 
 
+def needs_metal(exc: BaseException) -> bool:
+    """Whether ``exc`` is MLX without Metal refusing to run a custom Metal kernel (``mx.fast.metal_kernel``; the
+    import names the kernel): the module itself does not run here, so neither a cache to fill nor the drop-in."""
+    return isinstance(exc, RuntimeError) and str(exc).startswith("[metal_kernel] No Metal back-end")
+
+
 def greedy(model: Any, count: int = OPTIMIZE_TOKENS) -> list[int]:
     """``count`` greedy tokens after the zoo's prompt (``mlx_lm.generate.generate_step``)."""
     import mlx.core as mx
@@ -326,7 +375,12 @@ def run_optimize(family: str) -> dict[str, Any]:
     model = zoo.mlx_model(family, "f32", tiny_args)
     try:
         with time_box(CASE_TIMEOUT):
-            plain = greedy(model)
+            try:
+                plain = greedy(model)
+            except RuntimeError as exc:
+                if not needs_metal(exc):
+                    raise
+                return dict(status="declined", reason=_failure(exc), identical=None, routed=0, declined={})
             try:
                 opt = optimize(model)
             except ValueError as exc:  # no module calls mlx-lm's helper: nothing to route, said by name
@@ -352,7 +406,7 @@ def run_family(family: str, emit: Callable[[dict[str, Any]], None] = lambda reco
         record["config"] = _failure(exc).removeprefix("module: ")
         emit(dict(config=record["config"]))
         return record
-    emit(dict(layers=record["layers"]))
+    emit(dict(layers=record["layers"], counted=True))
     for step in zoo.STEPS:
         for dtype in zoo.DTYPES:
             case = run_case(family, step, dtype, record["layers"])
@@ -372,7 +426,7 @@ def _child(family: str) -> int:
 def family_in_process(family: str) -> dict[str, Any]:
     """``run_family`` in a fresh process, killed after every case's time box is spent: a hang is a timeout."""
     budget = CASE_TIMEOUT * (len(zoo.STEPS) * len(zoo.DTYPES) + 2) + 30
-    command = [sys.executable, __file__, "--child", family]
+    command = [sys.executable, "-X", "faulthandler", __file__, "--child", family]  # a crash prints its Python stack
     record: dict[str, Any] = dict(family=family, cases=[], optimize=None, layers=None, config="")
     start = time.monotonic()
     try:
@@ -388,7 +442,7 @@ def family_in_process(family: str) -> dict[str, Any]:
                 record["cases"].append(item["case"])
             else:
                 record.update(item)
-    if record["layers"] is None and not record["config"]:
+    if not record.get("counted") and not record["config"]:
         record["config"] = f"process ended: {ended}"
     elif record["optimize"] is None:
         record["crash"] = ended
@@ -396,9 +450,13 @@ def family_in_process(family: str) -> dict[str, Any]:
 
 
 def _ending(returncode: int, stderr: str) -> str:
-    """How a family's process ended early: the signal that killed it, else its last line of stderr."""
+    """How a family's process ended early: the signal that killed it and the sweep's or mlx-lm's innermost Python
+    frame then running (faulthandler's dump), else its last line of stderr."""
     if returncode < 0:
-        return f"killed by {signal.Signals(-returncode).name}"
+        frames = re.findall(r'File "([^"]+)", line (\d+) in (\S+)', stderr.split("most recent call first", 1)[-1])
+        ours = [f for f in frames if "mlx_lm" in f[0] or f[0] == __file__]
+        at = f" in {ours[0][2]} ({Path(ours[0][0]).name}:{ours[0][1]})" if ours else ""
+        return f"killed by {signal.Signals(-returncode).name}{at}"
     return (stderr.strip().splitlines() or [f"exit status {returncode}, no output"])[-1][:160]
 
 
@@ -478,8 +536,9 @@ def table(
         "",
         "Cells: `ok` (imported, every attention layer raised, matches the module within the zoo's tolerance), "
         "`declined` (a named reason), `**FAIL**` (an error without one, a mismatch, a timeout). `raised`: "
-        "attention layers raised to `sdpa` / softmax-attention layers (fused attention calls in a prefill; a range "
-        "over the six cases). `optimize`: greedy tokens of `optimize(model)` vs the plain model (float32, "
+        "attention layers raised to `sdpa` / softmax-attention layers (counted by structure in the float32 "
+        "prefill's import: softmaxes a matmul contracts with V, at least the module's fused attention calls; a "
+        "range over the six cases). `optimize`: greedy tokens of `optimize(model)` vs the plain model (float32, "
         f"{OPTIMIZE_TOKENS} tokens), then attention calls routed/declined. `reason`: the first failed part, "
         "else the first declined one; `module:` when the model itself raised outside attnpass (an mlx-lm bug or a "
         "configuration it rejects), `config:` when the tiny configuration did not build or run.",

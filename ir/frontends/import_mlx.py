@@ -43,7 +43,7 @@ from .importing import (
     parameter_names,
     walk,
 )
-from .mlx_slices import slice_update, strided_slice, wrapped_indices
+from .mlx_slices import point_scatter, slice_update, strided_slice, wrapped_indices
 from .mlx_source import LineRecorder, locate, raised_at
 
 _WIDE_INTS = ("int64", "uint32")
@@ -243,6 +243,11 @@ def _emit(b: GraphBuilder, r: _Record) -> list[str]:
         if kind != 1:
             raise ModelImportError(f"{r.where()}: only plain put_along_axis (ScatterAxis None) is supported")
         return [b.op("put_along_axis", [x[0], b.cast(x[1], DType.int32), x[2]], {"axis": axis})]
+    if name == "Scatter":  # x[i, j, k] = v
+        kind, axes = r.args
+        if kind != 4:
+            raise ModelImportError(f"{r.where()}: only plain assignment (Scatter None) is supported")
+        return [point_scatter(b, x[0], x[1:-1], x[-1], axes, r.where())]
     hint = " (evaluate the parameters first: mx.eval(model.parameters()))" if name == "RandomBits" else ""
     raise ModelImportError(f"unsupported MLX primitive {r.where()}{hint}")
 
@@ -323,9 +328,8 @@ def _unexportable_error(fn: Callable, exc: ValueError) -> ModelImportError:
 
 
 _COMPILED_HINT = (
-    "it is code compiled with mx.compile, and the export retried with compilation off still met it; call "
-    "mx.disable_compile() before the import (and mx.enable_compile() after it) so that the first export runs "
-    "the uncompiled code"
+    "it was computed by an mx.compile'd function before the import (the import runs with compilation off), and "
+    "the function captures it unevaluated; evaluate what the function captures (mx.eval) before the import"
 )
 
 
@@ -340,42 +344,41 @@ _NO_STATE_HINTS = {
 
 
 def _export(fn: Callable, example_args: tuple, recorder: LineRecorder) -> tuple[list[dict], bool]:
-    """The export records of ``fn`` (traced by ``recorder``), and whether compilation had to be turned off for them.
+    """The export records of ``fn`` (traced by ``recorder``), and whether compilation was on (it is off meanwhile).
 
-    ``mx.contiguous`` is the identity while the export runs: it copies its operand's values, and MLX cannot
-    export its primitive (qwen3_next's cache update ``cache[0] = mx.contiguous(conv_input[:, -n:, :])``).
+    ``mx.compile``'d code cannot be exported, so the export runs with compilation off from the start: a retry
+    after a failed export would see the state the first attempt wrote (a cache's offset, its keys updated in
+    place). ``mx.contiguous`` is the identity while the export runs: it copies its operand's values, and MLX
+    cannot export its primitive (qwen3_next's cache update ``cache[0] = mx.contiguous(conv_input[:, -n:, :])``).
     """
     import mlx.core as mx
 
+    compile_on = _compile_enabled()
     contiguous = mx.contiguous
+    mx.disable_compile()
     mx.contiguous = _same_values
     try:
-        return _export_compiled_off_if_needed(fn, example_args, recorder)
+        return _export_traced(fn, example_args, recorder), compile_on
     finally:
         mx.contiguous = contiguous
+        if compile_on:
+            mx.enable_compile()
+
+
+def _compile_enabled() -> bool:
+    """Whether ``mx.compile`` is on (MLX has no getter): a compiled function then traces its Python body once
+    for two calls of one signature; off, the body runs on every call."""
+    import mlx.core as mx
+
+    traced: list[int] = []
+    probe = mx.compile(lambda x: traced.append(1) or x)
+    x = mx.zeros((1,))
+    probe(x), probe(x)
+    return len(traced) == 1
 
 
 def _same_values(a: Any, allow_col_major: bool = False) -> Any:
     return a
-
-
-def _export_compiled_off_if_needed(
-    fn: Callable, example_args: tuple, recorder: LineRecorder
-) -> tuple[list[dict], bool]:
-    import mlx.core as mx
-
-    try:
-        return _export_traced(fn, example_args, recorder), False
-    except ValueError as exc:
-        if "primitive Compiled" not in str(exc):
-            raise
-    # A fused mx.compile'd helper cannot be exported: retry with compilation off. Reaching
-    # here means compilation was on, so turning it back on restores the caller's state.
-    mx.disable_compile()
-    try:
-        return _export_traced(fn, example_args, recorder), True
-    finally:
-        mx.enable_compile()
 
 
 _HOST_READ = "[eval] Attempting to eval an array during function transformations"
@@ -391,6 +394,17 @@ def _host_read_error(fn: Callable, exc: ValueError) -> ModelImportError:
         "values, so it cannot. Keep "
         "the value an array (mx.where instead of `if`, array indices instead of Python ints), or make it a static "
         "argument: a Python number the function closes over (functools.partial) rather than an array it computes"
+    )
+
+
+def _custom_kernel_error(record: dict, at: str) -> ModelImportError:
+    """A live ``CustomKernel`` primitive: an ``mx.fast.metal_kernel``, Metal source the IR cannot read and only MLX's
+    Metal back-end runs."""
+    kernel = _Record(record).args[0] if _Record(record).args else "?"
+    return ModelImportError(
+        f"MLX primitive CustomKernel {kernel} (an mx.fast.metal_kernel) is Metal source: the IR cannot import it, and "
+        f"it runs only on MLX's Metal back-end (Apple silicon), so it needs Metal. Replace the kernel by the mlx.core "
+        f"ops it computes\n  {at}"
     )
 
 
@@ -439,6 +453,10 @@ def from_mlx(fn: Callable, *example_args: Any, name: str | None = None, inline_l
     outputs = by_type["outputs"]["outputs"][: recorder.count]
     primitives = [r for r in records if r["type"] == "primitive"]
     live, needed = _live(primitives, outputs)
+    kernel = next((i for i in live if primitives[i]["name"] == "CustomKernel"), None)
+    if kernel is not None:  # before the constants: its operands may be packed weights of no IR dtype
+        loc = lines.get(kernel) or locate(fn, example_args, primitives[kernel], compile_off=compile_off)
+        raise _custom_kernel_error(primitives[kernel], f"at {loc}" if loc else f"at primitive #{kernel} of the export")
     constants = [(key, array) for key, array in by_type.get("constants", {}).get("constants", ()) if key in needed]
     names = _captured_names(reachable, constants)
     for key, array in constants:

@@ -7,11 +7,14 @@ wants ``0 <= start <= stop <= n`` and steps >= 1, its ``take`` indices in
 ``[0, n)``. What a slice selects along an axis is fixed by its start, step and
 result size alone (MLX computes the size from the stop): element ``k`` is
 ``start + k * step``. So a slice becomes one IR slice with positive steps, and
-a ``take`` of constant indices on each axis MLX walks backwards.
+a ``take`` of constant indices on each axis MLX walks backwards. A scatter of
+single elements (``x[..., ids] = v``) becomes one ``put_along_axis`` on the
+flattened array.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import numpy as np
@@ -137,4 +140,34 @@ def wrapped_indices(b: GraphBuilder, indices: str, n: int) -> str:
     return b.op("where", [negative, b.op("add", [indices, b.scalar(n, DType.int32)]), indices], hint="wrapped")
 
 
-__all__ = ["slice_update", "strided_slice", "wrapped_indices"]
+def point_scatter(
+    b: GraphBuilder, x: str, indices: Sequence[str], updates: str, axes: Sequence[int], where: str
+) -> str:
+    """MLX's ``Scatter`` with plain assignment of single elements (``x[..., ids] = v``: one index array per axis,
+    broadcast to one shape, the ellipsis as ``arange``s): each point's flat offset into ``x``, then one
+    ``put_along_axis`` on ``x`` flattened. Negative indices wrap; points written twice: the target decides."""
+    shape = b.type(x).shape
+    index_shape = b.type(indices[0]).shape
+    window = b.type(updates).shape[len(index_shape) :]
+    if sorted(axes) != list(range(len(shape))) or any(b.type(i).shape != index_shape for i in indices) or any(
+        size != 1 for size in window
+    ):
+        raise ModelImportError(
+            f"{where}: only a scatter of single elements with one index array per axis is supported (x[i, j, k] = v)"
+        )
+    if math.prod(shape) >= 2**31:
+        raise ModelImportError(f"{where}: {list(shape)} has 2^31 elements or more, past int32 offsets")
+    offset, stride = None, 1
+    for axis in sorted(range(len(axes)), key=lambda j: -axes[j]):  # the last axis first: its stride is 1
+        term = wrapped_indices(b, indices[axis], shape[axes[axis]])
+        if stride != 1:
+            term = b.op("mul", [term, b.scalar(stride, DType.int32)])
+        offset = term if offset is None else b.op("add", [offset, term])
+        stride *= shape[axes[axis]]
+    count = math.prod(index_shape)
+    flat = b.op("put_along_axis", [b.reshape(x, [stride]), b.reshape(offset, [count]), b.reshape(updates, [count])],
+                {"axis": 0})  # fmt: skip
+    return b.reshape(flat, list(shape))
+
+
+__all__ = ["point_scatter", "slice_update", "strided_slice", "wrapped_indices"]

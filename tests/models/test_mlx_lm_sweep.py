@@ -13,6 +13,7 @@ import dataclasses
 import importlib
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.util import load_example, requires
@@ -21,8 +22,9 @@ sweep = load_example("mlx_lm_sweep")
 TABLE = Path(__file__).resolve().parents[2] / "docs" / "mlx_lm_families.md"
 
 # Diverse and fast (about 30 s in all on 2 shared cores): dense GQA, hand-written soft-capped attention, a Mamba hybrid
-# (conv1d), an MoE, MLA, attention sinks, and an MoE router that reads a value on the host (failed today).
-SUBSET = ("llama", "gemma2", "nemotron_h", "qwen3_moe", "deepseek_v2", "gpt_oss", "dbrx")
+# (conv1d), an MoE, MLA, attention sinks, and two declines: an MoE router that reads a value on the host, a custom
+# Metal kernel.
+SUBSET = ("llama", "gemma2", "nemotron_h", "qwen3_moe", "deepseek_v2", "gpt_oss", "dbrx", "bitnet")
 
 mlx_lm_only = requires("mlx.core", "mlx_lm")
 
@@ -71,10 +73,33 @@ def test_a_wrapper_gets_its_inner_model_as_a_text_config():
 
 
 @mlx_lm_only
-@pytest.mark.parametrize("family, layers", [("llama", 2), ("gemma2", 2), ("nemotron_h", 1)])
+@pytest.mark.parametrize("family, layers", [("llama", 2), ("gemma2", 2), ("nemotron_h", 1), ("bitnet", None)])
 def test_attention_layers_count_fused_and_hand_written_attention_not_other_layers(family, layers):
-    # llama: mlx-lm's fused helper; gemma2: its own softmax over [B, H, L, S]; nemotron_h: 1 Mamba layer, 1 attention
+    # llama: mlx-lm's fused helper; gemma2: its own softmax over [B, H, L, S]; nemotron_h: 1 Mamba layer, 1 attention;
+    # bitnet: its import declines (a Metal kernel), so nothing is counted
     assert sweep.attention_layers(family) == layers
+
+
+@mlx_lm_only
+def test_the_structural_count_takes_a_softmax_for_attention_only_when_a_matmul_contracts_it_with_v():
+    """deepseek_v41's softmaxes over 4 axes that are not attention (hyper-connection mixing, latent pooling) and an
+    MoE router's: one attention layer among them (its softmax over 4 axes too)."""
+    import mlx.core as mx
+
+    from attnpass.ir import from_mlx
+
+    rng = np.random.default_rng(0)
+    w_mix, w_gate, w_router = (mx.array(rng.standard_normal(s).astype(np.float32)) for s in ((8, 4), (8, 8), (8, 3)))
+
+    def block(x, q, k, v):  # x [1, 6, 8]; q, k, v [1, 2, 6, 4]
+        mix = mx.softmax((x @ w_mix).reshape(1, 6, 2, 2), axis=-1)  # mixing weights over 4 axes
+        pooled = mx.sum(x.reshape(1, 3, 2, 8) * mx.softmax((x @ w_gate).reshape(1, 3, 2, 8), axis=2), axis=2)
+        routed = mx.softmax(x @ w_router, axis=-1)
+        attn = mx.softmax(q @ k.swapaxes(-1, -2) * 0.5, axis=-1) @ v
+        return attn.sum() + mix.sum() + pooled.sum() + routed.sum()
+
+    args = [mx.array(rng.standard_normal(s).astype(np.float32)) for s in ((1, 6, 8), *[(1, 2, 6, 4)] * 3)]
+    assert sweep.candidates(from_mlx(block, *args).graph) == 1
 
 
 def _record(family, *statuses, optimize="handled", config=""):
@@ -111,3 +136,15 @@ def test_the_table_round_trips_each_family_status_and_counts_them(tmp_path):
     assert "3 families: 1 handled, 1 declined by name, 1 failed." in text
     assert "| `a` | handled | ok | ok | ok | ok | ok | ok | 2/2 | identical 3/1 |  |" in text
     assert "- `base`: no Model and ModelArgs" in text
+
+
+def test_a_crash_names_its_signal_and_the_innermost_frame_of_the_sweep_or_mlx_lm():
+    dump = (
+        "Fatal Python error: Segmentation fault\n\nThread 0x7f (most recent call first):\n"
+        '  File "/x/mlx/nn/layers/base.py", line 9 in f\n'
+        '  File "/x/mlx_lm/models/phi3small.py", line 298 in __call__\n'
+        f'  File "{sweep.__file__}", line 265 in attention_layers\n'
+    )
+    assert sweep._ending(-11, dump) == "killed by SIGSEGV in __call__ (phi3small.py:298)"
+    assert sweep._ending(-9, "") == "killed by SIGKILL"
+    assert sweep._ending(1, "Traceback...\nValueError: bad") == "ValueError: bad"

@@ -143,3 +143,72 @@ def test_flax_decode_through_a_captured_state_imports_and_raises():
     raised = PassManager(parse_pipeline("raise-attention")).run(imported.graph).graph
     assert [n.op for n in raised.nodes()].count("sdpa") == 1
     assert_close(run(lower(raised, "numpy"), x, **imported.params), np.asarray(jax.jit(decode)(x)))
+
+
+def _equinox_decoder(write: str):
+    """An equinox module with its KV cache in ``eqx.nn.State``, equinox's way: ``eqx.nn.Linear`` projections (vmapped
+    over the tokens), the new key and value rows written at the cache index (``write``:
+    ``lax.dynamic_update_slice_in_dim`` or ``.at[i].set``), attention over every slot with the ones past the index
+    filled with the dtype's min (as ``eqx.nn.MultiheadAttention`` masks)."""
+    import equinox as eqx
+
+    slots, heads, size = 6, 2, 4
+
+    def put(cache, rows, i):
+        if write == "dynamic_update_slice":
+            return lax.dynamic_update_slice_in_dim(cache, rows, i, axis=0)
+        return cache.at[i].set(rows[0])
+
+    class Decoder(eqx.Module):
+        q: eqx.nn.Linear
+        k: eqx.nn.Linear
+        v: eqx.nn.Linear
+        cache: eqx.nn.StateIndex
+
+        def __init__(self, key):
+            kq, kk, kv = jax.random.split(key, 3)
+            self.q, self.k, self.v = (eqx.nn.Linear(heads * size, heads * size, key=k) for k in (kq, kk, kv))
+            empty = jnp.zeros((slots, heads, size))
+            self.cache = eqx.nn.StateIndex((empty, empty, jnp.zeros((), jnp.int32)))
+
+        def __call__(self, x, state):  # x: [1, features], one token
+            keys, values, i = state.get(self.cache)
+            q, k, v = (jax.vmap(proj)(x).reshape(1, heads, size) for proj in (self.q, self.k, self.v))
+            keys, values = put(keys, k, i), put(values, v, i)
+            scores = jnp.einsum("shd,thd->hst", q, keys) / np.sqrt(size)
+            scores = jnp.where(jnp.arange(slots) <= i, scores, jnp.finfo(scores.dtype).min)
+            y = jnp.einsum("hst,thd->shd", jax.nn.softmax(scores, axis=-1), values)
+            return y, state.set(self.cache, (keys, values, i + 1))
+
+    return eqx.nn.make_with_state(Decoder)(jax.random.PRNGKey(0))
+
+
+@requires("equinox")
+@pytest.mark.parametrize("write", ["dynamic_update_slice", "at-set"])
+def test_equinox_state_cache_writes_import_raise_and_match_the_module(write):
+    """A decode step of an equinox module whose KV cache is an ``eqx.nn.State`` (two tokens in, then the step):
+    both writes are ``dynamic_update_slice``; raise-attention finds the sdpa over the written cache; every output
+    (the attention and the new state) matches the module's jitted step."""
+    module, state = _equinox_decoder(write)
+    rng = np.random.default_rng(4)
+    step = jax.jit(lambda state, x: module(x, state))
+    for _ in range(2):
+        _y, state = step(state, rng.standard_normal((1, 8)).astype(np.float32))
+    x = rng.standard_normal((1, 8)).astype(np.float32)
+
+    def decode(state, x):
+        return module(x, state)
+
+    imported = from_jax(decode, state, x)
+    assert [n.op for n in imported.graph.nodes()].count("dynamic_update_slice") == 2  # keys and values
+    raised = PassManager(parse_pipeline("raise-attention")).run(imported.graph).graph
+    (sdpa,) = [n for n in raised.nodes() if n.op == "sdpa"]
+    assert raised.node(sdpa.inputs[1]).type.shape[-2] == 6  # every cache slot, the mask hides the empty ones
+    leaves = [np.asarray(leaf) for leaf in jax.tree_util.tree_leaves((state, x))]
+    expected = [np.asarray(leaf) for leaf in jax.tree_util.tree_leaves(step(state, x))]
+    assert int(expected[-1]) == 3  # the step advanced the index
+    for target in ("numpy", "jax", "mlx"):
+        got = run(lower(raised, target), *leaves, **imported.params)
+        assert len(got) == len(expected)
+        for a, e in zip(got, expected):
+            assert_close(a, e)

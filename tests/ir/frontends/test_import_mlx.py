@@ -122,6 +122,68 @@ def test_compiled_helpers_import_and_compilation_is_restored(rng):
 
 
 @requires("mlx.core")
+def test_a_compiled_helper_of_a_weight_beside_a_cache_write_imports_the_step_from_its_first_state(rng):
+    # recurrent_gemma: nn.softplus (mx.compile'd) of a weight, and a cache the step writes; an export retried after
+    # the compiled helper failed it saw the cache its first attempt had written (offset 2, keys updated in place)
+    softplus = mx.compile(lambda a: mx.logaddexp(a, 0.0))
+    weight = mx.array(rng.standard_normal((4,)).astype(np.float32))
+
+    class Cache:
+        def __init__(self):
+            self.offset, self.keys = 0, mx.zeros((1, 6, 4))
+
+    def step(x):
+        cache.keys[:, cache.offset : cache.offset + 2, :] = x
+        cache.offset += 2
+        return cache.keys * softplus(weight)
+
+    x = mx.array(rng.standard_normal((1, 2, 4)).astype(np.float32))
+    cache = Cache()
+    imported = from_mlx(step, x)
+    assert cache.offset == 2  # traced once
+    cache = Cache()
+    expected = np.array(step(x))
+    assert np.count_nonzero(expected[:, 2:]) == 0  # the first step writes rows 0-1 only
+    got = run(lower(imported.graph, "numpy"), np.array(x), **imported.params)
+    np.testing.assert_allclose(got, expected, rtol=1e-6)
+
+
+@requires("mlx.core")
+def test_compilation_stays_off_after_an_import_when_the_caller_turned_it_off(rng):
+    x = mx.array(rng.standard_normal((4,)).astype(np.float32))
+    calls = []
+    counted = mx.compile(lambda a: calls.append(1) or a + 1)
+    mx.disable_compile()
+    try:
+        from_mlx(lambda x: x * 2.0, x)
+        counted(x), counted(x)
+    finally:
+        mx.enable_compile()
+    assert calls == [1, 1]  # not compiled: traced on every call
+
+
+@requires("mlx.core")
+def test_a_custom_metal_kernel_is_named_as_needing_metal_before_its_packed_operands(rng):
+    # bitnet's bitlinear_matmul reads uint8 packed weights (no IR dtype): the kernel is the reason, not the dtype
+    kernel = mx.fast.metal_kernel(
+        name="twice", input_names=["x", "packed"], output_names=["y"],
+        source="uint i = thread_position_in_grid.x; y[i] = 2 * x[i] + packed[i];",
+    )  # fmt: skip
+    packed = mx.array(np.arange(4, dtype=np.uint8))
+
+    def twice(x):
+        (y,) = kernel(inputs=[x, packed], grid=(4, 1, 1), threadgroup=(4, 1, 1), output_shapes=[(4,)],
+                      output_dtypes=[mx.float32])  # fmt: skip
+        return y + 1.0
+
+    with pytest.raises(ModelImportError) as err:
+        from_mlx(twice, mx.array(rng.standard_normal((4,)).astype(np.float32)))
+    message = str(err.value)
+    assert "MLX primitive CustomKernel custom_kernel_twice" in message and "needs Metal" in message
+    assert "test_import_mlx.py" in message and "in twice" in message
+
+
+@requires("mlx.core")
 def test_unsupported_primitive_names_itself_and_its_place(rng):
     x = mx.array(rng.random((2, 3)).astype(np.float32) + 0.5)
     with pytest.raises(ModelImportError) as err:

@@ -431,3 +431,43 @@ def test_bailing_moe_v3_group_scores_topk_sum():
     assert_mlx_import_reproduces(imported, fn, scores)
     top2 = np.sort(np.array(scores).astype(np.float64), axis=-1)[..., -2:].sum(axis=-1, keepdims=True)
     np.testing.assert_allclose(run(lower(imported.graph, "numpy"), np.array(scores)), top2, rtol=1e-6)
+
+
+def test_a_scatter_of_elements_imports_as_one_put_along_axis_at_flat_offsets(rng):
+    """phi3small's logits mask: ``out[..., ids] = -inf`` (MLX's Scatter, one broadcast index array per axis), with a
+    negative id; and ``x[i, 2] = v`` with a runtime index array and a constant one."""
+    ids = mx.array([1, 5, -1, 3])
+
+    def mask_ids(x):
+        out = x * 2.0
+        out[..., ids] = -float("inf")
+        return out
+
+    x = mx.array(random_array(rng, (2, 3, 8), "float32"))
+    imported = from_mlx(mask_ids, x)
+    assert [n.op for n in imported.graph.nodes()].count("put_along_axis") == 1
+    assert_mlx_import_reproduces(imported, mask_ids, x)
+    assert np.isneginf(np.array(mask_ids(x))[..., [1, 5, 7, 3]]).all()
+
+    def write_column(x, i, v):
+        out = x + 0.0
+        out[i, 2] = v
+        return out
+
+    args = (x[0], mx.array([2, 0], mx.int32), mx.array([5.0, 7.0]))
+    assert_mlx_import_reproduces(from_mlx(write_column, *args), write_column, *args)
+
+
+def test_a_scatter_that_adds_or_writes_windows_is_declined_by_name(rng):
+    x = mx.array(random_array(rng, (3, 4), "float32"))
+    i = mx.array([0, 2])
+    with pytest.raises(ModelImportError, match=r"Scatter.*only plain assignment \(Scatter None\)"):
+        from_mlx(lambda x: x.at[i].add(1.0), x)
+    with pytest.raises(ModelImportError, match=r"only a scatter of single elements"):
+
+        def rows(x):
+            out = x + 0.0
+            out[i] = mx.ones((2, 4))
+            return out
+
+        from_mlx(rows, x)
