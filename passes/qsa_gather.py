@@ -5,7 +5,11 @@ Pattern (docs/semantics.md §3.3, "masked form"): ``sdpa(q, k, v, mask=M)`` with
 - ``qsa_mask(sel, pos)``;
 - ``where(qsa_mask(sel, pos), vis, -inf)``, ``vis`` additive in q's dtype;
 
-and ``sel = qsa_select(block_scores, pos)``. Check: decode-shaped (at most
+and ``sel = qsa_select(block_scores, pos)``, or ``sel`` the graph input named
+by ``selection_input``: a selection made outside the graph (a model's own
+indexer), whose caller promises what exactness needs of it, that per row the
+ids in ``[0, n_complete)`` are distinct (other entries, ``-1`` or ids beyond,
+select nothing; the order does not matter). Check: decode-shaped (at most
 ``max_rows`` query rows per stream), no ``causal`` attribute, the same ``pos``
 value and ``ratio`` in ``qsa_select`` and ``qsa_mask``, ``kv_len`` equal to the
 cache length, ``block_scores`` covering no more cells than the cache, the
@@ -25,7 +29,8 @@ on it is moved after the gather), invalid slots are masked (``False``, or
 row), concatenated back (the form before batching; kept for comparison). The
 masked path's nodes are left for :class:`DeadCodeElimination`.
 
-Why it is exact: for a ``qsa_select`` selection (distinct ids) the valid slots
+Why it is exact: for a ``qsa_select`` selection (distinct ids), or a promised
+``selection_input``, the valid slots
 are exactly the cells ``qsa_mask`` sets, each once, and every other cell of the
 masked row contributes ``exp(-inf) = 0``; so both forms attend the same set
 with the same mask values, and differ only in reduction order. A row that
@@ -70,6 +75,8 @@ class _Match:
     n_kv: int
     streams: int
     rows: int
+    given: bool  # the selection is the promised selection_input, not a qsa_select
+    positions: str  # what the qsa_mask reads (for a qsa_select: its positions too)
 
 
 def _is_neg_inf_constant(node: Node) -> bool:
@@ -87,11 +94,16 @@ class QSAGather(SwitchedPass):
     min_depth_factor: float = 2
     pad_multiple: int = 1
     batched: bool = True
+    selection_input: str | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
         require_int("QSAGather", "max_rows", self.max_rows)
         require_int("QSAGather", "pad_multiple", self.pad_multiple)
+        if self.selection_input is not None and not (
+            isinstance(self.selection_input, str) and self.selection_input.isidentifier()
+        ):
+            raise ValueError(f"QSAGather: selection_input must be a graph input's name or None, got {self.selection_input!r}")
         if not isinstance(self.batched, bool):
             raise ValueError(f"QSAGather: batched must be True or False, got {self.batched!r}")
         depth = self.min_depth_factor
@@ -125,21 +137,27 @@ class QSAGather(SwitchedPass):
             return found
         form, qmask, vis = found
         selection = graph.node(qmask.inputs[0])
-        if selection.op != "qsa_select":
-            return _kept(f"the selection {selection.name} of {qmask.name} is {selection.op}, not qsa_select over block scores")
-        ratio, top_k = qmask.attrs["ratio"], selection.attrs["top_k_blocks"]
-        if selection.attrs["ratio"] != ratio:
-            return _kept(f"ratio differs: {selection.name} has ratio={selection.attrs['ratio']}, {qmask.name} ratio={ratio}")
-        if selection.inputs[1] != qmask.inputs[1]:
+        ratio = qmask.attrs["ratio"]
+        given = selection.op == "input" and selection.name == self.selection_input
+        if not given and selection.op != "qsa_select":
             return _kept(
-                f"positions differ: {selection.name} reads {selection.inputs[1]}, "
-                f"{qmask.name} reads {qmask.inputs[1]}"
+                f"the selection {selection.name} of {qmask.name} is {selection.op}, not qsa_select over block scores"
+                + (f" nor the promised selection_input {self.selection_input}" if self.selection_input else "")
             )
+        if not given:
+            if selection.attrs["ratio"] != ratio:
+                return _kept(f"ratio differs: {selection.name} has ratio={selection.attrs['ratio']}, {qmask.name} ratio={ratio}")
+            if selection.inputs[1] != qmask.inputs[1]:
+                return _kept(
+                    f"positions differ: {selection.name} reads {selection.inputs[1]}, "
+                    f"{qmask.name} reads {qmask.inputs[1]}"
+                )
+        top_k = selection.type.shape[-1]
         if qmask.attrs["kv_len"] != t:
             return _kept(f"{qmask.name} has kv_len={qmask.attrs['kv_len']} but the cache k has n_kv={t}")
         if qmask.type.shape != (b, 1, s, t):
             return _kept(f"{qmask.name} is {qmask.type}, expected [B, 1, S, n_kv] = {[b, 1, s, t]} from q and k")
-        n_blocks = graph.node(selection.inputs[0]).type.shape[-1]
+        n_blocks = graph.node(selection.inputs[0]).type.shape[-1] if not given else 0
         if n_blocks * ratio > t:
             return _kept(f"block scores cover {n_blocks} blocks x ratio {ratio} = {n_blocks * ratio} cells > n_kv={t}")
         if s > self.max_rows:
@@ -153,10 +171,11 @@ class QSAGather(SwitchedPass):
                 f"{self.min_depth_factor * width:g} "
                 f"(W = {top_k}*{ratio} + {ratio - 1}, pad_multiple={self.pad_multiple})"
             )
-        return _Match(selection, form, vis, ratio, top_k, width, t, b, s)
+        return _Match(selection, form, vis, ratio, top_k, width, t, b, s, given, qmask.inputs[1])
 
     def _describe(self, m: _Match) -> str:
         vis = "none" if m.vis is None else f"{m.form} with {m.vis}"
+        given = f"; selection: graph input {m.select.name}, distinct ids promised by the caller" if m.given else ""
         return (
             f"gather: top {m.top_k} blocks x ratio {m.ratio} + {m.ratio - 1} tail = {min_width(m.top_k, m.ratio)} "
             f"cells, W={m.width} (pad_multiple={self.pad_multiple}); attention width n_kv={m.n_kv} -> {m.width} "
@@ -167,6 +186,7 @@ class QSAGather(SwitchedPass):
                 else f"{m.streams * m.rows} sdpa call(s), one per row, each over its own gather of K and of V; "
             )
             + f"visibility: {vis}; the masked path is now dead (run dce)"
+            + given
         )
 
 
@@ -205,7 +225,7 @@ def _rewrite(rw: Rewriter, m: _Match) -> None:
     """Replace the matched sdpa by one gathered sdpa per (stream, row)."""
     q, k, v = rw.anchor.inputs[:3]
     n_streams, n_rows, t = m.streams, m.rows, m.n_kv
-    sel, positions = m.select.name, m.select.inputs[1]
+    sel, positions = m.select.name, m.positions
     attrs = {"ratio": m.ratio, "width": m.width, "kv_len": t}
     cells = rw.op("qsa_cells", [sel, positions], attrs)
     valid = rw.op("qsa_cell_valid", [sel, positions], attrs)
@@ -239,7 +259,7 @@ def _rewrite_batched(rw: Rewriter, m: _Match) -> None:
     """Replace the matched sdpa by one gather of every row's cells and one sdpa with the rows in its batch."""
     q, k, v = rw.anchor.inputs[:3]
     (b, _hq, s, _d), (_b, hkv, t, _dk) = rw.type(q).shape, rw.type(k).shape
-    sel, positions = m.select.name, m.select.inputs[1]
+    sel, positions = m.select.name, m.positions
     attrs = {"ratio": m.ratio, "width": m.width, "kv_len": t}
     cells = rw.reshape(rw.op("qsa_cells", [sel, positions], attrs), (b, s, 1, m.width), "cells")
     valid = rw.reshape(rw.op("qsa_cell_valid", [sel, positions], attrs), (b * s, 1, 1, m.width), "cell_ok")
