@@ -1,0 +1,184 @@
+"""``optimize`` on mlx-vlm's Qwen4-Exp (backends/mlx/vlm.py): QSA calls gathered over the model's own selection.
+
+A tiny random ``qwen4_exp.language.LanguageModel`` with the real structure
+(hybrid layers: three Gated-DeltaNet layers then a QSA layer, twice; the QSA
+indexer; budget 16 tokens at ratio 4, so past 20 tokens the selection is
+sparse) decodes greedily with its own caches, plainly and under ``optimize``:
+the tokens must be the same, every decode and verify call routed through a
+gather program (counted), the prefill declined by qsa-gather's named reason,
+a 5-row verify step's logits within 1e-4 in float32, and a speculative verify
+rolled back (the caches trimmed) must go on decoding the same tokens.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.util import assert_bits_equal, lazy_import, requires
+
+pytestmark = requires("mlx.core", "mlx_vlm")
+
+mx = lazy_import("mlx.core")
+language = lazy_import("mlx_vlm.models.qwen4_exp.language")
+vlm_config = lazy_import("mlx_vlm.models.qwen4_exp.config")
+
+PROMPT, STEPS, QSA_LAYERS, VOCAB = 40, 10, 2, 64
+PREFILL_KEPT = (
+    "qsa-gather kept the masked form: masked path kept: prefill-shaped: 40 query rows per stream > max_rows=8 "
+    "(decode, verify only)"
+)
+
+
+@pytest.fixture(scope="module")
+def model():
+    config = vlm_config.TextConfig(
+        model_type="qwen4_exp", hidden_size=64, num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=32, linear_num_value_heads=2, linear_num_key_heads=2, linear_key_head_dim=16,
+        linear_value_head_dim=16, linear_conv_kernel_dim=4, num_experts=2, num_experts_per_tok=1,
+        shared_expert_intermediate_size=16, moe_intermediate_size=16, rms_norm_eps=1e-6, vocab_size=VOCAB,
+        max_position_embeddings=4096, indexer_budget=16, indexer_compress_ratio=4, indexer_head_dim=32, hc_lowrank=8,
+    )  # fmt: skip
+    assert config.layer_types.count("qwen_sparse_attention") == QSA_LAYERS
+    full = vlm_config.ModelConfig(text_config=config, vision_config=vlm_config.VisionConfig(), model_type="qwen4_exp")
+    mx.random.seed(3)
+    lm = language.LanguageModel(config, full)
+    mx.eval(lm.parameters())
+    return lm
+
+
+def _prompt():
+    return mx.array(np.random.default_rng(0).integers(0, VOCAB, (1, PROMPT)), dtype=mx.int32)
+
+
+def _greedy(lm, cache, token, steps: int) -> list[int]:
+    """``steps`` greedy decode steps from ``token`` with the model's own cache (single-token calls)."""
+    out = []
+    for _ in range(steps):
+        out.append(token)
+        logits = lm(mx.array([[token]], dtype=mx.int32), cache=cache).logits
+        token = int(mx.argmax(logits[0, -1]).item())
+    return out
+
+
+def _run(lm):
+    """Prefill, greedy decode, then a 5-row verify step's logits (plain model call) and the tokens after it."""
+    cache = lm.make_cache()
+    first = int(mx.argmax(lm(_prompt(), cache=cache).logits[0, -1]).item())
+    tokens = _greedy(lm, cache, first, STEPS)
+    verify = lm(mx.array([tokens[-5:]], dtype=mx.int32), cache=cache).logits
+    return tokens, np.array(verify), cache
+
+
+def test_greedy_tokens_and_a_verify_step_match_the_plain_model_with_every_qsa_call_routed(model):
+    from mlx_vlm.models.qwen4_exp import qsa_kernel
+
+    from attnpass.backends.mlx import optimize
+
+    tokens, verify, _ = _run(model)
+    with optimize(model) as opt:
+        got, got_verify, cache = _run(model)
+    assert got == tokens
+    np.testing.assert_allclose(got_verify, verify, rtol=0, atol=1e-4)
+    # each QSA layer: STEPS decode calls and one verify call routed; the prefill declined by name
+    assert opt.routed == QSA_LAYERS * (STEPS + 1) and opt.declined == {PREFILL_KEPT: QSA_LAYERS}
+    compiled = [e for e in opt.qsa.specializations if e.compiled]
+    assert {e.signature.split(", ")[0] for e in compiled} == {"queries:f32[1,4,1,32]", "queries:f32[1,4,5,32]"}
+    for entry in compiled:  # a routed call is a gather over 4 blocks * 4 + 3 tail cells, never the masked form
+        assert entry.ops["qsa_cells"] == 1 and "qsa_mask" not in entry.ops and "keys:f32[1,2,256,32]" in entry.signature
+        assert any("W=19" in r.message and "distinct ids promised by the caller" in r.message for r in entry.remarks)
+    assert language.dispatch_qsa_attention is qsa_kernel.dispatch_qsa_attention  # restored
+    assert cache[3].offset == PROMPT + STEPS + 5 and cache[3].index_keys.shape[1] == cache[3].offset
+
+
+def test_speculative_verify_is_routed_and_its_rollback_trims_the_caches_consistently(model):
+    from attnpass.backends.mlx import optimize
+
+    def run():
+        cache = model.make_cache()
+        first = int(mx.argmax(model(_prompt(), cache=cache).logits[0, -1]).item())
+        tokens = _greedy(model, cache, first, 4)
+        draft = mx.array([[tokens[-1], 5, 9, 11, 2]], dtype=mx.int32)
+        hidden, _, rollback = model.speculative_verify_hidden(draft, cache)
+        hidden = np.array(hidden)
+        rollback.commit([2])  # keep two of the five positions: every cache trimmed by three
+        assert cache[3].offset == PROMPT + 4 + 2
+        return hidden, _greedy(model, cache, 9, 6)
+
+    hidden, tokens = run()
+    with optimize(model) as opt:
+        got_hidden, got = run()
+    np.testing.assert_allclose(got_hidden, hidden, rtol=0, atol=1e-4)
+    assert got == tokens
+    # the verifier splits five rows into pairs (2, 2, 1); 4 decode steps before it, 6 after the rollback
+    assert opt.routed == QSA_LAYERS * (4 + 3 + 6) and set(opt.declined) == {PREFILL_KEPT}
+
+
+def test_bfloat16_qsa_calls_run_routed_and_near_the_models_own(model):
+    # MLX's CPU GatherMM (the MoE blocks) is float32 only, so the QSA layer's attention runs alone in bfloat16,
+    # inside the optimized model's active call as in its forward
+    from attnpass.backends.mlx import optimize
+
+    attention = model.model.layers[3].self_attn
+    attention.set_dtype(mx.bfloat16)
+    try:
+        cache = language.QSAKVCache()
+        attention(mx.random.normal((1, PROMPT, 64)).astype(mx.bfloat16), mask="causal", cache=cache)
+        state = cache.state
+        outputs = []
+        for optimized in (False, True):
+            cache.state = state
+            steps = [mx.random.normal((1, 1, 64), key=mx.random.key(i)).astype(mx.bfloat16) for i in range(3)]
+            if optimized:
+                with optimize(model) as opt, opt.active():
+                    outputs.append([np.array(attention(x, cache=cache).astype(mx.float32)) for x in steps])
+            else:
+                outputs.append([np.array(attention(x, cache=cache).astype(mx.float32)) for x in steps])
+        assert opt.routed == 3 and not opt.declined and opt.qsa.specializations[0].signature.startswith("queries:bf16")
+        np.testing.assert_allclose(np.stack(outputs[1]), np.stack(outputs[0]), rtol=0, atol=4e-3)  # outputs ~0.16: 4 bf16 steps
+    finally:
+        attention.set_dtype(mx.float32)
+
+
+def test_a_quantized_qsa_cache_is_declined_by_name_and_runs_the_models_dispatch_bit_for_bit(model):
+    from attnpass.backends.mlx import optimize
+
+    def run():
+        cache = model.make_cache()
+        model(_prompt(), cache=cache)
+        cache = [c.to_quantized(group_size=32, bits=8) if isinstance(c, language.QSAKVCache) else c for c in cache]
+        return np.array(model(mx.array([[7]], dtype=mx.int32), cache=cache).logits)
+
+    plain = run()
+    with optimize(model) as opt:
+        got = run()
+    assert_bits_equal(got, plain)
+    reason = "QSAQuantizedKVCache: only QSAKVCache has a buffer and a selection to prove"
+    assert opt.routed == 0 and opt.declined == {PREFILL_KEPT: QSA_LAYERS, reason: QSA_LAYERS}
+
+
+def test_arrays_that_are_not_the_indexers_selection_are_declined(model):
+    from mlx_vlm.models.qwen4_exp.qsa_kernel import dispatch_qsa_attention
+
+    from attnpass.backends.mlx import optimize
+    from attnpass.backends.mlx.lm import route_qsa
+    from attnpass.backends.mlx.vlm import NOT_SELECTED
+
+    attention = model.model.layers[3].self_attn
+    cache = language.QSAKVCache()
+    x = mx.random.normal((1, PROMPT, 64))
+    attention(x, mask="causal", cache=cache)
+    step = mx.random.normal((1, 1, 64))
+    with optimize(model) as opt, opt.active():
+        selection = attention.indexer.select(step, cache, None)
+        q, k, v = attention.q_proj(step), attention.k_proj(step), attention.v_proj(step)
+        queries, keys, values, _, _ = attention._prepare_projected_qkv(q, k, v, cache, None, None, None)
+        options = dict(cache=cache, scale=attention.scale, block_size=4, causal=True, mask=None,
+                       mask_factory=lambda: attention.indexer.build_mask(selection))  # fmt: skip
+        copied = mx.array(selection.selected_blocks)
+        got = route_qsa(queries, keys, values, copied, selection.query_ends, **options)
+        routed = route_qsa(queries, keys, values, selection.selected_blocks, selection.query_ends, **options)
+    assert opt.declined == {NOT_SELECTED: 1} and opt.routed == 1
+    want = dispatch_qsa_attention(queries, keys, values, copied, selection.query_ends, **options)
+    assert_bits_equal(np.array(got), np.array(want))  # the declined call is the model's dispatch
+    np.testing.assert_allclose(np.array(routed), np.array(got), rtol=0, atol=1e-5)
