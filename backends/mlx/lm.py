@@ -1,10 +1,15 @@
 """``optimize(model)``: an mlx-lm model's attention through attnpass programs, compiled per signature.
 
+This module routes mlx-lm's attention helper and holds the model wrapper; the
+same mechanism routes mlx-vlm's Qwen4-Exp QSA dispatch (:mod:`.vlm`, with its
+own proofs), and both share the recorders and patches of :mod:`.router`.
+
 **Routing.** mlx-lm's attention modules call ``scaled_dot_product_attention``,
 which each model module imports from ``mlx_lm.models.base``. ``optimize``
 replaces that name, in the modules defining the model's layers, with a router,
 and gives the model a subclass whose ``__call__`` marks it active (a context
-variable, so per thread). The router sends the attention of an active optimized
+variable, so per thread; mlx-vlm's MTP verifier, ``_speculative_verify``,
+is wrapped the same way). The router sends the attention of an active optimized
 model to its compiled program (:func:`attnpass.backends.mlx.compile` of
 :func:`attention`) and every other call, of models not optimized, to mlx-lm's
 helper. :meth:`OptimizedModel.restore` (or leaving a ``with`` block) undoes both.
