@@ -87,7 +87,12 @@ def test_greedy_tokens_and_a_verify_step_match_the_plain_model_with_every_qsa_ca
     for entry in compiled:  # a routed call is a gather over 4 blocks * 4 + 3 tail cells, never the masked form
         assert entry.ops["qsa_cells"] == 1 and "qsa_mask" not in entry.ops and "keys:f32[1,2,256,32]" in entry.signature
         assert any("W=19" in r.message and "distinct ids promised by the caller" in r.message for r in entry.remarks)
-    assert language.dispatch_qsa_attention is qsa_kernel.dispatch_qsa_attention  # restored
+    # restored: the dispatch, and the recorders of the cache's fetch and the indexer's selection
+    assert language.dispatch_qsa_attention is qsa_kernel.dispatch_qsa_attention
+    assert "update_and_fetch" not in vars(language.QSAKVCache) and not hasattr(
+        language.QSAKVCache.update_and_fetch, "__wrapped__"
+    )
+    assert not hasattr(language.Qwen4ExpQSAIndexer.select_from_projected, "__wrapped__")
     assert cache[3].offset == PROMPT + STEPS + 5 and cache[3].index_keys.shape[1] == cache[3].offset
 
 
@@ -112,6 +117,29 @@ def test_speculative_verify_is_routed_and_its_rollback_trims_the_caches_consiste
     assert got == tokens
     # the verifier splits five rows into pairs (2, 2, 1); 4 decode steps before it, 6 after the rollback
     assert opt.routed == QSA_LAYERS * (4 + 3 + 6) and set(opt.declined) == {PREFILL_KEPT}
+
+
+def test_a_prompt_cache_saved_and_loaded_decodes_the_same_tokens(model):
+    # what a prompt cache file holds and loading restores: every cache's state (QSA: keys, values, raw indexer
+    # keys, positions, pooled block keys) set on fresh caches, whose buffers are then exactly the saved length
+    from attnpass.backends.mlx import optimize
+
+    cache = model.make_cache()
+    first = int(mx.argmax(model(_prompt(), cache=cache).logits[0, -1]).item())
+    _greedy(model, cache, first, 3)
+    saved = [c.state for c in cache]
+    mx.eval(saved)
+
+    def resume():
+        loaded = model.make_cache()
+        for c, state in zip(loaded, saved):
+            c.state = list(state) if isinstance(state, list) else state  # ArraysCache keeps the list it is given
+        return _greedy(model, loaded, 11, 6)
+
+    tokens = resume()
+    with optimize(model) as opt:
+        got = resume()
+    assert got == tokens and opt.routed == QSA_LAYERS * 6 and not opt.declined
 
 
 def test_bfloat16_qsa_calls_run_routed_and_near_the_models_own(model):
