@@ -313,11 +313,12 @@ def optimize(
             f"optimize: expected an mlx-lm model (an mlx.nn.Module such as mlx_lm.load(path)[0]), "
             f"got {type(model).__name__} {_short(model)}{hint}"
         )
-    helper = _helper()
     if getattr(type(model), "_attnpass_optimized", None) is not None:
         raise ValueError(f"{type(model).__name__} is already optimized; restore() it first")
     names = sorted({type(m).__module__ for m in model.modules()})
-    routed = [n for n in names if getattr(sys.modules.get(n), HELPER, None) in (helper, route)]
+    base = sys.modules.get("mlx_lm.models.base")  # a module calling mlx-lm's helper has imported it
+    helpers = () if base is None else (getattr(base, HELPER), route)
+    routed = [n for n in names if getattr(sys.modules.get(n), HELPER, None) in helpers]
     qsa_routed = vlm.routed_modules(names, route_qsa)
     if not routed and not qsa_routed:
         raise ValueError(
