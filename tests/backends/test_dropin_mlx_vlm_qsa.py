@@ -210,3 +210,22 @@ def test_arrays_that_are_not_the_indexers_selection_are_declined(model):
     want = dispatch_qsa_attention(queries, keys, values, copied, selection.query_ends, **options)
     assert_bits_equal(np.array(got), np.array(want))  # the declined call is the model's dispatch
     np.testing.assert_allclose(np.array(routed), np.array(got), rtol=0, atol=1e-5)
+
+
+def test_two_optimized_models_share_the_patches_until_the_last_restores(model):
+    from mlx_vlm.models.qwen4_exp import qsa_kernel
+
+    from attnpass.backends.mlx import optimize
+    from attnpass.backends.mlx.lm import route_qsa
+
+    other = language.LanguageModel(model.args, model.config)
+    first, second = optimize(model), optimize(other)
+    first.restore()
+    assert language.dispatch_qsa_attention is route_qsa  # the other model still routes
+    cache = model.make_cache()
+    model(_prompt(), cache=cache)
+    model(mx.array([[3]], dtype=mx.int32), cache=cache)
+    assert first.routed == second.routed == 0 and not first.declined  # a restored model's calls go to mlx-vlm
+    second.restore()
+    assert language.dispatch_qsa_attention is qsa_kernel.dispatch_qsa_attention
+    assert not hasattr(language.QSAKVCache.update_and_fetch, "__wrapped__")
