@@ -190,7 +190,7 @@ def test_arrays_that_are_not_the_indexers_selection_are_declined(model):
 
     from attnpass.backends.mlx import optimize
     from attnpass.backends.mlx.lm import route_qsa
-    from attnpass.backends.mlx.vlm import NOT_SELECTED
+    from attnpass.backends.mlx.vlm import MODEL_MASK, NOT_SELECTED
 
     attention = model.model.layers[3].self_attn
     cache = language.QSAKVCache()
@@ -206,7 +206,10 @@ def test_arrays_that_are_not_the_indexers_selection_are_declined(model):
         copied = mx.array(selection.selected_blocks)
         got = route_qsa(queries, keys, values, copied, selection.query_ends, **options)
         routed = route_qsa(queries, keys, values, selection.selected_blocks, selection.query_ends, **options)
-    assert opt.declined == {NOT_SELECTED: 1} and opt.routed == 1
+        masked = {**options, "causal": False, "mask": attention.indexer.build_mask(selection)}
+        combined = route_qsa(queries, keys, values, selection.selected_blocks, selection.query_ends, **masked)
+    assert opt.declined == {NOT_SELECTED: 1, MODEL_MASK: 1} and opt.routed == 1
+    np.testing.assert_allclose(np.array(combined), np.array(got), rtol=0, atol=1e-6)  # the same cells, masked
     want = dispatch_qsa_attention(queries, keys, values, copied, selection.query_ends, **options)
     assert_bits_equal(np.array(got), np.array(want))  # the declined call is the model's dispatch
     np.testing.assert_allclose(np.array(routed), np.array(got), rtol=0, atol=1e-5)
