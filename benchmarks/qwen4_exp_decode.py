@@ -10,7 +10,8 @@ filled directly with random keys, values and raw indexer keys at positions
 ``0 .. depth-1`` (no prefill; the linear layers start from zero state; the
 indexer pools the blocks once, in the untimed first step, then one block per 4
 steps, as it does after a prefill). Decode: ``--tokens`` greedy single-token
-model calls after one untimed step. Plain and optimized models (same seed)
+model calls after one untimed step (and both models decode once at depth 64
+before any timing: mlx-vlm's compiled helpers trace on first use). Plain and optimized models (same seed)
 alternate within every repetition, in alternating order; the table gives
 medians, the ratio and the spread, then the per-QSA-layer breakdown of one
 decode step at that depth (each part evaluated on its own): the indexer's
@@ -169,6 +170,8 @@ def run(dtype_name: str, args: argparse.Namespace) -> None:
         print(f"\n== {dtype_name}: mlx {mx.__version__}, device {mx.default_device()}, {args.layers} layers "
               f"({sum(not layer.is_linear for layer in models['plain'].layers)} QSA), pipeline {opt.qsa.pipeline}")  # fmt: skip
         print(f"load average before: {load()}")
+        for model in models.values():  # mlx-vlm's compiled helpers are traced on first use: not in a timed run
+            decode_rate(model, filled_cache(model, snapshot(model, 64, dtype)), 2)
         rows = []
         for depth in args.depths:
             states = snapshot(models["plain"], depth, dtype)
