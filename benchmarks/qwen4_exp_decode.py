@@ -32,8 +32,8 @@ import argparse
 import os
 import statistics
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
-from typing import Callable
 
 import mlx.core as mx
 from mlx_vlm.models.qwen4_exp import config as vlm_config
@@ -124,7 +124,8 @@ def breakdown(model, opt, states: list, dtype, repeats: int = 5) -> dict[str, di
     index = next(i for i, s in enumerate(states) if s is not None)
     attn = model.layers[index].self_attn
     x = mx.random.normal((1, 1, attn.q_proj.weight.shape[1])).astype(dtype)
-    times: dict[str, dict[str, list[float]]] = {v: {"select": [], "qkv": [], "attention": []} for v in ("plain", "optimize")}
+    names = ("select", "qkv", "attention")
+    times: dict[str, dict[str, list[float]]] = {v: {p: [] for p in names} for v in ("plain", "optimize")}
     for variant in ("plain", "optimize"):
         cache = filled_cache(model, states)[index]
         if attn.indexer.select(x, cache, None) is None:  # pools every block once, as the first decode step does
@@ -146,7 +147,7 @@ def breakdown(model, opt, states: list, dtype, repeats: int = 5) -> dict[str, di
                 out = language.dispatch_qsa_attention(
                     queries, keys, values, selection.selected_blocks, selection.query_ends, cache=cache,
                     scale=attn.scale, block_size=attn.indexer.compress_ratio, causal=True, mask=None,
-                    mask_factory=lambda: attn.indexer.build_mask(selection), allow_sparse_decode=True,
+                    mask_factory=lambda s=selection: attn.indexer.build_mask(s), allow_sparse_decode=True,
                 )  # fmt: skip
                 mx.eval(out)
                 end = time.perf_counter()
@@ -167,8 +168,9 @@ def run(dtype_name: str, args: argparse.Namespace) -> None:
     try:
         models = {"plain": make_model(args.layers, dtype), "optimize": make_model(args.layers, dtype)}
         opt = optimize(models["optimize"])
+        qsa = sum(not layer.is_linear for layer in models["plain"].layers)
         print(f"\n== {dtype_name}: mlx {mx.__version__}, device {mx.default_device()}, {args.layers} layers "
-              f"({sum(not layer.is_linear for layer in models['plain'].layers)} QSA), pipeline {opt.qsa.pipeline}")  # fmt: skip
+              f"({qsa} QSA), pipeline {opt.qsa.pipeline}")  # fmt: skip
         print(f"load average before: {load()}")
         for model in models.values():  # mlx-vlm's compiled helpers are traced on first use: not in a timed run
             decode_rate(model, filled_cache(model, snapshot(model, 64, dtype)), 2)

@@ -53,8 +53,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from attnpass.ir import DType, Graph, Node
-from attnpass.ir.dialects.attention import sdpa_variants
 from attnpass.ir.dialects import min_width
+from attnpass.ir.dialects.attention import sdpa_variants
 
 from .base import Remarks, require_int
 from .policy import SwitchedPass
@@ -103,7 +103,9 @@ class QSAGather(SwitchedPass):
         if self.selection_input is not None and not (
             isinstance(self.selection_input, str) and self.selection_input.isidentifier()
         ):
-            raise ValueError(f"QSAGather: selection_input must be a graph input's name or None, got {self.selection_input!r}")
+            raise ValueError(
+                f"QSAGather: selection_input must be a graph input's name or None, got {self.selection_input!r}"
+            )
         if not isinstance(self.batched, bool):
             raise ValueError(f"QSAGather: batched must be True or False, got {self.batched!r}")
         depth = self.min_depth_factor
@@ -146,7 +148,9 @@ class QSAGather(SwitchedPass):
             )
         if not given:
             if selection.attrs["ratio"] != ratio:
-                return _kept(f"ratio differs: {selection.name} has ratio={selection.attrs['ratio']}, {qmask.name} ratio={ratio}")
+                return _kept(
+                    f"ratio differs: {selection.name} has ratio={selection.attrs['ratio']}, {qmask.name} ratio={ratio}"
+                )
             if selection.inputs[1] != qmask.inputs[1]:
                 return _kept(
                     f"positions differ: {selection.name} reads {selection.inputs[1]}, "

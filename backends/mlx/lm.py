@@ -59,8 +59,9 @@ from __future__ import annotations
 import sys
 import threading
 from collections import Counter
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Iterator, Sequence, TextIO
+from typing import Any, TextIO
 
 from attnpass.ir import Graph
 from attnpass.passes import Pass
@@ -305,7 +306,7 @@ def optimize(
     Raises ``TypeError`` when ``model`` is not an ``mlx.nn.Module``, ``ValueError``
     when it is already optimized or none of its modules calls either function.
     """
-    import mlx.nn as nn
+    from mlx import nn
 
     if not isinstance(model, nn.Module):
         hint = " (mlx_lm.load returns (model, tokenizer): pass the model)" if isinstance(model, tuple) else ""

@@ -9,9 +9,10 @@ in this model call (recorded by :func:`record_fetch`).
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 NOT_FETCHED = (
     "keys/values are not the arrays this cache's update_and_fetch returned in this model call "

@@ -50,7 +50,8 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from attnpass.ir import ImportedGraph, TensorSpec, ops, trace
 from attnpass.passes import Pass, QSAGather
@@ -60,15 +61,18 @@ from .compiled import MLXFrontend
 from .router import ACTIVE, fetch_reason
 
 NAME = "dispatch_qsa_attention"
-LANGUAGE = "mlx_vlm.models.qwen4_exp.language"
 SELECTION = "selection"
 MASKED = "qsa-gather kept the masked form"
-NOT_SELECTED = "selected_blocks/query_ends are not the arrays this cache's indexer selection returned in this model call"
+NOT_SELECTED = (
+    "selected_blocks/query_ends are not the arrays this cache's indexer selection returned in this model call"
+)
 MODEL_MASK = "the model combined a mask with the selection (left padding or an array mask)"
 MODEL_KERNEL = "the model's indexed sparse kernel takes this call (Metal, float16/bfloat16)"
 
 
-def qsa_attention(queries: Any, keys: Any, values: Any, selection: Any, query_ends: Any, scale: float, ratio: int) -> Any:
+def qsa_attention(
+    queries: Any, keys: Any, values: Any, selection: Any, query_ends: Any, scale: float, ratio: int
+) -> Any:
     """The masked form of one QSA call: ``sdpa`` over the buffer, masked by the selection's cells and the tail."""
     keep = ops.qsa_mask(selection, query_ends - 1, ratio=ratio, kv_len=keys.shape[2])
     return ops.sdpa(queries, keys, values, mask=keep, scale=scale)
@@ -91,10 +95,8 @@ def programs(pipeline: str | Sequence[Pass] | None, *, strict: bool, max_signatu
     """:func:`qsa_attention` compiled per signature; every ``qsa-gather`` told the selection input is promised."""
     frontend = OpsFrontend()
     passes = default_pipeline(frontend.device(), frontend.target) if pipeline is None else as_passes(pipeline)
-    passes = [
-        dataclasses.replace(p, selection_input=SELECTION) if isinstance(p, QSAGather) and p.selection_input is None else p
-        for p in passes
-    ]
+    promised = [isinstance(p, QSAGather) and p.selection_input is None for p in passes]
+    passes = [dataclasses.replace(p, selection_input=SELECTION) if tell else p for p, tell in zip(passes, promised)]
     return CompiledFunction(
         qsa_attention, frontend, pipeline=passes, strict=strict, max_signatures=max_signatures,
         name="attnpass.backends.mlx.optimize", decline=_kept_masked,
@@ -117,7 +119,7 @@ def original() -> Callable[..., Any]:
 
 
 def routed_modules(names: Sequence[str], route: Callable[..., Any]) -> list[str]:
-    """The modules among ``names`` that call mlx-vlm's dispatch (or already ``route``); none if mlx-vlm is not loaded."""
+    """The modules among ``names`` calling mlx-vlm's dispatch (or already ``route``); none without mlx-vlm loaded."""
     kernel = sys.modules.get("mlx_vlm.models.qwen4_exp.qsa_kernel")
     if kernel is None:
         return []
@@ -126,6 +128,7 @@ def routed_modules(names: Sequence[str], route: Callable[..., Any]) -> list[str]
 
 def record_selection(select: Callable[..., Any]) -> Callable[..., Any]:
     """``select_from_projected`` that also records its selection, per cache, in the active optimized call."""
+
     def recording(indexer: Any, qk: Any, cache: Any, position_ids: Any) -> Any:
         selection = select(indexer, qk, cache, position_ids)
         call = ACTIVE.get()
