@@ -24,10 +24,15 @@ language = lazy_import("mlx_vlm.models.qwen4_exp.language")
 vlm_config = lazy_import("mlx_vlm.models.qwen4_exp.config")
 
 PROMPT, STEPS, QSA_LAYERS, VOCAB = 40, 10, 2, 64
-PREFILL_KEPT = (
-    "qsa-gather kept the masked form: masked path kept: prefill-shaped: 40 query rows per stream > max_rows=8 "
-    "(decode, verify only)"
-)
+
+def prefill_kept(rows: int = PROMPT) -> str:
+    return (
+        f"qsa-gather kept the masked form: masked path kept: prefill-shaped: {rows} query rows per stream > "
+        "max_rows=8 (decode, verify only)"
+    )
+
+
+PREFILL_KEPT = prefill_kept()
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +52,8 @@ def model():
     return lm
 
 
-def _prompt():
-    return mx.array(np.random.default_rng(0).integers(0, VOCAB, (1, PROMPT)), dtype=mx.int32)
+def _prompt(length: int = PROMPT):
+    return mx.array(np.random.default_rng(0).integers(0, VOCAB, (1, length)), dtype=mx.int32)
 
 
 def _greedy(lm, cache, token, steps: int) -> list[int]:
@@ -61,27 +66,31 @@ def _greedy(lm, cache, token, steps: int) -> list[int]:
     return out
 
 
-def _run(lm):
+def _run(lm, prompt: int = PROMPT):
     """Prefill, greedy decode, then a 5-row verify step's logits (plain model call) and the tokens after it."""
     cache = lm.make_cache()
-    first = int(mx.argmax(lm(_prompt(), cache=cache).logits[0, -1]).item())
+    first = int(mx.argmax(lm(_prompt(prompt), cache=cache).logits[0, -1]).item())
     tokens = _greedy(lm, cache, first, STEPS)
     verify = lm(mx.array([tokens[-5:]], dtype=mx.int32), cache=cache).logits
     return tokens, np.array(verify), cache
 
 
-def test_greedy_tokens_and_a_verify_step_match_the_plain_model_with_every_qsa_call_routed(model):
+@pytest.mark.parametrize("prompt", [PROMPT, 12], ids=["sparse-from-the-prompt", "crossing-the-budget"])
+def test_greedy_tokens_and_a_verify_step_match_the_plain_model_with_every_qsa_call_routed(model, prompt):
     from mlx_vlm.models.qwen4_exp import qsa_kernel
 
     from attnpass.backends.mlx import optimize
 
-    tokens, verify, _ = _run(model)
+    tokens, verify, _ = _run(model, prompt)
     with optimize(model) as opt:
-        got, got_verify, cache = _run(model)
+        got, got_verify, cache = _run(model, prompt)
     assert got == tokens
     np.testing.assert_allclose(got_verify, verify, rtol=0, atol=1e-4)
-    # each QSA layer: STEPS decode calls and one verify call routed; the prefill declined by name
-    assert opt.routed == QSA_LAYERS * (STEPS + 1) and opt.declined == {PREFILL_KEPT: QSA_LAYERS}
+    # per QSA layer: the decode calls past the budget (more than 4 complete blocks: below it the indexer selects
+    # nothing and the layer attends densely, no QSA call) and the verify call are routed; the prefill is declined
+    sparse_decodes = sum(1 for keys in range(prompt + 1, prompt + STEPS + 1) if keys // 4 > 4)
+    assert sparse_decodes == (STEPS if prompt == PROMPT else 3)
+    assert opt.routed == QSA_LAYERS * (sparse_decodes + 1) and opt.declined == {prefill_kept(prompt): QSA_LAYERS}
     compiled = [e for e in opt.qsa.specializations if e.compiled]
     assert {e.signature.split(", ")[0] for e in compiled} == {"queries:f32[1,4,1,32]", "queries:f32[1,4,5,32]"}
     for entry in compiled:  # a routed call is a gather over 4 blocks * 4 + 3 tail cells, never the masked form
@@ -93,7 +102,7 @@ def test_greedy_tokens_and_a_verify_step_match_the_plain_model_with_every_qsa_ca
         language.QSAKVCache.update_and_fetch, "__wrapped__"
     )
     assert not hasattr(language.Qwen4ExpQSAIndexer.select_from_projected, "__wrapped__")
-    assert cache[3].offset == PROMPT + STEPS + 5 and cache[3].index_keys.shape[1] == cache[3].offset
+    assert cache[3].offset == prompt + STEPS + 5 and cache[3].index_keys.shape[1] == cache[3].offset
 
 
 def test_speculative_verify_is_routed_and_its_rollback_trims_the_caches_consistently(model):
