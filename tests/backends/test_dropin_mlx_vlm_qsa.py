@@ -242,3 +242,40 @@ def test_two_optimized_models_share_the_patches_until_the_last_restores(model):
     second.restore()
     assert language.dispatch_qsa_attention is qsa_kernel.dispatch_qsa_attention
     assert not hasattr(language.QSAKVCache.update_and_fetch, "__wrapped__")
+
+
+def test_multimodal_rope_positions_decode_the_same_tokens(model):
+    # M-RoPE: an image-like grid of 24 tokens between text; the indexer keeps [3, B, T] positions, rotates its
+    # queries and pooled keys with them, and selects: the router takes that selection as it is
+    from attnpass.backends.mlx import optimize
+
+    config = vlm_config.TextConfig(**{
+        **{k: getattr(model.args, k) for k in model.args.__dataclass_fields__},
+        "num_hidden_layers": 4, "layer_types": None,
+        "rope_parameters": {"type": "default", "mrope_section": [2, 1, 1], "rope_theta": 10000,
+                            "partial_rotary_factor": 0.25},
+    })  # fmt: skip
+    full = vlm_config.ModelConfig(text_config=config, vision_config=vlm_config.VisionConfig(), model_type="qwen4_exp")
+    mx.random.seed(5)
+    lm = language.LanguageModel(config, full)
+    mx.eval(lm.parameters())
+    t = np.concatenate([np.arange(8), np.full(24, 8), 14 + np.arange(8)])
+    h = np.concatenate([np.arange(8), 8 + np.repeat(np.arange(4), 6), 14 + np.arange(8)])
+    w = np.concatenate([np.arange(8), 8 + np.tile(np.arange(6), 4), 14 + np.arange(8)])
+    positions = mx.array(np.stack([t, h, w])[:, None, :], dtype=mx.int32)
+
+    def run():
+        cache = lm.make_cache()
+        token = int(mx.argmax(lm(_prompt(), cache=cache, position_ids=positions).logits[0, -1]).item())
+        tokens = []
+        for step in range(8):
+            tokens.append(token)
+            at = mx.full((3, 1, 1), 22 + step, dtype=mx.int32)
+            token = int(mx.argmax(lm(mx.array([[token]]), cache=cache, position_ids=at).logits[0, -1]).item())
+        assert cache[3].index_position_ids.shape == (3, 1, PROMPT + 8)
+        return tokens
+
+    tokens = run()
+    with optimize(lm) as opt:
+        got = run()
+    assert got == tokens and opt.routed == 8 and opt.declined == {PREFILL_KEPT: 1}
