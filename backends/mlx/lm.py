@@ -9,7 +9,8 @@ which each model module imports from ``mlx_lm.models.base``. ``optimize``
 replaces that name, in the modules defining the model's layers, with a router,
 and gives the model a subclass whose ``__call__`` marks it active (a context
 variable, so per thread; mlx-vlm's MTP verifier, ``_speculative_verify``,
-is wrapped the same way). The router sends the attention of an active optimized
+is wrapped the same way, and so is a model's ``language_model``, which
+mlx-vlm's generate calls directly). The router sends the attention of an active optimized
 model to its compiled program (:func:`attnpass.backends.mlx.compile` of
 :func:`attention`) and every other call, of models not optimized, to mlx-lm's
 helper. :meth:`OptimizedModel.restore` (or leaving a ``with`` block) undoes both.
@@ -135,6 +136,7 @@ class OptimizedModel:
         self.routed = 0
         self.declined: Counter[str] = Counter()
         self._original_class = type(model)
+        self._entered: list[tuple[Any, type]] = []  # (module, its own class) given an entered subclass
         self._lock = threading.Lock()
         self._last_mask: tuple[tuple, Any] | None = None  # every layer of a step shares its mask
         self._restored = False
@@ -241,7 +243,8 @@ class OptimizedModel:
             if self._restored:
                 return
             self._restored = True
-            self.model.__class__ = self._original_class
+            for module, cls in self._entered:
+                module.__class__ = cls
             for owner, name in _patched(self):
                 unpatch(owner, name)
 
@@ -314,8 +317,12 @@ def optimize(
             f"optimize: expected an mlx-lm model (an mlx.nn.Module such as mlx_lm.load(path)[0]), "
             f"got {type(model).__name__} {_short(model)}{hint}"
         )
-    if getattr(type(model), "_attnpass_optimized", None) is not None:
-        raise ValueError(f"{type(model).__name__} is already optimized; restore() it first")
+    # mlx-vlm's generate calls a VLM's language_model directly: it enters the optimized call as well
+    inner = getattr(model, "language_model", None)
+    entered = [model] + ([inner] if isinstance(inner, nn.Module) else [])
+    for module in entered:
+        if getattr(type(module), "_attnpass_optimized", None) is not None:
+            raise ValueError(f"{type(module).__name__} is already optimized; restore() it first")
     names = sorted({type(m).__module__ for m in model.modules()})
     base = sys.modules.get("mlx_lm.models.base")  # a module calling mlx-lm's helper has imported it
     helpers = () if base is None else (getattr(base, HELPER), route)
@@ -336,16 +343,17 @@ def optimize(
     if qsa_routed:
         qsa = vlm.programs(pipeline, **options)
     optimized = OptimizedModel(model, compiled, routed, qsa, qsa_routed)
-    cls = type(model)
-    namespace = {"__module__": cls.__module__, "__qualname__": cls.__qualname__, "_attnpass_optimized": optimized}
-    for entry in ENTRY_POINTS:
-        if hasattr(cls, entry):
-            namespace[entry] = _entered(optimized, getattr(cls, entry))
-    subclass = type(cls.__name__, (cls,), namespace)
     with LOCK:
         for owner, name, replace in _patches(optimized):
             patch(owner, name, replace)
-        model.__class__ = subclass
+        for module in entered:
+            cls = type(module)
+            namespace = {"__module__": cls.__module__, "__qualname__": cls.__qualname__, "_attnpass_optimized": optimized}
+            for entry in ENTRY_POINTS:
+                if hasattr(cls, entry):
+                    namespace[entry] = _entered(optimized, getattr(cls, entry))
+            optimized._entered.append((module, cls))
+            module.__class__ = type(cls.__name__, (cls,), namespace)
     return optimized
 
 

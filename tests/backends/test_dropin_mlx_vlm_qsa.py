@@ -279,3 +279,23 @@ def test_multimodal_rope_positions_decode_the_same_tokens(model):
     with optimize(lm) as opt:
         got = run()
     assert got == tokens and opt.routed == 8 and opt.declined == {PREFILL_KEPT: 1}
+
+
+def test_a_whole_vlm_routes_the_language_model_calls_mlx_vlm_generate_makes(model):
+    # mlx_vlm.generate decodes through model.language_model(...), past the top-level model's __call__
+    from mlx_vlm.models.qwen4_exp import qwen4_exp
+
+    from attnpass.backends.mlx import optimize
+
+    vision = vlm_config.VisionConfig(depth=1, hidden_size=16, intermediate_size=16, out_hidden_size=64, num_heads=2)
+    vlm = qwen4_exp.Model(vlm_config.ModelConfig(text_config=model.args, vision_config=vision, model_type="qwen4_exp"))
+    vlm.language_model = model
+    inner = type(model)
+    with optimize(vlm) as opt:
+        cache = model.make_cache()
+        model(_prompt(), cache=cache)
+        model(mx.array([[3]], dtype=mx.int32), cache=cache)
+        with pytest.raises(ValueError, match="LanguageModel is already optimized"):
+            optimize(model)
+    assert opt.routed == QSA_LAYERS and opt.declined == {PREFILL_KEPT: QSA_LAYERS}
+    assert type(model) is inner and type(vlm) is qwen4_exp.Model
