@@ -378,9 +378,10 @@ def _patches(optimized: OptimizedModel) -> list[tuple[Any, str, Any]]:
     found += [(sys.modules[n], vlm.NAME, lambda _: route_qsa) for n in optimized.qsa_modules]
     if optimized.qsa_modules:
         from mlx_vlm.models.cache import KVCache as VLMKVCache
-        from mlx_vlm.models.qwen4_exp.language import Qwen4ExpQSAIndexer
+        from mlx_vlm.models.qwen4_exp.language import QSAKVCache, Qwen4ExpQSAIndexer
 
         found.append((VLMKVCache, "update_and_fetch", record_fetch))
+        found.append((QSAKVCache, "update_indexer", vlm.buffered_indexer))
         found.append((Qwen4ExpQSAIndexer, "select_from_projected", vlm.record_selection))
     return found
 

@@ -39,7 +39,16 @@ and the model's own dispatch runs):
 The indexer itself (scoring, top-k, the pooled block keys it caches in
 ``index_block_keys``, M-RoPE positions) stays the model's code: the selection
 is the model's by construction. attnpass's ``qsa-pool-cache`` is therefore not
-used: the model already pools one block per ``ratio`` steps.
+used: the model already pools one block per ``ratio`` steps, and rebuilds its
+pooled keys from the raw ones after a trim.
+
+**Indexer buffers.** The one part of the cache's own code replaced is where
+``QSAKVCache.update_indexer`` keeps the raw indexer keys and positions: the
+model concatenates the whole history every step (a fresh allocation growing
+with depth); under an optimized call :func:`buffered_indexer` appends in place
+into buffers kept beside the cache and gives the cache views of them, the same
+values, and falls back to the model's update (then rebuilds) whenever the
+cache no longer holds those views (trimmed, loaded, a plain call between).
 
 Calls the pipeline leaves masked (a cache shallower than ``2 * W``, more than
 8 query rows: prefill) are declined with qsa-gather's reason and run the
@@ -50,6 +59,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from dataclasses import dataclass
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -138,6 +148,84 @@ def record_selection(select: Callable[..., Any]) -> Callable[..., Any]:
 
     recording.__wrapped__ = select  # type: ignore[attr-defined]
     return recording
+
+
+STEP = 256  # indexer buffer growth, as KVCache's
+
+
+@dataclass
+class IndexBuffer:
+    """The indexer's raw keys and positions kept in buffers beside a ``QSAKVCache``; the cache holds views."""
+
+    keys: Any  # [B, capacity, D]
+    positions: Any  # [..., capacity]
+    length: int
+    view: tuple[Any, Any] | None  # the (index_keys, index_position_ids) the cache was given
+
+
+def buffered_indexer(update_indexer: Callable[..., Any]) -> Callable[..., Any]:
+    """``QSAKVCache.update_indexer`` that appends into a buffer (in place) instead of concatenating, when active.
+
+    The model's update concatenates the whole key history every step (a fresh allocation of depth x
+    128 values). Under an optimized call the keys and positions are written into buffers grown by
+    :data:`STEP` rows, and the cache gets the views ``buffer[:, :length]``: the same values as the
+    concatenation. Whenever the cache no longer holds the views it was given (trimmed, loaded, a plain
+    call in between) or a write would change shape or dtype, the model's own update runs and the
+    buffers are rebuilt from its result.
+    """
+
+    def update(cache: Any, keys: Any, position_ids: Any) -> Any:
+        if ACTIVE.get() is None:
+            return update_indexer(cache, keys, position_ids)
+        buffer, n = cache.__dict__.get("_attnpass_index"), keys.shape[1]
+        if buffer is None or not _appendable(buffer, cache, keys, position_ids):
+            index_keys, positions = update_indexer(cache, keys, position_ids)
+            buffer = cache._attnpass_index = _rebuild(index_keys, positions)
+        else:
+            buffer.view = cache.index_keys = cache.index_position_ids = None  # the buffers' only readers now
+            start = buffer.length
+            buffer.keys[:, start : start + n] = keys
+            buffer.positions[..., start : start + n] = position_ids.astype(buffer.positions.dtype)
+            buffer.length = start + n
+        view = (buffer.keys[:, : buffer.length], buffer.positions[..., : buffer.length])
+        cache.index_keys, cache.index_position_ids = buffer.view = view
+        return view
+
+    update.__wrapped__ = update_indexer  # type: ignore[attr-defined]
+    return update
+
+
+def _same_after_concat() -> set[tuple[Any, Any]]:
+    """(new, held) position dtypes whose concatenation keeps the held dtype."""
+    import mlx.core as mx
+
+    return {(mx.int32, mx.int32), (mx.int64, mx.int64), (mx.int32, mx.int64)}
+
+
+def _appendable(buffer: IndexBuffer, cache: Any, keys: Any, positions: Any) -> bool:
+    """The cache holds the buffers' views and the new rows fit them (shape, dtype, capacity) as concat would."""
+    held = buffer.view is not None and cache.index_keys is buffer.view[0] and cache.index_position_ids is buffer.view[1]
+    return (
+        held
+        and buffer.length + keys.shape[1] <= buffer.keys.shape[1]
+        and keys.shape[0] == buffer.keys.shape[0] and keys.shape[2:] == buffer.keys.shape[2:]
+        and keys.dtype == buffer.keys.dtype
+        and positions.shape[:-1] == buffer.positions.shape[:-1]
+        and (positions.dtype, buffer.positions.dtype) in _same_after_concat()
+    )  # fmt: skip
+
+
+def _rebuild(index_keys: Any, positions: Any) -> IndexBuffer:
+    """Buffers holding ``index_keys`` and ``positions``, with room for at least :data:`STEP` more rows."""
+    import mlx.core as mx
+
+    length = index_keys.shape[1]
+    capacity = (length // STEP + 2) * STEP
+    keys = mx.zeros((index_keys.shape[0], capacity, *index_keys.shape[2:]), dtype=index_keys.dtype)
+    keys[:, :length] = index_keys
+    held = mx.zeros((*positions.shape[:-1], capacity), dtype=positions.dtype)
+    held[..., :length] = positions
+    return IndexBuffer(keys, held, length, None)
 
 
 def unprovable(

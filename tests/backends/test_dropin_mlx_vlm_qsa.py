@@ -81,10 +81,17 @@ def test_greedy_tokens_and_a_verify_step_match_the_plain_model_with_every_qsa_ca
 
     from attnpass.backends.mlx import optimize
 
-    tokens, verify, _ = _run(model, prompt)
+    tokens, verify, plain = _run(model, prompt)
     with optimize(model) as opt:
         got, got_verify, cache = _run(model, prompt)
     assert got == tokens
+    # the indexer's keys and positions, appended in place into buffers: the model's concatenation, bit for bit in
+    # the first QSA layer (its inputs are the plain model's); the second one's keys follow the first's routed output
+    for layer in (3, 7):
+        assert cache[layer]._attnpass_index.length == cache[layer].offset and "_attnpass_index" not in vars(plain[layer])
+        assert_bits_equal(np.array(cache[layer].index_position_ids), np.array(plain[layer].index_position_ids))
+    assert_bits_equal(np.array(cache[3].index_keys), np.array(plain[3].index_keys))
+    np.testing.assert_allclose(np.array(cache[7].index_keys), np.array(plain[7].index_keys), rtol=0, atol=1e-5)
     np.testing.assert_allclose(got_verify, verify, rtol=0, atol=1e-4)
     # per QSA layer: the decode calls past the budget (more than 4 complete blocks: below it the indexer selects
     # nothing and the layer attends densely, no QSA call) and the verify call are routed; the prefill is declined
@@ -299,3 +306,29 @@ def test_a_whole_vlm_routes_the_language_model_calls_mlx_vlm_generate_makes(mode
             optimize(model)
     assert opt.routed == QSA_LAYERS and opt.declined == {PREFILL_KEPT: QSA_LAYERS}
     assert type(model) is inner and type(vlm) is qwen4_exp.Model
+
+
+def test_the_indexer_buffers_regrow_and_are_rebuilt_after_a_trim(model, monkeypatch):
+    from attnpass.backends.mlx import optimize, vlm
+
+    monkeypatch.setattr(vlm, "STEP", 4)  # capacity: the length rounded down to 4, plus 8
+    rebuilds = []
+    rebuild = vlm._rebuild
+    monkeypatch.setattr(vlm, "_rebuild", lambda *a: rebuilds.append(a[0].shape[1]) or rebuild(*a))
+
+    def run():
+        cache = model.make_cache()
+        first = int(mx.argmax(model(_prompt(), cache=cache).logits[0, -1]).item())
+        tokens = _greedy(model, cache, first, 10)
+        for c in cache:
+            c.trim(3) if isinstance(c, language.QSAKVCache) else None
+        return tokens, cache
+
+    plain_tokens, plain = run()
+    with optimize(model):
+        tokens, cache = run()
+        after = _greedy(model, cache, 5, 3)  # the trimmed views are not the buffers': rebuilt, then appended
+    assert tokens == plain_tokens and after == _greedy(model, plain, 5, 3)
+    # per QSA layer: built by the prefill (40 keys, room for 48), regrown at 49, rebuilt after the trim (47 + 1)
+    assert rebuilds == [40, 40, 49, 49, 48, 48]
+    assert_bits_equal(np.array(cache[3].index_keys), np.array(plain[3].index_keys))
