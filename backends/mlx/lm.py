@@ -348,7 +348,8 @@ def optimize(
             patch(owner, name, replace)
         for module in entered:
             cls = type(module)
-            namespace = {"__module__": cls.__module__, "__qualname__": cls.__qualname__, "_attnpass_optimized": optimized}
+            namespace = {"__module__": cls.__module__, "__qualname__": cls.__qualname__}
+            namespace["_attnpass_optimized"] = optimized
             for entry in ENTRY_POINTS:
                 if hasattr(cls, entry):
                     namespace[entry] = _entered(optimized, getattr(cls, entry))

@@ -59,8 +59,8 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from dataclasses import dataclass
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from attnpass.ir import ImportedGraph, TensorSpec, ops, trace

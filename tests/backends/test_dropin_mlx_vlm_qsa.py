@@ -88,7 +88,8 @@ def test_greedy_tokens_and_a_verify_step_match_the_plain_model_with_every_qsa_ca
     # the indexer's keys and positions, appended in place into buffers: the model's concatenation, bit for bit in
     # the first QSA layer (its inputs are the plain model's); the second one's keys follow the first's routed output
     for layer in (3, 7):
-        assert cache[layer]._attnpass_index.length == cache[layer].offset and "_attnpass_index" not in vars(plain[layer])
+        assert cache[layer]._attnpass_index.length == cache[layer].offset
+        assert "_attnpass_index" not in vars(plain[layer])
         assert_bits_equal(np.array(cache[layer].index_position_ids), np.array(plain[layer].index_position_ids))
     assert_bits_equal(np.array(cache[3].index_keys), np.array(plain[3].index_keys))
     np.testing.assert_allclose(np.array(cache[7].index_keys), np.array(plain[7].index_keys), rtol=0, atol=1e-5)
