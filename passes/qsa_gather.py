@@ -5,7 +5,11 @@ Pattern (docs/semantics.md §3.3, "masked form"): ``sdpa(q, k, v, mask=M)`` with
 - ``qsa_mask(sel, pos)``;
 - ``where(qsa_mask(sel, pos), vis, -inf)``, ``vis`` additive in q's dtype;
 
-and ``sel = qsa_select(block_scores, pos)``. Check: decode-shaped (at most
+and ``sel = qsa_select(block_scores, pos)``, or ``sel`` the graph input named
+by ``selection_input``: a selection made outside the graph (a model's own
+indexer), whose caller promises what exactness needs of it, that per row the
+ids in ``[0, n_complete)`` are distinct (other entries, ``-1`` or ids beyond,
+select nothing; the order does not matter). Check: decode-shaped (at most
 ``max_rows`` query rows per stream), no ``causal`` attribute, the same ``pos``
 value and ``ratio`` in ``qsa_select`` and ``qsa_mask``, ``kv_len`` equal to the
 cache length, ``block_scores`` covering no more cells than the cache, the
@@ -25,7 +29,8 @@ the scale is the original one. ``split-kv`` and ``shard-attention`` read the
 choice (docs/semantics.md §3.3). The masked path's nodes are left for
 :class:`DeadCodeElimination`.
 
-Why it is exact: for a ``qsa_select`` selection (distinct ids) the valid slots
+Why it is exact: for a ``qsa_select`` selection (distinct ids), or a promised
+``selection_input``, the valid slots
 are exactly the cells ``qsa_mask`` sets, each once, and every other cell of the
 masked row contributes ``exp(-inf) = 0``; so both forms attend the same set
 with the same mask values, and differ only in reduction order. A row that
@@ -48,8 +53,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from attnpass.ir import DType, Graph, Node
-from attnpass.ir.dialects.attention import sdpa_variants
 from attnpass.ir.dialects import min_width
+from attnpass.ir.dialects.attention import sdpa_variants
 
 from .base import Remarks, require_int
 from .policy import SwitchedPass
@@ -70,6 +75,8 @@ class _Match:
     n_kv: int
     streams: int
     rows: int
+    given: bool  # the selection is the promised selection_input, not a qsa_select
+    positions: str  # what the qsa_mask reads (for a qsa_select: its positions too)
 
 
 def _is_neg_inf_constant(node: Node) -> bool:
@@ -86,11 +93,18 @@ class QSAGather(SwitchedPass):
     max_rows: int = 8
     min_depth_factor: float = 2
     pad_multiple: int = 1
+    selection_input: str | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
         require_int("QSAGather", "max_rows", self.max_rows)
         require_int("QSAGather", "pad_multiple", self.pad_multiple)
+        if self.selection_input is not None and not (
+            isinstance(self.selection_input, str) and self.selection_input.isidentifier()
+        ):
+            raise ValueError(
+                f"QSAGather: selection_input must be a graph input's name or None, got {self.selection_input!r}"
+            )
         depth = self.min_depth_factor
         if isinstance(depth, bool) or not isinstance(depth, (int, float)) or not 0 <= depth < math.inf:
             raise ValueError(f"QSAGather: min_depth_factor must be a finite number >= 0, got {depth!r}")
@@ -122,21 +136,29 @@ class QSAGather(SwitchedPass):
             return found
         form, qmask, vis = found
         selection = graph.node(qmask.inputs[0])
-        if selection.op != "qsa_select":
-            return _kept(f"the selection {selection.name} of {qmask.name} is {selection.op}, not qsa_select over block scores")
-        ratio, top_k = qmask.attrs["ratio"], selection.attrs["top_k_blocks"]
-        if selection.attrs["ratio"] != ratio:
-            return _kept(f"ratio differs: {selection.name} has ratio={selection.attrs['ratio']}, {qmask.name} ratio={ratio}")
-        if selection.inputs[1] != qmask.inputs[1]:
+        ratio = qmask.attrs["ratio"]
+        given = selection.op == "input" and selection.name == self.selection_input
+        if not given and selection.op != "qsa_select":
             return _kept(
-                f"positions differ: {selection.name} reads {selection.inputs[1]}, "
-                f"{qmask.name} reads {qmask.inputs[1]}"
+                f"the selection {selection.name} of {qmask.name} is {selection.op}, not qsa_select over block scores"
+                + (f" nor the promised selection_input {self.selection_input}" if self.selection_input else "")
             )
+        if not given:
+            if selection.attrs["ratio"] != ratio:
+                return _kept(
+                    f"ratio differs: {selection.name} has ratio={selection.attrs['ratio']}, {qmask.name} ratio={ratio}"
+                )
+            if selection.inputs[1] != qmask.inputs[1]:
+                return _kept(
+                    f"positions differ: {selection.name} reads {selection.inputs[1]}, "
+                    f"{qmask.name} reads {qmask.inputs[1]}"
+                )
+        top_k = selection.type.shape[-1]
         if qmask.attrs["kv_len"] != t:
             return _kept(f"{qmask.name} has kv_len={qmask.attrs['kv_len']} but the cache k has n_kv={t}")
         if qmask.type.shape != (b, 1, s, t):
             return _kept(f"{qmask.name} is {qmask.type}, expected [B, 1, S, n_kv] = {[b, 1, s, t]} from q and k")
-        n_blocks = graph.node(selection.inputs[0]).type.shape[-1]
+        n_blocks = graph.node(selection.inputs[0]).type.shape[-1] if not given else 0
         if n_blocks * ratio > t:
             return _kept(f"block scores cover {n_blocks} blocks x ratio {ratio} = {n_blocks * ratio} cells > n_kv={t}")
         if s > self.max_rows:
@@ -148,16 +170,18 @@ class QSAGather(SwitchedPass):
                 f"{self.min_depth_factor * width:g} "
                 f"(W = {top_k}*{ratio} + {ratio - 1}, pad_multiple={self.pad_multiple})"
             )
-        return _Match(selection, form, vis, ratio, top_k, width, t, b, s)
+        return _Match(selection, form, vis, ratio, top_k, width, t, b, s, given, qmask.inputs[1])
 
     def _describe(self, m: _Match) -> str:
         vis = "none" if m.vis is None else f"{m.form} with {m.vis}"
+        given = f"; selection: graph input {m.select.name}, distinct ids promised by the caller" if m.given else ""
         return (
             f"gather: top {m.top_k} blocks x ratio {m.ratio} + {m.ratio - 1} tail = {min_width(m.top_k, m.ratio)} "
             f"cells, W={m.width} (pad_multiple={self.pad_multiple}); attention width n_kv={m.n_kv} -> {m.width} "
             f"(n_kv >= {self.min_depth_factor}*W); {m.streams} stream(s) x {m.rows} row(s), "
             f"one qsa_gather each of K and V [B*S, Hkv, W, D] and one sdpa over {m.streams * m.rows} row(s); "
             f"visibility: {vis}; the masked path is now dead (run dce)"
+            + given
         )
 
 
@@ -196,7 +220,7 @@ def _rewrite(rw: Rewriter, m: _Match) -> None:
     """Replace the matched sdpa by one ``qsa_gather`` each of K and V and one sdpa with the rows in its batch."""
     q, k, v = rw.anchor.inputs[:3]
     (b, _hq, s, _d), t = rw.type(q).shape, rw.type(k).shape[2]
-    sel, positions = m.select.name, m.select.inputs[1]
+    sel, positions = m.select.name, m.positions
     attrs = {"ratio": m.ratio, "width": m.width, "kv_len": t}
     cells = rw.op("qsa_cells", [sel, positions], attrs)
     valid = rw.reshape(rw.op("qsa_cell_valid", [sel, positions], attrs), (b * s, 1, 1, m.width), "cell_ok")

@@ -1,7 +1,8 @@
 """MLX backend facts and drop-in use.
 
 - :func:`compile`: ``mx.compile`` with attnpass's pipeline in front, per input signature (:mod:`.compiled`);
-- :func:`optimize`: an mlx-lm model's attention through compiled attnpass programs (:mod:`.lm`);
+- :func:`optimize`: an mlx-lm model's attention through compiled attnpass programs (:mod:`.lm`), and mlx-vlm
+  Qwen4-Exp's QSA calls through gather programs over the model's own selection (:mod:`.vlm`);
 - :func:`sdpa_route` / :func:`sdpa_routes`: where MLX routes an SDPA call on Metal (:mod:`.route`).
 """
 

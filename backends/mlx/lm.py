@@ -1,10 +1,16 @@
 """``optimize(model)``: an mlx-lm model's attention through attnpass programs, compiled per signature.
 
+This module routes mlx-lm's attention helper and holds the model wrapper; the
+same mechanism routes mlx-vlm's Qwen4-Exp QSA dispatch (:mod:`.vlm`, with its
+own proofs), and both share the recorders and patches of :mod:`.router`.
+
 **Routing.** mlx-lm's attention modules call ``scaled_dot_product_attention``,
 which each model module imports from ``mlx_lm.models.base``. ``optimize``
 replaces that name, in the modules defining the model's layers, with a router,
 and gives the model a subclass whose ``__call__`` marks it active (a context
-variable, so per thread). The router sends the attention of an active optimized
+variable, so per thread; mlx-vlm's MTP verifier, ``_speculative_verify``,
+is wrapped the same way, and so is a model's ``language_model``, which
+mlx-vlm's generate calls directly). The router sends the attention of an active optimized
 model to its compiled program (:func:`attnpass.backends.mlx.compile` of
 :func:`attention`) and every other call, of models not optimized, to mlx-lm's
 helper. :meth:`OptimizedModel.restore` (or leaving a ``with`` block) undoes both.
@@ -54,47 +60,21 @@ from __future__ import annotations
 import sys
 import threading
 from collections import Counter
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from contextvars import ContextVar
-from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence, TextIO
+from typing import Any, TextIO
 
 from attnpass.ir import Graph
 from attnpass.passes import Pass
 
 from ..specialize import MAX_SIGNATURES, CompiledFunction
+from . import vlm
 from .compiled import MLXFrontend
+from .router import ACTIVE, LOCK, NOT_FETCHED, Call, fetch_reason, patch, record_fetch, unpatch
 
 HELPER = "scaled_dot_product_attention"
 FUSED = "the pipeline kept MLX's fused call: mlx-lm's helper runs it on the valid keys, without the buffer padding"
-NOT_FETCHED = (
-    "keys/values are not the arrays this cache's update_and_fetch returned in this model call "
-    "(e.g. MLA builds them from a cached latent)"
-)
-
-
-@dataclass(frozen=True)
-class _Fetch:
-    """What one ``KVCache.update_and_fetch`` returned, and the buffer and offset it left."""
-
-    keys: Any
-    values: Any
-    buffer: tuple[Any, Any]
-    offset: int
-
-
-@dataclass
-class _Call:
-    """One call of an optimized model: the model and each cache's last fetch (by cache id, cache held)."""
-
-    model: OptimizedModel
-    fetched: dict[int, tuple[Any, _Fetch]] = field(default_factory=dict)
-
-
-_ACTIVE: ContextVar[_Call | None] = ContextVar("attnpass_optimized_call", default=None)
-_LOCK = threading.Lock()
-_ROUTED_MODULES: dict[str, int] = {}  # module name -> optimized models routing through it
-_OPTIMIZED: list[OptimizedModel] = []  # not restored yet: KVCache.update_and_fetch records while there is one
+ENTRY_POINTS = ("__call__", "_speculative_verify")  # the model's methods that run its layers (MTP verify: mlx-vlm)
 
 
 def attention(queries: Any, keys: Any, values: Any, mask: Any, scale: float) -> Any:
@@ -112,24 +92,18 @@ def _helper() -> Any:
 
 def route(queries: Any, keys: Any, values: Any, cache: Any, scale: float, mask: Any, sinks: Any = None) -> Any:
     """mlx-lm's ``scaled_dot_product_attention``, through the active optimized model's programs if any."""
-    call = _ACTIVE.get()
+    call = ACTIVE.get()
     if call is None:
         return _helper()(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
     return call.model.attend(queries, keys, values, cache, scale, mask, sinks)
 
 
-def _record_fetch(update_and_fetch: Any) -> Any:
-    """``KVCache.update_and_fetch`` that also records its result in the active optimized call, if any."""
-
-    def recording(cache: Any, keys: Any, values: Any) -> Any:
-        result = update_and_fetch(cache, keys, values)
-        call = _ACTIVE.get()
-        if call is not None:
-            call.fetched[id(cache)] = (cache, _Fetch(*result, (cache.keys, cache.values), cache.offset))
-        return result
-
-    recording.__wrapped__ = update_and_fetch  # type: ignore[attr-defined]
-    return recording
+def route_qsa(queries: Any, keys: Any, values: Any, blocks: Any, query_ends: Any, **options: Any) -> Any:
+    """mlx-vlm's ``dispatch_qsa_attention``, through the active optimized model's programs if any."""
+    call = ACTIVE.get()
+    if call is None:
+        return vlm.original()(queries, keys, values, blocks, query_ends, **options)
+    return call.model.attend_qsa(queries, keys, values, blocks, query_ends, **options)
 
 
 def _kept_fused(graph: Graph) -> str | None:
@@ -141,26 +115,35 @@ def _kept_fused(graph: Graph) -> str | None:
 class OptimizedModel:
     """What :func:`optimize` returns: the compiled attention, routing counts, and :meth:`restore`.
 
-    ``compiled`` is the :class:`CompiledFunction` of :func:`attention` (its
-    ``specializations`` hold each signature's rewritten graph and remarks),
-    ``traces`` the number of signatures built, ``routed`` the attention calls
-    that ran an attnpass program and ``declined`` the others, by reason.
+    ``compiled`` is the :class:`CompiledFunction` of :func:`attention` for the
+    modules calling mlx-lm's helper (None when none does), ``qsa`` the one of
+    :func:`attnpass.backends.mlx.vlm.qsa_attention` for those calling mlx-vlm's
+    QSA dispatch (None when none does); their ``specializations`` hold each
+    signature's rewritten graph and remarks. ``traces`` counts the signatures
+    built, ``routed`` the attention calls that ran an attnpass program and
+    ``declined`` the others, by reason.
     """
 
-    def __init__(self, model: Any, compiled: CompiledFunction, modules: Sequence[str]) -> None:
+    def __init__(
+        self, model: Any, compiled: CompiledFunction | None, modules: Sequence[str],
+        qsa: CompiledFunction | None = None, qsa_modules: Sequence[str] = (),
+    ) -> None:  # fmt: skip
         self.model = model
         self.compiled = compiled
         self.modules = tuple(modules)
+        self.qsa = qsa
+        self.qsa_modules = tuple(qsa_modules)
         self.routed = 0
         self.declined: Counter[str] = Counter()
         self._original_class = type(model)
+        self._entered: list[tuple[Any, type]] = []  # (module, its own class) given an entered subclass
         self._lock = threading.Lock()
         self._last_mask: tuple[tuple, Any] | None = None  # every layer of a step shares its mask
         self._restored = False
 
     @property
     def traces(self) -> int:
-        return self.compiled.traces
+        return sum(c.traces for c in (self.compiled, self.qsa) if c is not None)
 
     @contextmanager
     def active(self) -> Iterator[None]:
@@ -168,15 +151,15 @@ class OptimizedModel:
 
         Outside the model (a benchmark timing :meth:`attend`), fetch and attend inside one ``with opt.active():``.
         """
-        token = _ACTIVE.set(_Call(self))
+        token = ACTIVE.set(Call(self))
         try:
             yield
         finally:
-            _ACTIVE.reset(token)
+            ACTIVE.reset(token)
 
     def attend(self, queries: Any, keys: Any, values: Any, cache: Any, scale: float, mask: Any, sinks: Any) -> Any:
         """One attention call of the model: its compiled program, or mlx-lm's helper when declined."""
-        call = _ACTIVE.get()
+        call = ACTIVE.get()
         fetched = call.fetched if call is not None and call.model is self else {}
         reason = _unroutable(keys, values, cache, mask, sinks, fetched)
         if reason is None:
@@ -190,6 +173,27 @@ class OptimizedModel:
         with self._lock:
             self.declined[reason] += 1
         return _helper()(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
+
+    def attend_qsa(self, queries: Any, keys: Any, values: Any, blocks: Any, query_ends: Any, **options: Any) -> Any:
+        """One QSA call of the model: the gather program over its own selection, or its dispatch when declined."""
+        call = ACTIVE.get()
+        fetched, selections = (call.fetched, call.selections) if call is not None and call.model is self else ({}, {})
+        cache, ratio, scale = options["cache"], options["block_size"], options["scale"]
+        reason = vlm.unprovable(
+            queries, keys, values, blocks, query_ends, cache, ratio, options["causal"], options["mask"],
+            options.get("allow_sparse_decode", False), fetched, selections,
+        )  # fmt: skip
+        if reason is None:
+            args = (queries, cache.keys, cache.values, blocks, query_ends)
+            entry = self.qsa.specialization(*args, scale, ratio)
+            if entry.compiled:
+                with self._lock:
+                    self.routed += 1
+                return entry.call(list(args))
+            reason = vlm.declined(entry)
+        with self._lock:
+            self.declined[reason] += 1
+        return vlm.original()(queries, keys, values, blocks, query_ends, **options)
 
     def _program_arguments(self, queries: Any, keys: Any, values: Any, cache: Any, mask: Any) -> tuple:
         """``(queries, keys, values, mask)`` for the program: the cache's whole buffer and a mask of its valid rows."""
@@ -226,28 +230,23 @@ class OptimizedModel:
         """Print the routing counts, then every signature with its remarks (and rewritten graph)."""
         out = file if file is not None else sys.stdout
         declined = ", ".join(f"{n} x {r}" for r, n in self.declined.most_common()) or "none"
+        through = [f"{m} ({HELPER})" for m in self.modules] + [f"{m} ({vlm.NAME})" for m in self.qsa_modules]
         print(f"optimize({self._original_class.__name__}): routed {self.routed} attention call(s) through "
-              f"{', '.join(self.modules)}; declined: {declined}", file=out)  # fmt: skip
-        self.compiled.explain(graphs=graphs, file=out)
+              f"{', '.join(through)}; declined: {declined}", file=out)  # fmt: skip
+        for compiled in (self.compiled, self.qsa):
+            if compiled is not None:
+                compiled.explain(graphs=graphs, file=out)
 
     def restore(self) -> None:
-        """Undo :func:`optimize`: the model's own class, mlx-lm's helper where no other model still routes."""
-        with _LOCK:
+        """Undo :func:`optimize`: the model's own class, the clients' functions where no other model still routes."""
+        with LOCK:
             if self._restored:
                 return
             self._restored = True
-            self.model.__class__ = self._original_class
-            helper = _helper()
-            for name in self.modules:
-                _ROUTED_MODULES[name] -= 1
-                if not _ROUTED_MODULES[name]:
-                    del _ROUTED_MODULES[name]
-                    setattr(sys.modules[name], HELPER, helper)
-            _OPTIMIZED.remove(self)
-            if not _OPTIMIZED:
-                from mlx_lm.models.cache import KVCache
-
-                KVCache.update_and_fetch = KVCache.update_and_fetch.__wrapped__
+            for module, cls in self._entered:
+                module.__class__ = cls
+            for owner, name in _patched(self):
+                unpatch(owner, name)
 
     def __enter__(self) -> OptimizedModel:
         return self
@@ -262,7 +261,7 @@ class OptimizedModel:
 
 
 def _unroutable(
-    keys: Any, values: Any, cache: Any, mask: Any, sinks: Any, fetched: dict[int, tuple[Any, _Fetch]]
+    keys: Any, values: Any, cache: Any, mask: Any, sinks: Any, fetched: dict
 ) -> str | None:
     """Why a call cannot take the program (None when it can): sinks, odd masks, k/v not provably the cache's."""
     from mlx_lm.models.cache import KVCache
@@ -275,11 +274,9 @@ def _unroutable(
         return None
     if type(cache) is not KVCache:
         return f"{type(cache).__name__}: only KVCache has a buffer to key signatures on"
-    held, fetch = fetched.get(id(cache), (None, None))
-    if held is not cache or keys is not fetch.keys or values is not fetch.values:
-        return NOT_FETCHED
-    if cache.keys is not fetch.buffer[0] or cache.values is not fetch.buffer[1] or cache.offset != fetch.offset:
-        return "the cache changed between update_and_fetch and the attention call"
+    reason = fetch_reason(keys, values, cache, fetched)
+    if reason is not None:
+        return reason
     if mask is not None and not isinstance(mask, str) and mask.shape[-1] != cache.offset:
         return f"the mask covers {mask.shape[-1]} keys, the cache holds {cache.offset}"
     return None
@@ -300,17 +297,19 @@ def optimize(
     strict: bool = False,
     max_signatures: int = MAX_SIGNATURES,
 ) -> OptimizedModel:
-    """Run ``model``'s attention (an mlx-lm model) through attnpass programs compiled per signature.
+    """Run ``model``'s attention (an mlx-lm model, or mlx-vlm's Qwen4-Exp) through attnpass programs.
 
+    Modules calling mlx-lm's ``scaled_dot_product_attention`` get :func:`attention`'s programs,
+    modules calling mlx-vlm's ``dispatch_qsa_attention`` the QSA gather programs of :mod:`.vlm`.
     ``mlx_lm.generate``, ``stream_generate`` and speculative decoding work
     unchanged. ``pipeline``, ``strict`` and ``max_signatures`` are as for
-    :func:`attnpass.backends.mlx.compile`. Returns an :class:`OptimizedModel`;
+    :func:`attnpass.backends.mlx.compile` (for QSA calls every ``qsa-gather`` of the
+    pipeline is given ``selection_input``). Returns an :class:`OptimizedModel`;
     its ``restore()``, or leaving ``with optimize(model):``, undoes the change.
     Raises ``TypeError`` when ``model`` is not an ``mlx.nn.Module``, ``ValueError``
-    when it is already optimized or none of its modules calls mlx-lm's helper.
+    when it is already optimized or none of its modules calls either function.
     """
-    import mlx.nn as nn
-    from mlx_lm.models.cache import KVCache
+    from mlx import nn
 
     if not isinstance(model, nn.Module):
         hint = " (mlx_lm.load returns (model, tokenizer): pass the model)" if isinstance(model, tuple) else ""
@@ -318,38 +317,78 @@ def optimize(
             f"optimize: expected an mlx-lm model (an mlx.nn.Module such as mlx_lm.load(path)[0]), "
             f"got {type(model).__name__} {_short(model)}{hint}"
         )
-    helper = _helper()
-    if getattr(type(model), "_attnpass_optimized", None) is not None:
-        raise ValueError(f"{type(model).__name__} is already optimized; restore() it first")
+    # mlx-vlm's generate calls a VLM's language_model directly: it enters the optimized call as well
+    inner = getattr(model, "language_model", None)
+    entered = [model] + ([inner] if isinstance(inner, nn.Module) else [])
+    for module in entered:
+        if getattr(type(module), "_attnpass_optimized", None) is not None:
+            raise ValueError(f"{type(module).__name__} is already optimized; restore() it first")
     names = sorted({type(m).__module__ for m in model.modules()})
-    routed = [n for n in names if getattr(sys.modules.get(n), HELPER, None) in (helper, route)]
-    if not routed:
+    base = sys.modules.get("mlx_lm.models.base")  # a module calling mlx-lm's helper has imported it
+    helpers = () if base is None else (getattr(base, HELPER), route)
+    routed = [n for n in names if getattr(sys.modules.get(n), HELPER, None) in helpers]
+    qsa_routed = vlm.routed_modules(names, route_qsa)
+    if not routed and not qsa_routed:
         raise ValueError(
             f"optimize: no module of {type(model).__name__} ({', '.join(names)}) calls "
-            f"mlx_lm.models.base.{HELPER}; its attention cannot be routed"
+            f"mlx_lm.models.base.{HELPER} or mlx-vlm's {vlm.NAME}; its attention cannot be routed"
         )
-    compiled = CompiledFunction(
-        attention, MLXFrontend(), pipeline=pipeline, strict=strict, max_signatures=max_signatures,
-        name="attnpass.backends.mlx.compile", decline=_kept_fused,
-    )  # fmt: skip
-    optimized = OptimizedModel(model, compiled, routed)
-    cls = type(model)
-
-    def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
-        with optimized.active():
-            return cls.__call__(self, *args, **kwargs)
-
-    namespace = {"__call__": __call__, "__module__": cls.__module__, "__qualname__": cls.__qualname__}
-    subclass = type(cls.__name__, (cls,), {**namespace, "_attnpass_optimized": optimized})
-    with _LOCK:
-        for name in routed:
-            _ROUTED_MODULES[name] = _ROUTED_MODULES.get(name, 0) + 1
-            setattr(sys.modules[name], HELPER, route)
-        if not _OPTIMIZED:
-            KVCache.update_and_fetch = _record_fetch(KVCache.update_and_fetch)
-        _OPTIMIZED.append(optimized)
-        model.__class__ = subclass
+    options = {"strict": strict, "max_signatures": max_signatures}
+    compiled = qsa = None
+    if routed:
+        compiled = CompiledFunction(
+            attention, MLXFrontend(), pipeline=pipeline, **options, name="attnpass.backends.mlx.compile",
+            decline=_kept_fused,
+        )  # fmt: skip
+    if qsa_routed:
+        qsa = vlm.programs(pipeline, **options)
+    optimized = OptimizedModel(model, compiled, routed, qsa, qsa_routed)
+    with LOCK:
+        for owner, name, replace in _patches(optimized):
+            patch(owner, name, replace)
+        for module in entered:
+            cls = type(module)
+            namespace = {"__module__": cls.__module__, "__qualname__": cls.__qualname__}
+            namespace["_attnpass_optimized"] = optimized
+            for entry in ENTRY_POINTS:
+                if hasattr(cls, entry):
+                    namespace[entry] = _entered(optimized, getattr(cls, entry))
+            optimized._entered.append((module, cls))
+            module.__class__ = type(cls.__name__, (cls,), namespace)
     return optimized
+
+
+def _entered(optimized: OptimizedModel, method: Any) -> Any:
+    """``method`` run with ``optimized`` active (its attention routed, its caches' fetches recorded)."""
+
+    def entered(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with optimized.active():
+            return method(self, *args, **kwargs)
+
+    entered.__name__ = entered.__qualname__ = method.__name__
+    return entered
+
+
+def _patches(optimized: OptimizedModel) -> list[tuple[Any, str, Any]]:
+    """``(owner, attribute, replace)`` for every client function and recorder ``optimized`` needs."""
+    found: list[tuple[Any, str, Any]] = [(sys.modules[n], HELPER, lambda _: route) for n in optimized.modules]
+    if optimized.modules:
+        from mlx_lm.models.cache import KVCache
+
+        found.append((KVCache, "update_and_fetch", record_fetch))
+    found += [(sys.modules[n], vlm.NAME, lambda _: route_qsa) for n in optimized.qsa_modules]
+    if optimized.qsa_modules:
+        from mlx_vlm.models.cache import KVCache as VLMKVCache
+        from mlx_vlm.models.qwen4_exp.language import QSAKVCache, Qwen4ExpQSAIndexer
+
+        found.append((VLMKVCache, "update_and_fetch", record_fetch))
+        found.append((QSAKVCache, "update_indexer", vlm.buffered_indexer))
+        found.append((Qwen4ExpQSAIndexer, "select_from_projected", vlm.record_selection))
+    return found
+
+
+def _patched(optimized: OptimizedModel) -> list[tuple[Any, str]]:
+    return [(owner, name) for owner, name, _ in _patches(optimized)]
 
 
 def _short(value: Any) -> str:
@@ -358,4 +397,4 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-__all__ = ["FUSED", "NOT_FETCHED", "OptimizedModel", "attention", "optimize", "route"]
+__all__ = ["FUSED", "NOT_FETCHED", "OptimizedModel", "attention", "optimize", "route", "route_qsa"]

@@ -12,7 +12,7 @@ from attnpass.backends import run
 from attnpass.ir import TensorSpec, ops, parse_graph, trace
 from attnpass.lowering import lower
 from attnpass.models import QSAConfig, build_layer, make_inputs
-from attnpass.passes import DeadCodeElimination, PassManager, QSAGather
+from attnpass.passes import DeadCodeElimination, PassManager, QSAGather, format_pipeline, parse_pipeline
 from tests.fuzz.families import Case
 from tests.passes.claims import audit, fuzzed
 
@@ -262,3 +262,34 @@ def test_every_remark_states_the_gather_it_made(options):
               for b, r in ((1, 1), (2, 3))]  # fmt: skip
     counts = audit(QSAGather(**options), fuzzed(("qsa",), 200) + layers, anchor="sdpa")
     assert counts["checked"] == counts["applied"] >= 60
+
+
+def _given(q, k, v, selection, positions):
+    return ops.sdpa(q, k, v, mask=ops.qsa_mask(selection, positions, ratio=2, kv_len=12), scale=0.5)
+
+
+GIVEN_SPECS = (TensorSpec((1, 4, 2, 8)), *DECODE_SPECS[1:3], TensorSpec((1, 2, 3), "int32"), TensorSpec((1, 2), "int32"))
+
+
+def test_a_promised_selection_input_is_gathered_exactly_in_any_order_with_minus_one_anywhere(rng):
+    masked = trace(_given, *GIVEN_SPECS)
+    declined = gather(masked, min_depth_factor=0)
+    assert "the selection selection of qsa_mask is input, not qsa_select" in remark_of(declined)
+    result = gather(masked, min_depth_factor=0, selection_input="selection")
+    message = remark_of(result, "applied")
+    assert message.endswith("; selection: graph input selection, distinct ids promised by the caller")
+    assert "1 stream(s) x 2 row(s)" in message and not any(n.op == "qsa_mask" for n in result.graph.nodes())
+    q, k, v = (rng.standard_normal(s.shape).astype(np.float32) for s in GIVEN_SPECS[:3])
+    positions = np.array([[8, 11]], dtype=np.int32)  # 4 and 6 complete blocks of 2
+    # unsorted, -1 first or between, and an id at the row's n_complete (selects nothing but the tail's cells)
+    for selection in ([[3, -1, 0], [5, -1, 2]], [[-1, 2, 4], [-1, -1, 5]], [[1, 3, 0], [4, 0, 5]]):
+        args = (q, k, v, np.array([selection], dtype=np.int32), positions)
+        want = run(lower(masked, "numpy"), *args)
+        np.testing.assert_allclose(run(lower(result.graph, "numpy"), *args), want, rtol=1e-6, atol=1e-7)
+
+
+def test_selection_input_must_name_an_input():
+    with pytest.raises(ValueError, match="selection_input must be a graph input's name or None, got 'a b'"):
+        QSAGather(selection_input="a b")
+    assert "qsa-gather{selection_input=sel}" in format_pipeline([QSAGather(selection_input="sel")])
+    assert parse_pipeline("qsa-gather{selection_input=sel}") == [QSAGather(selection_input="sel")]

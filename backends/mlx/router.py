@@ -1,0 +1,88 @@
+"""What every client route of ``optimize`` shares: the active call, the recorders, the fetch proof, the patches.
+
+:mod:`.lm` routes mlx-lm's attention helper, :mod:`.vlm` mlx-vlm's QSA dispatch;
+both substitute a cache's buffer only after :func:`fetch_reason` found the
+call's keys and values to be what that cache's ``update_and_fetch`` returned
+in this model call (recorded by :func:`record_fetch`).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any
+
+NOT_FETCHED = (
+    "keys/values are not the arrays this cache's update_and_fetch returned in this model call "
+    "(e.g. MLA builds them from a cached latent)"
+)
+
+
+@dataclass(frozen=True)
+class Fetch:
+    """What one ``update_and_fetch`` returned, and the buffer and offset it left."""
+
+    keys: Any
+    values: Any
+    buffer: tuple[Any, Any]
+    offset: int
+
+
+@dataclass
+class Call:
+    """One call of an optimized model: the model, each cache's last fetch and last QSA selection (by cache id)."""
+
+    model: Any
+    fetched: dict[int, tuple[Any, Fetch]] = field(default_factory=dict)
+    selections: dict[int, tuple[Any, Any, int]] = field(default_factory=dict)  # cache, selection, ratio
+
+
+ACTIVE: ContextVar[Call | None] = ContextVar("attnpass_optimized_call", default=None)
+LOCK = threading.Lock()
+_PATCHES: dict[tuple[Any, str], tuple[int, Any]] = {}  # (class or module, attribute) -> (models, original)
+
+
+def record_fetch(update_and_fetch: Callable[..., Any]) -> Callable[..., Any]:
+    """``update_and_fetch`` that also records its result in the active optimized call, if any."""
+
+    def recording(cache: Any, keys: Any, values: Any) -> Any:
+        result = update_and_fetch(cache, keys, values)
+        call = ACTIVE.get()
+        if call is not None:
+            call.fetched[id(cache)] = (cache, Fetch(*result, (cache.keys, cache.values), cache.offset))
+        return result
+
+    recording.__wrapped__ = update_and_fetch  # type: ignore[attr-defined]
+    return recording
+
+
+def fetch_reason(keys: Any, values: Any, cache: Any, fetched: dict[int, tuple[Any, Fetch]]) -> str | None:
+    """None when ``keys``/``values`` are ``cache``'s last fetch and it still holds that buffer; else why not."""
+    held, fetch = fetched.get(id(cache), (None, None))
+    if held is not cache or keys is not fetch.keys or values is not fetch.values:
+        return NOT_FETCHED
+    if cache.keys is not fetch.buffer[0] or cache.values is not fetch.buffer[1] or cache.offset != fetch.offset:
+        return "the cache changed between update_and_fetch and the attention call"
+    return None
+
+
+def patch(owner: Any, name: str, replace: Callable[[Any], Any]) -> None:
+    """``owner.name = replace(owner.name)`` for the first model that needs it (call with :data:`LOCK` held)."""
+    key = (owner, name)
+    count, original = _PATCHES.get(key, (0, getattr(owner, name)))
+    if not count:
+        setattr(owner, name, replace(original))
+    _PATCHES[key] = (count + 1, original)
+
+
+def unpatch(owner: Any, name: str) -> None:
+    """Undo one :func:`patch`: the original comes back with the last model that needed it."""
+    key = (owner, name)
+    count, original = _PATCHES[key]
+    if count > 1:
+        _PATCHES[key] = (count - 1, original)
+    else:
+        del _PATCHES[key]
+        setattr(owner, name, original)

@@ -1,0 +1,225 @@
+"""Benchmark (not a test): mlx-vlm Qwen4-Exp decode tokens/s with and without ``attnpass.backends.mlx.optimize``.
+
+Model: a random ``mlx_vlm.models.qwen4_exp.language.LanguageModel`` with the
+real attention geometry (24 query / 2 KV heads, head dim 256; QSA indexer 4
+heads x 128, budget 2048 tokens, ratio 4, so 512 blocks) and the config's
+hybrid pattern (``full_attention_interval`` 4: three Gated-DeltaNet layers,
+then a QSA layer) over ``--layers`` layers; everything else small (hidden 256,
+2 experts, vocabulary 512). For each depth every QSA layer's ``QSAKVCache`` is
+filled directly with random keys, values and raw indexer keys at positions
+``0 .. depth-1`` (no prefill; the linear layers start from zero state; the
+indexer pools the blocks once, in the untimed first step, then one block per 4
+steps, as it does after a prefill). Decode: ``--tokens`` greedy single-token
+model calls after one untimed step (and both models decode once at depth 64
+before any timing: mlx-vlm's compiled helpers trace on first use). Plain and optimized models (same seed)
+alternate within every repetition, in alternating order; the table gives
+medians, the ratio and the spread, then the per-QSA-layer breakdown of one
+decode step at that depth (each part evaluated on its own): the indexer's
+selection, the q/k/v projections with the cache update, and the attention
+call (the model's dispatch, or the routed gather program).
+
+bfloat16: MLX's CPU ``GatherMM`` (the MoE blocks) is float32-only, so with
+``--dtype bfloat16`` the MoE blocks run in float32 between casts, in both
+variants; every attention and cache is bfloat16.
+
+    python benchmarks/qwen4_exp_decode.py [--depths 1024 8192 32768] [--long] [--tokens 8] [--reps 3]
+        [--dtype float32 bfloat16] [--layers 4] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from collections.abc import Callable
+from contextlib import nullcontext
+
+import mlx.core as mx
+from mlx_vlm.models.qwen4_exp import config as vlm_config
+from mlx_vlm.models.qwen4_exp import language
+
+from attnpass.backends.mlx import optimize
+
+
+def make_model(layers: int, dtype, *, seed: int = 0) -> language.LanguageModel:
+    """The random language model described in the module docstring."""
+    config = vlm_config.TextConfig(
+        model_type="qwen4_exp", hidden_size=256, num_hidden_layers=layers, num_attention_heads=24,
+        num_key_value_heads=2, head_dim=256, linear_num_value_heads=4, linear_num_key_heads=2,
+        linear_key_head_dim=64, linear_value_head_dim=64, linear_conv_kernel_dim=4, num_experts=2,
+        num_experts_per_tok=1, shared_expert_intermediate_size=256, moe_intermediate_size=256, rms_norm_eps=1e-6,
+        vocab_size=512, max_position_embeddings=262144, indexer_n_heads=4, indexer_head_dim=128,
+        indexer_budget=2048, indexer_compress_ratio=4, hc_lowrank=32,
+    )  # fmt: skip
+    full = vlm_config.ModelConfig(text_config=config, vision_config=vlm_config.VisionConfig(), model_type="qwen4_exp")
+    mx.random.seed(seed)
+    model = language.LanguageModel(config, full)
+    if dtype != mx.float32:
+        model.set_dtype(dtype)
+        for layer in model.layers:
+            layer.mlp.set_dtype(mx.float32)
+    mx.eval(model.parameters())
+    return model
+
+
+def float32_moe(dtype) -> Callable[[], None]:
+    """Run the MoE blocks in float32 between casts (CPU GatherMM); returns the undo."""
+    block = language.Qwen4ExpSparseMoeBlock
+    call = block.__call__
+    if dtype == mx.float32:
+        return lambda: None
+
+    def moe(self, x):
+        return call(self, x.astype(mx.float32)).astype(x.dtype)
+
+    block.__call__ = moe
+    return lambda: setattr(block, "__call__", call)
+
+
+def snapshot(model, depth: int, dtype, *, seed: int = 1) -> list:
+    """Per QSA layer: (keys, values, raw indexer keys, positions) for ``depth`` random tokens."""
+    mx.random.seed(seed)
+    states = []
+    for layer in model.layers:
+        if layer.is_linear:
+            states.append(None)
+            continue
+        attn = layer.self_attn
+        kv = (1, attn.num_key_value_heads, depth, attn.head_dim)
+        positions = mx.arange(depth, dtype=mx.int32)[None]
+        raw = mx.random.normal((1, depth, attn.indexer.head_dim)).astype(dtype)
+        states.append((mx.random.normal(kv).astype(dtype), mx.random.normal(kv).astype(dtype), raw, positions))
+    mx.eval([s for s in states if s is not None])
+    return states
+
+
+def filled_cache(model, states: list) -> list:
+    """The model's own caches holding ``states`` (QSA layers) and zero linear state; positions continue at depth."""
+    cache = model.make_cache()
+    for c, state in zip(cache, states):
+        if state is not None:
+            c.state = state
+    model._rope_deltas, model._position_ids = mx.zeros((1, 1), dtype=mx.int32), None
+    return cache
+
+
+def decode_rate(model, cache: list, tokens: int) -> float:
+    """Tokens/s of ``tokens`` greedy single-token calls after one untimed step."""
+    token = mx.array([[7]], dtype=mx.int32)
+    token = mx.argmax(model(token, cache=cache).logits[:, -1:], axis=-1)
+    mx.eval(token)
+    start = time.perf_counter()
+    for _ in range(tokens):
+        token = mx.argmax(model(token, cache=cache).logits[:, -1:], axis=-1)
+        mx.eval(token)
+    return tokens / (time.perf_counter() - start)
+
+
+def breakdown(model, opt, states: list, dtype, repeats: int = 5) -> dict[str, dict[str, float]] | None:
+    """Median ms of one QSA layer's decode step, part by part, plain and optimized (see the module docstring).
+
+    None at depths within the budget, where the indexer selects nothing and the layer runs dense attention.
+    """
+    index = next(i for i, s in enumerate(states) if s is not None)
+    attn = model.layers[index].self_attn
+    x = mx.random.normal((1, 1, attn.q_proj.weight.shape[1])).astype(dtype)
+    names = ("select", "qkv", "attention")
+    times: dict[str, dict[str, list[float]]] = {v: {p: [] for p in names} for v in ("plain", "optimize")}
+    for variant in ("plain", "optimize"):
+        cache = filled_cache(model, states)[index]
+        if attn.indexer.select(x, cache, None) is None:  # pools every block once, as the first decode step does
+            return None
+        cache.index_keys = cache.index_keys[:, : cache.offset]  # ... and takes back the key it appended
+        cache.index_position_ids = cache.index_position_ids[..., : cache.offset]
+        blocks = (cache.index_block_keys, cache.index_block_ratio)
+        mx.eval(blocks[0])
+        for _ in range(repeats):
+            with opt.active() if variant == "optimize" else nullcontext():
+                start = time.perf_counter()
+                selection = attn.indexer.select(x, cache, None)
+                mx.eval(selection.selected_blocks)
+                mid = time.perf_counter()
+                q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+                queries, keys, values, _, _ = attn._prepare_projected_qkv(q, k, v, cache, None, None, None)
+                mx.eval(queries, keys, values)
+                late = time.perf_counter()
+                out = language.dispatch_qsa_attention(
+                    queries, keys, values, selection.selected_blocks, selection.query_ends, cache=cache,
+                    scale=attn.scale, block_size=attn.indexer.compress_ratio, causal=True, mask=None,
+                    mask_factory=lambda s=selection: attn.indexer.build_mask(s), allow_sparse_decode=True,
+                )  # fmt: skip
+                mx.eval(out)
+                end = time.perf_counter()
+            for part, seconds in (("select", mid - start), ("qkv", late - mid), ("attention", end - late)):
+                times[variant][part].append(seconds * 1e3)
+            cache.trim(1)
+            cache.index_block_keys, cache.index_block_ratio = blocks
+    return {v: {p: statistics.median(t) for p, t in parts.items()} for v, parts in times.items()}
+
+
+def load() -> str:
+    return " ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+def run(dtype_name: str, args: argparse.Namespace) -> None:
+    dtype = getattr(mx, dtype_name)
+    undo = float32_moe(dtype)
+    try:
+        models = {"plain": make_model(args.layers, dtype), "optimize": make_model(args.layers, dtype)}
+        opt = optimize(models["optimize"])
+        qsa = sum(not layer.is_linear for layer in models["plain"].layers)
+        print(f"\n== {dtype_name}: mlx {mx.__version__}, device {mx.default_device()}, {args.layers} layers "
+              f"({qsa} QSA), pipeline {opt.qsa.pipeline}")  # fmt: skip
+        print(f"load average before: {load()}")
+        for model in models.values():  # mlx-vlm's compiled helpers are traced on first use: not in a timed run
+            decode_rate(model, filled_cache(model, snapshot(model, 64, dtype)), 2)
+        rows = []
+        for depth in args.depths:
+            states = snapshot(models["plain"], depth, dtype)
+            rates: dict[str, list[float]] = {"plain": [], "optimize": []}
+            for rep in range(args.reps):
+                for variant in ("plain", "optimize") if rep % 2 == 0 else ("optimize", "plain"):
+                    cache = filled_cache(models[variant], states)
+                    rates[variant].append(decode_rate(models[variant], cache, args.tokens))
+            parts = breakdown(models["optimize"], opt, states, dtype)
+            rows.append((depth, rates, parts))
+            plain, fast = (statistics.median(rates[v]) for v in rates)
+            print(f"  depth {depth}: plain {plain:.2f}, optimize {fast:.2f} tok/s: x{fast / plain:.2f}", flush=True)
+            del states
+        print(f"load average after: {load()}\n")
+        print(f"{'depth':>7} {'plain tok/s':>20} {'optimize tok/s':>20} {'ratio':>6}   QSA layer ms (plain / optimize)")
+        print(f"{'':>7} {'median (min-max)':>20} {'median (min-max)':>20} {'':>6}   select, qkv+update, attention")
+        for depth, rates, parts in rows:
+            plain, fast = (statistics.median(rates[v]) for v in rates)
+            cells = [f"{statistics.median(r):.2f} ({min(r):.2f}-{max(r):.2f})" for r in rates.values()]
+            split = "dense: within the budget, no QSA call"
+            if parts is not None:
+                split = ", ".join(f"{parts['plain'][p]:.1f} / {parts['optimize'][p]:.1f}" for p in parts["plain"])
+            print(f"{depth:>7} {cells[0]:>20} {cells[1]:>20} {fast / plain:>6.2f}   {split}")
+        print(f"\nrouted {opt.routed}, declined {dict(opt.declined)}, traces {opt.traces}")
+        opt.restore()
+    finally:
+        undo()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--depths", type=int, nargs="+", default=[1024, 8192, 32768])
+    parser.add_argument("--long", action="store_true", help="add depth 131072")
+    parser.add_argument("--tokens", type=int, default=8)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--dtype", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--quick", action="store_true", help="depths 1024 and 8192, 2 tokens, 1 repetition")
+    args = parser.parse_args()
+    if args.quick:
+        args.depths, args.tokens, args.reps = [1024, 8192], 2, 1
+    if args.long:
+        args.depths = [*args.depths, 131072]
+    for dtype_name in args.dtype:
+        run(dtype_name, args)
+
+
+if __name__ == "__main__":
+    main()
