@@ -71,10 +71,10 @@ def _candidates(seen: np.ndarray, lo: np.ndarray, hi: np.ndarray):
             ahead = hi - 1 - p
             right = int(ahead[live].max()) if live.any() and (hi[live] < t).any() else None
         starts = p[live & (lo == p) & (p > 0)]
-        chunks = [None] + ([int(starts.min())] if starts.size else [])
-        for chunk in chunks:
-            for w in (Window(left, right, chunk), Window(None, right, chunk)):
-                yield causal, (None if w == Window() else w)
+        chunk = int(starts.min()) if starts.size else None
+        options = {Window(a, b, c) for a in {None, left} for b in {None, right} for c in {None, chunk}}
+        for w in sorted(options, key=lambda w: (sum(x is not None for x in w), [x or 0 for x in w])):
+            yield causal, (None if w == Window() else w)
 
 
 def match_structure(graph: Graph, node: Node) -> Structure | Decline | None:
