@@ -51,6 +51,8 @@ def _static(graph: Graph, name: str) -> np.ndarray | str:
             shape, axis = node.type.shape, node.attrs["axis"] % node.type.rank
             along = tuple(n if i == axis else 1 for i, n in enumerate(shape))
             memo[node.name] = np.broadcast_to(np.arange(shape[axis], dtype=np.int32).reshape(along), shape)
+        elif node.op == "abs":  # exact in every dtype (llama4's |chunk(key) - chunk(query)|)
+            memo[node.name] = np.abs(memo[node.inputs[0]])
         elif node.op in EVALUATORS:
             memo[node.name] = evaluate(node.op, node.attrs, [memo[i] for i in node.inputs], node.type)
         else:
@@ -71,8 +73,9 @@ def _candidates(seen: np.ndarray, lo: np.ndarray, hi: np.ndarray):
             ahead = hi - 1 - p
             right = int(ahead[live].max()) if live.any() and (hi[live] < t).any() else None
         starts = p[live & (lo == p) & (p > 0)]
-        chunk = int(starts.min()) if starts.size else None
-        options = {Window(a, b, c) for a in {None, left} for b in {None, right} for c in {None, chunk}}
+        firsts = np.unique(lo[live & (lo > 0)])  # chunk starts, when the chunk bounds them: multiples of the chunk
+        chunks = {None} | ({int(starts.min())} if starts.size else set()) | ({int(np.gcd.reduce(firsts))} if firsts.size else set())
+        options = {Window(a, b, c) for a in {None, left} for b in {None, right} for c in chunks}
         for w in sorted(options, key=lambda w: (sum(x is not None for x in w), [x or 0 for x in w])):
             yield causal, (None if w == Window() else w)
 

@@ -51,14 +51,18 @@ def test_mlx_lm_create_causal_mask_becomes_the_window(n, offset, window):
 
 
 @requires("mlx.core")
-def test_a_chunked_mask_built_in_the_function_becomes_the_chunk():
-    """llama4's chunked attention: same chunk of 4 and causal, from aranges."""
+@pytest.mark.parametrize("spelling", ["equal", "llama4"])
+def test_a_chunked_mask_built_in_the_function_becomes_the_chunk(spelling):
+    """Chunked attention: same chunk of 4 and causal, from aranges (llama4 spells it with mx.abs)."""
     rng = np.random.default_rng(1)
     args = [mx.array(rng.standard_normal((1, h, 10, D)).astype(np.float32)) for h in (HQ, HKV, HKV)]
 
     def layer(q, k, v):
         pos = mx.arange(10)
-        mask = (pos[:, None] >= pos[None]) & ((pos[:, None] // 4) == (pos[None] // 4))
+        if spelling == "equal":
+            mask = (pos[:, None] >= pos[None]) & ((pos[:, None] // 4) == (pos[None] // 4))
+        else:
+            mask = (mx.abs(pos[None] // 4 - pos[:, None] // 4) == 0) & (pos[None] <= pos[:, None])
         return mx.fast.scaled_dot_product_attention(q, k, v, scale=SCALE, mask=mask)
 
     result, sdpa, remark = raised(from_mlx(layer, *args).graph)
