@@ -12,8 +12,8 @@ with the structure as a bool mask, or MLX's ``"causal"``); ``sparse`` is the sam
 before timing. The table gives the median seconds of ``--reps`` interleaved calls, the speedup (dense / sparse),
 the FLOP ratio (dense S*T over the (q, k) pairs the tiles visit), speedup / FLOP ratio, and whether the issue's
 target is met: window and chunked >= 0.6 x FLOP ratio, causal >= 1.5 x. ``same``: the two outputs' raw bits are
-equal; else their largest difference. ``--quick`` is a seconds-long smoke run (T = 1024, W = 128, chunk 256,
-128-row tiles) with no targets.
+equal; else their largest difference. ``--quick`` is a smoke run (T = 512, W = 64, chunk 128, 64-row tiles; seconds
+on JAX, about a minute with MLX's slow CPU masked call) with no targets.
 
     python benchmarks/block_sparse.py [--quick | --long] [--reps N] [--backends mlx,jax]
 """
@@ -40,8 +40,8 @@ CAUSAL_TARGET = 1.5
 def cases(quick: bool, long: bool) -> list[tuple[str, int, tuple | None, int | None]]:
     """(name, T, window, block_q) per mask."""
     if quick:
-        return [("window", 1024, (128, None, None), 128), ("causal", 1024, None, 128),
-                ("chunked", 1024, (None, None, 256), 128)]  # fmt: skip
+        return [("window", 512, (64, None, None), 64), ("causal", 512, None, 64),
+                ("chunked", 512, (None, None, 128), 64)]  # fmt: skip
     t = 16384 if long else 8192
     return [("window", t, (1024, None, None), None), ("causal", 8192, None, None),
             ("chunked", 8192, (None, None, 2048), None)]  # fmt: skip
@@ -141,7 +141,7 @@ def row(r: dict, quick: bool) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     size = parser.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help="T = 1024: a smoke run of seconds")
+    size.add_argument("--quick", action="store_true", help="T = 512: a smoke run")
     size.add_argument("--long", action="store_true", help="the window case at T = 16384")
     parser.add_argument("--reps", type=int, default=None, help="interleaved calls per variant (default 3 quick, 1)")
     parser.add_argument("--backends", default="mlx,jax", help="comma-separated: mlx, jax")

@@ -10,6 +10,8 @@ visibility, and no tile's first or last key column is hidden from all its rows.
 from __future__ import annotations
 
 import re
+import runpy
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,7 +24,7 @@ from attnpass.ir.dialects.attention import Window, key_ranges
 from attnpass.lowering import lower
 from attnpass.passes import BlockSparse, PassManager, parse_pipeline
 from attnpass.passes.block_sparse import tile_plan
-from tests.util import assert_bits_equal, assert_close, random_array, target_params
+from tests.util import assert_bits_equal, assert_close, random_array, requires, target_params
 
 F32, BF16 = DType.float32, DType.bfloat16
 HQ, HKV, D = 4, 2, 16
@@ -177,3 +179,18 @@ def test_other_passes_decline_a_window_by_name():
                        ("decompose-sdpa", "window=(4, 2, None) stays with the fused call")):  # fmt: skip
         result = PassManager(parse_pipeline(text)).run(graph)
         assert not result.changed and any(says in r.message for r in result.declined()), result.remarks
+
+
+@requires("jax")
+def test_the_benchmarks_quick_run_reports_each_mask(capsys):
+    """benchmarks/block_sparse.py --quick on JAX (seconds): one row per mask and dtype, the plan's FLOP ratio."""
+    bench = runpy.run_path(str(Path(__file__).resolve().parents[2] / "benchmarks" / "block_sparse.py"))
+    bench["main"](["--quick", "--reps", "1", "--backends", "jax"])
+    lines = capsys.readouterr().out.splitlines()
+    rows = [line.split() for line in lines if line.split()[:1] in (["window"], ["causal"], ["chunked"])]
+    wanted = [(m, d) for m in ("window", "causal", "chunked") for d in ("float32", "bfloat16")]
+    assert [(r[0], r[3]) for r in rows] == wanted
+    for r in rows:
+        dense, sparse, speedup, ratio = (float(x) for x in (r[5], r[6], r[7], r[8]))
+        assert dense > 0 and sparse > 0 and ratio > 1.2
+        assert r[11] == "same" or float(r[11]) < (2e-2 if r[3] == "bfloat16" else 1e-5)
