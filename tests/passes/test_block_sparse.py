@@ -175,8 +175,11 @@ def test_composes_with_head_chunk_and_decompose_sdpa(target):
 
 def test_other_passes_decline_a_window_by_name():
     graph, _ = case(F32, 40, 40, "none", (4, 2, None))
+    graph.set_mesh({"model": 2})
     for text, says in (("split-kv{shards=2}", "split-kv does not carry a structured mask"),
-                       ("decompose-sdpa", "window=(4, 2, None) stays with the fused call")):  # fmt: skip
+                       ("decompose-sdpa", "window=(4, 2, None) stays with the fused call"),
+                       ("qsa-gather{enabled=true}", "sdpa has window=(4, 2, None); the QSA gather form has none"),
+                       ("shard-attention{heads=model}", "window=(4, 2, None): shard-attention does not carry")):  # fmt: skip
         result = PassManager(parse_pipeline(text)).run(graph)
         assert not result.changed and any(says in r.message for r in result.declined()), result.remarks
 
