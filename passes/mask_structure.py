@@ -74,7 +74,11 @@ def _candidates(seen: np.ndarray, lo: np.ndarray, hi: np.ndarray):
             right = int(ahead[live].max()) if live.any() and (hi[live] < t).any() else None
         starts = p[live & (lo == p) & (p > 0)]
         firsts = np.unique(lo[live & (lo > 0)])  # chunk starts, when the chunk bounds them: multiples of the chunk
-        chunks = {None} | ({int(starts.min())} if starts.size else set()) | ({int(np.gcd.reduce(firsts))} if firsts.size else set())
+        chunks: set[int | None] = {None}
+        if starts.size:
+            chunks.add(int(starts.min()))
+        if firsts.size:
+            chunks.add(int(np.gcd.reduce(firsts)))
         options = {Window(a, b, c) for a in {None, left} for b in {None, right} for c in chunks}
         for w in sorted(options, key=lambda w: (sum(x is not None for x in w), [x or 0 for x in w])):
             yield causal, (None if w == Window() else w)

@@ -104,7 +104,8 @@ def test_the_remark_states_the_plan_the_graph_has():
     assert f"visit {visited} of {s * t} (q, k) pairs (FLOP ratio {s * t / visited:.2f})" in remark.message
     assert "block_q 8 (given)" in remark.message
     windows = [n.attrs["window"] for n in result.graph.nodes() if n.op == "sdpa"]
-    assert [w and w.left for w in windows] == [int(w) if w else None for w in re.findall(r"\d+:\d+->\d+:\d+(?: w(\d+))?", remark.message)]
+    stated = re.findall(r"\d+:\d+->\d+:\d+(?: w(\d+))?", remark.message)
+    assert [w and w.left for w in windows] == [int(w) if w else None for w in stated]
 
 
 def test_the_device_plan_gives_block_q():
@@ -179,7 +180,8 @@ def test_other_passes_decline_a_window_by_name():
     for text, says in (("split-kv{shards=2}", "split-kv does not carry a structured mask"),
                        ("decompose-sdpa", "window=(4, 2, None) stays with the fused call"),
                        ("qsa-gather{enabled=true}", "sdpa has window=(4, 2, None); the QSA gather form has none"),
-                       ("shard-attention{heads=model}", "window=(4, 2, None): shard-attention does not carry")):  # fmt: skip
+                       ("shard-attention{heads=model}",
+                        "window=(4, 2, None): shard-attention does not carry")):  # fmt: skip
         result = PassManager(parse_pipeline(text)).run(graph)
         assert not result.changed and any(says in r.message for r in result.declined()), result.remarks
 
