@@ -15,7 +15,7 @@ target is met: window and chunked >= 0.6 x FLOP ratio, causal >= 1.5 x. ``same``
 equal; else their largest difference. ``--quick`` is a smoke run (T = 512, W = 64, chunk 128, 64-row tiles; seconds
 on JAX, about a minute with MLX's slow CPU masked call) with no targets.
 
-    python benchmarks/block_sparse.py [--quick | --long] [--reps N] [--backends mlx,jax]
+    python benchmarks/block_sparse.py [--quick | --long] [--reps N] [--backends mlx,jax] [--masks window,causal,chunked]
 """
 
 from __future__ import annotations
@@ -145,6 +145,7 @@ def main(argv: list[str] | None = None) -> None:
     size.add_argument("--long", action="store_true", help="the window case at T = 16384")
     parser.add_argument("--reps", type=int, default=None, help="interleaved calls per variant (default 3 quick, 1)")
     parser.add_argument("--backends", default="mlx,jax", help="comma-separated: mlx, jax")
+    parser.add_argument("--masks", default="window,causal,chunked", help="comma-separated: window, causal, chunked")
     args = parser.parse_args(argv)
     reps = args.reps or (3 if args.quick else 1)
     targets = [b for b in args.backends.split(",") if b]
@@ -159,7 +160,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{HQ} q / {HKV} KV heads, head dim {D}, batch 1, q_len = k_len = T; CPU; medians of {reps} call(s)")
     print("speedup = dense / sparse; FLOP x = dense S*T / visited pairs; output: raw bits same, else max |diff|")
     print(HEADER, flush=True)
-    for name, t, window, block_q in cases(args.quick, args.long):
+    masks = args.masks.split(",")
+    for name, t, window, block_q in (case for case in cases(args.quick, args.long) if case[0] in masks):
         for target in targets:
             for dtype in DTYPES:
                 print(row(bench(name, t, window, block_q, dtype, target, reps), args.quick), flush=True)
