@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from attnpass.ir import DType, Node, format_slice
-from attnpass.ir.dialects.attention import sdpa_operands
+from attnpass.ir.dialects.attention import key_ranges, sdpa_operands, window_offset
 from attnpass.ir.dialects.evaluate import rounded
 
 from .codegen import EmitEnv, Emitter, py_float, py_literal
@@ -63,40 +63,70 @@ def explicit_sdpa_call(node: Node, a: list[str], env: EmitEnv, xp: str, alias: s
 def with_causal(
     node: Node, env: EmitEnv, xp: str, mask: str | None, offset: int | None
 ) -> tuple[str | None, bool]:
-    """Fold a causal diagonal ``offset`` (None: none) into the mask expression: ``(mask, mask_is_bool)``.
+    """Fold a causal diagonal ``offset`` (None: none) and the sdpa's ``window`` bounds into the mask expression:
+    ``(mask, mask_is_bool)``.
 
-    The causal part is explicit (``key <= query + offset``), so its alignment never
-    depends on the backend's convention. An additive mask keeps its values where
-    allowed and becomes -inf elsewhere.
+    The structured part is explicit (``key <= query + offset`` and the window's
+    comparisons, docs/semantics.md §1.4), so its alignment never depends on the
+    backend's convention. An additive mask keeps its values where allowed and
+    becomes -inf elsewhere.
     """
     is_bool = mask is not None and env.type_of(node.inputs[3]).dtype is DType.bool
-    if offset is None:
+    allowed = _visible(node, env, xp, offset)
+    if allowed is None:
         return mask, is_bool
-    s, t = sdpa_lengths(node, env)
-    allowed = f"({xp}.arange({t})[None, :] <= {xp}.arange({s})[:, None] + {offset})"
     if mask is None:
         return allowed, True
     if is_bool:
         return f"{xp}.logical_and({mask}, {allowed})", True
     fill = f"{xp}.array({py_float(float('-inf'))}, dtype={dtype_expr(xp, node.type.dtype)})"
-    if dead_rows(node, env):  # see zero_dead_rows: 0, not -inf, on the rows causality leaves no key
+    if dead_rows(node, env):  # see zero_dead_rows: 0, not -inf, on the rows the structure leaves no key
         fill = f"{xp}.where({_live(xp, node, env)}, {fill}, {xp}.array(0, dtype={dtype_expr(xp, node.type.dtype)}))"
     return f"{xp}.where({allowed}, {mask}, {fill})", False
 
 
+def _visible(node: Node, env: EmitEnv, xp: str, offset: int | None) -> str | None:
+    """bool ``[S, T]`` code: ``key <= query + offset`` (None: no causal part) and the window's bounds."""
+    s, t = sdpa_lengths(node, env)
+    key, row = f"{xp}.arange({t})[None, :]", f"{xp}.arange({s})[:, None]"
+    terms = [] if offset is None else [f"({key} <= {row} + {offset})"]
+    window = node.attrs.get("window")
+    if window is not None:
+        pos = f"({row} + {window_offset(node.attrs['causal'], s, t)})"
+        left, right, chunk = window
+        terms += [f"({pos} - {key} < {left})"] if left is not None else []
+        terms += [f"({key} - {pos} <= {right})"] if right is not None else []
+        terms += [f"({key} // {chunk} == {pos} // {chunk})"] if chunk is not None else []
+    if not terms:
+        return None
+    return terms[0] if len(terms) == 1 else "(" + " & ".join(terms) + ")"
+
+
+def _live_range(node: Node, env: EmitEnv) -> tuple[int, int]:
+    """``[first, last)``: the query rows causality and the window leave at least one key (an interval)."""
+    s, t = sdpa_lengths(node, env)
+    lo, hi = key_ranges(s, t, node.attrs["causal"], node.attrs.get("window"))
+    live = np.flatnonzero(hi > lo)
+    return (int(live[0]), int(live[-1]) + 1) if live.size else (0, 0)
+
+
 def dead_rows(node: Node, env: EmitEnv) -> int:
-    """How many leading query rows causality leaves without any key (bottom_right with S > T) and that must
-    be the mean of V: none with sinks (such a row weighs only its sink, from the -inf mask alone)."""
-    offset = None if node.attrs.get("has_sinks") else causal_offset(node, env)
-    return 0 if offset is None else min(sdpa_lengths(node, env)[0], max(0, -offset))
+    """How many query rows causality and the window leave without any key and that must be the mean of V: none
+    with sinks (such a row weighs only its sink, from the -inf mask alone)."""
+    if node.attrs.get("has_sinks") or (node.attrs["causal"] == "none" and node.attrs.get("window") is None):
+        return 0
+    first, last = _live_range(node, env)
+    return sdpa_lengths(node, env)[0] - (last - first)
 
 
 def _live(xp: str, node: Node, env: EmitEnv) -> str:
-    return f"({xp}.arange({sdpa_lengths(node, env)[0]}) >= {dead_rows(node, env)})[:, None]"
+    first, last = _live_range(node, env)
+    rows = f"{xp}.arange({sdpa_lengths(node, env)[0]})"
+    return f"(({rows} >= {first}) & ({rows} < {last}))[:, None]"
 
 
 def zero_dead_rows(node: Node, env: EmitEnv, xp: str, q: str) -> str:
-    """``q`` with the rows causality leaves without a key zeroed, when the mask is additive.
+    """``q`` with the rows the structure leaves without a key zeroed, when the mask is additive.
 
     A row with no key is the mean of V (the peers' finite fill). Bool masks get
     it from the backends' own fill; an additive mask is arithmetic, so those

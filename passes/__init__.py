@@ -7,6 +7,7 @@ Built-in passes register themselves by name when imported here.
 """
 
 from .base import Pass, PassError, PassResult, Remark, Remarks
+from .block_sparse import BlockSparse
 from .canonicalize import Canonicalize
 from .dce import DeadCodeElimination
 from .decompose_sdpa import DecomposeSDPA
@@ -27,7 +28,7 @@ from .shard_attention import ShardAttention
 from .split_kv import SplitKV
 
 __all__ = [
-    "ANY", "Canonicalize", "DeadCodeElimination", "Decline", "DecomposeSDPA", "HeadChunkSDPA", "Instrumentation",
+    "ANY", "BlockSparse", "Canonicalize", "DeadCodeElimination", "Decline", "DecomposeSDPA", "HeadChunkSDPA", "Instrumentation",
     "NarrowInputs", "Pass", "PassError", "PassManager", "PassResult", "PassTimings", "PipelineError",
     "PrintAfterChange", "QSAGather", "QSAPoolCache", "RaiseAttention", "Remark", "Remarks", "Reproducer", "Rewriter",
     "Rule", "ShardAttention", "SplitKV", "SwitchedPass", "apply_rules", "available_passes", "default_pipeline",

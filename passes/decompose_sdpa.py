@@ -127,6 +127,9 @@ class DecomposeSDPA(Pass):
             return Decline(head + "XLA compiles jax.nn.dot_product_attention for the TPU itself")
         if node.attrs["causal"] != "none":
             return Decline(head + f"causal={node.attrs['causal']!r} stays with the fused call (no [S, T] constant)")
+        if node.attrs["window"] is not None:
+            window = tuple(node.attrs["window"])
+            return Decline(head + f"window={window} stays with the fused call (no [S, T] constant)")
         if s > self.max_q_len:
             return Decline(head + f"q_len {s} > max_q_len={self.max_q_len}: prefill-shaped, the score plane dominates")
         folded = (

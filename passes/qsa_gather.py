@@ -124,7 +124,7 @@ class QSAGather(SwitchedPass):
         """The matched pattern, or why the masked path is kept (with the numbers)."""
         variants = sdpa_variants(node.attrs)
         if variants:
-            return _kept(f"sdpa has {variants}; the QSA gather form has neither")
+            return _kept(f"sdpa has {variants}; the QSA gather form has none of them")
         if len(node.inputs) < 4:
             return _kept("sdpa has no mask, so it is not a masked QSA attention")
         if node.attrs["causal"] != "none":

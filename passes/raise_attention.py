@@ -9,7 +9,10 @@ with the reason and node, and a ``rewrite``. In order:
 - ``attention``  ``softmax(q·kᵀ·scale + mask)·v -> sdpa`` with GQA
   (repeated K/V, broadcast K/V or a grouped 5-d einsum), each of q, k, v in
   its own layout, proven on coordinates (:mod:`.attention_match`) with the
-  scores read as algebra (:mod:`.score_path`).
+  scores read as algebra (:mod:`.score_path`);
+- ``structured-mask``  an sdpa's bool mask built from positions alone
+  (aranges, iotas, offsets, a window: mlx-lm's ``create_causal_mask``) ->
+  sdpa's ``causal`` and ``window``, proven on every pair (:mod:`.mask_structure`).
 
 The rules run after the ``canonicalize`` rules (:mod:`.canonicalize`, in the
 same sweeps), so a pipeline naming only ``raise-attention`` still sees
@@ -65,6 +68,7 @@ from .canonicalize import canonicalize_rules
 from .chains import exact_cast
 from .registry import register_pass
 from .rewrite import Decline, Rewriter, Rule, apply_rules
+from .mask_structure import match_structure, rewrite_structure
 from .softmax_match import Softmax, match_softmax
 
 MAX_SWEEPS = 8
@@ -154,6 +158,8 @@ RULES: list[Rule] = [
          lambda m: f"exp({m.x} - max) / sum -> softmax({m.x}, axis={m.axis}{', precise' if m.precise else ''}){m.rounding}"),  # exp(x-max)/sum -> softmax
     Rule("attention", "matmul", _attention_match, _attention_rewrite,
          lambda m: f"softmax(q·kᵀ·scale + mask)·v -> sdpa: {m.summary}"),  # softmax(qk^T s + m) v -> sdpa
+    Rule("structured-mask", "sdpa", match_structure, rewrite_structure,
+         lambda m: f"{m.message} -> sdpa's causal and window"),  # sdpa(mask=positions) -> sdpa[causal, window]
 ]  # fmt: skip
 
 

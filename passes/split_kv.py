@@ -116,6 +116,8 @@ def match_split(graph: Graph, node: Node, shards: int) -> SplitPlan | Decline:
     """The plan for splitting ``node`` into ``shards`` T-shards, or the precondition that failed."""
     if is_split_partial(graph, node):
         return Decline("already a split-KV partial (its sdpa_lse companion reads the same operands)")
+    if node.attrs["window"] is not None:
+        return Decline(f"window={tuple(node.attrs['window'])}: split-kv does not carry a structured mask to its shards")
     k, v = graph.node(node.inputs[1]), graph.node(node.inputs[2])
     gathered = k.op == "qsa_gather" or v.op == "qsa_gather"
     if gathered:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from attnpass.ir.core.registry import OpDef, attr, get_op, register
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from attnpass.ir.core.registry import AttrSpec, OpDef, attr, get_op, register
 from attnpass.ir.core.types import DType, ShapeError, TensorType
 
 from .rules import FLOATS, NUMERIC, broadcast_shapes, normalize_axis, require_dtype, same_dtype
@@ -30,6 +34,59 @@ def _infer_softmax(ts, *, axis, precise):
 CAUSAL_KINDS = ("none", "top_left", "bottom_right")
 
 
+class Window(NamedTuple):
+    """sdpa's structured mask beyond causality (docs/semantics.md §1.4): query row ``i`` sits at position
+    ``p = i + off`` (``off`` = T - S when causal is bottom_right, else 0) and sees key ``j`` only if
+    ``p - j < left`` (None: no bound), ``j - p <= right`` (None: no bound; only without causal) and, with
+    ``chunk``, ``j // chunk == p // chunk`` (llama4's chunked attention). Prints as ``(left, right, chunk)``."""
+
+    left: int | None = None
+    right: int | None = None
+    chunk: int | None = None
+
+
+def _window(v: Any) -> Window | None:
+    if v is None:
+        return None
+    if not isinstance(v, (tuple, list)) or len(v) != 3:
+        raise ValueError(f"expected None or (left, right, chunk), each an int or None, got {v!r}")
+    for name, x in zip(Window._fields, v):
+        if x is not None and (isinstance(x, bool) or not isinstance(x, int)):
+            raise ValueError(f"window {name} must be an int or None, got {x!r}")
+    w = Window(*v)
+    if w == Window():
+        raise ValueError("window (None, None, None) bounds nothing; write window=None")
+    if w.left is not None and w.left < 1:
+        raise ValueError(f"window left {w.left} must be >= 1 (a query sees keys p - left < j; 1: itself only)")
+    if w.right is not None and w.right < 0:
+        raise ValueError(f"window right {w.right} must be >= 0 (keys j <= p + right)")
+    if w.chunk is not None and w.chunk < 1:
+        raise ValueError(f"window chunk {w.chunk} must be >= 1")
+    return w
+
+
+def window_offset(causal: str, s: int, t: int) -> int:
+    """The position of query row 0: T - S when bottom-right aligned, else 0 (docs/semantics.md §1.4)."""
+    return t - s if causal == "bottom_right" else 0
+
+
+def key_ranges(s: int, t: int, causal: str, window: Window | None) -> tuple[np.ndarray, np.ndarray]:
+    """int64 ``[S]`` each: row i sees exactly the keys ``lo[i] <= j < hi[i]`` that causality and ``window``
+    leave (every bound is an interval of keys); ``hi <= lo``: none."""
+    p = np.arange(s, dtype=np.int64) + window_offset(causal, s, t)
+    lo, hi = np.zeros(s, np.int64), np.full(s, t, np.int64)
+    left, right, chunk = window or Window()
+    if causal != "none":
+        hi = np.minimum(hi, p + 1)
+    if left is not None:
+        lo = np.maximum(lo, p - left + 1)
+    if right is not None:
+        hi = np.minimum(hi, p + right + 1)
+    if chunk is not None:
+        lo, hi = np.maximum(lo, p // chunk * chunk), np.minimum(hi, p // chunk * chunk + chunk)
+    return lo, hi
+
+
 def sdpa_operands(node_or_types, has_sinks: bool) -> tuple:
     """``(mask, sinks)`` of an sdpa/sdpa_lse's operands (inputs or types), each None when absent."""
     rest = list(node_or_types)[3:]
@@ -38,15 +95,22 @@ def sdpa_operands(node_or_types, has_sinks: bool) -> tuple:
 
 
 def sdpa_variants(attrs) -> str | None:
-    """``"sinks"``, ``"logit_softcap=c"`` or both, for the variants an sdpa's ``attrs`` turn on (None: neither)."""
-    parts = (["sinks"] if attrs.get("has_sinks") else []) + (
+    """``"sinks"``, ``"window=(l, r, c)"``, ``"logit_softcap=c"`` joined by "and", for the variants an sdpa's
+    ``attrs`` turn on (None: none)."""
+    window = attrs.get("window")
+    parts = (["sinks"] if attrs.get("has_sinks") else []) + ([f"window={tuple(window)}"] if window else []) + (
         [f"logit_softcap={attrs['logit_softcap']:g}"] if attrs.get("logit_softcap") is not None else []
     )
     return " and ".join(parts) or None
 
 
-def _infer_sdpa(ts, *, scale, causal, has_sinks=False, logit_softcap=None):
+def _infer_sdpa(ts, *, scale, causal, has_sinks=False, logit_softcap=None, window=None):
     q, k, v = ts[:3]
+    if window is not None and window.right is not None and causal != "none":
+        raise ShapeError(
+            f"sdpa: window right {window.right} with causal={causal!r}: causality already hides every key right "
+            "of the query (valid: right=None)"
+        )
     if has_sinks and len(ts) == 3:
         raise ShapeError("sdpa: has_sinks=True but no sinks operand (operands: q, k, v, mask?, sinks)")
     if not has_sinks and len(ts) == 5:
@@ -93,7 +157,9 @@ def _infer_sdpa(ts, *, scale, causal, has_sinks=False, logit_softcap=None):
     return TensorType((b, hq, s, v.shape[3]), q.dtype)
 
 
-def _infer_sdpa_lse(ts, *, scale, causal, has_sinks=False, logit_softcap=None):
+def _infer_sdpa_lse(ts, *, scale, causal, has_sinks=False, logit_softcap=None, window=None):
+    if window is not None:
+        raise ShapeError(f"sdpa_lse: window {tuple(window)} is not supported (valid: window=None)")
     if has_sinks:
         raise ShapeError(
             "sdpa_lse: has_sinks=True is not supported: the log-sum-exp is over the keys only; "
@@ -124,6 +190,7 @@ register(
             "causal": attr("choice:" + "|".join(CAUSAL_KINDS), "none"),
             "has_sinks": attr("bool", False, quiet=True),
             "logit_softcap": attr("float?", None, quiet=True),
+            "window": AttrSpec("window?", _window, None, quiet=True),
         },
         "attention",
         "softmax(q @ k^T * scale + mask) @ v; layout [B, H, S, D]; GQA: query head h uses kv head "
@@ -135,7 +202,9 @@ register(
         "is added to the scores, so a row of -inf is NaN. logit_softcap c (None = off): the scaled scores become "
         "c * tanh(s / c) before the mask (gemma2's order). has_sinks: the last operand is sinks, f32-or-q-dtype "
         "[Hq], one logit per query head that joins each row's softmax denominator and carries no value (MLX's "
-        "sinks=); a row with sinks and no key left is 0.",
+        "sinks=); a row with sinks and no key left is 0. window (left, right, chunk) (None = off): query i at "
+        "position p = i + (T - S if bottom_right else 0) also needs p - j < left, j - p <= right and j // chunk "
+        "== p // chunk, each where set (docs/semantics.md §1.4).",
     )
 )
 

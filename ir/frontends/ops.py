@@ -150,6 +150,7 @@ def sdpa(
     causal: str | None = None,
     sinks: Tensor | None = None,
     logit_softcap: float | None = None,
+    window: tuple[int | None, int | None, int | None] | None = None,
 ) -> Tensor:
     """Scaled dot-product attention, layout ``[B, H, S, D]``, GQA when K/V have fewer heads.
 
@@ -157,10 +158,11 @@ def sdpa(
     ``causal``: None, ``"top_left"`` (JAX ``is_causal``) or ``"bottom_right"`` (MLX ``"causal"``).
     ``sinks``: ``[Hq]`` logits joining each row's softmax denominator (MLX's ``sinks=``).
     ``logit_softcap``: c, scaled scores become ``c * tanh(s / c)`` before the mask (gemma2).
+    ``window``: ``(left, right, chunk)``, sliding window and chunk bounds (docs/semantics.md §1.4).
     """
     operands = [q, k, v] + ([mask] if mask is not None else []) + ([sinks] if sinks is not None else [])
     attrs = {"scale": scale, "causal": causal or "none", "has_sinks": sinks is not None}
-    return emit("sdpa", operands, {**attrs, "logit_softcap": logit_softcap})
+    return emit("sdpa", operands, {**attrs, "logit_softcap": logit_softcap, "window": window})
 
 
 def sdpa_lse(q: Tensor, k: Tensor, v: Tensor, **options: Any) -> Tensor:

@@ -237,7 +237,7 @@ def test_passes_lists_names_and_typed_options(cli):
         (["show", "{bad}"], "{bad}: malformed JSON: Expecting value"),
         (
             ["run", "-p", "dce,fuse", "{graph}"],
-            "unknown pass 'fuse'; available passes: canonicalize, dce, decompose-sdpa, head-chunk",
+            "unknown pass 'fuse'; available passes: block-sparse, canonicalize, dce, decompose-sdpa",
         ),
         (["run", "-p", "head-chunk{budget=x}", "{graph}"], "pass head-chunk: option budget: expected int, got 'x'"),
         (["run", "{graph}"], "give --pipeline TEXT and a GRAPH file (or --reproducer FILE)"),

@@ -5,7 +5,9 @@ draw is the simplest):
 
 - ``sdpa``: one call with GQA, every mask form (none, bool, additive) and
   broadcast (rank 0 to 4, each axis whole or 1, per-head or not), each
-  causal kind (so bottom-right rows with no key too), scales, ``Dv != D``,
+  causal kind (so bottom-right rows with no key too), a structured ``window``
+  (left, right, chunk; rows it leaves without keys too), sinks and logit
+  soft-capping, scales, ``Dv != D``,
   masks read through a slice of a padded input, rows that attend no key;
 - ``chain``: one to three calls feeding each other (or sharing K/V), with
   dead branches and an unused input;
@@ -132,6 +134,15 @@ def _sdpa(m: _Maker, tag: str, q: str | None, kv: tuple[str, str] | None, dims: 
     if kind is not None:
         operands.append(_mask_input(m, f"mask{tag}", _mask_shape(c, (bsz, hq, s, t)), kind))
     attrs = {"scale": c.pick([None, 0.125, 0.3, 1.0, 2.0]), "causal": c.pick(["none", "top_left", "bottom_right"])}
+    if c.flag(0.3):  # a structured mask (docs/semantics.md §1.4); right only without causality
+        right = c.pick([None, 0, 1, 3]) if attrs["causal"] == "none" else None
+        window = (c.pick([None, 1, 2, 4]), right, c.pick([None, 2, 3, 5]))
+        attrs["window"] = None if window == (None, None, None) else window
+    if c.flag(0.2):  # sinks and logit soft-capping (docs/semantics.md §1.3)
+        attrs["logit_softcap"] = c.pick([None, 1.0, 5.0])
+        if c.flag(0.5):
+            operands.append(m.input(f"sinks{tag}", (hq,), dtype))
+            attrs["has_sinks"] = True
     return b.op("sdpa", operands, attrs, f"attn{tag}")
 
 

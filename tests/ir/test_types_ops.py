@@ -175,7 +175,7 @@ def test_wrongly_typed_attribute(op, operands, attrs, message):
 
 def test_attributes_are_normalized_in_spec_order_with_defaults():
     opdef = get_op("sdpa")
-    variants = {"has_sinks": False, "logit_softcap": None}
+    variants = {"has_sinks": False, "logit_softcap": None, "window": None}
     assert opdef.normalize_attrs({"causal": "top_left", "scale": 1}) == {"scale": 1.0, "causal": "top_left", **variants}
     assert list(opdef.normalize_attrs({"causal": "top_left", "scale": 1})) == ["scale", "causal", *variants]
     assert opdef.normalize_attrs({}) == {"scale": None, "causal": "none", **variants}

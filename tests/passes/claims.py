@@ -141,7 +141,8 @@ CHUNKED = re.compile(
     r"q_len\*gqa = (?P<product>\d+) > (?P<budget>\d+) \(q_len (?P<s>\d+), gqa (?P<gqa>\d+)\): (?P<calls>\d+) subcalls "
     r"with heads_per_chunk (?P<hpc>\d+) \((?P<sizes>[\d+]+) per KV group, (?P<hkv>\d+) KV group\(s\)\), one-head K/V "
     r"slices, concat in head order; (?P<mask>no mask|the mask broadcasts over heads and passes unchanged to every "
-    r"subcall|per-head mask sliced per chunk along its head axis .*)"
+    r"subcall|per-head mask sliced per chunk along its head axis .*?)"
+    r"(?P<sinks>; sinks \[Hq\] sliced per chunk \(one logit per query head\))?\Z"
 )
 FITS = re.compile(
     r"q_len\*gqa = (?P<product>\d+) <= (?P<budget>\d+) \(q_len (?P<s>\d+), gqa (?P<gqa>\d+)\): fits the fused budget"
@@ -153,7 +154,10 @@ def _shapes(graph: Graph, node: str) -> tuple[tuple[int, ...], ...]:
 
 
 def _chunked(before: Graph, after: Graph, r: Remark, m: re.Match, ctx: _Context) -> None:
-    (_b, hq, s, _d), (_b2, hkv, *_), _v, *mask = _shapes(before, r.node)
+    (_b, hq, s, _d), (_b2, hkv, *_), _v, *rest = _shapes(before, r.node)
+    has_sinks = before.node(r.node).attrs["has_sinks"]
+    mask = rest[:-1] if has_sinks else rest
+    assert (m["sinks"] is not None) == has_sinks, "sinks stated iff the sdpa has them"
     budget = int(m["budget"])
     assert budget == ctx.option("budget")
     assert (int(m["s"]), int(m["gqa"]), int(m["hkv"])) == (s, hq // hkv, hkv)
@@ -168,8 +172,12 @@ def _chunked(before: Graph, after: Graph, r: Remark, m: re.Match, ctx: _Context)
     kv = [c.inputs[1] for c in calls]
     assert len(set(kv)) == hkv and all(after.node(k).type.shape[1] == 1 for k in kv)
     assert "+".join(str(h) for h, k in zip(heads, kv) if k == kv[0]) == m["sizes"]
+    if has_sinks:  # call i reads sinks[h0:h1], its own heads' logits
+        sinks = [after.node(c.inputs[-1]) for c in calls]
+        assert all(x.op == "slice" and x.inputs[0] == before.node(r.node).inputs[-1] for x in sinks)
+        assert [(x.attrs["start"][0], x.attrs["stop"][0]) for x in sinks] == [(a, a + h) for a, h in zip(starts, heads)]
     if m["mask"] == "no mask":
-        assert not mask and all(len(c.inputs) == 3 for c in calls)
+        assert not mask and all(len(c.inputs) == 3 + has_sinks for c in calls)
     elif m["mask"].startswith("the mask broadcasts"):
         assert all(c.inputs[3] == before.node(r.node).inputs[3] for c in calls) and mask[0][-3:-2] != (hq,)
     else:

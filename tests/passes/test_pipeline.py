@@ -125,8 +125,8 @@ def test_round_trip_for_any_option_values(budget, enabled, pad, rows, depth):
 @pytest.mark.parametrize(
     "text, message",
     [
-        ("dce,fuse-everything", "unknown pass 'fuse-everything'; available passes: canonicalize, dce, decompose-sdpa, "
-                                "head-chunk, narrow-inputs"),
+        ("dce,fuse-everything", "unknown pass 'fuse-everything'; available passes: block-sparse, canonicalize, dce, "
+                                "decompose-sdpa, head-chunk, narrow-inputs"),
         ("head-chunk{bugdet=16}", "pass head-chunk has no option 'bugdet'; its options: enabled: bool | None = none; "
                                   "budget: int = 32"),
         ("head-chunk{budget=16.5}", "pass head-chunk: option budget: expected int, got '16.5'"),

@@ -158,7 +158,8 @@ def test_mlx_fast_sdpa_fallback_raises_bit_exactly(rng, mask_kind, hkv):
     imported = from_mlx(attention, *args)
     result = _raise(imported.graph)
     (sdpa,) = _sdpas(result.graph)
-    assert sdpa.attrs["scale"] == SCALE and len(sdpa.inputs) == (3 if mask_kind == "none" else 4)
+    assert sdpa.attrs["scale"] == SCALE and len(sdpa.inputs) == (3 if mask_kind in ("none", "causal") else 4)
+    assert sdpa.attrs["causal"] == ("bottom_right" if mask_kind == "causal" else "none")  # the mask's positions
     assert result.graph.node(sdpa.inputs[1]).type.shape[1] == hkv
     expected = np.array(attention(*args))
     np.testing.assert_array_equal(run(lower(result.graph, "mlx"), *args), expected)

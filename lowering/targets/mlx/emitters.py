@@ -62,8 +62,8 @@ def mask_kind(n: Node, env: EmitEnv) -> Literal["causal", "array"] | None:
     """What the MLX lowering passes as ``mask``: MLX's own bottom-right ``"causal"``, an array, or nothing."""
     offset = causal_offset(n, env)
     has_mask = sdpa_operands(n.inputs, n.attrs["has_sinks"])[0] is not None
-    if has_mask or offset is None:
-        return "array" if has_mask else None
+    if has_mask or n.attrs["window"] is not None or offset is None:
+        return "array" if has_mask or n.attrs["window"] is not None else None
     s, t = sdpa_lengths(n, env)
     return "causal" if offset == t - s and s <= t else "array"
 

@@ -43,7 +43,8 @@ def _sdpa(n: Node, a: list[str], env: EmitEnv) -> str:
     mask, sinks = (x or "None" for x in sdpa_operands(a, n.attrs["has_sinks"]))
     return (
         f"ref.sdpa({a[0]}, {a[1]}, {a[2]}, {mask}, {sinks}, scale={sdpa_scale(n, env)}, "
-        f"causal={n.attrs['causal']!r}, dtype={_dt(n)}, softcap={n.attrs['logit_softcap']!r})"
+        f"causal={n.attrs['causal']!r}, dtype={_dt(n)}, softcap={n.attrs['logit_softcap']!r}"
+        + (f", window={tuple(n.attrs['window'])!r})" if n.attrs["window"] is not None else ")")
     )
 
 

@@ -150,7 +150,8 @@ def test_samples_verify(sample):
 def test_add_node_infers_types_and_names():
     g = attention_graph()
     assert g.node("sdpa").type == t((1, 24, 5, 256), "bfloat16")
-    assert g.node("sdpa").attrs == {"scale": 0.0625, "causal": "none", "has_sinks": False, "logit_softcap": None}
+    variants = {"has_sinks": False, "logit_softcap": None, "window": None}
+    assert g.node("sdpa").attrs == {"scale": 0.0625, "causal": "none", **variants}
     assert g.inputs == ("q", "k", "v") and g.outputs == ("sdpa",)
     assert g.add_node("sdpa", ["q", "k", "v"]) == "sdpa_1"
     assert g.add_node("sdpa", ["q", "k", "v"]) == "sdpa_2"
@@ -886,9 +887,11 @@ def test_fingerprint_distinguishes_each_single_attribute():
     base = masked_sdpa_graph()
     fps = {base.fingerprint()}
     for name, attrs in [
-        ("sdpa", {"scale": None, "causal": "top_left", "has_sinks": False, "logit_softcap": None}),
-        ("sdpa", {"scale": 0.5, "causal": "bottom_right", "has_sinks": False, "logit_softcap": None}),
-        ("sdpa", {"scale": 0.125, "causal": "top_left", "has_sinks": False, "logit_softcap": 30.0}),
+        ("sdpa", {"scale": None, "causal": "top_left", "has_sinks": False, "logit_softcap": None, "window": None}),
+        ("sdpa", {"scale": 0.5, "causal": "bottom_right", "has_sinks": False, "logit_softcap": None, "window": None}),
+        ("sdpa", {"scale": 0.125, "causal": "top_left", "has_sinks": False, "logit_softcap": 30.0, "window": None}),
+        ("sdpa", {"scale": 0.125, "causal": "top_left", "has_sinks": False, "logit_softcap": None,
+                  "window": (2, None, None)}),
         ("softmax", {"axis": -1, "precise": False}),
         ("slice", {"start": (0, 0, 1, 0), "stop": (1, 2, 6, 6), "step": (1, 1, 2, 1)}),  # same type
     ]:
@@ -898,7 +901,7 @@ def test_fingerprint_distinguishes_each_single_attribute():
         g.replace_node(name, node.replace(attrs=attrs, type=new_type))
         g.verify()
         fps.add(g.fingerprint())
-    assert len(fps) == 6
+    assert len(fps) == 7
 
 
 def test_fingerprint_of_dead_input_still_counts_in_signature():

@@ -63,7 +63,7 @@ def test_inputs_are_named_after_parameters():
     assert g.node("key").type == TensorType((1, 2, 64, 256), "bfloat16")
     (out,) = g.outputs
     assert g.node(out).op == "sdpa" and g.node(out).inputs == ("query", "key", "value")
-    assert g.node(out).attrs == {"scale": 0.0625, "causal": "none", "has_sinks": False, "logit_softcap": None}
+    assert g.node(out).attrs == {"scale": 0.0625, "causal": "none", "has_sinks": False, "logit_softcap": None, "window": None}
 
 
 def test_defaulted_and_keyword_parameters_are_not_inputs():

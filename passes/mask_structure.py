@@ -1,0 +1,125 @@
+"""A bool sdpa mask built from positions (aranges, iotas, offsets, a window) read back as sdpa's causal kind and
+``window`` (docs/semantics.md §1.4).
+
+mlx-lm's ``create_causal_mask(N, offset, window_size)`` and JAX code build the
+mask from position comparisons; imported, it is a subgraph of constants,
+iotas, comparisons and layout ops that reads no graph input. :func:`match_structure`
+evaluates that subgraph with the reference evaluators and proves the structure
+on every one of the ``S * T`` pairs: a candidate (causal kind, left, right,
+chunk) derived from the rows' key intervals is kept only if
+:func:`~attnpass.ir.dialects.attention.key_ranges` reproduces the evaluated
+mask (and-ed with the sdpa's own causal kind and window) exactly. A mask that
+reads an input, is too large to evaluate, differs across batch or heads, or
+is not exactly such a structure stays dense, with the reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from attnpass.ir import DType, Graph, Node
+from attnpass.ir.dialects.attention import Window, key_ranges, sdpa_operands, window_offset
+from attnpass.ir.dialects.evaluate import EVALUATORS, constant, evaluate
+
+from .rewrite import Decline, Rewriter
+
+EVAL_LIMIT = 1 << 27  # elements of any value evaluated to prove a structure (16K x 8K)
+
+
+@dataclass(frozen=True)
+class Structure:
+    mask: str
+    causal: str
+    window: Window | None
+    message: str
+
+
+def _static(graph: Graph, name: str) -> np.ndarray | str:
+    """The value of ``name`` if it reads only constants and iotas; else why not."""
+    memo: dict[str, np.ndarray] = {}
+    order = [n for n in graph.nodes() if n.name in graph.ancestors([name])]
+    for node in order:
+        if node.type.size > EVAL_LIMIT:
+            return f"{node.name} has {node.type.size} elements (more than {EVAL_LIMIT} to evaluate)"
+        if node.op == "input":
+            return f"it reads the graph input {node.name} (a run-time mask: its positions are not static)"
+        if node.op == "constant":
+            memo[node.name] = constant(node.attrs["value"], node.type.shape, node.type.dtype)
+        elif node.op == "iota":
+            shape, axis = node.type.shape, node.attrs["axis"] % node.type.rank
+            along = tuple(n if i == axis else 1 for i, n in enumerate(shape))
+            memo[node.name] = np.broadcast_to(np.arange(shape[axis], dtype=np.int32).reshape(along), shape)
+        elif node.op == "abs":  # exact in every dtype (llama4's |chunk(key) - chunk(query)|)
+            memo[node.name] = np.abs(memo[node.inputs[0]])
+        elif node.op in EVALUATORS:
+            memo[node.name] = evaluate(node.op, node.attrs, [memo[i] for i in node.inputs], node.type)
+        else:
+            return f"it reads {node.name} = {node.op}, which has no reference evaluator"
+    return memo[name]
+
+
+def _candidates(seen: np.ndarray, lo: np.ndarray, hi: np.ndarray):
+    """(causal, window) structures whose key intervals might be ``[lo, hi)``, simplest first."""
+    s, t = seen.shape
+    for causal in ("bottom_right", "top_left", "none"):
+        p = np.arange(s) + window_offset(causal, s, t)
+        live = hi > lo
+        reach = p - lo + 1
+        left = int(reach[live].max()) if live.any() and (lo[live] > 0).any() else None
+        right = None
+        if causal == "none":
+            ahead = hi - 1 - p
+            right = int(ahead[live].max()) if live.any() and (hi[live] < t).any() else None
+        starts = p[live & (lo == p) & (p > 0)]
+        firsts = np.unique(lo[live & (lo > 0)])  # chunk starts, when the chunk bounds them: multiples of the chunk
+        chunks: set[int | None] = {None}
+        if starts.size:
+            chunks.add(int(starts.min()))
+        if firsts.size:
+            chunks.add(int(np.gcd.reduce(firsts)))
+        options = {Window(a, b, c) for a in {None, left} for b in {None, right} for c in chunks}
+        for w in sorted(options, key=lambda w: (sum(x is not None for x in w), [x or 0 for x in w])):
+            yield causal, (None if w == Window() else w)
+
+
+def match_structure(graph: Graph, node: Node) -> Structure | Decline | None:
+    """The structure a static bool mask of sdpa ``node`` is, proven on every pair; None: no bool mask."""
+    mask, _sinks = sdpa_operands(node.inputs, node.attrs["has_sinks"])
+    if mask is None or graph.node(mask).type.dtype is not DType.bool:
+        return None
+    value = _static(graph, mask)
+    if isinstance(value, str):
+        return Decline(f"bool mask {mask} kept dense: {value}")
+    s, t = graph.node(node.inputs[0]).type.shape[2], graph.node(node.inputs[1]).type.shape[2]
+    plane = np.broadcast_to(value, value.shape[:-2] + (s, t)).reshape(-1, s, t)
+    if not (plane == plane[:1]).all():
+        return Decline(f"bool mask {mask} kept dense: it differs across batch or heads")
+    lo0, hi0 = key_ranges(s, t, node.attrs["causal"], node.attrs["window"])
+    j = np.arange(t)[None, :]
+    seen = plane[0] & (j >= lo0[:, None]) & (j < hi0[:, None])
+    first = np.where(seen.any(axis=1), seen.argmax(axis=1), 0)
+    lo, hi = first, first + seen.sum(axis=1)
+    gaps = np.flatnonzero((((j >= lo[:, None]) & (j < hi[:, None])) != seen).any(axis=1))
+    if gaps.size:
+        return Decline(f"bool mask {mask} kept dense: row {int(gaps[0])} sees keys that are not one interval")
+    for causal, window in _candidates(seen, lo, hi):
+        clo, chi = key_ranges(s, t, causal, window)
+        if np.array_equal((j >= clo[:, None]) & (j < chi[:, None]), seen):
+            named = f"causal={causal!r}" + (f", window={tuple(window)}" if window else "")
+            return Structure(mask, causal, window, f"bool mask {mask} is exactly {named} (all {s * t} pairs checked)")
+    return Decline(
+        f"bool mask {mask} kept dense: each row sees one interval of keys, but no causal kind, window or chunk "
+        "gives exactly these"
+    )
+
+
+def rewrite_structure(rw: Rewriter, m: Structure) -> None:
+    node = rw.anchor
+    operands = [x for x in node.inputs if x != m.mask]
+    attrs = {**node.attrs, "causal": m.causal, "window": m.window}
+    rw.replace_matched(rw.op("sdpa", operands, attrs, node.name), prune=True)
+
+
+__all__ = ["EVAL_LIMIT", "Structure", "match_structure", "rewrite_structure"]
