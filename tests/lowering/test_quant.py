@@ -1,0 +1,222 @@
+"""MLX's affine quantization (``dequantize``, ``quantized_matmul``) on every target, against MLX itself.
+
+``dequantize`` is bit-exact on every target: MLX rounds ``scale * q`` to the scales' dtype, then the sum,
+and the numpy and JAX programs round the same way. ``quantized_matmul`` lowered to MLX is
+``mx.quantized_matmul`` bit for bit; numpy (float64, rounded once) and JAX (float32 accumulation)
+sum in their own order, so they are compared within rounding, and the numpy program bit for bit with a
+float64 product of ``mx.dequantize``'s own matrix.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attnpass.backends import run
+from attnpass.ir import DType, ShapeError, TensorType
+from attnpass.ir.core.printer import parse_type
+from attnpass.ir.core.registry import get_op
+from attnpass.ir.dialects.evaluate import rounded, wide
+from attnpass.ir.dialects.quant import BITS, GROUP_SIZES
+from attnpass.lowering import lower
+from tests.util import assert_bits_equal, lazy_import, one_op_graph, random_array, requires, target_params
+
+mx = lazy_import("mlx.core")
+
+DTYPES = ["float32", "bfloat16", "float16"]
+
+
+def _quantized(rng, shape, dtype: str, group_size: int, bits: int):
+    """``mx.quantize`` of a random matrix: the MLX triple, and its numpy form (words as int32, their bits)."""
+    from attnpass.lowering.targets.mlx.target import to_numpy
+
+    w = mx.array(random_array(rng, shape, "float32", low=-3.0, high=3.0)).astype(getattr(mx, dtype))
+    wq, scales, biases = mx.quantize(w, group_size=group_size, bits=bits)
+    host = [np.array(wq).view(np.int32), to_numpy(scales), to_numpy(biases)]
+    return (wq, scales, biases), host
+
+
+def _types(*arrays) -> list[TensorType]:
+    return [TensorType(a.shape, DType.from_numpy(a.dtype)) for a in arrays]
+
+
+def _mlx_numpy(x):
+    from attnpass.lowering.targets.mlx.target import to_numpy
+
+    return to_numpy(x)
+
+
+@pytest.mark.parametrize("target", target_params("numpy", "mlx", "jax"))
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("bits", BITS)
+@requires("mlx.core")
+def test_dequantize_is_mx_dequantize_bit_for_bit(rng, target, dtype, bits):
+    """Every bit width (3, 5 and 6 bits straddle words) and group size, every float dtype: MLX's bits."""
+    group_size = GROUP_SIZES[bits % len(GROUP_SIZES)]
+    (wq, scales, biases), host = _quantized(rng, (2, 3, 256), dtype, group_size, bits)
+    attrs = {"group_size": group_size, "bits": bits, "dtype": dtype}
+    got = run(lower(one_op_graph("dequantize", _types(*host), attrs), target), *host)
+    expected = _mlx_numpy(mx.dequantize(wq, scales, biases, group_size=group_size, bits=bits))
+    assert_bits_equal(np.asarray(got), expected)
+
+
+@pytest.mark.parametrize("target", target_params("numpy", "mlx", "jax"))
+@requires("mlx.core")
+def test_dequantize_to_another_dtype_rounds_in_the_scales_dtype_first(rng, target):
+    """bfloat16 scales, float32 result: MLX's bfloat16 values, widened (not scale * q + bias in float32)."""
+    (wq, scales, biases), host = _quantized(rng, (4, 128), "bfloat16", 64, 4)
+    attrs = {"group_size": 64, "bits": 4, "dtype": "float32"}
+    got = np.asarray(run(lower(one_op_graph("dequantize", _types(*host), attrs), target), *host))
+    expected = _mlx_numpy(mx.dequantize(wq, scales, biases, group_size=64, bits=4, dtype=mx.float32))
+    assert_bits_equal(got, expected)
+    in_float32 = rounded(np.repeat(wide(host[1]), 64, -1) * _unpacked(host[0], 4) + np.repeat(wide(host[2]), 64, -1), "float32")
+    assert not np.array_equal(got, in_float32)  # the case tells the two roundings apart
+
+
+def _unpacked(words: np.ndarray, bits: int) -> np.ndarray:
+    """The packed integers, bit by bit from Python ints (independent of the library's unpacking)."""
+    rows = words.reshape(-1, words.shape[-1]).view(np.uint32)
+    k = words.shape[-1] * 32 // bits
+    out = np.empty((rows.shape[0], k))
+    for r, row in enumerate(rows):
+        stream = sum(int(v) << (32 * i) for i, v in enumerate(row))
+        out[r] = [(stream >> (bits * j)) & ((1 << bits) - 1) for j in range(k)]
+    return out.reshape(words.shape[:-1] + (k,))
+
+
+@pytest.mark.parametrize("bits", BITS)
+@requires("mlx.core")
+def test_mx_quantize_packs_a_little_endian_bit_stream(rng, bits):
+    """The layout the dialect documents: MLX's own dequantize equals scale * q + bias of the stream's fields."""
+    (wq, scales, biases), host = _quantized(rng, (3, 128), "float32", 32, bits)
+    q = _unpacked(host[0], bits)
+    s, b = (np.repeat(a.astype(np.float32), 32, -1) for a in host[1:])
+    two_roundings = (s * q.astype(np.float32)).astype(np.float32) + b
+    assert_bits_equal(_mlx_numpy(mx.dequantize(wq, scales, biases, group_size=32, bits=bits)), two_roundings)
+
+
+def _assert_within_summation_error(actual: np.ndarray, expected: np.ndarray, x: np.ndarray, w: np.ndarray, dtype: str):
+    """|actual - expected| <= (K + 2) eps |x| @ |w|: two sums of K products, each within the sequential-summation
+    bound in ``dtype`` (MLX's CPU kernel accumulates in the dtype itself, see below) plus a final rounding."""
+    eps = float(DType.parse(dtype).finfo.eps)
+    bound = (x.shape[-1] + 2) * eps * np.matmul(np.abs(wide(x)), np.abs(wide(w)))
+    err = np.abs(wide(actual) - wide(expected))
+    assert actual.dtype == expected.dtype
+    assert np.all(err <= bound), f"{int(np.sum(err > bound))} elements beyond the bound; worst excess {np.max(err - bound)}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("bits", [4, 8, 3])
+@pytest.mark.parametrize("transpose", [True, False])
+@requires("mlx.core", "jax")
+def test_quantized_matmul_is_mx_quantized_matmul(rng, dtype, bits, transpose):
+    """MLX bit for bit; numpy bit for bit with float64 x @ mx.dequantize(w), rounded once; numpy and JAX
+    within summation error of MLX's.
+
+    x [2, 1, 3, D] against w [2, 4, N, K] (batch dims broadcast, as mlx-lm's GQA fold uses them)."""
+    (wq, scales, biases), host = _quantized(rng, (2, 4, 64, 128), dtype, 64, bits)
+    d = 128 if transpose else 64
+    xm = mx.array(random_array(rng, (2, 1, 3, d), "float32")).astype(getattr(mx, dtype))
+    x = _mlx_numpy(xm)
+    attrs = {"transpose": transpose, "group_size": 64, "bits": bits}
+    graph = one_op_graph("quantized_matmul", _types(x, *host), attrs)
+    expected = _mlx_numpy(mx.quantized_matmul(xm, wq, scales, biases, transpose=transpose, group_size=64, bits=bits))
+    assert graph.node(graph.outputs[0]).type.shape == expected.shape
+    assert_bits_equal(np.asarray(run(lower(graph, "mlx"), x, *host)), expected)
+    w = _mlx_numpy(mx.dequantize(wq, scales, biases, group_size=64, bits=bits))
+    w = np.swapaxes(w, -1, -2) if transpose else w
+    float64 = rounded(np.matmul(wide(x), wide(w)), dtype)
+    assert_bits_equal(np.asarray(run(lower(graph, "numpy"), x, *host)), float64)
+    _assert_within_summation_error(float64, expected, x, w, dtype)
+    _assert_within_summation_error(np.asarray(run(lower(graph, "jax"), x, *host)), expected, x, w, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@requires("mlx.core")
+def test_mlx_cpu_quantized_matmul_accumulates_in_the_dtype(rng, dtype):
+    """What the tolerance above rests on: MLX 0.32's CPU quantized_matmul adds the products one by one in
+    the dtype (each product rounded to it), so half-float results sit several ulps from the float64 sum."""
+    (wq, scales, biases), host = _quantized(rng, (16, 128), dtype, 64, 4)
+    xm = mx.array(random_array(rng, (3, 128), "float32")).astype(getattr(mx, dtype))
+    x, w = _mlx_numpy(xm), _mlx_numpy(mx.dequantize(wq, scales, biases, group_size=64, bits=4))
+    acc = np.zeros((3, 16))
+    for k in range(128):
+        acc = rounded(wide(acc) + wide(rounded(wide(x[:, k : k + 1]) * wide(w[:, k])[None], dtype)), dtype)
+    got = _mlx_numpy(mx.quantized_matmul(xm, wq, scales, biases, group_size=64, bits=4))
+    assert_bits_equal(got, acc)
+
+
+# Shape rules: the IR accepts what MLX accepts, with MLX's result shape; the rest is a named error.
+_BAD = st.sampled_from([None, "bits", "group", "scales", "biases_dtype", "words"])
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    bits=st.sampled_from(BITS),
+    group_size=st.sampled_from(GROUP_SIZES),
+    groups=st.integers(1, 3),
+    rows=st.integers(1, 5),
+    batch=st.lists(st.integers(1, 3), max_size=2),
+    bad=_BAD,
+)
+@requires("mlx.core")
+def test_dequantize_shape_rule_against_mlx(bits, group_size, groups, rows, batch, bad):
+    words = group_size * groups * bits // 32  # group sizes are multiples of 32: whole words
+    lead = tuple(batch) + (rows,)
+    wq = TensorType(lead + (words,), "int32")
+    sb = TensorType(lead + (groups,), "float16")
+    biases = sb
+    attrs = {"group_size": group_size, "bits": bits, "dtype": "float32"}
+    if bad == "bits":
+        attrs["bits"] = 7
+    elif bad == "group":
+        attrs["group_size"] = 16
+    elif bad == "scales":
+        sb = TensorType(lead + (groups + 1,), "float16")
+    elif bad == "biases_dtype":
+        biases = TensorType(lead + (groups,), "bfloat16")
+    elif bad == "words":
+        wq = TensorType(lead + (words + 1,), "int32")
+    op = get_op("dequantize")
+    if bad is None:
+        got = op.result_type([wq, sb, biases], attrs)
+        packed = mx.zeros(wq.shape, dtype=mx.uint32)
+        scale = mx.zeros(sb.shape, dtype=mx.float16)
+        out = mx.dequantize(packed, scale, scale, group_size=group_size, bits=bits, dtype=mx.float32)
+        assert got == TensorType(tuple(out.shape), "float32")
+        return
+    with pytest.raises(ShapeError, match=r"^dequantize: ") as err:
+        op.result_type([wq, sb, biases], attrs)
+    message = str(err.value)
+    if bad in ("scales", "words"):
+        assert str(wq) in message  # names the shapes
+    if bad in ("bits", "group"):
+        assert "valid:" in message
+
+
+@pytest.mark.parametrize(
+    ("types", "attrs", "match"),
+    [
+        (["f32[2,3,32]", "i32[5,8]", "f32[5,1]", "f32[5,1]"], {}, r"contraction dims differ: x f32\[2,3,32\] @ w \[..., 5, 64\]"),
+        (["f32[3,64]", "i32[5,8]", "f32[5,1]", "f32[5,1]"], {"transpose": False}, r"contraction dims differ: .*64 != 5"),
+        (["bf16[3,64]", "i32[5,8]", "f32[5,1]", "f32[5,1]"], {}, r"x and scales must share one float dtype"),
+        (["f32[3]", "i32[5,8]", "f32[5,1]", "f32[5,1]"], {}, r"x must have rank >= 2"),
+        (["f32[3,64]", "f32[5,8]", "f32[5,1]", "f32[5,1]"], {}, r"wq \(packed uint32 words, held as int32\)"),
+        (["f32[3,64]", "i32[5,8]", "f32[5,1]", "f32[5,1]"], {"bits": 7}, r"bits=7 .* valid: 1, 2, 3, 4, 5, 6, 8"),
+        (["f32[3,64]", "i32[5,8]", "f32[5,2]", "f32[5,2]"], {}, r"scales f32\[5,2\] must be \[5,1\]"),
+        (["f32[2,3,64]", "i32[3,5,8]", "f32[3,5,1]", "f32[3,5,1]"], {}, r"do not broadcast"),
+    ],
+)
+def test_quantized_matmul_shape_errors_name_the_op_and_shapes(types, attrs, match):
+    with pytest.raises(ShapeError, match=r"^quantized_matmul.*" + match):
+        get_op("quantized_matmul").result_type([parse_type(t) for t in types], attrs)
+
+
+def test_quantized_matmul_shape_rule():
+    """x [..., M, D] @ w^T [K=D, N] -> [..., M, N]; transpose=False: x @ w [N=D, K] -> [..., M, K]."""
+    rule = get_op("quantized_matmul").result_type
+    packed = [parse_type(t) for t in ("i32[2,1,96,16]", "bf16[2,1,96,2]", "bf16[2,1,96,2]")]  # w [2,1,96,128], 4 bits
+    assert rule([parse_type("bf16[4,3,128]"), *packed], {"group_size": 64}) == parse_type("bf16[2,4,3,96]")
+    assert rule([parse_type("bf16[3,96]"), *packed], {"group_size": 64, "transpose": False}) == parse_type("bf16[2,1,3,128]")
