@@ -220,3 +220,28 @@ def test_quantized_matmul_shape_rule():
     packed = [parse_type(t) for t in ("i32[2,1,96,16]", "bf16[2,1,96,2]", "bf16[2,1,96,2]")]  # w [2,1,96,128], 4 bits
     assert rule([parse_type("bf16[4,3,128]"), *packed], {"group_size": 64}) == parse_type("bf16[2,4,3,96]")
     assert rule([parse_type("bf16[3,96]"), *packed], {"group_size": 64, "transpose": False}) == parse_type("bf16[2,1,3,128]")
+
+
+def test_quant_graphs_round_trip_through_text_and_json():
+    from attnpass.ir.core.printer import format_graph, parse_graph
+    from attnpass.ir.core.serialize import graph_from_json, graph_to_json
+
+    types = [parse_type(t) for t in ("bf16[3,128]", "i32[5,16]", "bf16[5,2]", "bf16[5,2]")]
+    graphs = [
+        one_op_graph("quantized_matmul", types, {"group_size": 64, "bits": 4}),
+        one_op_graph("dequantize", types[1:], {"group_size": 32, "bits": 8, "dtype": "float32"}),
+    ]
+    for graph in graphs:
+        assert graph_from_json(graph_to_json(graph)) == graph
+        assert parse_graph(format_graph(graph)) == graph
+
+
+@requires("mlx.core")
+def test_mlx_program_is_one_quantized_matmul_on_the_packed_words():
+    """The MLX lowering never dequantizes the matrix: a View of the int32 words as uint32, then QuantizedMatmul."""
+    from attnpass.lowering.targets.mlx.target import count_primitives
+
+    types = [parse_type(t) for t in ("f32[3,128]", "i32[5,16]", "f32[5,2]", "f32[5,2]")]
+    program = lower(one_op_graph("quantized_matmul", types, {"group_size": 64, "bits": 4}), "mlx")
+    args = [np.zeros(t.shape, t.dtype.numpy) for t in types]
+    assert count_primitives(program, *args) == {"View": 1, "QuantizedMatmul": 1}
