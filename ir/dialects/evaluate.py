@@ -156,9 +156,10 @@ def dequantize(wq, scales, biases, *, group_size: int, bits: int, dtype: str | D
     """The ``dequantize`` op: ``scale * q + bias`` with the product and the sum each rounded to the scales'
     dtype (as MLX computes it), then rounded to ``dtype``."""
     q = unpack(wq, bits).astype(np.float64)
-    s, b = (np.repeat(wide(a), group_size, axis=-1) for a in (scales, biases))
     inner = DType.from_numpy(np.asarray(scales).dtype)
-    return rounded(rounded(wide(rounded(s * q, inner)) + b, inner), dtype)
+    with np.errstate(over="ignore", invalid="ignore"):  # inf and NaN scales or biases: values like any other
+        s, b = (np.repeat(wide(a), group_size, axis=-1) for a in (scales, biases))
+        return rounded(rounded(wide(rounded(s * q, inner)) + b, inner), dtype)
 
 
 def quantized_matmul(x, wq, scales, biases, *, transpose: bool, group_size: int, bits: int) -> np.ndarray:

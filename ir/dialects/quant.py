@@ -25,10 +25,14 @@ BITS = (1, 2, 3, 4, 5, 6, 8)  # mx.quantize's affine bit widths (MLX 0.32)
 GROUP_SIZES = (32, 64, 128)  # mx.quantize's affine group sizes
 
 
-def unpacked_width(op: str, words: int, bits: int) -> int:
-    """Elements per row of ``words`` packed ``bits``-bit words; a clear error when they do not divide."""
+def _unpacked_width(op: str, wq: TensorType, bits: int) -> int:
+    """Elements per row of the packed words ``wq``; a clear error when its rows do not hold whole elements."""
+    words = wq.shape[-1]
     if words * 32 % bits:
-        raise ShapeError(f"{op}: {words} packed words do not hold a whole number of {bits}-bit elements")
+        raise ShapeError(
+            f"{op}: wq {wq}: rows of {words} packed words ({words * 32} bits) do not hold a whole number of "
+            f"{bits}-bit elements"
+        )
     return words * 32 // bits
 
 
@@ -45,7 +49,7 @@ def _check_quantized(op: str, wq: TensorType, scales: TensorType, biases: Tensor
         raise ShapeError(f"{op}: scales and biases must share one float dtype, got {describe_types([scales, biases])}")
     if wq.rank < 2:
         raise ShapeError(f"{op}: wq must have rank >= 2 [..., N, words], got {wq}")
-    k = unpacked_width(op, wq.shape[-1], bits)
+    k = _unpacked_width(op, wq, bits)
     if k % group_size:
         raise ShapeError(f"{op}: rows of {k} {bits}-bit elements ({wq}) are not whole groups of {group_size}")
     expected = wq.shape[:-1] + (k // group_size,)

@@ -245,3 +245,39 @@ def test_mlx_program_is_one_quantized_matmul_on_the_packed_words():
     program = lower(one_op_graph("quantized_matmul", types, {"group_size": 64, "bits": 4}), "mlx")
     args = [np.zeros(t.shape, t.dtype.numpy) for t in types]
     assert count_primitives(program, *args) == {"View": 1, "QuantizedMatmul": 1}
+
+
+@pytest.mark.parametrize("target", target_params("numpy", "mlx", "jax"))
+@pytest.mark.parametrize("dtype", DTYPES)
+@requires("mlx.core")
+def test_dequantize_special_scales_and_biases_are_mx_dequantize(rng, target, dtype):
+    """inf, NaN (a float32 NaN with only low payload bits too), subnormals, the largest finite values and signed
+    zeros as scales and biases, under random words: MLX's values (NaN payloads aside).
+
+    XLA on CPU flushes float32 subnormals (docs/guide.md), so JAX with float32 or bfloat16 (computed in float32)
+    gets the smallest normal instead of a subnormal operand, and MLX's subnormal results flushed to signed zero."""
+    info = DType.parse(dtype).finfo
+    tiny, big = float(info.tiny), float(info.max)
+    flushes = target == "jax" and dtype != "float16"
+    small = tiny if flushes else tiny / 4
+    special = np.array([np.inf, -np.inf, np.nan, small, big, -big, 0.0, -0.0, tiny, 1e-3, 3.0, -7.5, 1.0, 2.0, 0.5, -1.0])
+    scales, biases = (rounded(v, dtype).reshape(8, 2) for v in (special, special[::-1]))
+    if dtype == "float32":
+        scales[0, 0] = np.array([0x7F800001], np.uint32).view(np.float32)[0]
+    words = rng.integers(0, 2**32, (8, 16), dtype=np.uint64).astype(np.uint32)
+    expected = _mlx_numpy(mx.dequantize(mx.array(words), *(_to_mlx(a) for a in (scales, biases)), group_size=64, bits=4))
+    host = [words.view(np.int32), scales, biases]
+    attrs = {"group_size": 64, "bits": 4, "dtype": dtype}
+    got = np.asarray(run(lower(one_op_graph("dequantize", _types(*host), attrs), target), *host))
+    if flushes:
+        expected = np.where(np.abs(wide(expected)) < tiny, np.copysign(0.0, wide(expected)), expected).astype(got.dtype)
+    nan = np.isnan(wide(expected))
+    assert nan.any() and np.isinf(wide(expected)).any()
+    np.testing.assert_array_equal(np.isnan(wide(got)), nan)
+    assert_bits_equal(np.where(nan, 0, got).astype(got.dtype), np.where(nan, 0, expected).astype(expected.dtype))
+
+
+def _to_mlx(a: np.ndarray):
+    from attnpass.lowering.targets.mlx.target import from_numpy
+
+    return from_numpy(a)

@@ -72,8 +72,9 @@ def dequantize(wq, scales, biases, *, group_size: int, bits: int, dtype) -> jax.
     inner = scales.dtype
     q = unpack(wq, bits).astype(jnp.float32)
     s, b = (jnp.repeat(a.astype(jnp.float32), group_size, axis=-1) for a in (scales, biases))
-    hi = jax.lax.bitcast_convert_type(jax.lax.bitcast_convert_type(s, jnp.uint32) & jnp.uint32(0xFFFFFF00), jnp.float32)
-    lo = jnp.where(jnp.isfinite(s), s - hi, 0.0)
+    finite = jnp.isfinite(s)
+    upper = jax.lax.bitcast_convert_type(jax.lax.bitcast_convert_type(s, jnp.uint32) & jnp.uint32(0xFFFFFF00), jnp.float32)
+    hi, lo = jnp.where(finite, upper, s), jnp.where(finite, s - upper, 0.0)  # inf and NaN: s * q itself
     product = hi * q + lo * q
     if inner != jnp.float32:
         info = jnp.finfo(inner)
