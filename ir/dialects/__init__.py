@@ -11,4 +11,6 @@ from . import attention, convolution, elementwise, layout, qsa, quant, reduction
 from .attention import CAUSAL_KINDS
 from .qsa import min_width
 
-__all__ = ["CAUSAL_KINDS", "attention", "convolution", "elementwise", "layout", "min_width", "qsa", "quant", "reductions"]
+__all__ = [
+    "CAUSAL_KINDS", "attention", "convolution", "elementwise", "layout", "min_width", "qsa", "quant", "reductions",
+]  # fmt: skip

@@ -36,7 +36,9 @@ def _unpacked_width(op: str, wq: TensorType, bits: int) -> int:
     return words * 32 // bits
 
 
-def _check_quantized(op: str, wq: TensorType, scales: TensorType, biases: TensorType, group_size: int, bits: int) -> int:
+def _check_quantized(
+    op: str, wq: TensorType, scales: TensorType, biases: TensorType, group_size: int, bits: int
+) -> int:
     """Validate ``(wq, scales, biases)`` as one quantized matrix; returns its unpacked row length K."""
     if bits not in BITS:
         raise ShapeError(f"{op}: bits={bits} is not an affine quantization width; valid: {', '.join(map(str, BITS))}")
@@ -66,7 +68,8 @@ def _infer_dequantize(ts, *, group_size, bits, dtype):
     wq, scales, biases = ts
     k = _check_quantized("dequantize", wq, scales, biases, group_size, bits)
     if not dtype.is_float:
-        raise ShapeError(f"dequantize: dtype {dtype.value} is not a float dtype; valid: {', '.join(d.value for d in FLOATS)}")
+        valid = ", ".join(d.value for d in FLOATS)
+        raise ShapeError(f"dequantize: dtype {dtype.value} is not a float dtype; valid: {valid}")
     return TensorType(wq.shape[:-1] + (k,), dtype)
 
 

@@ -136,7 +136,7 @@ _AFFINE = 0  # mlx::core::QuantizationMode: affine, mxfp4, ...
 
 
 def _quantized_matmul(b: GraphBuilder, r: _Record, x: list[str]) -> str:
-    """MLX ``QuantizedMatmul`` (group size, bits, mode, transpose) with affine scales and biases: ``quantized_matmul``."""
+    """MLX ``QuantizedMatmul`` (group size, bits, mode, transpose), affine (scales and biases): ``quantized_matmul``."""
     group_size, bits, mode, transpose = r.args
     if mode != _AFFINE or len(x) != 4:
         raise ModelImportError(

@@ -310,7 +310,14 @@ def dequantize(
 
 
 def quantized_matmul(
-    x: Tensor, wq: Tensor, scales: Tensor, biases: Tensor, *, transpose: bool = True, group_size: int = 64, bits: int = 4
+    x: Tensor,
+    wq: Tensor,
+    scales: Tensor,
+    biases: Tensor,
+    *,
+    transpose: bool = True,
+    group_size: int = 64,
+    bits: int = 4,
 ) -> Tensor:
     """``mx.quantized_matmul`` (affine): ``x @ w^T`` (``transpose``) or ``x @ w``, w given packed as for
     :func:`dequantize`."""

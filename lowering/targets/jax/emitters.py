@@ -124,7 +124,7 @@ EMITTERS["scan"] = _scan
 
 
 def _quant(call: str, keys: tuple[str, ...]):
-    """A ``jrt`` quantization helper (:func:`attnpass.lowering.targets.jax.runtime.dequantize`) with the op's attributes."""
+    """A call of the ``jrt`` quantization helper ``call`` with the op's attributes ``keys``."""
 
     def emit(n: Node, a: list[str], env: EmitEnv) -> str:
         value = {k: dtype_expr("jnp", n.attrs[k]) if k == "dtype" else repr(n.attrs[k]) for k in keys}

@@ -73,7 +73,8 @@ def dequantize(wq, scales, biases, *, group_size: int, bits: int, dtype) -> jax.
     q = unpack(wq, bits).astype(jnp.float32)
     s, b = (jnp.repeat(a.astype(jnp.float32), group_size, axis=-1) for a in (scales, biases))
     finite = jnp.isfinite(s)
-    upper = jax.lax.bitcast_convert_type(jax.lax.bitcast_convert_type(s, jnp.uint32) & jnp.uint32(0xFFFFFF00), jnp.float32)
+    bits_of_s = jax.lax.bitcast_convert_type(s, jnp.uint32)
+    upper = jax.lax.bitcast_convert_type(bits_of_s & jnp.uint32(0xFFFFFF00), jnp.float32)
     hi, lo = jnp.where(finite, upper, s), jnp.where(finite, s - upper, 0.0)  # inf and NaN: s * q itself
     product = hi * q + lo * q
     if inner != jnp.float32:

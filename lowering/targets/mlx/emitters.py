@@ -137,7 +137,8 @@ EMITTERS["scan"] = _scan
 def _quant_args(n: Node, a: list[str], first: int) -> str:
     """The operands from ``first`` on, the packed words viewed as MLX's uint32, and the group size and bits."""
     words = f"mx.view({a[first]}, mx.uint32)"
-    return f"{', '.join([*a[:first], words, *a[first + 1:]])}, group_size={n.attrs['group_size']}, bits={n.attrs['bits']}"
+    operands = ", ".join([*a[:first], words, *a[first + 1 :]])
+    return f"{operands}, group_size={n.attrs['group_size']}, bits={n.attrs['bits']}"
 
 
 EMITTERS["dequantize"] = lambda n, a, env: (

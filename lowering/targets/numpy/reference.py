@@ -2,8 +2,8 @@
 
 This is the oracle the tests compare MLX and JAX programs with. Integer and
 boolean ops stay exact; layout ops (slice, reshape, take, ...) move values
-without arithmetic. ``wide``, ``rounded``, ``constant``, ``softmax``, ``conv1d``, ``scan``, ``remainder``, ``dequantize`` and
-``quantized_matmul``
+without arithmetic. ``wide``, ``rounded``, ``constant``, ``softmax``, ``conv1d``, ``scan``, ``remainder``,
+``dequantize`` and ``quantized_matmul``
 are the op semantics
 of :mod:`attnpass.ir.dialects.evaluate`, which constant folding shares.
 """
@@ -16,7 +16,15 @@ import numpy as np
 
 # ``ref.*`` in generated code:
 from attnpass.ir.dialects.evaluate import (  # noqa: F401
-    constant, conv1d, dequantize, quantized_matmul, remainder, rounded, scan, softmax, wide,
+    constant,
+    conv1d,
+    dequantize,
+    quantized_matmul,
+    remainder,
+    rounded,
+    scan,
+    softmax,
+    wide,
 )
 
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from attnpass.ir import ModelImportError, TensorSpec, from_mlx, ops, trace
 from attnpass.backends import run
+from attnpass.ir import ModelImportError, TensorSpec, from_mlx, ops, trace
 from attnpass.lowering import lower
 from tests.util import assert_bits_equal, assert_mlx_import_reproduces, lazy_import, random_array, requires
 
@@ -36,14 +36,14 @@ def test_quantized_linear_imports_as_quantized_matmul(rng, bits, bias):
 
 
 def _quantized_cache(rng, bits: int, length: int, heads: int = 2, dim: int = 64):
-    """A filled ``QuantizedKVCache`` and the (words, scales, biases) K and V it hands to attention."""
+    """The (words, scales, biases) K and V a filled ``QuantizedKVCache`` hands to attention."""
     from mlx_lm.models.cache import QuantizedKVCache
 
     cache = QuantizedKVCache(group_size=64, bits=bits)
     k, v = (mx.array(random_array(rng, (1, heads, length, dim), "float32")) for _ in range(2))
     keys, values = cache.update_and_fetch(k, v)
     mx.eval(keys, values)
-    return cache, keys, values
+    return keys, values
 
 
 @pytest.mark.parametrize("bits", [4, 8])
@@ -53,7 +53,7 @@ def test_mlx_lm_quantized_sdpa_over_a_quantized_cache_imports(rng, bits, queries
     """GQA (4 query heads on 2 kv heads), decode (1 query, no mask) and a 3-query causal verify step."""
     from mlx_lm.models.base import quantized_scaled_dot_product_attention
 
-    cache, keys, values = _quantized_cache(rng, bits, length=40)
+    keys, values = _quantized_cache(rng, bits, length=40)
     assert isinstance(keys, tuple) and len(keys) == 3 and keys[0].dtype == mx.uint32
     mask = "causal" if queries > 1 else None
 
