@@ -117,3 +117,26 @@ def test_traced_dequantize_then_matmul_equals_quantized_matmul(rng):
     expected = np.array(mx.quantized_matmul(mx.array(x), wq, scales, biases, group_size=32, bits=8))
     assert_bits_equal(np.asarray(fused), expected)
     np.testing.assert_allclose(np.asarray(unfused), expected, rtol=1e-5, atol=1e-4)
+
+
+@requires("mlx.core", "mlx_lm")
+@pytest.mark.parametrize("device", ["cpu", "gpu"])
+def test_default_pipeline_keeps_the_quantized_sdpa_bits(rng, device):
+    """The passes do not know quantized K/V yet (issue 21 items 2-4): they leave the two quantized_matmuls in
+    place and the MLX program keeps mlx-lm's bits."""
+    from mlx_lm.models.base import quantized_scaled_dot_product_attention
+
+    from attnpass.passes import PassManager
+    from attnpass.passes.pipelines import default_pipeline
+
+    keys, values = _quantized_cache(rng, 8, length=40)
+
+    def attend(q):
+        return quantized_scaled_dot_product_attention(q, keys, values, scale=0.125, mask=None, group_size=64, bits=8)
+
+    host = random_array(rng, (1, 4, 1, 64), "float32")
+    imported = from_mlx(attend, mx.array(host))
+    result = PassManager(default_pipeline(device)).run(imported.graph.copy())
+    assert _ops(result.graph).count("quantized_matmul") == 2
+    got = run(lower(result.graph, "mlx"), host, **imported.params)
+    assert_bits_equal(np.asarray(got), np.array(attend(mx.array(host.copy()))))
