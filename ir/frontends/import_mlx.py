@@ -21,8 +21,10 @@ that path (:func:`~attnpass.ir.frontends.importing.captured_paths`).
 Integers: the IR has int32 only. ``int64``/``uint32`` values are accepted
 where MLX makes them from int32 values or as indices (``AsType`` from int32,
 ``ArgPartition``) and are imported as int32; index arithmetic in this range
-is exact. Captured uint32 arrays keep their bits as int32: the packed words of
-a quantized matrix (``QuantizedMatmul``, :mod:`attnpass.ir.dialects.quant`).
+is exact. uint32 arguments and captured arrays keep their bits as int32: the
+packed words of a quantized matrix (``QuantizedMatmul``,
+:mod:`attnpass.ir.dialects.quant`); a caller passes such an argument as
+``words.view(mx.int32)`` (or numpy's ``.view(np.int32)``).
 """
 
 from __future__ import annotations
@@ -472,7 +474,9 @@ def from_mlx(fn: Callable, *example_args: Any, name: str | None = None, inline_l
     by_type = {r["type"]: r for r in records if r["type"] != "primitive"}
     inputs = by_type["inputs"]["inputs"]
     for (key, shape, dtype), pname in zip(inputs, parameter_names(fn, len(inputs))):
-        b.input(key, pname, TensorType(tuple(shape), dtype_of(_dtype_name(dtype), f"input {pname}")))
+        name = _dtype_name(dtype)  # uint32 arguments: packed words, an int32 input of their bits (pass .view)
+        dt = DType.int32 if name == "uint32" else dtype_of(name, f"input {pname}")
+        b.input(key, pname, TensorType(tuple(shape), dt))
     outputs = by_type["outputs"]["outputs"][: recorder.count]
     primitives = [r for r in records if r["type"] == "primitive"]
     live, needed = _live(primitives, outputs)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from attnpass.backends import run
-from attnpass.ir import ModelImportError, TensorSpec, from_mlx, ops, trace
+from attnpass.ir import AttnpassError, ModelImportError, TensorSpec, from_mlx, ops, trace
 from attnpass.lowering import lower
 from tests.util import assert_bits_equal, assert_mlx_import_reproduces, lazy_import, random_array, requires
 
@@ -140,3 +140,26 @@ def test_default_pipeline_keeps_the_quantized_sdpa_bits(rng, device):
     assert _ops(result.graph).count("quantized_matmul") == 2
     got = run(lower(result.graph, "mlx"), host, **imported.params)
     assert_bits_equal(np.asarray(got), np.array(attend(mx.array(host.copy()))))
+
+
+@requires("mlx.core", "mlx_lm")
+def test_quantized_kv_as_arguments_imports_as_int32_inputs_of_the_words_bits(rng):
+    """K/V tuples passed as arguments (how a router hands a cache's state over): uint32 words become int32 inputs;
+    the caller passes ``.view(int32)``, and the MLX program computes mlx-lm's bits."""
+    from mlx_lm.models.base import quantized_scaled_dot_product_attention
+
+    keys, values = _quantized_cache(rng, 4, length=70)
+
+    def attend(q, kq, ks, kb, vq, vs, vb):
+        return quantized_scaled_dot_product_attention(
+            q, (kq, ks, kb), (vq, vs, vb), scale=0.125, mask=None, group_size=64, bits=4
+        )
+
+    host = random_array(rng, (1, 4, 1, 64), "float32")
+    imported = from_mlx(attend, mx.array(host), *keys, *values)
+    assert [imported.graph.node(n).type.dtype.value for n in ("kq", "vq")] == ["int32", "int32"]
+    args = [x.view(mx.int32) if x.dtype == mx.uint32 else x for x in (*keys, *values)]
+    got = run(lower(imported.graph, "mlx"), mx.array(host), *args)
+    assert_bits_equal(np.asarray(got), np.array(attend(mx.array(host.copy()), *keys, *values)))
+    with pytest.raises(AttnpassError, match=r"input kq: expected i32\[1,2,70,8\], got uint32"):
+        run(lower(imported.graph, "mlx"), mx.array(host), *keys, *values)
