@@ -68,7 +68,7 @@ PAGES = {
             "(('idx_keys_blocks', 1),)",
         ),
     ),
-    "docs/semantics.md": Page(4),
+    "docs/semantics.md": Page(5),
 }
 
 

@@ -141,6 +141,34 @@ def scan(x, *, kind: str, axis: int, reverse: bool, inclusive: bool, dtype: str 
     return rounded(np.flip(out, axis) if reverse else out, dtype)
 
 
+def unpack(wq: np.ndarray, bits: int) -> np.ndarray:
+    """The ``bits``-bit integers packed in ``wq``'s words (int32 or uint32, the bits of MLX's uint32), int64
+    ``[..., N, K]``: element ``j`` of a row is the bits from bit ``j * bits`` of the row's little-endian stream."""
+    words = np.asarray(wq).view(np.uint32).astype(np.uint64)
+    k = words.shape[-1] * 32 // bits
+    start = np.arange(k) * bits
+    word, shift = start // 32, (start % 32).astype(np.uint64)
+    pair = words[..., word] | (np.take(words, np.minimum(word + 1, words.shape[-1] - 1), axis=-1) << np.uint64(32))
+    return ((pair >> shift) & np.uint64((1 << bits) - 1)).astype(np.int64)
+
+
+def dequantize(wq, scales, biases, *, group_size: int, bits: int, dtype: str | DType) -> np.ndarray:
+    """The ``dequantize`` op: ``scale * q + bias`` with the product and the sum each rounded to the scales'
+    dtype (as MLX computes it), then rounded to ``dtype``."""
+    q = unpack(wq, bits).astype(np.float64)
+    inner = DType.from_numpy(np.asarray(scales).dtype)
+    with np.errstate(over="ignore", invalid="ignore"):  # inf and NaN scales or biases: values like any other
+        s, b = (np.repeat(wide(a), group_size, axis=-1) for a in (scales, biases))
+        return rounded(rounded(wide(rounded(s * q, inner)) + b, inner), dtype)
+
+
+def quantized_matmul(x, wq, scales, biases, *, transpose: bool, group_size: int, bits: int) -> np.ndarray:
+    """The ``quantized_matmul`` op: x @ w^T (or x @ w) in float64, w the ``dequantize`` in x's dtype, rounded once."""
+    dtype = DType.from_numpy(np.asarray(x).dtype)
+    w = wide(dequantize(wq, scales, biases, group_size=group_size, bits=bits, dtype=dtype))
+    return rounded(np.matmul(wide(x), np.swapaxes(w, -1, -2) if transpose else w), dtype)
+
+
 EVALUATORS: dict[str, Evaluator] = {
     "add": _arith(np.add),
     "sub": _arith(np.subtract),
@@ -181,6 +209,8 @@ EVALUATORS: dict[str, Evaluator] = {
     "conv1d": lambda attrs, xs, t: conv1d(*xs, **attrs, dtype=t.dtype),
     "scan": lambda attrs, xs, t: scan(*xs, **attrs, dtype=t.dtype),
     "remainder": lambda attrs, xs, t: remainder(*xs, dtype=t.dtype),
+    "dequantize": lambda attrs, xs, t: dequantize(*xs, **attrs),
+    "quantized_matmul": lambda attrs, xs, t: quantized_matmul(*xs, **attrs),
 }
 
 
@@ -196,5 +226,6 @@ def evaluate(op: str, attrs: Mapping, operands: Sequence[np.ndarray], result: Te
 
 
 __all__ = [
-    "EVALUATORS", "constant", "conv1d", "evaluate", "remainder", "rounded", "scan", "scan_identity", "softmax", "wide",
+    "EVALUATORS", "constant", "conv1d", "dequantize", "evaluate", "quantized_matmul", "remainder", "rounded", "scan",
+    "scan_identity", "softmax", "unpack", "wide",
 ]  # fmt: skip

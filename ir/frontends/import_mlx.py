@@ -21,7 +21,10 @@ that path (:func:`~attnpass.ir.frontends.importing.captured_paths`).
 Integers: the IR has int32 only. ``int64``/``uint32`` values are accepted
 where MLX makes them from int32 values or as indices (``AsType`` from int32,
 ``ArgPartition``) and are imported as int32; index arithmetic in this range
-is exact.
+is exact. uint32 arguments and captured arrays keep their bits as int32: the
+packed words of a quantized matrix (``QuantizedMatmul``,
+:mod:`attnpass.ir.dialects.quant`); a caller passes such an argument as
+``words.view(mx.int32)`` (or numpy's ``.view(np.int32)``).
 """
 
 from __future__ import annotations
@@ -48,7 +51,8 @@ from .mlx_source import LineRecorder, locate, raised_at
 
 _WIDE_INTS = ("int64", "uint32")
 _REDUCE = {2: "sum", 5: "max"}  # mlx::core::Reduce::ReduceType: And, Or, Sum, Prod, Min, Max
-_BITWISE = {0: "logical_and", 1: "logical_or"}  # BitwiseBinary::Op: And, Or, Xor, ...
+_BITWISE = {0: "logical_and", 1: "logical_or"}  # BitwiseBinary::Op: And, Or, Xor, LeftShift, RightShift
+_SHIFTS = (3, 4)
 _BINARY = {
     "Add": "add",
     "Subtract": "sub",
@@ -130,6 +134,19 @@ def _conv1d(b: GraphBuilder, r: _Record, x: str, w: str) -> str:
     return b.op("conv1d", [x, w], attrs)
 
 
+_AFFINE = 0  # mlx::core::QuantizationMode: affine, mxfp4, ...
+
+
+def _quantized_matmul(b: GraphBuilder, r: _Record, x: list[str]) -> str:
+    """MLX ``QuantizedMatmul`` (group size, bits, mode, transpose), affine (scales and biases): ``quantized_matmul``."""
+    group_size, bits, mode, transpose = r.args
+    if mode != _AFFINE or len(x) != 4:
+        raise ModelImportError(
+            f"{r.where()}: only affine quantization (mode 0, with scales and biases) is supported, not mode {mode}"
+        )
+    return b.op("quantized_matmul", x, {"transpose": bool(transpose), "group_size": group_size, "bits": bits})
+
+
 def _emit(b: GraphBuilder, r: _Record) -> list[str]:
     """IR values for the outputs of one primitive."""
     x = [b.read(i[0]) for i in r.inputs]
@@ -177,6 +194,12 @@ def _emit(b: GraphBuilder, r: _Record) -> list[str]:
     if name == "GatherMM":
         return [_gather_mm(b, *x)]
     if name == "BitwiseBinary":
+        if r.args[0] in _SHIFTS and _dtype_name(r.inputs[0][2]) == "uint32":
+            raise ModelImportError(
+                f"{r.where()}: shifts of packed uint32 words are not imported. mx.dequantize records no primitive of "
+                "its own: MLX exports it as these shifts, a cast, a multiply and an add. Use mx.quantized_matmul on "
+                "the packed weights (imported as quantized_matmul), or dequantize them before the import"
+            )
         if r.args[0] not in _BITWISE or b.type(x[0]).dtype is not DType.bool:
             raise ModelImportError(f"{r.where()}: only bool and/or are supported")
         return [b.op(_BITWISE[r.args[0]], x)]
@@ -222,6 +245,8 @@ def _emit(b: GraphBuilder, r: _Record) -> list[str]:
         return [b.op("softmax", x, {"axis": -1, "precise": bool(r.args[0])})]
     if name == "Matmul":
         return [b.op("matmul", x)]
+    if name == "QuantizedMatmul":
+        return [_quantized_matmul(b, r, x)]
     if name == "Arange":
         start, stop, step = r.args
         values = np.arange(start, stop, step).astype(out.dtype.numpy)
@@ -449,7 +474,9 @@ def from_mlx(fn: Callable, *example_args: Any, name: str | None = None, inline_l
     by_type = {r["type"]: r for r in records if r["type"] != "primitive"}
     inputs = by_type["inputs"]["inputs"]
     for (key, shape, dtype), pname in zip(inputs, parameter_names(fn, len(inputs))):
-        b.input(key, pname, TensorType(tuple(shape), dtype_of(_dtype_name(dtype), f"input {pname}")))
+        name = _dtype_name(dtype)  # uint32 arguments: packed words, an int32 input of their bits (pass .view)
+        dt = DType.int32 if name == "uint32" else dtype_of(name, f"input {pname}")
+        b.input(key, pname, TensorType(tuple(shape), dt))
     outputs = by_type["outputs"]["outputs"][: recorder.count]
     primitives = [r for r in records if r["type"] == "primitive"]
     live, needed = _live(primitives, outputs)
@@ -462,6 +489,7 @@ def from_mlx(fn: Callable, *example_args: Any, name: str | None = None, inline_l
     for key, array in constants:
         dtype_name = _dtype_name(array.dtype)
         values = np.array(array.astype(mx.float32) if dtype_name == "bfloat16" else array)
+        values = values.view(np.int32) if dtype_name == "uint32" else values  # packed words: their bits
         dtype = DType.int32 if dtype_name in _WIDE_INTS else dtype_of(dtype_name, f"captured array {key}")
         b.bind(key, b.constant(values, dtype, path=names.get(_buffer_key(array))))
     for index in live:

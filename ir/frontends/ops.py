@@ -300,3 +300,31 @@ def scan(x: Tensor, kind: str, axis: int, *, reverse: bool = False, inclusive: b
 
 
 __all__ += ["remainder", "scan"]
+
+
+def dequantize(
+    wq: Tensor, scales: Tensor, biases: Tensor, *, group_size: int = 64, bits: int = 4, dtype: DType | str | None = None
+) -> Tensor:
+    """``mx.dequantize`` (affine): packed int32 words (MLX's uint32 bits), scales and biases -> the float matrix in
+    ``dtype`` (default: the scales' dtype)."""
+    out = scales.type.dtype if dtype is None else DType.parse(dtype)
+    return emit("dequantize", [wq, scales, biases], {"group_size": int(group_size), "bits": int(bits), "dtype": out})
+
+
+def quantized_matmul(
+    x: Tensor,
+    wq: Tensor,
+    scales: Tensor,
+    biases: Tensor,
+    *,
+    transpose: bool = True,
+    group_size: int = 64,
+    bits: int = 4,
+) -> Tensor:
+    """``mx.quantized_matmul`` (affine): ``x @ w^T`` (``transpose``) or ``x @ w``, w given packed as for
+    :func:`dequantize`."""
+    attrs = {"transpose": transpose, "group_size": int(group_size), "bits": int(bits)}
+    return emit("quantized_matmul", [x, wq, scales, biases], attrs)
+
+
+__all__ += ["dequantize", "quantized_matmul"]

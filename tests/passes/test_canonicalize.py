@@ -76,6 +76,14 @@ EVALUATOR_CASES = {
     "conv1d": [([TensorType((2, 7, 4), "float32"), TensorType((6, 3, 2), "float32")],
                 {"groups": 2, "padding": (1, 2), "stride": 2}),
                ([TensorType((1, 6, 3), "bfloat16"), TensorType((3, 2, 1), "bfloat16")], {"groups": 3, "dilation": 2})],
+    "dequantize": [([TensorType((3, 8), "int32"), TensorType((3, 2), d), TensorType((3, 2), d)],
+                    {"group_size": 32, "bits": 4, "dtype": out}) for d, out in (("bfloat16", "bfloat16"), ("float16", "float32"))]
+                  + [([TensorType((2, 3, 6), "int32"), TensorType((2, 3, 2), "float32"), TensorType((2, 3, 2), "float32")],
+                      {"group_size": 32, "bits": 3, "dtype": "float32"})],
+    "quantized_matmul": [([TensorType((2, 64), "float32"), TensorType((3, 8), "int32"), TensorType((3, 2), "float32"),
+                           TensorType((3, 2), "float32")], {"group_size": 32, "bits": 4}),
+                         ([TensorType((2, 3), "bfloat16"), TensorType((3, 8), "int32"), TensorType((3, 2), "bfloat16"),
+                           TensorType((3, 2), "bfloat16")], {"group_size": 32, "bits": 4, "transpose": False})],
 }  # fmt: skip
 
 

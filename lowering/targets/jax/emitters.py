@@ -121,3 +121,18 @@ def _scan(n: Node, a: list[str], env: EmitEnv) -> str:
 
 
 EMITTERS["scan"] = _scan
+
+
+def _quant(call: str, keys: tuple[str, ...]):
+    """A call of the ``jrt`` quantization helper ``call`` with the op's attributes ``keys``."""
+
+    def emit(n: Node, a: list[str], env: EmitEnv) -> str:
+        value = {k: dtype_expr("jnp", n.attrs[k]) if k == "dtype" else repr(n.attrs[k]) for k in keys}
+        attrs = ", ".join(f"{k}={v}" for k, v in value.items())
+        return f"{env.runtime('jrt')}.{call}({', '.join(a)}, {attrs})"
+
+    return emit
+
+
+EMITTERS["dequantize"] = _quant("dequantize", ("group_size", "bits", "dtype"))
+EMITTERS["quantized_matmul"] = _quant("quantized_matmul", ("transpose", "group_size", "bits"))

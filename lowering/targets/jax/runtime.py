@@ -19,6 +19,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from attnpass.lowering import attention_array_api
 from attnpass.lowering.checks import check_qsa_operands
@@ -40,6 +41,53 @@ def explicit_sdpa(q, k, v, mask, *, scale: float, mask_is_bool: bool):
     probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
     out = jnp.matmul(jnp.reshape(probs, (b, hkv, (hq // hkv) * s, k.shape[2])), v)
     return jnp.reshape(out, (b, hq, s, v.shape[3]))
+
+
+def unpack(wq: jax.Array, bits: int) -> jax.Array:
+    """The ``bits``-bit integers packed in the int32 words ``wq`` (MLX's uint32 bits), uint32 ``[..., N, K]``:
+    element ``j`` is the bits from bit ``j * bits`` of the row's little-endian stream, the next word's low bits
+    completing an element that straddles two words (3, 5 and 6 bits)."""
+    words = jax.lax.bitcast_convert_type(wq, jnp.uint32)
+    start = np.arange(words.shape[-1] * 32 // bits) * bits
+    word, shift = start // 32, start % 32
+    q = jnp.take(words, word, axis=-1) >> shift.astype(np.uint32)
+    spill = shift + bits > 32
+    if spill.any():  # the high bits from the next word (never shifted by 32: those elements have no spill)
+        nxt = jnp.take(words, np.minimum(word + 1, words.shape[-1] - 1), axis=-1)
+        q = q | jnp.where(spill, nxt << np.where(spill, 32 - shift, 0).astype(np.uint32), jnp.uint32(0))
+    return q & jnp.uint32((1 << bits) - 1)
+
+
+def dequantize(wq, scales, biases, *, group_size: int, bits: int, dtype) -> jax.Array:
+    """``scale * q + bias`` as MLX computes it in the scales' dtype: the product rounded to that dtype, then the
+    sum; then converted to ``dtype``.
+
+    Computed in float32. XLA contracts a multiply feeding an add into one fused multiply-add (one rounding), so
+    the product is formed as ``hi * q + lo * q``: ``hi``, the scale's upper 16 significand bits, and ``lo = s - hi``
+    give products exact in float32 (q has at most 8 bits), their sum is the correctly rounded ``s * q`` whichever
+    of them is fused, and the sum with the bias then has no multiply to fuse. A half-float product is then
+    rounded to its dtype by ``reduce_precision``; float32 + float32 rounded once to a half float is the
+    correctly rounded half-float sum (24 >= 2 * 11 + 2 bits).
+    """
+    inner = scales.dtype
+    q = unpack(wq, bits).astype(jnp.float32)
+    s, b = (jnp.repeat(a.astype(jnp.float32), group_size, axis=-1) for a in (scales, biases))
+    finite = jnp.isfinite(s)
+    bits_of_s = jax.lax.bitcast_convert_type(s, jnp.uint32)
+    upper = jax.lax.bitcast_convert_type(bits_of_s & jnp.uint32(0xFFFFFF00), jnp.float32)
+    hi, lo = jnp.where(finite, upper, s), jnp.where(finite, s - upper, 0.0)  # inf and NaN: s * q itself
+    product = hi * q + lo * q
+    if inner != jnp.float32:
+        info = jnp.finfo(inner)
+        product = jax.lax.reduce_precision(product, exponent_bits=info.nexp, mantissa_bits=info.nmant)
+    return (product + b).astype(inner).astype(dtype)
+
+
+def quantized_matmul(x, wq, scales, biases, *, transpose: bool, group_size: int, bits: int) -> jax.Array:
+    """``x @ w^T`` (or ``x @ w``), w the :func:`dequantize` in x's dtype, accumulated in float32, rounded once."""
+    w = dequantize(wq, scales, biases, group_size=group_size, bits=bits, dtype=x.dtype)
+    w = jnp.swapaxes(w, -1, -2) if transpose else w
+    return jnp.matmul(x, w, preferred_element_type=jnp.float32).astype(x.dtype)
 
 
 def _top_k(score: jax.Array, k: int) -> jax.Array:

@@ -10,6 +10,7 @@ from attnpass.lowering.codegen import EmitEnv, Emitter, py_float, py_literal
 from attnpass.lowering.common import (
     array_api_emitters,
     causal_offset,
+    dtype_expr,
     explicit_sdpa_call,
     sdpa_lengths,
     sdpa_scale,
@@ -131,3 +132,18 @@ def _scan(n: Node, a: list[str], env: EmitEnv) -> str:
 
 
 EMITTERS["scan"] = _scan
+
+
+def _quant_args(n: Node, a: list[str], first: int) -> str:
+    """The operands from ``first`` on, the packed words viewed as MLX's uint32, and the group size and bits."""
+    words = f"mx.view({a[first]}, mx.uint32)"
+    operands = ", ".join([*a[:first], words, *a[first + 1 :]])
+    return f"{operands}, group_size={n.attrs['group_size']}, bits={n.attrs['bits']}"
+
+
+EMITTERS["dequantize"] = lambda n, a, env: (
+    f"mx.dequantize({_quant_args(n, a, 0)}, dtype={dtype_expr('mx', n.attrs['dtype'])})"
+)
+EMITTERS["quantized_matmul"] = lambda n, a, env: (
+    f"mx.quantized_matmul({_quant_args(n, a, 1)}, transpose={n.attrs['transpose']})"
+)

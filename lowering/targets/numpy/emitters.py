@@ -153,3 +153,10 @@ def _scan(n: Node, a: list[str], env: EmitEnv) -> str:
 
 EMITTERS["scan"] = _scan
 EMITTERS["remainder"] = lambda n, a, env: f"ref.remainder({a[0]}, {a[1]}, {_dt(n)})"
+EMITTERS["dequantize"] = lambda n, a, env: (
+    f"ref.dequantize({', '.join(a)}, group_size={n.attrs['group_size']}, bits={n.attrs['bits']}, dtype={_dt(n)})"
+)
+EMITTERS["quantized_matmul"] = lambda n, a, env: (
+    f"ref.quantized_matmul({', '.join(a)}, transpose={n.attrs['transpose']}, group_size={n.attrs['group_size']}, "
+    f"bits={n.attrs['bits']})"
+)

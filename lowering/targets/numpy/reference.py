@@ -2,7 +2,8 @@
 
 This is the oracle the tests compare MLX and JAX programs with. Integer and
 boolean ops stay exact; layout ops (slice, reshape, take, ...) move values
-without arithmetic. ``wide``, ``rounded``, ``constant``, ``softmax``, ``conv1d``, ``scan`` and ``remainder``
+without arithmetic. ``wide``, ``rounded``, ``constant``, ``softmax``, ``conv1d``, ``scan``, ``remainder``,
+``dequantize`` and ``quantized_matmul``
 are the op semantics
 of :mod:`attnpass.ir.dialects.evaluate`, which constant folding shares.
 """
@@ -14,7 +15,17 @@ import math
 import numpy as np
 
 # ``ref.*`` in generated code:
-from attnpass.ir.dialects.evaluate import constant, conv1d, remainder, rounded, scan, softmax, wide  # noqa: F401
+from attnpass.ir.dialects.evaluate import (  # noqa: F401
+    constant,
+    conv1d,
+    dequantize,
+    quantized_matmul,
+    remainder,
+    rounded,
+    scan,
+    softmax,
+    wide,
+)
 
 
 def erf(x: np.ndarray) -> np.ndarray:

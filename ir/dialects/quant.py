@@ -1,0 +1,118 @@
+"""Quantized weights and K/V: MLX's affine quantization (``mx.quantize``'s packed words, scales and biases).
+
+A quantized matrix ``w [..., N, K]`` is three tensors:
+
+- ``wq`` int32 ``[..., N, K * bits / 32]``: the packed words. The IR has no unsigned type: each int32
+  holds the bits of MLX's uint32 word unchanged. Row by row, the words form one little-endian bit
+  stream: element ``j`` of a row is the ``bits`` bits starting at bit ``j * bits`` of the stream (bit
+  ``b`` of the stream is bit ``b % 32`` of word ``b // 32``), so with 3, 5 or 6 bits an element may
+  straddle two words.
+- ``scales``, ``biases`` ``[..., N, K / group_size]``, one float dtype: one pair per ``group_size``
+  consecutive elements of a row.
+
+Dequantized, ``w[..., j] = scale * q + bias`` of its group, computed in the scales' dtype as MLX does:
+the product is rounded to that dtype, then the sum (two roundings, no fused multiply-add).
+"""
+
+from __future__ import annotations
+
+from attnpass.ir.core.registry import OpDef, attr, register
+from attnpass.ir.core.types import DType, ShapeError, TensorType
+
+from .rules import FLOATS, broadcast_shapes, describe_types, require_dtype
+
+BITS = (1, 2, 3, 4, 5, 6, 8)  # mx.quantize's affine bit widths (MLX 0.32)
+GROUP_SIZES = (32, 64, 128)  # mx.quantize's affine group sizes
+
+
+def _unpacked_width(op: str, wq: TensorType, bits: int) -> int:
+    """Elements per row of the packed words ``wq``; a clear error when its rows do not hold whole elements."""
+    words = wq.shape[-1]
+    if words * 32 % bits:
+        raise ShapeError(
+            f"{op}: wq {wq}: rows of {words} packed words ({words * 32} bits) do not hold a whole number of "
+            f"{bits}-bit elements"
+        )
+    return words * 32 // bits
+
+
+def _check_quantized(
+    op: str, wq: TensorType, scales: TensorType, biases: TensorType, group_size: int, bits: int
+) -> int:
+    """Validate ``(wq, scales, biases)`` as one quantized matrix; returns its unpacked row length K."""
+    if bits not in BITS:
+        raise ShapeError(f"{op}: bits={bits} is not an affine quantization width; valid: {', '.join(map(str, BITS))}")
+    if group_size not in GROUP_SIZES:
+        valid = ", ".join(map(str, GROUP_SIZES))
+        raise ShapeError(f"{op}: group_size={group_size} is not an affine group size; valid: {valid}")
+    require_dtype(op, wq, (DType.int32,), "wq (packed uint32 words, held as int32)")
+    require_dtype(op, scales, FLOATS, "scales")
+    if biases.dtype is not scales.dtype:
+        raise ShapeError(f"{op}: scales and biases must share one float dtype, got {describe_types([scales, biases])}")
+    if wq.rank < 2:
+        raise ShapeError(f"{op}: wq must have rank >= 2 [..., N, words], got {wq}")
+    k = _unpacked_width(op, wq, bits)
+    if k % group_size:
+        raise ShapeError(f"{op}: rows of {k} {bits}-bit elements ({wq}) are not whole groups of {group_size}")
+    expected = wq.shape[:-1] + (k // group_size,)
+    for name, t in (("scales", scales), ("biases", biases)):
+        if t.shape != expected:
+            raise ShapeError(
+                f"{op}: {name} {t} must be [{','.join(map(str, expected))}] (wq {wq}: {k} elements a row, "
+                f"one {name[:-1]} per group of {group_size})"
+            )
+    return k
+
+
+def _infer_dequantize(ts, *, group_size, bits, dtype):
+    wq, scales, biases = ts
+    k = _check_quantized("dequantize", wq, scales, biases, group_size, bits)
+    if not dtype.is_float:
+        valid = ", ".join(d.value for d in FLOATS)
+        raise ShapeError(f"dequantize: dtype {dtype.value} is not a float dtype; valid: {valid}")
+    return TensorType(wq.shape[:-1] + (k,), dtype)
+
+
+def _infer_quantized_matmul(ts, *, transpose, group_size, bits):
+    x, wq, scales, biases = ts
+    op = "quantized_matmul"
+    k = _check_quantized(op, wq, scales, biases, group_size, bits)
+    if x.dtype is not scales.dtype:
+        raise ShapeError(f"{op}: x and scales must share one float dtype, got x={x}, scales={scales}; insert a cast")
+    if x.rank < 2:
+        raise ShapeError(f"{op}: x must have rank >= 2 [..., M, D], got {x}")
+    rows, cols = (k, wq.shape[-2]) if transpose else (wq.shape[-2], k)  # w^T when transpose: [K, N]
+    if x.shape[-1] != rows:
+        shown = f"[..., {wq.shape[-2]}, {k}] (dequantized), used transposed" if transpose else f"[..., {rows}, {k}]"
+        raise ShapeError(
+            f"{op}: contraction dims differ: x {x} @ w {shown}: {x.shape[-1]} != {rows} (transpose={transpose})"
+        )
+    batch = broadcast_shapes(op, x.shape[:-2], wq.shape[:-2])
+    return TensorType(batch + (x.shape[-2], cols), x.dtype)
+
+
+_QUANT_ATTRS = {"group_size": attr("int", 64), "bits": attr("int", 4)}
+register(
+    OpDef(
+        "dequantize",
+        ("wq", "scales", "biases"),
+        _infer_dequantize,
+        {**_QUANT_ATTRS, "dtype": attr("dtype")},
+        "quant",
+        "mx.dequantize (affine): w [..., N, K] from packed int32 words wq [..., N, K*bits/32] (uint32 bits, a "
+        "little-endian bit stream per row), scales and biases [..., N, K/group_size]: w = scale * q + bias of "
+        "q's group, the product rounded to the scales' dtype, then the sum; then converted to dtype.",
+    )
+)
+register(
+    OpDef(
+        "quantized_matmul",
+        ("x", "wq", "scales", "biases"),
+        _infer_quantized_matmul,
+        {"transpose": attr("bool", True), **_QUANT_ATTRS},
+        "quant",
+        "mx.quantized_matmul (affine): x @ w^T (transpose=True) or x @ w, w the dequantize of (wq, scales, "
+        "biases) in x's dtype, which the scales share; batch dims broadcast. The accumulation order and "
+        "precision are the target's (MLX's own kernel on MLX).",
+    )
+)
