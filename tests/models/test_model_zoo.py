@@ -99,8 +99,8 @@ def test_formerly_declined_cases_raise_the_same_function(case):
     imported = (from_mlx if case.backend == "mlx" else from_jax)(fn, *args)
     host = [np.asarray(a) for a in args]
 
-    def on(graph, target):
-        return run(lower(graph, target), *host, **imported.params)
+    def on(graph, target):  # JAX op by op: under jax.jit, XLA fuses two different graphs differently
+        return run(lower(graph, target, jit=False), *host, **imported.params)
 
     canonical = PassManager(parse_pipeline("canonicalize")).run(imported.graph).graph
     raised = PassManager(parse_pipeline("raise-attention")).run(imported.graph).graph

@@ -278,7 +278,8 @@ def test_jax_dot_product_attention_without_a_mask(rng, dtype):
     assert sdpa.type.dtype is DType.parse(dtype) and ("the softmax in f32, P·V in bf16" in remark.message) == (
         dtype == "bfloat16"
     )
-    assert_bits_equal(run(lower(result.graph, "jax"), q, k, v), np.asarray(attention(q, k, v)))
+    # op by op against jax's own eager call: under jax.jit XLA fuses the two graphs differently
+    assert_bits_equal(run(lower(result.graph, "jax", jit=False), q, k, v), np.asarray(attention(q, k, v)))
 
 
 @requires("jax")
