@@ -80,6 +80,7 @@ class Graph:
         self._order: list[str] | None = None
         self._position: dict[str, int] = {}
         self._suffix: dict[str, int] = {}  # fresh_name's first suffix to try per base: O(1), not O(uses)
+        self._accepted: dict[str, tuple[Node, tuple[Node, ...]]] = {}  # the verifier's memo: node, operands it read
 
     # ------------------------------------------------------------------ building
 
@@ -337,6 +338,7 @@ class Graph:
             raise VerifyError(f"remove_node: {name} is state, updated by output #{self._state[name]}")
         del self._nodes[name]
         del self._rank[name]
+        self._accepted.pop(name, None)
         stem, _, suffix = name.rpartition("_")
         if suffix.isdigit() and self._suffix.get(stem, 0) > int(suffix):
             self._suffix[stem] = int(suffix)
@@ -389,6 +391,7 @@ class Graph:
         g._order = None if self._order is None else list(self._order)
         g._position = dict(self._position)
         g._suffix = dict(self._suffix)
+        g._accepted = dict(self._accepted)
         return g
 
     def _connect(self, node: Node) -> None:

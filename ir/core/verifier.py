@@ -8,6 +8,11 @@
    reproduce the annotated type; a sharding annotation fits the value and the
    graph's mesh (:func:`attnpass.ir.core.sharding.sharding_problem`).
 
+A node object the verifier accepted is remembered with the operand nodes it
+read (``Graph._accepted``, carried by copies); while the graph still holds
+exactly those objects, its per-node checks are not repeated (nodes are
+immutable, so they would pass again).
+
 Errors follow JAX's shape: the reason, the offending node printed with the
 normal printer, its source location, then a window of nearby nodes.
 """
@@ -57,16 +62,18 @@ def _check_structure(graph: "Graph") -> None:
         check_identifier(graph.name, "graph name")
     except AttnpassError as exc:
         raise VerifyError(str(exc)) from None
-    nodes = {n.name: n for n in graph._nodes.values()}
+    nodes = graph._nodes
+    signature = set(graph.inputs)
     for n in nodes.values():
-        try:
-            check_identifier(n.name, "value name")
-        except AttnpassError as exc:
-            raise VerifyError(str(exc)) from None
-        for i in n.inputs:
-            if i not in nodes:
-                raise node_error(graph, n, f"{n.op} {n.name}: operand {i!r} is not defined (dangling value)")
-        if n.op == "input" and n.name not in graph.inputs:
+        if not _accepted_before(graph, n):
+            try:
+                check_identifier(n.name, "value name")
+            except AttnpassError as exc:
+                raise VerifyError(str(exc)) from None
+            for i in n.inputs:
+                if i not in nodes:
+                    raise node_error(graph, n, f"{n.op} {n.name}: operand {i!r} is not defined (dangling value)")
+        if n.op == "input" and n.name not in signature:
             raise node_error(graph, n, f"input node {n.name} is not in the graph signature")
     seen = set()
     for name in graph.inputs:
@@ -82,6 +89,19 @@ def _check_structure(graph: "Graph") -> None:
             raise VerifyError(f"graph {graph.name}: output {o!r} is not defined")
     graph.nodes()  # raises VerifyError naming a cycle
     _check_state(graph)
+
+
+def _accepted_before(graph: "Graph", node: "Node") -> bool:
+    """Whether this very node object passed the per-node checks before, reading the very same operand nodes.
+
+    Nodes are immutable, so its name, attributes, type and operand types are what was checked then; only the
+    checks that depend on the rest of the graph (the signature, the mesh, cycles) must run again.
+    """
+    accepted = graph._accepted.get(node.name)
+    if accepted is None or accepted[0] is not node:
+        return False
+    nodes = graph._nodes
+    return all(nodes.get(i) is operand for i, operand in zip(node.inputs, accepted[1]))
 
 
 def _check_state(graph: "Graph") -> None:
@@ -103,26 +123,30 @@ def _check_state(graph: "Graph") -> None:
 
 
 def _check_types(graph: "Graph") -> None:
-    # The shape rules are pure: nodes alike in op, attributes and operand types (a model's layers) are inferred once.
+    # The shape rules are pure: nodes alike in op, attributes and operand types (a model's layers) are inferred once,
+    # and a node accepted before with the same operands (a pass's copy of the graph it started from) is not re-inferred.
     inferred_for: dict[tuple, tuple[dict, TensorType]] = {}
     for n in graph.nodes():
-        operands = tuple(graph.node(i).type for i in n.inputs)
-        key = _inference_key(n, operands)
-        found = inferred_for.get(key) if key is not None else None
-        if found is None:
-            try:
-                opdef = get_op(n.op)
-                attrs = opdef.normalize_attrs(n.attrs)
-                found = attrs, opdef.result_type(operands, attrs, normalized=True)
-            except AttnpassError as exc:
-                raise node_error(graph, n, f"{n.op} {n.name}: {exc}") from None
-            if key is not None:
-                inferred_for[key] = found
-        attrs, inferred = found
-        if attrs != dict(n.attrs):
-            raise node_error(graph, n, f"{n.op} {n.name}: attributes {dict(n.attrs)} are not normalized ({attrs})")
-        if inferred != n.type:
-            raise node_error(graph, n, f"{n.op} {n.name}: annotated type {n.type} but the shape rule gives {inferred}")
+        if not _accepted_before(graph, n):
+            operand_nodes = tuple(graph.node(i) for i in n.inputs)
+            operands = tuple(o.type for o in operand_nodes)
+            key = _inference_key(n, operands)
+            found = inferred_for.get(key) if key is not None else None
+            if found is None:
+                try:
+                    opdef = get_op(n.op)
+                    attrs = opdef.normalize_attrs(n.attrs)
+                    found = attrs, opdef.result_type(operands, attrs, normalized=True)
+                except AttnpassError as exc:
+                    raise node_error(graph, n, f"{n.op} {n.name}: {exc}") from None
+                if key is not None:
+                    inferred_for[key] = found
+            attrs, inferred = found
+            if attrs != dict(n.attrs):
+                raise node_error(graph, n, f"{n.op} {n.name}: attributes {dict(n.attrs)} are not normalized ({attrs})")
+            if inferred != n.type:
+                raise node_error(graph, n, f"{n.op} {n.name}: annotated type {n.type} but the shape rule gives {inferred}")
+            graph._accepted[n.name] = (n, operand_nodes)
         problem = sharding_problem(n, graph.mesh_axes)
         if problem:
             raise node_error(graph, n, f"{n.op} {n.name}: {problem}")
