@@ -13,7 +13,7 @@ Phases: trace (``build_model``), pipeline (``PassManager.run``: every pass plus
 the verifier, the copies and the changed checks between passes) and lower
 (MLX code generation and compiling the generated source). Each phase is
 timed ``--repeat`` times and the fastest run is shown; a flat "ms/layer"
-column means linear growth. Machine load makes single wall-clock runs noisy
+column means linear growth; each round times every depth in turn. Machine load makes single wall-clock runs noisy
 (+-30%); compare the columns of one invocation, not figures across
 invocations, or time with ``--clock cpu`` (this process's CPU time: what a
 quiet machine's wall clock would show, less the waits for a core).
@@ -42,24 +42,30 @@ GOAL_48_MS = 150.0  # trace + pipeline + lower of 48 layers
 GOAL_GROWTH = 1.2  # ms/layer, deepest over shallowest
 
 
-def fastest(fn: Callable[[], object], repeat: int, clock: Callable[[], float]) -> tuple[float, object]:
-    """(best seconds on ``clock``, last result) over ``repeat`` calls."""
-    best, result = float("inf"), None
-    for _ in range(repeat):
-        gc.collect()  # start each run from a clean heap; the collector stays on while timing
-        start = clock()
-        result = fn()
-        best = min(best, clock() - start)
-    return best, result
+def timed(fn: Callable[[], object], clock: Callable[[], float]) -> tuple[float, object]:
+    """(seconds on ``clock``, result) of one call."""
+    gc.collect()  # start each run from a clean heap; the collector stays on while timing
+    start = clock()
+    result = fn()
+    return clock() - start, result
 
 
-def measure(n_layers: int, repeat: int, clock: Callable[[], float] = time.perf_counter) -> dict[str, float]:
-    """Seconds per phase, and node counts before and after the pipeline."""
+def measure(depths: list[int], repeat: int, clock: Callable[[], float] = time.perf_counter) -> dict[int, dict]:
+    """Per depth: the fastest seconds per phase over ``repeat`` rounds, and node counts before and after the pipeline.
+
+    Each round times every depth in turn, so a change of machine load falls on all depths alike.
+    """
     manager = PassManager(parse_pipeline(PIPELINE))
-    t_trace, graph = fastest(lambda: build_model(n_layers), repeat, clock)
-    t_pipe, result = fastest(lambda: manager.run(graph), repeat, clock)
-    t_lower, _ = fastest(lambda: lower(result.graph, "mlx"), repeat, clock)
-    return {"trace": t_trace, "pipeline": t_pipe, "lower": t_lower, "nodes": len(graph), "after": len(result.graph)}
+    rows: dict[int, dict] = {n: dict.fromkeys(PHASES, float("inf")) for n in depths}
+    for _ in range(repeat):
+        for n in depths:
+            t_trace, graph = timed(lambda: build_model(n), clock)
+            t_pipe, result = timed(lambda: manager.run(graph), clock)
+            t_lower, _ = timed(lambda: lower(result.graph, "mlx"), clock)
+            for phase, seconds in zip(PHASES, (t_trace, t_pipe, t_lower)):
+                rows[n][phase] = min(rows[n][phase], seconds)
+            rows[n].update(nodes=len(graph), after=len(result.graph))
+    return rows
 
 
 def table(rows: dict[int, dict[str, float]]) -> str:
@@ -105,7 +111,7 @@ def profile(n_layers: int, top: int = 20) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--layers", type=int, nargs="+", default=[12, 48, 192], help="model depths to measure")
-    parser.add_argument("--repeat", type=int, default=2, help="runs per phase; the fastest is shown")
+    parser.add_argument("--repeat", type=int, default=3, help="rounds over the depths; the fastest run is shown")
     parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall", help="wall time, or this process's CPU time")
     parser.add_argument("--profile", type=int, metavar="LAYERS", help="profile the pipeline at this depth instead")
     args = parser.parse_args()
@@ -113,7 +119,7 @@ def main() -> None:
         profile(args.profile)
         return
     print(f"pipeline: {PIPELINE}; clock: {args.clock}")
-    rows = {n: measure(n, args.repeat, CLOCKS[args.clock]) for n in args.layers}
+    rows = measure(args.layers, args.repeat, CLOCKS[args.clock])
     print(table(rows))
     print("\n".join(verdict(rows)))
 
