@@ -238,6 +238,20 @@ def _uncovered(layout: Sequence[Sequence[Atom]], sizes: Sequence[int]) -> int | 
     return None
 
 
+def _settled(
+    layout: list[list[Atom | str]], flip: bool, sizes: Sequence[int]
+) -> tuple[list[tuple[Atom, ...]], str | None, int | None]:
+    """A matmul result's layout normalized (its last two axes swapped when ``flip``), with its first problem, else
+    the first role it does not cover exactly once (``_uncovered``): ``(layout, problem, role)``."""
+    bad = _first_problem(layout)
+    if bad:
+        return [], bad, None
+    settled = [la.normalize(atoms) for atoms in layout]
+    if flip:
+        settled = list(_swap_last(tuple(settled)))
+    return settled, None, _uncovered(settled, sizes)
+
+
 def _dim_axis(dim_at: int) -> str:
     return "last axis" if dim_at == 3 else f"head-dim axis {dim_at}"
 
@@ -506,14 +520,10 @@ class _Matcher:
             [self._score_atom(qa, ka, q_roles, k_roles, group, hkv, q_names, k_names) for qa, ka in axis_factors]
             for axis_factors in factors
         ]
-        bad = _first_problem(score_layout)
+        sizes = (qs[0], hq, qs[qr], ks[kr])
+        score_layout, bad, role = _settled(score_layout, flips[0], sizes)
         if bad:
             return Fail(f"q·kᵀ {where}: {bad}", qk.name, 4)
-        score_layout = [la.normalize(atoms) for atoms in score_layout]
-        if flips[0]:
-            score_layout = list(_swap_last(tuple(score_layout)))
-        sizes = (qs[0], hq, qs[qr], ks[kr])
-        role = _uncovered(score_layout, sizes)
         if role is not None:
             return Fail(
                 f"the scores do not cover query/key {ROLE_NAMES[role]} (size {sizes[role]}) exactly once {where}",
@@ -555,14 +565,10 @@ class _Matcher:
             [self._out_atom(pa, va, vh, group, hkv, v_names, last=i == last) for pa, va in axis_factors]
             for i, axis_factors in enumerate(pv_factors)
         ]
-        bad = _first_problem(out_layout)
+        out_sizes = (qs[0], hq, qs[qr], vs[vd])
+        out_layout, bad, role = _settled(out_layout, flips[1], out_sizes)
         if bad:
             return Fail(f"P·V {where}: {bad}", self.pv.name, 8)
-        out_layout = [la.normalize(atoms) for atoms in out_layout]
-        if flips[1]:
-            out_layout = list(_swap_last(tuple(out_layout)))
-        out_sizes = (qs[0], hq, qs[qr], vs[vd])
-        role = _uncovered(out_layout, out_sizes)
         if role is not None:
             return Fail(f"P·V does not produce every output {('b', 'h', 's', 'dv')[role]} exactly once", self.pv.name, 8)
         scale = chains["q"].scale * chains["k"].scale * algebra.scale
