@@ -92,9 +92,7 @@ def format_remark(remark: "Remark", paths: Callable[[str], str], width: int = 0)
     text = str(replace(remark, loc=_relocated(remark.loc, paths)))
     if width <= len(INDENT) or len(text) <= width:
         return text
-    return textwrap.fill(
-        text, width, subsequent_indent=INDENT, break_long_words=False, break_on_hyphens=False
-    )
+    return textwrap.fill(text, width, subsequent_indent=INDENT, break_long_words=False, break_on_hyphens=False)
 
 
 def remarks_json(remarks: Iterable["Remark"], paths: Callable[[str], str]) -> str:
@@ -103,7 +101,9 @@ def remarks_json(remarks: Iterable["Remark"], paths: Callable[[str], str]) -> st
     for r in remarks:
         loc = _relocated(r.loc, paths)
         where = None if loc is None else {"file": loc.file, "line": loc.line, "function": loc.function}
-        rows.append({"pass": r.pass_name, "rule": r.rule, "kind": r.kind, "node": r.node, "message": r.message, "loc": where})
+        rows.append(
+            {"pass": r.pass_name, "rule": r.rule, "kind": r.kind, "node": r.node, "message": r.message, "loc": where}
+        )
     return json.dumps(rows, indent=1, ensure_ascii=False) + "\n"
 
 

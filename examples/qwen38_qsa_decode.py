@@ -68,8 +68,10 @@ def numerics(cfg: QSAConfig, n_kv: int = N_KV_NUMERICS, seed: int = 0) -> dict[s
 def main(n_kv_numerics: int = N_KV_NUMERICS) -> None:
     cfg = QSAConfig()
     before, after = traffic(cfg)
-    print(f"\nstreamed input bytes per call at n_kv = {N_KV_TRACE:,}: {before:,} -> {after:,} "
-          f"({before / 1e6:.2f} MB -> {after / 1e6:.2f} MB)")
+    print(
+        f"\nstreamed input bytes per call at n_kv = {N_KV_TRACE:,}: {before:,} -> {after:,} "
+        f"({before / 1e6:.2f} MB -> {after / 1e6:.2f} MB)"
+    )
     print(f"\nnumerics at n_kv = {n_kv_numerics:,} (max |output - numpy masked|):")
     for key, err in numerics(cfg, n_kv_numerics).items():
         print(f"  {key:<14} {err:.3e}")

@@ -60,9 +60,7 @@ def explicit_sdpa_call(node: Node, a: list[str], env: EmitEnv, xp: str, alias: s
     )
 
 
-def with_causal(
-    node: Node, env: EmitEnv, xp: str, mask: str | None, offset: int | None
-) -> tuple[str | None, bool]:
+def with_causal(node: Node, env: EmitEnv, xp: str, mask: str | None, offset: int | None) -> tuple[str | None, bool]:
     """Fold a causal diagonal ``offset`` (None: none) and the sdpa's ``window`` bounds into the mask expression:
     ``(mask, mask_is_bool)``.
 

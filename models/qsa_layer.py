@@ -131,9 +131,7 @@ def qsa_attention(cfg: QSAConfig, x: Mapping[str, Tensor], *, visibility: str = 
     return ops.sdpa(x["q"], x["k_cache"], x["v_cache"], mask=attend, scale=cfg.scale)
 
 
-def build_layer(
-    cfg: QSAConfig, n_kv: int, *, batch: int = 1, rows: int = 1, visibility: str = "additive"
-) -> Graph:
+def build_layer(cfg: QSAConfig, n_kv: int, *, batch: int = 1, rows: int = 1, visibility: str = "additive") -> Graph:
     """Trace :func:`qsa_attention` alone for a cache of ``n_kv`` cells (graph ``qsa_decode_layer``)."""
     specs = layer_specs(cfg, n_kv, batch, rows)
 

@@ -570,7 +570,9 @@ class _Matcher:
         if bad:
             return Fail(f"P·V {where}: {bad}", self.pv.name, 8)
         if role is not None:
-            return Fail(f"P·V does not produce every output {('b', 'h', 's', 'dv')[role]} exactly once", self.pv.name, 8)
+            return Fail(
+                f"P·V does not produce every output {('b', 'h', 's', 'dv')[role]} exactly once", self.pv.name, 8
+            )
         scale = chains["q"].scale * chains["k"].scale * algebra.scale
         if scale == 0 or not math.isfinite(scale):
             return Fail(
@@ -677,9 +679,7 @@ class _Matcher:
             whole = size == sizes[role] and la.covers([sa for sa, _ma in mine], size)
             if not whole or any(sa.stride != ma.stride * inner[ma.axis] for sa, ma in mine):
                 shown = f"axis {axes[0]}" if len(axes) == 1 else f"axes {', '.join(map(str, axes))}"
-                return Fail(
-                    f"mask {root} {shown} (size {size}) is not the whole {ROLE_NAMES[role]} axis", node.name, 5
-                )
+                return Fail(f"mask {root} {shown} (size {size}) is not the whole {ROLE_NAMES[role]} axis", node.name, 5)
             order.append(role)
             shape4[role] = size
         if order != sorted(order):

@@ -63,8 +63,7 @@ class PassTimings(Instrumentation):
         rows.append(("total", str(sum(self.runs.values())), f"{total * 1e3:.3f}", "100.0" if total > 0 else "0.0"))
         widths = [max(len(r[i]) for r in rows) for i in range(4)]
         lines = [
-            "  ".join([r[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(r[1:], widths[1:])]).rstrip()
-            for r in rows
+            "  ".join([r[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(r[1:], widths[1:])]).rstrip() for r in rows
         ]
         return "\n".join(lines)
 

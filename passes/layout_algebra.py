@@ -120,7 +120,10 @@ def refine(left: Sequence[Atom], right: Sequence[Atom]) -> list[tuple[Atom | Non
         pairs.append((head, small) if big is a else (small, head))
     if ql or qr:
         return None
-    return [(a if a is None or a.axis is not None else None, b if b is None or b.axis is not None else None) for a, b in pairs]
+    return [
+        (a if a is None or a.axis is not None else None, b if b is None or b.axis is not None else None)
+        for a, b in pairs
+    ]
 
 
 def view_plan(layout: Layout, shape: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:

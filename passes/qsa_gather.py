@@ -180,8 +180,7 @@ class QSAGather(SwitchedPass):
             f"cells, W={m.width} (pad_multiple={self.pad_multiple}); attention width n_kv={m.n_kv} -> {m.width} "
             f"(n_kv >= {self.min_depth_factor}*W); {m.streams} stream(s) x {m.rows} row(s), "
             f"one qsa_gather each of K and V [B*S, Hkv, W, D] and one sdpa over {m.streams * m.rows} row(s); "
-            f"visibility: {vis}; the masked path is now dead (run dce)"
-            + given
+            f"visibility: {vis}; the masked path is now dead (run dce)" + given
         )
 
 

@@ -230,9 +230,7 @@ class ShardAttention(Pass):
             if i and chain[0]:
                 roots.append(chain[1])
         if streams % nb:
-            return Decline(
-                f"batch: mesh axis {self.batch} has {nb} devices, which does not divide {streams} stream(s)"
-            )
+            return Decline(f"batch: mesh axis {self.batch} has {nb} devices, which does not divide {streams} stream(s)")
         if mask is not None:
             mask_sharding = self._sharding(_mask_labels(graph.node(mask).type.shape, b, hq, split))
             if mask_sharding is not None:

@@ -7,6 +7,5 @@ import pytest
 
 
 @pytest.fixture
-
 def rng() -> np.random.Generator:
     return np.random.default_rng(20240531)

@@ -260,9 +260,7 @@ class OptimizedModel:
         return f"<OptimizedModel {name} ({state}): {self.traces} trace(s), {self.routed} routed>"
 
 
-def _unroutable(
-    keys: Any, values: Any, cache: Any, mask: Any, sinks: Any, fetched: dict
-) -> str | None:
+def _unroutable(keys: Any, values: Any, cache: Any, mask: Any, sinks: Any, fetched: dict) -> str | None:
     """Why a call cannot take the program (None when it can): sinks, odd masks, k/v not provably the cache's."""
     from mlx_lm.models.cache import KVCache
 

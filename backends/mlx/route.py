@@ -46,6 +46,7 @@ from attnpass.passes.devices import (
 Kernel = Literal["vector", "vector_2pass", "full", "fallback", "explicit"]  # explicit: no fused call at all
 MaskKind = Literal["causal", "array"] | None
 
+
 @dataclass(frozen=True)
 class Route:
     """The kernel one SDPA call takes and why."""

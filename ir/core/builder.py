@@ -22,7 +22,9 @@ class Builder:
         self.graph = graph
         self.loc = loc
 
-    def op(self, op: str, inputs: Sequence[str], attrs: Mapping[str, Any] | None = None, hint: str | None = None) -> str:
+    def op(
+        self, op: str, inputs: Sequence[str], attrs: Mapping[str, Any] | None = None, hint: str | None = None
+    ) -> str:
         """Add ``op(inputs)`` named from ``hint`` (default: the op name); the shape rule types it."""
         return self.graph.add_node(op, list(inputs), dict(attrs or {}), hint=hint or op, loc=self.loc)
 

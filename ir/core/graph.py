@@ -185,7 +185,9 @@ class Graph:
         """Reorder the signature: ``names`` must be exactly the graph's input nodes."""
         ins = {n.name for n in self._nodes.values() if n.op == "input"}
         if sorted(map(str, names)) != sorted(ins) or len(set(names)) != len(names):
-            raise VerifyError(f"graph {self.name}: signature {list(names)} must list each input node once: {sorted(ins)}")
+            raise VerifyError(
+                f"graph {self.name}: signature {list(names)} must list each input node once: {sorted(ins)}"
+            )
         self._inputs = list(names)
 
     def set_mesh(self, axes: Mapping[str, int] | Sequence[tuple[str, int]]) -> None:
@@ -416,7 +418,9 @@ class Graph:
         return format_graph(self)
 
     def __repr__(self) -> str:
-        return f"<Graph {self.name}: {len(self._inputs)} inputs, {len(self._nodes)} nodes, {len(self._outputs)} outputs>"
+        return (
+            f"<Graph {self.name}: {len(self._inputs)} inputs, {len(self._nodes)} nodes, {len(self._outputs)} outputs>"
+        )
 
     def to_json(self, indent: int | None = None) -> str:
         """The JSON form (read back with :meth:`from_json`)."""
@@ -494,4 +498,3 @@ def _reach(names: Sequence[str], step: Callable[[str], Iterable[str]]) -> set[st
 
 def _sha(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-

@@ -161,7 +161,7 @@ class OpDef:
         unknown = sorted(set(attrs) - set(self.attrs), key=str)
         if unknown:
             valid = ", ".join(self.attrs) or "none"
-            plain = (lambda k: isinstance(k, str) and k.isidentifier() and len(k) <= 60)
+            plain = lambda k: isinstance(k, str) and k.isidentifier() and len(k) <= 60
             names = ", ".join(k if plain(k) else short_repr(k) for k in unknown)
             raise ShapeError(f"{where}: unknown attribute(s) {names}; valid attributes: {valid}")
         out: dict[str, AttrValue] = {}

@@ -51,7 +51,7 @@ def to_dot(graph: Graph, highlight: Mapping[str, str] | None = None, caption: st
         "  rankdir=TB;",
         f"  label={_quote(caption or f'graph {graph.name}')}; labelloc=t; fontname=Helvetica;",
         '  node [shape=box, style="rounded,filled", fillcolor=white, fontname=Helvetica, fontsize=11];',
-        "  edge [color=\"#555555\", arrowsize=0.6];",
+        '  edge [color="#555555", arrowsize=0.6];',
     ]
     outputs = set(graph.outputs)
     for node in graph.nodes():

@@ -45,7 +45,7 @@ def _parse_float(text: str) -> float:
 
 
 def _parse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON (a non-finite attribute is written {{\"float\": \"nan\"}})")
+    raise ValueError(f'{name} is not JSON (a non-finite attribute is written {{"float": "nan"}})')
 
 
 def _depth(value: Any) -> int:

@@ -145,7 +145,9 @@ def _check_types(graph: "Graph") -> None:
             if attrs != dict(n.attrs):
                 raise node_error(graph, n, f"{n.op} {n.name}: attributes {dict(n.attrs)} are not normalized ({attrs})")
             if inferred != n.type:
-                raise node_error(graph, n, f"{n.op} {n.name}: annotated type {n.type} but the shape rule gives {inferred}")
+                raise node_error(
+                    graph, n, f"{n.op} {n.name}: annotated type {n.type} but the shape rule gives {inferred}"
+                )
             graph._accepted[n.name] = (n, operand_nodes)
         problem = sharding_problem(n, graph.mesh_axes)
         if problem:

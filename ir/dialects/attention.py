@@ -98,8 +98,10 @@ def sdpa_variants(attrs) -> str | None:
     """``"sinks"``, ``"window=(l, r, c)"``, ``"logit_softcap=c"`` joined by "and", for the variants an sdpa's
     ``attrs`` turn on (None: none)."""
     window = attrs.get("window")
-    parts = (["sinks"] if attrs.get("has_sinks") else []) + ([f"window={tuple(window)}"] if window else []) + (
-        [f"logit_softcap={attrs['logit_softcap']:g}"] if attrs.get("logit_softcap") is not None else []
+    parts = (
+        (["sinks"] if attrs.get("has_sinks") else [])
+        + ([f"window={tuple(window)}"] if window else [])
+        + ([f"logit_softcap={attrs['logit_softcap']:g}"] if attrs.get("logit_softcap") is not None else [])
     )
     return " and ".join(parts) or None
 
@@ -130,8 +132,7 @@ def _infer_sdpa(ts, *, scale, causal, has_sinks=False, logit_softcap=None, windo
         raise ShapeError(f"sdpa: k and v must agree on heads and length: k={k} v={v}")
     if hkv == 0 or hq % hkv != 0:
         raise ShapeError(
-            f"sdpa: query heads {hq} not divisible by kv heads {hkv} (q={q}, k={k}); "
-            "GQA needs Hq % Hkv == 0"
+            f"sdpa: query heads {hq} not divisible by kv heads {hkv} (q={q}, k={k}); GQA needs Hq % Hkv == 0"
         )
     if d != dk:
         raise ShapeError(f"sdpa: head dims differ: q={q} k={k} ({d} != {dk})")

@@ -44,6 +44,7 @@ def _infer_where(ts):
 
 register(OpDef("where", ("cond", "x", "y"), _infer_where, {}, "elementwise", "cond ? x : y, broadcast."))
 
+
 def _logical(name: str, doc: str) -> None:
     def infer(ts):
         for t in ts:

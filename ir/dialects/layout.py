@@ -95,6 +95,7 @@ register(
     )
 )
 
+
 def _infer_broadcast_to(ts, *, shape):
     (x,) = ts
     if any(d < 0 for d in shape):

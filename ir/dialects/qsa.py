@@ -48,9 +48,7 @@ def _positive(op: str, name: str, value: int) -> None:
 def _positions_match(op: str, rows: TensorType, positions: TensorType, what: str) -> None:
     _need(op, positions, "positions", 2, (DType.int32,))
     if positions.shape != rows.shape[:2]:
-        raise ShapeError(
-            f"{op}: positions {positions} must be [B, S] = {list(rows.shape[:2])} to match {what}={rows}"
-        )
+        raise ShapeError(f"{op}: positions {positions} must be [B, S] = {list(rows.shape[:2])} to match {what}={rows}")
 
 
 def min_width(top_k_blocks: int, ratio: int) -> int:

@@ -36,6 +36,7 @@ def _reduction(name: str) -> None:
 _reduction("sum")
 _reduction("max")
 
+
 def _infer_argpartition(ts, *, kth, axis):
     (x,) = ts
     require_dtype("argpartition", x, NUMERIC)

@@ -124,7 +124,9 @@ class _Importer:
         for var, value in zip(eqn.outvars, outs):
             shape = tuple(var.aval.shape)
             if self.b.type(value).shape != shape:
-                raise ModelImportError(f"{self._where(index, eqn)}: imported as {self.b.type(value)}, JAX says {var.aval}")
+                raise ModelImportError(
+                    f"{self._where(index, eqn)}: imported as {self.b.type(value)}, JAX says {var.aval}"
+                )
             self.b.bind(var, value)
 
     def _where(self, index: int, eqn: Any) -> str:
@@ -192,7 +194,11 @@ class _Importer:
         if name == "slice":
             shape = b.type(x[0]).shape
             strides = params.get("strides") or (1,) * len(shape)
-            attrs = {"start": tuple(params["start_indices"]), "stop": tuple(params["limit_indices"]), "step": tuple(strides)}
+            attrs = {
+                "start": tuple(params["start_indices"]),
+                "stop": tuple(params["limit_indices"]),
+                "step": tuple(strides),
+            }
             return [b.op("slice", x, attrs)]
         if name == "split":
             axis, bounds = int(params["axis"]), np.cumsum([0, *params["sizes"]]).tolist()
@@ -283,9 +289,11 @@ class _Importer:
         inserted = [int(d) for d in dn.inserted_window_dims]
         window_dims = [int(d) for d in dn.update_window_dims]
         rest = [axis for axis in range(len(shape)) if axis not in inserted]
-        if len(scattered) != 1 or inserted != scattered or [update_shape[d] for d in window_dims] != [
-            shape[a] for a in rest
-        ]:
+        if (
+            len(scattered) != 1
+            or inserted != scattered
+            or [update_shape[d] for d in window_dims] != [shape[a] for a in rest]
+        ):
             raise ModelImportError(
                 f"scatter of indices {list(index_shape)} ({dn}): several windows are supported only as whole rows "
                 "along one scattered axis (cache.at[:, positions].set(rows))"
@@ -383,7 +391,9 @@ class _Importer:
         rf = tuple(d for d in range(len(rs)) if d not in rc and d not in rb)
         batch = [ls[d] for d in lb]
 
-        def arrange(x: str, shape: tuple[int, ...], order: tuple[int, ...], rows: tuple[int, ...], cols: tuple[int, ...]) -> str:
+        def arrange(
+            x: str, shape: tuple[int, ...], order: tuple[int, ...], rows: tuple[int, ...], cols: tuple[int, ...]
+        ) -> str:
             if order != tuple(range(len(shape))):
                 x = b.op("transpose", [x], {"perm": order})
             return b.reshape(x, batch + [math.prod(shape[d] for d in rows), math.prod(shape[d] for d in cols)])
@@ -425,8 +435,10 @@ def _leaves(root: Any) -> list[tuple[str, Any]]:
 
 def _is_module(value: Any) -> bool:
     """A model object (a pytree other than a plain container or an array)."""
-    return not isinstance(value, (list, tuple, dict)) and not _is_array(value) and any(
-        _is_array(leaf) for _path, leaf in _pytree_leaves(value)
+    return (
+        not isinstance(value, (list, tuple, dict))
+        and not _is_array(value)
+        and any(_is_array(leaf) for _path, leaf in _pytree_leaves(value))
     )
 
 
@@ -438,7 +450,9 @@ def _array_key(array: Any) -> Any:
     return id(array)
 
 
-def from_jax(fn: Callable, *example_args: Any, name: str | None = None, inline_limit: int = INLINE_LIMIT) -> ImportedGraph:
+def from_jax(
+    fn: Callable, *example_args: Any, name: str | None = None, inline_limit: int = INLINE_LIMIT
+) -> ImportedGraph:
     """Import the JAX function ``fn`` traced on ``example_args`` (arrays, ``jax.ShapeDtypeStruct`` or pytrees of them).
 
     Arguments become streamed inputs named after ``fn``'s parameters; the leaves

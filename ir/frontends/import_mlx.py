@@ -445,7 +445,9 @@ def _live(primitives: list[dict], outputs: list) -> tuple[list[int], set]:
     return live[::-1], needed
 
 
-def from_mlx(fn: Callable, *example_args: Any, name: str | None = None, inline_limit: int = INLINE_LIMIT) -> ImportedGraph:
+def from_mlx(
+    fn: Callable, *example_args: Any, name: str | None = None, inline_limit: int = INLINE_LIMIT
+) -> ImportedGraph:
     """Import the MLX function ``fn`` traced on ``example_args`` (MLX arrays) as a verified graph.
 
     Arguments become streamed inputs named after ``fn``'s parameters; captured

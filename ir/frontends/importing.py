@@ -295,4 +295,12 @@ def dtype_of(name: str, where: str) -> DType:
         raise ModelImportError(f"{where}: dtype {name} is not in the IR (valid: {valid})") from None
 
 
-__all__ = ["GraphBuilder", "ImportedGraph", "INLINE_LIMIT", "ModelImportError", "dtype_of", "graph_name", "parameter_names"]
+__all__ = [
+    "GraphBuilder",
+    "ImportedGraph",
+    "INLINE_LIMIT",
+    "ModelImportError",
+    "dtype_of",
+    "graph_name",
+    "parameter_names",
+]

@@ -66,9 +66,7 @@ def strided_slice(
     return y
 
 
-def slice_update(
-    b: GraphBuilder, x: str, update: str, start: Sequence[int], step: Sequence[int], where: str
-) -> str:
+def slice_update(b: GraphBuilder, x: str, update: str, start: Sequence[int], step: Sequence[int], where: str) -> str:
     """``x`` with ``update`` written at positions ``start + k * step`` (k < the update's size) per axis.
 
     Negative steps become positive ones over the reversed update; unit steps are slices and concats
@@ -149,8 +147,10 @@ def point_scatter(
     shape = b.type(x).shape
     index_shape = b.type(indices[0]).shape
     window = b.type(updates).shape[len(index_shape) :]
-    if sorted(axes) != list(range(len(shape))) or any(b.type(i).shape != index_shape for i in indices) or any(
-        size != 1 for size in window
+    if (
+        sorted(axes) != list(range(len(shape)))
+        or any(b.type(i).shape != index_shape for i in indices)
+        or any(size != 1 for size in window)
     ):
         raise ModelImportError(
             f"{where}: only a scatter of single elements with one index array per axis is supported (x[i, j, k] = v)"

@@ -62,6 +62,7 @@ def raised_at(exc: BaseException) -> SourceLoc | None:
 
 def _signature(record: dict) -> tuple:
     """What identifies a primitive across exports: name, arguments, operand and result types."""
+
     def types(values: list) -> tuple:
         return tuple((tuple(shape), str(dtype)) for _key, shape, dtype in values)
 

@@ -174,7 +174,13 @@ def sdpa_lse(q: Tensor, k: Tensor, v: Tensor, **options: Any) -> Tensor:
 
 
 def _attention(
-    op: str, q: Tensor, k: Tensor, v: Tensor, *, scale: float | None = None, mask: Tensor | None = None,
+    op: str,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    scale: float | None = None,
+    mask: Tensor | None = None,
     causal: str | None = None,
 ) -> Tensor:
     operands = [q, k, v] + ([mask] if mask is not None else [])

@@ -101,18 +101,39 @@ class Tensor:
         return f"Tensor({self.name}: {self.type})"
 
     def __bool__(self) -> bool:
-        raise AttnpassError(f"{self!r}: a traced tensor has no value; data-dependent Python control flow cannot be traced")
+        raise AttnpassError(
+            f"{self!r}: a traced tensor has no value; data-dependent Python control flow cannot be traced"
+        )
 
-    def __add__(self, other): return binary("add", self, other)  # noqa: E704
-    def __radd__(self, other): return binary("add", other, self)  # noqa: E704
-    def __sub__(self, other): return binary("sub", self, other)  # noqa: E704
-    def __rsub__(self, other): return binary("sub", other, self)  # noqa: E704
-    def __mul__(self, other): return binary("mul", self, other)  # noqa: E704
-    def __rmul__(self, other): return binary("mul", other, self)  # noqa: E704
-    def __truediv__(self, other): return binary("div", self, other)  # noqa: E704
-    def __rtruediv__(self, other): return binary("div", other, self)  # noqa: E704
-    def __matmul__(self, other): return emit("matmul", [self, other])  # noqa: E704
-    def __neg__(self): return emit("neg", [self])  # noqa: E704
+    def __add__(self, other):
+        return binary("add", self, other)  # noqa: E704
+
+    def __radd__(self, other):
+        return binary("add", other, self)  # noqa: E704
+
+    def __sub__(self, other):
+        return binary("sub", self, other)  # noqa: E704
+
+    def __rsub__(self, other):
+        return binary("sub", other, self)  # noqa: E704
+
+    def __mul__(self, other):
+        return binary("mul", self, other)  # noqa: E704
+
+    def __rmul__(self, other):
+        return binary("mul", other, self)  # noqa: E704
+
+    def __truediv__(self, other):
+        return binary("div", self, other)  # noqa: E704
+
+    def __rtruediv__(self, other):
+        return binary("div", other, self)  # noqa: E704
+
+    def __matmul__(self, other):
+        return emit("matmul", [self, other])  # noqa: E704
+
+    def __neg__(self):
+        return emit("neg", [self])  # noqa: E704
 
     def reshape(self, *shape: int | Sequence[int]) -> "Tensor":
         from . import ops
@@ -184,7 +205,9 @@ def constant(value: Any, dtype: DType | str | None = None, *, like: Tensor | Non
     else:
         flat = [int(v) for v in flat]
     trace = _trace_of([like] if like is not None else [], "constant")
-    name = trace.graph.add_node("constant", [], {"value": tuple(flat), "shape": arr.shape, "dtype": dt}, loc=user_location())
+    name = trace.graph.add_node(
+        "constant", [], {"value": tuple(flat), "shape": arr.shape, "dtype": dt}, loc=user_location()
+    )
     return Tensor(trace, name)
 
 

@@ -125,6 +125,7 @@ def test_one_trace_per_cache_buffer_length(monkeypatch):
 
     monkeypatch.setattr(KVCache, "step", 16)
     model = tiny_lm("llama", layers=1)
+
     def greedy() -> tuple[list[int], np.ndarray]:
         steps = list(generate_step(mx.array(PROMPT), model, max_tokens=TOKENS))
         return [t for t, _ in steps], np.stack([np.array(p.astype(mx.float32)) for _, p in steps])

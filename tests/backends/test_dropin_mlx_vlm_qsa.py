@@ -25,6 +25,7 @@ vlm_config = lazy_import("mlx_vlm.models.qwen4_exp.config")
 
 PROMPT, STEPS, QSA_LAYERS, VOCAB = 40, 10, 2, 64
 
+
 def prefill_kept(rows: int = PROMPT) -> str:
     return (
         f"qsa-gather kept the masked form: masked path kept: prefill-shaped: {rows} query rows per stream > "

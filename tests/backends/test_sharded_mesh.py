@@ -76,8 +76,6 @@ def assert_equals_the_original(case: dict) -> None:
     assert case["reference_error"] <= rtol, f"{case['case']}: {case['reference_error']} > {rtol}"
 
 
-
-
 def assert_kv_split_evenly(case: dict) -> None:
     per_device = case["kv_bytes_total"] // case["devices"]
     assert case["kv_bytes_per_device"] == [per_device], case["case"]  # every device the same, 1/8 of the whole

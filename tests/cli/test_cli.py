@@ -88,7 +88,7 @@ def test_run_applies_the_pipeline_prints_remarks_and_saves(cli, verify_json, tmp
     assert out.count("// after ") == 1 and f"// after head-chunk\n{expected}\n" in out
     assert "[head-chunk] applied sdpa: q_len*gqa = 48 > 32 (q_len 4, gqa 12): 4 subcalls" in out
     assert "[dce] declined: no dead values" in out and "[narrow-inputs] declined mask:" in out
-    table = out[out.index("pass "):].splitlines()
+    table = out[out.index("pass ") :].splitlines()
     assert table[0].split() == ["pass", "runs", "total", "ms", "%"]
     assert [row.split()[0] for row in table[1:6]] == ["dce", "head-chunk", "qsa-gather", "narrow-inputs", "total"]
     assert out.rstrip().endswith(f"// wrote {out_path}: changed, 5 -> 17 nodes")
@@ -199,7 +199,7 @@ def test_render_without_graphviz_says_how_to_get_it(cli, verify_json, tmp_path, 
 def test_lower_prints_the_generated_source(cli, verify_json, target, call):
     status, out, _ = cli("lower", "--target", target, verify_json)
     assert status == 0
-    assert f"def attention(q, k_cache, v_cache, mask):\n    \"\"\"{target} program for graph attention" in out
+    assert f'def attention(q, k_cache, v_cache, mask):\n    """{target} program for graph attention' in out
     assert call in out and "# sdpa:bf16[1,24,4,256]" in out
     assert "#" not in cli("lower", "-t", target, "--no-comments", verify_json)[1].split('"""')[-1]
 

@@ -79,7 +79,9 @@ def test_a_backend_failure_during_export_is_one_line(cli, graph_json, tmp_path, 
     )
 
 
-@pytest.mark.parametrize("command", [["show"], ["lower", "-t", "mlx"], ["export", "-t", "stablehlo"], ["run", "-p", "dce"]])
+@pytest.mark.parametrize(
+    "command", [["show"], ["lower", "-t", "mlx"], ["export", "-t", "stablehlo"], ["run", "-p", "dce"]]
+)
 def test_huge_dims_are_one_line_everywhere(cli, graph_json, command):
     def huge(doc):
         doc["nodes"][1]["attrs"]["shape"][2] = doc["nodes"][1]["type"]["shape"][2] = 2**40
@@ -316,13 +318,17 @@ def test_the_printed_replay_command_works_as_printed(tmp_path, graph_json):
     (repro,) = crashes.iterdir()
     assert json.loads(repro.read_text())["load"] == [str(plugin)]
     replay = done.stderr.splitlines()[-1]
-    assert replay == f"replay with: attnpass --load {shlex.quote(str(plugin))} run --reproducer {shlex.quote(str(repro))}"
+    assert (
+        replay == f"replay with: attnpass --load {shlex.quote(str(plugin))} run --reproducer {shlex.quote(str(repro))}"
+    )
     again = subprocess.run(replay.removeprefix("replay with: "), shell=True, capture_output=True, text=True, env=env)
     assert again.returncode == 1
     assert again.stderr == "attnpass: error: pass 'hardening-boom' failed (after: none): RuntimeError: boom\n"
     alone = subprocess.run(["attnpass", "run", "--reproducer", str(repro)], capture_output=True, text=True, env=env)
     assert alone.returncode == 1 and alone.stderr.count("\n") == 1
-    assert "unknown pass 'hardening-boom'" in alone.stderr and f"needs --load {shlex.quote(str(plugin))}" in alone.stderr
+    assert (
+        "unknown pass 'hardening-boom'" in alone.stderr and f"needs --load {shlex.quote(str(plugin))}" in alone.stderr
+    )
 
 
 def test_builtin_pass_crashes_record_no_load(cli, graph_json, tmp_path, monkeypatch):

@@ -230,7 +230,10 @@ def test_constant_rule():
 @pytest.mark.parametrize(
     "attrs, message",
     [
-        ({"value": (1.0, 2.0, 3.0), "shape": (2, 2), "dtype": F32}, "constant: 3 values for shape [2, 2] (need 1 or 4)"),
+        (
+            {"value": (1.0, 2.0, 3.0), "shape": (2, 2), "dtype": F32},
+            "constant: 3 values for shape [2, 2] (need 1 or 4)",
+        ),
         ({"value": (), "shape": (2,), "dtype": F32}, "constant: 0 values for shape [2] (need 1 or 2)"),
         ({"value": (1.0,), "shape": (-1,), "dtype": F32}, "constant: shape [-1] has negative dims"),
         ({"value": (1.5,), "shape": (), "dtype": I32}, "constant: value 1.5 is not an integer, but dtype is int32"),
@@ -353,8 +356,18 @@ def test_slice_rule():
 @pytest.mark.parametrize(
     "start, stop, step, message",
     [
-        ((0,), (2,), (1,), "slice: start/stop/step need one entry per axis of f32[2,3], got start=[0] stop=[2] step=[1]"),
-        ((0, 0), (2, 4), (1, 1), "slice: axis 1 of f32[2,3]: start=0 stop=4 step=1 invalid (need 0 <= start <= stop <= 3"),
+        (
+            (0,),
+            (2,),
+            (1,),
+            "slice: start/stop/step need one entry per axis of f32[2,3], got start=[0] stop=[2] step=[1]",
+        ),
+        (
+            (0, 0),
+            (2, 4),
+            (1, 1),
+            "slice: axis 1 of f32[2,3]: start=0 stop=4 step=1 invalid (need 0 <= start <= stop <= 3",
+        ),
         ((0, 2), (2, 1), (1, 1), "slice: axis 1 of f32[2,3]: start=2 stop=1 step=1 invalid"),
         ((-1, 0), (2, 3), (1, 1), "slice: axis 0 of f32[2,3]: start=-1 stop=2 step=1 invalid"),
         (
@@ -499,7 +512,12 @@ def test_sdpa_float_dtypes(dtype):
             "sdpa: query heads 24 not divisible by kv heads 5 (q=bf16[1,24,5,256], k=bf16[1,5,64,256])",
         ),
         (Q, (1, 0, 64, 256), (1, 0, 64, 256), "sdpa: query heads 24 not divisible by kv heads 0"),
-        (Q, (1, 2, 64, 128), (1, 2, 64, 256), "sdpa: head dims differ: q=bf16[1,24,5,256] k=bf16[1,2,64,128] (256 != 128)"),
+        (
+            Q,
+            (1, 2, 64, 128),
+            (1, 2, 64, 256),
+            "sdpa: head dims differ: q=bf16[1,24,5,256] k=bf16[1,2,64,128] (256 != 128)",
+        ),
         (Q, KV, (1, 2, 63, 256), "sdpa: k and v must agree on heads and length: k=bf16[1,2,64,256] v=bf16[1,2,63,256]"),
         (Q, KV, (1, 1, 64, 256), "sdpa: k and v must agree on heads and length: k=bf16[1,2,64,256] v=bf16[1,1,64,256]"),
         (Q, (2, 2, 64, 256), (2, 2, 64, 256), "sdpa: batch sizes differ: q=bf16[1,24,5,256] k=bf16[2,2,64,256]"),
@@ -567,7 +585,10 @@ def test_sdpa_causal_kinds(causal):
 @pytest.mark.parametrize(
     "attrs, message",
     [
-        ({"causal": "upper"}, "sdpa: attribute causal: expected one of 'none', 'top_left', 'bottom_right', got 'upper'"),
+        (
+            {"causal": "upper"},
+            "sdpa: attribute causal: expected one of 'none', 'top_left', 'bottom_right', got 'upper'",
+        ),
         ({"causal": True}, "sdpa: attribute causal: expected one of"),
         ({"scale": math.inf}, "sdpa: attribute scale: expected a finite number or None, got inf"),
         ({"scale": math.nan}, "sdpa: attribute scale: expected a finite number or None, got nan"),

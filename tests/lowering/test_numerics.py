@@ -35,7 +35,14 @@ from attnpass.ir import DType, Graph, TensorSpec, ops, trace
 from attnpass.ir.dialects.evaluate import rounded
 from attnpass.lowering import lower
 from tests.util import (
-    FLOAT_DTYPES, assert_bits_equal, assert_close, bits, lazy_import, random_array, requires, target_params,
+    FLOAT_DTYPES,
+    assert_bits_equal,
+    assert_close,
+    bits,
+    lazy_import,
+    random_array,
+    requires,
+    target_params,
 )
 
 mx = lazy_import("mlx.core")
@@ -422,7 +429,7 @@ CONSTANT_CASES = [(dt, name) for dt in ALL for name, *_ in _constant_graphs(dt)]
 
 
 def _constant_case(dt: DType, name: str):
-    (fn, xs, expected), = [g[1:] for g in _constant_graphs(dt) if g[0] == name]
+    ((fn, xs, expected),) = [g[1:] for g in _constant_graphs(dt) if g[0] == name]
     return trace(fn, *specs(xs), name=name), xs, expected
 
 

@@ -17,7 +17,14 @@ from attnpass.ir import DType, TensorType
 from attnpass.ir.dialects.evaluate import rounded
 from attnpass.lowering import lower
 from tests.util import (
-    assert_bits_equal, assert_close, bits, lazy_import, one_op_graph, random_array, requires, target_params,
+    assert_bits_equal,
+    assert_close,
+    bits,
+    lazy_import,
+    one_op_graph,
+    random_array,
+    requires,
+    target_params,
 )
 
 mx = lazy_import("mlx.core")

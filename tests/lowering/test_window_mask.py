@@ -100,8 +100,14 @@ def test_the_window_changes_the_result():
 
 
 @settings(max_examples=200, deadline=None)
-@given(s=st.integers(1, 12), t=st.integers(1, 12), causal=st.sampled_from(["none", "top_left", "bottom_right"]),
-       left=st.none() | st.integers(1, 6), right=st.none() | st.integers(0, 4), chunk=st.none() | st.integers(1, 5))
+@given(
+    s=st.integers(1, 12),
+    t=st.integers(1, 12),
+    causal=st.sampled_from(["none", "top_left", "bottom_right"]),
+    left=st.none() | st.integers(1, 6),
+    right=st.none() | st.integers(0, 4),
+    chunk=st.none() | st.integers(1, 5),
+)
 def test_key_ranges_are_exactly_the_visible_keys(s, t, causal, left, right, chunk):
     window = Window(left, None if causal != "none" else right, chunk)
     if window == Window():

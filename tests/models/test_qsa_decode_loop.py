@@ -70,9 +70,14 @@ def make_weights(seed: int = 7) -> dict:
     hq, hkv, di = CFG.n_q_heads * CFG.head_dim, CFG.n_kv_heads * CFG.head_dim, CFG.idx_dim
     layers = [
         {
-            "wq": mat(D_MODEL, hq) * 4, "wk": mat(D_MODEL, hkv), "wv": mat(D_MODEL, hkv), "wo": mat(hq, D_MODEL) * 4,
-            "wiq": mat(D_MODEL, CFG.idx_heads * di), "wik": mat(D_MODEL, di),
-            "w1": mat(D_MODEL, 2 * D_MODEL), "w2": mat(2 * D_MODEL, D_MODEL),
+            "wq": mat(D_MODEL, hq) * 4,
+            "wk": mat(D_MODEL, hkv),
+            "wv": mat(D_MODEL, hkv),
+            "wo": mat(hq, D_MODEL) * 4,
+            "wiq": mat(D_MODEL, CFG.idx_heads * di),
+            "wik": mat(D_MODEL, di),
+            "w1": mat(D_MODEL, 2 * D_MODEL),
+            "w2": mat(2 * D_MODEL, D_MODEL),
         }  # fmt: skip
         for _ in range(LAYERS)
     ]

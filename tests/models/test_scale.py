@@ -41,7 +41,9 @@ def test_48_layers_trace_rewrite_and_lower_to_mlx():
     assert applied["qsa-gather"] == 12 and applied["head-chunk"] == 36 and applied["narrow-inputs"] == 1
     ops = Counter(n.op for n in result.graph.nodes())
     assert ops["qsa_mask"] == 0 and ops["qsa_cells"] == 12
-    assert ops["sdpa"] == 12 * 1 + 36 * 4  # the 4 rows of a QSA layer in one gathered call, 4 head chunks per dense layer
+    assert (
+        ops["sdpa"] == 12 * 1 + 36 * 4
+    )  # the 4 rows of a QSA layer in one gathered call, 4 head chunks per dense layer
     assert result.graph.node("mask").type.shape == (1, 4, 8192)  # the padded [1, 64, T] mask, narrowed to 4 rows
     assert program.source.count("mx.fast.scaled_dot_product_attention(") == ops["sdpa"]
     assert seconds < 20, f"trace + pipeline + lowering of 48 layers took {seconds:.1f} s"

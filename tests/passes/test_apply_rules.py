@@ -36,7 +36,9 @@ def test_one_remark_per_candidate_in_graph_order_with_the_rule_as_a_field():
     hits = apply_rules(graph, [rule("r", lambda g, n: Decline("too hot") if n.name == second else n)], remarks)
     assert hits == {"r": 2}
     assert [(r.kind, r.node, r.rule) for r in remarks.items] == [
-        ("applied", first, "r"), ("declined", second, "r"), ("applied", third, "r")
+        ("applied", first, "r"),
+        ("declined", second, "r"),
+        ("applied", third, "r"),
     ]
     assert remarks.items[1].message == "too hot"  # one rule: the message is the reason alone
     assert exps(graph) == [second]
@@ -102,14 +104,18 @@ def test_sweeps_revisit_declines_and_keep_the_last_decision():
     assert [(r.kind, r.node) for r in remarks.items] == [("declined", first), ("declined", second), ("applied", third)]
     graph, remarks = trace(f, TensorSpec((4,))), Remarks("p")
     assert apply_rules(graph, [negs], remarks, max_sweeps=3) == {"r": 3}
-    assert sorted((r.kind, r.node, r.rule) for r in remarks.items) == [("applied", n, "r") for n in (first, second, third)]
+    assert sorted((r.kind, r.node, r.rule) for r in remarks.items) == [
+        ("applied", n, "r") for n in (first, second, third)
+    ]
     assert not [n for n in graph.nodes() if n.op == "neg"]
 
 
 def test_a_rewrite_that_does_not_replace_the_anchor_is_an_error():
     graph = chain()
     lazy = Rule("lazy", "exp", lambda g, n: n, lambda rw, n: None, lambda n: "nothing")
-    with pytest.raises(AssertionError, match=r"rule lazy \(test_apply_rules.py:\d+\) rewrote .* without replace_matched"):
+    with pytest.raises(
+        AssertionError, match=r"rule lazy \(test_apply_rules.py:\d+\) rewrote .* without replace_matched"
+    ):
         apply_rules(graph, [lazy], Remarks("p"))
 
 

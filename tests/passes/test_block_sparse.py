@@ -115,8 +115,14 @@ def test_the_device_plan_gives_block_q():
 
 
 @settings(max_examples=300, deadline=None)
-@given(s=st.integers(1, 40), extra=st.integers(0, 20), causal=st.sampled_from(["top_left", "bottom_right"]),
-       left=st.none() | st.integers(1, 30), chunk=st.none() | st.integers(1, 25), block_q=st.integers(1, 16))
+@given(
+    s=st.integers(1, 40),
+    extra=st.integers(0, 20),
+    causal=st.sampled_from(["top_left", "bottom_right"]),
+    left=st.none() | st.integers(1, 30),
+    chunk=st.none() | st.integers(1, 25),
+    block_q=st.integers(1, 16),
+)
 def test_the_tile_plan_covers_every_visible_pair_once(s, extra, causal, left, chunk, block_q):
     t = s + extra
     window = None if left is None and chunk is None else Window(left, None, chunk)

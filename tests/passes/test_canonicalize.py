@@ -100,7 +100,9 @@ def test_fold_evaluates_like_the_numpy_target_bit_for_bit(rng, op, types, attrs)
     graph = Graph("one_op")
     names = [graph.add_input(f"x{i}", t) for i, t in enumerate(types)]
     graph.set_outputs([graph.add_node(op, names, attrs)])
-    low = {"rsqrt": 0.25, "sqrt": 0.0, "floor_divide": 1, "remainder": 1, "take": 0}.get(op, -2.0)  # no zero divisors, no negative indices
+    low = {"rsqrt": 0.25, "sqrt": 0.0, "floor_divide": 1, "remainder": 1, "take": 0}.get(
+        op, -2.0
+    )  # no zero divisors, no negative indices
     arrays = [random_array(rng, t.shape, t.dtype, low=low, high=4 if op == "take" else 2.0) for t in types]
     node = graph.node(graph.outputs[0])
     assert_bits_equal(evaluate(op, node.attrs, arrays, node.type), run(lower(graph, "numpy"), *arrays))
@@ -146,7 +148,9 @@ def test_correctly_rounded_folds_are_what_every_target_computes(target, dtype):
         arity = 1 if op == "sqrt" else 2
         arrays = [_samples(rng, dtype, n) for _ in range(arity)]
         graph = Graph(op)
-        graph.set_outputs([graph.add_node(op, [graph.add_input(f"x{i}", TensorType((n,), dtype)) for i in range(arity)])])
+        graph.set_outputs(
+            [graph.add_node(op, [graph.add_input(f"x{i}", TensorType((n,), dtype)) for i in range(arity)])]
+        )
         folded = evaluate(op, {}, arrays, graph.node(graph.outputs[0]).type)
         got = run(lower(graph, target), *arrays)
         keep = ~_target_defined(dtype, *arrays, folded)
@@ -164,7 +168,9 @@ def _fold_one(fn, *specs):
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 def test_sqrt_of_a_constant_folds_in_its_own_dtype():
     for dtype, expected in (("bfloat16", 0x4035), ("float16", 0x41A8), ("float32", 0x403504F3)):
-        graph, result, declined = _fold_one(lambda x: x / ops.sqrt(ops.constant(8.0, dtype, like=x)), TensorSpec((4,), dtype))
+        graph, result, declined = _fold_one(
+            lambda x: x / ops.sqrt(ops.constant(8.0, dtype, like=x)), TensorSpec((4,), dtype)
+        )
         assert _ops(result.graph) == ["constant", "div"] and not declined, declined
         (c,) = [n for n in result.graph.nodes() if n.op == "constant"]
         value = np.asarray(c.attrs["value"], np.float64).astype(DType.parse(dtype).numpy)
@@ -211,7 +217,6 @@ def test_folding_an_attention_temperature_from_positions_is_exact_everywhere():
     (bucket,) = [n for n in result.graph.nodes() if n.op == "constant" and n.type.shape == (12,)]
     assert bucket.attrs["value"] == tuple(float(v) for v in np.floor((np.arange(12) + 1) / 4) + 1)
     _same_bits_everywhere(graph, result.graph, random_array(np.random.default_rng(5), (2, 12), "float32"))
-
 
 
 def test_folding_computes_a_scale_from_constants_in_the_ops_dtype():

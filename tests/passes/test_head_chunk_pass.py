@@ -217,8 +217,12 @@ def masked(mask_shape, mask_dtype="bf16", causal=None, batch=1) -> Graph:
 @pytest.mark.parametrize(
     "shape, dtype",
     [
-        ((1, 1, 4, 32), "bool"), ((1, 1, 4, 32), "bf16"), ((4, 32), "bool"), ((32,), "bf16"),
-        ((1, 4, 32), "bool"), ((), "bf16"),
+        ((1, 1, 4, 32), "bool"),
+        ((1, 1, 4, 32), "bf16"),
+        ((4, 32), "bool"),
+        ((32,), "bf16"),
+        ((1, 4, 32), "bool"),
+        ((), "bf16"),
     ],  # fmt: skip
     ids=["bool-head1", "additive-head1", "2d", "1d", "rank3-head1", "scalar"],
 )
@@ -317,7 +321,9 @@ def test_pass_is_a_frozen_named_dataclass():
         ON.budget = 8  # type: ignore[misc]
 
 
-@pytest.mark.parametrize("kwargs", [{"budget": 0}, {"budget": -3}, {"budget": 2.5}, {"budget": True}, {"enabled": "off"}])
+@pytest.mark.parametrize(
+    "kwargs", [{"budget": 0}, {"budget": -3}, {"budget": 2.5}, {"budget": True}, {"enabled": "off"}]
+)
 def test_invalid_options_are_rejected_with_the_valid_range(kwargs):
     with pytest.raises(ValueError, match="budget must be an int >= 1|enabled must be True, False or None"):
         HeadChunkSDPA(**kwargs)

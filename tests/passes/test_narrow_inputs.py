@@ -48,9 +48,17 @@ def test_input_read_through_one_slice_is_narrowed_in_place():
         f"(resident), {2 * 64 * 8 * 2} -> {2 * 2 * 4 * 2} bytes of device memory"  # resident: not sent per call
     )
     rng = np.random.default_rng(0)
-    x, mask, w = rng.standard_normal((2, 2, 4), np.float32), rng.standard_normal((2, 64, 8)).astype(np.float16), rng.standard_normal((4, 4), np.float32)
+    x, mask, w = (
+        rng.standard_normal((2, 2, 4), np.float32),
+        rng.standard_normal((2, 64, 8)).astype(np.float16),
+        rng.standard_normal((4, 4), np.float32),
+    )
     program = lower(out, "numpy")
-    assert program.signature() == [("x", out.node("x").type, "streamed"), ("mask", out.node("mask").type, "resident"), ("w", out.node("w").type, "streamed")]
+    assert program.signature() == [
+        ("x", out.node("x").type, "streamed"),
+        ("mask", out.node("mask").type, "resident"),
+        ("w", out.node("w").type, "streamed"),
+    ]
     np.testing.assert_array_equal(run(program, x, mask[:, 1:3, ::2], w), run(lower(g, "numpy"), x, mask, w))
 
 

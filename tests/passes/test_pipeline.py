@@ -198,7 +198,7 @@ def test_registration_rejects_clashes_bad_names_and_non_passes():
         register_pass(int)  # type: ignore[arg-type]
 
 
-PLUGIN = '''
+PLUGIN = """
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -221,7 +221,7 @@ class Misnamed(Pass):
 
     def run(self, graph, remarks):
         return False
-'''
+"""
 
 
 @pytest.fixture

@@ -73,7 +73,9 @@ DEPTHS = [70, 71, 73, 128]  # at the threshold 2 * W = 70 and around it
 
 @requires("mlx.core", "jax")
 @pytest.mark.parametrize("n_kv", DEPTHS)
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
 @given(data=st.data())
 def test_gathered_cells_are_exactly_the_masked_set(n_kv, data):
     tails = data.draw(st.lists(st.integers(0, R - 1), min_size=BATCH, max_size=BATCH))

@@ -132,29 +132,61 @@ def _select(scores, positions, ratio=2):
     "graph, reason",
     [
         (lambda: trace(lambda q, k, v: ops.sdpa(q, k, v), *DECODE_SPECS[:3]), "sdpa has no mask"),
-        (lambda: _variant(lambda s, p, vis, _: ops.where(ops.qsa_mask(_select(s, p), p, ratio=2, kv_len=12), vis, -math.inf),
-                          causal="bottom_right"), "sdpa has causal='bottom_right'"),
+        (
+            lambda: _variant(
+                lambda s, p, vis, _: ops.where(ops.qsa_mask(_select(s, p), p, ratio=2, kv_len=12), vis, -math.inf),
+                causal="bottom_right",
+            ),
+            "sdpa has causal='bottom_right'",
+        ),
         (lambda: _variant(lambda s, p, vis, _: ops.less(vis, 0.0)), "the mask is less less, not qsa_mask"),
-        (lambda: _variant(lambda s, p, vis, _: ops.where(ops.qsa_mask(_select(s, p), p, ratio=2, kv_len=12), vis, 0.0)),
-         "the else branch is not a constant -inf"),
-        (lambda: _variant(lambda s, p, vis, _: ops.where(ops.less(vis, 1.0), vis, -math.inf)), "the condition is not a qsa_mask"),
-        (lambda: _variant(lambda s, p, vis, _: ops.logical_and(ops.qsa_mask(_select(s, p), p, ratio=2, kv_len=12),
-                                                            ops.qsa_mask(_select(s, p), p, ratio=2, kv_len=12))),
-         "is a bool logical_and"),
-        (lambda: _variant(lambda s, p, vis, sel: ops.qsa_mask(sel, p, ratio=2, kv_len=12), extra=(1, 1, 2)),
-         "the selection extra of qsa_mask is input, not qsa_select"),
-        (lambda: _variant(lambda s, p, vis, p2: ops.qsa_mask(_select(s, p), p2, ratio=2, kv_len=12)),
-         "positions differ: qsa_select reads positions, qsa_mask reads extra"),
-        (lambda: _variant(lambda s, p, vis, _: ops.qsa_mask(_select(s, p, ratio=3), p, ratio=2, kv_len=12)),
-         "ratio differs: qsa_select has ratio=3, qsa_mask ratio=2"),
-        (lambda: _variant(lambda s, p, vis, _: ops.qsa_mask(_select(s, p), p, ratio=2, kv_len=1)),
-         "qsa_mask has kv_len=1 but the cache k has n_kv=12"),
-        (lambda: _variant(lambda s, p, vis, _: ops.qsa_mask(_select(s, p), p, ratio=2, kv_len=10), n_kv=10),
-         "block scores cover 6 blocks x ratio 2 = 12 cells > n_kv=10"),
-        (lambda: _variant(lambda s, p, vis, _: ops.qsa_mask(_select(s, p), p, ratio=2, kv_len=12), q_rows=9),
-         "prefill-shaped: 9 query rows per stream > max_rows=8"),
-        (lambda: _variant(lambda s, p, vis, _: ops.qsa_mask(_select(s, p), p, ratio=2, kv_len=12), n_kv=12),
-         None),  # the control: this one applies
+        (
+            lambda: _variant(
+                lambda s, p, vis, _: ops.where(ops.qsa_mask(_select(s, p), p, ratio=2, kv_len=12), vis, 0.0)
+            ),
+            "the else branch is not a constant -inf",
+        ),
+        (
+            lambda: _variant(lambda s, p, vis, _: ops.where(ops.less(vis, 1.0), vis, -math.inf)),
+            "the condition is not a qsa_mask",
+        ),
+        (
+            lambda: _variant(
+                lambda s, p, vis, _: ops.logical_and(
+                    ops.qsa_mask(_select(s, p), p, ratio=2, kv_len=12),
+                    ops.qsa_mask(_select(s, p), p, ratio=2, kv_len=12),
+                )
+            ),
+            "is a bool logical_and",
+        ),
+        (
+            lambda: _variant(lambda s, p, vis, sel: ops.qsa_mask(sel, p, ratio=2, kv_len=12), extra=(1, 1, 2)),
+            "the selection extra of qsa_mask is input, not qsa_select",
+        ),
+        (
+            lambda: _variant(lambda s, p, vis, p2: ops.qsa_mask(_select(s, p), p2, ratio=2, kv_len=12)),
+            "positions differ: qsa_select reads positions, qsa_mask reads extra",
+        ),
+        (
+            lambda: _variant(lambda s, p, vis, _: ops.qsa_mask(_select(s, p, ratio=3), p, ratio=2, kv_len=12)),
+            "ratio differs: qsa_select has ratio=3, qsa_mask ratio=2",
+        ),
+        (
+            lambda: _variant(lambda s, p, vis, _: ops.qsa_mask(_select(s, p), p, ratio=2, kv_len=1)),
+            "qsa_mask has kv_len=1 but the cache k has n_kv=12",
+        ),
+        (
+            lambda: _variant(lambda s, p, vis, _: ops.qsa_mask(_select(s, p), p, ratio=2, kv_len=10), n_kv=10),
+            "block scores cover 6 blocks x ratio 2 = 12 cells > n_kv=10",
+        ),
+        (
+            lambda: _variant(lambda s, p, vis, _: ops.qsa_mask(_select(s, p), p, ratio=2, kv_len=12), q_rows=9),
+            "prefill-shaped: 9 query rows per stream > max_rows=8",
+        ),
+        (
+            lambda: _variant(lambda s, p, vis, _: ops.qsa_mask(_select(s, p), p, ratio=2, kv_len=12), n_kv=12),
+            None,
+        ),  # the control: this one applies
     ],
 )
 def test_each_precondition_declines_with_its_reason(graph, reason):
@@ -268,7 +300,12 @@ def _given(q, k, v, selection, positions):
     return ops.sdpa(q, k, v, mask=ops.qsa_mask(selection, positions, ratio=2, kv_len=12), scale=0.5)
 
 
-GIVEN_SPECS = (TensorSpec((1, 4, 2, 8)), *DECODE_SPECS[1:3], TensorSpec((1, 2, 3), "int32"), TensorSpec((1, 2), "int32"))
+GIVEN_SPECS = (
+    TensorSpec((1, 4, 2, 8)),
+    *DECODE_SPECS[1:3],
+    TensorSpec((1, 2, 3), "int32"),
+    TensorSpec((1, 2), "int32"),
+)
 
 
 def test_a_promised_selection_input_is_gathered_exactly_in_any_order_with_minus_one_anywhere(rng):

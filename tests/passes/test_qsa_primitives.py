@@ -58,7 +58,9 @@ def test_mlx_masked_attends_the_whole_cache(layers):
     program = lower(graph, "mlx")
     (softmax,) = [p for p in primitives(program, **inputs) if p.name == "Softmax"]
     assert softmax.inputs[0][0][-1] == N_KV
-    assert_primitive_counts(program, {"Softmax": 1, "Matmul": 3, "Gather": 3, "ScatterAxis": 1, "Partition": 1}, **inputs)
+    assert_primitive_counts(
+        program, {"Softmax": 1, "Matmul": 3, "Gather": 3, "ScatterAxis": 1, "Partition": 1}, **inputs
+    )
 
 
 def _leaf_equations(jaxpr):

@@ -48,7 +48,9 @@ def _repeat_kv(x, groups, *, tile=False):
     """[B, Hkv, T, D] -> [B, Hkv*groups, T, D]: repeat (h // groups) or, with tile, h % Hkv."""
     b, h, t, d = x.shape
     if tile:
-        return ops.reshape(ops.broadcast_to(ops.reshape(x, (b, 1, h, t, d)), (b, groups, h, t, d)), (b, h * groups, t, d))
+        return ops.reshape(
+            ops.broadcast_to(ops.reshape(x, (b, 1, h, t, d)), (b, groups, h, t, d)), (b, h * groups, t, d)
+        )
     return ops.reshape(ops.broadcast_to(ops.reshape(x, (b, h, 1, t, d)), (b, h, groups, t, d)), (b, h * groups, t, d))
 
 
@@ -148,7 +150,12 @@ def test_mlx_fast_sdpa_fallback_raises_bit_exactly(rng, mask_kind, hkv):
     k, v = k[:, :1].repeat(hkv, 1), v[:, :1].repeat(hkv, 1)
     bool_mask = rng.random((B, 1, S, T)) < 0.8
     bool_mask[..., 0] = True
-    masks = {"none": None, "bool": bool_mask, "additive": np.where(bool_mask, 0.0, -1e9).astype(np.float32), "causal": "causal"}
+    masks = {
+        "none": None,
+        "bool": bool_mask,
+        "additive": np.where(bool_mask, 0.0, -1e9).astype(np.float32),
+        "causal": "causal",
+    }
     mask = masks[mask_kind]
     args = [mx.array(a) for a in (q, k, v)] + ([mx.array(mask)] if isinstance(mask, np.ndarray) else [])
 
@@ -178,7 +185,9 @@ def test_mlx_handwritten_attention_with_repeat_kv(rng):
     result = _raise(from_mlx(attention, q, k, v, mask).graph)
     (sdpa,) = _sdpas(result.graph)
     assert result.graph.node(sdpa.inputs[1]).type.shape == (B, HKV, T, D)
-    np.testing.assert_allclose(run(lower(result.graph, "mlx"), q, k, v, mask), np.array(attention(q, k, v, mask)), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        run(lower(result.graph, "mlx"), q, k, v, mask), np.array(attention(q, k, v, mask)), rtol=1e-5, atol=1e-6
+    )
 
 
 # ----------------------------------------------------------------------------- JAX
@@ -199,7 +208,9 @@ def test_jax_dot_product_attention_raises(rng, kind):
             return jax.nn.dot_product_attention(q, k, v, bias=jnp.where(m, 0.0, -1e9).astype(jnp.float32))
         return jax.nn.dot_product_attention(q, k, v, is_causal=True)
 
-    result = PassManager([RaiseAttention(), HeadChunkSDPA(enabled=True, budget=4)]).run(from_jax(attention, q, k, v, m).graph)
+    result = PassManager([RaiseAttention(), HeadChunkSDPA(enabled=True, budget=4)]).run(
+        from_jax(attention, q, k, v, m).graph
+    )
     assert _raised(result)[-1] == "attention"
     assert len(_sdpas(result.graph)) == head_chunk_plan(S, HQ, HKV, budget=4)[1] == 6  # one head per subcall
     expected = np.asarray(attention(q, k, v, m))
@@ -219,7 +230,9 @@ def test_jax_handwritten_einsum_attention_with_repeat_kv(rng):
     result = _raise(from_jax(attention, q, k, v, mask).graph)
     (sdpa,) = _sdpas(result.graph)
     assert sdpa.attrs["scale"] == SCALE
-    np.testing.assert_allclose(run(lower(result.graph, "jax"), q, k, v, mask), np.asarray(attention(q, k, v, mask)), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        run(lower(result.graph, "jax"), q, k, v, mask), np.asarray(attention(q, k, v, mask)), rtol=1e-5, atol=1e-6
+    )
 
 
 def test_every_attention_remark_states_the_sdpa_it_made():

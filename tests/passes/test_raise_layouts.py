@@ -180,7 +180,9 @@ def interleaved_rope_attention(q, k, v):
 def _rotated(x, dtype):
     x = np.asarray(x, np.float64)
     angles = np.outer(np.arange(S), 0.5 ** np.arange(D // 2))
-    cos, sin = (f(angles).astype(np.float32).astype(DType.parse(dtype).numpy).astype(np.float64) for f in (np.cos, np.sin))
+    cos, sin = (
+        f(angles).astype(np.float32).astype(DType.parse(dtype).numpy).astype(np.float64) for f in (np.cos, np.sin)
+    )
     even, odd = x[..., 0::2], x[..., 1::2]
     return np.stack([even * cos - odd * sin, even * sin + odd * cos], axis=-1).reshape(x.shape)
 

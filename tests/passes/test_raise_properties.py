@@ -151,7 +151,11 @@ def build(case: Case):
     b = case.batch or 1
 
     def root_shape(order, heads, rows, dim):
-        dims = {"heads-first": (heads, rows, dim), "rows-first": (rows, heads, dim), "heads-dim-rows": (heads, dim, rows)}
+        dims = {
+            "heads-first": (heads, rows, dim),
+            "rows-first": (rows, heads, dim),
+            "heads-dim-rows": (heads, dim, rows),
+        }
         return dims[order] if case.batch is None else (b, *dims[order])
 
     def canonical(x, order):
@@ -288,8 +292,10 @@ def interpret(graph, arrays, *, exact: bool = False) -> dict[str, np.ndarray]:
                     *xs, scale=node.attrs["scale"], causal=node.attrs["causal"], dtype=node.type.dtype.value
                 )
             elif node.op != "input":
-                values[node.name] = EVALUATORS[node.op](node.attrs, xs, node.type) if exact else evaluate(
-                    node.op, node.attrs, xs, node.type
+                values[node.name] = (
+                    EVALUATORS[node.op](node.attrs, xs, node.type)
+                    if exact
+                    else evaluate(node.op, node.attrs, xs, node.type)
                 )
     return values
 

@@ -66,9 +66,7 @@ def test_head_chunk_slices_the_sinks_per_chunk(variant, mask, target):
 def test_the_other_passes_decline_by_name(variant):
     graph, _ = graph_and_inputs(mask=True, **variant)
     named = "sinks" if variant["sinks"] else "logit_softcap=5"
-    for pass_, says in (
-        (QSAGather(enabled=True), "the QSA gather form has none of them"),
-    ):
+    for pass_, says in ((QSAGather(enabled=True), "the QSA gather form has none of them"),):
         result = pass_(graph)
         assert not result.changed and result.graph == graph
         (remark,) = [r for r in result.declined() if r.node == graph.outputs[0]]

@@ -59,9 +59,7 @@ def _sdpa_lse(n: Node, a: list[str], env: EmitEnv) -> str:
 EMITTERS: dict[str, Emitter] = {
     **{op: _binary(fn) for op, fn in _BINARY.items()},
     **{op: _unary(t) for op, t in _UNARY.items()},
-    "constant": lambda n, a, env: (
-        f"ref.constant({py_literal(n.attrs['value'])}, {py_literal(n.type.shape)}, {_dt(n)})"
-    ),
+    "constant": lambda n, a, env: f"ref.constant({py_literal(n.attrs['value'])}, {py_literal(n.type.shape)}, {_dt(n)})",
     "where": lambda n, a, env: f"np.where({a[0]}, {a[1]}, {a[2]})",
     "cast": lambda n, a, env: f"ref.rounded({a[0]}, {_dt(n)})",
     "reshape": lambda n, a, env: f"np.reshape({a[0]}, {py_literal(n.attrs['shape'])})",

@@ -74,7 +74,16 @@ def _scores(
 
 
 def sdpa(
-    q, k, v, mask=None, sinks=None, *, scale: float, causal: str, dtype: str, softcap: float | None = None,
+    q,
+    k,
+    v,
+    mask=None,
+    sinks=None,
+    *,
+    scale: float,
+    causal: str,
+    dtype: str,
+    softcap: float | None = None,
     window: tuple | None = None,
 ) -> np.ndarray:
     """softmax(q k^T * scale + mask) v in float64; query head h reads kv head h // (Hq / Hkv).

@@ -515,7 +515,9 @@ def test_verifier_rechecks_a_reader_whose_operand_changed():
     copy.retype_input("x", t((4, 9)))  # readers keep their type: n000 is now wrong though it is the same object
     with pytest.raises(VerifyError) as exc:
         copy.verify()
-    assert_node_error(exc, copy, copy.node("n000"), "exp n000: annotated type f32[4,8] but the shape rule gives f32[4,9]")
+    assert_node_error(
+        exc, copy, copy.node("n000"), "exp n000: annotated type f32[4,8] but the shape rule gives f32[4,9]"
+    )
     g.verify()  # the original (and its memo) is untouched by the copy's edit
     copy.replace_node("n000", copy.node("n000").replace(inputs=("ghost",)))
     with pytest.raises(VerifyError, match="operand 'ghost' is not defined"):
@@ -949,8 +951,16 @@ def test_fingerprint_distinguishes_each_single_attribute():
         ("sdpa", {"scale": None, "causal": "top_left", "has_sinks": False, "logit_softcap": None, "window": None}),
         ("sdpa", {"scale": 0.5, "causal": "bottom_right", "has_sinks": False, "logit_softcap": None, "window": None}),
         ("sdpa", {"scale": 0.125, "causal": "top_left", "has_sinks": False, "logit_softcap": 30.0, "window": None}),
-        ("sdpa", {"scale": 0.125, "causal": "top_left", "has_sinks": False, "logit_softcap": None,
-                  "window": (2, None, None)}),
+        (
+            "sdpa",
+            {
+                "scale": 0.125,
+                "causal": "top_left",
+                "has_sinks": False,
+                "logit_softcap": None,
+                "window": (2, None, None),
+            },
+        ),
         ("softmax", {"axis": -1, "precise": False}),
         ("slice", {"start": (0, 0, 1, 0), "stop": (1, 2, 6, 6), "step": (1, 1, 2, 1)}),  # same type
     ]:

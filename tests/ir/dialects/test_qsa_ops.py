@@ -173,20 +173,54 @@ def test_pool_is_the_float32_block_mean_bit_identical_across_targets_and_scores_
 @pytest.mark.parametrize(
     "build, message",
     [
-        (lambda: trace(lambda s, p: ops.qsa_select(s, p, ratio=4, top_k_blocks=2), TensorSpec((1, 1, 8)), TensorSpec((1, 1))),
-         "positions has dtype float32"),
-        (lambda: trace(lambda s, p: ops.qsa_select(s, p, ratio=4, top_k_blocks=2), TensorSpec((1, 1, 8), "float16"), TensorSpec((1, 1), "int32")),
-         "block_scores has dtype float16"),
-        (lambda: trace(lambda s, p: ops.qsa_select(s, p, ratio=0, top_k_blocks=2), TensorSpec((1, 1, 8)), TensorSpec((1, 1), "int32")),
-         "ratio=0 must be >= 1"),
-        (lambda: trace(lambda s, p: ops.qsa_select(s, p, ratio=4, top_k_blocks=2), TensorSpec((1, 2, 8)), TensorSpec((1, 1), "int32")),
-         r"positions i32\[1,1\] must be \[B, S\] = \[1, 2\]"),
-        (lambda: trace(lambda s, p: ops.qsa_mask(s, p, ratio=4, kv_len=16), TensorSpec((1, 1, 2)), TensorSpec((1, 1), "int32")),
-         "selection has dtype float32"),
-        (lambda: trace(lambda s, p: ops.qsa_cells(s, p, ratio=4, width=10, kv_len=64), TensorSpec((1, 1, 2), "int32"), TensorSpec((1, 1), "int32")),
-         "width=10 is too small .* need K\\*ratio \\+ ratio - 1 = 11"),
-        (lambda: trace(lambda q, k: ops.qsa_block_scores(q, k), TensorSpec((1, 1, 4, 8)), TensorSpec((1, 5, 16))),
-         "disagree on B or Di"),
+        (
+            lambda: trace(
+                lambda s, p: ops.qsa_select(s, p, ratio=4, top_k_blocks=2), TensorSpec((1, 1, 8)), TensorSpec((1, 1))
+            ),
+            "positions has dtype float32",
+        ),
+        (
+            lambda: trace(
+                lambda s, p: ops.qsa_select(s, p, ratio=4, top_k_blocks=2),
+                TensorSpec((1, 1, 8), "float16"),
+                TensorSpec((1, 1), "int32"),
+            ),
+            "block_scores has dtype float16",
+        ),
+        (
+            lambda: trace(
+                lambda s, p: ops.qsa_select(s, p, ratio=0, top_k_blocks=2),
+                TensorSpec((1, 1, 8)),
+                TensorSpec((1, 1), "int32"),
+            ),
+            "ratio=0 must be >= 1",
+        ),
+        (
+            lambda: trace(
+                lambda s, p: ops.qsa_select(s, p, ratio=4, top_k_blocks=2),
+                TensorSpec((1, 2, 8)),
+                TensorSpec((1, 1), "int32"),
+            ),
+            r"positions i32\[1,1\] must be \[B, S\] = \[1, 2\]",
+        ),
+        (
+            lambda: trace(
+                lambda s, p: ops.qsa_mask(s, p, ratio=4, kv_len=16), TensorSpec((1, 1, 2)), TensorSpec((1, 1), "int32")
+            ),
+            "selection has dtype float32",
+        ),
+        (
+            lambda: trace(
+                lambda s, p: ops.qsa_cells(s, p, ratio=4, width=10, kv_len=64),
+                TensorSpec((1, 1, 2), "int32"),
+                TensorSpec((1, 1), "int32"),
+            ),
+            "width=10 is too small .* need K\\*ratio \\+ ratio - 1 = 11",
+        ),
+        (
+            lambda: trace(lambda q, k: ops.qsa_block_scores(q, k), TensorSpec((1, 1, 4, 8)), TensorSpec((1, 5, 16))),
+            "disagree on B or Di",
+        ),
         (lambda: trace(lambda k: ops.qsa_pool(k, ratio=4), TensorSpec((16,))), "rank >= 2"),
         (lambda: trace(lambda k: ops.qsa_pool(k, ratio=4), TensorSpec((1, 16, 8), "int32")), "float tensor"),
     ],

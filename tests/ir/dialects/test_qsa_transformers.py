@@ -58,7 +58,9 @@ def our_indexer():
     def qsa_indexer(idx_q, idx_keys, q_scale, k_scale, rope_cos, rope_sin, positions):
         n_blocks = T // RATIO
         pooled = ops.qsa_pool(idx_keys, ratio=RATIO)
-        keys = rope(rms_norm(pooled, k_scale, EPS), rope_cos[: n_blocks * RATIO : RATIO], rope_sin[: n_blocks * RATIO : RATIO])
+        keys = rope(
+            rms_norm(pooled, k_scale, EPS), rope_cos[: n_blocks * RATIO : RATIO], rope_sin[: n_blocks * RATIO : RATIO]
+        )
         cos_q = ops.reshape(rope_cos, (1, T, 1, ROTARY // 2))
         sin_q = ops.reshape(rope_sin, (1, T, 1, ROTARY // 2))
         scores = ops.qsa_block_scores(rope(rms_norm(idx_q, q_scale, EPS), cos_q, sin_q), keys)

@@ -76,7 +76,11 @@ def test_shape_dtype_structs_iota_slices_and_broadcasts(rng):
     def layout(x):
         a, b = jnp.split(x, [2], axis=1)
         ramp = jnp.arange(6, dtype=jnp.float32).reshape(1, 6)
-        return jnp.concatenate([b[:, ::2], a], axis=1) + jnp.broadcast_to(ramp[:, :4], (2, 4)) + jnp.max(x, axis=1, keepdims=True)
+        return (
+            jnp.concatenate([b[:, ::2], a], axis=1)
+            + jnp.broadcast_to(ramp[:, :4], (2, 4))
+            + jnp.max(x, axis=1, keepdims=True)
+        )
 
     imported = from_jax(layout, spec)
     assert imported.graph.inputs == ("x",)

@@ -213,8 +213,8 @@ def test_locations_and_remarks_name_the_users_source_line(rng, kind):
     from attnpass.passes import PassManager, RaiseAttention
 
     lam = lambda q, k, v: mx.softmax((q @ k.swapaxes(-1, -2)) * 0.125, axis=-1) @ v  # noqa: E731
-    fn, scores_line, out_line = (_attend, _line_of(_attend, 1), _line_of(_attend, 2)) if kind == "def" else (
-        lam, _line_of(lam), _line_of(lam)
+    fn, scores_line, out_line = (
+        (_attend, _line_of(_attend, 1), _line_of(_attend, 2)) if kind == "def" else (lam, _line_of(lam), _line_of(lam))
     )
     q, k, v = (mx.array(random_array(rng, (1, 2, 4, 8), "float32")) for _ in range(3))
     graph = from_mlx(fn, q, k, v).graph
@@ -267,7 +267,10 @@ def test_new_op_shape_rules_quote_the_operands():
     with pytest.raises(ShapeError, match=r"argpartition: kth=5 out of range"):
         trace(lambda x: ops.argpartition(x, 5), TensorSpec((2, 5), "float32"))
     with pytest.raises(ShapeError, match=r"put_along_axis: values .* must have the dtype of x"):
-        trace(lambda x, i, v: ops.put_along_axis(x, i, v, 1), *[TensorSpec(s, d) for s, d in (((2, 5), "float32"), ((2, 2), "int32"), ((2, 2), "float16"))])
+        trace(
+            lambda x, i, v: ops.put_along_axis(x, i, v, 1),
+            *[TensorSpec(s, d) for s, d in (((2, 5), "float32"), ((2, 2), "int32"), ((2, 2), "float16"))],
+        )
 
 
 @requires("mlx.core", "jax")
@@ -290,6 +293,10 @@ def test_new_ops_agree_on_every_target(rng):
         assert_close(wide, expected[0])
         np.testing.assert_array_equal(marks, expected[3])
         picked = np.take_along_axis(x, top, axis=1)  # partition property; the order inside each side is free
-        assert top.dtype == np.int32 and np.all(picked[:, :4].max(1) <= picked[:, 4]) and np.all(picked[:, 5] >= picked[:, 4])
+        assert (
+            top.dtype == np.int32
+            and np.all(picked[:, :4].max(1) <= picked[:, 4])
+            and np.all(picked[:, 5] >= picked[:, 4])
+        )
         np.testing.assert_array_equal(np.sort(top, 1), np.tile(np.arange(6), (4, 1)))
         np.testing.assert_array_equal(half, top // 2)

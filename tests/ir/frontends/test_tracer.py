@@ -63,7 +63,13 @@ def test_inputs_are_named_after_parameters():
     assert g.node("key").type == TensorType((1, 2, 64, 256), "bfloat16")
     (out,) = g.outputs
     assert g.node(out).op == "sdpa" and g.node(out).inputs == ("query", "key", "value")
-    assert g.node(out).attrs == {"scale": 0.0625, "causal": "none", "has_sinks": False, "logit_softcap": None, "window": None}
+    assert g.node(out).attrs == {
+        "scale": 0.0625,
+        "causal": "none",
+        "has_sinks": False,
+        "logit_softcap": None,
+        "window": None,
+    }
 
 
 def test_defaulted_and_keyword_parameters_are_not_inputs():
@@ -94,7 +100,9 @@ def test_wrong_number_of_specs():
     def f(x, y):
         return x + y
 
-    with pytest.raises(AttnpassError, match=r"trace: f takes 2 tensor parameter\(s\) \(x, y\) but 1 spec\(s\) were given"):
+    with pytest.raises(
+        AttnpassError, match=r"trace: f takes 2 tensor parameter\(s\) \(x, y\) but 1 spec\(s\) were given"
+    ):
         trace(f, f32(2))
     with pytest.raises(AttnpassError, match=r"takes 2 tensor parameter\(s\) \(x, y\) but 3 spec\(s\)"):
         trace(f, f32(2), f32(2), f32(2))
@@ -109,7 +117,12 @@ def test_bad_spec_kind():
 
 @pytest.mark.parametrize(
     "result, kind",
-    [(lambda x: 3, "int"), (lambda x: None, "NoneType"), (lambda x: (x, 1.0), "float"), (lambda x: np.ones(2), "ndarray")],
+    [
+        (lambda x: 3, "int"),
+        (lambda x: None, "NoneType"),
+        (lambda x: (x, 1.0), "float"),
+        (lambda x: np.ones(2), "ndarray"),
+    ],
 )
 def test_non_tensor_return(result, kind):
     with pytest.raises(AttnpassError, match=f"trace: g_lambda must return traced tensors, got {kind}"):

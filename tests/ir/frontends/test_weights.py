@@ -54,7 +54,9 @@ def test_mlx_weights_keep_their_module_paths(rng):
     imported = from_mlx(block, x)
     paths = weight_inputs(imported.graph)
     assert paths == {
-        "layers_0_weight": "layers.0.weight", "layers_0_bias": "layers.0.bias", "layers_1_weight": "layers.1.weight",
+        "layers_0_weight": "layers.0.weight",
+        "layers_0_bias": "layers.0.bias",
+        "layers_1_weight": "layers.1.weight",
     }  # fmt: skip  (the 16-element bias and norm weight are inlined constants)
     assert imported.graph.inputs == ("x", *paths)
     np.testing.assert_array_equal(imported.params["layers_0_weight"], np.array(block.layers[0].weight))
