@@ -336,8 +336,10 @@ class TestJAXJit:
             assert_close(np.asarray(attend(q, k, v, causal=causal)), np.asarray(reference(q, k, v, causal=causal)))
         assert attend.traces == 2
         by_causal = {e.signature.endswith("causal=True"): e for e in attend.specializations}
-        # each signature bound its own static value: only the causal one masks (its diagonal, a constant)
-        assert "where" in by_causal[True].ops and "where" not in by_causal[False].ops
+        # each signature bound its own static value: only the causal one is causal (its constant mask raised to the
+        # sdpa's causal kind, docs/semantics.md §1.4)
+        kinds = {flag: {n.attrs["causal"] for n in e.graph.nodes() if n.op == "sdpa"} for flag, e in by_causal.items()}
+        assert kinds[True] == {"bottom_right"} and kinds[False] <= {"none"}  # square: bottom-right is top-left
         assert all(entry.compiled for entry in attend.specializations)
         with pytest.raises(ValueError, match="unsupported jax.jit option.*donate_argnums"):
             jit(donate_argnums=0)  # refused when the decorator is made, as with fn
