@@ -28,9 +28,9 @@ import mlx.core as mx
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from qwen4_exp_decode import float32_moe, make_model  # noqa: E402
+from qwen4_exp_decode import float32_moe, make_model
 
-from attnpass.backends.mlx import optimize  # noqa: E402
+from attnpass.backends.mlx import optimize
 
 
 def prefill(model, prompt) -> float:
@@ -51,7 +51,9 @@ def qsa_layer_call(model, length: int, opt) -> tuple[float, float, float]:
     index = next(i for i, layer in enumerate(layers) if hasattr(getattr(layer, "self_attn", None), "indexer"))
     attention = layers[index].self_attn
     cache = model.make_cache()[index]
-    x = mx.random.normal((1, length, model.args.hidden_size), key=mx.random.key(2)).astype(attention.q_proj.weight.dtype)
+    x = mx.random.normal((1, length, model.args.hidden_size), key=mx.random.key(2)).astype(
+        attention.q_proj.weight.dtype
+    )
     with opt.active():
         selection = attention.indexer.select(x, cache, None)
         q, k, v = attention.q_proj(x), attention.k_proj(x), attention.v_proj(x)
@@ -83,7 +85,9 @@ def main() -> None:
     undo = float32_moe(dtype)
     model = make_model(args.layers, dtype)
     print(f"qwen4-exp prefill, {args.layers} layers, {args.dtype}, device {mx.default_device()}")
-    print("length | plain tok/s | optimized tok/s | ratio | compile s | QSA layer call: dispatch s / routed s (x) | max |diff|")
+    print(
+        "length | plain tok/s | optimized tok/s | ratio | compile s | QSA layer call: dispatch s / routed s (x) | max |diff|"
+    )
     try:
         for length in args.lengths:
             prompt = mx.array(np.random.default_rng(0).integers(0, 512, (1, length)), dtype=mx.int32)
