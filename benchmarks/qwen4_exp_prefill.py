@@ -4,10 +4,9 @@ Model: the random language model of ``qwen4_exp_decode.py`` (real attention
 geometry: 24 query / 2 KV heads, head dim 256, indexer 4 x 128, budget 2048,
 ratio 4; three Gated-DeltaNet layers then a QSA layer, per 4 ``--layers``).
 For each prompt length one model call over the whole prompt from empty caches
-(the prefill), plain and optimized (same model), alternating per repetition;
-the optimized variant's first call at a length compiles its program (timed
-apart, "compile"; a fresh ``optimize`` per repetition finds it in the program cache
-only if the cache outlives the block, so later reps may compile again: see "compile"). The QSA prefill under ``optimize`` is qsa-gather's tiled
+(the prefill): the optimized model's first call compiles its program (timed
+apart, "compile"), then ``--reps`` optimized calls, then ``--reps`` plain ones
+(not interleaved: each call is long). The QSA prefill under ``optimize`` is qsa-gather's tiled
 form (``prefill_tile`` rows per tile, attention over each row's ``W = 2051``
 cells); plain mlx-vlm off Metal runs masked dense attention over the prompt.
 Reported: prompt tokens/s of the whole call, and one QSA layer's attention
@@ -96,10 +95,8 @@ def main() -> None:
                 d, r, diff = qsa_layer_call(model, length, opt)
                 if not args.skip_model:
                     compile_s = prefill(model, prompt)
-            for _rep in range(0 if args.skip_model else args.reps):
-                plains.append(prefill(model, prompt))
-                with optimize(model):
-                    fasts.append(prefill(model, prompt))
+                    fasts = [prefill(model, prompt) for _ in range(args.reps)]
+            plains = [prefill(model, prompt) for _ in range(0 if args.skip_model else args.reps)]
             plain = float(np.median(plains)) if plains else float("nan")
             fast = float(np.median(fasts)) if fasts else float("nan")
             print(
