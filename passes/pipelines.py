@@ -6,7 +6,8 @@
 - every device: ``qsa-pool-cache`` (the indexer scores against a resident f32
   block-key cache instead of re-pooling the whole raw key cache; the graph
   gains a state pair the caller carries) and ``qsa-gather`` (attention over
-  the selected cells only, every row of a verify step in one gather);
+  the selected cells only, every row of a verify step in one gather; a
+  prefill cut into tiles of ``PREFILL_TILES[device]`` rows, one gather each);
 - ``"metal"``: ``head-chunk``, so GQA calls fit MLX's fused vector kernel;
 - every device: ``decompose-sdpa{device=...}``, which keeps the fused
   ``sdpa`` where the device has a fused kernel for the call and folds GQA
@@ -29,7 +30,7 @@ from .dce import DeadCodeElimination
 from .decompose_sdpa import DEVICES, DecomposeSDPA
 from .head_chunk import HeadChunkSDPA
 from .narrow_inputs import NarrowInputs
-from .qsa_gather import QSAGather
+from .qsa_gather import PREFILL_TILES, QSAGather
 from .qsa_pool_cache import QSAPoolCache
 
 
@@ -42,11 +43,12 @@ def default_pipeline(device: str, *, keep_signature: bool = False, target: str |
     if device not in DEVICES:
         raise ValueError(f"default_pipeline: device must be one of {', '.join(DEVICES)}, got {device!r}")
     chunk: list[Pass] = [HeadChunkSDPA()] if device == "metal" else []
+    gather = QSAGather(prefill_tile=PREFILL_TILES[device])
     if keep_signature:
-        return [QSAGather(), *chunk, DecomposeSDPA(device=device, target=target), DeadCodeElimination()]
+        return [gather, *chunk, DecomposeSDPA(device=device, target=target), DeadCodeElimination()]
     return [
         QSAPoolCache(),
-        QSAGather(),
+        gather,
         *chunk,
         DecomposeSDPA(device=device, target=target),
         DeadCodeElimination(),

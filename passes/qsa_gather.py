@@ -40,6 +40,20 @@ bool visibility, ``logical_and(qsa_mask, vis)``, is kept masked: a row it
 hides completely is the mean of V over all ``n_kv`` cells (the pinned
 fully-masked row of ``sdpa``), which no gather over ``W`` cells computes.
 
+**Prefill tiling** (``prefill_tile > 0``; ``0``, the class default, keeps
+prefill masked): a call with more than ``max_rows`` rows per stream is cut
+into ``ceil(S / prefill_tile)`` tiles of consecutive rows; each tile slices
+its rows of ``q``, of the cells, of their validity and of the visibility, and
+gets its own ``qsa_gather`` of K and V (``[B*tile, Hkv, W, D]``) and its own
+``sdpa``; the tiles' outputs are concatenated along the rows. Each row still
+attends exactly its own cells (the decode rewrite applied to a slice of rows,
+so the exactness argument below is unchanged); a tile reads ``tile*W`` cells
+(each row's own ``W``; the union of the tile's cells is not deduplicated, so
+a cell two rows select is gathered twice) and the attention does ``W / n_kv``
+of the masked form's work per row. The tile
+bounds the gathered K/V to ``2 * B*tile*Hkv*W*D`` values at a time.
+``default_pipeline`` sets a per-device tile (:data:`PREFILL_TILES`).
+
 Policy: ``enabled=None`` reads ``ATTNPASS_QSA_GATHER`` at each run (false, off,
 no or 0, any case, surrounding whitespace ignored, keeps the masked path; any
 other value or unset: on). An explicit ``True``/``False`` wins. The pass walks
@@ -62,6 +76,7 @@ from .registry import register_pass
 from .rewrite import Decline, Rewriter, Rule, apply_rules
 
 ENV_VAR = "ATTNPASS_QSA_GATHER"
+PREFILL_TILES = {"cpu": 16, "metal": 16, "gpu": 64, "tpu": 64}  # rows per prefill tile (default_pipeline)
 
 
 @dataclass(frozen=True)
@@ -77,6 +92,7 @@ class _Match:
     rows: int
     given: bool  # the selection is the promised selection_input, not a qsa_select
     positions: str  # what the qsa_mask reads (for a qsa_select: its positions too)
+    tile: int  # rows per tile: ``rows`` (one tile) for decode and verify
 
 
 def _is_neg_inf_constant(node: Node) -> bool:
@@ -94,10 +110,12 @@ class QSAGather(SwitchedPass):
     min_depth_factor: float = 2
     pad_multiple: int = 1
     selection_input: str | None = None
+    prefill_tile: int = 0
 
     def __post_init__(self) -> None:
         super().__post_init__()
         require_int("QSAGather", "max_rows", self.max_rows)
+        require_int("QSAGather", "prefill_tile", self.prefill_tile, minimum=0, meaning="0 keeps prefill masked")
         require_int("QSAGather", "pad_multiple", self.pad_multiple)
         if self.selection_input is not None and not (
             isinstance(self.selection_input, str) and self.selection_input.isidentifier()
@@ -161,7 +179,7 @@ class QSAGather(SwitchedPass):
         n_blocks = graph.node(selection.inputs[0]).type.shape[-1] if not given else 0
         if n_blocks * ratio > t:
             return _kept(f"block scores cover {n_blocks} blocks x ratio {ratio} = {n_blocks * ratio} cells > n_kv={t}")
-        if s > self.max_rows:
+        if s > self.max_rows and not self.prefill_tile:
             return _kept(f"prefill-shaped: {s} query rows per stream > max_rows={self.max_rows} (decode, verify only)")
         width = self.width(top_k, ratio)
         if t < self.min_depth_factor * width:
@@ -170,11 +188,23 @@ class QSAGather(SwitchedPass):
                 f"{self.min_depth_factor * width:g} "
                 f"(W = {top_k}*{ratio} + {ratio - 1}, pad_multiple={self.pad_multiple})"
             )
-        return _Match(selection, form, vis, ratio, top_k, width, t, b, s, given, qmask.inputs[1])
+        tile = s if s <= self.max_rows else min(s, self.prefill_tile)
+        return _Match(selection, form, vis, ratio, top_k, width, t, b, s, given, qmask.inputs[1], tile)
 
     def _describe(self, m: _Match) -> str:
         vis = "none" if m.vis is None else f"{m.form} with {m.vis}"
         given = f"; selection: graph input {m.select.name}, distinct ids promised by the caller" if m.given else ""
+        if m.rows > self.max_rows:
+            tiles = -(-m.rows // m.tile)
+            return (
+                f"prefill tiled: {m.streams} stream(s) x {m.rows} rows in {tiles} tile(s) of {m.tile} row(s) "
+                f"(prefill_tile={self.prefill_tile}, rows > max_rows={self.max_rows}); per tile one qsa_gather each "
+                f"of K and V [B*tile, Hkv, W, D] = {m.tile * m.width} cells per stream and one sdpa; "
+                f"top {m.top_k} blocks x ratio {m.ratio} + {m.ratio - 1} tail = {min_width(m.top_k, m.ratio)} "
+                f"cells, W={m.width} (pad_multiple={self.pad_multiple}); attention width n_kv={m.n_kv} -> "
+                f"{m.width} per row, FLOP ratio vs dense W/n_kv = {m.width / m.n_kv:.4f}; visibility: {vis}; "
+                "the masked path is now dead (run dce)" + given
+            )
         return (
             f"gather: top {m.top_k} blocks x ratio {m.ratio} + {m.ratio - 1} tail = {min_width(m.top_k, m.ratio)} "
             f"cells, W={m.width} (pad_multiple={self.pad_multiple}); attention width n_kv={m.n_kv} -> {m.width} "
@@ -216,24 +246,41 @@ def _split_mask(graph: Graph, mask: Node) -> tuple[str, Node, str | None] | Decl
 
 
 def _rewrite(rw: Rewriter, m: _Match) -> None:
-    """Replace the matched sdpa by one ``qsa_gather`` each of K and V and one sdpa with the rows in its batch."""
-    q, k, v = rw.anchor.inputs[:3]
-    (b, _hq, s, _d), t = rw.type(q).shape, rw.type(k).shape[2]
+    """Replace the matched sdpa by one ``qsa_gather`` each of K and V and one sdpa per tile of rows."""
+    t = rw.type(rw.anchor.inputs[1]).shape[2]
     sel, positions = m.select.name, m.positions
     attrs = {"ratio": m.ratio, "width": m.width, "kv_len": t}
     cells = rw.op("qsa_cells", [sel, positions], attrs)
-    valid = rw.reshape(rw.op("qsa_cell_valid", [sel, positions], attrs), (b * s, 1, 1, m.width), "cell_ok")
+    valid = rw.op("qsa_cell_valid", [sel, positions], attrs)
+    vis = _gather_source(rw, m.vis)
+    outs = [_attend(rw, m, cells, valid, vis, r0, min(r0 + m.tile, m.rows)) for r0 in range(0, m.rows, m.tile)]
+    rw.replace_matched(outs[0] if len(outs) == 1 else rw.concat(outs, 2, "sdpa_tiled"))
+
+
+def _attend(
+    rw: Rewriter, m: _Match, cells: str, valid: str, vis_source: tuple[str | None, DType | None], r0: int, r1: int
+) -> str:
+    """Rows ``[r0, r1)`` attended over their own cells: one ``qsa_gather`` each of K and V and one sdpa."""
+    q, k, v = rw.anchor.inputs[:3]
+    b, s = rw.type(q).shape[0], r1 - r0
+    if s < m.rows:  # a prefill tile: its rows of q, cells, validity and visibility
+        q = rw.slice_axis(q, 2, r0, r1, hint="q_tile")
+        cells = rw.slice_axis(cells, 1, r0, r1, hint="cells_tile")
+        valid = rw.slice_axis(valid, 1, r0, r1, hint="valid_tile")
+    valid = rw.reshape(valid, (b * s, 1, 1, m.width), "cell_ok")
     kv = [rw.op("qsa_gather", [x, cells], hint=f"{hint}_gathered") for x, hint in ((k, "k"), (v, "v"))]
     mask = valid
-    vis, vis_cast = _gather_source(rw, m.vis)
+    vis, vis_cast = vis_source
     if vis is not None:
+        if s < m.rows and rw.type(vis).shape[2] != 1:
+            vis = rw.slice_axis(vis, 2, r0, r1, hint="vis_tile")
         vis = _gather_visibility(rw, vis, cells, b, s)
         if vis_cast is not None:
             vis = rw.op("cast", [vis], {"dtype": vis_cast}, "vis_gathered")
         mask = rw.op("where", [valid, vis, rw.scalar(-math.inf, rw.type(vis).dtype, "neg_inf")], hint="gather_mask")
     sdpa_attrs = {"scale": rw.anchor.attrs["scale"], "causal": "none"}
     out = rw.op("sdpa", [_rows_to_batch(rw, q), *kv, mask], sdpa_attrs, "sdpa_gather")
-    rw.replace_matched(_batch_to_rows(rw, out, b, s))
+    return _batch_to_rows(rw, out, b, s)
 
 
 def _gather_visibility(rw: Rewriter, vis: str, cells: str, b: int, s: int) -> str:
@@ -274,4 +321,4 @@ def _gather_source(rw: Rewriter, vis: str | None) -> tuple[str | None, DType | N
     return rw.reshape(node.name, (1,) * (4 - len(shape)) + shape, "vis4"), cast_to
 
 
-__all__ = ["ENV_VAR", "QSAGather"]
+__all__ = ["ENV_VAR", "PREFILL_TILES", "QSAGather"]

@@ -50,9 +50,17 @@ into buffers kept beside the cache and gives the cache views of them, the same
 values, and falls back to the model's update (then rebuilds) whenever the
 cache no longer holds those views (trimmed, loaded, a plain call between).
 
-Calls the pipeline leaves masked (a cache shallower than ``2 * W``, more than
-8 query rows: prefill) are declined with qsa-gather's reason and run the
-model's dispatch, so a routed call is always a gather.
+**Prefill** (more than 8 query rows) takes the same proofs and the same
+program; the default pipeline's ``qsa-gather`` cuts its rows into tiles of
+``PREFILL_TILES[device]`` rows, one gather and one sdpa per tile. Where the
+model has its indexed sparse kernel (Metal, f16/bf16) that kernel keeps the
+call (declined by name, above); elsewhere (CPU, or f32 on Metal) the model's
+dispatch would attend the whole buffer masked, so the tiles take it.
+
+Calls the pipeline leaves masked (a cache shallower than ``2 * W``, or a
+prefill under a pipeline whose ``qsa-gather`` has ``prefill_tile=0``) are
+declined with qsa-gather's reason and run the model's dispatch, so a routed
+call is always a gather.
 """
 
 from __future__ import annotations

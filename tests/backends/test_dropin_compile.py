@@ -21,9 +21,9 @@ FUSED = "raise-attention,dce"  # leaves the attention one fused call: the wrappe
 
 
 def test_default_pipeline_raises_attention_first_then_the_device_pipeline_that_keeps_the_signature():
-    assert format_pipeline(default_pipeline("cpu")) == "raise-attention,qsa-gather,decompose-sdpa,dce"
+    assert format_pipeline(default_pipeline("cpu")) == "raise-attention,qsa-gather{prefill_tile=16},decompose-sdpa,dce"
     assert format_pipeline(default_pipeline("metal", "mlx")) == (
-        "raise-attention,qsa-gather,head-chunk,decompose-sdpa{device=metal,target=mlx},dce"
+        "raise-attention,qsa-gather{prefill_tile=16},head-chunk,decompose-sdpa{device=metal,target=mlx},dce"
     )
     for device, target in (("cpu", "mlx"), ("cpu", "jax"), ("metal", "mlx"), ("gpu", "jax"), ("tpu", None)):
         rest = default_pipeline(device, target)[1:]
@@ -160,7 +160,8 @@ class TestMLXCompile:
         q, k, v, mask = self.inputs()
         assert_close(to_numpy(fast(q, k, v, SCALE, mask=mask)), to_numpy(self.attention(q, k, v, SCALE, mask)))
         (entry,) = fast.specializations
-        assert entry.pipeline == fast.pipeline and fast.pipeline.startswith("raise-attention,qsa-gather,")
+        assert entry.pipeline == fast.pipeline
+        assert fast.pipeline.startswith("raise-attention,qsa-gather{prefill_tile=16},")
         # one decision per attention call, on the sdpa raise-attention made: on CPU, GQA-folded into f32 matmuls
         (raised,) = [r.node for r in entry.remarks if r.pass_name == "raise-attention" and r.node == "matmul_1"]
         (strategy,) = [r for r in entry.remarks if r.pass_name == "decompose-sdpa"]

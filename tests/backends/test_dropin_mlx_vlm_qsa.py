@@ -4,9 +4,10 @@ A tiny random ``qwen4_exp.language.LanguageModel`` with the real structure
 (hybrid layers: three Gated-DeltaNet layers then a QSA layer, twice; the QSA
 indexer; budget 16 tokens at ratio 4, so past 20 tokens the selection is
 sparse) decodes greedily with its own caches, plainly and under ``optimize``:
-the tokens must be the same, every decode and verify call routed through a
-gather program (counted), the prefill declined by qsa-gather's named reason,
-a 5-row verify step's logits within 1e-4 in float32, and a speculative verify
+the tokens must be the same, every prefill, decode and verify call routed
+through a gather program (counted; the prefill through qsa-gather's tiles, its
+logits within 1e-4 in float32, and declined by name with a pipeline whose
+qsa-gather has no prefill tile), a 5-row verify step's logits within 1e-4, and a speculative verify
 rolled back (the caches trimmed) must go on decoding the same tokens.
 """
 
@@ -96,12 +97,16 @@ def test_greedy_tokens_and_a_verify_step_match_the_plain_model_with_every_qsa_ca
     np.testing.assert_allclose(np.array(cache[7].index_keys), np.array(plain[7].index_keys), rtol=0, atol=1e-5)
     np.testing.assert_allclose(got_verify, verify, rtol=0, atol=1e-4)
     # per QSA layer: the decode calls past the budget (more than 4 complete blocks: below it the indexer selects
-    # nothing and the layer attends densely, no QSA call) and the verify call are routed; the prefill is declined
+    # nothing and the layer attends densely, no QSA call), the verify call and the prefill (tiled) are routed
     sparse_decodes = sum(1 for keys in range(prompt + 1, prompt + STEPS + 1) if keys // 4 > 4)
     assert sparse_decodes == (STEPS if prompt == PROMPT else 3)
-    assert opt.routed == QSA_LAYERS * (sparse_decodes + 1) and opt.declined == {prefill_kept(prompt): QSA_LAYERS}
+    assert opt.routed == QSA_LAYERS * (sparse_decodes + 2) and not opt.declined
     compiled = [e for e in opt.qsa.specializations if e.compiled]
-    assert {e.signature.split(", ")[0] for e in compiled} == {"queries:f32[1,4,1,32]", "queries:f32[1,4,5,32]"}
+    assert {e.signature.split(", ")[0] for e in compiled} == {
+        "queries:f32[1,4,1,32]",
+        "queries:f32[1,4,5,32]",
+        f"queries:f32[1,4,{prompt},32]",
+    }
     for entry in compiled:  # a routed call is a gather over 4 blocks * 4 + 3 tail cells, never the masked form
         assert entry.ops["qsa_cells"] == 1 and "qsa_mask" not in entry.ops and "keys:f32[1,2,256,32]" in entry.signature
         assert any("W=19" in r.message and "distinct ids promised by the caller" in r.message for r in entry.remarks)
@@ -112,6 +117,29 @@ def test_greedy_tokens_and_a_verify_step_match_the_plain_model_with_every_qsa_ca
     )
     assert not hasattr(language.Qwen4ExpQSAIndexer.select_from_projected, "__wrapped__")
     assert cache[3].offset == prompt + STEPS + 5 and cache[3].index_keys.shape[1] == cache[3].offset
+
+
+def test_prefill_is_routed_through_tiles_with_its_logits_near_the_models_own(model):
+    from attnpass.backends.mlx import optimize
+
+    def prefill():
+        cache = model.make_cache()
+        return np.array(model(_prompt(), cache=cache).logits)
+
+    plain = prefill()
+    with optimize(model) as opt:
+        got = prefill()
+    np.testing.assert_allclose(got, plain, rtol=0, atol=1e-4)
+    assert opt.routed == QSA_LAYERS and not opt.declined
+    (entry,) = [e for e in opt.qsa.specializations if e.compiled]
+    assert entry.ops["qsa_cells"] == 1 and entry.ops["qsa_gather"] == 2 * 3 and "qsa_mask" not in entry.ops
+    (remark,) = [r.message for r in entry.remarks if r.pass_name == "qsa-gather"]
+    assert remark.startswith(f"prefill tiled: 1 stream(s) x {PROMPT} rows in 3 tile(s) of 16 row(s)")
+    assert "W=19" in remark and f"FLOP ratio vs dense W/n_kv = {19 / 256:.4f}" in remark
+    with optimize(model, "qsa-gather,decompose-sdpa{device=cpu},dce") as opt:  # no prefill tile: kept by name
+        kept = prefill()
+    assert opt.routed == 0 and opt.declined == {PREFILL_KEPT: QSA_LAYERS}
+    assert_bits_equal(kept, plain)  # a declined call is the model's own dispatch
 
 
 def test_speculative_verify_is_routed_and_its_rollback_trims_the_caches_consistently(model):
@@ -134,7 +162,7 @@ def test_speculative_verify_is_routed_and_its_rollback_trims_the_caches_consiste
     np.testing.assert_allclose(got_hidden, hidden, rtol=0, atol=1e-4)
     assert got == tokens
     # the verifier splits five rows into pairs (2, 2, 1); 4 decode steps before it, 6 after the rollback
-    assert opt.routed == QSA_LAYERS * (4 + 3 + 6) and set(opt.declined) == {PREFILL_KEPT}
+    assert opt.routed == QSA_LAYERS * (1 + 4 + 3 + 6) and not opt.declined
 
 
 def test_a_prompt_cache_saved_and_loaded_decodes_the_same_tokens(model):
@@ -190,18 +218,21 @@ def test_bfloat16_qsa_calls_run_routed_and_near_the_models_own(model):
 def test_a_quantized_qsa_cache_is_declined_by_name_and_runs_the_models_dispatch_bit_for_bit(model):
     from attnpass.backends.mlx import optimize
 
-    def run():
+    def prefilled():  # the plain model's prefill, then its QSA caches quantized
         cache = model.make_cache()
         model(_prompt(), cache=cache)
-        cache = [c.to_quantized(group_size=32, bits=8) if isinstance(c, language.QSAKVCache) else c for c in cache]
+        return [c.to_quantized(group_size=32, bits=8) if isinstance(c, language.QSAKVCache) else c for c in cache]
+
+    def step(cache):
         return np.array(model(mx.array([[7]], dtype=mx.int32), cache=cache).logits)
 
-    plain = run()
+    plain = step(prefilled())
+    cache = prefilled()
     with optimize(model) as opt:
-        got = run()
+        got = step(cache)
     assert_bits_equal(got, plain)
     reason = "QSAQuantizedKVCache: only QSAKVCache has a buffer and a selection to prove"
-    assert opt.routed == 0 and opt.declined == {PREFILL_KEPT: QSA_LAYERS, reason: QSA_LAYERS}
+    assert opt.routed == 0 and opt.declined == {reason: QSA_LAYERS}
 
 
 def test_arrays_that_are_not_the_indexers_selection_are_declined(model):
@@ -287,7 +318,7 @@ def test_multimodal_rope_positions_decode_the_same_tokens(model):
     tokens = run()
     with optimize(lm) as opt:
         got = run()
-    assert got == tokens and opt.routed == 8 and opt.declined == {PREFILL_KEPT: 1}
+    assert got == tokens and opt.routed == 1 + 8 and not opt.declined
 
 
 def test_a_whole_vlm_routes_the_language_model_calls_mlx_vlm_generate_makes(model):
@@ -306,7 +337,7 @@ def test_a_whole_vlm_routes_the_language_model_calls_mlx_vlm_generate_makes(mode
         model(mx.array([[3]], dtype=mx.int32), cache=cache)
         with pytest.raises(ValueError, match="LanguageModel is already optimized"):
             optimize(model)
-    assert opt.routed == QSA_LAYERS and opt.declined == {PREFILL_KEPT: QSA_LAYERS}
+    assert opt.routed == 2 * QSA_LAYERS and not opt.declined
     assert type(model) is inner and type(vlm) is qwen4_exp.Model
 
 

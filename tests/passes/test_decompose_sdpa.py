@@ -154,19 +154,25 @@ def test_options_and_pipeline_text():
     for bad in ({"device": "npu"}, {"max_q_len": 0}, {"max_q_len": True}):
         with pytest.raises(ValueError, match="DecomposeSDPA"):
             DecomposeSDPA(**bad)
-    assert format_pipeline(default_pipeline("cpu")) == "qsa-pool-cache,qsa-gather,decompose-sdpa,dce,narrow-inputs,dce"
+    assert (
+        format_pipeline(default_pipeline("cpu"))
+        == "qsa-pool-cache,qsa-gather{prefill_tile=16},decompose-sdpa,dce,narrow-inputs,dce"
+    )
     assert format_pipeline(default_pipeline("metal")) == (
-        "qsa-pool-cache,qsa-gather,head-chunk,decompose-sdpa{device=metal},dce,narrow-inputs,dce"
+        "qsa-pool-cache,qsa-gather{prefill_tile=16},head-chunk,decompose-sdpa{device=metal},dce,narrow-inputs,dce"
     )
     assert (
         format_pipeline(default_pipeline("gpu"))
-        == "qsa-pool-cache,qsa-gather,decompose-sdpa{device=gpu},dce,narrow-inputs,dce"
+        == "qsa-pool-cache,qsa-gather{prefill_tile=64},decompose-sdpa{device=gpu},dce,narrow-inputs,dce"
     )
     assert (
         format_pipeline(default_pipeline("tpu"))
-        == "qsa-pool-cache,qsa-gather,decompose-sdpa{device=tpu},dce,narrow-inputs,dce"
+        == "qsa-pool-cache,qsa-gather{prefill_tile=64},decompose-sdpa{device=tpu},dce,narrow-inputs,dce"
     )
-    assert format_pipeline(default_pipeline("cpu", keep_signature=True)) == "qsa-gather,decompose-sdpa,dce"
+    assert (
+        format_pipeline(default_pipeline("cpu", keep_signature=True))
+        == "qsa-gather{prefill_tile=16},decompose-sdpa,dce"
+    )
     with pytest.raises(ValueError, match="device must be one of cpu, metal, gpu, tpu"):
         default_pipeline("npu")
 
