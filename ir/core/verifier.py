@@ -155,10 +155,21 @@ def _check_types(graph: "Graph") -> None:
 
 
 def _inference_key(node: "Node", operands: tuple[TensorType, ...]) -> tuple | None:
-    """What a node's inferred type depends on, or None when an attribute value is unhashable (not normalized)."""
-    key = (node.op, tuple(node.attrs.items()), operands)
+    """What a node's inferred type depends on, or None when an attribute value is unhashable (not normalized).
+
+    Attribute values are keyed with their types (inside tuples too): ``1``, ``1.0`` and ``True`` are equal in
+    Python, but only the first is a normalized int, so a node holding another must not reuse its verdict.
+    """
+    key = (node.op, tuple((name, _typed(value)) for name, value in node.attrs.items()), operands)
     try:
         hash(key)
     except TypeError:
         return None
     return key
+
+
+def _typed(value: object) -> object:
+    """``value`` with the type of every scalar in it, so that equal values of different types key apart."""
+    if isinstance(value, tuple):
+        return tuple, tuple(_typed(v) for v in value)
+    return type(value), value

@@ -1043,3 +1043,16 @@ def test_the_kept_order_equals_a_fresh_sort_after_any_edits(edits):
     fresh = g.copy()
     fresh._order = None  # force the full sort
     assert kept == [n.name for n in fresh.nodes()]
+
+
+@pytest.mark.parametrize("odd", [True, 1.0, (1,)])
+def test_a_node_alike_but_for_an_attribute_type_is_checked_on_its_own(odd):
+    """The verifier infers nodes alike once, but ``1``, ``1.0`` and ``True`` are alike only to Python: a node whose
+    int attribute is a bool or a float is rejected even after a normalized twin was accepted."""
+    g = Graph("g")
+    g.add_input("x", TensorType((2, 3), "float32"))
+    twin = g.node(g.add_node("softmax", ["x"], {"axis": 1}))
+    g.insert(Node("odd", "softmax", ("x",), {**twin.attrs, "axis": odd}, twin.type, None))
+    g.set_outputs([twin.name, "odd"])
+    with pytest.raises(VerifyError, match="softmax odd: .*attribute axis"):
+        verify(g)
