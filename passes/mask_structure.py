@@ -39,7 +39,8 @@ class Structure:
 def _static(graph: Graph, name: str) -> np.ndarray | str:
     """The value of ``name`` if it reads only constants and iotas; else why not."""
     memo: dict[str, np.ndarray] = {}
-    order = [n for n in graph.nodes() if n.name in graph.ancestors([name])]
+    needed = graph.ancestors([name])
+    order = [n for n in graph.nodes() if n.name in needed]
     for node in order:
         if node.type.size > EVAL_LIMIT:
             return f"{node.name} has {node.type.size} elements (more than {EVAL_LIMIT} to evaluate)"
@@ -58,6 +59,12 @@ def _static(graph: Graph, name: str) -> np.ndarray | str:
         else:
             return f"it reads {node.name} = {node.op}, which has no reference evaluator"
     return memo[name]
+
+
+def _intervals(lo: np.ndarray, hi: np.ndarray, t: int) -> np.ndarray:
+    """bool ``[S, t]``: row ``i`` holds the keys ``[lo[i], hi[i])``."""
+    j = np.arange(t)[None, :]
+    return (j >= lo[:, None]) & (j < hi[:, None])
 
 
 def _candidates(seen: np.ndarray, lo: np.ndarray, hi: np.ndarray):
@@ -97,16 +104,14 @@ def match_structure(graph: Graph, node: Node) -> Structure | Decline | None:
     if not (plane == plane[:1]).all():
         return Decline(f"bool mask {mask} kept dense: it differs across batch or heads")
     lo0, hi0 = key_ranges(s, t, node.attrs["causal"], node.attrs["window"])
-    j = np.arange(t)[None, :]
-    seen = plane[0] & (j >= lo0[:, None]) & (j < hi0[:, None])
+    seen = plane[0] & _intervals(lo0, hi0, t)
     first = np.where(seen.any(axis=1), seen.argmax(axis=1), 0)
     lo, hi = first, first + seen.sum(axis=1)
-    gaps = np.flatnonzero((((j >= lo[:, None]) & (j < hi[:, None])) != seen).any(axis=1))
+    gaps = np.flatnonzero((_intervals(lo, hi, t) != seen).any(axis=1))
     if gaps.size:
         return Decline(f"bool mask {mask} kept dense: row {int(gaps[0])} sees keys that are not one interval")
     for causal, window in _candidates(seen, lo, hi):
-        clo, chi = key_ranges(s, t, causal, window)
-        if np.array_equal((j >= clo[:, None]) & (j < chi[:, None]), seen):
+        if np.array_equal(_intervals(*key_ranges(s, t, causal, window), t), seen):
             named = f"causal={causal!r}" + (f", window={tuple(window)}" if window else "")
             return Structure(mask, causal, window, f"bool mask {mask} is exactly {named} (all {s * t} pairs checked)")
     return Decline(
