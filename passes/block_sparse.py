@@ -76,8 +76,7 @@ class _Plan:
     message: str
 
 
-def _describe(tiles: list[Tile], s: int, t: int) -> str:
-    visited = sum((q1 - q0) * (k1 - k0) for q0, q1, k0, k1, _ in tiles)
+def _describe(tiles: list[Tile], s: int, t: int, visited: int) -> str:
     spans = ", ".join(f"{q0}:{q1}->{k0}:{k1}" + (f" w{w.left}" if w else "") for q0, q1, k0, k1, w in tiles)
     return (
         f"{len(tiles)} tiles visit {visited} of {s * t} (q, k) pairs (FLOP ratio {s * t / visited:.2f}); "
@@ -97,7 +96,8 @@ def _match(block_q: int, plan_of: str):
         if s <= block_q:
             return Decline(f"q_len {s} <= block_q {block_q}: one tile")
         tiles = tile_plan(s, t, causal, window, block_q)
-        ratio = s * t / sum((q1 - q0) * (k1 - k0) for q0, q1, k0, k1, _ in tiles)
+        visited = sum((q1 - q0) * (k1 - k0) for q0, q1, k0, k1, _ in tiles)
+        ratio = s * t / visited
         if ratio < MIN_FLOP_RATIO:
             return Decline(f"the tiles would skip little: FLOP ratio {ratio:.2f} < {MIN_FLOP_RATIO}")
         mask = sdpa_operands(node.inputs, node.attrs["has_sinks"])[0]
@@ -107,7 +107,9 @@ def _match(block_q: int, plan_of: str):
                 "of only its tile's keys in a tile (an additive mask, or sinks, keep it exact)"
             )
         message = (
-            f"block_q {block_q} ({plan_of}); " + _describe(tiles, s, t) + "; each tile bottom-right aligned with "
+            f"block_q {block_q} ({plan_of}); "
+            + _describe(tiles, s, t, visited)
+            + "; each tile bottom-right aligned with "
             "the dense call's visibility, so a row differs from the dense row only by the backend's summation "
             "order over fewer keys"
         )
