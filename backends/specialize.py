@@ -39,15 +39,14 @@ from typing import Any, Callable, Hashable, Sequence, TextIO
 from attnpass.ir import AttnpassError, DType, Graph, ImportedGraph, TensorType
 from attnpass.ir.frontends.importing import graph_name
 from attnpass.lowering import Program, lower
-from attnpass.passes import Pass, PassManager, PassResult, Remark, format_pipeline, parse_pipeline
-from attnpass.passes import default_pipeline as device_pipeline
-from attnpass.passes.base import require_int
+from attnpass.passes import Pass, PassManager, PassResult, Remark, default_pipeline, format_pipeline, parse_pipeline
+from attnpass.passes.infra.base import require_int
 
 MAX_SIGNATURES = 64
 RAISE = "raise-attention"  # imported graphs hold attention as primitives: raise it to sdpa before anything else
 
 
-def default_pipeline(device: str, target: str | None = None) -> list[Pass]:
+def wrapper_pipeline(device: str, target: str | None = None) -> list[Pass]:
     """The pipeline a wrapper runs when given none: ``raise-attention``, then the device's default pipeline.
 
     ``device`` is ``"cpu"``, ``"metal"``, ``"gpu"`` or ``"tpu"``, ``target`` the wrapper's backend
@@ -56,7 +55,7 @@ def default_pipeline(device: str, target: str | None = None) -> list[Pass]:
     would add or retype inputs (``qsa-pool-cache``, ``narrow-inputs``) are left out, since
     the program is called with the function's own arguments.
     """
-    return parse_pipeline(RAISE) + device_pipeline(device, keep_signature=True, target=target)
+    return parse_pipeline(RAISE) + default_pipeline(device, keep_signature=True, target=target)
 
 
 def as_passes(pipeline: str | Sequence[Pass]) -> list[Pass]:
@@ -329,7 +328,7 @@ class _SignatureCache:
 class CompiledFunction:
     """A function compiled by attnpass per input signature; call it as the original.
 
-    ``pipeline`` is text or passes; None is :func:`default_pipeline` for the
+    ``pipeline`` is text or passes; None is :func:`wrapper_pipeline` for the
     frontend's device when the wrapper is made. ``specializations`` lists the
     cached signatures (least recently used first), ``specialization(*args)`` the
     one of a call, ``traces`` counts the signatures built so far, and
@@ -355,7 +354,7 @@ class CompiledFunction:
         self._fn = fn
         self._frontend = frontend
         self._fallback = frontend.fallback(fn)
-        passes = default_pipeline(frontend.device(), frontend.target) if pipeline is None else as_passes(pipeline)
+        passes = wrapper_pipeline(frontend.device(), frontend.target) if pipeline is None else as_passes(pipeline)
         self._passes = tuple(passes)
         self.pipeline = format_pipeline(self._passes)
         self.strict = strict
@@ -445,5 +444,5 @@ class CompiledFunction:
 __all__ = [
     "CompiledFunction", "FallbackWarning", "Frontend", "MAX_SIGNATURES", "Specialization", "SpecializationError",
     "Traceable", "array_text", "as_passes", "check_callable", "check_calling_convention", "decision",
-    "default_pipeline", "name_parameters", "remark_summary", "static_spec",
+    "name_parameters", "remark_summary", "static_spec", "wrapper_pipeline",
 ]  # fmt: skip

@@ -36,7 +36,7 @@ def _require_mesh(program: Program, what: str) -> None:
 def compiled_hlo(program: Program, *args: Any, **kwargs: Any) -> str:
     """The partitioned HLO text of a sharded program, compiled for these arguments (default: placeholders)."""
     _require_mesh(program, "compiled_hlo")
-    JAX.require(program, "compiled_hlo")
+    program.require_target(JAX, "compiled_hlo")
     bound = program.bind(*args, **kwargs) if args or kwargs else placeholders(program)
     return program.fn.lower(*bound).compile().as_text()
 

@@ -34,7 +34,7 @@ from attnpass.backends import to_numpy
 from attnpass.ir import TensorSpec, ops, trace
 from attnpass.lowering import lower
 from attnpass.passes import HeadChunkSDPA, head_chunk_plan
-from attnpass.passes.head_chunk import head_chunks
+from attnpass.passes.rewrites.head_chunk import head_chunks
 
 HQ, HKV, D, SCALE = 24, 2, 256, 1 / 16
 DEFAULT_GRID = ((4096, (3, 4, 5, 6, 7, 8)), (32768, (3, 5, 8)), (131072, (3, 8)))

@@ -81,7 +81,11 @@ def _run_pipeline(args: argparse.Namespace, instrumentations: list):
             except AttnpassError as exc:
                 raise type(exc)(f"--mesh: {exc}") from None
     manager = PassManager(
-        passes, fixed_point=args.fixed_point, instrumentations=instrumentations, reproducer_dir=reproducer_dir
+        passes,
+        fixed_point=args.fixed_point,
+        instrumentations=instrumentations,
+        reproducer_dir=reproducer_dir,
+        plugin_loads=args.plugin_loads,
     )
     return graph, manager.run(graph)
 
@@ -276,7 +280,7 @@ def example(args: argparse.Namespace) -> int:
 
 def passes(args: argparse.Namespace) -> int:
     from attnpass.passes import PipelineError, available_passes, get_pass
-    from attnpass.passes.pipeline import pass_options
+    from attnpass.passes.infra.pipeline_text import pass_options
 
     for name in available_passes():
         try:

@@ -233,13 +233,9 @@ def _run(args: argparse.Namespace) -> int:
     for spec in args.load:
         load_plugin(spec)
     command: Callable[[argparse.Namespace], int] = getattr(importlib.import_module("attnpass.cli.commands"), args.func)
-    if not args.load:
-        return command(args)
-    from attnpass.passes.reproducer import cli_loads
-
-    loads = [str(Path(spec).resolve()) if spec.endswith(".py") else spec for spec in args.load]
-    with cli_loads(loads):  # a crash reproducer records them, and its replay command loads them again
-        return command(args)
+    # a crash reproducer records the loaded modules, and its replay command loads them again
+    args.plugin_loads = tuple(str(Path(spec).resolve()) if spec.endswith(".py") else spec for spec in args.load)
+    return command(args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -47,7 +47,7 @@ from typing import Any, Callable, Iterator
 
 from attnpass.ir import Graph, ModelImportError, from_mlx
 from attnpass.passes import PassManager, parse_pipeline
-from attnpass.passes.attention_match import match_attention
+from attnpass.passes.analysis.attention_match import match_attention
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import model_zoo as zoo  # noqa: E402  (the zoo's machinery: configurations, cases, tolerance)
@@ -274,7 +274,7 @@ def counting_fused() -> Iterator[list[int]]:
 
 def candidates(graph: Graph) -> int:
     """Softmax-attention layers of an imported graph, counted by structure: after ``raise-attention``, its ``sdpa``
-    nodes and the matmuls its matcher (:func:`~attnpass.passes.attention_match.match_attention`) still takes for
+    nodes and the matmuls its matcher (:func:`~attnpass.passes.analysis.attention_match.match_attention`) still takes for
     ``P·V`` of a softmax (declined ones). A softmax that no matmul contracts with V (a router, a mixing or pooling
     weight) is not attention."""
     raised = PassManager(parse_pipeline("raise-attention")).run(graph).graph

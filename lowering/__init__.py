@@ -2,7 +2,7 @@
 
 from .artifact import Artifact, ArtifactError, load_artifact, save_artifact
 from .checks import RuntimeCheckError
-from .codegen import LoweringError
+from .errors import LoweringError
 from .program import IdentityMismatch, Program, lower, program_identity
 from .registry import available_targets, export_formats, get_target, register_target, sharded_lowering
 from .target import Export, Target

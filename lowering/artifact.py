@@ -28,7 +28,7 @@ from attnpass.ir import AttnpassError, DType, Graph, GraphFormatError, TensorTyp
 from attnpass.ir.core.serialize import check_envelope, graph_from_doc, read_json
 from attnpass.ir.core.types import printable, short_repr, type_str
 
-from .codegen import LoweringError
+from .errors import LoweringError
 from .program import IdentityMismatch, Program, lower, program_identity
 from .registry import get_target
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from typing import Any
 
-
 _EXCLUDED = -3.4028234663852886e38  # float32 min: the finite fill of a key a bool mask excludes (no sinks)
 
 

@@ -12,43 +12,14 @@ from __future__ import annotations
 import builtins
 import keyword
 import math
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Mapping
+from dataclasses import dataclass
+from typing import Mapping
 
-from attnpass.ir import AttnpassError, DType, Graph, Node, TensorType, format_node
+from attnpass.ir import AttnpassError, DType, Graph, format_node
 
-if TYPE_CHECKING:
-    from .sharding import Spmd
-    from .target import Target
-
-
-class LoweringError(AttnpassError):
-    """A graph cannot be lowered to the requested target."""
-
-
-@dataclass
-class EmitEnv:
-    """What an emitter may look at (the graph, for operand types) and ask for (runtime helpers)."""
-
-    graph: Graph
-    target: Target
-    checks: bool = False  # import the runtime helpers' checked variants (attnpass.lowering.checks)
-    imports: dict[str, None] = field(default_factory=dict)
-
-    def type_of(self, name: str) -> TensorType:
-        return self.graph.node(name).type
-
-    def runtime(self, alias: str) -> str:
-        """Import the target's runtime helper ``alias`` into the generated module (once); returns the alias."""
-        path = self.checks and self.target.runtime.get(f"{alias}_checked") or self.target.runtime.get(alias)
-        if path is None:
-            raise LoweringError(f"target {self.target.name!r} has no runtime helper {alias!r}")
-        module, _, name = path.rpartition(".")
-        self.imports.setdefault(f"from {module} import {name}" + ("" if name == alias else f" as {alias}"))
-        return alias
-
-
-Emitter = Callable[[Node, list[str], EmitEnv], str]
+from .errors import LoweringError
+from .sharding import Spmd
+from .target import EmitEnv, Target
 
 
 class Namespace:

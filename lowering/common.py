@@ -10,7 +10,8 @@ from attnpass.ir import DType, Node, format_slice
 from attnpass.ir.dialects.attention import key_ranges, sdpa_operands, window_offset
 from attnpass.ir.dialects.evaluate import rounded
 
-from .codegen import EmitEnv, Emitter, py_float, py_literal
+from .codegen import py_float, py_literal
+from .target import EmitEnv, Emitter
 
 
 def slice_expr(node: Node, x: str) -> str:

@@ -13,9 +13,11 @@ import numpy as np
 from attnpass.ir import AttnpassError, Graph, TensorType
 from attnpass.ir.core.types import type_str
 
-from .codegen import LoweringError, Source, generate
+from .codegen import Source, generate
+from .errors import LoweringError
 from .registry import get_target, sharded_lowering
 from .sharding import check_mesh
+from .target import Target
 
 
 class IdentityMismatch(AttnpassError):
@@ -135,6 +137,11 @@ class Program:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*self.bind(*args, **kwargs))
+
+    def require_target(self, target: Target, what: str) -> None:
+        """Raise ValueError unless this program was lowered to ``target`` (``what`` names the caller)."""
+        if self.target is not target:
+            raise ValueError(f"{what} needs a program lowered to {target.name!r}, got target {self.target.name!r}")
 
     def __repr__(self) -> str:
         return f"<Program {self.graph.name} target={self.target.name} inputs={list(self.input_names)}>"

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from attnpass.ir import Node
 
-from .codegen import EmitEnv, Emitter, py_literal
+from .codegen import py_literal
+from .target import EmitEnv, Emitter
 
 _FUNCTIONS = {
     "qsa_pool": "pool",

@@ -9,7 +9,7 @@ target is one folder (emitters, runtime modules, a ``Target``; see
 
 from __future__ import annotations
 
-from .codegen import LoweringError
+from .errors import LoweringError
 from .sharding import Spmd
 from .target import Target
 

@@ -20,7 +20,7 @@ from typing import Any
 from attnpass.ir import Graph
 from attnpass.ir.core.sharding import Sharding
 
-from .codegen import LoweringError
+from .errors import LoweringError
 
 Placed = tuple[str, "Sharding | None"]  # a program input or output: its name and sharding
 

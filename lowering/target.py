@@ -15,17 +15,39 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from attnpass.ir import TensorType
+from attnpass.ir import Graph, Node, TensorType
 
-from .codegen import Emitter
+from .errors import LoweringError
 from .sharding import Spmd
 
-if TYPE_CHECKING:
-    from .program import Program
+
+@dataclass
+class EmitEnv:
+    """What an emitter may look at (the graph, for operand types) and ask for (runtime helpers)."""
+
+    graph: Graph
+    target: Target
+    checks: bool = False  # import the runtime helpers' checked variants (attnpass.lowering.checks)
+    imports: dict[str, None] = field(default_factory=dict)
+
+    def type_of(self, name: str) -> TensorType:
+        return self.graph.node(name).type
+
+    def runtime(self, alias: str) -> str:
+        """Import the target's runtime helper ``alias`` into the generated module (once); returns the alias."""
+        path = self.checks and self.target.runtime.get(f"{alias}_checked") or self.target.runtime.get(alias)
+        if path is None:
+            raise LoweringError(f"target {self.target.name!r} has no runtime helper {alias!r}")
+        module, _, name = path.rpartition(".")
+        self.imports.setdefault(f"from {module} import {name}" + ("" if name == alias else f" as {alias}"))
+        return alias
+
+
+Emitter = Callable[[Node, list[str], EmitEnv], str]
 
 
 @dataclass(frozen=True)
@@ -72,10 +94,5 @@ class Target:
         """Names generated code never binds: the prelude's and the runtime's aliases."""
         return self.aliases | frozenset(self.runtime)
 
-    def require(self, program: Program, what: str) -> None:
-        """Raise ValueError unless ``program`` was lowered to this target."""
-        if program.target is not self:
-            raise ValueError(f"{what} needs a program lowered to {self.name!r}, got target {program.target.name!r}")
 
-
-__all__ = ["Export", "Target"]
+__all__ = ["EmitEnv", "Emitter", "Export", "Target"]

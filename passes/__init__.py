@@ -1,31 +1,31 @@
 """Passes over the attention IR: the pass contract, the manager, remarks, the shared rewrite layer and the rewrites.
 
 The rewrite driver's order (one documented order for every rule-based pass) is
-in :mod:`attnpass.passes.rewrite`; the pipeline driver's (list order, whole
-graph per pass, bounded fixed point) in :mod:`attnpass.passes.manager`.
+in :mod:`attnpass.passes.infra.rewrite`; the pipeline driver's (list order, whole
+graph per pass, bounded fixed point) in :mod:`attnpass.passes.infra.manager`.
 Built-in passes register themselves by name when imported here.
 """
 
-from .base import Pass, PassError, PassResult, Remark, Remarks
-from .block_sparse import BlockSparse
-from .canonicalize import Canonicalize
-from .dce import DeadCodeElimination
-from .decompose_sdpa import DecomposeSDPA
-from .head_chunk import HeadChunkSDPA, head_chunk_plan
-from .instrument import Instrumentation, PassTimings, PrintAfterChange
-from .manager import PassManager
-from .narrow_inputs import NarrowInputs
-from .pipeline import format_pipeline, parse_pipeline
-from .pipelines import default_pipeline
-from .policy import SwitchedPass
-from .qsa_gather import QSAGather
-from .qsa_pool_cache import QSAPoolCache
-from .raise_attention import RaiseAttention
-from .registry import PipelineError, available_passes, get_pass, register_pass
-from .reproducer import Reproducer, load_reproducer
-from .rewrite import ANY, Decline, Rewriter, Rule, apply_rules
-from .shard_attention import ShardAttention
-from .split_kv import SplitKV
+from .device_pipelines import default_pipeline
+from .infra.base import Pass, PassError, PassResult, Remark, Remarks
+from .infra.instrument import Instrumentation, PassTimings, PrintAfterChange
+from .infra.manager import PassManager
+from .infra.pipeline_text import format_pipeline, parse_pipeline
+from .infra.policy import SwitchedPass
+from .infra.registry import PipelineError, available_passes, get_pass, register_pass
+from .infra.reproducer import Reproducer, load_reproducer
+from .infra.rewrite import ANY, Decline, Rewriter, Rule, apply_rules
+from .rewrites.block_sparse import BlockSparse
+from .rewrites.canonicalize import Canonicalize
+from .rewrites.dce import DeadCodeElimination
+from .rewrites.decompose_sdpa import DecomposeSDPA
+from .rewrites.head_chunk import HeadChunkSDPA, head_chunk_plan
+from .rewrites.narrow_inputs import NarrowInputs
+from .rewrites.qsa_gather import QSAGather
+from .rewrites.qsa_pool_cache import QSAPoolCache
+from .rewrites.raise_attention import RaiseAttention
+from .rewrites.shard_attention import ShardAttention
+from .rewrites.split_kv import SplitKV
 
 __all__ = [
     "ANY", "BlockSparse", "Canonicalize", "DeadCodeElimination", "Decline", "DecomposeSDPA", "HeadChunkSDPA", "Instrumentation",

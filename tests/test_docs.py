@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from attnpass.cli.main import main
-from attnpass.passes import registry
+from attnpass.passes.infra import registry
 from tests.util import requires
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -17,7 +17,14 @@ from attnpass.ir.frontends.importing import parameter_names
 from attnpass.passes import Pass
 
 from ..specialize import (
-    MAX_SIGNATURES, CompiledFunction, Frontend, Traceable, array_text, check_callable, name_parameters, static_spec,
+    MAX_SIGNATURES,
+    CompiledFunction,
+    Frontend,
+    Traceable,
+    array_text,
+    check_callable,
+    name_parameters,
+    static_spec,
 )  # fmt: skip
 
 
@@ -114,7 +121,7 @@ def compile(
 ) -> CompiledFunction | Callable[[Callable], CompiledFunction]:
     """``fn`` compiled per input signature: imported, rewritten by ``pipeline``, lowered to MLX, ``mx.compile``'d.
 
-    ``pipeline`` is text or passes; None is :func:`attnpass.backends.specialize.default_pipeline`
+    ``pipeline`` is text or passes; None is :func:`attnpass.backends.specialize.wrapper_pipeline`
     for the default device when the wrapper is made. ``strict=False``: a signature that cannot be
     compiled runs ``fn`` itself, with one :class:`FallbackWarning`; ``strict=True`` raises
     :class:`SpecializationError`. Use as ``compile(fn, ...)``, as ``@compile`` or as

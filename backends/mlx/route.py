@@ -4,7 +4,7 @@ The model follows ``mlx/backend/metal/scaled_dot_product_attention.cpp``
 (ml-explore/mlx; read at commit 00703ea6, the stored version closest to 0.32):
 ``has_fused_kernel`` and ``use_fallback`` pick fused or unfused, and
 ``eval_gpu`` picks the vector kernel's one- or two-pass form (the gates' numbers
-live in :mod:`attnpass.passes.devices`):
+live in :mod:`attnpass.passes.analysis.devices`):
 
 - CPU streams always take the unfused fallback.
 - ``q_len <= 8`` (vector family): needs ``D == Dv`` in {64, 96, 128, 192, 256}
@@ -29,9 +29,9 @@ from typing import Literal, Sequence
 
 from attnpass.ir import DType
 from attnpass.lowering import Program
-from attnpass.lowering.codegen import EmitEnv
+from attnpass.lowering.target import EmitEnv
 from attnpass.lowering.targets.mlx import MLX, mask_kind
-from attnpass.passes.devices import (
+from attnpass.passes.analysis.devices import (
     METAL_FULL_HEAD_DIMS,
     METAL_FULL_UNFUSED_FASTER,
     METAL_LARGE_GPU_ARCH,
@@ -112,7 +112,7 @@ def sdpa_route(
 
 def sdpa_routes(program: Program, device: str = "metal", *, arch: str = "g") -> list[tuple[str, Route]]:
     """``(sdpa node name, predicted Route)`` for every SDPA call of an MLX program, in program order."""
-    MLX.require(program, "sdpa_routes()")
+    program.require_target(MLX, "sdpa_routes()")
     env = EmitEnv(program.graph, MLX)
     routes = []
     for node in program.graph.nodes():

@@ -74,7 +74,7 @@ from typing import Any
 from attnpass.ir import ImportedGraph, TensorSpec, ops, trace
 from attnpass.passes import Pass, QSAGather
 
-from ..specialize import CompiledFunction, Specialization, Traceable, as_passes, default_pipeline
+from ..specialize import CompiledFunction, Specialization, Traceable, as_passes, wrapper_pipeline
 from .compiled import MLXFrontend
 from .router import ACTIVE, fetch_reason
 
@@ -112,7 +112,7 @@ def _kept_masked(graph: Any) -> str | None:
 def programs(pipeline: str | Sequence[Pass] | None, *, strict: bool, max_signatures: int) -> CompiledFunction:
     """:func:`qsa_attention` compiled per signature; every ``qsa-gather`` told the selection input is promised."""
     frontend = OpsFrontend()
-    passes = default_pipeline(frontend.device(), frontend.target) if pipeline is None else as_passes(pipeline)
+    passes = wrapper_pipeline(frontend.device(), frontend.target) if pipeline is None else as_passes(pipeline)
     promised = [isinstance(p, QSAGather) and p.selection_input is None for p in passes]
     passes = [dataclasses.replace(p, selection_input=SELECTION) if tell else p for p, tell in zip(passes, promised)]
     return CompiledFunction(

@@ -2,7 +2,7 @@
 
 :class:`Builder` is shared by every producer of nodes that is not the tracer:
 the MLX/JAX importers (:class:`~attnpass.ir.frontends.importing.GraphBuilder`)
-and the passes' rewriter (:class:`~attnpass.passes.rewrite.Rewriter`). Layout
+and the passes' rewriter (:class:`~attnpass.passes.infra.rewrite.Rewriter`). Layout
 helpers return their operand unchanged when the op would be the identity, so
 rewrites never add ``reshape`` to the same shape or a full ``slice``.
 """

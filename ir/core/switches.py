@@ -2,7 +2,7 @@
 
 ``true``, ``on``, ``yes``, ``1`` mean on and ``false``, ``off``, ``no``, ``0``
 mean off, in any case, surrounding whitespace ignored: the textual pipeline's
-bool options, the passes' on/off policies (:mod:`attnpass.passes.policy`) and
+bool options, the passes' on/off policies (:mod:`attnpass.passes.infra.policy`) and
 the runtime checks (:mod:`attnpass.lowering.checks`) all read them here. An
 explicit argument wins over the environment; an unset variable leaves the
 default; any other value leaves the default too, with a warning once per

@@ -12,7 +12,7 @@ import pytest
 
 from attnpass import passes
 from attnpass.backends import assert_primitive_counts, to_numpy
-from attnpass.backends.specialize import CompiledFunction, FallbackWarning, SpecializationError, default_pipeline
+from attnpass.backends.specialize import CompiledFunction, FallbackWarning, SpecializationError, wrapper_pipeline
 from attnpass.passes import format_pipeline
 from tests.util import assert_bits_equal, assert_close, requires
 
@@ -20,13 +20,13 @@ SCALE = 128**-0.5
 FUSED = "raise-attention,dce"  # leaves the attention one fused call: the wrapper's results are the call's bits
 
 
-def test_default_pipeline_raises_attention_first_then_the_device_pipeline_that_keeps_the_signature():
-    assert format_pipeline(default_pipeline("cpu")) == "raise-attention,qsa-gather{prefill_tile=16},decompose-sdpa,dce"
-    assert format_pipeline(default_pipeline("metal", "mlx")) == (
+def test_wrapper_pipeline_raises_attention_first_then_the_device_pipeline_that_keeps_the_signature():
+    assert format_pipeline(wrapper_pipeline("cpu")) == "raise-attention,qsa-gather{prefill_tile=16},decompose-sdpa,dce"
+    assert format_pipeline(wrapper_pipeline("metal", "mlx")) == (
         "raise-attention,qsa-gather{prefill_tile=16},head-chunk,decompose-sdpa{device=metal,target=mlx},dce"
     )
     for device, target in (("cpu", "mlx"), ("cpu", "jax"), ("metal", "mlx"), ("gpu", "jax"), ("tpu", None)):
-        rest = default_pipeline(device, target)[1:]
+        rest = wrapper_pipeline(device, target)[1:]
         assert rest == passes.default_pipeline(device, keep_signature=True, target=target)
         # the program is called with the function's own arguments: no pass that adds or retypes inputs
         assert not {"qsa-pool-cache", "narrow-inputs"} & {p.name for p in rest}
@@ -100,7 +100,7 @@ class TestMLXCompile:
         chunked = [r for r in entry.remarks if r.pass_name == "head-chunk"]
         assert [r.kind for r in chunked] == ["applied"] and entry.ops["sdpa"] > 1
         assert entry.program.source.count("mx.fast.scaled_dot_product_attention") == entry.ops["sdpa"]
-        assert compile(self.attention).pipeline == format_pipeline(default_pipeline("cpu", "mlx"))  # bare form
+        assert compile(self.attention).pipeline == format_pipeline(wrapper_pipeline("cpu", "mlx"))  # bare form
         with pytest.raises(TypeError, match="fn must be the function to compile, got 'raise-attention'"):
             compile("raise-attention")
 
@@ -131,7 +131,6 @@ class TestMLXCompile:
         assert sum(counts) == len(entry.remarks) - 1
 
     def test_the_summary_names_every_declined_rewrite(self):
-        import mlx.core as mx
 
         from attnpass.backends.mlx import compile
 

@@ -17,7 +17,8 @@ from attnpass.cli.main import build_parser, main
 from attnpass.ir import Graph
 from attnpass.ir.core import rendering as render_module
 from attnpass.models import verify_step
-from attnpass.passes import PassManager, parse_pipeline, registry
+from attnpass.passes import PassManager, parse_pipeline
+from attnpass.passes.infra import registry
 from tests.util import lazy_import, requires
 
 mx = lazy_import("mlx.core")
@@ -222,7 +223,7 @@ def test_export_writes_mlxfn_and_stablehlo(cli, chunked_json, tmp_path):
 def test_passes_lists_names_and_typed_options(cli):
     status, out, _ = cli("passes")
     assert status == 0
-    assert "head-chunk  (attnpass.passes.head_chunk.HeadChunkSDPA)" in out
+    assert "head-chunk  (attnpass.passes.rewrites.head_chunk.HeadChunkSDPA)" in out
     assert "    option budget: int = 32" in out and "    option min_depth_factor: float = 2" in out
     assert "    option rules (not settable from text)" in out
 

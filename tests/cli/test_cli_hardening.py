@@ -18,9 +18,10 @@ import pytest
 from attnpass.cli import commands, output
 from attnpass.cli.main import build_parser, main
 from attnpass.ir import Graph
-from attnpass.models import EXAMPLES, qwen38, verify_step
 from attnpass.ir.core import switches
-from attnpass.passes import PassManager, parse_pipeline, registry
+from attnpass.models import EXAMPLES, qwen38, verify_step
+from attnpass.passes import PassManager, parse_pipeline
+from attnpass.passes.infra import registry
 from tests.util import requires
 
 QWEN38 = os.path.realpath(qwen38.__file__)
@@ -334,7 +335,7 @@ def test_the_printed_replay_command_works_as_printed(tmp_path, graph_json):
 def test_builtin_pass_crashes_record_no_load(cli, graph_json, tmp_path, monkeypatch):
     plugin = tmp_path / "noop_plugin.py"
     plugin.write_text("")
-    from attnpass.passes import head_chunk
+    from attnpass.passes.rewrites import head_chunk
 
     def explode(*args, **kwargs):
         raise RuntimeError("head-chunk broke")

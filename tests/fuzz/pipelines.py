@@ -17,8 +17,8 @@ import importlib.metadata
 from typing import Any
 
 from attnpass.passes import Pass, available_passes, get_pass
-from attnpass.passes.pipeline import PassOption, pass_options
-from attnpass.passes.registry import ENTRY_POINT_GROUP
+from attnpass.passes.infra.pipeline_text import PassOption, pass_options
+from attnpass.passes.infra.registry import ENTRY_POINT_GROUP
 
 from .choices import Choices
 from .families import MESH

@@ -23,7 +23,7 @@ from attnpass.backends import run
 from attnpass.ir import DType, Graph, Node, TensorType
 from attnpass.lowering import lower
 from attnpass.passes import Pass, PassManager, Remark
-from attnpass.passes.qsa_pool_cache import XLA_ROW_REDUCTION_ELEMENTS
+from attnpass.passes.rewrites.qsa_pool_cache import XLA_ROW_REDUCTION_ELEMENTS
 from tests.fuzz.choices import Choices
 from tests.fuzz.families import FAMILIES, Case
 

@@ -10,8 +10,8 @@ import itertools
 
 import pytest
 
-from attnpass.passes.attention_match import _uncovered
-from attnpass.passes.layout_algebra import Atom, root_layout
+from attnpass.passes.analysis.attention_match import _uncovered
+from attnpass.passes.analysis.layout_algebra import Atom, root_layout
 
 
 def oracle(layout, sizes) -> int | None:

@@ -23,7 +23,7 @@ from attnpass.ir import DType, TensorSpec, ops, trace
 from attnpass.ir.dialects.attention import Window, key_ranges
 from attnpass.lowering import lower
 from attnpass.passes import BlockSparse, PassManager, parse_pipeline
-from attnpass.passes.block_sparse import tile_plan
+from attnpass.passes.rewrites.block_sparse import tile_plan
 from tests.util import assert_bits_equal, assert_close, random_array, requires, target_params
 
 F32, BF16 = DType.float32, DType.bfloat16

@@ -16,7 +16,7 @@ from attnpass.ir import DType, Graph, TensorSpec, TensorType, from_jax, from_mlx
 from attnpass.ir.dialects.evaluate import EVALUATORS, evaluate
 from attnpass.lowering import lower
 from attnpass.passes import Canonicalize, PassManager, parse_pipeline
-from attnpass.passes.canonicalize import FOLD_LIMIT
+from attnpass.passes.rewrites.canonicalize import FOLD_LIMIT
 from tests.util import assert_bits_equal, available, bits, random_array, requires, target_params
 
 TARGETS = ["numpy"] + [t for t, m in (("mlx", "mlx.core"), ("jax", "jax")) if available(m)]

@@ -19,7 +19,7 @@ from attnpass.ir import DType, Graph, TensorSpec, ops, trace
 from attnpass.lowering import lower
 from attnpass.lowering.targets.mlx import primitives
 from attnpass.passes import HeadChunkSDPA, head_chunk_plan
-from attnpass.passes.head_chunk import ENV_VAR
+from attnpass.passes.rewrites.head_chunk import ENV_VAR
 from tests.util import lazy_import, requires, target_params
 
 mx = lazy_import("mlx.core")

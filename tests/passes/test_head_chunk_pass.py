@@ -10,8 +10,8 @@ import pytest
 
 from attnpass.ir import Graph, TensorSpec, ops, parse_graph, trace
 from attnpass.passes import HeadChunkSDPA, PassError, PassManager, head_chunk_plan
-from attnpass.passes import head_chunk as head_chunk_module
-from attnpass.passes.head_chunk import ENV_VAR
+from attnpass.passes.rewrites import head_chunk as head_chunk_module
+from attnpass.passes.rewrites.head_chunk import ENV_VAR
 from tests.passes.claims import audit, fuzzed
 
 ON = HeadChunkSDPA(enabled=True)
@@ -194,7 +194,7 @@ def test_policy_is_resolved_at_use_and_env_never_mutated(monkeypatch):
 
 def test_first_engagement_is_logged_once(monkeypatch, caplog):
     monkeypatch.setattr(head_chunk_module, "_FIRST_ENGAGEMENT", threading.Lock())
-    caplog.set_level(logging.INFO, logger="attnpass.passes.head_chunk")
+    caplog.set_level(logging.INFO, logger="attnpass.passes.rewrites.head_chunk")
     ON(verify_shaped(2))  # declined: no engagement
     assert caplog.records == []
     ON(verify_shaped(6))

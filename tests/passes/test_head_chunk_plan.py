@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from attnpass.passes import head_chunk_plan
-from attnpass.passes.head_chunk import head_chunks
+from attnpass.passes.rewrites.head_chunk import head_chunks
 
 # docs/semantics.md §2.2: 24 q / 2 kv, budget 32.
 TABLE_24_2 = [

@@ -20,7 +20,7 @@ from attnpass.passes import (
     PrintAfterChange,
     Remarks,
 )
-from attnpass.passes.manager import MANAGER_NAME
+from attnpass.passes.infra.manager import MANAGER_NAME
 
 
 def model(x, y):

@@ -32,8 +32,8 @@ from attnpass.passes import (
     load_reproducer,
     parse_pipeline,
     register_pass,
-    registry,
 )
+from attnpass.passes.infra import registry
 
 BUILTINS = {
     "dce": DeadCodeElimination,
@@ -182,7 +182,9 @@ def test_registration_rejects_clashes_bad_names_and_non_passes():
         def run(self, graph: Graph, remarks: Remarks) -> bool:
             return False
 
-    with pytest.raises(PipelineError, match="the name 'dce' is taken by attnpass.passes.dce.DeadCodeElimination"):
+    with pytest.raises(
+        PipelineError, match="the name 'dce' is taken by attnpass.passes.rewrites.dce.DeadCodeElimination"
+    ):
         register_pass(FakeDCE)
 
     @dataclass(frozen=True)

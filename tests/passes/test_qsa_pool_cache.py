@@ -18,7 +18,7 @@ from attnpass.ir import Graph, TensorSpec, ops, parse_graph, trace
 from attnpass.lowering import lower
 from attnpass.models import QSAConfig, build_layer, make_inputs, narrowed_inputs, padded_mask
 from attnpass.passes import DeadCodeElimination, PassManager, QSAPoolCache, parse_pipeline
-from attnpass.passes.qsa_pool_cache import STORES, XLA_ROW_REDUCTION_ELEMENTS
+from attnpass.passes.rewrites.qsa_pool_cache import STORES, XLA_ROW_REDUCTION_ELEMENTS
 from tests.fuzz.families import Case
 from tests.passes.claims import audit, check_remarks, fuzzed
 from tests.util import assert_bits_equal, lazy_import, requires, target_params

@@ -19,7 +19,7 @@ from attnpass.ir import TensorSpec, ops, trace
 from attnpass.lowering import lower
 from attnpass.models import QSAConfig, build_layer, make_inputs
 from attnpass.passes import DeadCodeElimination, PassManager, QSAGather, default_pipeline, parse_pipeline
-from attnpass.passes.qsa_gather import PREFILL_TILES
+from attnpass.passes.rewrites.qsa_gather import PREFILL_TILES
 from tests.util import requires
 
 CFG = QSAConfig(n_q_heads=4, n_kv_heads=2, head_dim=16, idx_dim=16, budget=32, mask_rows=32, rotary_dim=8)

@@ -16,7 +16,7 @@ as the op, decomposed, or accumulated in float32 around a half-float attention. 
   target in ``test_canonicalize.py``; sdpa with the numpy target's own ``reference.sdpa``):
   generating code for thousands of graphs would double the time;
 - exactly one remark decides the attention candidate;
-- what the module docstring of :mod:`attnpass.passes.score_path` says sdpa can express
+- what the module docstring of :mod:`attnpass.passes.analysis.score_path` says sdpa can express
   is raised (a conservative model of it below); the rest is declined.
 """
 

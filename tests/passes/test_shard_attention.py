@@ -20,9 +20,9 @@ from attnpass.models import (
 )
 from attnpass.passes import PassManager, ShardAttention, parse_pipeline
 from tests.sharded_cases import (
-    B,
     HKV,
     HQ,
+    B,
     T,
     claimed_bytes,
     rows_first,

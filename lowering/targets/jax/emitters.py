@@ -10,18 +10,19 @@ from __future__ import annotations
 
 from attnpass.ir import DType, Node
 from attnpass.ir.dialects.evaluate import scan_identity
-from attnpass.lowering.codegen import EmitEnv, Emitter, py_float, py_literal
+from attnpass.lowering.codegen import py_float, py_literal
 from attnpass.lowering.common import (
     array_api_emitters,
     causal_offset,
-    explicit_sdpa_call,
     dtype_expr,
+    explicit_sdpa_call,
     sdpa_scale,
     update_start,
     with_causal,
     zero_dead_rows,
 )
 from attnpass.lowering.qsa_emitters import QSA_EMITTERS
+from attnpass.lowering.target import EmitEnv, Emitter
 
 
 def _sdpa(n: Node, a: list[str], env: EmitEnv) -> str:

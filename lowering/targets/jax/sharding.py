@@ -27,7 +27,7 @@ from math import prod
 from typing import Any
 
 from attnpass.ir.core.sharding import Sharding
-from attnpass.lowering.codegen import LoweringError
+from attnpass.lowering.errors import LoweringError
 from attnpass.lowering.sharding import Placed, Spmd
 
 

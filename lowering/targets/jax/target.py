@@ -48,7 +48,7 @@ def jaxpr(program: Program, *args: Any, **kwargs: Any) -> Any:
     """The ClosedJaxpr of ``program`` for these inputs."""
     import jax
 
-    JAX.require(program, "jaxpr()")
+    program.require_target(JAX, "jaxpr()")
     return jax.make_jaxpr(program.fn)(*program.bind(*args, **kwargs))
 
 
@@ -82,7 +82,7 @@ def export_stablehlo(program: Program, *args: Any, **kwargs: Any) -> str:
     import jax
     from jax.sharding import AbstractMesh
 
-    JAX.require(program, "export_stablehlo")
+    program.require_target(JAX, "export_stablehlo")
     bound = program.bind(*args, **kwargs) if args or kwargs else placeholders(program.input_types)
     if program.mesh is None:
         return jax.jit(program.fn).lower(*bound).as_text()

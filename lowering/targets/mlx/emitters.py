@@ -6,7 +6,7 @@ from typing import Literal
 
 from attnpass.ir import Node
 from attnpass.ir.dialects.attention import sdpa_operands
-from attnpass.lowering.codegen import EmitEnv, Emitter, py_float, py_literal
+from attnpass.lowering.codegen import py_float, py_literal
 from attnpass.lowering.common import (
     array_api_emitters,
     causal_offset,
@@ -19,6 +19,7 @@ from attnpass.lowering.common import (
     zero_dead_rows,
 )
 from attnpass.lowering.qsa_emitters import QSA_EMITTERS
+from attnpass.lowering.target import EmitEnv, Emitter
 
 
 def _matmul(n: Node, a: list[str], env: EmitEnv) -> str:

@@ -44,7 +44,7 @@ def primitives(program: Program, *args: Any, **kwargs: Any) -> list[Primitive]:
     """The primitives of ``program``'s MLX graph for these inputs, in MLX's export order."""
     import mlx.core as mx
 
-    MLX.require(program, "primitives()")
+    program.require_target(MLX, "primitives()")
     records: list[Primitive] = []
 
     def callback(record: dict) -> None:
@@ -92,7 +92,7 @@ def export_mlx(program: Program, path: str | os.PathLike, *args: Any, **kwargs: 
     """
     import mlx.core as mx
 
-    MLX.require(program, "export_mlx")
+    program.require_target(MLX, "export_mlx")
     path = Path(path)
     bound = program.bind(*args, **kwargs) if args or kwargs else placeholders(program.input_types)
     metadata = {"graph": program.graph.name, "inputs": list(program.input_names), "identity": program.identity}

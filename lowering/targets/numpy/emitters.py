@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from attnpass.ir import Node
-from attnpass.lowering.codegen import EmitEnv, Emitter, py_float, py_literal
 from attnpass.ir.dialects.attention import sdpa_operands
+from attnpass.lowering.codegen import py_float, py_literal
 from attnpass.lowering.common import iota_expr, sdpa_scale, slice_expr
 from attnpass.lowering.qsa_emitters import QSA_EMITTERS
+from attnpass.lowering.target import EmitEnv, Emitter
 
 _BINARY = {"add": "np.add", "sub": "np.subtract", "mul": "np.multiply", "div": "np.divide", "maximum": "np.maximum"}
 _LOGIC = {

@@ -29,7 +29,7 @@ from attnpass.ir.core.types import short_repr, type_str
 from attnpass.lowering import ArtifactError, load_artifact, lower, save_artifact
 from attnpass.models import verify_step
 from attnpass.passes import load_reproducer
-from attnpass.passes.reproducer import Reproducer
+from attnpass.passes.infra.reproducer import Reproducer
 
 
 @pytest.fixture(scope="module")

@@ -127,7 +127,7 @@ def test_default_pipeline_keeps_the_quantized_sdpa_bits(rng, device):
     from mlx_lm.models.base import quantized_scaled_dot_product_attention
 
     from attnpass.passes import PassManager
-    from attnpass.passes.pipelines import default_pipeline
+    from attnpass.passes.device_pipelines import default_pipeline
 
     keys, values = _quantized_cache(rng, 8, length=40)
 

@@ -1,7 +1,7 @@
 """Textual pipelines: ``dce,head-chunk{budget=16},qsa-gather{pad_multiple=256,min_depth_factor=2}``.
 
 Grammar: passes separated by ``,``; each is a registered name
-(:mod:`attnpass.passes.registry`) optionally followed by ``{key=value,...}``.
+(:mod:`attnpass.passes.infra.registry`) optionally followed by ``{key=value,...}``.
 Keys are the pass's dataclass fields; values are converted from the field's
 type: ``int``, ``float``, ``bool`` (true/false, on/off, yes/no, 1/0, any
 case), ``str``, and any of them ``| None`` (``none``). Whitespace around

@@ -27,11 +27,11 @@ from typing import ClassVar, NamedTuple
 from attnpass.ir import DType, Graph, Node
 from attnpass.ir.dialects.attention import Window, key_ranges, sdpa_operands, window_offset
 
-from .base import Remarks, require_int
+from ..infra.base import Remarks, require_int
+from ..infra.policy import SwitchedPass
+from ..infra.registry import register_pass
+from ..infra.rewrite import Decline, Rewriter, Rule, apply_rules
 from .decompose_sdpa import DEVICES
-from .policy import SwitchedPass
-from .registry import register_pass
-from .rewrite import Decline, Rewriter, Rule, apply_rules
 
 ENV_VAR = "ATTNPASS_BLOCK_SPARSE"
 # Query rows per tile, per device: cpu measured (benchmarks/block_sparse.py, MLX and JAX CPU); the others are the

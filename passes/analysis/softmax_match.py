@@ -19,10 +19,10 @@ from dataclasses import dataclass
 
 from attnpass.ir import DType, Graph, Node
 
+from ..infra.rewrite import Decline
 from . import layout_algebra as la
 from .chains import is_float_cast, is_transparent, replay, scalar_constant, walk
 from .layout_algebra import Atom
-from .rewrite import Decline
 
 
 @dataclass(frozen=True)

@@ -18,11 +18,11 @@ from typing import ClassVar
 from attnpass.ir import Graph, Node
 from attnpass.ir.dialects.attention import sdpa_operands
 
-from .base import Remarks, require_int
-from .devices import METAL_VECTOR_BUDGET
-from .policy import SwitchedPass
-from .registry import register_pass
-from .rewrite import Decline, Rewriter, Rule, apply_rules
+from ..analysis.devices import METAL_VECTOR_BUDGET
+from ..infra.base import Remarks, require_int
+from ..infra.policy import SwitchedPass
+from ..infra.registry import register_pass
+from ..infra.rewrite import Decline, Rewriter, Rule, apply_rules
 
 ENV_VAR = "ATTNPASS_SDPA_HEAD_CHUNK"
 DEFAULT_BUDGET = METAL_VECTOR_BUDGET
@@ -159,7 +159,7 @@ class HeadChunkSDPA(SwitchedPass):
     again changes nothing. ``enabled=None`` resolves :data:`ENV_VAR` when the
     pass runs (false/off/no/0, any case, stripped, turn it off); the
     environment is never modified. One rule on the shared layer
-    (:mod:`attnpass.passes.rewrite`): one sweep, one remark per ``sdpa``. The
+    (:mod:`attnpass.passes.infra.rewrite`): one sweep, one remark per ``sdpa``. The
     first rewrite in a process is logged once (INFO, this module's logger).
     """
 

@@ -53,10 +53,10 @@ from typing import ClassVar
 from attnpass.ir import DType, Graph, Node
 from attnpass.ir.dialects.attention import sdpa_operands, sdpa_variants
 
-from .base import Pass, Remarks, require_int
-from .devices import METAL_VECTOR_BUDGET, METAL_VECTOR_MAX_ROWS, metal_vector_serves
-from .registry import register_pass
-from .rewrite import Decline, Rewriter, Rule, apply_rules
+from ..analysis.devices import METAL_VECTOR_BUDGET, METAL_VECTOR_MAX_ROWS, metal_vector_serves
+from ..infra.base import Pass, Remarks, require_int
+from ..infra.registry import register_pass
+from ..infra.rewrite import Decline, Rewriter, Rule, apply_rules
 
 DEVICES = ("cpu", "metal", "gpu", "tpu")
 TARGETS = ("mlx", "jax")

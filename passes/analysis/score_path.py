@@ -47,8 +47,8 @@ import numpy as np
 from attnpass.ir import DType, Graph, Node
 from attnpass.ir.dialects.evaluate import rounded
 
+from ..infra.rewrite import Decline
 from .chains import is_transparent, scalar_constant, scale_operand
-from .rewrite import Decline
 
 SCORE_BOUND = 2.0**24  # assumed: every row's highest unmasked score (softmax input) is >= -SCORE_BOUND
 UNDERFLOW = 1024.0  # exp(-1024) is 0 in float64 (below 2^-1075, half its smallest subnormal) and narrower formats

@@ -7,8 +7,8 @@ from typing import ClassVar
 
 from attnpass.ir import Graph
 
-from .base import Pass, Remarks
-from .registry import register_pass
+from ..infra.base import Pass, Remarks
+from ..infra.registry import register_pass
 
 MAX_LISTED = 8  # dead internal node names listed in the summary remark before truncating
 # What an input's bytes are: the host sends a streamed input every call; a resident one stays on the device.

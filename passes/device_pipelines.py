@@ -18,20 +18,20 @@
 ``keep_signature=True`` leaves out the two passes that change the program's
 signature, ``qsa-pool-cache`` (adds a state input and output) and
 ``narrow-inputs`` (retypes inputs), and the ``dce`` after them: the pipeline
-of a drop-in wrapper (:func:`attnpass.backends.specialize.default_pipeline`),
+of a drop-in wrapper (:func:`attnpass.backends.specialize.wrapper_pipeline`),
 whose program is called with the function's own arguments. ``"tpu"`` keeps
 every attention call fused, as ``"gpu"`` does.
 """
 
 from __future__ import annotations
 
-from .base import Pass
-from .dce import DeadCodeElimination
-from .decompose_sdpa import DEVICES, DecomposeSDPA
-from .head_chunk import HeadChunkSDPA
-from .narrow_inputs import NarrowInputs
-from .qsa_gather import PREFILL_TILES, QSAGather
-from .qsa_pool_cache import QSAPoolCache
+from .infra.base import Pass
+from .rewrites.dce import DeadCodeElimination
+from .rewrites.decompose_sdpa import DEVICES, DecomposeSDPA
+from .rewrites.head_chunk import HeadChunkSDPA
+from .rewrites.narrow_inputs import NarrowInputs
+from .rewrites.qsa_gather import PREFILL_TILES, QSAGather
+from .rewrites.qsa_pool_cache import QSAPoolCache
 
 
 def default_pipeline(device: str, *, keep_signature: bool = False, target: str | None = None) -> list[Pass]:

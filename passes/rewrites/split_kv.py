@@ -57,9 +57,9 @@ from typing import ClassVar
 from attnpass.ir import DType, Graph, Node
 from attnpass.ir.dialects.attention import sdpa_operands
 
-from .base import Pass, Remarks, require_int
-from .registry import register_pass
-from .rewrite import Decline, Rewriter, Rule, apply_rules
+from ..infra.base import Pass, Remarks, require_int
+from ..infra.registry import register_pass
+from ..infra.rewrite import Decline, Rewriter, Rule, apply_rules
 
 Labels = Sequence["str | None"]  # per dimension: "batch", "heads", "shard" or None
 Place = Callable[[str, Labels], None]  # annotate a value from its dimension labels

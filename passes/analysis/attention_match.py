@@ -37,10 +37,10 @@ from typing import Any, Iterator, Sequence
 
 from attnpass.ir import DType, Graph, Node
 
+from ..infra.rewrite import Decline
 from . import layout_algebra as la
 from .chains import Chain, chain_scale, elementwise_steps, exact_cast, replay, scalar_constant, walk
 from .layout_algebra import Atom, Layout
-from .rewrite import Decline
 from .score_path import UNDERFLOW, MaskUse, ScoreAlgebra, Step, score_algebra, score_steps
 
 ROLE_NAMES = ("b", "h", "s", "t")  # axes of the canonical score tensor [B, Hq, S, T]

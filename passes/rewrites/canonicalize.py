@@ -36,7 +36,7 @@ graph computes bit for bit the same function afterwards.
 - ``cse``: a node computing what an earlier node computes (same op, operands,
   attributes, bit for bit) is replaced by it.
 
-Driver: the shared walker (:mod:`attnpass.passes.rewrite`), up to
+Driver: the shared walker (:mod:`attnpass.passes.infra.rewrite`), up to
 :data:`MAX_SWEEPS` sweeps; values a rewrite leaves dead are pruned at once.
 :func:`canonicalize_rules` gives a fresh rule list per run (``cse`` numbers the
 values it has seen); ``raise-attention`` runs the same list before its own rules.
@@ -53,11 +53,11 @@ import numpy as np
 from attnpass.ir import DType, Graph, Node, TensorType
 from attnpass.ir.dialects.evaluate import EVALUATORS, constant, evaluate
 
-from . import layout_algebra as la
-from .base import Pass, Remarks
-from .chains import exact_cast, splat
-from .registry import register_pass
-from .rewrite import ANY, Decline, Rewriter, Rule, apply_rules
+from ..analysis import layout_algebra as la
+from ..analysis.chains import exact_cast, splat
+from ..infra.base import Pass, Remarks
+from ..infra.registry import register_pass
+from ..infra.rewrite import ANY, Decline, Rewriter, Rule, apply_rules
 
 FOLD_LIMIT = 4096  # elements of a folded constant that is not a splat
 MAX_SWEEPS = 8

@@ -70,10 +70,10 @@ from attnpass.ir import DType, Graph, Node
 from attnpass.ir.dialects import min_width
 from attnpass.ir.dialects.attention import sdpa_variants
 
-from .base import Remarks, require_int
-from .policy import SwitchedPass
-from .registry import register_pass
-from .rewrite import Decline, Rewriter, Rule, apply_rules
+from ..infra.base import Remarks, require_int
+from ..infra.policy import SwitchedPass
+from ..infra.registry import register_pass
+from ..infra.rewrite import Decline, Rewriter, Rule, apply_rules
 
 ENV_VAR = "ATTNPASS_QSA_GATHER"
 PREFILL_TILES = {"cpu": 16, "metal": 16, "gpu": 64, "tpu": 64}  # rows per prefill tile (default_pipeline)

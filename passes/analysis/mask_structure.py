@@ -23,7 +23,7 @@ from attnpass.ir import DType, Graph, Node
 from attnpass.ir.dialects.attention import Window, key_ranges, sdpa_operands, window_offset
 from attnpass.ir.dialects.evaluate import EVALUATORS, constant, evaluate
 
-from .rewrite import Decline, Rewriter
+from ..infra.rewrite import Decline, Rewriter
 
 EVAL_LIMIT = 1 << 27  # elements of any value evaluated to prove a structure (16K x 8K)
 

@@ -18,11 +18,13 @@ Driver order (the one place this is written down):
   ``max_iterations`` times. If the last allowed iteration still changed the
   graph, the manager stops and records an ``analysis`` remark saying the
   pipeline did not converge; it never loops unboundedly.
-- **Instrumentation** hooks (:mod:`attnpass.passes.instrument`) are called
+- **Instrumentation** hooks (:mod:`attnpass.passes.infra.instrument`) are called
   before and after every pass run, in the order given.
 - **Crash reproducers.** With ``reproducer_dir`` set, a failing pass also
-  writes the graph it received and itself (:mod:`attnpass.passes.reproducer`)
+  writes the graph it received and itself (:mod:`attnpass.passes.infra.reproducer`)
   there; the PassError message ends with the file and the command replaying it.
+  ``plugin_loads`` names the modules (``--load`` specs) defining plugin passes,
+  which the reproducer records and its replay command loads again.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ class PassManager:
         max_iterations: int = 8,
         instrumentations: Sequence[Instrumentation] = (),
         reproducer_dir: str | os.PathLike | None = None,
+        plugin_loads: Sequence[str] = (),
     ) -> None:
         self.passes: tuple[Pass, ...] = tuple(passes)
         for p in self.passes:
@@ -61,6 +64,7 @@ class PassManager:
         self.max_iterations = max_iterations
         self.instrumentations: tuple[Instrumentation, ...] = tuple(instrumentations)
         self.reproducer_dir = reproducer_dir
+        self.plugin_loads: tuple[str, ...] = tuple(plugin_loads)  # the modules defining plugin passes, for replays
 
     def __repr__(self) -> str:
         names = ", ".join(p.name for p in self.passes)
@@ -86,7 +90,7 @@ class PassManager:
                 except PassError as exc:
                     if self.reproducer_dir is None:
                         raise
-                    note = crash_note(self.reproducer_dir, pass_, current, history, str(exc))
+                    note = crash_note(self.reproducer_dir, pass_, current, history, str(exc), self.plugin_loads)
                     raise PassError(f"{exc}\n{note}") from exc
                 history.append(pass_.name)
                 iteration_changed |= changed

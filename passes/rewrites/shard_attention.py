@@ -13,7 +13,7 @@ holds, or declined, with the precondition that failed:
   K/V): use ``seq`` for it.
 - ``batch``: the axis size divides the stream count.
 - ``seq``: the axis size divides T; the attention is rewritten by split-kv
-  (:mod:`attnpass.passes.split_kv`) with one shard per device along the axis,
+  (:mod:`attnpass.passes.rewrites.split_kv`) with one shard per device along the axis,
   so each device holds ``T / s`` keys and only the combine crosses devices.
   ``seq`` and ``batch`` (of size > 1) cannot be combined: the T-shards share the
   leading dimension with the streams, and an annotation names one axis per
@@ -66,12 +66,12 @@ from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from attnpass.ir import Graph, Node, format_slice
-from attnpass.ir.dialects.attention import sdpa_variants
 from attnpass.ir.core.sharding import Sharding, format_sharding, normalize_sharding
+from attnpass.ir.dialects.attention import sdpa_variants
 
-from .base import Pass, Remarks
-from .registry import register_pass
-from .rewrite import Decline, Rewriter, Rule, apply_rules
+from ..infra.base import Pass, Remarks
+from ..infra.registry import register_pass
+from ..infra.rewrite import Decline, Rewriter, Rule, apply_rules
 from .split_kv import Labels, Place, SplitPlan, gathers_qsa_cells, is_split_partial, match_split, rewrite_split
 
 QKV_LABELS = ("batch", "heads", None, None)

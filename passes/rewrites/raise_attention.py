@@ -1,6 +1,6 @@
 """Raise decomposed attention (as MLX, JAX and hand-written code spell it) to ``softmax`` and ``sdpa``.
 
-Two rules on the shared layer (:mod:`attnpass.passes.rewrite`; :data:`RULES`
+Two rules on the shared layer (:mod:`attnpass.passes.infra.rewrite`; :data:`RULES`
 composes with ``+``), each a ``match`` that proves the rewrite or declines
 with the reason and node, and a ``rewrite``. In order:
 
@@ -61,15 +61,15 @@ from typing import ClassVar
 
 from attnpass.ir import DType, Graph, Node
 
-from . import layout_algebra as la
-from .attention_match import Attention, Fail, MaskPlan, Operand, lifted, match_attention
-from .base import Pass, Remarks
+from ..analysis import layout_algebra as la
+from ..analysis.attention_match import Attention, Fail, MaskPlan, Operand, lifted, match_attention
+from ..analysis.chains import exact_cast
+from ..analysis.mask_structure import match_structure, rewrite_structure
+from ..analysis.softmax_match import Softmax, match_softmax
+from ..infra.base import Pass, Remarks
+from ..infra.registry import register_pass
+from ..infra.rewrite import Decline, Rewriter, Rule, apply_rules
 from .canonicalize import canonicalize_rules
-from .chains import exact_cast
-from .registry import register_pass
-from .rewrite import Decline, Rewriter, Rule, apply_rules
-from .mask_structure import match_structure, rewrite_structure
-from .softmax_match import Softmax, match_softmax
 
 MAX_SWEEPS = 8
 

@@ -19,8 +19,15 @@ from attnpass.ir import ImportedGraph, from_jax
 from attnpass.ir.frontends.importing import parameter_names
 from attnpass.passes import Pass
 
-from .specialize import (
-    MAX_SIGNATURES, CompiledFunction, Frontend, Traceable, array_text, check_callable, name_parameters, static_spec,
+from ..specialize import (
+    MAX_SIGNATURES,
+    CompiledFunction,
+    Frontend,
+    Traceable,
+    array_text,
+    check_callable,
+    name_parameters,
+    static_spec,
 )  # fmt: skip
 
 PASSED_THROUGH = frozenset({"keep_unused", "device", "backend", "inline", "compiler_options"})

@@ -86,10 +86,10 @@ from typing import ClassVar
 from attnpass.ir import DType, Graph, Node, TensorType, get_op
 from attnpass.ir.core.builder import Builder
 
-from .base import Remarks, require_int
-from .policy import SwitchedPass
-from .registry import register_pass
-from .rewrite import Decline, Rewriter, Rule, apply_rules
+from ..infra.base import Remarks, require_int
+from ..infra.policy import SwitchedPass
+from ..infra.registry import register_pass
+from ..infra.rewrite import Decline, Rewriter, Rule, apply_rules
 
 ENV_VAR = "ATTNPASS_QSA_POOL_CACHE"
 CACHE_DTYPE = DType.float32

@@ -8,7 +8,7 @@ row of a padded ``[B, 64, T]`` mask instead of all 64), and
 :meth:`Graph.input_nbytes` drops accordingly. Run :class:`DeadCodeElimination`
 first: a dead reader that is not a slice blocks the narrowing.
 
-One rule on the shared layer (:mod:`attnpass.passes.rewrite`), anchored at
+One rule on the shared layer (:mod:`attnpass.passes.infra.rewrite`), anchored at
 graph inputs: one remark per input, in signature order, ``applied`` with the
 bytes before and after (per call when streamed, of device memory when resident),
 or ``declined`` with the reason.
@@ -21,10 +21,10 @@ from typing import ClassVar
 
 from attnpass.ir import Graph, Node, TensorType, format_slice
 
-from .base import Pass, Remarks
+from ..infra.base import Pass, Remarks
+from ..infra.registry import register_pass
+from ..infra.rewrite import Decline, Rewriter, Rule, apply_rules
 from .dce import UNITS
-from .registry import register_pass
-from .rewrite import Decline, Rewriter, Rule, apply_rules
 
 
 @dataclass(frozen=True)

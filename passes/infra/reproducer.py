@@ -6,7 +6,8 @@ was handed (not the pipeline's input), the passes that ran before it and the
 error. It is named ``attnpass-crash-<8 hex>.json`` after a hash of graph and
 pipeline, so the same crash always maps to the same file. A crash under the
 ``attnpass`` command also records the modules it imported with ``--load``
-(unless the pass is one of attnpass's own), and the printed replay command
+(the CLI hands them to ``PassManager(plugin_loads=...)``; none are recorded
+for attnpass's own passes), and the printed replay command
 loads them again: ``attnpass --load plugin.py run --reproducer FILE``. Loading
 a reproducer never imports them itself. Replay it with
 ``attnpass run --reproducer FILE`` or, in Python::
@@ -21,33 +22,20 @@ import hashlib
 import json
 import os
 import shlex
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 from attnpass.ir import Graph, GraphFormatError
 from attnpass.ir.core.serialize import MAX_JSON_BYTES, check_envelope, graph_from_doc, read_json
 
 from .base import Pass
-from .pipeline import format_pipeline, parse_pipeline
+from .pipeline_text import format_pipeline, parse_pipeline
 from .registry import PipelineError, get_pass
 
 FORMAT = "attnpass.reproducer"
 VERSION = 1
 REPLAY = "attnpass run --reproducer {path}"
-_LOADED: list[str] = []  # the `attnpass --load` specs of the running command (names or absolute .py paths)
-
-
-@contextmanager
-def cli_loads(specs: Sequence[str]) -> Iterator[None]:
-    """While the ``attnpass`` command runs: the modules it imported with ``--load``, for reproducers to record."""
-    saved = list(_LOADED)
-    _LOADED[:] = specs
-    try:
-        yield
-    finally:
-        _LOADED[:] = saved
 
 
 def replay_command(path: str | os.PathLike, load: Sequence[str] = ()) -> str:
@@ -56,10 +44,10 @@ def replay_command(path: str | os.PathLike, load: Sequence[str] = ()) -> str:
     return f"attnpass {loads}run --reproducer {shlex.quote(os.fspath(path))}"
 
 
-def needed_loads(pass_: Pass) -> tuple[str, ...]:
-    """The ``--load`` specs a replay of ``pass_`` needs: none for attnpass's own passes, else the command's."""
+def needed_loads(pass_: Pass, loads: Sequence[str]) -> tuple[str, ...]:
+    """The ``--load`` specs a replay of ``pass_`` needs: none for attnpass's own passes, else ``loads``."""
     module = type(pass_).__module__
-    return () if module == "attnpass" or module.startswith("attnpass.") else tuple(_LOADED)
+    return () if module == "attnpass" or module.startswith("attnpass.") else tuple(loads)
 
 
 @dataclass(frozen=True)
@@ -97,9 +85,15 @@ class Reproducer:
         return json.dumps(doc, indent=1)
 
 
-def write_reproducer(directory: str | os.PathLike, pass_: Pass, graph: Graph, after: list[str], error: str) -> Path:
-    """Write the reproducer of ``pass_`` failing on ``graph`` into ``directory``; returns its path."""
-    rep = Reproducer(format_pipeline([pass_], include_defaults=True), graph, tuple(after), error, needed_loads(pass_))
+def write_reproducer(
+    directory: str | os.PathLike, pass_: Pass, graph: Graph, after: list[str], error: str, loads: Sequence[str] = ()
+) -> Path:
+    """Write the reproducer of ``pass_`` failing on ``graph`` into ``directory``; returns its path.
+
+    ``loads``: the ``--load`` specs (module names or absolute ``.py`` paths) that define plugin passes; the
+    reproducer records them when ``pass_`` is not one of attnpass's own."""
+    load = needed_loads(pass_, loads)
+    rep = Reproducer(format_pipeline([pass_], include_defaults=True), graph, tuple(after), error, load)
     key = hashlib.sha256(f"{graph.fingerprint()}|{rep.pipeline}".encode()).hexdigest()[:8]
     path = Path(directory) / f"attnpass-crash-{key}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -107,13 +101,16 @@ def write_reproducer(directory: str | os.PathLike, pass_: Pass, graph: Graph, af
     return path
 
 
-def crash_note(directory: str | os.PathLike, pass_: Pass, graph: Graph, after: list[str], error: str) -> str:
-    """Write a reproducer and say where and how to replay it (or why none was written)."""
+def crash_note(
+    directory: str | os.PathLike, pass_: Pass, graph: Graph, after: list[str], error: str, loads: Sequence[str] = ()
+) -> str:
+    """Write a reproducer and say where and how to replay it (or why none was written); ``loads``: as
+    :func:`write_reproducer`."""
     try:
-        path = write_reproducer(directory, pass_, graph, after, error)
+        path = write_reproducer(directory, pass_, graph, after, error, loads)
     except (OSError, PipelineError) as exc:
         return f"no crash reproducer written: {exc}"
-    note = f"crash reproducer: {path}\nreplay with: {replay_command(path, needed_loads(pass_))}"
+    note = f"crash reproducer: {path}\nreplay with: {replay_command(path, needed_loads(pass_, loads))}"
     try:
         registered = get_pass(pass_.name) is type(pass_)
     except PipelineError:
@@ -150,6 +147,6 @@ def load_reproducer(path: str | os.PathLike) -> Reproducer:
 
 
 __all__ = [
-    "REPLAY", "Reproducer", "cli_loads", "crash_note", "load_reproducer", "needed_loads", "replay_command",
+    "REPLAY", "Reproducer", "crash_note", "load_reproducer", "needed_loads", "replay_command",
     "write_reproducer",
 ]  # fmt: skip
