@@ -3,23 +3,41 @@
 Model: the random language model of ``qwen4_exp_decode.py`` (real attention
 geometry: 24 query / 2 KV heads, head dim 256, indexer 4 x 128, budget 2048,
 ratio 4; three Gated-DeltaNet layers then a QSA layer, per 4 ``--layers``).
-For each prompt length one model call over the whole prompt from empty caches
-(the prefill): the optimized model's first call compiles its program (timed
-apart, "compile"), then ``--reps`` optimized calls, then ``--reps`` plain ones
-(not interleaved: each call is long). The QSA prefill under ``optimize`` is qsa-gather's tiled
-form (``prefill_tile`` rows per tile, attention over each row's ``W = 2051``
-cells); plain mlx-vlm off Metal runs masked dense attention over the prompt.
-Reported: prompt tokens/s of the whole call, and one QSA layer's attention
-call alone at that length (the model's dispatch vs the routed program, given
-the same queries, keys, values and selection).
 
-    python benchmarks/qwen4_exp_prefill.py [--lengths 8192 32768] [--reps 1] [--layers 4] [--dtype float32]
+The realistic plain path is mlx-vlm's own: ``mlx_vlm.generate`` prefills a
+prompt in chunks of ``prefill_step_size`` tokens (``DEFAULT_PREFILL_STEP_SIZE``,
+2048), one model call per chunk over the growing caches, the caches evaluated
+and ``mx.clear_cache()`` after each. (One call over a whole 32K prompt would
+materialize ``24 x 32K x 32K`` f32 scores off Metal, 100 GB.) A chunk of ``C``
+rows at depth ``d`` costs the masked path ``C x (d + C)`` cells of attention per
+head and the tiled gather ``C x W`` (``W = 2051``), so the whole prefill's ratio
+is the chunks' summed costs.
+
+Per ``--lengths`` L (the optimized model's first call, which traces and compiles its program, timed apart):
+
+- *chunk*: one model call of ``--rows`` R rows on caches filled directly with
+  ``L - R`` random tokens (the last chunk of an L-token prompt; the linear
+  layers start from zero state): plain vs optimized, ms per row;
+- *QSA layer*: the same call's first QSA layer, part by part, ms per row: the
+  indexer's selection, the q/k/v projections with the cache update, the
+  model's dispatch (off Metal: dense SDPA under ``build_mask``) vs the routed
+  program (qsa-gather's tiles), and inside the latter the K/V gather alone
+  (the lowering's flat-view ``take`` of ``R x W`` random cells per KV head);
+  then the union form, a prototype (:func:`union_attention`), over the first
+  ``--union-rows`` rows for each of ``--union-tiles`` (scaled to ms per row,
+  exact: its difference to the dispatch is in the printed max);
+- *whole* (``--whole``): the whole L-token prompt prefilled as ``mlx_vlm.generate``
+  does, in chunks of ``--chunk`` tokens, plain vs optimized, tokens/s.
+
+    python benchmarks/qwen4_exp_prefill.py [--lengths 8192 32768] [--rows 256] [--layers 4] [--reps 1]
+        [--dtype float32] [--union-rows 32] [--union-tiles 2 4 16] [--whole] [--chunk 2048]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import time
 
@@ -27,84 +45,150 @@ import mlx.core as mx
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from qwen4_exp_decode import float32_moe, make_model
+from qwen4_exp_decode import filled_cache, float32_moe, load, make_model, snapshot
 
 from attnpass.backends.mlx import optimize
 
+PREFILL_STEP_SIZE = 2048  # mlx_vlm.generate.common.DEFAULT_PREFILL_STEP_SIZE
+WIDTH = 512 * 4 + 3  # W: top 512 blocks x ratio 4 + 3 tail cells
 
-def prefill(model, prompt) -> float:
-    """Seconds of one model call over ``prompt`` from fresh caches (logits evaluated)."""
+
+def timed(fn) -> tuple[float, object]:
+    start = time.perf_counter()
+    out = fn()
+    mx.eval(out)
+    return time.perf_counter() - start, out
+
+
+def chunked_prefill(model, prompt, chunk: int) -> float:
+    """Seconds of ``prompt`` prefilled as ``mlx_vlm.generate`` does: chunks of ``chunk`` tokens, caches evaluated."""
     cache = model.make_cache()
     start = time.perf_counter()
-    mx.eval(model(prompt, cache=cache).logits)
+    for s in range(0, prompt.shape[1], chunk):
+        logits = model(prompt[:, s : s + chunk], cache=cache).logits
+        mx.eval([c.state for c in cache])
+        mx.clear_cache()
+    mx.eval(logits[:, -1])
     return time.perf_counter() - start
 
 
-def qsa_layer_call(model, length: int, opt) -> tuple[float, float, float]:
-    """(dispatch s, routed s, max |difference|) of the first QSA layer's attention call over ``length`` rows."""
+def chunk_call(model, states: list, rows) -> float:
+    """Seconds of one model call of ``rows`` on caches holding ``states`` (logits evaluated)."""
+    cache = filled_cache(model, states)
+    seconds, _ = timed(lambda: model(rows, cache=cache).logits)
+    return seconds
+
+
+def qsa_layer(model, opt, states: list, rows: int, dtype, union_rows: int, union_tiles: list[int]) -> dict[str, float]:
+    """Seconds of the first QSA layer's parts for ``rows`` new rows on the filled cache (module docstring)."""
     from mlx_vlm.models.qwen4_exp.qsa_kernel import dispatch_qsa_attention
 
     from attnpass.backends.mlx.lm import route_qsa
 
-    layers = model.model.layers
-    index = next(i for i, layer in enumerate(layers) if hasattr(getattr(layer, "self_attn", None), "indexer"))
-    attention = layers[index].self_attn
-    cache = model.make_cache()[index]
-    x = mx.random.normal((1, length, model.args.hidden_size), key=mx.random.key(2)).astype(
-        attention.q_proj.weight.dtype
-    )
+    index = next(i for i, s in enumerate(states) if s is not None)
+    attention = model.layers[index].self_attn
+    cache = filled_cache(model, states)[index]
+    x = mx.random.normal((1, rows, attention.q_proj.weight.shape[1]), key=mx.random.key(2)).astype(dtype)
+    parts = {}
     with opt.active():
+        start = time.perf_counter()
         selection = attention.indexer.select(x, cache, None)
-        q, k, v = attention.q_proj(x), attention.k_proj(x), attention.v_proj(x)
-        queries, keys, values, _, _ = attention._prepare_projected_qkv(q, k, v, cache, None, None, None)
-        mx.eval(queries, keys, values, selection.selected_blocks, selection.query_ends)
+        mx.eval(selection.selected_blocks, selection.query_ends)
+        parts["select"] = time.perf_counter() - start
+
+        def project():
+            q, k, v = attention.q_proj(x), attention.k_proj(x), attention.v_proj(x)
+            return attention._prepare_projected_qkv(q, k, v, cache, None, None, None)[:3]
+
+        parts["qkv"], (queries, keys, values) = timed(project)
         options = {"cache": cache, "scale": attention.scale, "block_size": 4, "causal": True, "mask": None,
                    "mask_factory": lambda: attention.indexer.build_mask(selection)}  # fmt: skip
         args = (queries, keys, values, selection.selected_blocks, selection.query_ends)
-        mx.eval(route_qsa(*args, **options))  # compile
-        times = []
-        for fn in (dispatch_qsa_attention, route_qsa):
-            start = time.perf_counter()
-            out = fn(*args, **options)
-            mx.eval(out)
-            times.append((time.perf_counter() - start, out))
-    diff = float(mx.max(mx.abs(times[0][1].astype(mx.float32) - times[1][1].astype(mx.float32))).item())
-    return times[0][0], times[1][0], diff
+        mx.eval(route_qsa(*args, **options))  # traced and compiled: not timed
+        parts["plain"], want = timed(lambda: dispatch_qsa_attention(*args, **options))
+        parts["routed"], got = timed(lambda: route_qsa(*args, **options))
+    buffer = cache.keys
+    b, h, t, d = buffer.shape
+    cells = (
+        mx.random.randint(0, t, (b, rows, 1, WIDTH), key=mx.random.key(3)) + mx.arange(b * h)[None, None, :, None] * t
+    )
+    mx.eval(cells)
+    flat = (cache.keys.reshape(b * h * t, d), cache.values.reshape(b * h * t, d))
+    parts["gather"], _ = timed(lambda: [mx.take(f, cells, axis=0) for f in flat])
+    parts["diff"] = float(mx.max(mx.abs(want.astype(mx.float32) - got.astype(mx.float32))).item())
+    mask = attention.indexer.build_mask(selection)  # [B, 1, rows, T]: each row's visible cells
+    for tile in union_tiles:
+        seconds, out = timed(
+            lambda n=tile: union_attention(queries[:, :, :union_rows], cache, mask, n, attention.scale)
+        )
+        parts[f"union{tile}"] = seconds * rows / union_rows  # scaled to ``rows`` like the other parts
+        diff = float(mx.max(mx.abs(out.astype(mx.float32) - want[:, :, :union_rows].astype(mx.float32))).item())
+        parts["diff"] = max(parts["diff"], diff)
+    return parts
+
+
+def union_attention(queries, cache, mask, tile: int, scale: float):
+    """The union form (a prototype, not qsa-gather's): per tile of rows, K/V gathered once at the union of its
+    rows' cells, deduplicated and compacted to a static ``U = min(tile * W, T)`` slots (``argpartition``), and
+    each row masked to its own cells inside the union: the same visible set as the masked form."""
+    b, h, t, d = cache.keys.shape
+    width = min(tile * WIDTH, mask.shape[-1])  # the mask covers the cache's offset, the buffer may be longer
+    outs = []
+    for r0 in range(0, queries.shape[2], tile):
+        rows = mask[:, 0, r0 : r0 + tile]  # [B, tile, T]
+        union = mx.any(rows, axis=1)
+        cells = mx.argpartition((~union).astype(mx.int8), width - 1, axis=-1)[:, :width]  # the union first
+        flat = cells[:, None, :] + (mx.arange(b * h) * t).reshape(b, h, 1)
+        k, v = (mx.take(x.reshape(b * h * t, d), flat, axis=0) for x in (cache.keys, cache.values))
+        keep = mx.take_along_axis(rows, cells[:, None, :], axis=2)[:, None]  # [B, 1, tile, U]
+        outs.append(mx.fast.scaled_dot_product_attention(queries[:, :, r0 : r0 + tile], k, v, scale=scale, mask=keep))
+    return mx.concatenate(outs, axis=2)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=[8192, 32768])
+    parser.add_argument("--rows", type=int, default=256, help="rows of the measured chunk")
     parser.add_argument("--reps", type=int, default=1)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    parser.add_argument("--skip-model", action="store_true", help="only the per-QSA-layer attention call")
+    parser.add_argument("--union-rows", type=int, default=32, help="rows of the union prototype's measurement")
+    parser.add_argument("--union-tiles", type=int, nargs="*", default=[2, 4, 16], help="union prototype tiles")
+    parser.add_argument("--whole", action="store_true", help="also the whole prompt, chunked as mlx_vlm.generate")
+    parser.add_argument("--chunk", type=int, default=PREFILL_STEP_SIZE, help="prefill_step_size of --whole")
     args = parser.parse_args()
     dtype = getattr(mx, args.dtype)
     undo = float32_moe(dtype)
-    model = make_model(args.layers, dtype)
-    print(f"qwen4-exp prefill, {args.layers} layers, {args.dtype}, device {mx.default_device()}")
-    print(
-        "length | plain tok/s | optimized tok/s | ratio | compile s | QSA layer call: dispatch s / routed s (x) | max |diff|"
-    )
+    models = {"plain": make_model(args.layers, dtype), "optimize": make_model(args.layers, dtype)}
+    opt = optimize(models["optimize"])
+    print(f"qwen4-exp prefill, {args.layers} layers, {args.dtype}, mlx {mx.__version__}, {mx.default_device()}, "
+          f"{args.rows} rows per measured chunk, pipeline {opt.qsa.pipeline}")  # fmt: skip
     try:
         for length in args.lengths:
-            prompt = mx.array(np.random.default_rng(0).integers(0, 512, (1, length)), dtype=mx.int32)
-            plains, fasts, compile_s = [], [], float("nan")
-            with optimize(model) as opt:
-                d, r, diff = qsa_layer_call(model, length, opt)
-                if not args.skip_model:
-                    compile_s = prefill(model, prompt)
-                    fasts = [prefill(model, prompt) for _ in range(args.reps)]
-            plains = [prefill(model, prompt) for _ in range(0 if args.skip_model else args.reps)]
-            plain = float(np.median(plains)) if plains else float("nan")
-            fast = float(np.median(fasts)) if fasts else float("nan")
-            print(
-                f"{length} | {length / plain:.1f} | {length / fast:.1f} | {plain / fast:.2f}x | {compile_s:.1f} | "
-                f"{d:.2f} / {r:.2f} ({d / r:.2f}x) | {diff:.2e}",
-                flush=True,
-            )
+            print(f"\n== L = {length}, load {load()}", flush=True)
+            states = snapshot(models["plain"], length - args.rows, dtype)
+            rows = mx.array(np.random.default_rng(0).integers(0, 512, (1, args.rows)), dtype=mx.int32)
+            compile_s = chunk_call(models["optimize"], states, rows)
+            times = {v: [chunk_call(models[v], states, rows) for _ in range(args.reps)] for v in models}
+            plain, fast = (statistics.median(times[v]) * 1e3 / args.rows for v in models)
+            print(f"chunk of {args.rows} rows at depth {length - args.rows}: ms/row plain {plain:.2f}, "
+                  f"optimize {fast:.2f} (x{plain / fast:.2f}); first optimized call {compile_s:.1f} s")  # fmt: skip
+            parts = qsa_layer(models["optimize"], opt, states, args.rows, dtype, args.union_rows, args.union_tiles)
+            per_row = {k: v * 1e3 / args.rows for k, v in parts.items() if k != "diff"}
+            print("QSA layer ms/row: " + ", ".join(f"{k} {v:.3f}" for k, v in per_row.items())
+                  + f"; attention plain/routed x{parts['plain'] / parts['routed']:.2f}, "
+                  f"max |diff| {parts['diff']:.2e}", flush=True)  # fmt: skip
+            del states
+            if args.whole:
+                prompt = mx.array(np.random.default_rng(0).integers(0, 512, (1, length)), dtype=mx.int32)
+                chunked_prefill(models["optimize"], prompt, args.chunk)  # each chunk depth traced once
+                whole = {v: statistics.median([chunked_prefill(models[v], prompt, args.chunk) for _ in range(args.reps)])
+                         for v in models}  # fmt: skip
+                print(f"whole prompt, chunks of {args.chunk}: tok/s plain {length / whole['plain']:.1f}, optimize "
+                      f"{length / whole['optimize']:.1f} (x{whole['plain'] / whole['optimize']:.2f})", flush=True)  # fmt: skip
+        print(f"\nrouted {opt.routed}, declined {dict(opt.declined)}, traces {opt.traces}, load {load()}")
     finally:
+        opt.restore()
         undo()
 
 

@@ -56,6 +56,8 @@ program; the default pipeline's ``qsa-gather`` cuts its rows into tiles of
 model has its indexed sparse kernel (Metal, f16/bf16) that kernel keeps the
 call (declined by name, above); elsewhere (CPU, or f32 on Metal) the model's
 dispatch would attend the whole buffer masked, so the tiles take it.
+``mlx_vlm.generate`` prefills in chunks of ``prefill_step_size`` tokens: each
+chunk is such a call over the cache so far (measured: docs/qsa.md, "Prefill").
 
 Calls the pipeline leaves masked (a cache shallower than ``2 * W``, or a
 prefill under a pipeline whose ``qsa-gather`` has ``prefill_tile=0``) are

@@ -142,6 +142,35 @@ def test_prefill_is_routed_through_tiles_with_its_logits_near_the_models_own(mod
     assert_bits_equal(kept, plain)  # a declined call is the model's own dispatch
 
 
+def test_a_prompt_prefilled_in_chunks_as_mlx_vlm_generate_does_is_routed_chunk_by_chunk(model):
+    # mlx_vlm.generate prefills in chunks of prefill_step_size tokens over the growing caches: every chunk is a
+    # routed prefill (tiles over W = 19 cells, deeper than 2 * W), its logits within 1e-4 of the plain model's
+    from attnpass.backends.mlx import optimize
+
+    prompt, step = _prompt(300), 64
+
+    def prefill():
+        cache, logits = model.make_cache(), []
+        for s in range(0, prompt.shape[1], step):
+            logits.append(np.array(model(prompt[:, s : s + step], cache=cache).logits))
+            mx.eval([c.state for c in cache])
+        first = int(np.argmax(logits[-1][0, -1]))
+        return np.concatenate(logits, axis=1), _greedy(model, cache, first, 4)
+
+    plain, tokens = prefill()
+    with optimize(model) as opt:
+        got, got_tokens = prefill()
+    np.testing.assert_allclose(got, plain, rtol=0, atol=1e-4)
+    assert got_tokens == tokens and len(set(tokens)) > 1
+    assert opt.routed == QSA_LAYERS * (5 + 4) and not opt.declined  # 5 chunks (4 of 64 rows, one of 44), 4 decodes
+    signatures = {e.signature.split(", ")[0] for e in opt.qsa.specializations if e.compiled}
+    assert {"queries:f32[1,4,64,32]", "queries:f32[1,4,44,32]"} <= signatures
+    for entry in opt.qsa.specializations:
+        if entry.compiled and ",64,32]" in entry.signature.split(", ")[0]:
+            (remark,) = [r.message for r in entry.remarks if r.pass_name == "qsa-gather"]
+            assert remark.startswith("prefill tiled: 1 stream(s) x 64 rows in 4 tile(s) of 16 row(s)")
+
+
 def test_speculative_verify_is_routed_and_its_rollback_trims_the_caches_consistently(model):
     from attnpass.backends.mlx import optimize
 
