@@ -104,20 +104,27 @@ def match_structure(graph: Graph, node: Node) -> Structure | Decline | None:
     if not (plane == plane[:1]).all():
         return Decline(f"bool mask {mask} kept dense: it differs across batch or heads")
     lo0, hi0 = key_ranges(s, t, node.attrs["causal"], node.attrs["window"])
-    seen = plane[0] & _intervals(lo0, hi0, t)
+    found = plane_structure(plane[0] & _intervals(lo0, hi0, t))
+    if isinstance(found, str):
+        return Decline(f"bool mask {mask} kept dense: {found}")
+    causal, window = found
+    named = f"causal={causal!r}" + (f", window={tuple(window)}" if window else "")
+    return Structure(mask, causal, window, f"bool mask {mask} is exactly {named} (all {s * t} pairs checked)")
+
+
+def plane_structure(seen: np.ndarray) -> tuple[str, Window | None] | str:
+    """The (causal kind, window) whose visibility is exactly the bool ``[S, T]`` plane ``seen`` (every pair
+    checked, simplest structure first); else why there is none."""
+    s, t = seen.shape
     first = np.where(seen.any(axis=1), seen.argmax(axis=1), 0)
     lo, hi = first, first + seen.sum(axis=1)
     gaps = np.flatnonzero((_intervals(lo, hi, t) != seen).any(axis=1))
     if gaps.size:
-        return Decline(f"bool mask {mask} kept dense: row {int(gaps[0])} sees keys that are not one interval")
+        return f"row {int(gaps[0])} sees keys that are not one interval"
     for causal, window in _candidates(seen, lo, hi):
         if np.array_equal(_intervals(*key_ranges(s, t, causal, window), t), seen):
-            named = f"causal={causal!r}" + (f", window={tuple(window)}" if window else "")
-            return Structure(mask, causal, window, f"bool mask {mask} is exactly {named} (all {s * t} pairs checked)")
-    return Decline(
-        f"bool mask {mask} kept dense: each row sees one interval of keys, but no causal kind, window or chunk "
-        "gives exactly these"
-    )
+            return causal, window
+    return "each row sees one interval of keys, but no causal kind, window or chunk gives exactly these"
 
 
 def rewrite_structure(rw: Rewriter, m: Structure) -> None:
@@ -127,4 +134,4 @@ def rewrite_structure(rw: Rewriter, m: Structure) -> None:
     rw.replace_matched(rw.op("sdpa", operands, attrs, node.name), prune=True)
 
 
-__all__ = ["EVAL_LIMIT", "Structure", "match_structure", "rewrite_structure"]
+__all__ = ["EVAL_LIMIT", "Structure", "match_structure", "plane_structure", "rewrite_structure"]
