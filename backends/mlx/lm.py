@@ -45,7 +45,7 @@ the buffer as it is (a full ring in its rotated order: every row it holds is in
 the window, and the model's mask, if any, is over that order) with the rows
 past the keys masked out. A step of several rows (a prefill, which concatenates
 and trims the ring) attends its own keys; its mask is read once per step and
-checked on every pair (:func:`attnpass.passes.mask_structure.plane_structure`):
+checked on every pair (:meth:`OptimizedModel._structure`):
 when it is a causal kind with a window or chunk, the program gets no mask but
 ``structure`` (:func:`attention` builds it from positions, raise-attention
 proves it and carries it as the ``sdpa``'s ``window``), and the keys before the
@@ -89,7 +89,7 @@ import numpy as np
 
 from attnpass.ir import Graph
 from attnpass.passes import Pass
-from attnpass.passes.mask_structure import plane_structure
+from attnpass.passes.mask_structure import interval_structure
 
 from ..specialize import MAX_SIGNATURES, CompiledFunction
 from . import vlm
@@ -272,19 +272,28 @@ class OptimizedModel:
 
     def _structure(self, mask: Any, rows: int, keys: int) -> tuple[int, Structure] | None:
         """``(first, structure)`` when the bool ``mask`` is, on every one of its pairs, the ``structure`` over the
-        keys from ``first`` on (keys before are hidden from every row); None when it is no such structure."""
+        keys from ``first`` on (keys before are hidden from every row); None when it is no such structure.
+
+        Each row's keys must be one interval (checked against the whole mask in MLX, one pass), every row must
+        see one, and the intervals must be a causal kind's, window's or chunk's
+        (:func:`~attnpass.passes.mask_structure.interval_structure`, row by row)."""
+        import mlx.core as mx
+
         last = self._last_structure
         if last is not None and last[0] is mask:  # every layer of a step shares its mask
             return last[1]
         found = None
         if mask.size == rows * keys and mask.shape[-1] == keys:
-            seen = np.array(mask).reshape(rows, keys)
-            visible = seen.any(axis=0)
-            if seen.any(axis=1).all():
-                first = int(visible.argmax())
-                plane = plane_structure(seen[:, first:])
-                if not isinstance(plane, str) and (plane[0] != "none" or plane[1] is not None):
-                    causal, window = plane
+            plane = mask.reshape(rows, keys)
+            lo, count = mx.argmax(plane.astype(mx.uint8), axis=-1), plane.sum(axis=-1)
+            j = mx.arange(keys)[None]
+            one = mx.array_equal((j >= lo[:, None]) & (j < (lo + count)[:, None]), plane)
+            lo, count = np.array(lo, np.int64), np.array(count, np.int64)
+            if one.item() and (count > 0).all():
+                first = int(lo.min())
+                shape = interval_structure(lo - first, lo + count - first, keys - first)
+                if not isinstance(shape, str) and (shape[0] != "none" or shape[1] is not None):
+                    causal, window = shape
                     left, right, chunk = window if window is not None else (None, None, None)
                     found = first, (causal, left, right, chunk)
         self._last_structure = (mask, found)
