@@ -20,14 +20,14 @@ while the cache's buffer grows in steps of ``KVCache.step`` (256). The router
 passes the whole buffer and a bool mask of the valid (and, for several query
 rows, causal) positions, so a signature is the query shape, the buffer length,
 the mask shape, the scale and the dtype: one trace per buffer length per layer
-shape, whatever the position inside the buffer. Without a cache the keys are
-passed as they are (one signature per length).
+shape, whatever the position inside the buffer. Without a cache, and for
+prefills (below), the keys are passed as they are (one signature per length).
 
 **What the router proves before it substitutes the buffer.** While an
 optimized model runs, ``KVCache.update_and_fetch`` records, per cache, the
 arrays it returned and the buffer and offset it left. A call with a cache is
-routed only if the cache is exactly a ``KVCache``, the helper's ``keys`` and
-``values`` *are* (object identity) the arrays that cache's last
+routed only if the cache is exactly a ``KVCache`` (or a windowed cache, below),
+the helper's ``keys`` and ``values`` *are* (object identity) the arrays that cache's last
 ``update_and_fetch`` of this model call returned, and the cache still holds
 that buffer and offset: then ``keys == cache.keys[..., :offset, :]`` (and so
 for values) by ``KVCache``'s own code, and the padded buffer with its mask
@@ -35,13 +35,34 @@ computes the same attention. Models that build keys from what the cache holds
 (MLA: deepseek_v3, kimi_linear, glm4_moe_lite, ... cache a latent) fail the
 identity and are declined.
 
+**Windowed caches** (``RotatingKVCache``: sliding-window layers of gemma3,
+cohere2, gpt_oss, exaone4, ...; ``ChunkedKVCache``: llama4's chunked layers)
+are routed with the same proof, by their own ``update_and_fetch``: the fetched
+keys are the buffer itself or its first rows (a rotating cache's
+``keys_and_values``: its first ``offset`` rows while the buffer is longer; a
+chunked cache's: its first ``offset - start_position``). A one-row step attends
+the buffer as it is (a full ring in its rotated order: every row it holds is in
+the window, and the model's mask, if any, is over that order) with the rows
+past the keys masked out. A step of several rows (a prefill, which concatenates
+and trims the ring) attends its own keys; its mask is read once per step and
+checked on every pair (:meth:`OptimizedModel._structure`):
+when it is a causal kind with a window or chunk, the program gets no mask but
+``structure`` (:func:`attention` builds it from positions, raise-attention
+proves it and carries it as the ``sdpa``'s ``window``), and the keys before the
+first one any row sees are left out (llama4's cache starts mid-chunk; the chunk
+attribute counts from key 0). Any other mask is passed as it is. The same holds
+for a ``KVCache`` prefill of more than :data:`PREFILL_ROWS` rows and for calls
+without a cache: their own keys, ``"causal"`` as a structure, so that
+``block-sparse`` can tile them.
+
 **Declined** calls run mlx-lm's helper and are counted by reason in
-:attr:`OptimizedModel.declined`: attention sinks, caches other than
-``KVCache`` (quantized, rotating, batched, ...: no buffer to key on), k/v that
-are not the cache's fetched arrays, string masks other than ``"causal"``,
-signatures that fell back to the original function, and signatures whose
-rewritten graph is still one MLX fused call (:data:`FUSED`: the helper computes
-the same on the valid keys, without the buffer padding). A ``FUSED`` signature
+:attr:`OptimizedModel.declined`: caches other than these three (quantized,
+batched, ...: no buffer to key on), k/v that are not the cache's fetched
+arrays (or not its buffer's valid prefix), string masks other than
+``"causal"``, signatures that fell back to the original function, and
+signatures whose rewritten graph is still one MLX fused call (:data:`FUSED`:
+the helper computes the same on the valid keys, without the buffer padding).
+Attention sinks (gpt_oss) are an input of the program. A ``FUSED`` signature
 is decided after the pipeline, before lowering: it is never compiled, and as
 every signature, built once. So a model is only as fast as the pipeline's
 rewrites make it, and never pays the padding for nothing.
@@ -64,8 +85,11 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TextIO
 
+import numpy as np
+
 from attnpass.ir import Graph
 from attnpass.passes import Pass
+from attnpass.passes.analysis.mask_structure import interval_structure
 
 from ..specialize import MAX_SIGNATURES, CompiledFunction
 from . import vlm
@@ -73,15 +97,37 @@ from .compiled import MLXFrontend
 from .router import ACTIVE, LOCK, NOT_FETCHED, Call, fetch_reason, patch, record_fetch, unpatch
 
 HELPER = "scaled_dot_product_attention"
+CACHES = "only KVCache, RotatingKVCache and ChunkedKVCache have a buffer to key signatures on"
+PREFILL_ROWS = 64  # more query rows on a KVCache: a prefill, given its own keys (one signature per length)
 FUSED = "the pipeline kept MLX's fused call: mlx-lm's helper runs it on the valid keys, without the buffer padding"
+Structure = tuple[str, "int | None", "int | None", "int | None"]  # (causal, left, right, chunk) of a sdpa
 ENTRY_POINTS = ("__call__", "_speculative_verify")  # the model's methods that run its layers (MTP verify: mlx-vlm)
 
 
-def attention(queries: Any, keys: Any, values: Any, mask: Any, scale: float) -> Any:
-    """The attention an optimized model compiles: MLX's fused call, imported and rewritten per signature."""
+def attention(
+    queries: Any, keys: Any, values: Any, mask: Any, sinks: Any, scale: float, structure: Structure | None = None
+) -> Any:
+    """The attention an optimized model compiles: MLX's fused call, imported and rewritten per signature.
+
+    ``structure`` ``(causal, left, right, chunk)`` (static) is the mask by positions, as mlx-lm's
+    ``create_causal_mask`` builds it from aranges: raise-attention proves it and carries it as the ``sdpa``'s
+    causal kind and ``window`` (docs/semantics.md §1.4), no mask array in the program's signature.
+    """
     import mlx.core as mx
 
-    return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask)
+    if structure is not None:
+        causal, left, right, chunk = structure
+        s, t = queries.shape[2], keys.shape[2]
+        off = t - s if causal == "bottom_right" else 0
+        rows, cols = mx.arange(off, off + s)[:, None], mx.arange(t)[None]
+        parts = [rows >= cols] if causal != "none" else []
+        parts += [rows < cols + left] if left is not None else []
+        parts += [cols <= rows + right] if right is not None else []
+        parts += [rows // chunk == cols // chunk] if chunk is not None else []
+        mask = parts[0]
+        for part in parts[1:]:
+            mask = mask & part
+    return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask, sinks=sinks)
 
 
 def _helper() -> Any:
@@ -139,6 +185,7 @@ class OptimizedModel:
         self._entered: list[tuple[Any, type]] = []  # (module, its own class) given an entered subclass
         self._lock = threading.Lock()
         self._last_mask: tuple[tuple, Any] | None = None  # every layer of a step shares its mask
+        self._last_structure: tuple[Any, tuple[int, Structure] | None] | None = None
         self._restored = False
 
     @property
@@ -161,14 +208,14 @@ class OptimizedModel:
         """One attention call of the model: its compiled program, or mlx-lm's helper when declined."""
         call = ACTIVE.get()
         fetched = call.fetched if call is not None and call.model is self else {}
-        reason = _unroutable(keys, values, cache, mask, sinks, fetched)
+        reason = _unroutable(keys, values, cache, mask, fetched)
         if reason is None:
-            args = self._program_arguments(queries, keys, values, cache, mask)
-            entry = self.compiled.specialization(*args, scale)
+            q, k, v, m, structure = self._program_arguments(queries, keys, values, cache, mask)
+            entry = self.compiled.specialization(q, k, v, m, sinks, scale, structure)
             if entry.compiled:
                 with self._lock:
                     self.routed += 1
-                return entry.call([a for a in args if a is not None])
+                return entry.call([a for a in (q, k, v, m, sinks) if a is not None])
             reason = FUSED if entry.reason == FUSED else f"no compiled program: {entry.reason.splitlines()[0]}"
         with self._lock:
             self.declined[reason] += 1
@@ -196,18 +243,61 @@ class OptimizedModel:
         return vlm.original()(queries, keys, values, blocks, query_ends, **options)
 
     def _program_arguments(self, queries: Any, keys: Any, values: Any, cache: Any, mask: Any) -> tuple:
-        """``(queries, keys, values, mask)`` for the program: the cache's whole buffer and a mask of its valid rows."""
+        """``(queries, keys, values, mask, structure)`` for the program.
+
+        A prefill (more than :data:`PREFILL_ROWS` query rows, or several on a windowed cache, or no cache): the
+        helper's own keys, and a causal, windowed or chunked mask as ``structure`` (:meth:`_structure`). A decode
+        or verify step: the cache's whole buffer and a mask of its valid rows (:func:`_prefix_reason`: the keys are
+        its first rows).
+        """
         rows = queries.shape[2]
-        if cache is None:
+        if cache is None or (rows > 1 and (type(cache) is not _kv_cache() or rows > PREFILL_ROWS)):
             if isinstance(mask, str):
-                mask = self._valid(rows, keys.shape[2], keys.shape[2], causal=True)
-            return queries, keys, values, mask
-        length = cache.keys.shape[2]
+                return queries, keys, values, None, ("bottom_right", None, None, None)
+            if mask is None or mask.dtype != _mx().bool_:
+                return queries, keys, values, mask, None
+            found = self._structure(mask, rows, keys.shape[2])
+            if found is None:
+                return queries, keys, values, mask, None
+            first, structure = found
+            if first:  # keys before the first one any row sees: hidden from every row, left out
+                keys, values = keys[:, :, first:], values[:, :, first:]
+            return queries, keys, values, None, structure
+        n, length = keys.shape[2], cache.keys.shape[2]
         if mask is None or isinstance(mask, str):
-            mask = self._valid(rows, cache.offset, length, causal=mask is not None)
-        elif length > cache.offset:
-            mask = _pad_last(mask, length - cache.offset)
-        return queries, cache.keys, cache.values, mask
+            mask = self._valid(rows, n, length, causal=mask is not None)  # also when all valid: one signature
+        elif length > n:
+            mask = _pad_last(mask, length - n)
+        return queries, cache.keys, cache.values, mask, None
+
+    def _structure(self, mask: Any, rows: int, keys: int) -> tuple[int, Structure] | None:
+        """``(first, structure)`` when the bool ``mask`` is, on every one of its pairs, the ``structure`` over the
+        keys from ``first`` on (keys before are hidden from every row); None when it is no such structure.
+
+        Each row's keys must be one interval (checked against the whole mask in MLX, one pass), every row must
+        see one, and the intervals must be a causal kind's, window's or chunk's
+        (:func:`~attnpass.passes.analysis.mask_structure.interval_structure`, row by row)."""
+        import mlx.core as mx
+
+        last = self._last_structure
+        if last is not None and last[0] is mask:  # every layer of a step shares its mask
+            return last[1]
+        found = None
+        if mask.size == rows * keys and mask.shape[-1] == keys:
+            plane = mask.reshape(rows, keys)
+            lo, count = mx.argmax(plane.astype(mx.uint8), axis=-1), plane.sum(axis=-1)
+            j = mx.arange(keys)[None]
+            one = mx.array_equal((j >= lo[:, None]) & (j < (lo + count)[:, None]), plane)
+            lo, count = np.array(lo, np.int64), np.array(count, np.int64)
+            if one.item() and (count > 0).all():
+                first = int(lo.min())
+                shape = interval_structure(lo - first, lo + count - first, keys - first)
+                if not isinstance(shape, str) and (shape[0] != "none" or shape[1] is not None):
+                    causal, window = shape
+                    left, right, chunk = window if window is not None else (None, None, None)
+                    found = first, (causal, left, right, chunk)
+        self._last_structure = (mask, found)
+        return found
 
     def _valid(self, rows: int, offset: int, length: int, *, causal: bool) -> Any:
         """bool ``[1, 1, rows|1, length]``: key ``j`` valid below ``offset``, and causal (bottom-right) if asked."""
@@ -260,24 +350,55 @@ class OptimizedModel:
         return f"<OptimizedModel {name} ({state}): {self.traces} trace(s), {self.routed} routed>"
 
 
-def _unroutable(keys: Any, values: Any, cache: Any, mask: Any, sinks: Any, fetched: dict) -> str | None:
-    """Why a call cannot take the program (None when it can): sinks, odd masks, k/v not provably the cache's."""
+def _kv_cache() -> type:
     from mlx_lm.models.cache import KVCache
 
-    if sinks is not None:
-        return "attention sinks"
+    return KVCache
+
+
+def _mx() -> Any:
+    import mlx.core as mx
+
+    return mx
+
+
+def _windowed() -> tuple[type, type]:
+    from mlx_lm.models.cache import ChunkedKVCache, RotatingKVCache
+
+    return RotatingKVCache, ChunkedKVCache
+
+
+def _unroutable(keys: Any, values: Any, cache: Any, mask: Any, fetched: dict) -> str | None:
+    """Why a call cannot take the program (None when it can): odd masks, caches, k/v not provably the cache's."""
     if isinstance(mask, str) and mask != "causal":
         return f"string mask {mask!r}"
     if cache is None:
         return None
-    if type(cache) is not KVCache:
-        return f"{type(cache).__name__}: only KVCache has a buffer to key signatures on"
+    if type(cache) not in (_kv_cache(), *_windowed()):
+        return f"{type(cache).__name__}: {CACHES}"
     reason = fetch_reason(keys, values, cache, fetched)
     if reason is not None:
         return reason
-    if mask is not None and not isinstance(mask, str) and mask.shape[-1] != cache.offset:
-        return f"the mask covers {mask.shape[-1]} keys, the cache holds {cache.offset}"
-    return None
+    n = keys.shape[2]
+    if mask is not None and not isinstance(mask, str) and mask.shape[-1] != n:
+        return f"the mask covers {mask.shape[-1]} keys, the helper has {n}"
+    return _prefix_reason(keys, cache)
+
+
+def _prefix_reason(keys: Any, cache: Any) -> str | None:
+    """None when ``keys`` (the cache's last fetch) are its buffer's first ``keys.shape[2]`` rows, by the cache's
+    own ``update_and_fetch``; else why not."""
+    rotating, chunked = _windowed()
+    n, length = keys.shape[2], cache.keys.shape[2]
+    if type(cache) is rotating:  # keys_and_values: the buffer, or its first offset rows while it is longer
+        held = keys is cache.keys or n == cache.offset < length
+    elif type(cache) is chunked:  # keys_and_values: the buffer's first offset - start_position rows
+        held = n == cache.offset - cache.start_position <= length
+    else:  # KVCache: the buffer's first offset rows
+        held = n == cache.offset <= length
+    if held:
+        return None
+    return f"{type(cache).__name__}: the keys ({n} rows) are not the buffer's valid prefix ({length} rows)"
 
 
 def _pad_last(mask: Any, count: int) -> Any:
@@ -371,9 +492,7 @@ def _patches(optimized: OptimizedModel) -> list[tuple[Any, str, Any]]:
     """``(owner, attribute, replace)`` for every client function and recorder ``optimized`` needs."""
     found: list[tuple[Any, str, Any]] = [(sys.modules[n], HELPER, lambda _: route) for n in optimized.modules]
     if optimized.modules:
-        from mlx_lm.models.cache import KVCache
-
-        found.append((KVCache, "update_and_fetch", record_fetch))
+        found += [(cls, "update_and_fetch", record_fetch) for cls in (_kv_cache(), *_windowed())]
     found += [(sys.modules[n], vlm.NAME, lambda _: route_qsa) for n in optimized.qsa_modules]
     if optimized.qsa_modules:
         from mlx_vlm.models.cache import KVCache as VLMKVCache

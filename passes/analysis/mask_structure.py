@@ -67,9 +67,8 @@ def _intervals(lo: np.ndarray, hi: np.ndarray, t: int) -> np.ndarray:
     return (j >= lo[:, None]) & (j < hi[:, None])
 
 
-def _candidates(seen: np.ndarray, lo: np.ndarray, hi: np.ndarray):
-    """(causal, window) structures whose key intervals might be ``[lo, hi)``, simplest first."""
-    s, t = seen.shape
+def _candidates(s: int, t: int, lo: np.ndarray, hi: np.ndarray):
+    """(causal, window) structures whose key intervals (of ``t`` keys) might be ``[lo, hi)``, simplest first."""
     for causal in ("bottom_right", "top_left", "none"):
         p = np.arange(s) + window_offset(causal, s, t)
         live = hi > lo
@@ -104,20 +103,41 @@ def match_structure(graph: Graph, node: Node) -> Structure | Decline | None:
     if not (plane == plane[:1]).all():
         return Decline(f"bool mask {mask} kept dense: it differs across batch or heads")
     lo0, hi0 = key_ranges(s, t, node.attrs["causal"], node.attrs["window"])
-    seen = plane[0] & _intervals(lo0, hi0, t)
+    found = plane_structure(plane[0] & _intervals(lo0, hi0, t))
+    if isinstance(found, str):
+        return Decline(f"bool mask {mask} kept dense: {found}")
+    causal, window = found
+    named = f"causal={causal!r}" + (f", window={tuple(window)}" if window else "")
+    return Structure(mask, causal, window, f"bool mask {mask} is exactly {named} (all {s * t} pairs checked)")
+
+
+def plane_structure(seen: np.ndarray) -> tuple[str, Window | None] | str:
+    """The (causal kind, window) whose visibility is exactly the bool ``[S, T]`` plane ``seen`` (every pair
+    checked, simplest structure first); else why there is none."""
+    s, t = seen.shape
     first = np.where(seen.any(axis=1), seen.argmax(axis=1), 0)
     lo, hi = first, first + seen.sum(axis=1)
     gaps = np.flatnonzero((_intervals(lo, hi, t) != seen).any(axis=1))
     if gaps.size:
-        return Decline(f"bool mask {mask} kept dense: row {int(gaps[0])} sees keys that are not one interval")
-    for causal, window in _candidates(seen, lo, hi):
-        if np.array_equal(_intervals(*key_ranges(s, t, causal, window), t), seen):
-            named = f"causal={causal!r}" + (f", window={tuple(window)}" if window else "")
-            return Structure(mask, causal, window, f"bool mask {mask} is exactly {named} (all {s * t} pairs checked)")
-    return Decline(
-        f"bool mask {mask} kept dense: each row sees one interval of keys, but no causal kind, window or chunk "
-        "gives exactly these"
-    )
+        return f"row {int(gaps[0])} sees keys that are not one interval"
+    return interval_structure(lo, hi, t)
+
+
+def interval_structure(lo: np.ndarray, hi: np.ndarray, t: int) -> tuple[str, Window | None] | str:
+    """The (causal kind, window) under which row ``i`` of ``S`` sees exactly the keys ``[lo[i], hi[i])`` of ``t``
+    (``hi <= lo``: none), checked row by row, simplest first; else why there is none."""
+    s = len(lo)
+    empty = hi <= lo
+    for causal, window in _candidates(s, t, lo, hi):
+        lo1, hi1 = key_ranges(s, t, causal, window)
+        none = hi1 <= lo1
+        if (
+            np.array_equal(none, empty)
+            and np.array_equal(lo1[~none], lo[~empty])
+            and np.array_equal(hi1[~none], hi[~empty])
+        ):
+            return causal, window
+    return "each row sees one interval of keys, but no causal kind, window or chunk gives exactly these"
 
 
 def rewrite_structure(rw: Rewriter, m: Structure) -> None:
@@ -127,4 +147,4 @@ def rewrite_structure(rw: Rewriter, m: Structure) -> None:
     rw.replace_matched(rw.op("sdpa", operands, attrs, node.name), prune=True)
 
 
-__all__ = ["EVAL_LIMIT", "Structure", "match_structure", "rewrite_structure"]
+__all__ = ["EVAL_LIMIT", "Structure", "interval_structure", "match_structure", "plane_structure", "rewrite_structure"]

@@ -142,19 +142,20 @@ def test_one_trace_per_cache_buffer_length(monkeypatch):
 
 
 def test_caches_without_a_buffer_are_declined_and_counted(tokenizer):
-    from mlx_lm.models.cache import RotatingKVCache
+    from mlx_lm.models.cache import QuantizedKVCache
 
     from attnpass.backends.mlx import optimize
+    from attnpass.backends.mlx.lm import CACHES
     from attnpass.models import tiny_lm
 
     model = tiny_lm("llama", layers=1)
-    plain, plain_logprobs = stream(model, tokenizer, prompt_cache=[RotatingKVCache(max_size=32)])
+    plain, plain_logprobs = stream(model, tokenizer, prompt_cache=[QuantizedKVCache(bits=8)])
     with optimize(model) as opt:
-        tokens, logprobs = stream(model, tokenizer, prompt_cache=[RotatingKVCache(max_size=32)])
+        tokens, logprobs = stream(model, tokenizer, prompt_cache=[QuantizedKVCache(bits=8)])
     assert tokens == plain
     assert_bits_equal(logprobs, plain_logprobs)  # every call declined: mlx-lm's own, bit for bit
     assert opt.routed == 0 and opt.traces == 0
-    assert list(opt.declined) == ["RotatingKVCache: only KVCache has a buffer to key signatures on"]
+    assert list(opt.declined) == [f"QuantizedKVCache: {CACHES}"]
 
 
 def test_restore_undoes_the_routing_and_other_models_never_route():

@@ -42,6 +42,10 @@ CACHES = {
 }
 
 
+ROUTED = ("KVCache", "RotatingKVCache", "ChunkedKVCache")
+CACHES_ROUTED = "only KVCache, RotatingKVCache and ChunkedKVCache have a buffer to key signatures on"
+
+
 def array_mask(kind: str, rows: int):
     """The step's mask as a function of the keys received: causal (bottom-right), bool or additive."""
     if kind in ("bool", "additive"):
@@ -67,7 +71,7 @@ def test_a_cache_class_is_routed_with_the_helpers_own_arrays_or_declined_by_name
     from mlx_lm.models import base, cache
 
     from attnpass.backends.mlx import optimize
-    from attnpass.backends.mlx.lm import OptimizedModel
+    from attnpass.backends.mlx.lm import FUSED, OptimizedModel
     from tests.backends.lm_probe import SCALE, Probe
 
     substituted = []
@@ -90,24 +94,56 @@ def test_a_cache_class_is_routed_with_the_helpers_own_arrays_or_declined_by_name
             out = probe(mx.array(q), k, v, kv, array_mask(kind, rows))
             keys, values, mask = probe.received
             expected = base.scaled_dot_product_attention(q, keys, values, cache=kv, scale=SCALE, mask=mask)
-            if opt.routed > routed:
-                assert name == "KVCache"
-                _, buffer_k, buffer_v, program_mask = substituted[before]
-                n = kv.offset
-                assert_bits_equal(np.array(buffer_k[..., :n, :]), np.array(keys))
-                assert_bits_equal(np.array(buffer_v[..., :n, :]), np.array(values))
-                if buffer_k.shape[2] > n:  # the padding rows are masked out for every query row
+            if len(substituted) > before:  # past the proofs: routed, or declined as FUSED after its pipeline
+                assert name in ROUTED and opt.routed + opt.declined[FUSED] == routed + declined + 1
+                _, program_k, program_v, program_mask, structure = substituted[before]
+                n = keys.shape[2]
+                if program_k.shape[2] >= n:  # the buffer (or the keys themselves): its first n rows are the keys
+                    assert_bits_equal(np.array(program_k[..., :n, :]), np.array(keys))
+                    assert_bits_equal(np.array(program_v[..., :n, :]), np.array(values))
+                else:  # a prefill's keys from the first one any row sees
+                    assert structure is not None
+                    assert_bits_equal(np.array(program_k), np.array(keys[..., n - program_k.shape[2] :, :]))
+                if structure is not None:  # the mask, by positions: what the helper's mask says, pair by pair
+                    assert program_mask is None
+                    seen = causal_plane(rows, n) if isinstance(mask, str) else np.array(mask).reshape(rows, n)
+                    first = n - program_k.shape[2]
+                    assert not seen[:, :first].any()
+                    assert np.array_equal(structure_plane(structure, rows, n - first), seen[:, first:])
+                elif program_k.shape[2] > n:  # the padding rows are masked out for every query row
                     visible = np.array(program_mask if program_mask.dtype == mx.bool_ else program_mask > -1e30)
-                    assert not np.broadcast_to(visible, (1, 1, rows, buffer_k.shape[2]))[..., n:].any()
+                    assert not np.broadcast_to(visible, (1, 1, rows, program_k.shape[2]))[..., n:].any()
                 assert_bits_equal(np.array(out), np.array(expected))
             else:
                 assert sum(opt.declined.values()) == declined + 1
                 assert_bits_equal(np.array(out), np.array(expected))  # mlx-lm's helper, as without optimize
     if name == "KVCache":
         assert opt.routed == len(STEPS) and not opt.declined
+    elif name in ROUTED:  # the steps of several rows get a causal structure, which decompose-sdpa leaves fused
+        assert opt.routed == 2 and opt.declined == {FUSED: 2}
     else:
         assert opt.routed == 0
-        assert opt.declined == {f"{name}: only KVCache has a buffer to key signatures on": len(STEPS)}
+        assert opt.declined == {f"{name}: {CACHES_ROUTED}": len(STEPS)}
+
+
+def causal_plane(rows: int, keys: int) -> np.ndarray:
+    """MLX's ``"causal"``: row ``i`` sees keys up to its position ``keys - rows + i``."""
+    return np.arange(keys)[None] <= (keys - rows + np.arange(rows))[:, None]
+
+
+def structure_plane(structure, rows: int, keys: int) -> np.ndarray:
+    """The bool ``[rows, keys]`` of a program's ``(causal, left, right, chunk)``, per docs/semantics.md §1.4."""
+    causal, left, right, chunk = structure
+    p = np.arange(rows)[:, None] + (keys - rows if causal == "bottom_right" else 0)
+    j = np.arange(keys)[None]
+    seen = j <= p if causal != "none" else np.ones((rows, keys), bool)
+    if left is not None:
+        seen = seen & (p - j < left)
+    if right is not None:
+        seen = seen & (j - p <= right)
+    if chunk is not None:
+        seen = seen & (j // chunk == p // chunk)
+    return seen
 
 
 def test_the_array_mask_branch_pads_the_mask_over_the_buffer():
@@ -223,7 +259,7 @@ def test_mla_models_decode_exactly_as_without_optimize(family, config, reason):
     # holds (latent, k_pe): neither is what update_and_fetch returned as (keys, values). deepseek_v32 gives the
     # helper its CacheList (latent cache, indexer cache). 10 calls: the 3-row prefill, then 9 one-row steps
     # (generate_step computes a token ahead of the one it yields)
-    named = NOT_FETCHED if reason == "not fetched" else "CacheList: only KVCache has a buffer to key signatures on"
+    named = NOT_FETCHED if reason == "not fetched" else f"CacheList: {CACHES_ROUTED}"
     calls = 20 if family == "longcat_flash" else 10  # longcat_flash: two attentions per layer
     assert opt.routed == 0 and opt.traces == 0 and opt.declined == {named: calls}
 

@@ -156,7 +156,7 @@ def test_options_and_pipeline_text():
             DecomposeSDPA(**bad)
     assert (
         format_pipeline(default_pipeline("cpu"))
-        == "qsa-pool-cache,qsa-gather{prefill_tile=16},decompose-sdpa,dce,narrow-inputs,dce"
+        == "qsa-pool-cache,qsa-gather{prefill_tile=16},block-sparse,decompose-sdpa,dce,narrow-inputs,dce"
     )
     assert format_pipeline(default_pipeline("metal")) == (
         "qsa-pool-cache,qsa-gather{prefill_tile=16},head-chunk,decompose-sdpa{device=metal},dce,narrow-inputs,dce"
@@ -171,7 +171,7 @@ def test_options_and_pipeline_text():
     )
     assert (
         format_pipeline(default_pipeline("cpu", keep_signature=True))
-        == "qsa-gather{prefill_tile=16},decompose-sdpa,dce"
+        == "qsa-gather{prefill_tile=16},block-sparse,decompose-sdpa,dce"
     )
     with pytest.raises(ValueError, match="device must be one of cpu, metal, gpu, tpu"):
         default_pipeline("npu")
