@@ -21,7 +21,10 @@ FUSED = "raise-attention,dce"  # leaves the attention one fused call: the wrappe
 
 
 def test_wrapper_pipeline_raises_attention_first_then_the_device_pipeline_that_keeps_the_signature():
-    assert format_pipeline(wrapper_pipeline("cpu")) == "raise-attention,qsa-gather{prefill_tile=16},block-sparse,decompose-sdpa,dce"
+    assert (
+        format_pipeline(wrapper_pipeline("cpu"))
+        == "raise-attention,qsa-gather{prefill_tile=16},block-sparse,decompose-sdpa,dce"
+    )
     assert format_pipeline(wrapper_pipeline("metal", "mlx")) == (
         "raise-attention,qsa-gather{prefill_tile=16},head-chunk,decompose-sdpa{device=metal,target=mlx},dce"
     )
