@@ -97,7 +97,12 @@ class Program:
             raise LoweringError(f"target {target!r} needs its backend installed: {exc}") from None
         self.fn: Callable[..., Any] = namespace[generated.function]
         self.input_names = graph.inputs
-        self.identity = program_identity(self.graph, target)
+
+    @functools.cached_property
+    def identity(self) -> str:
+        """:func:`program_identity` of the program's graph and target (computed when first asked: it hashes
+        every node)."""
+        return program_identity(self.graph, self.target.name)
 
     @property
     def input_types(self) -> list[TensorType]:

@@ -449,7 +449,7 @@ class Graph:
             and self._inputs == other._inputs
             and self._outputs == other._outputs
             and self._state == other._state
-            and _without_paths(self._nodes) == _without_paths(other._nodes)
+            and _same_nodes(self._nodes, other._nodes)
         )
 
     __hash__ = None  # type: ignore[assignment]
@@ -477,12 +477,23 @@ class Graph:
         return _sha(["graph", signature, [digests[o] for o in self._outputs]] + ([state] if state else []))
 
 
-def _without_paths(nodes: Mapping[str, Node]) -> dict[str, Node]:
-    """``nodes`` with the inputs' ``path`` metadata dropped (for structural equality)."""
-    return {
-        name: node.replace(attrs={k: v for k, v in node.attrs.items() if k != "path"}) if node.op == "input" else node
-        for name, node in nodes.items()
-    }
+def _same_nodes(mine: Mapping[str, Node], theirs: Mapping[str, Node]) -> bool:
+    """The same names bound to equal nodes, an input's ``path`` metadata aside (graph copies share their nodes,
+    so most pairs are one object and cost an identity check)."""
+    if mine.keys() != theirs.keys():
+        return False
+    for name, node in mine.items():
+        other = theirs[name]
+        if node is other or node == other:
+            continue
+        if not (node.op == other.op == "input" and _without_path(node) == _without_path(other)):
+            return False
+    return True
+
+
+def _without_path(node: Node) -> Node:
+    """An input node without its weight ``path`` metadata."""
+    return node.replace(attrs={k: v for k, v in node.attrs.items() if k != "path"})
 
 
 def _reach(names: Sequence[str], step: Callable[[str], Iterable[str]]) -> set[str]:

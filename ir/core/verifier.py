@@ -34,8 +34,9 @@ WINDOW = 10
 
 def verify(graph: "Graph") -> None:
     """Raise VerifyError describing the first violated invariant."""
-    _check_structure(graph)
-    _check_types(graph)
+    fresh = {n.name for n in graph._nodes.values() if not _accepted_before(graph, n)}
+    _check_structure(graph, fresh)
+    _check_types(graph, fresh)
 
 
 def node_error(graph: "Graph", node: "Node", reason: str) -> VerifyError:
@@ -57,7 +58,8 @@ def node_error(graph: "Graph", node: "Node", reason: str) -> VerifyError:
     return VerifyError("\n".join(lines))
 
 
-def _check_structure(graph: "Graph") -> None:
+def _check_structure(graph: "Graph", fresh: set[str]) -> None:
+    """The graph's structure; the per-node checks only for the ``fresh`` nodes (not accepted before)."""
     try:
         check_identifier(graph.name, "graph name")
     except AttnpassError as exc:
@@ -65,7 +67,7 @@ def _check_structure(graph: "Graph") -> None:
     nodes = graph._nodes
     signature = set(graph.inputs)
     for n in nodes.values():
-        if not _accepted_before(graph, n):
+        if n.name in fresh:
             try:
                 check_identifier(n.name, "value name")
             except AttnpassError as exc:
@@ -122,12 +124,12 @@ def _check_state(graph: "Graph") -> None:
             raise VerifyError(f"{where}: next value {graph.outputs[out]}:{have} differs in type from {name}:{want}")
 
 
-def _check_types(graph: "Graph") -> None:
+def _check_types(graph: "Graph", fresh: set[str]) -> None:
     # The shape rules are pure: nodes alike in op, attributes and operand types (a model's layers) are inferred once,
     # and a node accepted before with the same operands (a pass's copy of the graph it started from) is not re-inferred.
     inferred_for: dict[tuple, tuple[dict, TensorType]] = {}
     for n in graph.nodes():
-        if not _accepted_before(graph, n):
+        if n.name in fresh:
             operand_nodes = tuple(graph.node(i) for i in n.inputs)
             operands = tuple(o.type for o in operand_nodes)
             key = _inference_key(n, operands)
