@@ -250,11 +250,13 @@ class OptimizedModel:
         or verify step: the cache's whole buffer and a mask of its valid rows (:func:`_prefix_reason`: the keys are
         its first rows).
         """
+        import mlx.core as mx
+
         rows = queries.shape[2]
         if cache is None or (rows > 1 and (type(cache) is not _kv_cache() or rows > PREFILL_ROWS)):
             if isinstance(mask, str):
                 return queries, keys, values, None, ("bottom_right", None, None, None)
-            if mask is None or mask.dtype != _mx().bool_:
+            if mask is None or mask.dtype != mx.bool_:
                 return queries, keys, values, mask, None
             found = self._structure(mask, rows, keys.shape[2])
             if found is None:
@@ -354,12 +356,6 @@ def _kv_cache() -> type:
     from mlx_lm.models.cache import KVCache
 
     return KVCache
-
-
-def _mx() -> Any:
-    import mlx.core as mx
-
-    return mx
 
 
 def _windowed() -> tuple[type, type]:

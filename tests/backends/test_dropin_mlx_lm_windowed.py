@@ -118,3 +118,42 @@ def test_a_bool_mask_that_is_no_structure_stays_a_mask():
     (entry,) = opt.compiled.specializations
     assert "mask:bool[6,6]" in entry.signature and "structure=None" in entry.signature
     assert_bits_equal(np.array(out), np.array(expected))
+
+
+def test_the_cpu_default_pipeline_tiles_a_long_windowed_prefill_and_keeps_the_tokens(sweep):
+    """A 700-token prompt in one prefill call (window 64): block-sparse tiles the sliding and the global layers'
+    calls (512-row tiles), the window stays the sdpa's attribute, greedy tokens as plain mlx-lm's in float32."""
+    import importlib
+
+    import mlx.core as mx
+
+    from attnpass.backends.mlx import optimize
+    from attnpass.passes import default_pipeline, format_pipeline
+
+    module = importlib.import_module("mlx_lm.models.gemma3_text")
+    args = {**sweep.tiny_args("gemma3_text", module), "sliding_window": 64}
+    mx.random.seed(0)
+    model = module.Model(module.ModelArgs(model_type="gemma3_text", **args))
+    model.set_dtype(mx.float32)
+    mx.eval(model.parameters())
+    prompt = mx.array([(7 * i + 3) % 128 for i in range(700)])
+
+    def greedy() -> tuple[list[int], np.ndarray]:
+        from mlx_lm.generate import generate_step
+
+        steps = list(generate_step(prompt, model, max_tokens=8))
+        return [int(t) for t, _ in steps], np.stack([np.array(p) for _, p in steps])
+
+    plain, plain_logprobs = greedy()
+    with optimize(model, "raise-attention," + format_pipeline(default_pipeline("cpu", keep_signature=True)),
+                  strict=True) as opt:  # fmt: skip
+        tokens, logprobs = greedy()
+    assert tokens == plain and np.abs(logprobs - plain_logprobs).max() <= 1e-4
+    assert not opt.declined
+    prefill = [e for e in opt.compiled.specializations if "queries:f32[1,24,699," in e.signature]
+    assert len(prefill) == 2  # the sliding layer (window 64) and the global one (causal)
+    for entry in prefill:
+        tiled = [r.message for r in entry.remarks if r.pass_name == "block-sparse" and r.kind == "applied"]
+        assert len(tiled) == 1 and tiled[0].startswith("block_q 512 (the cpu plan); 2 tiles")
+    windows = {n.attrs["window"] for e in prefill for n in e.graph.nodes() if n.op == "sdpa"}
+    assert windows == {None, (64, None, None)}  # the global layer's tiles, the sliding layer's tiles
