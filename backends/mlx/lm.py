@@ -37,7 +37,8 @@ identity and are declined.
 
 **Declined** calls run mlx-lm's helper and are counted by reason in
 :attr:`OptimizedModel.declined`: attention sinks, caches other than
-``KVCache`` (quantized, rotating, batched, ...: no buffer to key on), k/v that
+``KVCache`` (quantized, rotating, ...: no buffer to key on; ``BatchKVCache``
+has its own proofs, :mod:`.batched`), k/v that
 are not the cache's fetched arrays, string masks other than ``"causal"``,
 signatures that fell back to the original function, and signatures whose
 rewritten graph is still one MLX fused call (:data:`FUSED`: the helper computes
@@ -68,7 +69,7 @@ from attnpass.ir import Graph
 from attnpass.passes import Pass
 
 from ..specialize import MAX_SIGNATURES, CompiledFunction
-from . import vlm
+from . import batched, vlm
 from .compiled import MLXFrontend
 from .router import ACTIVE, LOCK, NOT_FETCHED, Call, fetch_reason, patch, record_fetch, unpatch
 
@@ -197,6 +198,8 @@ class OptimizedModel:
 
     def _program_arguments(self, queries: Any, keys: Any, values: Any, cache: Any, mask: Any) -> tuple:
         """``(queries, keys, values, mask)`` for the program: the cache's whole buffer and a mask of its valid rows."""
+        if batched.is_batch(cache):
+            return batched.arguments(queries, cache, mask, _pad_last)
         rows = queries.shape[2]
         if cache is None:
             if isinstance(mask, str):
@@ -270,6 +273,8 @@ def _unroutable(keys: Any, values: Any, cache: Any, mask: Any, sinks: Any, fetch
         return f"string mask {mask!r}"
     if cache is None:
         return None
+    if batched.is_batch(cache):
+        return batched.unroutable(keys, values, cache, mask, fetched)
     if type(cache) is not KVCache:
         return f"{type(cache).__name__}: only KVCache has a buffer to key signatures on"
     reason = fetch_reason(keys, values, cache, fetched)
@@ -371,9 +376,10 @@ def _patches(optimized: OptimizedModel) -> list[tuple[Any, str, Any]]:
     """``(owner, attribute, replace)`` for every client function and recorder ``optimized`` needs."""
     found: list[tuple[Any, str, Any]] = [(sys.modules[n], HELPER, lambda _: route) for n in optimized.modules]
     if optimized.modules:
-        from mlx_lm.models.cache import KVCache
+        from mlx_lm.models.cache import BatchKVCache, KVCache
 
         found.append((KVCache, "update_and_fetch", record_fetch))
+        found.append((BatchKVCache, "update_and_fetch", batched.record_fetch))
     found += [(sys.modules[n], vlm.NAME, lambda _: route_qsa) for n in optimized.qsa_modules]
     if optimized.qsa_modules:
         from mlx_vlm.models.cache import KVCache as VLMKVCache

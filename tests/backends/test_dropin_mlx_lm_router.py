@@ -67,6 +67,7 @@ def test_a_cache_class_is_routed_with_the_helpers_own_arrays_or_declined_by_name
     from mlx_lm.models import base, cache
 
     from attnpass.backends.mlx import optimize
+    from attnpass.backends.mlx.batched import NO_ARRAY_MASK
     from attnpass.backends.mlx.lm import OptimizedModel
     from tests.backends.lm_probe import SCALE, Probe
 
@@ -91,9 +92,9 @@ def test_a_cache_class_is_routed_with_the_helpers_own_arrays_or_declined_by_name
             keys, values, mask = probe.received
             expected = base.scaled_dot_product_attention(q, keys, values, cache=kv, scale=SCALE, mask=mask)
             if opt.routed > routed:
-                assert name == "KVCache"
+                assert name in ("KVCache", "BatchKVCache")
                 _, buffer_k, buffer_v, program_mask = substituted[before]
-                n = kv.offset
+                n = kv._idx if name == "BatchKVCache" else kv.offset
                 assert_bits_equal(np.array(buffer_k[..., :n, :]), np.array(keys))
                 assert_bits_equal(np.array(buffer_v[..., :n, :]), np.array(values))
                 if buffer_k.shape[2] > n:  # the padding rows are masked out for every query row
@@ -105,6 +106,8 @@ def test_a_cache_class_is_routed_with_the_helpers_own_arrays_or_declined_by_name
                 assert_bits_equal(np.array(out), np.array(expected))  # mlx-lm's helper, as without optimize
     if name == "KVCache":
         assert opt.routed == len(STEPS) and not opt.declined
+    elif name == "BatchKVCache":  # the streams' padding is in the model's mask: calls without an array one declined
+        assert opt.routed == 2 and opt.declined == {NO_ARRAY_MASK: 2}
     else:
         assert opt.routed == 0
         assert opt.declined == {f"{name}: only KVCache has a buffer to key signatures on": len(STEPS)}
