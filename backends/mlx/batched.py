@@ -1,4 +1,4 @@
-"""Batched caches under ``optimize``: mlx-lm's ``BatchKVCache`` (``batch_generate``, the server).
+"""Batched caches under ``optimize``: mlx-lm's ``BatchKVCache`` (``batch_generate``, the server), mlx-vlm's ``BatchQSAKVCache``.
 
 **The cache.** A ``BatchKVCache`` holds ``B`` left-padded streams in one buffer
 ``[B, H, capacity, D]`` grown in steps of 256 rows; ``_idx`` rows are written
@@ -29,6 +29,21 @@ mask extended over the rows past ``_idx`` with masked-out keys (False, or
 ``-inf`` for an additive mask): per stream, the same keys attended with the
 same weights as the helper's call, whatever each stream's padding. Signatures
 are per buffer length, as with ``KVCache`` (:mod:`.lm`).
+
+**mlx-vlm Qwen4-Exp's** ``BatchQSAKVCache`` wraps mlx-vlm's own
+``BatchKVCache`` (``kv_cache``; the same code as mlx-lm's, recorded by
+:func:`record_fetch` as well) beside the indexer's state. Its QSA calls take
+the proofs of :mod:`.vlm` (the model's plan, its selection by identity, made
+without left padding, over as many keys as the cache holds) with the inner
+cache's fetch and ``_idx`` in place of a ``QSAKVCache``'s, then the same gather
+program over the inner buffer, one per batch size: each stream's row gathers
+its own selection's cells (``selection [B, S, K]``). What mlx-vlm 0.7.10 does
+with a batch decides what reaches it: the model prefills a batch one stream
+at a time on single-stream ``QSAKVCache`` caches (routed by :mod:`.vlm`) and
+merges them; equal-length streams then decode with QSA calls on the
+``BatchQSAKVCache`` (routed here), while left-padded (ragged) streams decode
+through the model's ``left_padded_decode`` path, which attends each stream
+densely and makes no QSA call, so there is nothing of theirs to route.
 """
 
 from __future__ import annotations
@@ -37,6 +52,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from . import vlm
 from .router import ACTIVE, NOT_FETCHED
 
 NO_ARRAY_MASK = "a BatchKVCache call without an array mask (the streams' left padding is only in the model's mask)"
@@ -77,13 +93,21 @@ def record_fetch(update_and_fetch: Callable[..., Any]) -> Callable[..., Any]:
     return recording
 
 
-def unroutable(keys: Any, values: Any, cache: Any, mask: Any, fetched: dict) -> str | None:
-    """Why a ``BatchKVCache`` call cannot take the program (None when it can): see the module docstring."""
+def fetch_reason(keys: Any, values: Any, cache: Any, fetched: dict) -> str | None:
+    """None when ``keys``/``values`` are the batch cache's last fetch and it still holds that buffer; else why not."""
     held, fetch = fetched.get(id(cache), (None, None))
     if held is not cache or not isinstance(fetch, BatchFetch) or keys is not fetch.keys or values is not fetch.values:
         return NOT_FETCHED
     if cache.keys is not fetch.buffer[0] or cache.values is not fetch.buffer[1] or cache._idx != fetch.rows:
         return "the cache changed between update_and_fetch and the attention call"
+    return None
+
+
+def unroutable(keys: Any, values: Any, cache: Any, mask: Any, fetched: dict) -> str | None:
+    """Why a ``BatchKVCache`` call cannot take the program (None when it can): see the module docstring."""
+    reason = fetch_reason(keys, values, cache, fetched)
+    if reason is not None:
+        return reason
     if mask is None or isinstance(mask, str):
         return NO_ARRAY_MASK
     if mask.shape[-1] != cache._idx:
@@ -106,4 +130,32 @@ def arguments(queries: Any, cache: Any, mask: Any, pad: Callable[[Any, int], Any
     return queries, cache.keys, cache.values, pad(mask, extra) if extra else mask
 
 
-__all__ = ["NO_ARRAY_MASK", "BatchFetch", "arguments", "is_batch", "record_fetch", "unroutable"]
+def is_qsa_batch(cache: Any) -> bool:
+    """Whether ``cache`` is exactly mlx-vlm Qwen4-Exp's ``BatchQSAKVCache``."""
+    from mlx_vlm.models.qwen4_exp.language import BatchQSAKVCache
+
+    return type(cache) is BatchQSAKVCache
+
+
+def unprovable_qsa(
+    queries: Any, keys: Any, values: Any, blocks: Any, query_ends: Any, cache: Any, block_size: int,
+    causal: bool, mask: Any, allow_sparse_decode: bool, fetched: dict, selections: dict,
+) -> str | None:  # fmt: skip
+    """Why a ``BatchQSAKVCache`` call cannot take the gather program (None when it can): see the module docstring."""
+    reason = vlm.model_keeps(queries, keys, values, blocks, query_ends, block_size, causal, mask, allow_sparse_decode)
+    if reason is not None:
+        return reason
+    reason = fetch_reason(keys, values, cache.kv_cache, fetched)
+    return reason or vlm.selection_reason(blocks, query_ends, cache, block_size, cache.kv_cache._idx, selections)
+
+
+def qsa_buffer(cache: Any) -> tuple[Any, Any]:
+    """The ``(keys, values)`` buffers a QSA cache holds: its own, or its inner ``BatchKVCache``'s."""
+    holder = cache.kv_cache if is_qsa_batch(cache) else cache
+    return holder.keys, holder.values
+
+
+__all__ = [
+    "BLIND_ROW", "NO_ARRAY_MASK", "BatchFetch", "arguments", "fetch_reason", "is_batch", "is_qsa_batch", "qsa_buffer",
+    "record_fetch", "unprovable_qsa", "unroutable",
+]  # fmt: skip

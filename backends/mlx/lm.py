@@ -180,12 +180,13 @@ class OptimizedModel:
         call = ACTIVE.get()
         fetched, selections = (call.fetched, call.selections) if call is not None and call.model is self else ({}, {})
         cache, ratio, scale = options["cache"], options["block_size"], options["scale"]
-        reason = vlm.unprovable(
+        unprovable = batched.unprovable_qsa if batched.is_qsa_batch(cache) else vlm.unprovable
+        reason = unprovable(
             queries, keys, values, blocks, query_ends, cache, ratio, options["causal"], options["mask"],
             options.get("allow_sparse_decode", False), fetched, selections,
         )  # fmt: skip
         if reason is None:
-            args = (queries, cache.keys, cache.values, blocks, query_ends)
+            args = (queries, *batched.qsa_buffer(cache), blocks, query_ends)
             entry = self.qsa.specialization(*args, scale, ratio)
             if entry.compiled:
                 with self._lock:
@@ -382,10 +383,12 @@ def _patches(optimized: OptimizedModel) -> list[tuple[Any, str, Any]]:
         found.append((BatchKVCache, "update_and_fetch", batched.record_fetch))
     found += [(sys.modules[n], vlm.NAME, lambda _: route_qsa) for n in optimized.qsa_modules]
     if optimized.qsa_modules:
+        from mlx_vlm.models.cache import BatchKVCache as VLMBatchKVCache
         from mlx_vlm.models.cache import KVCache as VLMKVCache
         from mlx_vlm.models.qwen4_exp.language import QSAKVCache, Qwen4ExpQSAIndexer
 
         found.append((VLMKVCache, "update_and_fetch", record_fetch))
+        found.append((VLMBatchKVCache, "update_and_fetch", batched.record_fetch))
         found.append((QSAKVCache, "update_indexer", vlm.buffered_indexer))
         found.append((Qwen4ExpQSAIndexer, "select_from_projected", vlm.record_selection))
     return found
