@@ -21,8 +21,8 @@ name and mlx-lm's helper runs):
   gives it a device-defined value (on CPU the mean of every value), which the
   padded buffer would change; such calls are declined (:data:`BLIND_ROW`).
   ``batch_generate`` prefills right-padded into empty caches and then decodes,
-  so none of its calls has such a row. Checking it evaluates the mask (a small
-  array built from the padding, not from the model's activations).
+  so none of its calls has such a row. Checking it evaluates the mask (which
+  ``make_mask`` builds from the padding, not from the model's activations).
 
 **The program's arguments**: the queries, the whole buffer and the model's own
 mask extended over the rows past ``_idx`` with masked-out keys (False, or
@@ -118,7 +118,7 @@ def unroutable(keys: Any, values: Any, cache: Any, mask: Any, fetched: dict) -> 
 
 
 def _has_blind_row(mask: Any) -> bool:
-    """Whether a bool mask has a query row with no visible key (evaluates the mask: it never reads the model's state)."""
+    """Whether a bool mask has a query row with no visible key (evaluates the mask: one small host sync)."""
     import mlx.core as mx
 
     return mask.dtype == mx.bool_ and not mx.all(mx.any(mask, axis=-1)).item()
