@@ -22,8 +22,15 @@ bfloat16: MLX's CPU ``GatherMM`` (the MoE blocks) is float32-only, so with
 ``--dtype bfloat16`` the MoE blocks run in float32 between casts, in both
 variants; every attention and cache is bfloat16.
 
+Batched: ``--streams`` equal-length streams (default 3; 1 for none) at one
+depth (``--batch-depth``, default 8192), each stream's caches filled as above
+with its own random state and merged as mlx-vlm merges a batch (a
+``BatchQSAKVCache`` per QSA layer), then decoded together: tokens/s of all
+streams, plain and optimized, and the ratio beside the one-stream ratio at that
+depth (when that depth is in ``--depths``).
+
     python benchmarks/qwen4_exp_decode.py [--depths 1024 8192 32768] [--long] [--tokens 8] [--reps 3]
-        [--dtype float32 bfloat16] [--layers 4] [--quick]
+        [--dtype float32 bfloat16] [--layers 4] [--streams 3] [--batch-depth 8192] [--quick]
 """
 
 from __future__ import annotations
@@ -104,16 +111,27 @@ def filled_cache(model, states: list) -> list:
     return cache
 
 
-def decode_rate(model, cache: list, tokens: int) -> float:
-    """Tokens/s of ``tokens`` greedy single-token calls after one untimed step."""
-    token = mx.array([[7]], dtype=mx.int32)
+def batched_cache(model, states: list[list]) -> list:
+    """One stream per entry of ``states``, each filled as :func:`filled_cache`, merged as mlx-vlm merges a batch.
+
+    The streams are equal-length (no left padding): each QSA layer's ``BatchQSAKVCache`` decodes with QSA calls
+    (mlx-vlm's left-padded decode attends densely and makes none).
+    """
+    streams = [filled_cache(model, s) for s in states]
+    model._rope_deltas = mx.zeros((len(states), 1), dtype=mx.int32)
+    return [type(layer[0]).merge(list(layer)) for layer in zip(*streams)]
+
+
+def decode_rate(model, cache: list, tokens: int, streams: int = 1) -> float:
+    """Tokens/s (all streams) of ``tokens`` greedy single-token calls after one untimed step."""
+    token = mx.full((streams, 1), 7, dtype=mx.int32)
     token = mx.argmax(model(token, cache=cache).logits[:, -1:], axis=-1)
     mx.eval(token)
     start = time.perf_counter()
     for _ in range(tokens):
         token = mx.argmax(model(token, cache=cache).logits[:, -1:], axis=-1)
         mx.eval(token)
-    return tokens / (time.perf_counter() - start)
+    return streams * tokens / (time.perf_counter() - start)
 
 
 def breakdown(model, opt, states: list, dtype, repeats: int = 5) -> dict[str, dict[str, float]] | None:
@@ -158,6 +176,22 @@ def breakdown(model, opt, states: list, dtype, repeats: int = 5) -> dict[str, di
     return {v: {p: statistics.median(t) for p, t in parts.items()} for v, parts in times.items()}
 
 
+def batched_rates(models: dict, dtype, args: argparse.Namespace) -> dict[str, list[float]]:
+    """Tokens/s of ``args.streams`` equal-length streams at ``args.batch_depth``, plain and optimized, alternating."""
+    states = [snapshot(models["plain"], args.batch_depth, dtype, seed=1 + s) for s in range(args.streams)]
+    rates: dict[str, list[float]] = {"plain": [], "optimize": []}
+    for rep in range(args.reps):
+        for variant in ("plain", "optimize") if rep % 2 == 0 else ("optimize", "plain"):
+            cache = batched_cache(models[variant], states)
+            rates[variant].append(decode_rate(models[variant], cache, args.tokens, args.streams))
+    print(f"  {args.streams} streams at depth {args.batch_depth}: x{ratio(rates):.2f}", flush=True)
+    return rates
+
+
+def ratio(rates: dict[str, list[float]]) -> float:
+    return statistics.median(rates["optimize"]) / statistics.median(rates["plain"])
+
+
 def load() -> str:
     return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
@@ -187,6 +221,7 @@ def run(dtype_name: str, args: argparse.Namespace) -> None:
             plain, fast = (statistics.median(rates[v]) for v in rates)
             print(f"  depth {depth}: plain {plain:.2f}, optimize {fast:.2f} tok/s: x{fast / plain:.2f}", flush=True)
             del states
+        batch = batched_rates(models, dtype, args) if args.streams > 1 else None
         print(f"load average after: {load()}\n")
         print(f"{'depth':>7} {'plain tok/s':>20} {'optimize tok/s':>20} {'ratio':>6}   QSA layer ms (plain / optimize)")
         print(f"{'':>7} {'median (min-max)':>20} {'median (min-max)':>20} {'':>6}   select, qkv+update, attention")
@@ -197,6 +232,12 @@ def run(dtype_name: str, args: argparse.Namespace) -> None:
             if parts is not None:
                 split = ", ".join(f"{parts['plain'][p]:.1f} / {parts['optimize'][p]:.1f}" for p in parts["plain"])
             print(f"{depth:>7} {cells[0]:>20} {cells[1]:>20} {fast / plain:>6.2f}   {split}")
+        if batch is not None:
+            single = {depth: rates for depth, rates, _ in rows}.get(args.batch_depth)
+            one = "" if single is None else f" (one stream: x{ratio(single):.2f})"
+            cells = [f"{statistics.median(r):.2f} ({min(r):.2f}-{max(r):.2f})" for r in batch.values()]
+            print(f"{args.streams} streams at depth {args.batch_depth}, tok/s of all streams: plain {cells[0]}, "
+                  f"optimize {cells[1]}: x{ratio(batch):.2f}{one}")  # fmt: skip
         print(f"\nrouted {opt.routed}, declined {dict(opt.declined)}, traces {opt.traces}")
         opt.restore()
     finally:
@@ -211,6 +252,8 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--dtype", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
     parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--streams", type=int, default=3, help="batched column: equal-length streams (1: none)")
+    parser.add_argument("--batch-depth", type=int, default=8192, help="the batched column's one depth")
     parser.add_argument("--quick", action="store_true", help="depths 1024 and 8192, 2 tokens, 1 repetition")
     args = parser.parse_args()
     if args.quick:

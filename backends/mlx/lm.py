@@ -56,8 +56,8 @@ without a cache: their own keys, ``"causal"`` as a structure, so that
 ``block-sparse`` can tile them.
 
 **Declined** calls run mlx-lm's helper and are counted by reason in
-:attr:`OptimizedModel.declined`: caches other than these three (quantized,
-batched, ...: no buffer to key on), k/v that are not the cache's fetched
+:attr:`OptimizedModel.declined`: caches other than these three and ``BatchKVCache`` (which has its own
+proofs, :mod:`.batched`; quantized, ...: no buffer to key on), k/v that are not the cache's fetched
 arrays (or not its buffer's valid prefix), string masks other than
 ``"causal"``, signatures that fell back to the original function, and
 signatures whose rewritten graph is still one MLX fused call (:data:`FUSED`:
@@ -92,7 +92,7 @@ from attnpass.passes import Pass
 from attnpass.passes.analysis.mask_structure import interval_structure
 
 from ..specialize import MAX_SIGNATURES, CompiledFunction
-from . import vlm
+from . import batched, vlm
 from .compiled import MLXFrontend
 from .router import ACTIVE, LOCK, NOT_FETCHED, Call, fetch_reason, patch, record_fetch, unpatch
 
@@ -226,12 +226,13 @@ class OptimizedModel:
         call = ACTIVE.get()
         fetched, selections = (call.fetched, call.selections) if call is not None and call.model is self else ({}, {})
         cache, ratio, scale = options["cache"], options["block_size"], options["scale"]
-        reason = vlm.unprovable(
+        unprovable = batched.unprovable_qsa if batched.is_qsa_batch(cache) else vlm.unprovable
+        reason = unprovable(
             queries, keys, values, blocks, query_ends, cache, ratio, options["causal"], options["mask"],
             options.get("allow_sparse_decode", False), fetched, selections,
         )  # fmt: skip
         if reason is None:
-            args = (queries, cache.keys, cache.values, blocks, query_ends)
+            args = (queries, *batched.qsa_buffer(cache), blocks, query_ends)
             entry = self.qsa.specialization(*args, scale, ratio)
             if entry.compiled:
                 with self._lock:
@@ -245,13 +246,15 @@ class OptimizedModel:
     def _program_arguments(self, queries: Any, keys: Any, values: Any, cache: Any, mask: Any) -> tuple:
         """``(queries, keys, values, mask, structure)`` for the program.
 
-        A prefill (more than :data:`PREFILL_ROWS` query rows, or several on a windowed cache, or no cache): the
-        helper's own keys, and a causal, windowed or chunked mask as ``structure`` (:meth:`_structure`). A decode
-        or verify step: the cache's whole buffer and a mask of its valid rows (:func:`_prefix_reason`: the keys are
-        its first rows).
+        A batched cache: :func:`.batched.arguments` (no structure). A prefill (more than :data:`PREFILL_ROWS` query
+        rows, or several on a windowed cache, or no cache): the helper's own keys, and a causal, windowed or chunked
+        mask as ``structure`` (:meth:`_structure`). A decode or verify step: the cache's whole buffer and a mask of
+        its valid rows (:func:`_prefix_reason`: the keys are its first rows).
         """
         import mlx.core as mx
 
+        if batched.is_batch(cache):
+            return (*batched.arguments(queries, cache, mask, _pad_last), None)
         rows = queries.shape[2]
         if cache is None or (rows > 1 and (type(cache) is not _kv_cache() or rows > PREFILL_ROWS)):
             if isinstance(mask, str):
@@ -370,6 +373,8 @@ def _unroutable(keys: Any, values: Any, cache: Any, mask: Any, fetched: dict) ->
         return f"string mask {mask!r}"
     if cache is None:
         return None
+    if batched.is_batch(cache):
+        return batched.unroutable(keys, values, cache, mask, fetched)
     if type(cache) not in (_kv_cache(), *_windowed()):
         return f"{type(cache).__name__}: {CACHES}"
     reason = fetch_reason(keys, values, cache, fetched)
@@ -488,13 +493,18 @@ def _patches(optimized: OptimizedModel) -> list[tuple[Any, str, Any]]:
     """``(owner, attribute, replace)`` for every client function and recorder ``optimized`` needs."""
     found: list[tuple[Any, str, Any]] = [(sys.modules[n], HELPER, lambda _: route) for n in optimized.modules]
     if optimized.modules:
+        from mlx_lm.models.cache import BatchKVCache
+
         found += [(cls, "update_and_fetch", record_fetch) for cls in (_kv_cache(), *_windowed())]
+        found.append((BatchKVCache, "update_and_fetch", batched.record_fetch))
     found += [(sys.modules[n], vlm.NAME, lambda _: route_qsa) for n in optimized.qsa_modules]
     if optimized.qsa_modules:
+        from mlx_vlm.models.cache import BatchKVCache as VLMBatchKVCache
         from mlx_vlm.models.cache import KVCache as VLMKVCache
         from mlx_vlm.models.qwen4_exp.language import QSAKVCache, Qwen4ExpQSAIndexer
 
         found.append((VLMKVCache, "update_and_fetch", record_fetch))
+        found.append((VLMBatchKVCache, "update_and_fetch", batched.record_fetch))
         found.append((QSAKVCache, "update_indexer", vlm.buffered_indexer))
         found.append((Qwen4ExpQSAIndexer, "select_from_projected", vlm.record_selection))
     return found

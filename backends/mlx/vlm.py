@@ -19,7 +19,8 @@ over each row's ``K*ratio + ratio - 1`` cells instead of the buffer.
 **What the router proves before it substitutes** (else it declines by name
 and the model's own dispatch runs):
 
-- the cache is exactly a ``QSAKVCache``; ``keys``/``values`` *are* the arrays
+- the cache is exactly a ``QSAKVCache`` (a ``BatchQSAKVCache`` takes the same
+  proofs over its inner ``BatchKVCache``: :mod:`.batched`); ``keys``/``values`` *are* the arrays
   its last ``update_and_fetch`` of this model call returned, and it still
   holds that buffer and offset (so ``keys == cache.keys[..., :offset, :]``);
 - ``selected_blocks`` and ``query_ends`` *are* the arrays the indexer's last
@@ -244,21 +245,40 @@ def unprovable(
 ) -> str | None:  # fmt: skip
     """Why a QSA call cannot take the program (None when it can): see the module docstring's proofs."""
     from mlx_vlm.models.qwen4_exp.language import QSAKVCache
-    from mlx_vlm.models.qwen4_exp.qsa_kernel import QSAExecutionPlan, select_qsa_execution_plan
 
     if type(cache) is not QSAKVCache:
         return f"{type(cache).__name__}: only QSAKVCache has a buffer and a selection to prove"
+    reason = model_keeps(queries, keys, values, blocks, query_ends, block_size, causal, mask, allow_sparse_decode)
+    if reason is not None:
+        return reason
+    reason = fetch_reason(keys, values, cache, fetched)
+    return (
+        reason
+        if reason is not None
+        else selection_reason(blocks, query_ends, cache, block_size, cache.offset, selections)
+    )
+
+
+def model_keeps(
+    queries: Any, keys: Any, values: Any, blocks: Any, query_ends: Any, block_size: int, causal: bool, mask: Any,
+    allow_sparse_decode: bool,
+) -> str | None:  # fmt: skip
+    """Why the model's own dispatch keeps a QSA call: a mask combined with the selection, or its sparse kernel."""
+    from mlx_vlm.models.qwen4_exp.qsa_kernel import QSAExecutionPlan, select_qsa_execution_plan
+
     if not causal or mask is not None:
         return MODEL_MASK
     plan = select_qsa_execution_plan(
         queries, keys, values, blocks, query_ends, block_size=block_size, causal=causal,
         allow_sparse_decode=allow_sparse_decode,
     )  # fmt: skip
-    if plan is QSAExecutionPlan.INDEXED_SPARSE_PREFILL:
-        return MODEL_KERNEL
-    reason = fetch_reason(keys, values, cache, fetched)
-    if reason is not None:
-        return reason
+    return MODEL_KERNEL if plan is QSAExecutionPlan.INDEXED_SPARSE_PREFILL else None
+
+
+def selection_reason(
+    blocks: Any, query_ends: Any, cache: Any, block_size: int, rows: int, selections: dict
+) -> str | None:  # fmt: skip
+    """None when ``blocks``/``query_ends`` are the indexer's last selection for ``cache`` over its ``rows`` keys."""
     held, selection, ratio = selections.get(id(cache), (None, None, None))
     if held is not cache or blocks is not selection.selected_blocks or query_ends is not selection.query_ends:
         return NOT_SELECTED
@@ -266,8 +286,8 @@ def unprovable(
         return "the selection was made with left padding"
     if block_size != ratio:
         return f"block_size {block_size} is not the indexer's compress ratio {ratio}"
-    if selection.key_len != cache.offset:
-        return f"the indexer selected over {selection.key_len} keys, the cache holds {cache.offset}"
+    if selection.key_len != rows:
+        return f"the indexer selected over {selection.key_len} keys, the cache holds {rows}"
     return None
 
 

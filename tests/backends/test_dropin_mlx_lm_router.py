@@ -42,7 +42,7 @@ CACHES = {
 }
 
 
-ROUTED = ("KVCache", "RotatingKVCache", "ChunkedKVCache")
+ROUTED = ("KVCache", "RotatingKVCache", "ChunkedKVCache", "BatchKVCache")
 CACHES_ROUTED = "only KVCache, RotatingKVCache and ChunkedKVCache have a buffer to key signatures on"
 
 
@@ -71,6 +71,7 @@ def test_a_cache_class_is_routed_with_the_helpers_own_arrays_or_declined_by_name
     from mlx_lm.models import base, cache
 
     from attnpass.backends.mlx import optimize
+    from attnpass.backends.mlx.batched import NO_ARRAY_MASK
     from attnpass.backends.mlx.lm import FUSED, OptimizedModel
     from tests.backends.lm_probe import SCALE, Probe
 
@@ -90,12 +91,13 @@ def test_a_cache_class_is_routed_with_the_helpers_own_arrays_or_declined_by_name
             q = mx.random.normal((1, HEADS, rows, DIM))
             k, v = mx.random.normal((2, 1, KV_HEADS, rows, DIM))
             routed, declined, before = opt.routed, sum(opt.declined.values()), len(substituted)
+            fused = opt.declined[FUSED]
             # a copy of q: the quantized helper scales its queries in place
             out = probe(mx.array(q), k, v, kv, array_mask(kind, rows))
             keys, values, mask = probe.received
             expected = base.scaled_dot_product_attention(q, keys, values, cache=kv, scale=SCALE, mask=mask)
             if len(substituted) > before:  # past the proofs: routed, or declined as FUSED after its pipeline
-                assert name in ROUTED and opt.routed + opt.declined[FUSED] == routed + declined + 1
+                assert name in ROUTED and opt.routed + opt.declined[FUSED] == routed + fused + 1
                 _, program_k, program_v, program_mask, structure = substituted[before]
                 n = keys.shape[2]
                 if program_k.shape[2] >= n:  # the buffer (or the keys themselves): its first n rows are the keys
@@ -119,6 +121,8 @@ def test_a_cache_class_is_routed_with_the_helpers_own_arrays_or_declined_by_name
                 assert_bits_equal(np.array(out), np.array(expected))  # mlx-lm's helper, as without optimize
     if name == "KVCache":
         assert opt.routed == len(STEPS) and not opt.declined
+    elif name == "BatchKVCache":  # the streams' padding is in the model's mask: calls without an array one declined
+        assert opt.routed == 2 and opt.declined == {NO_ARRAY_MASK: 2}
     elif name in ROUTED:  # the steps of several rows get a causal structure, which decompose-sdpa leaves fused
         assert opt.routed == 2 and opt.declined == {FUSED: 2}
     else:

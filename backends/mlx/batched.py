@@ -1,0 +1,161 @@
+"""Batched caches under ``optimize``: mlx-lm's ``BatchKVCache`` (``batch_generate``, the server), mlx-vlm's ``BatchQSAKVCache``.
+
+**The cache.** A ``BatchKVCache`` holds ``B`` left-padded streams in one buffer
+``[B, H, capacity, D]`` grown in steps of 256 rows; ``_idx`` rows are written
+(the same count for every stream), ``offset`` and ``left_padding`` are
+per-stream arrays. ``update_and_fetch`` returns ``keys[..., :_idx, :]`` (and so
+for values), and the model's mask (``make_mask``: causal, with each stream's
+left padding masked out) covers those ``_idx`` keys.
+
+**What the router proves** before it substitutes the buffer (else it declines by
+name and mlx-lm's helper runs):
+
+- the cache is exactly a ``BatchKVCache``; ``keys``/``values`` *are* the arrays
+  its last ``update_and_fetch`` of this model call returned (recorded by
+  :func:`record_fetch`), and it still holds that buffer and ``_idx``; so
+  ``keys == cache.keys[..., :_idx, :]`` by ``BatchKVCache``'s own code;
+- the mask is an array over ``_idx`` keys: the streams' left padding is only in
+  the model's mask, so a call without one (``None`` or a string) is declined;
+- every query row of a bool mask sees a key. A row that sees none (the padding
+  rows of a left-padded prefill) is no stream's attention: mlx-lm's helper
+  gives it a device-defined value (on CPU the mean of every value), which the
+  padded buffer would change; such calls are declined (:data:`BLIND_ROW`).
+  ``batch_generate`` prefills right-padded into empty caches and then decodes,
+  so none of its calls has such a row. Checking it evaluates the mask (which
+  ``make_mask`` builds from the padding, not from the model's activations).
+
+**The program's arguments**: the queries, the whole buffer and the model's own
+mask extended over the rows past ``_idx`` with masked-out keys (False, or
+``-inf`` for an additive mask): per stream, the same keys attended with the
+same weights as the helper's call, whatever each stream's padding. Signatures
+are per buffer length, as with ``KVCache`` (:mod:`.lm`).
+
+**mlx-vlm Qwen4-Exp's** ``BatchQSAKVCache`` wraps mlx-vlm's own
+``BatchKVCache`` (``kv_cache``; the same code as mlx-lm's, recorded by
+:func:`record_fetch` as well) beside the indexer's state. Its QSA calls take
+the proofs of :mod:`.vlm` (the model's plan, its selection by identity, made
+without left padding, over as many keys as the cache holds) with the inner
+cache's fetch and ``_idx`` in place of a ``QSAKVCache``'s, then the same gather
+program over the inner buffer, one per batch size: each stream's row gathers
+its own selection's cells (``selection [B, S, K]``). What mlx-vlm 0.7.10 does
+with a batch decides what reaches it: the model prefills a batch one stream
+at a time on single-stream ``QSAKVCache`` caches (routed by :mod:`.vlm`) and
+merges them; equal-length streams then decode with QSA calls on the
+``BatchQSAKVCache`` (routed here), while left-padded (ragged) streams decode
+through the model's ``left_padded_decode`` path, which attends each stream
+densely and makes no QSA call, so there is nothing of theirs to route.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from . import vlm
+from .router import ACTIVE, NOT_FETCHED
+
+NO_ARRAY_MASK = "a BatchKVCache call without an array mask (the streams' left padding is only in the model's mask)"
+BLIND_ROW = (
+    "a query row of the bool mask sees no key (a left-padded prefill's padding rows): "
+    "mlx-lm's helper gives such a row a value of its own, the padded buffer would average its unwritten rows too"
+)
+
+
+@dataclass(frozen=True)
+class BatchFetch:
+    """What one ``BatchKVCache.update_and_fetch`` returned, and the buffer and row count it left."""
+
+    keys: Any
+    values: Any
+    buffer: tuple[Any, Any]
+    rows: int  # the cache's _idx
+
+
+def is_batch(cache: Any) -> bool:
+    """Whether ``cache`` is exactly mlx-lm's ``BatchKVCache``."""
+    from mlx_lm.models.cache import BatchKVCache
+
+    return type(cache) is BatchKVCache
+
+
+def record_fetch(update_and_fetch: Callable[..., Any]) -> Callable[..., Any]:
+    """``BatchKVCache.update_and_fetch`` that also records its result in the active optimized call, if any."""
+
+    def recording(cache: Any, keys: Any, values: Any) -> Any:
+        result = update_and_fetch(cache, keys, values)
+        call = ACTIVE.get()
+        if call is not None:
+            call.fetched[id(cache)] = (cache, BatchFetch(*result, (cache.keys, cache.values), cache._idx))
+        return result
+
+    recording.__wrapped__ = update_and_fetch  # type: ignore[attr-defined]
+    return recording
+
+
+def fetch_reason(keys: Any, values: Any, cache: Any, fetched: dict) -> str | None:
+    """None when ``keys``/``values`` are the batch cache's last fetch and it still holds that buffer; else why not."""
+    held, fetch = fetched.get(id(cache), (None, None))
+    if held is not cache or not isinstance(fetch, BatchFetch) or keys is not fetch.keys or values is not fetch.values:
+        return NOT_FETCHED
+    if cache.keys is not fetch.buffer[0] or cache.values is not fetch.buffer[1] or cache._idx != fetch.rows:
+        return "the cache changed between update_and_fetch and the attention call"
+    return None
+
+
+def unroutable(keys: Any, values: Any, cache: Any, mask: Any, fetched: dict) -> str | None:
+    """Why a ``BatchKVCache`` call cannot take the program (None when it can): see the module docstring."""
+    reason = fetch_reason(keys, values, cache, fetched)
+    if reason is not None:
+        return reason
+    if mask is None or isinstance(mask, str):
+        return NO_ARRAY_MASK
+    if mask.shape[-1] != cache._idx:
+        return f"the mask covers {mask.shape[-1]} keys, the BatchKVCache holds {cache._idx} rows"
+    if _has_blind_row(mask):
+        return BLIND_ROW
+    return None
+
+
+def _has_blind_row(mask: Any) -> bool:
+    """Whether a bool mask has a query row with no visible key (evaluates the mask: one small host sync)."""
+    import mlx.core as mx
+
+    return mask.dtype == mx.bool_ and not mx.all(mx.any(mask, axis=-1)).item()
+
+
+def arguments(queries: Any, cache: Any, mask: Any, pad: Callable[[Any, int], Any]) -> tuple:
+    """``(queries, keys, values, mask)``: the buffer, and the model's mask ``pad``-ded over its unwritten rows."""
+    extra = cache.keys.shape[2] - cache._idx
+    return queries, cache.keys, cache.values, pad(mask, extra) if extra else mask
+
+
+def is_qsa_batch(cache: Any) -> bool:
+    """Whether ``cache`` is exactly mlx-vlm Qwen4-Exp's ``BatchQSAKVCache``."""
+    from mlx_vlm.models.qwen4_exp.language import BatchQSAKVCache
+
+    return type(cache) is BatchQSAKVCache
+
+
+def unprovable_qsa(
+    queries: Any, keys: Any, values: Any, blocks: Any, query_ends: Any, cache: Any, block_size: int,
+    causal: bool, mask: Any, allow_sparse_decode: bool, fetched: dict, selections: dict,
+) -> str | None:  # fmt: skip
+    """Why a ``BatchQSAKVCache`` call cannot take the gather program (None when it can): see the module docstring."""
+    reason = vlm.model_keeps(queries, keys, values, blocks, query_ends, block_size, causal, mask, allow_sparse_decode)
+    if reason is not None:
+        return reason
+    reason = fetch_reason(keys, values, cache.kv_cache, fetched)
+    return reason or vlm.selection_reason(blocks, query_ends, cache, block_size, cache.kv_cache._idx, selections)
+
+
+def qsa_buffer(cache: Any) -> tuple[Any, Any]:
+    """The ``(keys, values)`` buffers a QSA cache holds: its own, or its inner ``BatchKVCache``'s."""
+    holder = cache.kv_cache if is_qsa_batch(cache) else cache
+    return holder.keys, holder.values
+
+
+__all__ = [
+    "BLIND_ROW", "NO_ARRAY_MASK", "BatchFetch", "arguments", "fetch_reason", "is_batch", "is_qsa_batch", "qsa_buffer",
+    "record_fetch", "unprovable_qsa", "unroutable",
+]  # fmt: skip

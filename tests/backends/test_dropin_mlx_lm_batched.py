@@ -1,0 +1,148 @@
+"""mlx-lm's batched generation (``BatchKVCache``) under ``optimize`` (backends/mlx/batched.py).
+
+``batch_generate`` runs three prompts of different lengths (left-padded
+streams, per-stream offsets) on tiny random models in float32, plain and
+optimized: the tokens and log-probabilities must be plain mlx-lm's, bit for
+bit, with the batched prefill and every decode step routed, also after a
+stream finishes and the batch is filtered, and with continuous batching (one
+prompt prefilled at a time, joining the running batch). A one-attention probe
+checks what the router substitutes (the buffer's valid rows are the helper's
+keys, the padding rows masked out for every stream) and what it declines, by
+name, among them a left-padded prefill whose padding rows see no key: forced
+through the program, exactly those rows would differ.
+"""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+
+from tests.util import assert_bits_equal, lazy_import, requires
+
+pytestmark = requires("mlx.core", "mlx_lm")
+
+mx = lazy_import("mlx.core")
+
+# CPU's decompose-sdpa on every call of at most 8 query rows, whatever the default device: float32 gives mlx-lm's bits
+PIPELINE = "raise-attention,decompose-sdpa{device=cpu},dce"
+PROMPTS = [[3, 17, 99, 250, 7, 8, 9, 10, 44], [5, 6, 7, 8, 9, 11], [40, 41, 42, 43]]  # prefill: 8 rows, padded
+MAX_TOKENS = [24, 16, 20]  # streams finish at different steps: the batch is filtered to 2, then 1 stream
+
+
+def generate(family: str, monkeypatch, **kwargs):
+    """``batch_generate`` of :data:`PROMPTS`, plain (counting its attention calls) then optimized."""
+    import importlib
+
+    from mlx_lm.generate import batch_generate
+
+    from attnpass.backends.mlx import optimize
+    from attnpass.models import tiny_lm, tiny_tokenizer
+
+    model, tokenizer = tiny_lm(family, dtype="float32"), tiny_tokenizer()
+    options = {"max_tokens": MAX_TOKENS, "return_token_ids": True, "return_logprobs": True, **kwargs}
+    module, helper, calls = importlib.import_module(f"mlx_lm.models.{family}"), "scaled_dot_product_attention", []
+    original = getattr(module, helper)
+    monkeypatch.setattr(module, helper, lambda *a, **k: calls.append(1) or original(*a, **k))
+    plain = batch_generate(model, tokenizer, PROMPTS, **options)
+    monkeypatch.undo()
+    with optimize(model, PIPELINE, strict=True) as opt:
+        optimized = batch_generate(model, tokenizer, PROMPTS, **options)
+    assert optimized.token_ids == plain.token_ids
+    assert_bits_equal(np.concatenate(optimized.logprobs), np.concatenate(plain.logprobs))
+    assert [len(t) for t in plain.token_ids] == MAX_TOKENS and len({tuple(t) for t in plain.token_ids}) == 3
+    assert opt.routed == len(calls) and not opt.declined  # every attention call of plain mlx-lm's run
+    return opt
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_batch_generate_is_identical_with_the_prefill_and_every_decode_step_routed(family, monkeypatch):
+    opt = generate(family, monkeypatch)
+    shapes = {e.signature.split(", ")[0] for e in opt.compiled.specializations}
+    # the 3 streams' prefill (8 rows, right-padded), then decode steps of 3, 2 and 1 streams
+    assert shapes == {"queries:f32[3,24,8,128]"} | {f"queries:f32[{b},24,1,128]" for b in (3, 2, 1)}
+    out = io.StringIO()
+    opt.explain(file=out)
+    assert f"routed {opt.routed} attention call(s)" in out.getvalue() and "declined: none" in out.getvalue()
+
+
+def test_continuous_batching_extends_the_running_batch_and_stays_identical(monkeypatch):
+    # one prompt prefilled at a time, each joining the decoding batch (BatchKVCache.extend: buffers re-padded)
+    opt = generate("llama", monkeypatch, prefill_batch_size=1)
+    shapes = {e.signature.split(", ")[0] for e in opt.compiled.specializations}
+    assert {"queries:f32[1,24,8,128]", "queries:f32[1,24,3,128]", "queries:f32[3,24,1,128]"} <= shapes
+
+
+def test_the_router_substitutes_the_buffer_with_each_streams_padding_or_declines_by_name(monkeypatch):
+    from mlx_lm.models import base
+    from mlx_lm.models.cache import BatchKVCache
+
+    from attnpass.backends.mlx import batched, optimize
+    from attnpass.backends.mlx.batched import BLIND_ROW, NO_ARRAY_MASK
+    from attnpass.backends.mlx.lm import OptimizedModel
+    from attnpass.backends.mlx.router import NOT_FETCHED
+    from tests.backends.lm_probe import SCALE, Probe
+
+    substituted = []
+    program_arguments = OptimizedModel._program_arguments
+    monkeypatch.setattr(OptimizedModel, "_program_arguments", _spy(program_arguments, substituted))
+    mx.random.seed(0)
+    padding, has_blind_row = [2, 0, 3], batched._has_blind_row
+    probe, kv = Probe(), BatchKVCache(left_padding=padding)
+
+    def model_mask(rows: int):  # BatchKVCache.make_mask, as the model builds it before the fetch
+        return lambda keys: base.create_causal_mask(rows, offset=keys - rows, left_padding=kv.left_padding)
+
+    def run(rows: int, mask, **kwargs):
+        q = mx.random.normal((3, 4, rows, 64))
+        k, v = mx.random.normal((2, 3, 2, rows, 64))
+        out = probe(q, k, v, kv, mask, **kwargs)
+        keys, values, given = probe.received
+        return out, base.scaled_dot_product_attention(q, keys, values, cache=kv, scale=SCALE, mask=given)
+
+    with optimize(probe, PIPELINE, strict=True) as opt:
+        # a left-padded prefill: its first rows of streams 0 and 2 see no key, mlx-lm's helper gives them its own value
+        out, expected = run(5, model_mask(5))
+        assert_bits_equal(np.array(out), np.array(expected))
+        assert opt.routed == 0 and opt.declined == {BLIND_ROW: 1}
+        # what the decline avoids: through the padded buffer the blind rows (and only they) would differ
+        kv.trim(5)
+        monkeypatch.setattr(batched, "_has_blind_row", lambda mask: False)
+        out, expected = run(5, model_mask(5))
+        monkeypatch.setattr(batched, "_has_blind_row", has_blind_row)
+        differ = np.array(out != expected).any(axis=(1, 3))  # [stream, row]
+        assert differ.tolist() == [[r < pad for r in range(5)] for pad in padding] and opt.routed == 1
+        for rows in (3, 1, 1):  # every row now sees its stream's keys
+            out, expected = run(rows, model_mask(rows))
+            assert_bits_equal(np.array(out), np.array(expected))
+            _, buffer_k, _, program_mask, structure = substituted[-1]
+            assert structure is None
+            n = kv._idx
+            assert_bits_equal(np.array(buffer_k[..., :n, :]), np.array(probe.received[0]))
+            visible = np.array(program_mask)
+            assert not visible[..., n:].any()  # the unwritten rows, for every stream and query row
+            for stream, pad in enumerate(padding):  # each stream's left padding stays masked out
+                assert not visible[stream, ..., :pad].any() and visible[stream, ..., pad:n].any()
+        assert opt.routed == 1 + 3 and opt.declined == {BLIND_ROW: 1}
+        for mask, kwargs, reason in [
+            (None, {}, NO_ARRAY_MASK),  # mlx-lm's helper would attend the padding: not the streams' attention
+            ("causal", {}, NO_ARRAY_MASK),
+            (model_mask(1), {"fetch": False}, NOT_FETCHED),
+            (model_mask(1), {"between": lambda c: c.trim(1)}, "the cache changed"),
+        ]:
+            declined = dict(opt.declined)
+            out, expected = run(1, mask, **kwargs)
+            assert_bits_equal(np.array(out), np.array(expected))  # mlx-lm's helper, as without optimize
+            new = [r for r in opt.declined if opt.declined[r] > declined.get(r, 0)]
+            assert len(new) == 1 and new[0].startswith(reason)
+    assert opt.routed == 1 + 3
+
+
+def _spy(program_arguments, substituted: list):
+    def spy(self, *args):
+        out = program_arguments(self, *args)
+        substituted.append(out)
+        return out
+
+    return spy
