@@ -6,7 +6,7 @@ graph per pass, bounded fixed point) in :mod:`attnpass.passes.manager`.
 Built-in passes register themselves by name when imported here.
 """
 
-from .base import Pass, PassError, PassResult, Remark, Remarks
+from .base import REASONS, Pass, PassError, PassResult, Remark, Remarks
 from .block_sparse import BlockSparse
 from .canonicalize import Canonicalize
 from .dce import DeadCodeElimination
@@ -30,7 +30,8 @@ from .split_kv import SplitKV
 __all__ = [
     "ANY", "BlockSparse", "Canonicalize", "DeadCodeElimination", "Decline", "DecomposeSDPA", "HeadChunkSDPA", "Instrumentation",
     "NarrowInputs", "Pass", "PassError", "PassManager", "PassResult", "PassTimings", "PipelineError",
-    "PrintAfterChange", "QSAGather", "QSAPoolCache", "RaiseAttention", "Remark", "Remarks", "Reproducer", "Rewriter",
+    "PrintAfterChange", "QSAGather", "QSAPoolCache", "REASONS", "RaiseAttention", "Remark", "Remarks", "Reproducer",
+    "Rewriter",
     "Rule", "ShardAttention", "SplitKV", "SwitchedPass", "apply_rules", "available_passes", "default_pipeline",
     "format_pipeline", "get_pass", "head_chunk_plan", "load_reproducer", "parse_pipeline", "register_pass",
 ]  # fmt: skip

@@ -98,25 +98,29 @@ def match_structure(graph: Graph, node: Node) -> Structure | Decline | None:
         return None
     value = _static(graph, mask)
     if isinstance(value, str):
-        return Decline(f"bool mask {mask} kept dense: {value}")
+        return Decline("mask_not_static", f"bool mask {mask} kept dense: {value}")
     s, t = graph.node(node.inputs[0]).type.shape[2], graph.node(node.inputs[1]).type.shape[2]
     plane = np.broadcast_to(value, value.shape[:-2] + (s, t)).reshape(-1, s, t)
     if not (plane == plane[:1]).all():
-        return Decline(f"bool mask {mask} kept dense: it differs across batch or heads")
+        return Decline("mask_not_structured", f"bool mask {mask} kept dense: it differs across batch or heads")
     lo0, hi0 = key_ranges(s, t, node.attrs["causal"], node.attrs["window"])
     seen = plane[0] & _intervals(lo0, hi0, t)
     first = np.where(seen.any(axis=1), seen.argmax(axis=1), 0)
     lo, hi = first, first + seen.sum(axis=1)
     gaps = np.flatnonzero((_intervals(lo, hi, t) != seen).any(axis=1))
     if gaps.size:
-        return Decline(f"bool mask {mask} kept dense: row {int(gaps[0])} sees keys that are not one interval")
+        return Decline(
+            "mask_not_structured",
+            f"bool mask {mask} kept dense: row {int(gaps[0])} sees keys that are not one interval",
+        )
     for causal, window in _candidates(seen, lo, hi):
         if np.array_equal(_intervals(*key_ranges(s, t, causal, window), t), seen):
             named = f"causal={causal!r}" + (f", window={tuple(window)}" if window else "")
             return Structure(mask, causal, window, f"bool mask {mask} is exactly {named} (all {s * t} pairs checked)")
     return Decline(
+        "mask_not_structured",
         f"bool mask {mask} kept dense: each row sees one interval of keys, but no causal kind, window or chunk "
-        "gives exactly these"
+        "gives exactly these",
     )
 
 

@@ -62,7 +62,7 @@ from typing import ClassVar
 from attnpass.ir import DType, Graph, Node
 
 from . import layout_algebra as la
-from .attention_match import Attention, Fail, MaskPlan, Operand, lifted, match_attention
+from .attention_match import Attention, MaskPlan, Operand, lifted, match_attention
 from .base import Pass, Remarks
 from .canonicalize import canonicalize_rules
 from .chains import exact_cast
@@ -81,10 +81,7 @@ def _softmax_rewrite(rw: Rewriter, m: Softmax) -> None:
 
 def _attention_match(graph: Graph, node: Node) -> Attention | Decline | None:
     """A matmul with a softmax (through layout ops and casts, or a few ops that change it) on a side, proven an sdpa."""
-    found = match_attention(graph, node)
-    if found is None:
-        return None
-    return Decline(found.reason, found.node) if isinstance(found, Fail) else found
+    return match_attention(graph, node)
 
 
 def _operand(rw: Rewriter, x: Operand, dtype: DType, hint: str) -> str:
