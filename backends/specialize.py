@@ -27,7 +27,6 @@ import abc
 import dataclasses
 import functools
 import inspect
-import re
 import sys
 import threading
 import time
@@ -214,20 +213,22 @@ class Specialization:
         return "\n".join(lines)
 
 
-RULE_HITS = "rule hits: "  # apply_rules' per-rule count list: the summary's applied lines already count the hits
 NODES_LISTED = 4  # node names a summary line lists before "(+N more)"
-_RULE_AT = re.compile(r" \(rule at [^)]*\)")
 
 
 def decision(remark: Remark) -> str:
     """The kind of decision a remark records, what :func:`remark_summary` groups by.
 
-    Its message's leading clause (``fold``, ``strategy decomposed (device cpu)``) without a
-    rule's source location; the whole message when it has no short leading clause.
+    Its rule (when not the pass) and reason code (when not the kind) in parentheses, then its
+    message's leading clause (``strategy decomposed (device cpu)``) when it has a short one; without
+    either, the whole message.
     """
+    tags = [t for t in (remark.rule, remark.reason) if t not in (None, remark.pass_name, remark.kind)]
     head, sep, _rest = remark.message.partition(": ")
-    head = _RULE_AT.sub("", head)
-    return head if sep and len(head) <= 60 else remark.message
+    clause = head if sep and len(head) <= 60 else ""
+    if tags:
+        return f"({', '.join(tags)})" + (f" {clause}" if clause else "")
+    return clause or remark.message
 
 
 def remark_summary(remarks: Sequence[Remark]) -> list[str]:
@@ -240,7 +241,7 @@ def remark_summary(remarks: Sequence[Remark]) -> list[str]:
     """
     groups: dict[tuple[str, str, str], list[Remark]] = {}
     for r in remarks:
-        if r.kind == "analysis" and r.message.startswith(RULE_HITS):
+        if r.reason == "rule_hits":
             continue
         groups.setdefault((r.pass_name, r.kind, decision(r)), []).append(r)
     lines = []

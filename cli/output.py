@@ -96,14 +96,13 @@ def format_remark(remark: "Remark", paths: Callable[[str], str], width: int = 0)
 
 
 def remarks_json(remarks: Iterable["Remark"], paths: Callable[[str], str]) -> str:
-    """Every remark whole, as a JSON list of objects (pass, rule, kind, node, message, loc)."""
+    """Every remark whole, as a JSON list of objects (pass, rule, kind, node, reason, message, loc)."""
     rows = []
     for r in remarks:
         loc = _relocated(r.loc, paths)
         where = None if loc is None else {"file": loc.file, "line": loc.line, "function": loc.function}
-        rows.append(
-            {"pass": r.pass_name, "rule": r.rule, "kind": r.kind, "node": r.node, "message": r.message, "loc": where}
-        )
+        fields = {"pass": r.pass_name, "rule": r.rule, "kind": r.kind, "node": r.node, "reason": r.reason}
+        rows.append({**fields, "message": r.message, "loc": where})
     return json.dumps(rows, indent=1, ensure_ascii=False) + "\n"
 
 

@@ -413,7 +413,7 @@ def run_case(case: Case) -> Row:
     chunked, chunk_remarks, chunk_failure = _apply("head-chunk", raised)
     sdpa = sum(node.op == "sdpa" for node in raised.nodes())
     # the attention rule's declines (raise-attention's canonicalize sweep declines folds too: not the point here)
-    declined = [str(r) for r in remarks if r.kind == "declined" and r.message.startswith(("attention", "softmax"))]
+    declined = [str(r) for r in remarks if r.kind == "declined" and r.rule in ("attention", "softmax")]
     common = dict(
         raised=sdpa,
         chunked=(sum(r.kind == "applied" for r in chunk_remarks), _eligible(raised)),

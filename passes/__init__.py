@@ -7,7 +7,7 @@ Built-in passes register themselves by name when imported here.
 """
 
 from .device_pipelines import default_pipeline
-from .infra.base import Pass, PassError, PassResult, Remark, Remarks
+from .infra.base import REASONS, Pass, PassError, PassResult, Remark, Remarks
 from .infra.instrument import Instrumentation, PassTimings, PrintAfterChange
 from .infra.manager import PassManager
 from .infra.pipeline_text import format_pipeline, parse_pipeline
@@ -30,7 +30,8 @@ from .rewrites.split_kv import SplitKV
 __all__ = [
     "ANY", "BlockSparse", "Canonicalize", "DeadCodeElimination", "Decline", "DecomposeSDPA", "HeadChunkSDPA", "Instrumentation",
     "NarrowInputs", "Pass", "PassError", "PassManager", "PassResult", "PassTimings", "PipelineError",
-    "PrintAfterChange", "QSAGather", "QSAPoolCache", "RaiseAttention", "Remark", "Remarks", "Reproducer", "Rewriter",
+    "PrintAfterChange", "QSAGather", "QSAPoolCache", "REASONS", "RaiseAttention", "Remark", "Remarks", "Reproducer",
+    "Rewriter",
     "Rule", "ShardAttention", "SplitKV", "SwitchedPass", "apply_rules", "available_passes", "default_pipeline",
     "format_pipeline", "get_pass", "head_chunk_plan", "load_reproducer", "parse_pipeline", "register_pass",
 ]  # fmt: skip

@@ -10,8 +10,8 @@ runs over the head dims (the roots' last axes) in order; every score pairs
 query row ``(b, h, s)`` with key row ``(b, h // G, t)`` exactly once; the
 softmax normalises over exactly the key axis; ``P·V`` pairs key ``t`` with
 value row ``t`` of the same KV head; each mask reaches the scores without
-reordering its ``[..., S, T]`` axes. Each failure is a :class:`Fail` naming
-what did not match.
+reordering its ``[..., S, T]`` axes. Each failure is a :class:`~.rewrite.Decline`: a
+reason code, what did not match, where, and how far the check got (``stage``).
 
 Roots are rank 4 (``[B, H, S, D]`` or ``[B, S, H, D]``) or unbatched rank 3
 (``[H, S, D]`` or ``[S, H, D]``; sdpa gets them with a unit batch axis in
@@ -61,15 +61,6 @@ def order_name(order: Order, rows: str = "s") -> str:
     names = ["B", "", "", ""]
     names[heads_at], names[rows_at], names[dim_at] = "H", rows.upper(), "D"
     return "[" + ", ".join(names) + "]"
-
-
-@dataclass(frozen=True)
-class Fail:
-    """Why a candidate is not an sdpa, and at which node (``stage`` ranks how far the check got)."""
-
-    reason: str
-    node: str
-    stage: int = 0
 
 
 @dataclass(frozen=True)
@@ -314,7 +305,7 @@ def _pair_heads(qa: Atom, ka: Atom | None, k_role: str | None, group: int, hkv: 
     return None
 
 
-def _probability_change(graph: Graph, value: str, depth: int = 3) -> Fail | None:
+def _probability_change(graph: Graph, value: str, depth: int = 3) -> Decline | None:
     """A candidate a few elementwise ops (or a slice) away from P·V: ``value`` changes a softmax output
     before P·V reads it. The failure names the op next to the softmax."""
     node = graph.node(walk(graph, value).root)
@@ -330,24 +321,30 @@ def _probability_change(graph: Graph, value: str, depth: int = 3) -> Fail | None
         if node.op == "slice":
             source = graph.node(walk(graph, softmax.inputs[0]).root)
             if source.op == "concat":
-                return Fail(
+                return Decline(
+                    "probabilities_changed",
                     f"P·V reads slice {node.name} of softmax {softmax.name} over concat {source.name}: the softmax "
                     "also normalizes over columns P·V drops, not as sdpa's sinks (one column per row, along the "
                     "softmax axis, before or after the scores, sliced back out exactly)", node.name, 1,
                 )  # fmt: skip
-            return Fail(
+            return Decline(
+                "probabilities_changed",
                 f"P·V reads slice {node.name} of softmax {softmax.name}; sdpa reads all the keys it normalizes over",
                 node.name,
                 1,
             )
         if node.op in ("mul", "div"):
-            return Fail(
+            return Decline(
+                "probabilities_changed",
                 f"{node.op} {node.name} scales the probabilities after the softmax; sdpa scales the scores",
                 node.name,
                 1,
             )
-        return Fail(
-            f"{node.op} {node.name} changes the probabilities between softmax {softmax.name} and P·V", node.name, 1
+        return Decline(
+            "probabilities_changed",
+            f"{node.op} {node.name} changes the probabilities between softmax {softmax.name} and P·V",
+            node.name,
+            1,
         )
     return None
 
@@ -404,7 +401,7 @@ class _Matcher:
         self.g = graph
         self.pv = pv
 
-    def run(self) -> Attention | Fail | None:
+    def run(self) -> Attention | Decline | None:
         g, pv = self.g, self.pv
         sink_form = None
         for flip_pv in (False, True):  # P·V, or (P·V)ᵀ written as vᵀ·Pᵀ
@@ -419,12 +416,12 @@ class _Matcher:
         v_chain = walk(g, pv.inputs[0 if flip_pv else 1], scales=True)
         found = score_steps(g, softmax.inputs[0] if sink_form is None else sink_form[2])
         if isinstance(found, Decline):
-            return Fail(found.reason, found.node or softmax.name, 1)
+            return replace(found, node=found.node or softmax.name, stage=1)
         steps, qk = found
         algebra = score_algebra(g, steps)
         if isinstance(algebra, Decline):
-            return Fail(algebra.reason, algebra.node or softmax.name, 1)
-        best: Fail | None = None  # the most telling failure of the roots as they are; views only add successes
+            return replace(algebra, node=algebra.node or softmax.name, stage=1)
+        best: Decline | None = None  # the most telling failure of the roots as they are; views only add successes
         repeated: Attention | None = None  # a success whose k or v root repeats heads: kept while a GQA one is sought
         for roots_of in (value_roots, view_roots):
             for flip_qk in (False, True):  # q·kᵀ, or (q·kᵀ)ᵀ written as k·qᵀ
@@ -439,7 +436,7 @@ class _Matcher:
                     f"{r} {g.node(c.root).type}" for r, c in chains.items() if not g.node(c.root).type.dtype.is_float
                 ]
                 if bad:
-                    return Fail(f"the roots {', '.join(bad)} are not float tensors", pv.name, 2)
+                    return Decline("not_float", f"the roots {', '.join(bad)} are not float tensors", pv.name, 2)
                 roots = {r: roots_of(g, c, dim_axis[r]) for r, c in chains.items()}
                 for q, k, v, orders in self.readings(roots):
                     repeats = _broadcast_before(chains["k"], k) or _broadcast_before(chains["v"], v)
@@ -458,7 +455,8 @@ class _Matcher:
             return repeated
         if best is None:
             shapes = ", ".join(f"{r} {list(g.node(c.root).type.shape)}" for r, c in named.items())
-            best = Fail(
+            best = Decline(
+                "axes_mismatch",
                 f"no reading of the roots {shapes} as [B, H, S, D] or [B, S, H, D] (unbatched: [H, S, D] or "
                 "[S, H, D]) gives k and v one number of heads dividing q's, one length and q and k one head dim",
                 qk.name, 2,
@@ -488,7 +486,7 @@ class _Matcher:
 
     def check(
         self, chains, orders, flips, steps: list[Step], algebra: ScoreAlgebra, qk, softmax, p_chain
-    ) -> Attention | Fail:
+    ) -> Attention | Decline:
         g = self.g
         qs, ks, vs = (chains[r].view for r in "qkv")
         (qh, qr, qd), (kh, kr, kd), (vh, vr, vd) = orders
@@ -498,23 +496,25 @@ class _Matcher:
         group = hq // hkv
         a_layout, b_layout = start_layout(g, chains["q"]), start_layout(g, chains["k"])
         if a_layout is None or b_layout is None:
-            return Fail("a reshape on the q or k path mixes axes unevenly", qk.name, 2)
+            return Decline("uneven_reshape", "a reshape on the q or k path mixes axes unevenly", qk.name, 2)
         if flips[0]:
             a_layout, b_layout = _swap_last(a_layout), _swap_last(b_layout)
         if not _walks(a_layout[-1], qd, d):
-            return Fail(
+            return Decline(
+                "axes_mismatch",
                 f"q·kᵀ contracts q over {describe(a_layout[-1], q_names)}, not q's {_dim_axis(qd)} (head dim {d})",
                 qk.name,
                 3,
             )
         if not _walks(b_layout[-2], kd, ks[kd]) or ks[kd] != d:
-            return Fail(
+            return Decline(
+                "axes_mismatch",
                 f"q·kᵀ contracts k over {describe(b_layout[-2], k_names)}, not k's {_dim_axis(kd)} "
                 f"(head dim {ks[kd]}): check the transpose of k", qk.name, 3,
             )  # fmt: skip
         factors = _matmul_factors(a_layout, b_layout)
         if isinstance(factors, str):
-            return Fail(f"q·kᵀ: {factors}", qk.name, 3)
+            return Decline("axes_mismatch", f"q·kᵀ: {factors}", qk.name, 3)
         q_roles, k_roles = {0: "b", qh: "h", qr: "s"}, {0: "b", kh: "h", kr: "t"}
         score_layout = [
             [self._score_atom(qa, ka, q_roles, k_roles, group, hkv, q_names, k_names) for qa, ka in axis_factors]
@@ -523,21 +523,23 @@ class _Matcher:
         sizes = (qs[0], hq, qs[qr], ks[kr])
         score_layout, bad, role = _settled(score_layout, flips[0], sizes)
         if bad:
-            return Fail(f"q·kᵀ {where}: {bad}", qk.name, 4)
+            return Decline("axes_mismatch", f"q·kᵀ {where}: {bad}", qk.name, 4)
         if role is not None:
-            return Fail(
+            return Decline(
+                "axes_mismatch",
                 f"the scores do not cover query/key {ROLE_NAMES[role]} (size {sizes[role]}) exactly once {where}",
                 qk.name,
                 4,
             )
         found = self.masks(steps, algebra, tuple(score_layout), sizes)
-        if isinstance(found, Fail):
+        if isinstance(found, Decline):
             return found
         layout, mask = found
         axis = softmax.attrs["axis"] % softmax.type.rank
         if not _walks(layout[axis], 3, sizes[3]):
             got = describe(layout[axis], ROLE_NAMES)
-            return Fail(
+            return Decline(
+                "axes_mismatch",
                 f"softmax {softmax.name} normalizes axis {softmax.attrs['axis']} walking {got}, not the keys (t:{sizes[3]})",
                 softmax.name,
                 6,
@@ -545,21 +547,27 @@ class _Matcher:
         p_layout = replay(p_chain.nodes, layout)
         v_layout = start_layout(g, chains["v"])
         if p_layout is None or v_layout is None:
-            return Fail("a reshape on the probabilities or v path mixes axes unevenly", self.pv.name, 7)
+            return Decline(
+                "uneven_reshape", "a reshape on the probabilities or v path mixes axes unevenly", self.pv.name, 7
+            )
         if flips[1]:
             p_layout, v_layout = _swap_last(p_layout), _swap_last(v_layout)
         if not _walks(p_layout[-1], 3, sizes[3]) or not _walks(v_layout[-2], vr, vs[vr]) or vs[vr] != sizes[3]:
-            return Fail(
+            return Decline(
+                "axes_mismatch",
                 f"P·V contracts P over {describe(p_layout[-1], ROLE_NAMES)} and v over {describe(v_layout[-2], v_names)}; "
                 f"sdpa contracts keys t:{sizes[3]} with v's rows", self.pv.name, 7,
             )  # fmt: skip
         if not _walks(v_layout[-1], vd, vs[vd]):
-            return Fail(
-                f"P·V keeps {describe(v_layout[-1], v_names)} of v, not v's last axis (head dim)", self.pv.name, 7
+            return Decline(
+                "axes_mismatch",
+                f"P·V keeps {describe(v_layout[-1], v_names)} of v, not v's last axis (head dim)",
+                self.pv.name,
+                7,
             )
         pv_factors = _matmul_factors(p_layout, v_layout)
         if isinstance(pv_factors, str):
-            return Fail(f"P·V: {pv_factors}", self.pv.name, 7)
+            return Decline("axes_mismatch", f"P·V: {pv_factors}", self.pv.name, 7)
         last = len(pv_factors) - 1
         out_layout = [
             [self._out_atom(pa, va, vh, group, hkv, v_names, last=i == last) for pa, va in axis_factors]
@@ -568,14 +576,18 @@ class _Matcher:
         out_sizes = (qs[0], hq, qs[qr], vs[vd])
         out_layout, bad, role = _settled(out_layout, flips[1], out_sizes)
         if bad:
-            return Fail(f"P·V {where}: {bad}", self.pv.name, 8)
+            return Decline("axes_mismatch", f"P·V {where}: {bad}", self.pv.name, 8)
         if role is not None:
-            return Fail(
-                f"P·V does not produce every output {('b', 'h', 's', 'dv')[role]} exactly once", self.pv.name, 8
+            return Decline(
+                "axes_mismatch",
+                f"P·V does not produce every output {('b', 'h', 's', 'dv')[role]} exactly once",
+                self.pv.name,
+                8,
             )
         scale = chains["q"].scale * chains["k"].scale * algebra.scale
         if scale == 0 or not math.isfinite(scale):
-            return Fail(
+            return Decline(
+                "bad_scale",
                 f"the scales on q, k and the scores multiply to {scale:g}; sdpa needs a finite, non-zero scale",
                 qk.name,
                 8,
@@ -587,12 +599,12 @@ class _Matcher:
         if self.sink is None:
             return found
         sinks = self.sinks(layout, sizes)
-        if isinstance(sinks, Fail):
+        if isinstance(sinks, Decline):
             return sinks
         shown = f"{sinks:g} for every head" if isinstance(sinks, float) else f"{sinks[0]} (per query head)"
         return replace(found, sinks=sinks, summary=found.summary + f"; sinks {shown}")
 
-    def sinks(self, layout: Layout, sizes: tuple[int, ...]) -> tuple[str, tuple[int, ...]] | float | Fail:
+    def sinks(self, layout: Layout, sizes: tuple[int, ...]) -> tuple[str, tuple[int, ...]] | float | Decline:
         """The sink column as sdpa's ``[Hq]`` sinks: its root laid out ``(1, Hq, 1, 1)`` (or ``(1, 1, 1, 1)``),
         or a splat constant's value; else why it is not one logit per query head."""
         g = self.g
@@ -603,17 +615,20 @@ class _Matcher:
             return value
         probe = Node(sink, "add", (scores, sink), {}, g.node(scores).type)
         found = self.mask(MaskUse(Step(probe, "add", scores, mask=sink), 1.0), layout, sizes)
-        if isinstance(found, Fail):
-            return Fail(f"sink column {sink}: " + found.reason.replace("mask ", "", 1), sink, 9)
+        if isinstance(found, Decline):
+            return Decline("sinks_form", f"sink column {sink}: " + found.message.replace("mask ", "", 1), sink, 9)
         if found[1][0] != 1 or found[1][2:] != (1, 1):
-            return Fail(
+            return Decline(
+                "sinks_form",
                 f"sink column {sink} varies over {found[1]} of [B, Hq, S, T]; "
                 "sdpa's sinks are one logit per query head",
                 sink, 9,
             )  # fmt: skip
         return found
 
-    def masks(self, steps: list[Step], algebra: ScoreAlgebra, layout: Layout, sizes) -> tuple[Layout, MaskPlan] | Fail:
+    def masks(
+        self, steps: list[Step], algebra: ScoreAlgebra, layout: Layout, sizes
+    ) -> tuple[Layout, MaskPlan] | Decline:
         """The scores layout at the softmax, and every mask laid out as sdpa takes it."""
         uses = {u.step.node.name: u for u in (*algebra.bools, *((algebra.additive,) if algebra.additive else ()))}
         bools, additive, nan_rows, finite = [], None, False, []
@@ -623,10 +638,12 @@ class _Matcher:
             if use is None:
                 current = replay([step.node], current)
                 if current is None:
-                    return Fail(f"reshape {step.node.name} mixes score axes unevenly", step.node.name, 5)
+                    return Decline(
+                        "uneven_reshape", f"reshape {step.node.name} mixes score axes unevenly", step.node.name, 5
+                    )
                 continue
             found = self.mask(use, current, sizes)
-            if isinstance(found, Fail):
+            if isinstance(found, Decline):
                 return found
             if step.kind == "where":
                 bools.append(found)
@@ -636,26 +653,37 @@ class _Matcher:
                 additive = (*found, use.factor)
         return current, MaskPlan(tuple(bools), additive, nan_rows, tuple(finite))
 
-    def mask(self, use: MaskUse, layout: Layout, sizes: tuple[int, ...]) -> tuple[str, tuple[int, ...]] | Fail:
+    def mask(self, use: MaskUse, layout: Layout, sizes: tuple[int, ...]) -> tuple[str, tuple[int, ...]] | Decline:
         """The mask root and its [B, Hq, S, T]-broadcastable shape, or why it does not fit."""
         g = self.g
         node, value = use.step.node, use.step.mask
         kind = "bool" if use.step.kind == "where" else "additive"
         mtype = g.node(value).type
         if node.type.shape != g.node(use.step.scores).type.shape:
-            return Fail(f"the mask of {node.op} {node.name} broadcasts the scores to {node.type}", node.name, 5)
+            return Decline(
+                "mask_layout", f"the mask of {node.op} {node.name} broadcasts the scores to {node.type}", node.name, 5
+            )
         if (kind == "bool") != (mtype.dtype is DType.bool):
-            return Fail(f"the {kind} mask {value} of {node.name} has dtype {mtype.dtype.value}", node.name, 5)
+            return Decline(
+                "mask_layout", f"the {kind} mask {value} of {node.name} has dtype {mtype.dtype.value}", node.name, 5
+            )
         root, nodes = _mask_chain(g, value)
         shape = g.node(root).type.shape
         m_layout = replay(nodes, la.root_layout(shape))
         if m_layout is None:
-            return Fail(f"a reshape on the mask path of {node.name} mixes axes unevenly", node.name, 5)
+            return Decline(
+                "uneven_reshape", f"a reshape on the mask path of {node.name} mixes axes unevenly", node.name, 5
+            )
         pairs = []
         for axis, (s_atoms, m_atoms) in enumerate(zip(layout, la.broadcast(m_layout, node.type.shape))):
             refined = la.refine(s_atoms, m_atoms)
             if refined is None:
-                return Fail(f"mask {root} and the scores split axis {axis} of {node.name} differently", node.name, 5)
+                return Decline(
+                    "mask_layout",
+                    f"mask {root} and the scores split axis {axis} of {node.name} differently",
+                    node.name,
+                    5,
+                )
             pairs += [(sa, ma) for sa, ma in refined if ma is not None]
         groups: list[tuple[int, list[int]]] = []  # (role, root axes): consecutive axes walking one score axis
         for axis, size in enumerate(shape):
@@ -665,7 +693,9 @@ class _Matcher:
             roles = {sa.axis if sa is not None else None for sa, _ma in mine}
             if len(roles) != 1 or None in roles:
                 shown = ", ".join(sorted(ROLE_NAMES[r] if r is not None else "none" for r in roles)) or "none"
-                return Fail(f"mask {root} axis {axis} walks score axes ({shown}), not one of them", node.name, 5)
+                return Decline(
+                    "mask_layout", f"mask {root} axis {axis} walks score axes ({shown}), not one of them", node.name, 5
+                )
             (role,) = roles
             if groups and groups[-1][0] == role:
                 groups[-1][1].append(axis)
@@ -679,12 +709,18 @@ class _Matcher:
             whole = size == sizes[role] and la.covers([sa for sa, _ma in mine], size)
             if not whole or any(sa.stride != ma.stride * inner[ma.axis] for sa, ma in mine):
                 shown = f"axis {axes[0]}" if len(axes) == 1 else f"axes {', '.join(map(str, axes))}"
-                return Fail(f"mask {root} {shown} (size {size}) is not the whole {ROLE_NAMES[role]} axis", node.name, 5)
+                return Decline(
+                    "mask_layout",
+                    f"mask {root} {shown} (size {size}) is not the whole {ROLE_NAMES[role]} axis",
+                    node.name,
+                    5,
+                )
             order.append(role)
             shape4[role] = size
         if order != sorted(order):
             shown = ", ".join(ROLE_NAMES[r] for r in order)
-            return Fail(
+            return Decline(
+                "mask_layout",
                 f"mask {root} has axes ({shown}); sdpa masks are laid out [..., S, T] and a reordered mask is not raised",
                 node.name, 5,
             )  # fmt: skip
@@ -768,9 +804,9 @@ class _Matcher:
         return f"P's {ROLE_NAMES[pa.axis]} axis pairs with v's {v_names[va.axis] if va else 'nothing'}"
 
 
-def match_attention(graph: Graph, pv: Node) -> Attention | Fail | None:
+def match_attention(graph: Graph, pv: Node) -> Attention | Decline | None:
     """Prove that matmul ``pv`` computes an sdpa; None when it is not P·V of a softmax at all."""
     return _Matcher(graph, pv).run()
 
 
-__all__ = ["Attention", "Fail", "MaskPlan", "Operand", "lifted", "match_attention"]
+__all__ = ["Attention", "MaskPlan", "Operand", "lifted", "match_attention"]

@@ -97,15 +97,15 @@ def match_structure(graph: Graph, node: Node) -> Structure | Decline | None:
         return None
     value = _static(graph, mask)
     if isinstance(value, str):
-        return Decline(f"bool mask {mask} kept dense: {value}")
+        return Decline("mask_not_static", f"bool mask {mask} kept dense: {value}")
     s, t = graph.node(node.inputs[0]).type.shape[2], graph.node(node.inputs[1]).type.shape[2]
     plane = np.broadcast_to(value, value.shape[:-2] + (s, t)).reshape(-1, s, t)
     if not (plane == plane[:1]).all():
-        return Decline(f"bool mask {mask} kept dense: it differs across batch or heads")
+        return Decline("mask_not_structured", f"bool mask {mask} kept dense: it differs across batch or heads")
     lo0, hi0 = key_ranges(s, t, node.attrs["causal"], node.attrs["window"])
     found = plane_structure(plane[0] & _intervals(lo0, hi0, t))
     if isinstance(found, str):
-        return Decline(f"bool mask {mask} kept dense: {found}")
+        return Decline("mask_not_structured", f"bool mask {mask} kept dense: {found}")
     causal, window = found
     named = f"causal={causal!r}" + (f", window={tuple(window)}" if window else "")
     return Structure(mask, causal, window, f"bool mask {mask} is exactly {named} (all {s * t} pairs checked)")

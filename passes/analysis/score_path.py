@@ -130,7 +130,9 @@ class _ScorePath:
             sides = [i for i in (0, 1) if self.reaches_matmul(node.inputs[i])]
             if node.op == "sub" and sides == [1]:
                 return Decline(
-                    f"sub {node.name} subtracts the scores from {node.inputs[0]}; sdpa adds a mask to them", node.name
+                    "mask_form",
+                    f"sub {node.name} subtracts the scores from {node.inputs[0]}; sdpa adds a mask to them",
+                    node.name,
                 )
             if sides:
                 i = (
@@ -145,6 +147,7 @@ class _ScorePath:
             if not self.reaches_matmul(node.inputs[1]):
                 if self.reaches_matmul(node.inputs[2]):
                     return Decline(
+                        "mask_form",
                         f"where {node.name} keeps the scores where {node.inputs[0]} is False; "
                         "sdpa's bool mask keeps them where it is True",
                         node.name,
@@ -153,15 +156,20 @@ class _ScorePath:
                 fill = scalar_constant(g, node.inputs[2])
                 if fill is None:
                     return Decline(
-                        f"where {node.name} fills masked scores with {node.inputs[2]}, not a constant", node.name
+                        "mask_form",
+                        f"where {node.name} fills masked scores with {node.inputs[2]}, not a constant",
+                        node.name,
                     )
                 return Step(node, "where", node.inputs[1], mask=node.inputs[0], fill=fill)
         if node.op in ("add", "sub", "where"):
             return Decline(
-                f"the softmax input does not come from a q·kᵀ matmul (it reaches {node.op} {node.name})", node.name
+                "not_attention",
+                f"the softmax input does not come from a q·kᵀ matmul (it reaches {node.op} {node.name})",
+                node.name,
             )
         what = NOT_SDPA.get(node.op, "a step sdpa does not have")
         return Decline(
+            "not_attention",
             f"the scores pass through {node.op} {node.name} before the softmax: {what}; "
             "sdpa computes softmax(q·kᵀ·scale + mask)",
             node.name,
@@ -234,10 +242,15 @@ def score_algebra(graph: Graph, steps: list[Step]) -> ScoreAlgebra | Decline:
     for i in caps:
         step = steps[i]
         if len(caps) > 1:
-            return Decline(f"two soft-caps reach the scores ({steps[caps[1]].node.name}); sdpa has one", step.node.name)
+            return Decline(
+                "softcap_form",
+                f"two soft-caps reach the scores ({steps[caps[1]].node.name}); sdpa has one",
+                step.node.name,
+            )
         after = next((s for s in steps[i + 1 :] if s.kind == "scale"), None)
         if after is not None:
             return Decline(
+                "softcap_form",
                 f"the soft-capped scores ({step.node.name}, cap {step.factor:g}) are scaled by {after.factor:g} "
                 f"after the cap ({after.node.name}); sdpa caps the scaled scores last",
                 after.node.name,
@@ -245,6 +258,7 @@ def score_algebra(graph: Graph, steps: list[Step]) -> ScoreAlgebra | Decline:
         before = next((s for s in steps[:i] if s.kind in ("add", "where")), None)
         if before is not None:
             return Decline(
+                "softcap_form",
                 f"mask step {before.node.name} comes before the soft-cap {step.node.name}; sdpa caps, then masks",
                 before.node.name,
             )
@@ -256,12 +270,14 @@ def score_algebra(graph: Graph, steps: list[Step]) -> ScoreAlgebra | Decline:
     if len(adds) > 1:
         names = ", ".join(u.step.mask for u in adds)
         return Decline(
+            "inexact",
             f"additive masks {names} all reach the scores; sdpa takes one, and their sum would round",
             adds[1].step.node.name,
         )
     for use in adds:
         if use.factor not in (1.0, -1.0) and not _power_of_two(use.factor):
             return Decline(
+                "inexact",
                 f"mask {use.step.mask} is added before the scores are scaled by {use.factor:g} "
                 f"(softmax((q·kᵀ + m)·{use.factor:g})); sdpa adds its mask after scaling, and m·{use.factor:g} "
                 "is not exact (not a power of two)", use.step.node.name,
@@ -271,6 +287,7 @@ def score_algebra(graph: Graph, steps: list[Step]) -> ScoreAlgebra | Decline:
         node, fill, factor = use.step.node, use.step.fill, use.factor
         if factor < 0:
             return Decline(
+                "inexact",
                 f"the scores masked by where {node.name} are scaled by {factor:g} after it: "
                 f"the fill {fill:g} no longer masks",
                 node.name,
@@ -279,6 +296,7 @@ def score_algebra(graph: Graph, steps: list[Step]) -> ScoreAlgebra | Decline:
         limit = fill_limit(dtype)
         if math.isnan(reached) or reached > -limit:
             return Decline(
+                "inexact",
                 f"where {node.name} fills masked scores with {fill:g}"
                 + (f", which reaches the softmax as {reached:g}" if reached != fill and not math.isnan(fill) else "")
                 + f"; a fill is exactly a mask only if it is -inf or <= {-limit:.3g} ({_limit_reason(dtype)})",
@@ -286,12 +304,14 @@ def score_algebra(graph: Graph, steps: list[Step]) -> ScoreAlgebra | Decline:
             )  # fmt: skip
         if math.isfinite(reached) and any(u.step.node.name in {s.node.name for s in steps[i + 1 :]} for u in adds):
             return Decline(
+                "inexact",
                 f"where {node.name} fills with the finite {fill:g} and a mask is added after it: "
                 "the sum is no longer a fill",
                 node.name,
             )
         if math.isfinite(reached) and adds:
             return Decline(
+                "inexact",
                 f"where {node.name} fills with the finite {fill:g} over scores with the additive mask "
                 f"{adds[0].step.mask}: a row the bool mask leaves without a key is the mean of V in the source, "
                 "but NaN under sdpa's one mask (where(bool, additive, -inf))",
@@ -301,6 +321,7 @@ def score_algebra(graph: Graph, steps: list[Step]) -> ScoreAlgebra | Decline:
     if len({repr(u.fill) for u in masks}) > 1:
         first, other = masks[0], next(u for u in masks if repr(u.fill) != repr(masks[0].fill))
         return Decline(
+            "inexact",
             f"where {first.step.node.name} and where {other.step.node.name} fill with {first.fill:g} and "
             f"{other.fill:g} (at the softmax): a row both leave without a key weighs only the keys of the larger "
             "fill, where sdpa gives such a row the mean of V (or NaN)",

@@ -57,24 +57,32 @@ def reduced_axis(graph: Graph, value: str, kind: str, source: str) -> int | Decl
         elif kind == "max" and node.op == "maximum":
             clamp = [i for i in (0, 1) if scalar_constant(graph, node.inputs[i]) == -math.inf]
             if not clamp:
-                return Decline(f"{node.name} clamps the max with {list(node.inputs)}, not with -inf", node.name)
+                return Decline(
+                    "not_softmax", f"{node.name} clamps the max with {list(node.inputs)}, not with -inf", node.name
+                )
             node = graph.node(node.inputs[1 - clamp[0]])
         else:
             break
     if node.op != kind:
-        return Decline(f"{value} comes from {node.op} {node.name}, not from the {kind} of {source}", node.name)
+        return Decline(
+            "not_softmax", f"{value} comes from {node.op} {node.name}, not from the {kind} of {source}", node.name
+        )
     y = node.inputs[0]
     source_line, y_line = _lineage(graph, source), _lineage(graph, y)
     source_names = [n.name for n in source_line]
     common = next((n for n in y_line if n.name in source_names), None)
     if common is None:
-        return Decline(f"{kind} {node.name} reduces {y}, which is not {source} up to layout and rounding", node.name)
+        return Decline(
+            "not_softmax", f"{kind} {node.name} reduces {y}, which is not {source} up to layout and rounding", node.name
+        )
     base = la.root_layout(common.type.shape)
     lx = replay(source_line[: source_names.index(common.name)][::-1], base)
     ly = replay(y_line[: [n.name for n in y_line].index(common.name)][::-1], base)
     axes = sorted({a % graph.node(y).type.rank for a in node.attrs["axes"]})
     if lx is None or ly is None:
-        return Decline(f"a reshape between {common.name} and {kind} {node.name} mixes axes unevenly", node.name)
+        return Decline(
+            "uneven_reshape", f"a reshape between {common.name} and {kind} {node.name} mixes axes unevenly", node.name
+        )
     reduced = tuple(a for i in axes for a in ly[i])
     kept = (
         tuple(() if i in axes else atoms for i, atoms in enumerate(ly))
@@ -84,7 +92,9 @@ def reduced_axis(graph: Graph, value: str, kind: str, source: str) -> int | Decl
     lm = replay(outer[::-1], kept)
     shape = graph.node(source).type.shape
     if lm is None or len(lm) > len(shape):
-        return Decline(f"the layout ops after {kind} {node.name} do not broadcast it back onto {source}", node.name)
+        return Decline(
+            "not_softmax", f"the layout ops after {kind} {node.name} do not broadcast it back onto {source}", node.name
+        )
     lm = la.broadcast(lm, shape)
     for axis in range(len(shape)):
         if _sorted_atoms(lx[axis]) != _sorted_atoms(reduced) or any(a.axis is not None for a in lm[axis]):
@@ -92,6 +102,7 @@ def reduced_axis(graph: Graph, value: str, kind: str, source: str) -> int | Decl
         if all(la.normalize(lm[i]) == la.normalize(lx[i]) for i in range(len(shape)) if i != axis):
             return axis
     return Decline(
+        "not_softmax",
         f"{kind} {node.name} over axes {axes} of {y}, broadcast back, is not the {kind} of {source} "
         "along one of its axes",
         node.name,
@@ -118,21 +129,28 @@ def match_softmax(graph: Graph, div: Node) -> Softmax | Decline | None:
     x_type = graph.node(x).type
     if not x_type.dtype.is_float or sub.type.shape != x_type.shape:
         return Decline(
+            "not_softmax",
             f"exp({sub.name}) subtracts {sub.inputs[1]} from {x} : {x_type}, which is not a float tensor it reduces",
             sub.name,
         )
     max_axis = reduced_axis(graph, sub.inputs[1], "max", x)
     if isinstance(max_axis, Decline):
-        return Decline(f"exp({sub.name}) does not subtract the max of {x}: {max_axis.reason}", max_axis.node)
+        return Decline(
+            max_axis.reason, f"exp({sub.name}) does not subtract the max of {x}: {max_axis.message}", max_axis.node
+        )
     sum_axis = reduced_axis(graph, div.inputs[1], "sum", div.inputs[0])
     if isinstance(sum_axis, Decline):
-        return Decline(f"{div.name} does not divide by the sum of {exp.name}: {sum_axis.reason}", sum_axis.node)
+        return Decline(
+            sum_axis.reason, f"{div.name} does not divide by the sum of {exp.name}: {sum_axis.message}", sum_axis.node
+        )
     if max_axis != sum_axis:
         return Decline(
-            f"the max reduces axes [{max_axis}] and the sum axes [{sum_axis}]; softmax needs one shared axis", div.name
+            "not_softmax",
+            f"the max reduces axes [{max_axis}] and the sum axes [{sum_axis}]; softmax needs one shared axis",
+            div.name,
         )
     if div.type.shape != x_type.shape:
-        return Decline(f"{div.name} is {div.type}, {x} is {x_type}: the division broadcasts", div.name)
+        return Decline("not_softmax", f"{div.name} is {div.type}, {x} is {x_type}: the division broadcasts", div.name)
     summed = _lineage(graph, div.inputs[1])[-1]
     sum_dtype = graph.node(summed.inputs[0]).type.dtype if summed.op == "sum" else exp.type.dtype
     steps = {"exp": exp.type.dtype, "the sum": sum_dtype, "the division": div.type.dtype}

@@ -3,8 +3,8 @@
 A pass is a frozen dataclass with a class-level ``name`` and its options as
 fields. ``run(graph, remarks)`` receives a private copy of a *valid* graph,
 may rewrite it in place, must leave it valid, records one :class:`Remark` per
-decision (applied or declined, with the reason) and returns ``True`` exactly
-when it changed the graph. The :class:`~attnpass.passes.PassManager` enforces
+decision (applied or declined, with a reason code from :data:`REASONS` and the words) and
+returns ``True`` exactly when it changed the graph. The :class:`~attnpass.passes.PassManager` enforces
 all of this: it verifies after every pass, discards the copy when a pass
 raises, and rejects a pass whose ``changed`` flag is wrong.
 """
@@ -12,6 +12,7 @@ raises, and rejects a pass whose ``changed`` flag is wrong.
 from __future__ import annotations
 
 import abc
+import re
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
@@ -24,21 +25,93 @@ class PassError(AttnpassError):
     """A pass raised, produced an invalid graph, or misreported ``changed``."""
 
 
+# Every reason code the built-in passes give, with its meaning: the one table of why a pass did or did not
+# rewrite (tests/passes/test_remark_reasons.py checks that the passes give no other code and use every one).
+# A remark's message adds the numbers and names; its ``reason`` is what tools and tests compare.
+REASONS: dict[str, str] = {
+    # outcomes every pass can have
+    "applied": "the rewrite was made; the message says what it did and why that is valid",
+    "analysis": "a finding that is neither a rewrite nor a refusal",
+    "rule_hits": "analysis: apply_rules' hits per rule and the number of declined candidates",
+    "not_converged": "analysis: the pass manager's fixed point was not reached within max_iterations",
+    "sharding_propagated": "analysis: values that inherited the sharding of what they read",
+    "no_candidates": "nothing in the graph for the pass to look at (no anchor op, no dead value)",
+    "disabled": "the pass is switched off (enabled=False or its environment variable)",
+    "already_done": "the node is already in the form the pass produces",
+    # what a rewrite does not carry or would not pay for
+    "unsupported_variant": "sdpa has a variant (causal, window, sinks, soft-cap) the rewritten form does not carry",
+    "fused_kernel_serves": "the target's fused attention kernel already serves this call",
+    "too_many_rows": "more query rows than the pass's bound (prefill-shaped)",
+    "too_few_rows": "too few query rows for the rewrite to split them",
+    "little_gain": "the rewrite would save too little (FLOP ratio, cache depth)",
+    "no_structured_mask": "no causal kind says which keys are hidden",
+    "rows_without_keys": "a row that attends no key would compute a different value after the rewrite",
+    "not_divisible": "a size is not divisible by the number of shards, devices or the block ratio",
+    "shape_mismatch": "operand shapes or sizes disagree with what the rewrite needs",
+    # masks
+    "mask_layout": "the mask does not broadcast onto the scores as sdpa's [..., S, T] mask",
+    "mask_form": "the mask is not written as sdpa masks (inverted, or its fill is not a constant)",
+    "mask_not_static": "the bool mask's values are not known from positions alone",
+    "mask_not_structured": "the bool mask is not exactly a causal kind and window",
+    "mask_not_selection": "the mask is not qsa_mask or where(qsa_mask, visibility, -inf)",
+    # quantized sparse attention, gathers and sharding
+    "qsa_form": "the QSA selection, pooling or positions are not in the form the rewrite reads",
+    "other_readers": "a value the rewrite replaces is also read elsewhere",
+    "not_row_wise": "an op between the raw and the block keys is not row-wise",
+    "gather_form": "K or V are not gathered by qsa_gather of the same cells",
+    "sharding_conflict": "the values are already sharded otherwise, or two mesh axes claim one dimension",
+    "sharding_blocked": "an op on K's or V's path cannot carry the sharding back to the bytes",
+    "mesh_axis_missing": "the named mesh axis is not declared on the graph",
+    "not_head_chunked": "the concatenated sdpa calls are not one head-chunked attention",
+    # proving attention and softmax
+    "not_attention": "the softmax input is not q·kᵀ through steps sdpa has",
+    "not_softmax": "exp / sum is not the softmax of one value along one axis",
+    "probabilities_changed": "an op changes the probabilities between the softmax and P·V",
+    "not_float": "a root of q, k or v is not a float tensor",
+    "uneven_reshape": "a reshape mixes axes unevenly, so coordinates cannot be followed",
+    "axes_mismatch": "the contractions, head pairing or softmax axis are not sdpa's",
+    "inexact": "the rewrite would round differently or change which scores are masked",
+    "softcap_form": "the soft-cap is not the last step before the mask, once",
+    "bad_scale": "the scale is zero or not finite",
+    "sinks_form": "the sink column is not one logit per query head",
+    # constant folding
+    "no_evaluator": "the op has no reference evaluator, or evaluating it fails",
+    "target_defined": "the targets compute the op their own way, so folding would change the last bits",
+    "too_large": "folding would store too many values",
+    # narrowing inputs
+    "interface": "the input is a graph output or state: its type is part of the interface",
+    "unused": "the input is never read",
+    "read_whole": "the input is read whole somewhere",
+    "slices_differ": "the input's slices differ in bounds",
+}
+_CODE = re.compile(r"[a-z][a-z0-9_]*\Z")
+
+
 @dataclass(frozen=True)
 class Remark:
-    """One pass decision, MLIR-style: which pass, applied or declined, on which node, and why."""
+    """One pass decision, MLIR-style: which pass and rule, applied or declined, on which node, the reason code
+    (a key of :data:`REASONS` for the built-in passes) and the message with the numbers and names."""
 
     pass_name: str
     kind: RemarkKind
     node: str | None
+    reason: str
     message: str
     loc: SourceLoc | None = None
     rule: str | None = None  # the rewrite rule that decided (apply_rules), when the pass has rules
 
+    def __post_init__(self) -> None:
+        if not _CODE.match(self.reason):
+            raise ValueError(f"Remark of {self.pass_name}: reason must be a snake_case code, got {self.reason!r}")
+
     def __str__(self) -> str:
+        """``[pass] kind node (rule, reason): message (loc)``; the rule when it is not the pass, the reason
+        when it is not the kind."""
+        tags = [t for t in (self.rule, self.reason) if t not in (None, self.pass_name, self.kind)]
         where = f" {self.node}" if self.node else ""
+        tag = f" ({', '.join(tags)})" if tags else ""
         at = f" ({self.loc})" if self.loc else ""
-        return f"[{self.pass_name}] {self.kind}{where}: {self.message}{at}"
+        return f"[{self.pass_name}] {self.kind}{where}{tag}: {self.message}{at}"
 
 
 @dataclass
@@ -48,17 +121,25 @@ class Remarks:
     pass_name: str
     items: list[Remark] = field(default_factory=list)
 
-    def applied(self, node: str | None, message: str, loc: SourceLoc | None = None, rule: str | None = None) -> None:
+    def applied(
+        self, node: str | None, message: str, loc: SourceLoc | None = None, rule: str | None = None,
+        *, reason: str = "applied",
+    ) -> None:  # fmt: skip
         """Record a rewrite this pass made at ``node``, and why it was valid."""
-        self.items.append(Remark(self.pass_name, "applied", node, message, loc, rule))
+        self.items.append(Remark(self.pass_name, "applied", node, reason, message, loc, rule))
 
-    def declined(self, node: str | None, message: str, loc: SourceLoc | None = None, rule: str | None = None) -> None:
-        """Record a rewrite this pass did not make at ``node``, and the precondition that failed."""
-        self.items.append(Remark(self.pass_name, "declined", node, message, loc, rule))
+    def declined(
+        self, node: str | None, message: str, loc: SourceLoc | None = None, rule: str | None = None, *, reason: str
+    ) -> None:
+        """Record a rewrite this pass did not make at ``node``: the failed precondition's code and words."""
+        self.items.append(Remark(self.pass_name, "declined", node, reason, message, loc, rule))
 
-    def analysis(self, node: str | None, message: str, loc: SourceLoc | None = None, rule: str | None = None) -> None:
+    def analysis(
+        self, node: str | None, message: str, loc: SourceLoc | None = None, rule: str | None = None,
+        *, reason: str = "analysis",
+    ) -> None:  # fmt: skip
         """Record a finding that is neither a rewrite nor a refusal (counts, statistics)."""
-        self.items.append(Remark(self.pass_name, "analysis", node, message, loc, rule))
+        self.items.append(Remark(self.pass_name, "analysis", node, reason, message, loc, rule))
 
 
 @dataclass(frozen=True)

@@ -104,6 +104,7 @@ class PassManager:
                         MANAGER_NAME,
                         "analysis",
                         None,
+                        "not_converged",
                         f"fixed point not reached: the pipeline still changed the graph after "
                         f"{self.max_iterations} iterations (max_iterations); stopped there",
                     )

@@ -6,7 +6,8 @@ inputs: constant folding, common subexpressions) plus two functions:
 - ``match(graph, node) -> M | Decline | None``: ``None`` means "not a
   candidate" (silent, e.g. an ``sdpa`` without a mask for a mask rule);
   :class:`Decline` means "a candidate, but a precondition failed", with the
-  reason and the node where it failed; anything else is the match, handed to
+  reason code (:data:`~.base.REASONS`), the words and the node where it
+  failed; anything else is the match, handed to
 - ``rewrite(rw, match)``, which builds the replacement with the
   :class:`Rewriter` (new nodes carry the anchor's location and readable names)
   and ends with ``rw.replace_matched(value)``.
@@ -26,12 +27,14 @@ policy) declines every node of the anchor op with the given reason, without
 matching, and rewrites nothing.
 
 **Remarks**: exactly one per (rule, candidate node) that is still in the
-graph at the end: ``applied`` with ``describe(match)``, or ``declined`` with
-the reason (and ``[at node]`` when the failing node is not the anchor). A
-decline that a later sweep turns into a rewrite is replaced by the applied
-remark. Multi-rule sets prefix each remark with the rule's name and its
-definition site, and end with one ``analysis`` remark of per-rule hit counts.
-A single rule with no candidate at all leaves one ``declined`` remark ``no <op> nodes``.
+graph at the end, with the rule's name in its ``rule`` field: ``applied``
+(reason ``applied``) with ``describe(match)``, or ``declined`` with the
+Decline's reason code and message (plus ``[at node]`` when the failing node
+is not the anchor). A decline that a later sweep turns into a rewrite is
+replaced by the applied remark. Multi-rule sets end with one ``analysis``
+remark (reason ``rule_hits``) of per-rule hit counts. A single rule with no
+candidate at all leaves one ``declined`` remark ``no <op> nodes`` (reason
+``no_candidates``); ``decline_all`` declines with reason ``disabled``.
 """
 
 from __future__ import annotations
@@ -50,10 +53,14 @@ M = TypeVar("M")
 
 @dataclass(frozen=True)
 class Decline:
-    """A failed precondition: why, and at which node (``None``: the anchor itself)."""
+    """Why a candidate is not rewritten: the reason code (a key of :data:`~.base.REASONS`), the message with
+    the names and numbers, the node where the precondition failed (``None``: the anchor itself), and
+    ``stage``, how far a matcher that tries several readings got (the furthest failure is the telling one)."""
 
     reason: str
+    message: str
     node: str | None = None
+    stage: int = 0
 
 
 @dataclass(frozen=True)
@@ -131,10 +138,12 @@ def apply_rules(
     max_sweeps: int = 1,
     decline_all: str | None = None,
 ) -> Counter:
-    """Apply ``rules`` to ``graph`` in the driver order above; returns the hits per rule name."""
-    prefixed = len(rules) > 1
+    """Apply ``rules`` to ``graph`` in the driver order above; returns the hits per rule name.
+
+    ``decline_all``: the message of a switched-off policy; every candidate is declined with it."""
+    several = len(rules) > 1
     ops = list(dict.fromkeys(r.op for r in rules))
-    decisions: dict[tuple[str, str], tuple[str, str, Any]] = {}  # (rule, node) -> (kind, message, loc)
+    decisions: dict[tuple[str, str], tuple[str, str, str, Any]] = {}  # (rule, node) -> (kind, reason, message, loc)
     hits: Counter = Counter()
     for _sweep in range(max_sweeps):
         changed = False
@@ -146,34 +155,34 @@ def apply_rules(
             for rule in rules:
                 if not _anchors(rule, node):
                     continue
-                found = Decline(decline_all) if decline_all is not None else rule.match(graph, node)
+                found = Decline("disabled", decline_all) if decline_all is not None else rule.match(graph, node)
                 if found is None:
                     continue
-                head = f"{rule.name} (rule at {rule.location}): " if prefixed else ""
                 if isinstance(found, Decline):
                     at = f" [at {found.node}]" if found.node not in (None, name) else ""
-                    decisions[(rule.name, name)] = ("declined", f"{head}{found.reason}{at}", node.loc)
+                    decisions[(rule.name, name)] = ("declined", found.reason, found.message + at, node.loc)
                     continue
                 rw = Rewriter(graph, node)
                 rule.rewrite(rw, found)
                 if not rw.done:
                     raise AssertionError(f"rule {rule.name} ({rule.location}) rewrote {name} without replace_matched")
                 decisions.pop((rule.name, name), None)
-                decisions[(rule.name, name)] = ("applied", f"{rule.name}: " * prefixed + rule.describe(found), node.loc)
+                decisions[(rule.name, name)] = ("applied", "applied", rule.describe(found), node.loc)
                 hits[rule.name] += 1
                 changed = True
                 break
         if not changed:
             break
-    for (rule_name, name), (kind, message, loc) in decisions.items():
+    for (rule_name, name), (kind, reason, message, loc) in decisions.items():
         if kind == "applied" or name in graph:
-            getattr(remarks, kind)(name, message, loc, rule_name)
-    if not decisions and not prefixed:
-        remarks.declined(None, "no nodes" if rules[0].op == ANY else f"no {rules[0].op} nodes")
-    if prefixed:
-        declined = sum(1 for (_r, n), (kind, _m, _l) in decisions.items() if kind == "declined" and n in graph)
+            getattr(remarks, kind)(name, message, loc, rule_name, reason=reason)
+    if not decisions and not several:
+        what = "no nodes" if rules[0].op == ANY else f"no {rules[0].op} nodes"
+        remarks.declined(None, what, rule=rules[0].name, reason="no_candidates")
+    if several:
+        declined = sum(1 for (_r, n), (kind, *_rest) in decisions.items() if kind == "declined" and n in graph)
         counts = ", ".join(f"{r.name} {hits[r.name]}" for r in rules)
-        remarks.analysis(None, f"rule hits: {counts}; {declined} candidate(s) declined")
+        remarks.analysis(None, f"rule hits: {counts}; {declined} candidate(s) declined", reason="rule_hits")
     return hits
 
 

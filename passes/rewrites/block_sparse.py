@@ -90,21 +90,25 @@ def _match(block_q: int, plan_of: str):
         (s, t) = graph.node(node.inputs[0]).type.shape[2], graph.node(node.inputs[1]).type.shape[2]
         if causal == "none":
             what = f"window={tuple(window)} without causality" if window else "no structured mask (causal='none')"
-            return Decline(f"{what}: nothing says which key blocks are hidden")
+            return Decline("no_structured_mask", f"{what}: nothing says which key blocks are hidden")
         if s > t:
-            return Decline(f"q_len {s} > k_len {t}: rows without keys are the mean of all T values, not tile-local")
+            return Decline(
+                "rows_without_keys",
+                f"q_len {s} > k_len {t}: rows without keys are the mean of all T values, not tile-local",
+            )
         if s <= block_q:
-            return Decline(f"q_len {s} <= block_q {block_q}: one tile")
+            return Decline("too_few_rows", f"q_len {s} <= block_q {block_q}: one tile")
         tiles = tile_plan(s, t, causal, window, block_q)
         visited = sum((q1 - q0) * (k1 - k0) for q0, q1, k0, k1, _ in tiles)
         ratio = s * t / visited
         if ratio < MIN_FLOP_RATIO:
-            return Decline(f"the tiles would skip little: FLOP ratio {ratio:.2f} < {MIN_FLOP_RATIO}")
+            return Decline("little_gain", f"the tiles would skip little: FLOP ratio {ratio:.2f} < {MIN_FLOP_RATIO}")
         mask = sdpa_operands(node.inputs, node.attrs["has_sinks"])[0]
         if mask is not None and graph.node(mask).type.dtype is DType.bool and not node.attrs["has_sinks"]:
             return Decline(
+                "rows_without_keys",
                 f"bool mask {mask}: a row it leaves without keys is the mean of all T values in the dense call, "
-                "of only its tile's keys in a tile (an additive mask, or sinks, keep it exact)"
+                "of only its tile's keys in a tile (an additive mask, or sinks, keep it exact)",
             )
         message = (
             f"block_q {block_q} ({plan_of}); "

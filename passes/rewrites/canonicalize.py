@@ -147,7 +147,8 @@ def _fold_match(graph: Graph, node: Node, mode: str) -> _Folded | Decline | None
         return None
     if node.op not in EVALUATORS:
         return Decline(
-            f"{node.op} of constants is not folded: {_NOT_FOLDED.get(node.op, 'it has no reference evaluator')}"
+            "no_evaluator",
+            f"{node.op} of constants is not folded: {_NOT_FOLDED.get(node.op, 'it has no reference evaluator')}",
         )
     if (
         mode == "exact"
@@ -155,8 +156,9 @@ def _fold_match(graph: Graph, node: Node, mode: str) -> _Folded | Decline | None
         and not (node.op == "floor_divide" and node.type.dtype is DType.int32)
     ):
         return Decline(
+            "target_defined",
             f"{node.op} of constants is not folded: MLX and JAX compute {node.op} in their own way, so folding it with "
-            "the reference would change the program's last bits (canonicalize{fold=reference} folds it)"
+            "the reference would change the program's last bits (canonicalize{fold=reference} folds it)",
         )
     splats = [len(c.attrs["value"]) == 1 for c in sources]
     if all(splats) and node.op in _VALUE_MOVING:
@@ -164,7 +166,8 @@ def _fold_match(graph: Graph, node: Node, mode: str) -> _Folded | Decline | None
     if node.op == "broadcast_to":
         stored = len(sources[0].attrs["value"])
         return Decline(
-            f"broadcast_to of a constant is not folded: it would store {stored} values {node.type.size // stored} times"
+            "too_large",
+            f"broadcast_to of a constant is not folded: it would store {stored} values {node.type.size // stored} times",
         )
     rank = node.type.rank
     if elementwise or node.op == "cast":
@@ -180,22 +183,24 @@ def _fold_match(graph: Graph, node: Node, mode: str) -> _Folded | Decline | None
     biggest = max([math.prod(core)] + [a.size for a in operands])
     if biggest > FOLD_LIMIT:
         return Decline(
-            f"{node.op} of constants is not folded: {biggest} elements (more than {FOLD_LIMIT}) and not a splat"
+            "too_large",
+            f"{node.op} of constants is not folded: {biggest} elements (more than {FOLD_LIMIT}) and not a splat",
         )
     if node.op == "cast" and node.type.dtype is DType.int32 and operands[0].dtype.kind not in "biu":
         values = operands[0].astype(np.float64)
         if not (np.isfinite(values).all() and (np.abs(values) < 2.0**31).all()):
             return Decline(
-                "cast of constants to int32 is not folded: a value is not finite or out of range (target-defined)"
+                "target_defined",
+                "cast of constants to int32 is not folded: a value is not finite or out of range (target-defined)",
             )
     try:
         result = evaluate(node.op, node.attrs, operands, TensorType(core, node.type.dtype))
     except (IndexError, ValueError) as exc:
-        return Decline(f"{node.op} of constants is not folded: evaluating it fails ({exc})")
+        return Decline("no_evaluator", f"{node.op} of constants is not folded: evaluating it fails ({exc})")
     if mode == "exact":
         unsure = _target_defined(node.op, operands, result)
         if unsure:
-            return Decline(f"{node.op} of constants is not folded: {unsure}")
+            return Decline("target_defined", f"{node.op} of constants is not folded: {unsure}")
     return _folded(node, result)
 
 

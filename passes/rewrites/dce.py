@@ -34,7 +34,7 @@ class DeadCodeElimination(Pass):
     def run(self, graph: Graph, remarks: Remarks) -> bool:
         dead = graph.remove_dead()
         if not dead:
-            remarks.declined(None, "no dead values")
+            remarks.declined(None, "no dead values", reason="no_candidates")
             return False
         for node in dead:
             if node.op == "input":

@@ -122,16 +122,24 @@ class DecomposeSDPA(Pass):
         on = f"device {self.device}" + (f", target {self.target}" if self.target else "")
         head = f"strategy fused ({on}): "
         if self.device == "gpu":
-            return Decline(head + GPU_FUSED[self.target])
+            return Decline("fused_kernel_serves", head + GPU_FUSED[self.target])
         if self.device == "tpu":
-            return Decline(head + "XLA compiles jax.nn.dot_product_attention for the TPU itself")
+            return Decline("fused_kernel_serves", head + "XLA compiles jax.nn.dot_product_attention for the TPU itself")
         if node.attrs["causal"] != "none":
-            return Decline(head + f"causal={node.attrs['causal']!r} stays with the fused call (no [S, T] constant)")
+            return Decline(
+                "unsupported_variant",
+                head + f"causal={node.attrs['causal']!r} stays with the fused call (no [S, T] constant)",
+            )
         if node.attrs["window"] is not None:
             window = tuple(node.attrs["window"])
-            return Decline(head + f"window={window} stays with the fused call (no [S, T] constant)")
+            return Decline(
+                "unsupported_variant", head + f"window={window} stays with the fused call (no [S, T] constant)"
+            )
         if s > self.max_q_len:
-            return Decline(head + f"q_len {s} > max_q_len={self.max_q_len}: prefill-shaped, the score plane dominates")
+            return Decline(
+                "too_many_rows",
+                head + f"q_len {s} > max_q_len={self.max_q_len}: prefill-shaped, the score plane dominates",
+            )
         folded = (
             f"GQA-folded: the {gqa}*{s} query rows of each of {hkv} KV heads in one matmul over its {t} keys "
             "(k @ q^T), softmax, @ v, in float32"
@@ -139,7 +147,7 @@ class DecomposeSDPA(Pass):
         if self.device == "metal":
             served = _metal_vector_kernel(s, gqa, d, dv, t)
             if served is not None:
-                return Decline(head + served)
+                return Decline("fused_kernel_serves", head + served)
             why = f"q_len {s}, gqa {gqa}, head dims {d}/{dv}: MLX's Metal vector kernel does not serve it"
         else:
             why = CPU_UNFUSED[self.target]

@@ -79,8 +79,11 @@ def _match(budget: int):
         plan = head_chunk_plan(s, hq, hkv, budget)
         if plan is None:
             if s > budget:
-                return Decline(f"q_len {s} > {budget}: wide rows stay unchanged")
-            return Decline(f"q_len*gqa = {s * gqa} <= {budget} (q_len {s}, gqa {gqa}): fits the fused budget")
+                return Decline("too_many_rows", f"q_len {s} > {budget}: wide rows stay unchanged")
+            return Decline(
+                "fused_kernel_serves",
+                f"q_len*gqa = {s * gqa} <= {budget} (q_len {s}, gqa {gqa}): fits the fused budget",
+            )
         hpc, chunks = plan
         mask_value = sdpa_operands(node.inputs, node.attrs["has_sinks"])[0]
         mask = graph.node(mask_value).type.shape if mask_value is not None else None

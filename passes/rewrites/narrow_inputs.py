@@ -44,19 +44,19 @@ def _match(graph: Graph, node: Node) -> _Narrowing | Decline:
     """The narrowing of input ``node``, or why it keeps its type."""
     name, readers = node.name, graph.users(node.name)
     if name in graph.outputs:
-        return Decline("it is a graph output")
+        return Decline("interface", "it is a graph output")
     if name in dict(graph.state_pairs()):
-        return Decline("it is state: its type must stay that of its next value")
+        return Decline("interface", "it is state: its type must stay that of its next value")
     if not readers:
-        return Decline("it is never read (dead-code elimination removes it)")
+        return Decline("unused", "it is never read (dead-code elimination removes it)")
     others = sorted({n.op for n in readers if n.op != "slice"})
     if others:
-        return Decline(f"it is read by {', '.join(others)}, not only through slices")
+        return Decline("read_whole", f"it is read by {', '.join(others)}, not only through slices")
     bounds = {_bounds(n) for n in readers}
     if len(bounds) > 1:
-        return Decline(f"its {len(readers)} slices differ in bounds ({len(bounds)} distinct)")
+        return Decline("slices_differ", f"its {len(readers)} slices differ in bounds ({len(bounds)} distinct)")
     if readers[0].type == node.type:
-        return Decline("its slice covers the whole input")
+        return Decline("read_whole", "its slice covers the whole input")
     return _Narrowing(name, node.type, readers[0].type, node.attrs["role"], f"[{format_slice(readers[0])}]")
 
 

@@ -154,11 +154,14 @@ class QSAGather(SwitchedPass):
         """The matched pattern, or why the masked path is kept (with the numbers)."""
         variants = sdpa_variants(node.attrs)
         if variants:
-            return _kept(f"sdpa has {variants}; the QSA gather form has none of them")
+            return _kept("unsupported_variant", f"sdpa has {variants}; the QSA gather form has none of them")
         if len(node.inputs) < 4:
-            return _kept("sdpa has no mask, so it is not a masked QSA attention")
+            return _kept("mask_not_selection", "sdpa has no mask, so it is not a masked QSA attention")
         if node.attrs["causal"] != "none":
-            return _kept(f"sdpa has causal={node.attrs['causal']!r}; the pattern needs causality inside the qsa_mask")
+            return _kept(
+                "unsupported_variant",
+                f"sdpa has causal={node.attrs['causal']!r}; the pattern needs causality inside the qsa_mask",
+            )
         q, k = graph.node(node.inputs[0]).type, graph.node(node.inputs[1]).type
         (b, _hq, s, _d), t = q.shape, k.shape[2]
         found = _split_mask(graph, graph.node(node.inputs[3]))
@@ -170,35 +173,50 @@ class QSAGather(SwitchedPass):
         given = selection.op == "input" and selection.name == self.selection_input
         if not given and selection.op != "qsa_select":
             return _kept(
+                "qsa_form",
                 f"the selection {selection.name} of {qmask.name} is {selection.op}, not qsa_select over block scores"
-                + (f" nor the promised selection_input {self.selection_input}" if self.selection_input else "")
+                + (f" nor the promised selection_input {self.selection_input}" if self.selection_input else ""),
             )
         if not given:
             if selection.attrs["ratio"] != ratio:
                 return _kept(
-                    f"ratio differs: {selection.name} has ratio={selection.attrs['ratio']}, {qmask.name} ratio={ratio}"
+                    "qsa_form",
+                    f"ratio differs: {selection.name} has ratio={selection.attrs['ratio']}, {qmask.name} ratio={ratio}",
                 )
             if selection.inputs[1] != qmask.inputs[1]:
                 return _kept(
+                    "qsa_form",
                     f"positions differ: {selection.name} reads {selection.inputs[1]}, "
-                    f"{qmask.name} reads {qmask.inputs[1]}"
+                    f"{qmask.name} reads {qmask.inputs[1]}",
                 )
         top_k = selection.type.shape[-1]
         if qmask.attrs["kv_len"] != t:
-            return _kept(f"{qmask.name} has kv_len={qmask.attrs['kv_len']} but the cache k has n_kv={t}")
+            return _kept(
+                "shape_mismatch", f"{qmask.name} has kv_len={qmask.attrs['kv_len']} but the cache k has n_kv={t}"
+            )
         if qmask.type.shape != (b, 1, s, t):
-            return _kept(f"{qmask.name} is {qmask.type}, expected [B, 1, S, n_kv] = {[b, 1, s, t]} from q and k")
+            return _kept(
+                "shape_mismatch",
+                f"{qmask.name} is {qmask.type}, expected [B, 1, S, n_kv] = {[b, 1, s, t]} from q and k",
+            )
         n_blocks = graph.node(selection.inputs[0]).type.shape[-1] if not given else 0
         if n_blocks * ratio > t:
-            return _kept(f"block scores cover {n_blocks} blocks x ratio {ratio} = {n_blocks * ratio} cells > n_kv={t}")
+            return _kept(
+                "shape_mismatch",
+                f"block scores cover {n_blocks} blocks x ratio {ratio} = {n_blocks * ratio} cells > n_kv={t}",
+            )
         if s > self.max_rows and not self.prefill_tile:
-            return _kept(f"prefill-shaped: {s} query rows per stream > max_rows={self.max_rows} (decode, verify only)")
+            return _kept(
+                "too_many_rows",
+                f"prefill-shaped: {s} query rows per stream > max_rows={self.max_rows} (decode, verify only)",
+            )
         width = self.width(top_k, ratio)
         if t < self.min_depth_factor * width:
             return _kept(
+                "little_gain",
                 f"shallow cache: n_kv={t} < min_depth_factor*W = {self.min_depth_factor}*{width} = "
                 f"{self.min_depth_factor * width:g} "
-                f"(W = {top_k}*{ratio} + {ratio - 1}, pad_multiple={self.pad_multiple})"
+                f"(W = {top_k}*{ratio} + {ratio - 1}, pad_multiple={self.pad_multiple})",
             )
         tile = s if s <= self.max_rows else min(s, self.prefill_tile)
         return _Match(selection, form, vis, ratio, top_k, width, t, b, s, given, qmask.inputs[1], tile)
@@ -226,8 +244,9 @@ class QSAGather(SwitchedPass):
         )
 
 
-def _kept(reason: str) -> Decline:
-    return Decline(f"masked path kept: {reason}")
+def _kept(reason: str, why: str) -> Decline:
+    """A decline with code ``reason`` whose words start with "masked path kept: "."""
+    return Decline(reason, f"masked path kept: {why}")
 
 
 def _split_mask(graph: Graph, mask: Node) -> tuple[str, Node, str | None] | Decline:
@@ -236,22 +255,27 @@ def _split_mask(graph: Graph, mask: Node) -> tuple[str, Node, str | None] | Decl
         return "qsa_mask", mask, None
     if mask.op == "logical_and":
         return _kept(
+            "rows_without_keys",
             f"mask {mask.name} is a bool logical_and: a row it hides completely attends no key and is the mean "
             "of V over all n_kv cells, which a gather over W cells cannot reproduce; write the visibility as "
-            "where(qsa_mask, vis, -inf) (such a row is then NaN on both paths)"
+            "where(qsa_mask, vis, -inf) (such a row is then NaN on both paths)",
         )
     if mask.op == "where":
         cond, vis, other = (graph.node(i) for i in mask.inputs)
         if cond.op != "qsa_mask":
-            return _kept(f"mask {mask.name} is where({cond.op} {cond.name}, ...): the condition is not a qsa_mask")
+            return _kept(
+                "mask_not_selection",
+                f"mask {mask.name} is where({cond.op} {cond.name}, ...): the condition is not a qsa_mask",
+            )
         if not _is_neg_inf_constant(other):
             return _kept(
+                "mask_not_selection",
                 f"mask {mask.name} is where({cond.name}, {vis.name}, {other.op} {other.name}): "
-                "the else branch is not a constant -inf"
+                "the else branch is not a constant -inf",
             )
         return "where", cond, vis.name
     what = f"graph input {mask.name}" if mask.op == "input" else f"{mask.op} {mask.name}"
-    return _kept(f"the mask is {what}, not qsa_mask or where(qsa_mask, visibility, -inf)")
+    return _kept("mask_not_selection", f"the mask is {what}, not qsa_mask or where(qsa_mask, visibility, -inf)")
 
 
 # ---------------------------------------------------------------------- rewrite

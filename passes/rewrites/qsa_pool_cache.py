@@ -182,20 +182,23 @@ class QSAPoolCache(SwitchedPass):
         pools = [graph.node(n) for n in graph.ancestors([keys.name]) if graph.node(n).op == "qsa_pool"]
         if len(pools) != 1:
             found = "no qsa_pool" if not pools else f"{len(pools)} qsa_pool nodes"
-            return Decline(f"in-graph pooling kept: the block keys {keys.name} derive from {found} (need exactly one)")
+            return _kept("qsa_form", f"the block keys {keys.name} derive from {found} (need exactly one)")
         pool = pools[0]
         raw = graph.node(pool.inputs[0])
         ratio = pool.attrs["ratio"]
         if raw.op != "input" or raw.attrs["role"] != "resident":
             what = f"a {raw.attrs['role']} input" if raw.op == "input" else f"computed by {raw.op}"
-            return _kept(f"the raw keys {raw.name} are {what}, not a resident input holding the whole history")
+            return _kept(
+                "qsa_form", f"the raw keys {raw.name} are {what}, not a resident input holding the whole history"
+            )
         if raw.type.rank != 3:
-            return _kept(f"the raw keys {raw.name}:{raw.type} are not [B, T, D]")
+            return _kept("shape_mismatch", f"the raw keys {raw.name}:{raw.type} are not [B, T, D]")
         (b, t, _d), n_blocks = raw.type.shape, raw.type.shape[1] // ratio
         if t % ratio:
             return _kept(
+                "not_divisible",
                 f"n_kv={t} of {raw.name} is not a multiple of ratio {ratio}: a row in the trailing partial block "
-                "would write over the last whole block"
+                "would write over the last whole block",
             )
         cone = (graph.ancestors([keys.name]) & graph.descendants([pool.name])) - {pool.name}
         chain = tuple(n for n in graph.nodes() if n.name in cone)
@@ -207,27 +210,32 @@ class QSAPoolCache(SwitchedPass):
                 readers.add("the graph outputs")
             if readers:
                 listed = ", ".join(sorted(readers))
-                return _kept(f"{node.name} is also read by {listed}, which would still need every block")
+                return _kept(
+                    "other_readers", f"{node.name} is also read by {listed}, which would still need every block"
+                )
         for node in chain:
             why = _row_wise(graph, node, n_blocks)
             if why is not None:
-                return _kept(why)
+                return _kept("not_row_wise", why)
         selects = graph.users(anchor.name)
         readers = {s.op for s in selects} | ({"the graph outputs"} if anchor.name in graph.outputs else set())
         if readers != {"qsa_select"} or any(s.inputs[0] != anchor.name for s in selects):
             listed = ", ".join(sorted(readers)) or "nothing"
-            return _kept(f"the scores are read by {listed}, not only qsa_select (which ignores invisible blocks)")
+            return _kept(
+                "other_readers",
+                f"the scores are read by {listed}, not only qsa_select (which ignores invisible blocks)",
+            )
         if any(s.attrs["ratio"] != ratio for s in selects):
-            return _kept(f"a qsa_select reading the scores has a ratio other than the pool's {ratio}")
+            return _kept("qsa_form", f"a qsa_select reading the scores has a ratio other than the pool's {ratio}")
         positions = {s.inputs[1] for s in selects}
         if len(positions) > 1:
-            return _kept(f"the qsa_select nodes read different positions: {', '.join(sorted(positions))}")
+            return _kept("qsa_form", f"the qsa_select nodes read different positions: {', '.join(sorted(positions))}")
         (pos,) = positions
         streams, rows = graph.node(pos).type.shape
         if streams != b:
-            return _kept(f"positions {pos} have {streams} stream(s), the raw keys {raw.name} {b}")
+            return _kept("shape_mismatch", f"positions {pos} have {streams} stream(s), the raw keys {raw.name} {b}")
         if rows > self.max_rows:
-            return _kept(f"prefill-shaped: {rows} query rows per stream > max_rows={self.max_rows}")
+            return _kept("too_many_rows", f"prefill-shaped: {rows} query rows per stream > max_rows={self.max_rows}")
         cache = graph.fresh_name(f"{raw.name}_blocks")
         stored = pool if self.store == "pooled" else keys
         replay = (1, 1) if stored is pool else _xla_reduction_rows(graph, chain, keys)
@@ -236,8 +244,9 @@ class QSAPoolCache(SwitchedPass):
         return _Match(pool, raw, keys, chain, stored, pos, streams, rows, cache, len(graph.outputs), replay, others)
 
 
-def _kept(reason: str) -> Decline:
-    return Decline(f"in-graph pooling kept: {reason}")
+def _kept(reason: str, why: str) -> Decline:
+    """A decline with code ``reason`` whose words start with "in-graph pooling kept: "."""
+    return Decline(reason, f"in-graph pooling kept: {why}")
 
 
 # ---------------------------------------------------------------------- rewrite

@@ -62,7 +62,7 @@ from typing import ClassVar
 from attnpass.ir import DType, Graph, Node
 
 from ..analysis import layout_algebra as la
-from ..analysis.attention_match import Attention, Fail, MaskPlan, Operand, lifted, match_attention
+from ..analysis.attention_match import Attention, MaskPlan, Operand, lifted, match_attention
 from ..analysis.chains import exact_cast
 from ..analysis.mask_structure import match_structure, rewrite_structure
 from ..analysis.softmax_match import Softmax, match_softmax
@@ -81,10 +81,7 @@ def _softmax_rewrite(rw: Rewriter, m: Softmax) -> None:
 
 def _attention_match(graph: Graph, node: Node) -> Attention | Decline | None:
     """A matmul with a softmax (through layout ops and casts, or a few ops that change it) on a side, proven an sdpa."""
-    found = match_attention(graph, node)
-    if found is None:
-        return None
-    return Decline(found.reason, found.node) if isinstance(found, Fail) else found
+    return match_attention(graph, node)
 
 
 def _operand(rw: Rewriter, x: Operand, dtype: DType, hint: str) -> str:

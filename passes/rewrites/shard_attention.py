@@ -128,6 +128,7 @@ class ShardAttention(Pass):
                 None,
                 f"{inherited} value(s) inherited the sharding of what they read elementwise, concatenate, "
                 "transpose or reshape",
+                reason="sharding_propagated",
             )
         return bool(hits)
 
@@ -143,18 +144,21 @@ class ShardAttention(Pass):
             return None
         declared = ", ".join(f"{a}={n}" for a, n in graph.mesh_axes.items()) or "none"
         return Decline(
+            "mesh_axis_missing",
             f"mesh axis {', '.join(missing)} is not declared on the graph (mesh: {declared}); "
-            "declare it with Graph.set_mesh or attnpass run --mesh AXIS=SIZE"
+            "declare it with Graph.set_mesh or attnpass run --mesh AXIS=SIZE",
         )
 
     def _match_sdpa(self, graph: Graph, node: Node) -> _Plan | Decline | None:
         if self.heads is not None and _chunk_subcalls(graph, _sole_user(graph, node)) is not None:
             return None  # a head-chunk subcall: decided with its group at the concat
         if is_split_partial(graph, node):
-            return Decline("a split-KV partial (its sdpa_lse companion reads the same operands): already split")
+            return Decline(
+                "already_done", "a split-KV partial (its sdpa_lse companion reads the same operands): already split"
+            )
         variants = sdpa_variants(node.attrs)
         if variants:
-            return Decline(f"{variants}: shard-attention does not carry them")
+            return Decline("unsupported_variant", f"{variants}: shard-attention does not carry them")
         mask = node.inputs[3] if len(node.inputs) == 4 else None
         return self._undeclared(graph) or self._plan(graph, node, *node.inputs[:3], mask, None, node)
 
@@ -166,7 +170,7 @@ class ShardAttention(Pass):
             return None
         variants = sdpa_variants(calls[0].attrs)
         if variants:
-            return Decline(f"{variants}: shard-attention does not carry them")
+            return Decline("unsupported_variant", f"{variants}: shard-attention does not carry them")
         group = _head_chunk_group(graph, node, calls)
         if isinstance(group, Decline):
             return group
@@ -190,15 +194,17 @@ class ShardAttention(Pass):
         h, nb, ns = (self._size(graph, label) for label in ("heads", "batch", "shard"))
         if hkv % h:
             return Decline(
+                "not_divisible",
                 f"heads: mesh axis {self.heads} has {h} devices but the attention has {hkv} KV head(s): {h} does "
                 f"not divide {hkv}, so a device would hold part of a KV group (GQA groups are not split; "
-                "shard the keys with seq= instead)"
+                "shard the keys with seq= instead)",
             )
         stray = next((x for x in (graph.node(k), graph.node(v)) if gathers_qsa_cells(graph, x)), None)
         if stray is not None:
             return Decline(
+                "gather_form",
                 f"{stray.name} gathers the QSA cells by {stray.op}, not by qsa_gather (qsa-gather's form), so the "
-                "caches it reads cannot keep streams and KV heads on their devices"
+                "caches it reads cannot keep streams and KV heads on their devices",
             )
         gathered = graph.node(k).op == "qsa_gather"
         streams = graph.node(graph.node(k).inputs[0]).type.shape[0] if gathered else b  # gathered: [B*S, ...]
@@ -206,12 +212,13 @@ class ShardAttention(Pass):
         if ns > 1:
             if nb > 1:
                 return Decline(
+                    "sharding_conflict",
                     f"seq over {self.seq} and batch over {self.batch}: the T-shards share the leading dimension "
-                    "with the streams, and an annotation names one mesh axis per dimension"
+                    "with the streams, and an annotation names one mesh axis per dimension",
                 )
             split = match_split(graph, call, ns)
             if isinstance(split, Decline):
-                return Decline(f"seq: {split.reason}")
+                return Decline(split.reason, f"seq: {split.message}")
             if chunks is not None:  # the regrouped calls read K/V whole
                 split = replace(split, k_source=k, v_source=v)
         kv_labels: Labels = ("batch", "heads", "shard" if split else None, None)
@@ -230,7 +237,10 @@ class ShardAttention(Pass):
             if i and chain[0]:
                 roots.append(chain[1])
         if streams % nb:
-            return Decline(f"batch: mesh axis {self.batch} has {nb} devices, which does not divide {streams} stream(s)")
+            return Decline(
+                "not_divisible",
+                f"batch: mesh axis {self.batch} has {nb} devices, which does not divide {streams} stream(s)",
+            )
         if mask is not None:
             mask_sharding = self._sharding(_mask_labels(graph.node(mask).type.shape, b, hq, split))
             if mask_sharding is not None:
@@ -239,8 +249,9 @@ class ShardAttention(Pass):
             held = graph.node(value).sharding
             if held is not None and held != sharding:
                 return Decline(
+                    "sharding_conflict",
                     f"{value} is already sharded {format_sharding(held)}; "
-                    f"this attention needs {format_sharding(sharding)}"
+                    f"this attention needs {format_sharding(sharding)}",
                 )
         out = self._sharding(QKV_LABELS)
         if (
@@ -249,7 +260,7 @@ class ShardAttention(Pass):
             and anchor.sharding == out
             and all(graph.node(n).sharding == s for n, s in values.items())
         ):
-            return Decline("already sharded as planned")
+            return Decline("already_done", "already sharded as planned")
         rows = b // streams if gathered else None
         message = self._describe(graph, anchor, hkv, hq, streams, chunks, split, rows, values, roots)
         return _Plan(q, k, v, mask, chunks, split, tuple(values.items()), message)
@@ -270,7 +281,7 @@ class ShardAttention(Pass):
             if isinstance(source, str) and not strict:
                 break
             if isinstance(source, str):
-                return Decline(f"{value} is read through {node.op} {node.name}: {source}")
+                return Decline("sharding_blocked", f"{value} is read through {node.op} {node.name}: {source}")
             sharding, node = source, graph.node(node.inputs[0])
             out[node.name] = sharding
         return out, node.name
@@ -425,20 +436,22 @@ def _head_chunk_group(
     for call in calls:
         if call.attrs != first.attrs or call.inputs[3:] != first.inputs[3:]:
             return Decline(
+                "not_head_chunked",
                 f"not one head-chunked attention: {call.name} and {first.name} differ in scale, causal or mask "
-                "(a per-head mask sliced per chunk is not regrouped)"
+                "(a per-head mask sliced per chunk is not regrouped)",
             )
         q, h0, h1 = _head_range(graph, call.inputs[0])
         (k, j0, j1), (v, v0, v1) = (_head_range(graph, x) for x in call.inputs[1:3])
         if (j0, j1) != (v0, v1) or j1 - j0 != 1 or h0 != position:
             return Decline(
-                f"not one head-chunked attention: {call.name} reads query heads {h0}:{h1} and K/V heads {j0}:{j1}"
+                "not_head_chunked",
+                f"not one head-chunked attention: {call.name} reads query heads {h0}:{h1} and K/V heads {j0}:{j1}",
             )
         sources.add((q, k, v))
         offsets.setdefault(j0, []).append((h0, h1))
         position = h1
     if len(sources) != 1:
-        return Decline("not one head-chunked attention: the subcalls read different q, k or v")
+        return Decline("not_head_chunked", "not one head-chunked attention: the subcalls read different q, k or v")
     ((q, k, v),) = sources
     hq, hkv = graph.node(q).type.shape[1], graph.node(k).type.shape[1]
     group = hq // hkv
@@ -446,10 +459,13 @@ def _head_chunk_group(
     chunks = local.get(0, ())
     if position != hq or sorted(local) != list(range(hkv)) or any(c != chunks for c in local.values()):
         return Decline(
-            f"not one head-chunked attention: the chunks of {concat.name} are not the same in every KV group"
+            "not_head_chunked",
+            f"not one head-chunked attention: the chunks of {concat.name} are not the same in every KV group",
         )
     if any(not 0 <= start < stop <= group for start, stop in chunks):
-        return Decline(f"not one head-chunked attention: a chunk of {concat.name} spans two KV groups")
+        return Decline(
+            "not_head_chunked", f"not one head-chunked attention: a chunk of {concat.name} spans two KV groups"
+        )
     return (q, k, v, first.inputs[3] if len(first.inputs) == 4 else None), chunks
 
 

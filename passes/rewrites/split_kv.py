@@ -115,34 +115,45 @@ def gathers_qsa_cells(graph: Graph, node: Node) -> bool:
 def match_split(graph: Graph, node: Node, shards: int) -> SplitPlan | Decline:
     """The plan for splitting ``node`` into ``shards`` T-shards, or the precondition that failed."""
     if is_split_partial(graph, node):
-        return Decline("already a split-KV partial (its sdpa_lse companion reads the same operands)")
+        return Decline("already_done", "already a split-KV partial (its sdpa_lse companion reads the same operands)")
     if node.attrs["window"] is not None:
-        return Decline(f"window={tuple(node.attrs['window'])}: split-kv does not carry a structured mask to its shards")
+        return Decline(
+            "unsupported_variant",
+            f"window={tuple(node.attrs['window'])}: split-kv does not carry a structured mask to its shards",
+        )
     k, v = graph.node(node.inputs[1]), graph.node(node.inputs[2])
     gathered = k.op == "qsa_gather" or v.op == "qsa_gather"
     if gathered:
         if k.op != v.op or k.inputs[1] != v.inputs[1]:
-            return Decline(f"k {k.name} ({k.op}) and v {v.name} ({v.op}) are not both qsa_gather of the same cells")
+            return Decline(
+                "gather_form", f"k {k.name} ({k.op}) and v {v.name} ({v.op}) are not both qsa_gather of the same cells"
+            )
         if node.attrs["causal"] != "none":
-            return Decline(f"gathered attention with causal={node.attrs['causal']!r}: key positions are gathered")
+            return Decline(
+                "unsupported_variant",
+                f"gathered attention with causal={node.attrs['causal']!r}: key positions are gathered",
+            )
         k_source, v_source = k.inputs[0], v.inputs[0]
     else:
         stray = next((x for x in (k, v) if gathers_qsa_cells(graph, x)), None)
         if stray is not None:
             return Decline(
+                "gather_form",
                 f"{stray.name} gathers the QSA cells by {stray.op}, not by qsa_gather (qsa-gather's form): a dense "
-                "split of the gathered values would have every device gather from all of K and V"
+                "split of the gathered values would have every device gather from all of K and V",
             )
         k_source, v_source = k.name, v.name
     kv_len = graph.node(k_source).type.shape[2]
     keys = k.type.shape[2]
     mask, sinks = sdpa_operands(node.inputs, node.attrs["has_sinks"])
     if mask is not None and graph.node(mask).type.shape[-1:] != (keys,):
-        return Decline(f"the mask {mask} broadcasts over the keys (last dimension is not {keys})")
+        return Decline("mask_layout", f"the mask {mask} broadcasts over the keys (last dimension is not {keys})")
     if sinks is not None and gathered:
-        return Decline("sinks with the gathered form: its rows without a slot are the mean of V, not 0")
+        return Decline(
+            "rows_without_keys", "sinks with the gathered form: its rows without a slot are the mean of V, not 0"
+        )
     if kv_len % shards:
-        return Decline(f"kv_len {kv_len} of {k_source} is not divisible by {shards} shards")
+        return Decline("not_divisible", f"kv_len {kv_len} of {k_source} is not divisible by {shards} shards")
     variants = {"sinks": sinks is not None, "softcap": node.attrs["logit_softcap"]}
     return SplitPlan(shards, k_source, v_source, k.inputs[1] if gathered else None, kv_len, **variants)
 

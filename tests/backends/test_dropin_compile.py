@@ -123,12 +123,12 @@ class TestMLXCompile:
         assert len(summary) <= 8 and summary[:2] == full.getvalue().splitlines()[:2]
         assert not re.search(r"\b0, |rule hits", short.getvalue())  # no zero-hit rule lists
         # each rule the pass counted a hit for is one line with that count
-        (hits,) = [r.message for r in entry.remarks if r.kind == "analysis" and r.message.startswith("rule hits: ")]
+        (hits,) = [r.message for r in entry.remarks if r.reason == "rule_hits"]
         counted = {rule: int(n) for rule, n in re.findall(r"([\w-]+) (\d+)[,;]", hits) if n != "0"}
         assert counted and set(counted) >= {"fold"}
         for rule, n in counted.items():
-            (line,) = [line for line in summary if f" {rule}: " in line or f" x{n} {rule}: " in line]
-            assert line.startswith("  [raise-attention] applied") and (n == 1) != (f" x{n} {rule}: " in line)
+            (line,) = [line for line in summary if f" ({rule})" in line]
+            assert line.startswith("  [raise-attention] applied") and (n == 1) != (f" x{n} ({rule})" in line)
         # and every other remark is counted once: no remark lost, none counted twice
         counts = [int(m.group(1)) if (m := re.search(r"\] \w+ x(\d+) ", line)) else 1 for line in summary[2:]]
         assert sum(counts) == len(entry.remarks) - 1
@@ -312,7 +312,7 @@ class TestJAXJit:
         entry = fast.specializations[-1]
         assert entry.signature.endswith("scale=0.25")
         raised = [r for r in entry.remarks if r.pass_name == "raise-attention" and r.kind == "applied"]
-        assert any(r.message.startswith("attention: ") and " -> sdpa" in r.message for r in raised)
+        assert any(r.rule == "attention" and " -> sdpa" in r.message for r in raised)
         # decode-shaped on CPU: GQA-folded, and the remarks speak of the target, JAX, not of MLX's CPU fallback
         (strategy,) = [r for r in entry.remarks if r.pass_name == "decompose-sdpa"]
         assert strategy.kind == "applied" and "sdpa" not in entry.ops

@@ -88,7 +88,9 @@ def test_run_applies_the_pipeline_prints_remarks_and_saves(cli, verify_json, tmp
     assert load(out_path) == expected
     assert out.count("// after ") == 1 and f"// after head-chunk\n{expected}\n" in out
     assert "[head-chunk] applied sdpa: q_len*gqa = 48 > 32 (q_len 4, gqa 12): 4 subcalls" in out
-    assert "[dce] declined: no dead values" in out and "[narrow-inputs] declined mask:" in out
+    assert (
+        "[dce] declined (no_candidates): no dead values" in out and "[narrow-inputs] declined mask (read_whole):" in out
+    )
     table = out[out.index("pass ") :].splitlines()
     assert table[0].split() == ["pass", "runs", "total", "ms", "%"]
     assert [row.split()[0] for row in table[1:6]] == ["dce", "head-chunk", "qsa-gather", "narrow-inputs", "total"]
@@ -98,14 +100,17 @@ def test_run_applies_the_pipeline_prints_remarks_and_saves(cli, verify_json, tmp
 def test_run_without_output_prints_the_result(cli, verify_json):
     status, out, _ = cli("run", "-p", "head-chunk{budget=64}", verify_json)
     assert status == 0
-    assert "[head-chunk] declined sdpa: q_len*gqa = 48 <= 64" in out
+    assert "[head-chunk] declined sdpa (fused_kernel_serves): q_len*gqa = 48 <= 64" in out
     assert out.endswith(f"{load(verify_json)}\n")
 
 
 def test_explain_prints_applied_and_declined_remarks_only(cli, verify_json):
     status, out, _ = cli("explain", "--pipeline", PIPELINE, verify_json)
     assert status == 0 and "graph attention" not in out
-    assert "[head-chunk] applied sdpa:" in out and "[qsa-gather] declined sdpa_c0: masked path kept" in out
+    assert (
+        "[head-chunk] applied sdpa:" in out
+        and "[qsa-gather] declined sdpa_c0 (mask_not_selection): masked path kept" in out
+    )
     assert out.endswith(
         "// dce: 0 applied, 1 declined\n// head-chunk: 1 applied, 0 declined\n"
         "// qsa-gather: 0 applied, 4 declined\n// narrow-inputs: 0 applied, 4 declined\n"

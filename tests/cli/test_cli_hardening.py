@@ -210,8 +210,8 @@ def test_remarks_json_holds_every_remark_whole(cli, model_json, tmp_path):
     assert status == 0
     rows = json.loads(path.read_text())
     expected = PassManager(parse_pipeline(MODEL_PIPELINE)).run(Graph.from_json(model_json.read_text())).remarks
-    assert [(r["pass"], r["rule"], r["kind"], r["node"], r["message"]) for r in rows] == [
-        (r.pass_name, r.rule, r.kind, r.node, r.message) for r in expected
+    assert [(r["pass"], r["rule"], r["kind"], r["node"], r["reason"], r["message"]) for r in rows] == [
+        (r.pass_name, r.rule, r.kind, r.node, r.reason, r.message) for r in expected
     ]
     assert any(r["rule"] for r in rows)  # rule-driven passes name their rule as a field
     assert all("\n" not in r["message"] for r in rows) and max(len(r["message"]) for r in rows) > 200

@@ -39,7 +39,7 @@ def _same_bits_everywhere(before, after, *args, params=None):
 
 
 def _rules(result):
-    return [r.message.split(":")[0] for r in result.applied()]
+    return [r.rule for r in result.applied()]
 
 
 # ----------------------------------------------------------------------------- the evaluator
@@ -162,7 +162,7 @@ def test_correctly_rounded_folds_are_what_every_target_computes(target, dtype):
 def _fold_one(fn, *specs):
     graph = trace(fn, *specs)
     result = _canonical(graph)
-    return graph, result, [r.message.split(": ", 1)[1] for r in result.declined()]
+    return graph, result, [(r.rule, r.reason) for r in result.declined()]
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
@@ -181,19 +181,19 @@ def test_sqrt_of_a_constant_folds_in_its_own_dtype():
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 @pytest.mark.parametrize(
-    "fn, reason",
+    "fn",
     [
-        (lambda x: x + ops.constant(1e-20, like=x) * ops.constant(1e-20, like=x), "the result is subnormal"),
-        (lambda x: x + ops.sqrt(ops.constant(1e-40, like=x)), "an operand is subnormal"),
-        (lambda x: x + ops.sqrt(ops.constant(-1.0, like=x)), "the result holds a NaN"),
-        (lambda x: x + ops.maximum(ops.constant(0.0, like=x), ops.constant(-0.0, like=x)), "+0.0 and -0.0 meet"),
-        (lambda x: x + ops.relu(ops.constant(-0.0, like=x)), "+0.0 and -0.0 meet"),
+        lambda x: x + ops.constant(1e-20, like=x) * ops.constant(1e-20, like=x),  # the result is subnormal
+        lambda x: x + ops.sqrt(ops.constant(1e-40, like=x)),  # an operand is subnormal
+        lambda x: x + ops.sqrt(ops.constant(-1.0, like=x)),  # the result holds a NaN
+        lambda x: x + ops.maximum(ops.constant(0.0, like=x), ops.constant(-0.0, like=x)),  # +0.0 and -0.0 meet
+        lambda x: x + ops.relu(ops.constant(-0.0, like=x)),  # +0.0 and -0.0 meet
     ],
     ids=["subnormal-result", "subnormal-operand", "nan", "signed-zeros", "relu-of-minus-zero"],
 )
-def test_folds_whose_bits_the_target_chooses_are_declined(fn, reason):
+def test_folds_whose_bits_the_target_chooses_are_declined(fn):
     graph, result, declined = _fold_one(fn, TensorSpec((4,), "float32"))
-    assert any(reason in d for d in declined), declined
+    assert declined == [("fold", "target_defined")]
     assert "fold" not in _rules(result)
     _same_bits_everywhere(graph, result.graph, random_array(np.random.default_rng(4), (4,), "float32"))
 
@@ -260,8 +260,8 @@ def test_folding_keeps_target_computed_ops_unless_asked_for_the_reference():
     graph = trace(rope_table, TensorSpec((2, 8)))
     exact = _canonical(graph)
     assert "cos" in _ops(exact.graph) and "mul" in _ops(exact.graph)
-    (declined,) = [r for r in exact.declined() if "cos" in r.message]
-    assert "MLX and JAX compute cos in their own way" in declined.message
+    (declined,) = [r for r in exact.declined() if exact.graph.node(r.node).op == "cos"]
+    assert (declined.rule, declined.reason) == ("fold", "target_defined")
     _same_bits_everywhere(graph, exact.graph, np.ones((2, 8), np.float32))
     reference = _canonical(graph, fold="reference")
     assert _ops(reference.graph) == ["constant", "mul"]
@@ -277,11 +277,11 @@ def test_folding_declines_what_would_only_repeat_or_exceed_the_limit():
         return x + ops.broadcast_to(ops.constant(np.arange(4, dtype=np.float32)), (3, 4)), ops.neg(table)
 
     result = _canonical(trace(repeats, TensorSpec((3, 4))))
-    reasons = sorted(r.message.split(": ", 1)[1] for r in result.declined())
-    assert reasons == [
-        "broadcast_to of a constant is not folded: it would store 4 values 3 times",
-        f"neg of constants is not folded: {big} elements (more than {FOLD_LIMIT}) and not a splat",
-    ]
+    graph = result.graph
+    reasons = sorted((graph.node(r.node).op, r.rule, r.reason) for r in result.declined())
+    assert reasons == [("broadcast_to", "fold", "too_large"), ("neg", "fold", "too_large")]
+    (neg,) = [r for r in result.declined() if graph.node(r.node).op == "neg"]
+    assert f"{big} elements (more than {FOLD_LIMIT})" in neg.message  # the remark names the offending size
 
 
 def test_an_unknown_fold_mode_is_an_error():

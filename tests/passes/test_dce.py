@@ -66,7 +66,7 @@ def test_running_twice_equals_once():
     assert not twice.changed
     assert twice.graph == once.graph
     assert twice.graph.fingerprint() == once.graph.fingerprint()
-    assert [(r.kind, r.message) for r in twice.remarks] == [("declined", "no dead values")]
+    assert [(r.kind, r.reason) for r in twice.remarks] == [("declined", "no_candidates")]
 
 
 def test_fixed_point_with_dce_converges_in_two_iterations():
@@ -82,7 +82,7 @@ def test_nothing_dead_declines():
     result = DCE(g)
     assert not result.changed
     assert result.graph == g
-    assert [(r.kind, r.node, r.message) for r in result.remarks] == [("declined", None, "no dead values")]
+    assert [(r.kind, r.node, r.reason) for r in result.remarks] == [("declined", None, "no_candidates")]
 
 
 def test_output_that_is_directly_an_input():

@@ -53,7 +53,7 @@ class NoOp(Pass):
     name: ClassVar[str] = "noop"
 
     def run(self, graph: Graph, remarks: Remarks) -> bool:
-        remarks.declined(None, "nothing to do")
+        remarks.declined(None, "nothing to do", reason="no_candidates")
         return False
 
 
@@ -293,8 +293,8 @@ def test_fixed_point_is_bounded_and_remarks_non_convergence():
     assert timings.runs == {"dce": 3, "append_dead": 3}
     assert result.changed
     last = result.remarks[-1]
-    assert last.kind == "analysis" and last.pass_name == MANAGER_NAME
-    assert "after 3 iterations" in last.message and "not" in last.message
+    assert (last.kind, last.pass_name, last.reason) == ("analysis", MANAGER_NAME, "not_converged")
+    assert "after 3 iterations" in last.message  # it names the bound
     # the bound stopped the driver after the last append: exactly one dead constant remains
     assert sum(1 for n in result.graph.nodes() if n.op == "constant") == 2
     assert_untouched(g, snap)

@@ -39,7 +39,7 @@ def _sdpas(graph):
 
 
 def _attention_remark(result):
-    (remark,) = [r for r in result.remarks if r.message.startswith("attention")]
+    (remark,) = [r for r in result.remarks if r.rule == "attention"]
     return remark
 
 

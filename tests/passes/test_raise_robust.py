@@ -38,7 +38,7 @@ def _sdpas(graph):
 
 
 def _decisions(result, rule):
-    return [r for r in result.remarks if r.kind in ("applied", "declined") and r.message.startswith(f"{rule}")]
+    return [r for r in result.remarks if r.kind in ("applied", "declined") and r.rule == rule]
 
 
 def _same_function(before, after, *args, rtol=None, dtype=None):
@@ -94,9 +94,7 @@ def test_a_scale_after_the_mask_that_would_round_is_declined(factor):
 
     result = _raise(trace(attention, *_specs()))
     (remark,) = _decisions(result, "attention")
-    assert not _sdpas(result.graph) and remark.kind == "declined"
-    assert f"mask m is added before the scores are scaled by {factor:g}" in remark.message
-    assert "not exact (not a power of two)" in remark.message
+    assert not _sdpas(result.graph) and (remark.kind, remark.reason) == ("declined", "inexact")
 
 
 def test_a_scale_on_the_mask_is_kept_in_the_mask(rng):
@@ -321,18 +319,18 @@ def test_jax_unbatched_attention_as_equinox_writes_it(rng):
 # ----------------------------------------------------------------------------- what sdpa does not express
 
 
-def test_a_step_on_the_scores_sdpa_lacks_is_declined_by_name():
+def test_a_step_on_the_scores_sdpa_lacks_is_declined_naming_it():
     def attention(q, k, v, m):
         return ops.matmul(_softmax(ops.sin(ops.matmul(q, ops.transpose(_repeat(k), (0, 1, 3, 2))))), _repeat(v))
 
     result = _raise(trace(attention, *_specs()))
     (remark,) = _decisions(result, "attention")
-    assert remark.kind == "declined" and "the scores pass through sin" in remark.message
+    assert (remark.kind, remark.reason) == ("declined", "not_attention") and "sin" in remark.message
 
 
 @pytest.mark.skipif("tanh" not in registered_ops(), reason="the tanh op is not registered")
 @pytest.mark.parametrize("outer, raised", [(50.0, True), (40.0, False)], ids=["cap", "not-a-cap"])
-def test_logit_soft_capping_is_raised_or_declined_by_name(outer, raised):
+def test_logit_soft_capping_is_raised_or_declined(outer, raised):
     def attention(q, k, v, m):
         scores = ops.matmul(q, ops.transpose(_repeat(k), (0, 1, 3, 2)))
         capped = ops.mul(ops.emit("tanh", [ops.div(scores, 50.0)]), outer)
@@ -344,22 +342,22 @@ def test_logit_soft_capping_is_raised_or_declined_by_name(outer, raised):
         (sdpa,) = _sdpas(result.graph)
         assert remark.kind == "applied" and sdpa.attrs["logit_softcap"] == 50.0
     else:
-        assert remark.kind == "declined" and "logit soft-capping" in remark.message
+        assert (remark.kind, remark.reason) == ("declined", "not_attention")
 
 
 @pytest.mark.parametrize(
-    "probabilities, reason",
-    [(lambda p: p * 2.0, "scales the probabilities after the softmax"),
-     (lambda p: p + 0.5, "changes the probabilities between softmax")],
+    "probabilities, op",
+    [(lambda p: p * 2.0, "mul"), (lambda p: p + 0.5, "add")],
     ids=["scaled", "biased"],
 )  # fmt: skip
-def test_a_change_to_the_probabilities_is_declined(probabilities, reason):
+def test_a_change_to_the_probabilities_is_declined(probabilities, op):
     def attention(q, k, v, m):
         return ops.matmul(probabilities(_softmax(ops.matmul(q, ops.transpose(_repeat(k), (0, 1, 3, 2))))), _repeat(v))
 
     result = _raise(trace(attention, *_specs()))
     (remark,) = _decisions(result, "attention")
-    assert remark.kind == "declined" and reason in remark.message
+    assert (remark.kind, remark.reason) == ("declined", "probabilities_changed")
+    assert result.graph.node(remark.message.split()[1]).op == op  # it names the op between softmax and P·V
 
 
 def test_a_head_mismatch_names_shapes_not_misread_axes():
@@ -370,8 +368,8 @@ def test_a_head_mismatch_names_shapes_not_misread_axes():
     specs = TensorSpec((B, HQ, S, D)), TensorSpec((B, HKV, T, D)), TensorSpec((B, 1, T, D))
     result = _raise(trace(attention, *specs))
     (remark,) = _decisions(result, "attention")
-    assert remark.kind == "declined" and not _sdpas(result.graph)
-    assert "no reading of the roots q [1, 4, 3, 8], k [1, 2, 5, 8], v [1, 1, 5, 8]" in remark.message
+    assert (remark.kind, remark.reason) == ("declined", "axes_mismatch") and not _sdpas(result.graph)
+    assert "q [1, 4, 3, 8], k [1, 2, 5, 8], v [1, 1, 5, 8]" in remark.message  # it names the shapes
 
 
 @pytest.mark.parametrize("fill", [float("nan"), -1e4, 1.0])
@@ -383,5 +381,4 @@ def test_a_fill_that_does_not_mask_is_declined(fill):
 
     result = _raise(trace(attention, *_specs()))
     (remark,) = _decisions(result, "attention")
-    assert remark.kind == "declined" and f"fills masked scores with {fill:g};" in remark.message
-    assert "a fill is exactly a mask only if it is -inf or <= -1.68e+07" in remark.message
+    assert (remark.kind, remark.reason) == ("declined", "inexact")
