@@ -12,6 +12,9 @@ A quantized matrix ``w [..., N, K]`` is three tensors:
 
 Dequantized, ``w[..., j] = scale * q + bias`` of its group, computed in the scales' dtype as MLX does:
 the product is rounded to that dtype, then the sum (two roundings, no fused multiply-add).
+
+``quantize`` is ``mx.quantize``, one op per output (``output``: ``wq``, ``scales`` or ``biases``); the three
+share their operand and attributes, and each is computed alone.
 """
 
 from __future__ import annotations
@@ -91,6 +94,27 @@ def _infer_quantized_matmul(ts, *, transpose, group_size, bits):
     return TensorType(batch + (x.shape[-2], cols), x.dtype)
 
 
+def _infer_quantize(ts, *, group_size, bits, output):
+    (w,) = ts
+    if bits not in BITS:
+        raise ShapeError(
+            f"quantize: bits={bits} is not an affine quantization width; valid: {', '.join(map(str, BITS))}"
+        )
+    if group_size not in GROUP_SIZES:
+        valid = ", ".join(map(str, GROUP_SIZES))
+        raise ShapeError(f"quantize: group_size={group_size} is not an affine group size; valid: {valid}")
+    require_dtype("quantize", w, FLOATS, "w")
+    if w.rank < 2 or w.shape[-1] % group_size:
+        raise ShapeError(
+            f"quantize: w {w} must have rank >= 2 and rows of whole groups of {group_size} (a last dim divisible "
+            f"by {group_size})"
+        )
+    k = w.shape[-1]
+    if output == "wq":
+        return TensorType(w.shape[:-1] + (k * bits // 32,), DType.int32)
+    return TensorType(w.shape[:-1] + (k // group_size,), w.dtype)
+
+
 _QUANT_ATTRS = {"group_size": attr("int", 64), "bits": attr("int", 4)}
 register(
     OpDef(
@@ -102,6 +126,20 @@ register(
         "mx.dequantize (affine): w [..., N, K] from packed int32 words wq [..., N, K*bits/32] (uint32 bits, a "
         "little-endian bit stream per row), scales and biases [..., N, K/group_size]: w = scale * q + bias of "
         "q's group, the product rounded to the scales' dtype, then the sum; then converted to dtype.",
+    )
+)
+register(
+    OpDef(
+        "quantize",
+        ("w",),
+        _infer_quantize,
+        {**_QUANT_ATTRS, "output": attr("choice:wq|scales|biases")},
+        "quant",
+        "mx.quantize (affine), one output: w [..., N, K] -> wq int32 [..., N, K*bits/32] (uint32 bits, a "
+        "little-endian bit stream per row), or scales or biases [..., N, K/group_size] in w's dtype. Per group, "
+        "in float32: the edge (the min or max of larger magnitude) is q0 * scale + bias exactly, "
+        "q = clip(rint((w - bias) / scale), 0, 2^bits - 1) with the float32 scale and bias, which are then "
+        "rounded to w's dtype; 1 bit: scale max - min, bias min (docs/semantics.md §1.5).",
     )
 )
 register(

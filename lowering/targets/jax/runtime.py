@@ -90,6 +90,36 @@ def quantized_matmul(x, wq, scales, biases, *, transpose: bool, group_size: int,
     return jnp.matmul(x, w, preferred_element_type=jnp.float32).astype(x.dtype)
 
 
+def quantize(w, *, group_size: int, bits: int, output: str) -> jax.Array:
+    """``mx.quantize``'s ``output`` (``wq`` as int32 words, ``scales``, ``biases``), computed per group in float32
+    as :func:`attnpass.ir.dialects.evaluate.quantize` describes.
+
+    XLA rewrites a division by a broadcast value into a multiply by its reciprocal (two roundings, so
+    ``rint`` may then land on the other side of a half): each divisor is broadcast to the dividend's shape
+    behind an optimization barrier, which leaves XLA a plain, correctly rounded division."""
+    x = w.astype(jnp.float32).reshape(w.shape[:-1] + (w.shape[-1] // group_size, group_size))
+    full = lambda d, shape: jax.lax.optimization_barrier(jnp.broadcast_to(d, shape))  # noqa: E731
+    top, bottom = x.max(axis=-1), x.min(axis=-1)
+    low_edge = jnp.abs(bottom) > jnp.abs(top)
+    scale = jnp.maximum((top - bottom) / full(np.float32((1 << bits) - 1), top.shape), np.float32(1e-7))
+    scale = jnp.where(low_edge, scale, -scale)
+    edge = jnp.where(low_edge, bottom, top)
+    q0 = jnp.round(edge / scale)  # jnp.round: half to even, as rint
+    moved = q0 != 0
+    scale = jnp.where(moved, edge / jnp.where(moved, q0, 1.0), scale)
+    bias = jnp.where(moved, edge, 0.0)
+    if bits == 1:  # MLX's 1-bit rule: the range and the min, no edge
+        scale, bias = jnp.maximum(top - bottom, np.float32(1e-7)), bottom
+    if output != "wq":
+        return (scale if output == "scales" else bias).astype(w.dtype)
+    q = jnp.round((x - bias[..., None]) / full(scale[..., None], x.shape))
+    q = jnp.clip(q, 0, (1 << bits) - 1).astype(jnp.uint32).reshape(w.shape)
+    stream = (q[..., None] >> np.arange(bits, dtype=np.uint32)) & jnp.uint32(1)  # [..., K, bits], low bit first
+    stream = stream.reshape(w.shape[:-1] + (w.shape[-1] * bits // 32, 32)) << np.arange(32, dtype=np.uint32)
+    words = jax.lax.reduce(stream, jnp.uint32(0), jax.lax.bitwise_or, (stream.ndim - 1,))
+    return jax.lax.bitcast_convert_type(words, jnp.int32)
+
+
 def _top_k(score: jax.Array, k: int) -> jax.Array:
     score = jnp.where(jnp.isnan(score), -jnp.inf, score)
     score = jnp.where(score == 0, 0.0, score)  # -0.0 == +0.0

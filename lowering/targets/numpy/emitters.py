@@ -158,3 +158,6 @@ EMITTERS["quantized_matmul"] = lambda n, a, env: (
     f"ref.quantized_matmul({', '.join(a)}, transpose={n.attrs['transpose']}, group_size={n.attrs['group_size']}, "
     f"bits={n.attrs['bits']})"
 )
+EMITTERS["quantize"] = lambda n, a, env: (
+    f"ref.quantize({a[0]}, group_size={n.attrs['group_size']}, bits={n.attrs['bits']}, output={n.attrs['output']!r})"
+)

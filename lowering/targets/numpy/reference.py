@@ -19,6 +19,7 @@ from attnpass.ir.dialects.evaluate import (  # noqa: F401
     constant,
     conv1d,
     dequantize,
+    quantize,
     quantized_matmul,
     remainder,
     rounded,
