@@ -32,6 +32,7 @@ from .decompose_sdpa import DEVICES
 from .policy import SwitchedPass
 from .registry import register_pass
 from .rewrite import Decline, Rewriter, Rule, apply_rules
+from .quantized_attention import NOT_CARRIED, decline_quantized
 
 ENV_VAR = "ATTNPASS_BLOCK_SPARSE"
 # Query rows per tile, per device: cpu measured (benchmarks/block_sparse.py, MLX and JAX CPU); the others are the
@@ -170,6 +171,7 @@ class BlockSparse(SwitchedPass):
         block_q = self.block_q if self.block_q is not None else BLOCK_Q[self.device]
         plan_of = "given" if self.block_q is not None else f"the {self.device} plan"
         rule = Rule("block-sparse", "sdpa", _match(block_q, plan_of), _rewrite, lambda plan: plan.message)
+        decline_quantized(graph, remarks, NOT_CARRIED.format(self.name))
         return bool(apply_rules(graph, [rule], remarks, decline_all=self.disabled()))
 
 

@@ -57,6 +57,7 @@ from .base import Pass, Remarks, require_int
 from .devices import METAL_VECTOR_BUDGET, METAL_VECTOR_MAX_ROWS, metal_vector_serves
 from .registry import register_pass
 from .rewrite import Decline, Rewriter, Rule, apply_rules
+from .quantized_attention import decline_quantized
 
 DEVICES = ("cpu", "metal", "gpu", "tpu")
 TARGETS = ("mlx", "jax")
@@ -89,6 +90,12 @@ def _metal_vector_kernel(q_len: int, gqa: int, d: int, dv: int, kv_len: int) -> 
     return None
 
 
+QUANTIZED_LOWERING = (
+    "kept: its lowering is already GQA-folded, the query heads of each kv head the rows of one "
+    "quantized_matmul over the packed keys and one over the packed values (K/V never dequantized as a whole)"
+)
+
+
 @register_pass
 @dataclass(frozen=True)
 class DecomposeSDPA(Pass):
@@ -113,6 +120,7 @@ class DecomposeSDPA(Pass):
 
     def run(self, graph: Graph, remarks: Remarks) -> bool:
         rule = Rule("decompose-sdpa", "sdpa", self._match, _rewrite, lambda plan: plan.reason)
+        decline_quantized(graph, remarks, QUANTIZED_LOWERING)
         return bool(apply_rules(graph, [rule], remarks))
 
     def _match(self, graph: Graph, node: Node) -> _Plan | Decline:

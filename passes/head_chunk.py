@@ -23,6 +23,7 @@ from .devices import METAL_VECTOR_BUDGET
 from .policy import SwitchedPass
 from .registry import register_pass
 from .rewrite import Decline, Rewriter, Rule, apply_rules
+from .quantized_attention import NOT_CARRIED, decline_quantized
 
 ENV_VAR = "ATTNPASS_SDPA_HEAD_CHUNK"
 DEFAULT_BUDGET = METAL_VECTOR_BUDGET
@@ -173,6 +174,7 @@ class HeadChunkSDPA(SwitchedPass):
 
     def run(self, graph: Graph, remarks: Remarks) -> bool:
         rule = Rule("head-chunk", "sdpa", _match(self.budget), _rewrite, lambda plan: plan.message)
+        decline_quantized(graph, remarks, NOT_CARRIED.format(self.name))
         return bool(apply_rules(graph, [rule], remarks, decline_all=self.disabled()))
 
 

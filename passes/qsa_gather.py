@@ -74,6 +74,7 @@ from .base import Remarks, require_int
 from .policy import SwitchedPass
 from .registry import register_pass
 from .rewrite import Decline, Rewriter, Rule, apply_rules
+from .quantized_attention import NOT_CARRIED, decline_quantized
 
 ENV_VAR = "ATTNPASS_QSA_GATHER"
 PREFILL_TILES = {"cpu": 16, "metal": 16, "gpu": 64, "tpu": 64}  # rows per prefill tile (default_pipeline)
@@ -134,6 +135,7 @@ class QSAGather(SwitchedPass):
 
     def run(self, graph: Graph, remarks: Remarks) -> bool:
         rule = Rule("qsa-gather", "sdpa", self._match, _rewrite, self._describe)
+        decline_quantized(graph, remarks, NOT_CARRIED.format(self.name))
         return bool(apply_rules(graph, [rule], remarks, decline_all=self.disabled()))
 
     # ------------------------------------------------------------------ check

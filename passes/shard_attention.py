@@ -73,6 +73,7 @@ from .base import Pass, Remarks
 from .registry import register_pass
 from .rewrite import Decline, Rewriter, Rule, apply_rules
 from .split_kv import Labels, Place, SplitPlan, gathers_qsa_cells, is_split_partial, match_split, rewrite_split
+from .quantized_attention import NOT_CARRIED, decline_quantized
 
 QKV_LABELS = ("batch", "heads", None, None)
 PROPAGATING = frozenset({"add", "sub", "mul", "div", "maximum", "cast", "concat"})
@@ -121,6 +122,7 @@ class ShardAttention(Pass):
             Rule("head-chunked", "concat", self._match_group, self._rewrite, lambda p: p.message),
             Rule("sdpa", "sdpa", self._match_sdpa, self._rewrite, lambda p: p.message),
         ]
+        decline_quantized(graph, remarks, NOT_CARRIED.format(self.name))
         hits = apply_rules(graph, rules, remarks)
         inherited = _propagate(graph) if hits else 0
         if inherited:

@@ -60,6 +60,7 @@ from attnpass.ir.dialects.attention import sdpa_operands
 from .base import Pass, Remarks, require_int
 from .registry import register_pass
 from .rewrite import Decline, Rewriter, Rule, apply_rules
+from .quantized_attention import NOT_CARRIED, decline_quantized
 
 Labels = Sequence["str | None"]  # per dimension: "batch", "heads", "shard" or None
 Place = Callable[[str, Labels], None]  # annotate a value from its dimension labels
@@ -389,6 +390,7 @@ class SplitKV(Pass):
             rw.replace_matched(rewrite_split(rw, plan, no_placement), prune=True)
 
         rule = Rule("split-kv", "sdpa", lambda g, n: match_split(g, n, self.shards), rewrite, SplitPlan.describe)
+        decline_quantized(graph, remarks, NOT_CARRIED.format(self.name))
         return bool(apply_rules(graph, [rule], remarks))
 
 

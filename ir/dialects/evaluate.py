@@ -205,6 +205,25 @@ def quantize(w, *, group_size: int, bits: int, output: str) -> np.ndarray:
     return pack(q.reshape(w.shape).astype(np.int64), bits)
 
 
+def quantized_sdpa(q, kq, ks, kb, vq, vs, vb, mask=None, *, scale: float, group_size: int, bits: int) -> np.ndarray:
+    """The ``quantized_sdpa`` op: mlx-lm's quantized attention, each step an op of its own rounded to q's dtype
+    (``q * scale``, the scores, the masked scores, the softmax from float64, ``P·V``); query head ``h`` reads kv
+    head ``h // G``, computed with the G heads of a group folded into the rows of one ``quantized_matmul``."""
+    dtype = DType.from_numpy(np.asarray(q).dtype)
+    b, hq, s, d = q.shape
+    hkv, t = kq.shape[1], kq.shape[2]
+    opts = {"group_size": group_size, "bits": bits}
+    folded = rounded(wide(q) * scale, dtype).reshape(b, hkv, hq // hkv * s, d)
+    scores = quantized_matmul(folded, kq, ks, kb, transpose=True, **opts).reshape(b, hq, s, t)
+    if mask is not None and np.asarray(mask).dtype == np.bool_:
+        scores = rounded(np.where(mask, wide(scores), float(dtype.finfo.min)), dtype)
+    elif mask is not None:
+        scores = rounded(wide(scores) + wide(mask), dtype)
+    p = softmax(scores, -1, dtype).reshape(b, hkv, hq // hkv * s, t)
+    out = quantized_matmul(p, vq, vs, vb, transpose=False, **opts)
+    return out.reshape(b, hq, s, out.shape[-1])
+
+
 EVALUATORS: dict[str, Evaluator] = {
     "add": _arith(np.add),
     "sub": _arith(np.subtract),
@@ -248,6 +267,7 @@ EVALUATORS: dict[str, Evaluator] = {
     "dequantize": lambda attrs, xs, t: dequantize(*xs, **attrs),
     "quantized_matmul": lambda attrs, xs, t: quantized_matmul(*xs, **attrs),
     "quantize": lambda attrs, xs, t: quantize(*xs, **attrs),
+    "quantized_sdpa": lambda attrs, xs, t: quantized_sdpa(*xs, **attrs),
 }
 
 
@@ -263,6 +283,6 @@ def evaluate(op: str, attrs: Mapping, operands: Sequence[np.ndarray], result: Te
 
 
 __all__ = [
-    "EVALUATORS", "constant", "conv1d", "dequantize", "evaluate", "pack", "quantize", "quantized_matmul", "remainder",
-    "rounded", "scan", "scan_identity", "softmax", "unpack", "wide",
+    "EVALUATORS", "constant", "conv1d", "dequantize", "evaluate", "pack", "quantize", "quantized_matmul",
+    "quantized_sdpa", "remainder", "rounded", "scan", "scan_identity", "softmax", "unpack", "wide",
 ]  # fmt: skip

@@ -15,6 +15,9 @@ the product is rounded to that dtype, then the sum (two roundings, no fused mult
 
 ``quantize`` is ``mx.quantize``, one op per output (``output``: ``wq``, ``scales`` or ``biases``); the three
 share their operand and attributes, and each is computed alone.
+
+``quantized_sdpa`` is attention over quantized K/V as mlx-lm computes it
+(``quantized_scaled_dot_product_attention``): two ``quantized_matmul`` around a softmax.
 """
 
 from __future__ import annotations
@@ -115,6 +118,35 @@ def _infer_quantize(ts, *, group_size, bits, output):
     return TensorType(w.shape[:-1] + (k // group_size,), w.dtype)
 
 
+def _infer_quantized_sdpa(ts, *, scale, group_size, bits):
+    op = "quantized_sdpa"
+    if len(ts) not in (7, 8):
+        raise ShapeError(f"{op}: expected 7 or 8 operands (q, kq, ks, kb, vq, vs, vb, mask?), got {len(ts)}")
+    q, kq, ks, kb, vq, vs, vb = ts[:7]
+    mask = ts[7] if len(ts) == 8 else None
+    require_dtype(op, q, FLOATS, "q")
+    d = _check_quantized(op, kq, ks, kb, group_size, bits)
+    dv = _check_quantized(op, vq, vs, vb, group_size, bits)
+    if ks.dtype is not q.dtype or vs.dtype is not q.dtype:
+        raise ShapeError(f"{op}: q and the K/V scales must share one float dtype, got q={q}, ks={ks}, vs={vs}")
+    if q.rank != 4 or kq.rank != 4 or vq.rank != 4:
+        raise ShapeError(f"{op}: q, kq and vq must have rank 4 [B, H, S|T, ...], got q={q}, kq={kq}, vq={vq}")
+    (b, hq, s, qd), (kb_, hkv, t, _), (vb_, vh, vt, _) = q.shape, kq.shape, vq.shape
+    if qd != d:
+        raise ShapeError(f"{op}: q {q} has head dim {qd}, the keys (kq {kq}, {bits} bits) hold {d}")
+    if (kb_, hkv, t) != (b, vh, vt) or vb_ != b:
+        raise ShapeError(f"{op}: kq {kq} and vq {vq} must share [B, Hkv, T] with B={b} of q {q}")
+    if hq % hkv:
+        raise ShapeError(f"{op}: {hq} query heads are not a multiple of {hkv} kv heads (q {q}, kq {kq})")
+    if mask is not None:
+        if mask.dtype not in (DType.bool, q.dtype):
+            raise ShapeError(f"{op}: mask {mask} must be bool (True = attend) or additive in q's dtype {q.dtype.value}")
+        full = (b, hq, s, t)
+        if mask.rank > 4 or broadcast_shapes(f"{op} mask", mask.shape, full) != full:
+            raise ShapeError(f"{op}: mask {mask} does not broadcast to [B, Hq, S, T] = {list(full)}")
+    return TensorType((b, hq, s, dv), q.dtype)
+
+
 _QUANT_ATTRS = {"group_size": attr("int", 64), "bits": attr("int", 4)}
 register(
     OpDef(
@@ -152,5 +184,19 @@ register(
         "mx.quantized_matmul (affine): x @ w^T (transpose=True) or x @ w, w the dequantize of (wq, scales, "
         "biases) in x's dtype, which the scales share; batch dims broadcast. The accumulation order and "
         "precision are the target's (MLX's own kernel on MLX).",
+    )
+)
+register(
+    OpDef(
+        "quantized_sdpa",
+        ("q", "kq", "ks", "kb", "vq", "vs", "vb", "mask?"),
+        _infer_quantized_sdpa,
+        {"scale": attr("float"), **_QUANT_ATTRS},
+        "quant",
+        "mlx-lm's quantized_scaled_dot_product_attention: q [B, Hq, S, D], K and V quantized [B, Hkv, T, ...] "
+        "(kq, ks, kb and vq, vs, vb as for dequantize); query head h reads kv head h // (Hq / Hkv). "
+        "s = quantized_matmul(q * scale, K) (q * scale rounded to q's dtype); a bool mask (True = attend) "
+        "sets the others to the dtype's lowest finite value, an additive one is added; p = softmax(s) in at "
+        "least float32, rounded to q's dtype; out = quantized_matmul(p, V, transpose=False).",
     )
 )

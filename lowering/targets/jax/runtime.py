@@ -120,6 +120,23 @@ def quantize(w, *, group_size: int, bits: int, output: str) -> jax.Array:
     return jax.lax.bitcast_convert_type(words, jnp.int32)
 
 
+def quantized_sdpa(q, kq, ks, kb, vq, vs, vb, mask=None, *, scale: float, group_size: int, bits: int) -> jax.Array:
+    """The ``quantized_sdpa`` op, GQA folded into the rows of :func:`quantized_matmul` as on MLX; the softmax in
+    float32, rounded to q's dtype."""
+    b, hq, s, d = q.shape
+    hkv, t = kq.shape[1], kq.shape[2]
+    opts = {"group_size": group_size, "bits": bits}
+    folded = jnp.reshape(q * jnp.asarray(scale, q.dtype), (b, hkv, hq // hkv * s, d))
+    scores = jnp.reshape(quantized_matmul(folded, kq, ks, kb, transpose=True, **opts), (b, hq, s, t))
+    if mask is not None and mask.dtype == jnp.bool_:
+        scores = jnp.where(mask, scores, jnp.finfo(scores.dtype).min)
+    elif mask is not None:
+        scores = scores + mask
+    p = jax.nn.softmax(scores.astype(jnp.float32), axis=-1).astype(q.dtype)
+    out = quantized_matmul(jnp.reshape(p, (b, hkv, hq // hkv * s, t)), vq, vs, vb, transpose=False, **opts)
+    return jnp.reshape(out, (b, hq, s, out.shape[-1]))
+
+
 def _top_k(score: jax.Array, k: int) -> jax.Array:
     score = jnp.where(jnp.isnan(score), -jnp.inf, score)
     score = jnp.where(score == 0, 0.0, score)  # -0.0 == +0.0

@@ -21,6 +21,7 @@ from attnpass.ir.dialects.evaluate import (  # noqa: F401
     dequantize,
     quantize,
     quantized_matmul,
+    quantized_sdpa,
     remainder,
     rounded,
     scan,
