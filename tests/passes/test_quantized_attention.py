@@ -133,7 +133,14 @@ def test_decode_program_is_two_quantized_matmuls_over_the_packed_cache(rng):
 
 @pytest.mark.parametrize(
     "pipeline",
-    ["head-chunk", "split-kv{shards=2}", "qsa-gather", "decompose-sdpa{device=cpu}", "block-sparse"],
+    [
+        "head-chunk",
+        "split-kv{shards=2}",
+        "shard-attention{heads=model}",
+        "qsa-gather",
+        "decompose-sdpa{device=cpu}",
+        "block-sparse",
+    ],
 )
 @requires("mlx.core", "mlx_lm")
 def test_passes_that_read_attention_decline_quantized_sdpa_by_name(rng, pipeline):
