@@ -23,21 +23,32 @@ the mask shape, the scale and the dtype: one trace per buffer length per layer
 shape, whatever the position inside the buffer. Without a cache the keys are
 passed as they are (one signature per length).
 
+**Quantized caches.** With a ``QuantizedKVCache`` (``kv_bits``) mlx-lm's
+helper runs ``quantized_scaled_dot_product_attention`` over the cache's
+(packed words, scales, biases) K and V. The router passes the six arrays of
+the whole buffer (the words as int32 of the same bits) and the same bool mask
+to :func:`quantized_attention`, mlx-lm's own quantized helper, compiled per
+signature: ``raise-attention`` raises it to ``quantized_sdpa``, lowered
+GQA-folded (one ``quantized_matmul`` per kv head over the packed keys, one over
+the packed values; the cache is never dequantized, sliced or repeated). The
+group size and bits are part of the signature.
+
 **What the router proves before it substitutes the buffer.** While an
-optimized model runs, ``KVCache.update_and_fetch`` records, per cache, the
+optimized model runs, ``update_and_fetch`` of ``KVCache`` and
+``QuantizedKVCache`` records, per cache, the
 arrays it returned and the buffer and offset it left. A call with a cache is
-routed only if the cache is exactly a ``KVCache``, the helper's ``keys`` and
+routed only if the cache is exactly a ``KVCache`` or ``QuantizedKVCache``, the helper's ``keys`` and
 ``values`` *are* (object identity) the arrays that cache's last
 ``update_and_fetch`` of this model call returned, and the cache still holds
 that buffer and offset: then ``keys == cache.keys[..., :offset, :]`` (and so
-for values) by ``KVCache``'s own code, and the padded buffer with its mask
+for values; for each of the three quantized arrays) by the cache's own code, and the padded buffer with its mask
 computes the same attention. Models that build keys from what the cache holds
 (MLA: deepseek_v3, kimi_linear, glm4_moe_lite, ... cache a latent) fail the
 identity and are declined.
 
 **Declined** calls run mlx-lm's helper and are counted by reason in
 :attr:`OptimizedModel.declined`: attention sinks, caches other than
-``KVCache`` (quantized, rotating, batched, ...: no buffer to key on), k/v that
+``KVCache`` and ``QuantizedKVCache`` (rotating, batched, ...: no buffer to key on), k/v that
 are not the cache's fetched arrays, string masks other than ``"causal"``,
 signatures that fell back to the original function, and signatures whose
 rewritten graph is still one MLX fused call (:data:`FUSED`: the helper computes
@@ -84,6 +95,20 @@ def attention(queries: Any, keys: Any, values: Any, mask: Any, scale: float) -> 
     return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask)
 
 
+def quantized_attention(
+    queries: Any, kq: Any, ks: Any, kb: Any, vq: Any, vs: Any, vb: Any, mask: Any, scale: float, group_size: int,
+    bits: int,
+) -> Any:  # fmt: skip
+    """The attention an optimized model compiles for a ``QuantizedKVCache``: mlx-lm's own quantized helper over
+    the cache's (words, scales, biases) K and V, imported and raised to ``quantized_sdpa`` per signature.
+
+    Only ever imported (its arrays are then tracers): the helper scales its queries in place."""
+    from mlx_lm.models.base import quantized_scaled_dot_product_attention
+
+    keys, values = (kq, ks, kb), (vq, vs, vb)
+    return quantized_scaled_dot_product_attention(queries, keys, values, scale, mask, group_size, bits)
+
+
 def _helper() -> Any:
     from mlx_lm.models import base
 
@@ -116,7 +141,8 @@ class OptimizedModel:
     """What :func:`optimize` returns: the compiled attention, routing counts, and :meth:`restore`.
 
     ``compiled`` is the :class:`CompiledFunction` of :func:`attention` for the
-    modules calling mlx-lm's helper (None when none does), ``qsa`` the one of
+    modules calling mlx-lm's helper (None when none does), ``quantized`` the one of
+    :func:`quantized_attention` for their calls on a ``QuantizedKVCache``, ``qsa`` the one of
     :func:`attnpass.backends.mlx.vlm.qsa_attention` for those calling mlx-vlm's
     QSA dispatch (None when none does); their ``specializations`` hold each
     signature's rewritten graph and remarks. ``traces`` counts the signatures
@@ -127,9 +153,11 @@ class OptimizedModel:
     def __init__(
         self, model: Any, compiled: CompiledFunction | None, modules: Sequence[str],
         qsa: CompiledFunction | None = None, qsa_modules: Sequence[str] = (),
+        quantized: CompiledFunction | None = None,
     ) -> None:  # fmt: skip
         self.model = model
         self.compiled = compiled
+        self.quantized = quantized
         self.modules = tuple(modules)
         self.qsa = qsa
         self.qsa_modules = tuple(qsa_modules)
@@ -143,7 +171,7 @@ class OptimizedModel:
 
     @property
     def traces(self) -> int:
-        return sum(c.traces for c in (self.compiled, self.qsa) if c is not None)
+        return sum(c.traces for c in (self.compiled, self.quantized, self.qsa) if c is not None)
 
     @contextmanager
     def active(self) -> Iterator[None]:
@@ -164,11 +192,14 @@ class OptimizedModel:
         reason = _unroutable(keys, values, cache, mask, sinks, fetched)
         if reason is None:
             args = self._program_arguments(queries, keys, values, cache, mask)
-            entry = self.compiled.specialization(*args, scale)
+            if _quantized(cache):
+                entry = self.quantized.specialization(*args, scale, cache.group_size, cache.bits)
+            else:
+                entry = self.compiled.specialization(*args, scale)
             if entry.compiled:
                 with self._lock:
                     self.routed += 1
-                return entry.call([a for a in args if a is not None])
+                return entry.call([_words(a) for a in args if a is not None])
             reason = FUSED if entry.reason == FUSED else f"no compiled program: {entry.reason.splitlines()[0]}"
         with self._lock:
             self.declined[reason] += 1
@@ -196,17 +227,21 @@ class OptimizedModel:
         return vlm.original()(queries, keys, values, blocks, query_ends, **options)
 
     def _program_arguments(self, queries: Any, keys: Any, values: Any, cache: Any, mask: Any) -> tuple:
-        """``(queries, keys, values, mask)`` for the program: the cache's whole buffer and a mask of its valid rows."""
+        """``(queries, keys, values, mask)`` for the program: the cache's whole buffer and a mask of its valid rows
+        (a ``QuantizedKVCache``: the three arrays of its keys, then of its values, in place of each)."""
         rows = queries.shape[2]
         if cache is None:
             if isinstance(mask, str):
                 mask = self._valid(rows, keys.shape[2], keys.shape[2], causal=True)
             return queries, keys, values, mask
-        length = cache.keys.shape[2]
+        quantized = _quantized(cache)
+        length = (cache.keys[0] if quantized else cache.keys).shape[2]
         if mask is None or isinstance(mask, str):
             mask = self._valid(rows, cache.offset, length, causal=mask is not None)
         elif length > cache.offset:
             mask = _pad_last(mask, length - cache.offset)
+        if quantized:
+            return queries, *cache.keys, *cache.values, mask
         return queries, cache.keys, cache.values, mask
 
     def _valid(self, rows: int, offset: int, length: int, *, causal: bool) -> Any:
@@ -233,7 +268,7 @@ class OptimizedModel:
         through = [f"{m} ({HELPER})" for m in self.modules] + [f"{m} ({vlm.NAME})" for m in self.qsa_modules]
         print(f"optimize({self._original_class.__name__}): routed {self.routed} attention call(s) through "
               f"{', '.join(through)}; declined: {declined}", file=out)  # fmt: skip
-        for compiled in (self.compiled, self.qsa):
+        for compiled in (self.compiled, self.quantized, self.qsa):
             if compiled is not None:
                 compiled.explain(graphs=graphs, file=out)
 
@@ -262,7 +297,7 @@ class OptimizedModel:
 
 def _unroutable(keys: Any, values: Any, cache: Any, mask: Any, sinks: Any, fetched: dict) -> str | None:
     """Why a call cannot take the program (None when it can): sinks, odd masks, k/v not provably the cache's."""
-    from mlx_lm.models.cache import KVCache
+    from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
     if sinks is not None:
         return "attention sinks"
@@ -270,14 +305,29 @@ def _unroutable(keys: Any, values: Any, cache: Any, mask: Any, sinks: Any, fetch
         return f"string mask {mask!r}"
     if cache is None:
         return None
-    if type(cache) is not KVCache:
-        return f"{type(cache).__name__}: only KVCache has a buffer to key signatures on"
+    if type(cache) not in (KVCache, QuantizedKVCache):
+        return f"{type(cache).__name__}: {BUFFERED}"
     reason = fetch_reason(keys, values, cache, fetched)
     if reason is not None:
         return reason
     if mask is not None and not isinstance(mask, str) and mask.shape[-1] != cache.offset:
         return f"the mask covers {mask.shape[-1]} keys, the cache holds {cache.offset}"
     return None
+
+
+BUFFERED = "only KVCache and QuantizedKVCache have a buffer to key signatures on"
+
+
+def _quantized(cache: Any) -> bool:
+    """Whether a routable cache holds its keys quantized: a QuantizedKVCache's (words, scales, biases)."""
+    return cache is not None and isinstance(cache.keys, (tuple, list))
+
+
+def _words(array: Any) -> Any:
+    """A program argument: packed uint32 words as int32 of the same bits (the IR's type), the rest as they are."""
+    import mlx.core as mx
+
+    return array.view(mx.int32) if array.dtype == mx.uint32 else array
 
 
 def _pad_last(mask: Any, count: int) -> Any:
@@ -332,15 +382,18 @@ def optimize(
             f"mlx_lm.models.base.{HELPER} or mlx-vlm's {vlm.NAME}; its attention cannot be routed"
         )
     options = {"strict": strict, "max_signatures": max_signatures}
-    compiled = qsa = None
+    compiled = qsa = quantized = None
     if routed:
         compiled = CompiledFunction(
             attention, MLXFrontend(), pipeline=pipeline, **options, name="attnpass.backends.mlx.compile",
             decline=_kept_fused,
         )  # fmt: skip
+        quantized = CompiledFunction(
+            quantized_attention, MLXFrontend(), pipeline=pipeline, **options, name="attnpass.backends.mlx.compile"
+        )
     if qsa_routed:
         qsa = vlm.programs(pipeline, **options)
-    optimized = OptimizedModel(model, compiled, routed, qsa, qsa_routed)
+    optimized = OptimizedModel(model, compiled, routed, qsa, qsa_routed, quantized)
     with LOCK:
         for owner, name, replace in _patches(optimized):
             patch(owner, name, replace)
@@ -371,9 +424,10 @@ def _patches(optimized: OptimizedModel) -> list[tuple[Any, str, Any]]:
     """``(owner, attribute, replace)`` for every client function and recorder ``optimized`` needs."""
     found: list[tuple[Any, str, Any]] = [(sys.modules[n], HELPER, lambda _: route) for n in optimized.modules]
     if optimized.modules:
-        from mlx_lm.models.cache import KVCache
+        from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
         found.append((KVCache, "update_and_fetch", record_fetch))
+        found.append((QuantizedKVCache, "update_and_fetch", record_fetch))
     found += [(sys.modules[n], vlm.NAME, lambda _: route_qsa) for n in optimized.qsa_modules]
     if optimized.qsa_modules:
         from mlx_vlm.models.cache import KVCache as VLMKVCache
@@ -395,4 +449,7 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-__all__ = ["FUSED", "NOT_FETCHED", "OptimizedModel", "attention", "optimize", "route", "route_qsa"]
+__all__ = [
+    "BUFFERED", "FUSED", "NOT_FETCHED", "OptimizedModel", "attention", "optimize", "quantized_attention", "route",
+    "route_qsa",
+]  # fmt: skip

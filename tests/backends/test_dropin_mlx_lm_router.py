@@ -42,6 +42,10 @@ CACHES = {
 }
 
 
+ROUTED = ("KVCache", "QuantizedKVCache")  # the caches with a buffer the router keys signatures on
+BUFFERED = "only KVCache and QuantizedKVCache have a buffer to key signatures on"
+
+
 def array_mask(kind: str, rows: int):
     """The step's mask as a function of the keys received: causal (bottom-right), bool or additive."""
     if kind in ("bool", "additive"):
@@ -91,23 +95,26 @@ def test_a_cache_class_is_routed_with_the_helpers_own_arrays_or_declined_by_name
             keys, values, mask = probe.received
             expected = base.scaled_dot_product_attention(q, keys, values, cache=kv, scale=SCALE, mask=mask)
             if opt.routed > routed:
-                assert name == "KVCache"
-                _, buffer_k, buffer_v, program_mask = substituted[before]
-                n = kv.offset
-                assert_bits_equal(np.array(buffer_k[..., :n, :]), np.array(keys))
-                assert_bits_equal(np.array(buffer_v[..., :n, :]), np.array(values))
-                if buffer_k.shape[2] > n:  # the padding rows are masked out for every query row
+                assert name in ROUTED
+                arguments, n = substituted[before], kv.offset
+                program_mask, length = arguments[-1], arguments[1].shape[2]
+                # the buffer's arrays (a quantized cache: words, scales and biases of K, then of V) and the helper's
+                received = (*keys, *values) if name == "QuantizedKVCache" else (keys, values)
+                assert len(arguments) == len(received) + 2
+                for buffer, array in zip(arguments[1:-1], received):
+                    assert_bits_equal(np.array(buffer[..., :n, :]), np.array(array))
+                if length > n:  # the padding rows are masked out for every query row
                     visible = np.array(program_mask if program_mask.dtype == mx.bool_ else program_mask > -1e30)
-                    assert not np.broadcast_to(visible, (1, 1, rows, buffer_k.shape[2]))[..., n:].any()
+                    assert not np.broadcast_to(visible, (1, 1, rows, length))[..., n:].any()
                 assert_bits_equal(np.array(out), np.array(expected))
             else:
                 assert sum(opt.declined.values()) == declined + 1
                 assert_bits_equal(np.array(out), np.array(expected))  # mlx-lm's helper, as without optimize
-    if name == "KVCache":
+    if name in ROUTED:
         assert opt.routed == len(STEPS) and not opt.declined
     else:
         assert opt.routed == 0
-        assert opt.declined == {f"{name}: only KVCache has a buffer to key signatures on": len(STEPS)}
+        assert opt.declined == {f"{name}: {BUFFERED}": len(STEPS)}
 
 
 def test_the_array_mask_branch_pads_the_mask_over_the_buffer():
@@ -223,7 +230,7 @@ def test_mla_models_decode_exactly_as_without_optimize(family, config, reason):
     # holds (latent, k_pe): neither is what update_and_fetch returned as (keys, values). deepseek_v32 gives the
     # helper its CacheList (latent cache, indexer cache). 10 calls: the 3-row prefill, then 9 one-row steps
     # (generate_step computes a token ahead of the one it yields)
-    named = NOT_FETCHED if reason == "not fetched" else "CacheList: only KVCache has a buffer to key signatures on"
+    named = NOT_FETCHED if reason == "not fetched" else f"CacheList: {BUFFERED}"
     calls = 20 if family == "longcat_flash" else 10  # longcat_flash: two attentions per layer
     assert opt.routed == 0 and opt.traces == 0 and opt.declined == {named: calls}
 
