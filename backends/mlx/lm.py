@@ -30,8 +30,12 @@ the whole buffer (the words as int32 of the same bits) and the same bool mask
 to :func:`quantized_attention`, mlx-lm's own quantized helper, compiled per
 signature: ``raise-attention`` raises it to ``quantized_sdpa``, lowered
 GQA-folded (one ``quantized_matmul`` per kv head over the packed keys, one over
-the packed values; the cache is never dequantized, sliced or repeated). The
-group size and bits are part of the signature.
+the packed values; the cache is never dequantized or repeated per query head).
+The group size and bits are part of the signature. Unlike a float buffer, it
+is passed cut to :func:`quantized_rows` rows (the offset rounded up to 32
+rows, or to 1/32 of its power of two past 1024): CPU's quantized_matmul works
+on every row given, so a 256-row step of padding would cost up to twice the
+work, where the cut costs one trace per 32 rows of context.
 
 **What the router proves before it substitutes the buffer.** While an
 optimized model runs, ``update_and_fetch`` of ``KVCache`` and
@@ -228,7 +232,8 @@ class OptimizedModel:
 
     def _program_arguments(self, queries: Any, keys: Any, values: Any, cache: Any, mask: Any) -> tuple:
         """``(queries, keys, values, mask)`` for the program: the cache's whole buffer and a mask of its valid rows
-        (a ``QuantizedKVCache``: the three arrays of its keys, then of its values, in place of each)."""
+        (a ``QuantizedKVCache``: the three arrays of its keys, then of its values, in place of each, over the
+        buffer's first :func:`quantized_rows` rows)."""
         rows = queries.shape[2]
         if cache is None:
             if isinstance(mask, str):
@@ -236,12 +241,15 @@ class OptimizedModel:
             return queries, keys, values, mask
         quantized = _quantized(cache)
         length = (cache.keys[0] if quantized else cache.keys).shape[2]
+        if quantized:
+            length = quantized_rows(cache.offset, length)
         if mask is None or isinstance(mask, str):
             mask = self._valid(rows, cache.offset, length, causal=mask is not None)
         elif length > cache.offset:
             mask = _pad_last(mask, length - cache.offset)
         if quantized:
-            return queries, *cache.keys, *cache.values, mask
+            prefix = [a if a.shape[2] == length else a[..., :length, :] for a in (*cache.keys, *cache.values)]
+            return queries, *prefix, mask
         return queries, cache.keys, cache.values, mask
 
     def _valid(self, rows: int, offset: int, length: int, *, causal: bool) -> Any:
@@ -316,6 +324,17 @@ def _unroutable(keys: Any, values: Any, cache: Any, mask: Any, sinks: Any, fetch
 
 
 BUFFERED = "only KVCache and QuantizedKVCache have a buffer to key signatures on"
+
+
+def quantized_rows(offset: int, length: int) -> int:
+    """The rows of a ``QuantizedKVCache`` buffer (``length``) a program is given for ``offset`` valid ones: the
+    offset rounded up to a multiple of ``max(32, 2^floor(log2(offset)) / 32)``, at most the buffer.
+
+    The CPU's quantized_matmul costs in proportion to the rows, padded ones too: the padding stays under 32
+    rows or under 1/32 of the offset (a whole 256-row buffer step would cost up to twice the work just past a
+    boundary), for one signature per 32 rows up to 2048 keys, then 32 per doubling."""
+    step = max(32, (1 << max(offset, 1).bit_length() - 1) // 32)
+    return min(length, -(-offset // step) * step)
 
 
 def _quantized(cache: Any) -> bool:

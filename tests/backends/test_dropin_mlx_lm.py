@@ -115,10 +115,15 @@ def test_a_quantized_kv_cache_is_routed_with_plain_mlx_lms_tokens_bit_for_bit(fa
     # both layers of every 1-row step: the prompt's last token, then decode one token ahead of the last yielded
     assert opt.routed == 2 * (TOKENS + 1)
     assert opt.declined == {FUSED: 2}  # the 11-row prefill, on the KVCache mlx-lm quantizes afterwards
-    (entry,) = opt.quantized.specializations
-    assert entry.signature.startswith(f"queries:f32[1,24,1,128], kq:uint32[1, 2, 256, {128 * bits // 32}]")
-    assert entry.signature.endswith(f"group_size=64, bits={bits}")
-    assert [n.op for n in entry.graph if n.op != "input"] == ["quantized_sdpa"]
+    # offsets 12 to 76 of a 256-row buffer: cut to 32, 64 and 96 rows (quantized_rows), one signature each
+    entries = opt.quantized.specializations
+    words = 128 * bits // 32
+    assert [e.signature.split(", kq:")[1].split("], ")[0] for e in entries] == [
+        f"uint32[1, 2, {r}, {words}" for r in (32, 64, 96)
+    ]
+    for entry in entries:
+        assert entry.signature.startswith("queries:f32[1,24,1,128], ") and entry.signature.endswith(f"bits={bits}")
+        assert [n.op for n in entry.graph if n.op != "input"] == ["quantized_sdpa"]
     text = io.StringIO()
     opt.explain(file=text)
     assert f"routed {2 * (TOKENS + 1)} attention call(s)" in text.getvalue()

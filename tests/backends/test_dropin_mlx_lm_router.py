@@ -303,3 +303,17 @@ def test_attend_outside_the_model_routes_only_inside_active():
     assert opt.routed == 1 and opt.declined == {NOT_FETCHED: 1}
     expected = base.scaled_dot_product_attention(q, keys, values, cache=kv, scale=SCALE, mask=None)
     assert_bits_equal(np.array(out), np.array(expected))
+
+
+def test_a_quantized_buffer_is_cut_to_a_few_rows_past_its_offset():
+    """quantized_rows: at least the offset, at most the buffer; the padding under 32 rows or under 1/32 of the
+    offset; 32 distinct cuts per doubling of the offset past 2048 (one signature each)."""
+    from attnpass.backends.mlx.lm import quantized_rows
+
+    for offset in range(1, 70000, 7):
+        length = -(-offset // 256) * 256 + 256 * (offset % 3)  # a 256-row buffer, sometimes grown further
+        rows = quantized_rows(offset, length)
+        assert offset <= rows <= length
+        assert rows - offset < max(32, offset / 32)
+    assert len({quantized_rows(o, 1 << 20) for o in range(4097, 8193)}) == 32
+    assert len({quantized_rows(o, 1 << 20) for o in range(1, 2049)}) == 64
