@@ -94,6 +94,11 @@ QUANTIZED_LOWERING = (
     "kept: its lowering is already GQA-folded, the query heads of each kv head the rows of one "
     "quantized_matmul over the packed keys and one over the packed values (K/V never dequantized as a whole)"
 )
+QUANTIZED_FLOAT32 = (
+    "quantized_sdpa: precision float32 (device cpu): MLX's CPU quantized_matmul adds {dtype} products one by one "
+    "in {dtype}; q, the scales and biases are widened to float32 exactly and every step runs in float32, the "
+    "result rounded once to {dtype} (the packed words and the GQA fold as they were)"
+)
 
 
 @register_pass
@@ -120,8 +125,26 @@ class DecomposeSDPA(Pass):
 
     def run(self, graph: Graph, remarks: Remarks) -> bool:
         rule = Rule("decompose-sdpa", "sdpa", self._match, _rewrite, lambda plan: plan.reason)
-        decline_quantized(graph, remarks, QUANTIZED_LOWERING)
-        return bool(apply_rules(graph, [rule], remarks))
+        widened = self._quantized_float32(graph, remarks)
+        decline_quantized(graph, remarks, QUANTIZED_LOWERING, widened)
+        return bool(apply_rules(graph, [rule], remarks)) or bool(widened)
+
+    def _quantized_float32(self, graph: Graph, remarks: Remarks) -> frozenset[str]:
+        """On CPU, a half-float ``quantized_sdpa`` computes in float32 (``precision``); returns the new nodes."""
+        if self.device != "cpu":
+            return frozenset()
+        changed: set[str] = set()
+        for node in list(graph.nodes()):
+            dtype = node.type.dtype
+            if node.op != "quantized_sdpa" or dtype is DType.float32 or node.attrs["precision"] == "float32":
+                continue
+            rw = Rewriter(graph, node)
+            attrs = {**node.attrs, "precision": "float32"}
+            out = rw.op("quantized_sdpa", list(node.inputs), attrs, f"{node.name}_f32")
+            rw.replace_matched(out)
+            remarks.applied(out, QUANTIZED_FLOAT32.format(dtype=dtype.value), node.loc)
+            changed.add(out)
+        return frozenset(changed)
 
     def _match(self, graph: Graph, node: Node) -> _Plan | Decline:
         q, k, v = (graph.node(name).type.shape for name in node.inputs[:3])

@@ -159,10 +159,11 @@ def rewrite_quantized_attention(rw: Rewriter, m: QuantizedAttention) -> None:
     rw.replace_matched(rw.reshape(out, m.pv.type.shape, f"{name}_out"), prune=True)
 
 
-def decline_quantized(graph: Graph, remarks: Remarks, reason: str) -> None:
-    """One declined remark per ``quantized_sdpa``: the pass does not carry quantized K/V operands, and why."""
+def decline_quantized(graph: Graph, remarks: Remarks, reason: str, done: frozenset[str] = frozenset()) -> None:
+    """One declined remark per ``quantized_sdpa`` (but those in ``done``, which the pass rewrote): the pass does
+    not carry quantized K/V operands, and why."""
     for node in graph.nodes():
-        if node.op == "quantized_sdpa":
+        if node.op == "quantized_sdpa" and node.name not in done:
             remarks.declined(node.name, f"quantized_sdpa: {reason}", node.loc)
 
 

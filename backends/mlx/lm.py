@@ -31,7 +31,8 @@ to :func:`quantized_attention`, mlx-lm's own quantized helper, compiled per
 signature: ``raise-attention`` raises it to ``quantized_sdpa``, lowered
 GQA-folded (one ``quantized_matmul`` per kv head over the packed keys, one over
 the packed values; the cache is never dequantized or repeated per query head).
-The group size and bits are part of the signature. Unlike a float buffer, it
+The group size and bits are part of the signature (on CPU a bfloat16 call
+computes in float32: decompose-sdpa's ``precision``). Unlike a float buffer, it
 is passed cut to :func:`quantized_rows` rows (the offset rounded up to 32
 rows, or to 1/32 of its power of two past 1024): CPU's quantized_matmul works
 on every row given, so a 256-row step of padding would cost up to twice the

@@ -205,11 +205,22 @@ def quantize(w, *, group_size: int, bits: int, output: str) -> np.ndarray:
     return pack(q.reshape(w.shape).astype(np.int64), bits)
 
 
-def quantized_sdpa(q, kq, ks, kb, vq, vs, vb, mask=None, *, scale: float, group_size: int, bits: int) -> np.ndarray:
+def quantized_sdpa(
+    q, kq, ks, kb, vq, vs, vb, mask=None, *, scale: float, group_size: int, bits: int, precision: str = "dtype"
+) -> np.ndarray:
     """The ``quantized_sdpa`` op: mlx-lm's quantized attention, each step an op of its own rounded to q's dtype
     (``q * scale``, the scores, the masked scores, the softmax from float64, ``P·V``); query head ``h`` reads kv
-    head ``h // G``, computed with the G heads of a group folded into the rows of one ``quantized_matmul``."""
+    head ``h // G``, computed with the G heads of a group folded into the rows of one ``quantized_matmul``.
+    ``precision="float32"``: the float operands widened to float32, the steps in float32, rounded once at the end."""
     dtype = DType.from_numpy(np.asarray(q).dtype)
+    if precision == "float32" and dtype is not DType.float32:
+        wide32 = [None if a is None or a.dtype == np.bool_ else np.asarray(a, np.float32) for a in (q, ks, kb, vs, vb)]
+        extra = mask if mask is None or np.asarray(mask).dtype == np.bool_ else np.asarray(mask, np.float32)
+        out = quantized_sdpa(
+            wide32[0], kq, wide32[1], wide32[2], vq, wide32[3], wide32[4], extra, scale=scale,
+            group_size=group_size, bits=bits,
+        )  # fmt: skip
+        return rounded(out, dtype)
     b, hq, s, d = q.shape
     hkv, t = kq.shape[1], kq.shape[2]
     opts = {"group_size": group_size, "bits": bits}

@@ -118,7 +118,7 @@ def _infer_quantize(ts, *, group_size, bits, output):
     return TensorType(w.shape[:-1] + (k // group_size,), w.dtype)
 
 
-def _infer_quantized_sdpa(ts, *, scale, group_size, bits):
+def _infer_quantized_sdpa(ts, *, scale, group_size, bits, precision="dtype"):
     op = "quantized_sdpa"
     if len(ts) not in (7, 8):
         raise ShapeError(f"{op}: expected 7 or 8 operands (q, kq, ks, kb, vq, vs, vb, mask?), got {len(ts)}")
@@ -191,12 +191,14 @@ register(
         "quantized_sdpa",
         ("q", "kq", "ks", "kb", "vq", "vs", "vb", "mask?"),
         _infer_quantized_sdpa,
-        {"scale": attr("float"), **_QUANT_ATTRS},
+        {"scale": attr("float"), **_QUANT_ATTRS, "precision": attr("choice:dtype|float32", "dtype")},
         "quant",
         "mlx-lm's quantized_scaled_dot_product_attention: q [B, Hq, S, D], K and V quantized [B, Hkv, T, ...] "
         "(kq, ks, kb and vq, vs, vb as for dequantize); query head h reads kv head h // (Hq / Hkv). "
         "s = quantized_matmul(q * scale, K) (q * scale rounded to q's dtype); a bool mask (True = attend) "
         "sets the others to the dtype's lowest finite value, an additive one is added; p = softmax(s) in at "
-        "least float32, rounded to q's dtype; out = quantized_matmul(p, V, transpose=False).",
+        "least float32, rounded to q's dtype; out = quantized_matmul(p, V, transpose=False). precision float32: "
+        "q, the scales and biases and an additive mask widened to float32 (exactly), every step in float32, "
+        "the result rounded once to q's dtype.",
     )
 )

@@ -79,7 +79,7 @@ def test_raised_quantized_attention_is_mlx_lm_bit_for_bit(rng, dtype, bits, hq, 
     assert f"{hq} query heads on {hkv} kv heads, {bits}-bit K/V in groups of 64, scale 0.125" in remark.message
     assert (mask_kind == "none") == remark.message.endswith("mask none")
     node = next(n for n in result.graph if n.op == "quantized_sdpa")
-    assert node.attrs == {"scale": 0.125, "group_size": 64, "bits": bits}
+    assert node.attrs == {"scale": 0.125, "group_size": 64, "bits": bits, "precision": "dtype"}
     from attnpass.lowering.targets.mlx.target import to_numpy
 
     assert_bits_equal(np.asarray(run(lower(result.graph, "mlx"), *args)), to_numpy(expected))
@@ -253,3 +253,29 @@ def test_a_row_without_keys_is_the_mean_of_v(rng, target):
     mean = np.repeat(v.mean(axis=2), 2, axis=1)  # query head h reads kv head h // 2
     np.testing.assert_allclose(out[:, :, 1], mean, rtol=1e-5, atol=1e-5)
     assert not np.allclose(out[:, :, 0], mean, atol=1e-3)  # the row with keys attends
+
+
+@pytest.mark.parametrize("device", ["cpu", "metal"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@requires("mlx.core", "mlx_lm")
+def test_decompose_sdpa_on_cpu_computes_a_half_float_quantized_sdpa_in_float32(rng, device, dtype):
+    """CPU, bfloat16: precision float32, with the remark; the programs compute the float32 semantics (MLX's
+    CPU kernel summing float32 products; numpy in float64 steps rounded to float32), rounded once to bfloat16:
+    within a bfloat16 step of each other. float32, or another device: kept as it was."""
+    from attnpass.lowering.targets.mlx.target import to_numpy
+
+    result, args, _ = _raised(rng, 8, dtype, 8, 2, 3, "bool")
+    after = PassManager(parse_pipeline(f"decompose-sdpa{{device={device}}}")).run(result.graph.copy())
+    (node,) = [n for n in after.graph if n.op == "quantized_sdpa"]
+    (remark,) = [r for r in after.remarks if r.node == node.name]
+    if device == "metal" or dtype == "float32":
+        assert after.graph == result.graph and remark.kind == "declined"
+        return
+    assert node.attrs["precision"] == "float32" and remark.kind == "applied"
+    assert remark.message.startswith("quantized_sdpa: precision float32 (device cpu): MLX's CPU quantized_matmul")
+    assert "rounded once to bfloat16" in remark.message
+    host = [to_numpy(a) for a in args]
+    numpy, jax = (np.asarray(run(lower(after.graph, t), *host)).astype(np.float64) for t in ("numpy", "jax"))
+    mlx = to_numpy(run(lower(after.graph, "mlx"), *args)).astype(np.float64)
+    step = 2.0 ** (np.floor(np.log2(np.maximum(np.abs(numpy), 2.0**-126))) - 7)  # a bfloat16 step at each value
+    assert np.all(np.abs(mlx - numpy) <= step) and np.all(np.abs(jax - numpy) <= step)

@@ -120,9 +120,16 @@ def quantize(w, *, group_size: int, bits: int, output: str) -> jax.Array:
     return jax.lax.bitcast_convert_type(words, jnp.int32)
 
 
-def quantized_sdpa(q, kq, ks, kb, vq, vs, vb, mask=None, *, scale: float, group_size: int, bits: int) -> jax.Array:
+def quantized_sdpa(
+    q, kq, ks, kb, vq, vs, vb, mask=None, *, scale: float, group_size: int, bits: int, precision: str = "dtype"
+) -> jax.Array:
     """The ``quantized_sdpa`` op, GQA folded into the rows of :func:`quantized_matmul` as on MLX; the softmax in
-    float32, rounded to q's dtype."""
+    float32, rounded to q's dtype (``precision="float32"``: every float operand widened first, rounded once)."""
+    if precision == "float32" and q.dtype != jnp.float32:
+        up = [a.astype(jnp.float32) for a in (q, ks, kb, vs, vb)]
+        mask = mask if mask is None or mask.dtype == jnp.bool_ else mask.astype(jnp.float32)
+        opts = {"scale": scale, "group_size": group_size, "bits": bits}
+        return quantized_sdpa(up[0], kq, up[1], up[2], vq, up[3], up[4], mask, **opts).astype(q.dtype)
     b, hq, s, d = q.shape
     hkv, t = kq.shape[1], kq.shape[2]
     opts = {"group_size": group_size, "bits": bits}

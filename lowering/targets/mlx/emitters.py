@@ -159,5 +159,5 @@ def _quantize(n: Node, a: list[str], env: EmitEnv) -> str:
 EMITTERS["quantize"] = _quantize
 EMITTERS["quantized_sdpa"] = lambda n, a, env: (
     f"{env.runtime('qsdpa')}({', '.join(a)}, scale={py_float(n.attrs['scale'])}, group_size={n.attrs['group_size']}, "
-    f"bits={n.attrs['bits']})"
+    f"bits={n.attrs['bits']}, precision={n.attrs['precision']!r})"
 )

@@ -61,13 +61,22 @@ sdpa_lse = functools.partial(attention_array_api.sdpa_lse, mx)  # the ``lse`` he
 explicit_sdpa = functools.partial(attention_array_api.explicit_sdpa, mx)  # sdpa with logit soft-capping
 
 
-def quantized_sdpa(q, kq, ks, kb, vq, vs, vb, mask=None, *, scale: float, group_size: int, bits: int) -> mx.array:
+def quantized_sdpa(
+    q, kq, ks, kb, vq, vs, vb, mask=None, *, scale: float, group_size: int, bits: int, precision: str = "dtype"
+) -> mx.array:
     """The ``quantized_sdpa`` op, GQA folded: the G query heads of each kv head are the rows of one
     ``mx.quantized_matmul`` against that head's packed keys (never dequantized as a whole, never repeated),
     the mask applied to the scores viewed per query head, then one ``mx.quantized_matmul`` with the packed values.
     Each step is mlx-lm's own op (``q * scale``, ``where`` with the dtype's lowest value or ``+ mask``, a precise
     softmax); MLX's CPU kernels compute each row of a quantized_matmul alone, so folding the heads into the rows
-    keeps mlx-lm's bits."""
+    keeps mlx-lm's bits. ``precision="float32"``: q, the scales and biases (and an additive mask) cast to float32
+    first, the result cast back (the words are the same either way)."""
+    if precision == "float32" and q.dtype != mx.float32:
+        up = [a.astype(mx.float32) for a in (q, ks, kb, vs, vb)]
+        mask = mask if mask is None or mask.dtype == mx.bool_ else mask.astype(mx.float32)
+        opts = {"scale": scale, "group_size": group_size, "bits": bits}
+        out = quantized_sdpa(up[0], kq, up[1], up[2], vq, up[3], up[4], mask, **opts)
+        return out.astype(q.dtype)
     b, hq, s, d = q.shape
     hkv, t = kq.shape[1], kq.shape[2]
     opts = {"group_size": group_size, "bits": bits}

@@ -163,5 +163,5 @@ EMITTERS["quantize"] = lambda n, a, env: (
 )
 EMITTERS["quantized_sdpa"] = lambda n, a, env: (
     f"ref.quantized_sdpa({', '.join(a)}, scale={py_float(n.attrs['scale'])}, group_size={n.attrs['group_size']}, "
-    f"bits={n.attrs['bits']})"
+    f"bits={n.attrs['bits']}, precision={n.attrs['precision']!r})"
 )
