@@ -26,7 +26,7 @@ passed as they are (one signature per length).
 **Quantized caches.** With a ``QuantizedKVCache`` (``kv_bits``) mlx-lm's
 helper runs ``quantized_scaled_dot_product_attention`` over the cache's
 (packed words, scales, biases) K and V. The router passes the six arrays of
-the whole buffer (the words as int32 of the same bits) and the same bool mask
+the buffer (the words as int32 of the same bits) and the same bool mask
 to :func:`quantized_attention`, mlx-lm's own quantized helper, compiled per
 signature: ``raise-attention`` raises it to ``quantized_sdpa``, lowered
 GQA-folded (one ``quantized_matmul`` per kv head over the packed keys, one over
@@ -34,9 +34,10 @@ the packed values; the cache is never dequantized or repeated per query head).
 The group size and bits are part of the signature (on CPU a bfloat16 call
 computes in float32: decompose-sdpa's ``precision``). Unlike a float buffer, it
 is passed cut to :func:`quantized_rows` rows (the offset rounded up to 32
-rows, or to 1/32 of its power of two past 1024): CPU's quantized_matmul works
-on every row given, so a 256-row step of padding would cost up to twice the
-work, where the cut costs one trace per 32 rows of context.
+rows, or to 1/32 of its power of two from 2048 on): CPU's quantized_matmul
+works on every row given, so a 256-row step of padding would cost up to twice
+the work, where the cut costs one trace per 32 rows of context up to 2048
+keys, then 32 per doubling.
 
 **What the router proves before it substitutes the buffer.** While an
 optimized model runs, ``update_and_fetch`` of ``KVCache`` and
