@@ -90,6 +90,11 @@ def quantized_matmul(x, wq, scales, biases, *, transpose: bool, group_size: int,
     return jnp.matmul(x, w, preferred_element_type=jnp.float32).astype(x.dtype)
 
 
+def _full(divisor, shape) -> jax.Array:
+    """``divisor`` broadcast to ``shape`` where XLA cannot see the broadcast (no reciprocal rewrite)."""
+    return jax.lax.optimization_barrier(jnp.broadcast_to(divisor, shape))
+
+
 def quantize(w, *, group_size: int, bits: int, output: str) -> jax.Array:
     """``mx.quantize``'s ``output`` (``wq`` as int32 words, ``scales``, ``biases``), computed per group in float32
     as :func:`attnpass.ir.dialects.evaluate.quantize` describes.
@@ -98,10 +103,9 @@ def quantize(w, *, group_size: int, bits: int, output: str) -> jax.Array:
     ``rint`` may then land on the other side of a half): each divisor is broadcast to the dividend's shape
     behind an optimization barrier, which leaves XLA a plain, correctly rounded division."""
     x = w.astype(jnp.float32).reshape(w.shape[:-1] + (w.shape[-1] // group_size, group_size))
-    full = lambda d, shape: jax.lax.optimization_barrier(jnp.broadcast_to(d, shape))  # noqa: E731
     top, bottom = x.max(axis=-1), x.min(axis=-1)
     low_edge = jnp.abs(bottom) > jnp.abs(top)
-    scale = jnp.maximum((top - bottom) / full(np.float32((1 << bits) - 1), top.shape), np.float32(1e-7))
+    scale = jnp.maximum((top - bottom) / _full(np.float32((1 << bits) - 1), top.shape), np.float32(1e-7))
     scale = jnp.where(low_edge, scale, -scale)
     edge = jnp.where(low_edge, bottom, top)
     q0 = jnp.round(edge / scale)  # jnp.round: half to even, as rint
@@ -112,7 +116,7 @@ def quantize(w, *, group_size: int, bits: int, output: str) -> jax.Array:
         scale, bias = jnp.maximum(top - bottom, np.float32(1e-7)), bottom
     if output != "wq":
         return (scale if output == "scales" else bias).astype(w.dtype)
-    q = jnp.round((x - bias[..., None]) / full(scale[..., None], x.shape))
+    q = jnp.round((x - bias[..., None]) / _full(scale[..., None], x.shape))
     q = jnp.clip(q, 0, (1 << bits) - 1).astype(jnp.uint32).reshape(w.shape)
     stream = (q[..., None] >> np.arange(bits, dtype=np.uint32)) & jnp.uint32(1)  # [..., K, bits], low bit first
     stream = stream.reshape(w.shape[:-1] + (w.shape[-1] * bits // 32, 32)) << np.arange(32, dtype=np.uint32)
