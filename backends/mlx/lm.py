@@ -23,14 +23,31 @@ the mask shape, the scale and the dtype: one trace per buffer length per layer
 shape, whatever the position inside the buffer. Without a cache, and for
 prefills (below), the keys are passed as they are (one signature per length).
 
+**Quantized caches.** With a ``QuantizedKVCache`` (``kv_bits``) mlx-lm's
+helper runs ``quantized_scaled_dot_product_attention`` over the cache's
+(packed words, scales, biases) K and V. The router passes the six arrays of
+the buffer (the words as int32 of the same bits) and the same bool mask
+to :func:`quantized_attention`, mlx-lm's own quantized helper, compiled per
+signature: ``raise-attention`` raises it to ``quantized_sdpa``, lowered
+GQA-folded (one ``quantized_matmul`` per kv head over the packed keys, one over
+the packed values; the cache is never dequantized or repeated per query head).
+The group size and bits are part of the signature (on CPU a bfloat16 call
+computes in float32: decompose-sdpa's ``precision``). Unlike a float buffer, it
+is passed cut to :func:`quantized_rows` rows (the offset rounded up to 32
+rows, or to 1/32 of its power of two from 2048 on): CPU's quantized_matmul
+works on every row given, so a 256-row step of padding would cost up to twice
+the work, where the cut costs one trace per 32 rows of context up to 2048
+keys, then 32 per doubling.
+
 **What the router proves before it substitutes the buffer.** While an
-optimized model runs, ``KVCache.update_and_fetch`` records, per cache, the
+optimized model runs, ``update_and_fetch`` of ``KVCache`` and
+``QuantizedKVCache`` records, per cache, the
 arrays it returned and the buffer and offset it left. A call with a cache is
-routed only if the cache is exactly a ``KVCache`` (or a windowed cache, below),
-the helper's ``keys`` and ``values`` *are* (object identity) the arrays that cache's last
+routed only if the cache is exactly a ``KVCache`` or ``QuantizedKVCache`` (or a windowed cache,
+below), the helper's ``keys`` and ``values`` *are* (object identity) the arrays that cache's last
 ``update_and_fetch`` of this model call returned, and the cache still holds
 that buffer and offset: then ``keys == cache.keys[..., :offset, :]`` (and so
-for values) by ``KVCache``'s own code, and the padded buffer with its mask
+for values; for each of the three quantized arrays) by the cache's own code, and the padded buffer with its mask
 computes the same attention. Models that build keys from what the cache holds
 (MLA: deepseek_v3, kimi_linear, glm4_moe_lite, ... cache a latent) fail the
 identity and are declined.
@@ -56,8 +73,8 @@ without a cache: their own keys, ``"causal"`` as a structure, so that
 ``block-sparse`` can tile them.
 
 **Declined** calls run mlx-lm's helper and are counted by reason in
-:attr:`OptimizedModel.declined`: caches other than these three and ``BatchKVCache`` (which has its own
-proofs, :mod:`.batched`; quantized, ...: no buffer to key on), k/v that are not the cache's fetched
+:attr:`OptimizedModel.declined`: caches other than these four and ``BatchKVCache`` (which has its
+own proofs, :mod:`.batched`; cache lists, ...: no buffer to key on), sinks on a ``QuantizedKVCache``, k/v that are not the cache's fetched
 arrays (or not its buffer's valid prefix), string masks other than
 ``"causal"``, signatures that fell back to the original function, and
 signatures whose rewritten graph is still one MLX fused call (:data:`FUSED`:
@@ -97,7 +114,8 @@ from .compiled import MLXFrontend
 from .router import ACTIVE, LOCK, NOT_FETCHED, Call, fetch_reason, patch, record_fetch, unpatch
 
 HELPER = "scaled_dot_product_attention"
-CACHES = "only KVCache, RotatingKVCache and ChunkedKVCache have a buffer to key signatures on"
+CACHES = "only KVCache, QuantizedKVCache, RotatingKVCache and ChunkedKVCache have a buffer to key signatures on"
+QUANTIZED_SINKS = "attention sinks on a QuantizedKVCache (mlx-lm's helper refuses them)"
 PREFILL_ROWS = 64  # more query rows on a KVCache: a prefill, given its own keys (one signature per length)
 FUSED = "the pipeline kept MLX's fused call: mlx-lm's helper runs it on the valid keys, without the buffer padding"
 Structure = tuple[str, "int | None", "int | None", "int | None"]  # (causal, left, right, chunk) of a sdpa
@@ -128,6 +146,20 @@ def attention(
         for part in parts[1:]:
             mask = mask & part
     return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask, sinks=sinks)
+
+
+def quantized_attention(
+    queries: Any, kq: Any, ks: Any, kb: Any, vq: Any, vs: Any, vb: Any, mask: Any, scale: float, group_size: int,
+    bits: int,
+) -> Any:  # fmt: skip
+    """The attention an optimized model compiles for a ``QuantizedKVCache``: mlx-lm's own quantized helper over
+    the cache's (words, scales, biases) K and V, imported and raised to ``quantized_sdpa`` per signature.
+
+    Only ever imported (its arrays are then tracers): the helper scales its queries in place."""
+    from mlx_lm.models.base import quantized_scaled_dot_product_attention
+
+    keys, values = (kq, ks, kb), (vq, vs, vb)
+    return quantized_scaled_dot_product_attention(queries, keys, values, scale, mask, group_size, bits)
 
 
 def _helper() -> Any:
@@ -162,7 +194,8 @@ class OptimizedModel:
     """What :func:`optimize` returns: the compiled attention, routing counts, and :meth:`restore`.
 
     ``compiled`` is the :class:`CompiledFunction` of :func:`attention` for the
-    modules calling mlx-lm's helper (None when none does), ``qsa`` the one of
+    modules calling mlx-lm's helper (None when none does), ``quantized`` the one of
+    :func:`quantized_attention` for their calls on a ``QuantizedKVCache``, ``qsa`` the one of
     :func:`attnpass.backends.mlx.vlm.qsa_attention` for those calling mlx-vlm's
     QSA dispatch (None when none does); their ``specializations`` hold each
     signature's rewritten graph and remarks. ``traces`` counts the signatures
@@ -173,9 +206,11 @@ class OptimizedModel:
     def __init__(
         self, model: Any, compiled: CompiledFunction | None, modules: Sequence[str],
         qsa: CompiledFunction | None = None, qsa_modules: Sequence[str] = (),
+        quantized: CompiledFunction | None = None,
     ) -> None:  # fmt: skip
         self.model = model
         self.compiled = compiled
+        self.quantized = quantized
         self.modules = tuple(modules)
         self.qsa = qsa
         self.qsa_modules = tuple(qsa_modules)
@@ -190,7 +225,7 @@ class OptimizedModel:
 
     @property
     def traces(self) -> int:
-        return sum(c.traces for c in (self.compiled, self.qsa) if c is not None)
+        return sum(c.traces for c in (self.compiled, self.quantized, self.qsa) if c is not None)
 
     @contextmanager
     def active(self) -> Iterator[None]:
@@ -209,13 +244,21 @@ class OptimizedModel:
         call = ACTIVE.get()
         fetched = call.fetched if call is not None and call.model is self else {}
         reason = _unroutable(keys, values, cache, mask, fetched)
+        if reason is None and sinks is not None and _quantized(cache):
+            reason = QUANTIZED_SINKS
         if reason is None:
-            q, k, v, m, structure = self._program_arguments(queries, keys, values, cache, mask)
-            entry = self.compiled.specialization(q, k, v, m, sinks, scale, structure)
+            args = self._program_arguments(queries, keys, values, cache, mask)
+            if _quantized(cache):
+                entry = self.quantized.specialization(*args, scale, cache.group_size, cache.bits)
+                given = [_words(a) for a in args]
+            else:
+                q, k, v, m, structure = args
+                entry = self.compiled.specialization(q, k, v, m, sinks, scale, structure)
+                given = [a for a in (q, k, v, m, sinks) if a is not None]
             if entry.compiled:
                 with self._lock:
                     self.routed += 1
-                return entry.call([a for a in (q, k, v, m, sinks) if a is not None])
+                return entry.call(given)
             reason = FUSED if entry.reason == FUSED else f"no compiled program: {entry.reason.splitlines()[0]}"
         with self._lock:
             self.declined[reason] += 1
@@ -246,15 +289,18 @@ class OptimizedModel:
     def _program_arguments(self, queries: Any, keys: Any, values: Any, cache: Any, mask: Any) -> tuple:
         """``(queries, keys, values, mask, structure)`` for the program.
 
-        A batched cache: :func:`.batched.arguments` (no structure). A prefill (more than :data:`PREFILL_ROWS` query
-        rows, or several on a windowed cache, or no cache): the helper's own keys, and a causal, windowed or chunked
-        mask as ``structure`` (:meth:`_structure`). A decode or verify step: the cache's whole buffer and a mask of
-        its valid rows (:func:`_prefix_reason`: the keys are its first rows).
+        A batched cache: :func:`.batched.arguments` (no structure). A ``QuantizedKVCache``:
+        :meth:`_quantized_arguments` (no structure). A prefill (more than :data:`PREFILL_ROWS` query rows, or
+        several on a windowed cache, or no cache): the helper's own keys, and a causal, windowed or chunked mask
+        as ``structure`` (:meth:`_structure`). A decode or verify step: the cache's whole buffer and a mask of its
+        valid rows (:func:`_prefix_reason`: the keys are its first rows).
         """
         import mlx.core as mx
 
         if batched.is_batch(cache):
             return (*batched.arguments(queries, cache, mask, _pad_last), None)
+        if _quantized(cache):
+            return self._quantized_arguments(queries, cache, mask)
         rows = queries.shape[2]
         if cache is None or (rows > 1 and (type(cache) is not _kv_cache() or rows > PREFILL_ROWS)):
             if isinstance(mask, str):
@@ -304,6 +350,19 @@ class OptimizedModel:
         self._last_structure = (mask, found)
         return found
 
+    def _quantized_arguments(self, queries: Any, cache: Any, mask: Any) -> tuple:
+        """``(queries, *key parts, *value parts, mask)``: a ``QuantizedKVCache``'s words, scales and biases of its
+        keys, then of its values, over the buffer's first :func:`quantized_rows` rows, and a mask of the valid
+        rows."""
+        rows, offset = queries.shape[2], cache.offset
+        length = quantized_rows(offset, cache.keys[0].shape[2])
+        if mask is None or isinstance(mask, str):
+            mask = self._valid(rows, offset, length, causal=mask is not None)
+        elif length > offset:
+            mask = _pad_last(mask, length - offset)
+        prefix = [a if a.shape[2] == length else a[..., :length, :] for a in (*cache.keys, *cache.values)]
+        return queries, *prefix, mask
+
     def _valid(self, rows: int, offset: int, length: int, *, causal: bool) -> Any:
         """bool ``[1, 1, rows|1, length]``: key ``j`` valid below ``offset``, and causal (bottom-right) if asked."""
         import mlx.core as mx
@@ -328,7 +387,7 @@ class OptimizedModel:
         through = [f"{m} ({HELPER})" for m in self.modules] + [f"{m} ({vlm.NAME})" for m in self.qsa_modules]
         print(f"optimize({self._original_class.__name__}): routed {self.routed} attention call(s) through "
               f"{', '.join(through)}; declined: {declined}", file=out)  # fmt: skip
-        for compiled in (self.compiled, self.qsa):
+        for compiled in (self.compiled, self.quantized, self.qsa):
             if compiled is not None:
                 compiled.explain(graphs=graphs, file=out)
 
@@ -361,6 +420,12 @@ def _kv_cache() -> type:
     return KVCache
 
 
+def _quantized_cache() -> type:
+    from mlx_lm.models.cache import QuantizedKVCache
+
+    return QuantizedKVCache
+
+
 def _windowed() -> tuple[type, type]:
     from mlx_lm.models.cache import ChunkedKVCache, RotatingKVCache
 
@@ -375,31 +440,59 @@ def _unroutable(keys: Any, values: Any, cache: Any, mask: Any, fetched: dict) ->
         return None
     if batched.is_batch(cache):
         return batched.unroutable(keys, values, cache, mask, fetched)
-    if type(cache) not in (_kv_cache(), *_windowed()):
+    if type(cache) not in (_kv_cache(), _quantized_cache(), *_windowed()):
         return f"{type(cache).__name__}: {CACHES}"
     reason = fetch_reason(keys, values, cache, fetched)
     if reason is not None:
         return reason
-    n = keys.shape[2]
+    n = _rows(keys)
     if mask is not None and not isinstance(mask, str) and mask.shape[-1] != n:
         return f"the mask covers {mask.shape[-1]} keys, the helper has {n}"
     return _prefix_reason(keys, cache)
+
+
+def _rows(keys: Any) -> int:
+    """The rows of a cache's keys: an array's, or a quantized cache's (words, scales, biases)."""
+    return (keys[0] if isinstance(keys, (tuple, list)) else keys).shape[2]
 
 
 def _prefix_reason(keys: Any, cache: Any) -> str | None:
     """None when ``keys`` (the cache's last fetch) are its buffer's first ``keys.shape[2]`` rows, by the cache's
     own ``update_and_fetch``; else why not."""
     rotating, chunked = _windowed()
-    n, length = keys.shape[2], cache.keys.shape[2]
+    n, length = _rows(keys), _rows(cache.keys)
     if type(cache) is rotating:  # keys_and_values: the buffer, or its first offset rows while it is longer
         held = keys is cache.keys or n == cache.offset < length
     elif type(cache) is chunked:  # keys_and_values: the buffer's first offset - start_position rows
         held = n == cache.offset - cache.start_position <= length
-    else:  # KVCache: the buffer's first offset rows
+    else:  # KVCache, QuantizedKVCache: the buffer's first offset rows
         held = n == cache.offset <= length
     if held:
         return None
     return f"{type(cache).__name__}: the keys ({n} rows) are not the buffer's valid prefix ({length} rows)"
+
+
+def quantized_rows(offset: int, length: int) -> int:
+    """The rows of a ``QuantizedKVCache`` buffer (``length``) a program is given for ``offset`` valid ones: the
+    offset rounded up to a multiple of ``max(32, 2^floor(log2(offset)) / 32)``, at most the buffer.
+
+    The CPU's quantized_matmul costs in proportion to the rows, padded ones too: the padding stays under 32
+    rows or under 1/32 of the offset (a whole 256-row buffer step would cost up to twice the work just past a
+    boundary), for one signature per 32 rows up to 2048 keys, then 32 per doubling."""
+    step = max(32, (1 << max(offset, 1).bit_length() - 1) // 32)
+    return min(length, -(-offset // step) * step)
+
+
+def _quantized(cache: Any) -> bool:
+    """Whether a routable cache holds its keys quantized: a QuantizedKVCache's (words, scales, biases)."""
+    return cache is not None and isinstance(cache.keys, (tuple, list))
+
+
+def _words(array: Any) -> Any:
+    """A program argument: packed uint32 words as int32 of the same bits (the IR's type), the rest as they are."""
+    import mlx.core as mx
+
+    return array.view(mx.int32) if array.dtype == mx.uint32 else array
 
 
 def _pad_last(mask: Any, count: int) -> Any:
@@ -454,15 +547,18 @@ def optimize(
             f"mlx_lm.models.base.{HELPER} or mlx-vlm's {vlm.NAME}; its attention cannot be routed"
         )
     options = {"strict": strict, "max_signatures": max_signatures}
-    compiled = qsa = None
+    compiled = qsa = quantized = None
     if routed:
         compiled = CompiledFunction(
             attention, MLXFrontend(), pipeline=pipeline, **options, name="attnpass.backends.mlx.compile",
             decline=_kept_fused,
         )  # fmt: skip
+        quantized = CompiledFunction(
+            quantized_attention, MLXFrontend(), pipeline=pipeline, **options, name="attnpass.backends.mlx.compile"
+        )
     if qsa_routed:
         qsa = vlm.programs(pipeline, **options)
-    optimized = OptimizedModel(model, compiled, routed, qsa, qsa_routed)
+    optimized = OptimizedModel(model, compiled, routed, qsa, qsa_routed, quantized)
     with LOCK:
         for owner, name, replace in _patches(optimized):
             patch(owner, name, replace)
@@ -495,7 +591,7 @@ def _patches(optimized: OptimizedModel) -> list[tuple[Any, str, Any]]:
     if optimized.modules:
         from mlx_lm.models.cache import BatchKVCache
 
-        found += [(cls, "update_and_fetch", record_fetch) for cls in (_kv_cache(), *_windowed())]
+        found += [(cls, "update_and_fetch", record_fetch) for cls in (_kv_cache(), _quantized_cache(), *_windowed())]
         found.append((BatchKVCache, "update_and_fetch", batched.record_fetch))
     found += [(sys.modules[n], vlm.NAME, lambda _: route_qsa) for n in optimized.qsa_modules]
     if optimized.qsa_modules:
@@ -520,4 +616,7 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-__all__ = ["FUSED", "NOT_FETCHED", "OptimizedModel", "attention", "optimize", "route", "route_qsa"]
+__all__ = [
+    "CACHES", "FUSED", "NOT_FETCHED", "OptimizedModel", "attention", "optimize", "quantized_attention", "route",
+    "route_qsa",
+]  # fmt: skip

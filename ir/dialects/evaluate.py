@@ -169,6 +169,72 @@ def quantized_matmul(x, wq, scales, biases, *, transpose: bool, group_size: int,
     return rounded(np.matmul(wide(x), np.swapaxes(w, -1, -2) if transpose else w), dtype)
 
 
+def pack(q: np.ndarray, bits: int) -> np.ndarray:
+    """The inverse of :func:`unpack`: integers ``q`` in ``[0, 2^bits)`` ``[..., N, K]`` as int32 words (uint32
+    bits) ``[..., N, K * bits / 32]``, element ``j`` at bit ``j * bits`` of the row's little-endian stream."""
+    q = np.asarray(q).astype(np.uint64)
+    stream = (q[..., None] >> np.arange(bits, dtype=np.uint64)) & np.uint64(1)  # [..., K, bits], low bit first
+    stream = stream.reshape(q.shape[:-1] + (q.shape[-1] * bits // 32, 32))
+    return np.sum(stream << np.arange(32, dtype=np.uint64), axis=-1).astype(np.uint32).view(np.int32)
+
+
+def quantize(w, *, group_size: int, bits: int, output: str) -> np.ndarray:
+    """The ``quantize`` op (``mx.quantize``, affine), the ``output`` part: each group computed in float32 as MLX
+    does. The scale is ``max((max - min) / (2^bits - 1), 1e-7)``, signed so that the edge (the min when its
+    magnitude exceeds the max's, else the max) quantizes to ``q0 = rint(edge / scale)``; unless ``q0`` is 0,
+    the scale becomes ``edge / q0`` and the bias the edge (else the bias is 0); with 1 bit the scale is
+    ``max(max - min, 1e-7)`` and the bias the min. Then
+    ``q = clip(rint((w - bias) / scale), 0, 2^bits - 1)``, and the float32 scale and bias are rounded to w's dtype."""
+    w = np.asarray(w)
+    x = w.astype(np.float32).reshape(w.shape[:-1] + (w.shape[-1] // group_size, group_size))
+    bins = np.float32((1 << bits) - 1)
+    top, bottom = x.max(axis=-1), x.min(axis=-1)
+    low_edge = np.abs(bottom) > np.abs(top)
+    scale = np.maximum((top - bottom) / bins, np.float32(1e-7))
+    scale = np.where(low_edge, scale, -scale)
+    edge = np.where(low_edge, bottom, top)
+    q0 = np.rint(edge / scale)
+    moved = q0 != 0
+    scale = np.where(moved, edge / np.where(moved, q0, np.float32(1)), scale).astype(np.float32)
+    bias = np.where(moved, edge, np.float32(0)).astype(np.float32)
+    if bits == 1:  # MLX's 1-bit rule: the range and the min, no edge
+        scale, bias = np.maximum(top - bottom, np.float32(1e-7)), bottom
+    if output != "wq":
+        return (scale if output == "scales" else bias).astype(w.dtype)
+    q = np.clip(np.rint((x - bias[..., None]) / scale[..., None]), 0, bins)
+    return pack(q.reshape(w.shape).astype(np.int64), bits)
+
+
+def quantized_sdpa(
+    q, kq, ks, kb, vq, vs, vb, mask=None, *, scale: float, group_size: int, bits: int, precision: str = "dtype"
+) -> np.ndarray:
+    """The ``quantized_sdpa`` op: mlx-lm's quantized attention, each step an op of its own rounded to q's dtype
+    (``q * scale``, the scores, the masked scores, the softmax from float64, ``P·V``); query head ``h`` reads kv
+    head ``h // G``, computed with the G heads of a group folded into the rows of one ``quantized_matmul``.
+    ``precision="float32"``: the float operands widened to float32, the steps in float32, rounded once at the end."""
+    dtype = DType.from_numpy(np.asarray(q).dtype)
+    if precision == "float32" and dtype is not DType.float32:
+        wide32 = [None if a is None or a.dtype == np.bool_ else np.asarray(a, np.float32) for a in (q, ks, kb, vs, vb)]
+        extra = mask if mask is None or np.asarray(mask).dtype == np.bool_ else np.asarray(mask, np.float32)
+        out = quantized_sdpa(
+            wide32[0], kq, wide32[1], wide32[2], vq, wide32[3], wide32[4], extra, scale=scale,
+            group_size=group_size, bits=bits,
+        )  # fmt: skip
+        return rounded(out, dtype)
+    b, hq, s, d = q.shape
+    hkv, t = kq.shape[1], kq.shape[2]
+    opts = {"group_size": group_size, "bits": bits}
+    folded = rounded(wide(q) * scale, dtype).reshape(b, hkv, hq // hkv * s, d)
+    scores = quantized_matmul(folded, kq, ks, kb, transpose=True, **opts).reshape(b, hq, s, t)
+    if mask is not None and np.asarray(mask).dtype == np.bool_:
+        scores = rounded(np.where(mask, wide(scores), float(dtype.finfo.min)), dtype)
+    elif mask is not None:
+        scores = rounded(wide(scores) + wide(mask), dtype)
+    p = softmax(scores, -1, dtype).reshape(b, hkv, hq // hkv * s, t)
+    out = quantized_matmul(p, vq, vs, vb, transpose=False, **opts)
+    return out.reshape(b, hq, s, out.shape[-1])
+
+
 EVALUATORS: dict[str, Evaluator] = {
     "add": _arith(np.add),
     "sub": _arith(np.subtract),
@@ -211,6 +277,8 @@ EVALUATORS: dict[str, Evaluator] = {
     "remainder": lambda attrs, xs, t: remainder(*xs, dtype=t.dtype),
     "dequantize": lambda attrs, xs, t: dequantize(*xs, **attrs),
     "quantized_matmul": lambda attrs, xs, t: quantized_matmul(*xs, **attrs),
+    "quantize": lambda attrs, xs, t: quantize(*xs, **attrs),
+    "quantized_sdpa": lambda attrs, xs, t: quantized_sdpa(*xs, **attrs),
 }
 
 
@@ -226,6 +294,6 @@ def evaluate(op: str, attrs: Mapping, operands: Sequence[np.ndarray], result: Te
 
 
 __all__ = [
-    "EVALUATORS", "constant", "conv1d", "dequantize", "evaluate", "quantized_matmul", "remainder", "rounded", "scan",
-    "scan_identity", "softmax", "unpack", "wide",
+    "EVALUATORS", "constant", "conv1d", "dequantize", "evaluate", "pack", "quantize", "quantized_matmul",
+    "quantized_sdpa", "remainder", "rounded", "scan", "scan_identity", "softmax", "unpack", "wide",
 ]  # fmt: skip

@@ -12,6 +12,12 @@ A quantized matrix ``w [..., N, K]`` is three tensors:
 
 Dequantized, ``w[..., j] = scale * q + bias`` of its group, computed in the scales' dtype as MLX does:
 the product is rounded to that dtype, then the sum (two roundings, no fused multiply-add).
+
+``quantize`` is ``mx.quantize``, one op per output (``output``: ``wq``, ``scales`` or ``biases``); the three
+share their operand and attributes, and each is computed alone.
+
+``quantized_sdpa`` is attention over quantized K/V as mlx-lm computes it
+(``quantized_scaled_dot_product_attention``): two ``quantized_matmul`` around a softmax.
 """
 
 from __future__ import annotations
@@ -91,6 +97,56 @@ def _infer_quantized_matmul(ts, *, transpose, group_size, bits):
     return TensorType(batch + (x.shape[-2], cols), x.dtype)
 
 
+def _infer_quantize(ts, *, group_size, bits, output):
+    (w,) = ts
+    if bits not in BITS:
+        raise ShapeError(
+            f"quantize: bits={bits} is not an affine quantization width; valid: {', '.join(map(str, BITS))}"
+        )
+    if group_size not in GROUP_SIZES:
+        valid = ", ".join(map(str, GROUP_SIZES))
+        raise ShapeError(f"quantize: group_size={group_size} is not an affine group size; valid: {valid}")
+    require_dtype("quantize", w, FLOATS, "w")
+    if w.rank < 2 or w.shape[-1] % group_size:
+        raise ShapeError(
+            f"quantize: w {w} must have rank >= 2 and rows of whole groups of {group_size} (a last dim divisible "
+            f"by {group_size})"
+        )
+    k = w.shape[-1]
+    if output == "wq":
+        return TensorType(w.shape[:-1] + (k * bits // 32,), DType.int32)
+    return TensorType(w.shape[:-1] + (k // group_size,), w.dtype)
+
+
+def _infer_quantized_sdpa(ts, *, scale, group_size, bits, precision="dtype"):
+    op = "quantized_sdpa"
+    if len(ts) not in (7, 8):
+        raise ShapeError(f"{op}: expected 7 or 8 operands (q, kq, ks, kb, vq, vs, vb, mask?), got {len(ts)}")
+    q, kq, ks, kb, vq, vs, vb = ts[:7]
+    mask = ts[7] if len(ts) == 8 else None
+    require_dtype(op, q, FLOATS, "q")
+    d = _check_quantized(op, kq, ks, kb, group_size, bits)
+    dv = _check_quantized(op, vq, vs, vb, group_size, bits)
+    if ks.dtype is not q.dtype or vs.dtype is not q.dtype:
+        raise ShapeError(f"{op}: q and the K/V scales must share one float dtype, got q={q}, ks={ks}, vs={vs}")
+    if q.rank != 4 or kq.rank != 4 or vq.rank != 4:
+        raise ShapeError(f"{op}: q, kq and vq must have rank 4 [B, H, S|T, ...], got q={q}, kq={kq}, vq={vq}")
+    (b, hq, s, qd), (kb_, hkv, t, _), (vb_, vh, vt, _) = q.shape, kq.shape, vq.shape
+    if qd != d:
+        raise ShapeError(f"{op}: q {q} has head dim {qd}, the keys (kq {kq}, {bits} bits) hold {d}")
+    if (kb_, hkv, t) != (b, vh, vt) or vb_ != b:
+        raise ShapeError(f"{op}: kq {kq} and vq {vq} must share [B, Hkv, T] with B={b} of q {q}")
+    if hq % hkv:
+        raise ShapeError(f"{op}: {hq} query heads are not a multiple of {hkv} kv heads (q {q}, kq {kq})")
+    if mask is not None:
+        if mask.dtype not in (DType.bool, q.dtype):
+            raise ShapeError(f"{op}: mask {mask} must be bool (True = attend) or additive in q's dtype {q.dtype.value}")
+        full = (b, hq, s, t)
+        if mask.rank > 4 or broadcast_shapes(f"{op} mask", mask.shape, full) != full:
+            raise ShapeError(f"{op}: mask {mask} does not broadcast to [B, Hq, S, T] = {list(full)}")
+    return TensorType((b, hq, s, dv), q.dtype)
+
+
 _QUANT_ATTRS = {"group_size": attr("int", 64), "bits": attr("int", 4)}
 register(
     OpDef(
@@ -106,6 +162,20 @@ register(
 )
 register(
     OpDef(
+        "quantize",
+        ("w",),
+        _infer_quantize,
+        {**_QUANT_ATTRS, "output": attr("choice:wq|scales|biases")},
+        "quant",
+        "mx.quantize (affine), one output: w [..., N, K] -> wq int32 [..., N, K*bits/32] (uint32 bits, a "
+        "little-endian bit stream per row), or scales or biases [..., N, K/group_size] in w's dtype. Per group, "
+        "in float32: the edge (the min or max of larger magnitude) is q0 * scale + bias exactly, "
+        "q = clip(rint((w - bias) / scale), 0, 2^bits - 1) with the float32 scale and bias, which are then "
+        "rounded to w's dtype; 1 bit: scale max - min, bias min (docs/semantics.md §1.5).",
+    )
+)
+register(
+    OpDef(
         "quantized_matmul",
         ("x", "wq", "scales", "biases"),
         _infer_quantized_matmul,
@@ -114,5 +184,21 @@ register(
         "mx.quantized_matmul (affine): x @ w^T (transpose=True) or x @ w, w the dequantize of (wq, scales, "
         "biases) in x's dtype, which the scales share; batch dims broadcast. The accumulation order and "
         "precision are the target's (MLX's own kernel on MLX).",
+    )
+)
+register(
+    OpDef(
+        "quantized_sdpa",
+        ("q", "kq", "ks", "kb", "vq", "vs", "vb", "mask?"),
+        _infer_quantized_sdpa,
+        {"scale": attr("float"), **_QUANT_ATTRS, "precision": attr("choice:dtype|float32", "dtype")},
+        "quant",
+        "mlx-lm's quantized_scaled_dot_product_attention: q [B, Hq, S, D], K and V quantized [B, Hkv, T, ...] "
+        "(kq, ks, kb and vq, vs, vb as for dequantize); query head h reads kv head h // (Hq / Hkv). "
+        "s = quantized_matmul(q * scale, K) (q * scale rounded to q's dtype); a bool mask (True = attend) "
+        "sets the others to the dtype's lowest finite value, an additive one is added; p = softmax(s) in at "
+        "least float32, rounded to q's dtype; out = quantized_matmul(p, V, transpose=False). precision float32: "
+        "q, the scales and biases and an additive mask widened to float32 (exactly), every step in float32, "
+        "the result rounded once to q's dtype.",
     )
 )

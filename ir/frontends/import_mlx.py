@@ -147,6 +147,16 @@ def _quantized_matmul(b: GraphBuilder, r: _Record, x: list[str]) -> str:
     return b.op("quantized_matmul", x, {"transpose": bool(transpose), "group_size": group_size, "bits": bits})
 
 
+def _quantize(b: GraphBuilder, r: _Record, w: str) -> list[str]:
+    """MLX ``Quantize`` (group size, bits, mode, dequantize) in affine mode: one ``quantize`` per output."""
+    group_size, bits, mode, dequantize = r.args
+    if mode != _AFFINE or dequantize:
+        what = f"mode {mode}" if mode != _AFFINE else "a quantize-dequantize round trip (dequantize=True)"
+        raise ModelImportError(f"{r.where()}: only affine quantization (mode 0, three outputs) is imported, not {what}")
+    attrs = {"group_size": group_size, "bits": bits}
+    return [b.op("quantize", [w], {**attrs, "output": part}) for part in ("wq", "scales", "biases")]
+
+
 def _emit(b: GraphBuilder, r: _Record) -> list[str]:
     """IR values for the outputs of one primitive."""
     x = [b.read(i[0]) for i in r.inputs]
@@ -247,6 +257,8 @@ def _emit(b: GraphBuilder, r: _Record) -> list[str]:
         return [b.op("matmul", x)]
     if name == "QuantizedMatmul":
         return [_quantized_matmul(b, r, x)]
+    if name == "Quantize":
+        return _quantize(b, r, x[0])
     if name == "Arange":
         start, stop, step = r.args
         values = np.arange(start, stop, step).astype(out.dtype.numpy)

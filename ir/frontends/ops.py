@@ -333,4 +333,10 @@ def quantized_matmul(
     return emit("quantized_matmul", [x, wq, scales, biases], attrs)
 
 
-__all__ += ["dequantize", "quantized_matmul"]
+def quantize(w: Tensor, *, group_size: int = 64, bits: int = 4) -> tuple[Tensor, Tensor, Tensor]:
+    """``mx.quantize`` (affine): ``(wq, scales, biases)``, the words int32 (MLX's uint32 bits)."""
+    attrs = {"group_size": int(group_size), "bits": int(bits)}
+    return tuple(emit("quantize", [w], {**attrs, "output": part}) for part in ("wq", "scales", "biases"))  # type: ignore[return-value]
+
+
+__all__ += ["dequantize", "quantize", "quantized_matmul"]

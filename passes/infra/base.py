@@ -48,6 +48,7 @@ REASONS: dict[str, str] = {
     "rows_without_keys": "a row that attends no key would compute a different value after the rewrite",
     "not_divisible": "a size is not divisible by the number of shards, devices or the block ratio",
     "shape_mismatch": "operand shapes or sizes disagree with what the rewrite needs",
+    "quantized_operands": "the pass does not carry quantized K/V (packed words, scales and biases)",
     # masks
     "mask_layout": "the mask does not broadcast onto the scores as sdpa's [..., S, T] mask",
     "mask_form": "the mask is not written as sdpa masks (inverted, or its fill is not a constant)",

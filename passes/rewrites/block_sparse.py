@@ -27,6 +27,7 @@ from typing import ClassVar, NamedTuple
 from attnpass.ir import DType, Graph, Node
 from attnpass.ir.dialects.attention import Window, key_ranges, sdpa_operands, window_offset
 
+from ..analysis.quantized_attention import NOT_CARRIED, decline_quantized
 from ..infra.base import Remarks, require_int
 from ..infra.policy import SwitchedPass
 from ..infra.registry import register_pass
@@ -174,6 +175,7 @@ class BlockSparse(SwitchedPass):
         block_q = self.block_q if self.block_q is not None else BLOCK_Q[self.device]
         plan_of = "given" if self.block_q is not None else f"the {self.device} plan"
         rule = Rule("block-sparse", "sdpa", _match(block_q, plan_of), _rewrite, lambda plan: plan.message)
+        decline_quantized(graph, remarks, NOT_CARRIED.format(self.name))
         return bool(apply_rules(graph, [rule], remarks, decline_all=self.disabled()))
 
 

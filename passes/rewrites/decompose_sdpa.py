@@ -89,6 +89,17 @@ def _metal_vector_kernel(q_len: int, gqa: int, d: int, dv: int, kv_len: int) -> 
     return None
 
 
+QUANTIZED_LOWERING = (
+    "kept: its lowering is already GQA-folded, the query heads of each kv head the rows of one "
+    "quantized_matmul over the packed keys and one over the packed values (K/V never dequantized as a whole)"
+)
+QUANTIZED_FLOAT32 = (
+    "quantized_sdpa: precision float32 (device cpu): MLX's CPU quantized_matmul adds {dtype} products one by one "
+    "in {dtype}; q, the scales and biases are widened to float32 exactly and every step runs in float32, the "
+    "result rounded once to {dtype} (the packed words and the GQA fold as they were)"
+)
+
+
 @register_pass
 @dataclass(frozen=True)
 class DecomposeSDPA(Pass):
@@ -98,6 +109,8 @@ class DecomposeSDPA(Pass):
     device: str = "cpu"
     max_q_len: int = 8
     target: str | None = None
+    # on CPU, a half-float quantized_sdpa computed in float32: faster with MLX's CPU kernel, not the model's bits
+    widen_quantized: bool = False
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
@@ -113,7 +126,30 @@ class DecomposeSDPA(Pass):
 
     def run(self, graph: Graph, remarks: Remarks) -> bool:
         rule = Rule("decompose-sdpa", "sdpa", self._match, _rewrite, lambda plan: plan.reason)
-        return bool(apply_rules(graph, [rule], remarks))
+        widened = self._quantized_float32(graph, remarks)
+        for node in graph.nodes():
+            if node.op == "quantized_sdpa" and node.name not in widened:
+                remarks.declined(node.name, f"quantized_sdpa: {QUANTIZED_LOWERING}", node.loc, reason="already_done")
+        return bool(apply_rules(graph, [rule], remarks)) or bool(widened)
+
+    def _quantized_float32(self, graph: Graph, remarks: Remarks) -> frozenset[str]:
+        """With ``widen_quantized`` on CPU, a half-float ``quantized_sdpa`` computes in float32 (``precision``):
+        MLX's CPU kernel sums half-float products in half floats, several times slower; the result is not the
+        model's own bits, so it is an explicit choice. Returns the new nodes."""
+        if self.device != "cpu" or not self.widen_quantized:
+            return frozenset()
+        changed: set[str] = set()
+        for node in list(graph.nodes()):
+            dtype = node.type.dtype
+            if node.op != "quantized_sdpa" or dtype is DType.float32 or node.attrs["precision"] == "float32":
+                continue
+            rw = Rewriter(graph, node)
+            attrs = {**node.attrs, "precision": "float32"}
+            out = rw.op("quantized_sdpa", list(node.inputs), attrs, f"{node.name}_f32")
+            rw.replace_matched(out)
+            remarks.applied(out, QUANTIZED_FLOAT32.format(dtype=dtype.value), node.loc)
+            changed.add(out)
+        return frozenset(changed)
 
     def _match(self, graph: Graph, node: Node) -> _Plan | Decline:
         q, k, v = (graph.node(name).type.shape for name in node.inputs[:3])

@@ -19,6 +19,7 @@ from attnpass.ir import Graph, Node
 from attnpass.ir.dialects.attention import sdpa_operands
 
 from ..analysis.devices import METAL_VECTOR_BUDGET
+from ..analysis.quantized_attention import NOT_CARRIED, decline_quantized
 from ..infra.base import Remarks, require_int
 from ..infra.policy import SwitchedPass
 from ..infra.registry import register_pass
@@ -176,6 +177,7 @@ class HeadChunkSDPA(SwitchedPass):
 
     def run(self, graph: Graph, remarks: Remarks) -> bool:
         rule = Rule("head-chunk", "sdpa", _match(self.budget), _rewrite, lambda plan: plan.message)
+        decline_quantized(graph, remarks, NOT_CARRIED.format(self.name))
         return bool(apply_rules(graph, [rule], remarks, decline_all=self.disabled()))
 
 

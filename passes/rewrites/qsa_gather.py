@@ -82,6 +82,7 @@ from attnpass.ir import DType, Graph, Node
 from attnpass.ir.dialects import min_width
 from attnpass.ir.dialects.attention import sdpa_variants
 
+from ..analysis.quantized_attention import NOT_CARRIED, decline_quantized
 from ..infra.base import Remarks, require_int
 from ..infra.policy import SwitchedPass
 from ..infra.registry import register_pass
@@ -146,6 +147,7 @@ class QSAGather(SwitchedPass):
 
     def run(self, graph: Graph, remarks: Remarks) -> bool:
         rule = Rule("qsa-gather", "sdpa", self._match, _rewrite, self._describe)
+        decline_quantized(graph, remarks, NOT_CARRIED.format(self.name))
         return bool(apply_rules(graph, [rule], remarks, decline_all=self.disabled()))
 
     # ------------------------------------------------------------------ check

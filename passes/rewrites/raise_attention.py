@@ -1,6 +1,6 @@
 """Raise decomposed attention (as MLX, JAX and hand-written code spell it) to ``softmax`` and ``sdpa``.
 
-Two rules on the shared layer (:mod:`attnpass.passes.infra.rewrite`; :data:`RULES`
+Rules on the shared layer (:mod:`attnpass.passes.infra.rewrite`; :data:`RULES`
 composes with ``+``), each a ``match`` that proves the rewrite or declines
 with the reason and node, and a ``rewrite``. In order:
 
@@ -10,6 +10,9 @@ with the reason and node, and a ``rewrite``. In order:
   (repeated K/V, broadcast K/V or a grouped 5-d einsum), each of q, k, v in
   its own layout, proven on coordinates (:mod:`.attention_match`) with the
   scores read as algebra (:mod:`.score_path`);
+- ``quantized-attention``  mlx-lm's attention over a quantized KV cache
+  (``quantized_matmul``, softmax, ``quantized_matmul``) -> ``quantized_sdpa``,
+  checked op by op (:mod:`.quantized_attention`);
 - ``structured-mask``  an sdpa's bool mask built from positions alone
   (aranges, iotas, offsets, a window: mlx-lm's ``create_causal_mask``) ->
   sdpa's ``causal`` and ``window``, proven on every pair (:mod:`.mask_structure`).
@@ -65,6 +68,7 @@ from ..analysis import layout_algebra as la
 from ..analysis.attention_match import Attention, MaskPlan, Operand, lifted, match_attention
 from ..analysis.chains import exact_cast
 from ..analysis.mask_structure import match_structure, rewrite_structure
+from ..analysis.quantized_attention import match_quantized_attention, rewrite_quantized_attention
 from ..analysis.softmax_match import Softmax, match_softmax
 from ..infra.base import Pass, Remarks
 from ..infra.registry import register_pass
@@ -155,6 +159,8 @@ RULES: list[Rule] = [
          lambda m: f"exp({m.x} - max) / sum -> softmax({m.x}, axis={m.axis}{', precise' if m.precise else ''}){m.rounding}"),  # exp(x-max)/sum -> softmax
     Rule("attention", "matmul", _attention_match, _attention_rewrite,
          lambda m: f"softmax(q·kᵀ·scale + mask)·v -> sdpa: {m.summary}"),  # softmax(qk^T s + m) v -> sdpa
+    Rule("quantized-attention", "quantized_matmul", match_quantized_attention, rewrite_quantized_attention,
+         lambda m: f"quantized_matmul·softmax·quantized_matmul -> quantized_sdpa: {m.summary}"),
     Rule("structured-mask", "sdpa", match_structure, rewrite_structure,
          lambda m: f"{m.message} -> sdpa's causal and window"),  # sdpa(mask=positions) -> sdpa[causal, window]
 ]  # fmt: skip

@@ -69,6 +69,7 @@ from attnpass.ir import Graph, Node, format_slice
 from attnpass.ir.core.sharding import Sharding, format_sharding, normalize_sharding
 from attnpass.ir.dialects.attention import sdpa_variants
 
+from ..analysis.quantized_attention import NOT_CARRIED, decline_quantized
 from ..infra.base import Pass, Remarks
 from ..infra.registry import register_pass
 from ..infra.rewrite import Decline, Rewriter, Rule, apply_rules
@@ -121,6 +122,7 @@ class ShardAttention(Pass):
             Rule("head-chunked", "concat", self._match_group, self._rewrite, lambda p: p.message),
             Rule("sdpa", "sdpa", self._match_sdpa, self._rewrite, lambda p: p.message),
         ]
+        decline_quantized(graph, remarks, NOT_CARRIED.format(self.name))
         hits = apply_rules(graph, rules, remarks)
         inherited = _propagate(graph) if hits else 0
         if inherited:

@@ -57,6 +57,7 @@ from typing import ClassVar
 from attnpass.ir import DType, Graph, Node
 from attnpass.ir.dialects.attention import sdpa_operands
 
+from ..analysis.quantized_attention import NOT_CARRIED, decline_quantized
 from ..infra.base import Pass, Remarks, require_int
 from ..infra.registry import register_pass
 from ..infra.rewrite import Decline, Rewriter, Rule, apply_rules
@@ -400,6 +401,7 @@ class SplitKV(Pass):
             rw.replace_matched(rewrite_split(rw, plan, no_placement), prune=True)
 
         rule = Rule("split-kv", "sdpa", lambda g, n: match_split(g, n, self.shards), rewrite, SplitPlan.describe)
+        decline_quantized(graph, remarks, NOT_CARRIED.format(self.name))
         return bool(apply_rules(graph, [rule], remarks))
 
 

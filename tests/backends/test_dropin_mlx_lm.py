@@ -93,6 +93,43 @@ def test_the_default_pipeline_routes_only_what_it_rewrites(tokenizer):
     assert set(opt.declined) <= {FUSED} and calls(opt) >= 16
 
 
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+@pytest.mark.parametrize("bits", [4, 8])
+def test_a_quantized_kv_cache_is_routed_with_plain_mlx_lms_tokens_bit_for_bit(family, bits, tokenizer):
+    """``kv_bits`` with ``quantized_kv_start=0``: mlx-lm quantizes the cache after the prefill, and every decode
+    call then runs on a QuantizedKVCache. All of them are routed (raised to one quantized_sdpa per signature),
+    and the float32 log-probabilities are plain mlx-lm's quantized path, bit for bit."""
+    import io
+
+    from attnpass.backends.mlx import optimize
+    from attnpass.backends.mlx.lm import FUSED
+    from attnpass.models import tiny_lm
+
+    model = tiny_lm(family, dtype="float32")
+    quantized = {"kv_bits": bits, "kv_group_size": 64, "quantized_kv_start": 0}
+    plain, plain_logprobs = stream(model, tokenizer, **quantized)
+    with optimize(model, strict=True) as opt:
+        optimized, logprobs = stream(model, tokenizer, **quantized)
+    assert optimized == plain and len(set(plain)) >= 8
+    assert_bits_equal(logprobs, plain_logprobs)
+    # both layers of every 1-row step: the prompt's last token, then decode one token ahead of the last yielded
+    assert opt.routed == 2 * (TOKENS + 1)
+    assert opt.declined == {FUSED: 2}  # the 11-row prefill, on the KVCache mlx-lm quantizes afterwards
+    # offsets 12 to 76 of a 256-row buffer: cut to 32, 64 and 96 rows (quantized_rows), one signature each
+    entries = opt.quantized.specializations
+    words = 128 * bits // 32
+    assert [e.signature.split(", kq:")[1].split("], ")[0] for e in entries] == [
+        f"uint32[1, 2, {r}, {words}" for r in (32, 64, 96)
+    ]
+    for entry in entries:
+        assert entry.signature.startswith("queries:f32[1,24,1,128], ") and entry.signature.endswith(f"bits={bits}")
+        assert [n.op for n in entry.graph if n.op != "input"] == ["quantized_sdpa"]
+    text = io.StringIO()
+    opt.explain(file=text)
+    assert f"routed {2 * (TOKENS + 1)} attention call(s)" in text.getvalue()
+    assert "quantized_sdpa: 24 query heads on 2 kv heads" in text.getvalue()
+
+
 def test_speculative_decoding_is_identical_with_the_verify_steps_routed(tokenizer):
     import mlx_lm
 
@@ -142,20 +179,20 @@ def test_one_trace_per_cache_buffer_length(monkeypatch):
 
 
 def test_caches_without_a_buffer_are_declined_and_counted(tokenizer):
-    from mlx_lm.models.cache import QuantizedKVCache
+    from mlx_lm.models.cache import ConcatenateKVCache
 
     from attnpass.backends.mlx import optimize
     from attnpass.backends.mlx.lm import CACHES
     from attnpass.models import tiny_lm
 
     model = tiny_lm("llama", layers=1)
-    plain, plain_logprobs = stream(model, tokenizer, prompt_cache=[QuantizedKVCache(bits=8)])
+    plain, plain_logprobs = stream(model, tokenizer, prompt_cache=[ConcatenateKVCache()])
     with optimize(model) as opt:
-        tokens, logprobs = stream(model, tokenizer, prompt_cache=[QuantizedKVCache(bits=8)])
+        tokens, logprobs = stream(model, tokenizer, prompt_cache=[ConcatenateKVCache()])
     assert tokens == plain
     assert_bits_equal(logprobs, plain_logprobs)  # every call declined: mlx-lm's own, bit for bit
     assert opt.routed == 0 and opt.traces == 0
-    assert list(opt.declined) == [f"QuantizedKVCache: {CACHES}"]
+    assert list(opt.declined) == [f"ConcatenateKVCache: {CACHES}"]
 
 
 def test_restore_undoes_the_routing_and_other_models_never_route():

@@ -42,8 +42,8 @@ CACHES = {
 }
 
 
-ROUTED = ("KVCache", "RotatingKVCache", "ChunkedKVCache", "BatchKVCache")
-CACHES_ROUTED = "only KVCache, RotatingKVCache and ChunkedKVCache have a buffer to key signatures on"
+ROUTED = ("KVCache", "QuantizedKVCache", "RotatingKVCache", "ChunkedKVCache", "BatchKVCache")
+CACHES_ROUTED = "only KVCache, QuantizedKVCache, RotatingKVCache and ChunkedKVCache have a buffer to key signatures on"
 
 
 def array_mask(kind: str, rows: int):
@@ -98,8 +98,17 @@ def test_a_cache_class_is_routed_with_the_helpers_own_arrays_or_declined_by_name
             expected = base.scaled_dot_product_attention(q, keys, values, cache=kv, scale=SCALE, mask=mask)
             if len(substituted) > before:  # past the proofs: routed, or declined as FUSED after its pipeline
                 assert name in ROUTED and opt.routed + opt.declined[FUSED] == routed + fused + 1
-                _, program_k, program_v, program_mask, structure = substituted[before]
-                n = keys.shape[2]
+                arguments, n = substituted[before], (keys[0] if name == "QuantizedKVCache" else keys).shape[2]
+                if name == "QuantizedKVCache":  # words, scales and biases of K, then of V, over the buffer's rows
+                    program_mask, length = arguments[-1], arguments[1].shape[2]
+                    assert len(arguments) == 8
+                    for buffer, array in zip(arguments[1:-1], (*keys, *values)):
+                        assert_bits_equal(np.array(buffer[..., :n, :]), np.array(array))
+                    visible = np.array(program_mask if program_mask.dtype == mx.bool_ else program_mask > -1e30)
+                    assert not np.broadcast_to(visible, (1, 1, rows, length))[..., n:].any()
+                    assert_bits_equal(np.array(out), np.array(expected))
+                    continue
+                _, program_k, program_v, program_mask, structure = arguments
                 if program_k.shape[2] >= n:  # the buffer (or the keys themselves): its first n rows are the keys
                     assert_bits_equal(np.array(program_k[..., :n, :]), np.array(keys))
                     assert_bits_equal(np.array(program_v[..., :n, :]), np.array(values))
@@ -119,7 +128,7 @@ def test_a_cache_class_is_routed_with_the_helpers_own_arrays_or_declined_by_name
             else:
                 assert sum(opt.declined.values()) == declined + 1
                 assert_bits_equal(np.array(out), np.array(expected))  # mlx-lm's helper, as without optimize
-    if name == "KVCache":
+    if name in ("KVCache", "QuantizedKVCache"):
         assert opt.routed == len(STEPS) and not opt.declined
     elif name == "BatchKVCache":  # the streams' padding is in the model's mask: calls without an array one declined
         assert opt.routed == 2 and opt.declined == {NO_ARRAY_MASK: 2}
@@ -336,3 +345,17 @@ def test_attend_outside_the_model_routes_only_inside_active():
     assert opt.routed == 1 and opt.declined == {NOT_FETCHED: 1}
     expected = base.scaled_dot_product_attention(q, keys, values, cache=kv, scale=SCALE, mask=None)
     assert_bits_equal(np.array(out), np.array(expected))
+
+
+def test_a_quantized_buffer_is_cut_to_a_few_rows_past_its_offset():
+    """quantized_rows: at least the offset, at most the buffer; the padding under 32 rows or under 1/32 of the
+    offset; 32 distinct cuts per doubling of the offset past 2048 (one signature each)."""
+    from attnpass.backends.mlx.lm import quantized_rows
+
+    for offset in range(1, 70000, 7):
+        length = -(-offset // 256) * 256 + 256 * (offset % 3)  # a 256-row buffer, sometimes grown further
+        rows = quantized_rows(offset, length)
+        assert offset <= rows <= length
+        assert rows - offset < max(32, offset / 32)
+    assert len({quantized_rows(o, 1 << 20) for o in range(4097, 8193)}) == 32
+    assert len({quantized_rows(o, 1 << 20) for o in range(1, 2049)}) == 64

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnpass.backends import run
-from attnpass.ir import DType, ShapeError, TensorType
+from attnpass.ir import DType, Graph, ShapeError, TensorType
 from attnpass.ir.core.printer import parse_type
 from attnpass.ir.core.registry import get_op
 from attnpass.ir.dialects.evaluate import rounded, wide
@@ -283,3 +283,108 @@ def _to_mlx(a: np.ndarray):
     from attnpass.lowering.targets.mlx.target import from_numpy
 
     return from_numpy(a)
+
+
+def _groups_to_quantize(rng, dtype: str, group_size: int) -> np.ndarray:
+    """w [6, 4 * group_size] in ``dtype``: random groups of several magnitudes, and groups that take each branch
+    of MLX's rule: all zeros (q0 = 0: bias 0), one constant (the 1e-7 scale floor), only positive, only negative,
+    the min of larger magnitude (a negative scale's edge) and a single spike."""
+    w = rng.standard_normal((6, 4 * group_size)) * rng.choice([1e-3, 1.0, 300.0], (6, 1))
+    special = [0.0, 1.5, None, None, None, None]
+    for row, value in enumerate(special):
+        if value is not None:
+            w[row, :group_size] = value
+    w[2, :group_size] = np.abs(w[2, :group_size]) + 1.0
+    w[3, :group_size] = -np.abs(w[3, :group_size]) - 2.0
+    w[4, :group_size] = np.linspace(-5.0, 1.0, group_size)
+    w[5, :group_size] = 0.0
+    w[5, 7] = 9.0
+    return rounded(w, dtype)
+
+
+@pytest.mark.parametrize("target", target_params("numpy", "mlx", "jax"))
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("group_size", GROUP_SIZES)
+@pytest.mark.parametrize("bits", [1, 4, 8])
+@requires("mlx.core")
+def test_quantize_is_mx_quantize_bit_for_bit(rng, target, dtype, group_size, bits):
+    """Words, scales and biases: MLX's raw bits on every target (a graph of the three outputs); 1 bit has a rule
+    of its own. (Here bfloat16 with 8 bits failed on JAX while XLA divided by the broadcast scale through its
+    reciprocal: a quotient of exactly 115.5 came out 115.49999.)"""
+    w = _groups_to_quantize(rng, dtype, group_size)
+    graph = Graph("quantize")
+    x = graph.add_input("w", TensorType(w.shape, dtype))
+    attrs = {"group_size": group_size, "bits": bits}
+    graph.set_outputs([graph.add_node("quantize", [x], {**attrs, "output": p}) for p in ("wq", "scales", "biases")])
+    got = run(lower(graph, target), w)
+    expected = mx.quantize(_to_mlx(w), group_size=group_size, bits=bits)
+    assert_bits_equal(np.asarray(got[0]), np.array(expected[0]).view(np.int32))
+    for part, want in zip(got[1:], expected[1:]):
+        assert_bits_equal(np.asarray(part), _mlx_numpy(want))
+
+
+@pytest.mark.parametrize("bits", BITS)
+@requires("mlx.core")
+def test_quantize_every_width_is_mx_quantize(rng, bits):
+    """Widths whose elements straddle words (3, 5, 6) and 1 and 2 bits: the numpy reference and the MLX program."""
+    w = _groups_to_quantize(rng, "float32", 32)
+    expected = [np.array(a) for a in mx.quantize(_to_mlx(w), group_size=32, bits=bits)]
+    for target in ("numpy", "mlx"):
+        for part, want in zip(("wq", "scales", "biases"), expected):
+            attrs = {"group_size": 32, "bits": bits, "output": part}
+            got = np.asarray(run(lower(one_op_graph("quantize", _types(w), attrs), target), w))
+            assert_bits_equal(got, want.view(np.int32) if part == "wq" else want)
+
+
+@requires("mlx.core")
+def test_quantize_then_dequantize_is_within_a_step(rng):
+    """What quantization promises: each element comes back within one quantization step (|scale|) of itself,
+    within half a step unless the far end of its group was clipped (the scale is snapped to ``edge / q0`` so
+    that the edge comes back exactly, which may shrink it: the far end then lies up to one step out), and
+    the edge of each group exactly."""
+    from attnpass.ir.dialects.evaluate import dequantize, quantize
+
+    w = _groups_to_quantize(rng, "float32", 64)[1:]  # the all-zero group has no step
+    parts = [quantize(w, group_size=64, bits=4, output=p) for p in ("wq", "scales", "biases")]
+    back = dequantize(*parts, group_size=64, bits=4, dtype="float32")
+    step = np.repeat(np.abs(wide(parts[1])), 64, axis=-1)
+    err = np.abs(wide(back) - wide(w))
+    assert np.all(err <= step * (1 + 1e-5) + 1e-6 * np.abs(wide(w)))
+    inside = np.abs(wide(w) - np.repeat(wide(parts[2]), 64, -1)) <= 15 * step * (1 - 1e-5)  # not clipped
+    assert np.all(err[inside] <= step[inside] / 2 * (1 + 1e-5) + 1e-6 * np.abs(wide(w))[inside])
+    edges = np.abs(w.reshape(5, 4, 64)).argmax(-1)
+    edge_values = np.take_along_axis(w.reshape(5, 4, 64), edges[..., None], -1)
+    assert_bits_equal(np.take_along_axis(back.reshape(5, 4, 64), edges[..., None], -1), edge_values)
+
+
+@pytest.mark.parametrize(
+    ("w", "attrs", "match"),
+    [
+        ("f32[4,64]", {"bits": 7}, r"bits=7 is not an affine quantization width; valid: 1, 2, 3, 4, 5, 6, 8"),
+        ("f32[4,64]", {"group_size": 16}, r"group_size=16 .* valid: 32, 64, 128"),
+        ("f32[64]", {}, r"w f32\[64\] must have rank >= 2"),
+        ("f32[4,96]", {}, r"w f32\[4,96\] .*divisible by 64"),
+        ("i32[4,64]", {}, r"w has dtype int32"),
+    ],
+)
+def test_quantize_shape_errors_name_the_op_and_values(w, attrs, match):
+    with pytest.raises(ShapeError, match=r"^quantize: " + match):
+        get_op("quantize").result_type([parse_type(w)], {"group_size": 64, "bits": 4, "output": "wq", **attrs})
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    bits=st.sampled_from(BITS),
+    group_size=st.sampled_from(GROUP_SIZES),
+    groups=st.integers(1, 3),
+    lead=st.lists(st.integers(1, 3), min_size=1, max_size=3),
+)
+@requires("mlx.core")
+def test_quantize_shape_rule_against_mlx(bits, group_size, groups, lead):
+    shape = tuple(lead) + (group_size * groups,)
+    outs = mx.quantize(mx.zeros(shape, dtype=mx.bfloat16), group_size=group_size, bits=bits)
+    for part, out in zip(("wq", "scales", "biases"), outs):
+        got = get_op("quantize").result_type(
+            [TensorType(shape, "bfloat16")], {"group_size": group_size, "bits": bits, "output": part}
+        )
+        assert got == TensorType(tuple(out.shape), "int32" if part == "wq" else "bfloat16")

@@ -9,7 +9,7 @@ import pytest
 
 from attnpass.ir import format_graph, parse_graph
 from attnpass.passes import REASONS, PassManager, Remark, parse_pipeline
-from tests.passes.filecheck import CheckError, Case, cases, check
+from tests.passes.filecheck import Case, CheckError, cases, check
 
 GOLDEN = Path(__file__).parent / "golden"
 CASES = [case for path in sorted(GOLDEN.glob("*.mlir")) for case in cases(path)]

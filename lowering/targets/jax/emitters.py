@@ -137,3 +137,5 @@ def _quant(call: str, keys: tuple[str, ...]):
 
 EMITTERS["dequantize"] = _quant("dequantize", ("group_size", "bits", "dtype"))
 EMITTERS["quantized_matmul"] = _quant("quantized_matmul", ("transpose", "group_size", "bits"))
+EMITTERS["quantize"] = _quant("quantize", ("group_size", "bits", "output"))
+EMITTERS["quantized_sdpa"] = _quant("quantized_sdpa", ("scale", "group_size", "bits", "precision"))

@@ -90,6 +90,64 @@ def quantized_matmul(x, wq, scales, biases, *, transpose: bool, group_size: int,
     return jnp.matmul(x, w, preferred_element_type=jnp.float32).astype(x.dtype)
 
 
+def _full(divisor, shape) -> jax.Array:
+    """``divisor`` broadcast to ``shape`` where XLA cannot see the broadcast (no reciprocal rewrite)."""
+    return jax.lax.optimization_barrier(jnp.broadcast_to(divisor, shape))
+
+
+def quantize(w, *, group_size: int, bits: int, output: str) -> jax.Array:
+    """``mx.quantize``'s ``output`` (``wq`` as int32 words, ``scales``, ``biases``), computed per group in float32
+    as :func:`attnpass.ir.dialects.evaluate.quantize` describes.
+
+    XLA rewrites a division by a broadcast value into a multiply by its reciprocal (two roundings, so
+    ``rint`` may then land on the other side of a half): each divisor is broadcast to the dividend's shape
+    behind an optimization barrier, which leaves XLA a plain, correctly rounded division."""
+    x = w.astype(jnp.float32).reshape(w.shape[:-1] + (w.shape[-1] // group_size, group_size))
+    top, bottom = x.max(axis=-1), x.min(axis=-1)
+    low_edge = jnp.abs(bottom) > jnp.abs(top)
+    scale = jnp.maximum((top - bottom) / _full(np.float32((1 << bits) - 1), top.shape), np.float32(1e-7))
+    scale = jnp.where(low_edge, scale, -scale)
+    edge = jnp.where(low_edge, bottom, top)
+    q0 = jnp.round(edge / scale)  # jnp.round: half to even, as rint
+    moved = q0 != 0
+    scale = jnp.where(moved, edge / jnp.where(moved, q0, 1.0), scale)
+    bias = jnp.where(moved, edge, 0.0)
+    if bits == 1:  # MLX's 1-bit rule: the range and the min, no edge
+        scale, bias = jnp.maximum(top - bottom, np.float32(1e-7)), bottom
+    if output != "wq":
+        return (scale if output == "scales" else bias).astype(w.dtype)
+    q = jnp.round((x - bias[..., None]) / _full(scale[..., None], x.shape))
+    q = jnp.clip(q, 0, (1 << bits) - 1).astype(jnp.uint32).reshape(w.shape)
+    stream = (q[..., None] >> np.arange(bits, dtype=np.uint32)) & jnp.uint32(1)  # [..., K, bits], low bit first
+    stream = stream.reshape(w.shape[:-1] + (w.shape[-1] * bits // 32, 32)) << np.arange(32, dtype=np.uint32)
+    words = jax.lax.reduce(stream, jnp.uint32(0), jax.lax.bitwise_or, (stream.ndim - 1,))
+    return jax.lax.bitcast_convert_type(words, jnp.int32)
+
+
+def quantized_sdpa(
+    q, kq, ks, kb, vq, vs, vb, mask=None, *, scale: float, group_size: int, bits: int, precision: str = "dtype"
+) -> jax.Array:
+    """The ``quantized_sdpa`` op, GQA folded into the rows of :func:`quantized_matmul` as on MLX; the softmax in
+    float32, rounded to q's dtype (``precision="float32"``: every float operand widened first, rounded once)."""
+    if precision == "float32" and q.dtype != jnp.float32:
+        up = [a.astype(jnp.float32) for a in (q, ks, kb, vs, vb)]
+        mask = mask if mask is None or mask.dtype == jnp.bool_ else mask.astype(jnp.float32)
+        opts = {"scale": scale, "group_size": group_size, "bits": bits}
+        return quantized_sdpa(up[0], kq, up[1], up[2], vq, up[3], up[4], mask, **opts).astype(q.dtype)
+    b, hq, s, d = q.shape
+    hkv, t = kq.shape[1], kq.shape[2]
+    opts = {"group_size": group_size, "bits": bits}
+    folded = jnp.reshape(q * jnp.asarray(scale, q.dtype), (b, hkv, hq // hkv * s, d))
+    scores = jnp.reshape(quantized_matmul(folded, kq, ks, kb, transpose=True, **opts), (b, hq, s, t))
+    if mask is not None and mask.dtype == jnp.bool_:
+        scores = jnp.where(mask, scores, jnp.finfo(scores.dtype).min)
+    elif mask is not None:
+        scores = scores + mask
+    p = jax.nn.softmax(scores.astype(jnp.float32), axis=-1).astype(q.dtype)
+    out = quantized_matmul(jnp.reshape(p, (b, hkv, hq // hkv * s, t)), vq, vs, vb, transpose=False, **opts)
+    return jnp.reshape(out, (b, hq, s, out.shape[-1]))
+
+
 def _top_k(score: jax.Array, k: int) -> jax.Array:
     score = jnp.where(jnp.isnan(score), -jnp.inf, score)
     score = jnp.where(score == 0, 0.0, score)  # -0.0 == +0.0

@@ -148,3 +148,17 @@ EMITTERS["dequantize"] = lambda n, a, env: (
 EMITTERS["quantized_matmul"] = lambda n, a, env: (
     f"mx.quantized_matmul({_quant_args(n, a, 1)}, transpose={n.attrs['transpose']})"
 )
+
+
+def _quantize(n: Node, a: list[str], env: EmitEnv) -> str:
+    """One output of ``mx.quantize``; the words viewed as int32 (their bits)."""
+    part = ("wq", "scales", "biases").index(n.attrs["output"])
+    call = f"mx.quantize({a[0]}, group_size={n.attrs['group_size']}, bits={n.attrs['bits']})[{part}]"
+    return f"mx.view({call}, mx.int32)" if part == 0 else call
+
+
+EMITTERS["quantize"] = _quantize
+EMITTERS["quantized_sdpa"] = lambda n, a, env: (
+    f"{env.runtime('qsdpa')}({', '.join(a)}, scale={py_float(n.attrs['scale'])}, group_size={n.attrs['group_size']}, "
+    f"bits={n.attrs['bits']}, precision={n.attrs['precision']!r})"
+)

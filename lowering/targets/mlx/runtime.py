@@ -1,4 +1,5 @@
-"""Runtime of the MLX target: the ``qsa`` helper (the shared QSA ops over native ``mlx.core`` primitives) and ``lse``.
+"""Runtime of the MLX target: the ``qsa`` helper (the shared QSA ops over native ``mlx.core`` primitives), ``lse``
+and ``quantized_sdpa``.
 
 Exact top-k with ties to the lower block id, without relying on the tie
 behaviour of ``mx.topk``/``argpartition``: each score becomes a unique int64
@@ -58,3 +59,36 @@ qsa = QSAOps(mx, top_k=_top_k, put=_put, check=_check, row_major=_row_major, fla
 qsa_checked = dataclasses.replace(qsa, checks=True)  # the ``qsa`` of programs lowered with checks=True
 sdpa_lse = functools.partial(attention_array_api.sdpa_lse, mx)  # the ``lse`` helper
 explicit_sdpa = functools.partial(attention_array_api.explicit_sdpa, mx)  # sdpa with logit soft-capping
+
+
+def quantized_sdpa(
+    q, kq, ks, kb, vq, vs, vb, mask=None, *, scale: float, group_size: int, bits: int, precision: str = "dtype"
+) -> mx.array:
+    """The ``quantized_sdpa`` op, GQA folded: the G query heads of each kv head are the rows of one
+    ``mx.quantized_matmul`` against that head's packed keys (never dequantized as a whole, never repeated),
+    the mask applied to the scores viewed per query head, then one ``mx.quantized_matmul`` with the packed values.
+    Each step is mlx-lm's own op (``q * scale``, ``where`` with the dtype's lowest value or ``+ mask``, a precise
+    softmax); MLX's CPU kernels compute each row of a quantized_matmul alone, so folding the heads into the rows
+    keeps mlx-lm's bits. ``precision="float32"``: q, the scales and biases (and an additive mask) cast to float32
+    first, the result cast back (the words are the same either way)."""
+    if precision == "float32" and q.dtype != mx.float32:
+        up = [a.astype(mx.float32) for a in (q, ks, kb, vs, vb)]
+        mask = mask if mask is None or mask.dtype == mx.bool_ else mask.astype(mx.float32)
+        opts = {"scale": scale, "group_size": group_size, "bits": bits}
+        out = quantized_sdpa(up[0], kq, up[1], up[2], vq, up[3], up[4], mask, **opts)
+        return out.astype(q.dtype)
+    b, hq, s, d = q.shape
+    hkv, t = kq.shape[1], kq.shape[2]
+    opts = {"group_size": group_size, "bits": bits}
+    folded = mx.reshape(q * scale, (b, hkv, hq // hkv * s, d))
+    scores = mx.quantized_matmul(folded, mx.view(kq, mx.uint32), ks, kb, transpose=True, **opts)
+    if mask is not None:
+        scores = mx.reshape(scores, (b, hq, s, t))
+        if mask.dtype == mx.bool_:
+            scores = mx.where(mask, scores, mx.finfo(scores.dtype).min)
+        else:
+            scores = scores + mask
+        scores = mx.reshape(scores, (b, hkv, hq // hkv * s, t))
+    p = mx.softmax(scores, axis=-1, precise=True)
+    out = mx.quantized_matmul(p, mx.view(vq, mx.uint32), vs, vb, transpose=False, **opts)
+    return mx.reshape(out, (b, hq, s, out.shape[-1]))

@@ -113,6 +113,7 @@ MLX = Target(
         "qsa_checked": "attnpass.lowering.targets.mlx.runtime.qsa_checked",
         "lse": "attnpass.lowering.targets.mlx.runtime.sdpa_lse",
         "attn": "attnpass.lowering.targets.mlx.runtime.explicit_sdpa",
+        "qsdpa": "attnpass.lowering.targets.mlx.runtime.quantized_sdpa",
     },
     to_numpy=to_numpy,
     count_primitives=count_primitives,

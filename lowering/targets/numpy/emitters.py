@@ -159,3 +159,10 @@ EMITTERS["quantized_matmul"] = lambda n, a, env: (
     f"ref.quantized_matmul({', '.join(a)}, transpose={n.attrs['transpose']}, group_size={n.attrs['group_size']}, "
     f"bits={n.attrs['bits']})"
 )
+EMITTERS["quantize"] = lambda n, a, env: (
+    f"ref.quantize({a[0]}, group_size={n.attrs['group_size']}, bits={n.attrs['bits']}, output={n.attrs['output']!r})"
+)
+EMITTERS["quantized_sdpa"] = lambda n, a, env: (
+    f"ref.quantized_sdpa({', '.join(a)}, scale={py_float(n.attrs['scale'])}, group_size={n.attrs['group_size']}, "
+    f"bits={n.attrs['bits']}, precision={n.attrs['precision']!r})"
+)

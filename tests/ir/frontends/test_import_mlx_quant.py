@@ -122,8 +122,8 @@ def test_traced_dequantize_then_matmul_equals_quantized_matmul(rng):
 @requires("mlx.core", "mlx_lm")
 @pytest.mark.parametrize("device", ["cpu", "gpu"])
 def test_default_pipeline_keeps_the_quantized_sdpa_bits(rng, device):
-    """The passes do not know quantized K/V yet (issue 21 items 2-4): they leave the two quantized_matmuls in
-    place and the MLX program keeps mlx-lm's bits."""
+    """Without raise-attention (which raises them to quantized_sdpa: tests/passes/test_quantized_attention.py)
+    the device pipeline leaves the two quantized_matmuls in place and the MLX program keeps mlx-lm's bits."""
     from mlx_lm.models.base import quantized_scaled_dot_product_attention
 
     from attnpass.passes import PassManager
@@ -163,3 +163,25 @@ def test_quantized_kv_as_arguments_imports_as_int32_inputs_of_the_words_bits(rng
     assert_bits_equal(np.asarray(got), np.array(attend(mx.array(host.copy()), *keys, *values)))
     with pytest.raises(AttnpassError, match=r"input kq: expected i32\[1,2,70,8\], got uint32"):
         run(lower(imported.graph, "mlx"), mx.array(host), *keys, *values)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@requires("mlx.core", "mlx_lm")
+def test_quantized_kv_cache_update_imports_as_quantize(rng, bits, dtype):
+    """What ``QuantizedKVCache.update_and_fetch`` runs on new keys: MLX's ``Quantize`` primitive, imported as one
+    ``quantize`` per output; every target gives mx.quantize's raw bits (the words as int32)."""
+    from attnpass.lowering.targets.mlx.target import to_numpy
+
+    def update(keys):
+        return mx.quantize(keys, group_size=64, bits=bits)
+
+    keys = mx.array(random_array(rng, (1, 2, 5, 128), "float32")).astype(getattr(mx, dtype))
+    imported = from_mlx(update, keys)
+    nodes = [n for n in imported.graph if n.op == "quantize"]
+    assert [n.attrs["output"] for n in nodes] == ["wq", "scales", "biases"]
+    assert {(n.attrs["group_size"], n.attrs["bits"]) for n in nodes} == {(64, bits)}
+    expected = [np.array(update(keys)[0]).view(np.int32)] + [to_numpy(a) for a in update(keys)[1:]]
+    for target, x in (("mlx", keys), ("numpy", to_numpy(keys)), ("jax", to_numpy(keys))):
+        for got, want in zip(run(lower(imported.graph, target), x), expected):
+            assert_bits_equal(np.asarray(got), want)
