@@ -153,3 +153,13 @@ def test_the_import_cycles_are_the_named_ones():
     for cycle in KNOWN_CYCLES:
         for module in cycle:
             assert f"`{module.rsplit('.', 1)[1]}`" in page, f"docs/architecture.md does not name {module}"
+
+
+def test_every_library_package_is_installed():
+    """pyproject.toml lists the packages a plain ``pip install .`` copies: every folder of the library is one."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    packages = {module_name(p) for p in LIBRARY if p.name == "__init__.py"}
+    assert packages - listed == set(), "add them to [tool.setuptools] packages"
+    assert listed - packages == set(), "pyproject.toml lists packages the library does not have"
