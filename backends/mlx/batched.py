@@ -53,7 +53,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import vlm
-from .router import ACTIVE, NOT_FETCHED
+from .router import NOT_FETCHED, fetch_recorder
 
 NO_ARRAY_MASK = "a BatchKVCache call without an array mask (the streams' left padding is only in the model's mask)"
 BLIND_ROW = (
@@ -79,18 +79,8 @@ def is_batch(cache: Any) -> bool:
     return type(cache) is BatchKVCache
 
 
-def record_fetch(update_and_fetch: Callable[..., Any]) -> Callable[..., Any]:
-    """``BatchKVCache.update_and_fetch`` that also records its result in the active optimized call, if any."""
-
-    def recording(cache: Any, keys: Any, values: Any) -> Any:
-        result = update_and_fetch(cache, keys, values)
-        call = ACTIVE.get()
-        if call is not None:
-            call.fetched[id(cache)] = (cache, BatchFetch(*result, (cache.keys, cache.values), cache._idx))
-        return result
-
-    recording.__wrapped__ = update_and_fetch  # type: ignore[attr-defined]
-    return recording
+# ``BatchKVCache.update_and_fetch``: the fetch with the rows written for every stream (``_idx``)
+record_fetch = fetch_recorder(lambda cache, result: BatchFetch(*result, (cache.keys, cache.values), cache._idx))
 
 
 def fetch_reason(keys: Any, values: Any, cache: Any, fetched: dict) -> str | None:

@@ -44,18 +44,26 @@ LOCK = threading.Lock()
 _PATCHES: dict[tuple[Any, str], tuple[int, Any]] = {}  # (class or module, attribute) -> (models, original)
 
 
-def record_fetch(update_and_fetch: Callable[..., Any]) -> Callable[..., Any]:
-    """``update_and_fetch`` that also records its result in the active optimized call, if any."""
+def fetch_recorder(entry: Callable[[Any, tuple], Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A patch of a cache class's ``update_and_fetch`` that also records ``entry(cache, result)`` (what the
+    router proves against) in the active optimized call, if any."""
 
-    def recording(cache: Any, keys: Any, values: Any) -> Any:
-        result = update_and_fetch(cache, keys, values)
-        call = ACTIVE.get()
-        if call is not None:
-            call.fetched[id(cache)] = (cache, Fetch(*result, (cache.keys, cache.values), cache.offset))
-        return result
+    def patch(update_and_fetch: Callable[..., Any]) -> Callable[..., Any]:
+        def recording(cache: Any, keys: Any, values: Any) -> Any:
+            result = update_and_fetch(cache, keys, values)
+            call = ACTIVE.get()
+            if call is not None:
+                call.fetched[id(cache)] = (cache, entry(cache, result))
+            return result
 
-    recording.__wrapped__ = update_and_fetch  # type: ignore[attr-defined]
-    return recording
+        recording.__wrapped__ = update_and_fetch  # type: ignore[attr-defined]
+        return recording
+
+    return patch
+
+
+# ``update_and_fetch`` of a cache with one offset for every stream (KVCache and its kin)
+record_fetch = fetch_recorder(lambda cache, result: Fetch(*result, (cache.keys, cache.values), cache.offset))
 
 
 def fetch_reason(keys: Any, values: Any, cache: Any, fetched: dict[int, tuple[Any, Fetch]]) -> str | None:

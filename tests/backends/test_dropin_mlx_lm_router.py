@@ -145,18 +145,13 @@ def causal_plane(rows: int, keys: int) -> np.ndarray:
 
 
 def structure_plane(structure, rows: int, keys: int) -> np.ndarray:
-    """The bool ``[rows, keys]`` of a program's ``(causal, left, right, chunk)``, per docs/semantics.md §1.4."""
-    causal, left, right, chunk = structure
-    p = np.arange(rows)[:, None] + (keys - rows if causal == "bottom_right" else 0)
-    j = np.arange(keys)[None]
-    seen = j <= p if causal != "none" else np.ones((rows, keys), bool)
-    if left is not None:
-        seen = seen & (p - j < left)
-    if right is not None:
-        seen = seen & (j - p <= right)
-    if chunk is not None:
-        seen = seen & (j // chunk == p // chunk)
-    return seen
+    """The bool ``[rows, keys]`` of a program's ``(causal, left, right, chunk)``: the numpy reference's
+    visibility (docs/semantics.md §1.4)."""
+    from attnpass.lowering.targets.numpy.reference import causal_mask
+
+    causal, *window = structure
+    seen = causal_mask(rows, keys, causal, tuple(window) if any(w is not None for w in window) else None)
+    return np.ones((rows, keys), bool) if seen is None else seen
 
 
 def test_the_array_mask_branch_pads_the_mask_over_the_buffer():
