@@ -12,12 +12,12 @@ prefilled by ``mlx_lm.generate.generate_step`` up to its first token, side by si
   ``prefill_step_size`` ``--optimize-step`` (8192: larger steps, since the tiles visit only what the window
   and causality show; 8192 x 16384 is the largest mask raise-attention proves, its EVAL_LIMIT).
 
-``optimize`` runs twice: the first run builds its signatures (``cold``, printed), the second is timed. The table
-gives seconds to the first token, the ratio plain / optimize, and whether the first ``--tokens`` greedy tokens are
-identical. One run each (the machine is shared): compare ratios, not absolute times.
+``optimize`` first runs once cold (building its signatures, printed), then ``--rounds`` times alternately with
+plain. The table gives the median seconds to the first token, the ratio plain / optimize, and whether the first
+``--tokens`` greedy tokens are identical (the machine is shared: compare ratios, not absolute times).
 
     python benchmarks/windowed_prefill.py [--lengths 1024 16384] [--window 512] [--plain-step 2048]
-        [--optimize-step 8192] [--tokens 4] [--quick]
+        [--optimize-step 8192] [--tokens 4] [--rounds 1] [--quick]
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import argparse
 import importlib
 import os
 import runpy
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -72,6 +73,7 @@ def main() -> None:
     parser.add_argument("--plain-step", type=int, default=2048)
     parser.add_argument("--optimize-step", type=int, default=8192)
     parser.add_argument("--tokens", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=1, help="plain and optimize timed alternately; medians shown")
     parser.add_argument("--quick", action="store_true", help="lengths 256 and 1024, window 64, steps 256 / 512")
     args = parser.parse_args()
     if args.quick:
@@ -83,13 +85,16 @@ def main() -> None:
     rows = []
     for length in args.lengths:
         prompt = mx.array([(7 * i + 3) % 128 for i in range(length)])
-        plain, plain_tokens = prefill(net, prompt, args.plain_step, args.tokens)
-        print(f"  {length}: plain {plain:.2f} s", flush=True)
-        runs = []
-        for _ in range(2):
-            runs.append(prefill(fast, prompt, args.optimize_step, args.tokens))
-            print(f"  {length}: optimize {runs[-1][0]:.2f} s, {opt.routed} routed, {dict(opt.declined)}", flush=True)
-        rows.append((length, plain, runs[0][0], runs[1][0], runs[1][1] == plain_tokens))
+        cold, tokens = prefill(fast, prompt, args.optimize_step, args.tokens)  # builds the signatures
+        print(f"  {length}: optimize (cold) {cold:.2f} s, {opt.routed} routed, {dict(opt.declined)}", flush=True)
+        plains, warms = [], []
+        for _ in range(args.rounds):  # alternately, so that the machine's load falls on both alike
+            plain, plain_tokens = prefill(net, prompt, args.plain_step, args.tokens)
+            warm, tokens = prefill(fast, prompt, args.optimize_step, args.tokens)
+            plains.append(plain)
+            warms.append(warm)
+            print(f"  {length}: plain {plain:.2f} s, optimize {warm:.2f} s", flush=True)
+        rows.append((length, statistics.median(plains), cold, statistics.median(warms), tokens == plain_tokens))
     print(f"load after: {load()}\n")
     print(f"{'prompt':>7} {'plain s':>8} {'optimize s':>11} {'(cold)':>7} {'ratio':>6} {'tokens':>10}")
     for length, plain, cold, warm, same in rows:
