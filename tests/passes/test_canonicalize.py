@@ -84,6 +84,13 @@ EVALUATOR_CASES = {
                            TensorType((3, 2), "float32")], {"group_size": 32, "bits": 4}),
                          ([TensorType((2, 3), "bfloat16"), TensorType((3, 8), "int32"), TensorType((3, 2), "bfloat16"),
                            TensorType((3, 2), "bfloat16")], {"group_size": 32, "bits": 4, "transpose": False})],
+    "quantize": [([TensorType((3, 64), d)], {"group_size": g, "bits": b, "output": out})
+                 for d, g, b, out in (("float32", 32, 4, "wq"), ("float32", 64, 8, "scales"), ("bfloat16", 32, 3, "wq"),
+                                      ("bfloat16", 32, 4, "biases"))],
+    "quantized_sdpa": [([TensorType((1, 2, 3, 64), d), TensorType((1, 1, 5, 8), "int32"), TensorType((1, 1, 5, 2), d),
+                         TensorType((1, 1, 5, 2), d), TensorType((1, 1, 5, 8), "int32"), TensorType((1, 1, 5, 2), d),
+                         TensorType((1, 1, 5, 2), d), *mask], {"scale": 0.125, "group_size": 32, "bits": 4})
+                       for d, mask in (("float32", ()), ("bfloat16", (TensorType((1, 1, 3, 5), "bool"),)))],
 }  # fmt: skip
 
 
