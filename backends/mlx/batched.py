@@ -49,27 +49,16 @@ densely and makes no QSA call, so there is nothing of theirs to route.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-from . import vlm
-from .router import NOT_FETCHED, fetch_recorder
+from . import router, vlm
+from .router import fetch_recorder
 
 NO_ARRAY_MASK = "a BatchKVCache call without an array mask (the streams' left padding is only in the model's mask)"
 BLIND_ROW = (
     "a query row of the bool mask sees no key (a left-padded prefill's padding rows): "
     "mlx-lm's helper gives such a row a value of its own, the padded buffer would average its unwritten rows too"
 )
-
-
-@dataclass(frozen=True)
-class BatchFetch:
-    """What one ``BatchKVCache.update_and_fetch`` returned, and the buffer and row count it left."""
-
-    keys: Any
-    values: Any
-    buffer: tuple[Any, Any]
-    rows: int  # the cache's _idx
 
 
 def is_batch(cache: Any) -> bool:
@@ -79,18 +68,17 @@ def is_batch(cache: Any) -> bool:
     return type(cache) is BatchKVCache
 
 
-# ``BatchKVCache.update_and_fetch``: the fetch with the rows written for every stream (``_idx``)
-record_fetch = fetch_recorder(lambda cache, result: BatchFetch(*result, (cache.keys, cache.values), cache._idx))
+def written(cache: Any) -> int:
+    """A ``BatchKVCache``'s write position: ``_idx``, the rows written for every stream."""
+    return cache._idx
+
+
+record_fetch = fetch_recorder(written)
 
 
 def fetch_reason(keys: Any, values: Any, cache: Any, fetched: dict) -> str | None:
     """None when ``keys``/``values`` are the batch cache's last fetch and it still holds that buffer; else why not."""
-    held, fetch = fetched.get(id(cache), (None, None))
-    if held is not cache or not isinstance(fetch, BatchFetch) or keys is not fetch.keys or values is not fetch.values:
-        return NOT_FETCHED
-    if cache.keys is not fetch.buffer[0] or cache.values is not fetch.buffer[1] or cache._idx != fetch.rows:
-        return "the cache changed between update_and_fetch and the attention call"
-    return None
+    return router.fetch_reason(keys, values, cache, fetched, written)
 
 
 def unroutable(keys: Any, values: Any, cache: Any, mask: Any, fetched: dict) -> str | None:
@@ -146,6 +134,6 @@ def qsa_buffer(cache: Any) -> tuple[Any, Any]:
 
 
 __all__ = [
-    "BLIND_ROW", "NO_ARRAY_MASK", "BatchFetch", "arguments", "fetch_reason", "is_batch", "is_qsa_batch", "qsa_buffer",
-    "record_fetch", "unprovable_qsa", "unroutable",
+    "BLIND_ROW", "NO_ARRAY_MASK", "arguments", "fetch_reason", "is_batch", "is_qsa_batch", "qsa_buffer",
+    "record_fetch", "unprovable_qsa", "unroutable", "written",
 ]  # fmt: skip

@@ -22,12 +22,13 @@ NOT_FETCHED = (
 
 @dataclass(frozen=True)
 class Fetch:
-    """What one ``update_and_fetch`` returned, and the buffer and offset it left."""
+    """What one ``update_and_fetch`` returned, and the buffer and write position it left (``offset``; a
+    batched cache's ``_idx``, the rows written for every stream)."""
 
     keys: Any
     values: Any
     buffer: tuple[Any, Any]
-    offset: int
+    position: int
 
 
 @dataclass
@@ -44,16 +45,21 @@ LOCK = threading.Lock()
 _PATCHES: dict[tuple[Any, str], tuple[int, Any]] = {}  # (class or module, attribute) -> (models, original)
 
 
-def fetch_recorder(entry: Callable[[Any, tuple], Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """A patch of a cache class's ``update_and_fetch`` that also records ``entry(cache, result)`` (what the
-    router proves against) in the active optimized call, if any."""
+def offset(cache: Any) -> int:
+    """The write position of a cache with one offset for every stream (KVCache and its kin)."""
+    return cache.offset
+
+
+def fetch_recorder(position: Callable[[Any], int]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A patch of a cache class's ``update_and_fetch`` that also records its :class:`Fetch` (the write position
+    read by ``position``) in the active optimized call, if any."""
 
     def patch(update_and_fetch: Callable[..., Any]) -> Callable[..., Any]:
         def recording(cache: Any, keys: Any, values: Any) -> Any:
             result = update_and_fetch(cache, keys, values)
             call = ACTIVE.get()
             if call is not None:
-                call.fetched[id(cache)] = (cache, entry(cache, result))
+                call.fetched[id(cache)] = (cache, Fetch(*result, (cache.keys, cache.values), position(cache)))
             return result
 
         recording.__wrapped__ = update_and_fetch  # type: ignore[attr-defined]
@@ -62,16 +68,18 @@ def fetch_recorder(entry: Callable[[Any, tuple], Any]) -> Callable[[Callable[...
     return patch
 
 
-# ``update_and_fetch`` of a cache with one offset for every stream (KVCache and its kin)
-record_fetch = fetch_recorder(lambda cache, result: Fetch(*result, (cache.keys, cache.values), cache.offset))
+record_fetch = fetch_recorder(offset)
 
 
-def fetch_reason(keys: Any, values: Any, cache: Any, fetched: dict[int, tuple[Any, Fetch]]) -> str | None:
-    """None when ``keys``/``values`` are ``cache``'s last fetch and it still holds that buffer; else why not."""
+def fetch_reason(
+    keys: Any, values: Any, cache: Any, fetched: dict[int, tuple[Any, Fetch]], position: Callable[[Any], int] = offset
+) -> str | None:
+    """None when ``keys``/``values`` are ``cache``'s last fetch and it still holds that buffer at the same write
+    ``position`` (as recorded by :func:`fetch_recorder` with it); else why not."""
     held, fetch = fetched.get(id(cache), (None, None))
     if held is not cache or keys is not fetch.keys or values is not fetch.values:
         return NOT_FETCHED
-    if cache.keys is not fetch.buffer[0] or cache.values is not fetch.buffer[1] or cache.offset != fetch.offset:
+    if cache.keys is not fetch.buffer[0] or cache.values is not fetch.buffer[1] or position(cache) != fetch.position:
         return "the cache changed between update_and_fetch and the attention call"
     return None
 
