@@ -16,6 +16,7 @@ equal; else their largest difference. ``--quick`` is a smoke run (T = 512, W = 6
 on JAX, about a minute with MLX's slow CPU masked call) with no targets.
 
     python benchmarks/block_sparse.py [--quick | --long] [--reps N] [--backends mlx,jax] [--masks window,causal,chunked]
+        [--dtypes float32,bfloat16]
 """
 
 from __future__ import annotations
@@ -146,6 +147,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--reps", type=int, default=None, help="interleaved calls per variant (default 3 quick, 1)")
     parser.add_argument("--backends", default="mlx,jax", help="comma-separated: mlx, jax")
     parser.add_argument("--masks", default="window,causal,chunked", help="comma-separated: window, causal, chunked")
+    parser.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated: float32, bfloat16")
     args = parser.parse_args(argv)
     reps = args.reps or (3 if args.quick else 1)
     targets = [b for b in args.backends.split(",") if b]
@@ -163,7 +165,7 @@ def main(argv: list[str] | None = None) -> None:
     masks = args.masks.split(",")
     for name, t, window, block_q in (case for case in cases(args.quick, args.long) if case[0] in masks):
         for target in targets:
-            for dtype in DTYPES:
+            for dtype in (d for d in DTYPES if d.value in args.dtypes.split(",")):
                 print(row(bench(name, t, window, block_q, dtype, target, reps), args.quick), flush=True)
 
 
