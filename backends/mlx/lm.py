@@ -243,9 +243,7 @@ class OptimizedModel:
         """One attention call of the model: its compiled program, or mlx-lm's helper when declined."""
         call = ACTIVE.get()
         fetched = call.fetched if call is not None and call.model is self else {}
-        reason = _unroutable(keys, values, cache, mask, fetched)
-        if reason is None and sinks is not None and _quantized(cache):
-            reason = QUANTIZED_SINKS
+        reason = _unroutable(keys, values, cache, mask, sinks, fetched)
         if reason is None:
             args = self._program_arguments(queries, keys, values, cache, mask)
             if _quantized(cache):
@@ -314,12 +312,15 @@ class OptimizedModel:
             if first:  # keys before the first one any row sees: hidden from every row, left out
                 keys, values = keys[:, :, first:], values[:, :, first:]
             return queries, keys, values, None, structure
-        n, length = keys.shape[2], cache.keys.shape[2]
-        if mask is None or isinstance(mask, str):
-            mask = self._valid(rows, n, length, causal=mask is not None)  # also when all valid: one signature
-        elif length > n:
-            mask = _pad_last(mask, length - n)
+        mask = self._buffer_mask(mask, rows, keys.shape[2], cache.keys.shape[2])
         return queries, cache.keys, cache.values, mask, None
+
+    def _buffer_mask(self, mask: Any, rows: int, n: int, length: int) -> Any:
+        """The call's mask over a buffer of ``length`` rows whose first ``n`` are its keys: the valid rows (and
+        causal, for ``"causal"``) when it has none, else its own padded with masked-out rows."""
+        if mask is None or isinstance(mask, str):
+            return self._valid(rows, n, length, causal=mask is not None)  # also when all valid: one signature
+        return _pad_last(mask, length - n) if length > n else mask
 
     def _structure(self, mask: Any, rows: int, keys: int) -> tuple[int, Structure] | None:
         """``(first, structure)`` when the bool ``mask`` is, on every one of its pairs, the ``structure`` over the
@@ -354,12 +355,8 @@ class OptimizedModel:
         """``(queries, *key parts, *value parts, mask)``: a ``QuantizedKVCache``'s words, scales and biases of its
         keys, then of its values, over the buffer's first :func:`quantized_rows` rows, and a mask of the valid
         rows."""
-        rows, offset = queries.shape[2], cache.offset
-        length = quantized_rows(offset, cache.keys[0].shape[2])
-        if mask is None or isinstance(mask, str):
-            mask = self._valid(rows, offset, length, causal=mask is not None)
-        elif length > offset:
-            mask = _pad_last(mask, length - offset)
+        length = quantized_rows(cache.offset, cache.keys[0].shape[2])
+        mask = self._buffer_mask(mask, queries.shape[2], cache.offset, length)
         prefix = [a if a.shape[2] == length else a[..., :length, :] for a in (*cache.keys, *cache.values)]
         return queries, *prefix, mask
 
@@ -432,8 +429,9 @@ def _windowed() -> tuple[type, type]:
     return RotatingKVCache, ChunkedKVCache
 
 
-def _unroutable(keys: Any, values: Any, cache: Any, mask: Any, fetched: dict) -> str | None:
-    """Why a call cannot take the program (None when it can): odd masks, caches, k/v not provably the cache's."""
+def _unroutable(keys: Any, values: Any, cache: Any, mask: Any, sinks: Any, fetched: dict) -> str | None:
+    """Why a call cannot take the program (None when it can): odd masks, caches, k/v not provably the cache's,
+    sinks on a quantized cache."""
     if isinstance(mask, str) and mask != "causal":
         return f"string mask {mask!r}"
     if cache is None:
@@ -448,7 +446,10 @@ def _unroutable(keys: Any, values: Any, cache: Any, mask: Any, fetched: dict) ->
     n = _rows(keys)
     if mask is not None and not isinstance(mask, str) and mask.shape[-1] != n:
         return f"the mask covers {mask.shape[-1]} keys, the helper has {n}"
-    return _prefix_reason(keys, cache)
+    reason = _prefix_reason(keys, cache)
+    if reason is None and sinks is not None and _quantized(cache):
+        return QUANTIZED_SINKS
+    return reason
 
 
 def _rows(keys: Any) -> int:

@@ -30,7 +30,7 @@ class Probe(nn.Module):
 
     def __call__(
         self, queries: Any, keys: Any, values: Any, cache: Any, mask: Any = None, *,
-        fetch: bool = True, between: Callable[[Any], None] | None = None,
+        fetch: bool = True, between: Callable[[Any], None] | None = None, sinks: Any = None,
     ) -> Any:  # fmt: skip
         if fetch and isinstance(cache, CacheList):
             keys, values = cache[0].update_and_fetch(keys, values)
@@ -41,4 +41,4 @@ class Probe(nn.Module):
         if callable(mask):
             mask = mask(key_rows(keys))
         object.__setattr__(self, "received", (keys, values, mask))  # not a parameter: outside nn.Module's dict
-        return scaled_dot_product_attention(queries, keys, values, cache=cache, scale=SCALE, mask=mask)
+        return scaled_dot_product_attention(queries, keys, values, cache=cache, scale=SCALE, mask=mask, sinks=sinks)

@@ -200,6 +200,23 @@ def test_keys_not_fetched_in_this_call_or_a_changed_cache_are_declined():
     assert opt.declined == {NOT_FETCHED: 2, "the cache changed between update_and_fetch and the attention call": 1}
 
 
+def test_sinks_on_a_quantized_cache_are_declined_and_mlx_lms_helper_refuses_them():
+    from mlx_lm.models.cache import QuantizedKVCache
+
+    from attnpass.backends.mlx import optimize
+    from attnpass.backends.mlx.lm import QUANTIZED_SINKS
+    from tests.backends.lm_probe import Probe
+
+    mx.random.seed(3)
+    probe, kv = Probe(), QuantizedKVCache(group_size=64, bits=8)
+    q = mx.random.normal((1, HEADS, 1, DIM))
+    k, v = mx.random.normal((2, 1, KV_HEADS, 1, DIM))
+    with optimize(probe, PIPELINE, strict=True) as opt:
+        with pytest.raises(ValueError, match="does not support attention sinks"):
+            probe(q, k, v, kv, sinks=mx.zeros((HEADS,)))
+    assert opt.routed == 0 and opt.declined == {QUANTIZED_SINKS: 1}
+
+
 def mla_model(family: str, seed: int = 0, **config):
     """A tiny random MLA model (1 layer, 4 heads, 4 experts, unless ``config`` says otherwise), float32."""
     import importlib
