@@ -20,6 +20,7 @@ from attnpass.lowering import lower
 from attnpass.models import QSAConfig, build_layer, make_inputs
 from attnpass.passes import DeadCodeElimination, PassManager, QSAGather, default_pipeline, parse_pipeline
 from attnpass.passes.rewrites.qsa_gather import PREFILL_TILES
+from tests.passes.test_qsa_gather import reason_of, remark_of
 from tests.util import requires
 
 CFG = QSAConfig(n_q_heads=4, n_kv_heads=2, head_dim=16, idx_dim=16, budget=32, mask_rows=32, rotary_dim=8)
@@ -28,18 +29,6 @@ W = 8 * 4 + 3  # K = 32 / 4 blocks, ratio 4
 
 def tiled(graph, tile: int, **options):
     return PassManager([QSAGather(prefill_tile=tile, **options), DeadCodeElimination()]).run(graph)
-
-
-def remark_of(result, kind: str) -> str:
-    (remark,) = [r for r in result.remarks if r.pass_name == "qsa-gather"]
-    assert remark.kind == kind, str(remark)
-    return remark.message
-
-
-def reason_of(result) -> str:
-    (remark,) = [r for r in result.remarks if r.pass_name == "qsa-gather"]
-    assert remark.kind == "declined", str(remark)
-    return remark.reason
 
 
 def prefill_case(rows: int, n_kv: int, *, dtype: str = "float32", batch: int = 1, seed: int = 0):
