@@ -4,14 +4,18 @@ Every node produces one value, named by the node. Graph inputs are nodes of op
 ``input``; their order is the program signature. A graph may carry *state*: a
 resident input paired with the graph output that is its next value (a cache
 a decode loop feeds back; :meth:`Graph.state_pairs`). Our classes hold op
-semantics (through the registry); the ``networkx.DiGraph`` holds the edges and
-answers ordering and reachability queries. networkx is imported when the first
-graph is built, not with :mod:`attnpass.ir` (it costs ~100 ms of startup).
+semantics (through the registry); a ``networkx.DiGraph`` holds the edges (and
+nothing else: no attribute dicts, see :func:`_topology`) and answers the
+reachability and cycle queries; the stable order is a sort over the nodes'
+operands. networkx is imported when the first graph is built, not with
+:mod:`attnpass.ir` (it costs ~100 ms of startup).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import heapq
 import json
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
@@ -67,11 +71,10 @@ class Graph:
 
     def __init__(self, name: str = "graph") -> None:
         self.name = check_identifier(name, "graph name")
-        import networkx as nx  # here, not at import time: see the module docstring
-
         self._mesh: dict[str, int] = {}
         self._nodes: dict[str, Node] = {}
-        self._dag = nx.DiGraph()
+        self._dag = _topology()
+        self._dag_shared = False  # with a copy: the first to change its edges takes a private DAG (_own_dag)
         self._rank: dict[str, int] = {}
         self._next_rank = 0
         self._inputs: list[str] = []
@@ -136,7 +139,10 @@ class Graph:
         name = check_identifier(name) if name else self.fresh_name(hint or op)
         if name in self._nodes:
             raise VerifyError(f"graph {self.name}: duplicate name {name!r}")
-        self.insert(Node(name, op, tuple(inputs), norm, type_, loc))
+        node = Node(name, op, tuple(inputs), norm, type_, loc)
+        self.insert(node)
+        # Built by the shape rule from these very operands: what the verifier would check again (see its docstring).
+        self._accepted[name] = (node, tuple(self._nodes[i] for i in inputs))
         return name
 
     def insert(self, node: Node) -> None:
@@ -145,7 +151,7 @@ class Graph:
             raise VerifyError(f"graph {self.name}: duplicate name {node.name!r}")
         order = self._order
         self._nodes[node.name] = node
-        self._dag.add_node(node.name)
+        self._own_dag().add_node(node.name)
         self._rank[node.name] = self._next_rank
         self._next_rank += 1
         self._connect(node)
@@ -180,6 +186,10 @@ class Graph:
     def state_pairs(self) -> tuple[tuple[str, int], ...]:
         """``(resident input, output position)`` per state, in signature order: what a decode loop carries."""
         return tuple((name, self._state[name]) for name in self._inputs if name in self._state)
+
+    def is_state(self, name: str) -> bool:
+        """Whether ``name`` is a state input (paired with the output that is its next value)."""
+        return name in self._state
 
     def set_inputs(self, names: Sequence[str]) -> None:
         """Reorder the signature: ``names`` must be exactly the graph's input nodes."""
@@ -245,15 +255,47 @@ class Graph:
     def _topological_order(self) -> list[str]:
         """The cached order of ``nodes()`` (recomputed after a change), with ``_position`` to match."""
         if self._order is None:
-            import networkx as nx
-
-            try:
-                self._order = list(nx.lexicographical_topological_sort(self._dag, key=lambda n: self._rank.get(n, -1)))
-                self._position = {n: i for i, n in enumerate(self._order)}
-            except nx.NetworkXUnfeasible:
-                cycle = " -> ".join(u for u, _ in nx.find_cycle(self._dag))
-                raise VerifyError(f"graph {self.name}: cycle through {cycle}") from None
+            order = self._stable_sort() if len(self._rank) == self._dag.number_of_nodes() else None
+            if order is None:  # a dangling operand (in the DAG without a rank) or a cycle: networkx says which
+                order = self._sorted_by_networkx()
+            self._order = order
+            self._position = {n: i for i, n in enumerate(order)}
         return self._order
+
+    def _stable_sort(self) -> list[str] | None:
+        """Kahn's sort taking the lowest-ranked ready node first (networkx's lexicographical sort, without its
+        generic views: the sort runs after every changing pass); None when a cycle leaves nodes unplaced."""
+        rank, nodes = self._rank, self._nodes
+        waiting: dict[str, int] = {}
+        readers: dict[str, list[str]] = {}
+        ready: list[tuple[int, str]] = []
+        for name, r in rank.items():
+            operands = set(nodes[name].inputs)
+            if operands:
+                waiting[name] = len(operands)
+                for operand in operands:
+                    readers.setdefault(operand, []).append(name)
+            else:
+                ready.append((r, name))  # ascending ranks: already a heap
+        order = []
+        while ready:
+            _, name = heapq.heappop(ready)
+            order.append(name)
+            for reader in readers.get(name, ()):
+                left = waiting[reader] - 1
+                waiting[reader] = left
+                if not left:
+                    heapq.heappush(ready, (rank[reader], reader))
+        return order if len(order) == len(rank) else None
+
+    def _sorted_by_networkx(self) -> list[str]:
+        import networkx as nx
+
+        try:
+            return list(nx.lexicographical_topological_sort(self._dag, key=lambda n: self._rank.get(n, -1)))
+        except nx.NetworkXUnfeasible:
+            cycle = " -> ".join(u for u, _ in nx.find_cycle(self._dag))
+            raise VerifyError(f"graph {self.name}: cycle through {cycle}") from None
 
     def users(self, name: str) -> list[Node]:
         """Nodes that read ``name``, in topological order."""
@@ -292,7 +334,8 @@ class Graph:
             raise VerifyError(f"replace_node: name mismatch {name!r} vs {node.name!r}")
         self.node(name)
         self._nodes[name] = node
-        self._dag.remove_edges_from(list(self._dag.in_edges(name)))
+        dag = self._own_dag()
+        dag.remove_edges_from(list(dag.in_edges(name)))
         self._connect(node)
 
     def replace_all_uses(self, old: str, new: str) -> int:
@@ -344,7 +387,7 @@ class Graph:
         stem, _, suffix = name.rpartition("_")
         if suffix.isdigit() and self._suffix.get(stem, 0) > int(suffix):
             self._suffix[stem] = int(suffix)
-        self._dag.remove_node(name)
+        self._own_dag().remove_node(name)
         if name in self._inputs:
             self._inputs.remove(name)
         if self._order is not None:  # a node without readers leaves the stable order of the others as it was
@@ -384,7 +427,8 @@ class Graph:
         g = Graph(self.name)
         g._mesh = dict(self._mesh)
         g._nodes = dict(self._nodes)
-        g._dag = self._dag.copy()
+        g._dag = self._dag  # shared until either graph changes its edges (copy on write: _own_dag)
+        g._dag_shared = self._dag_shared = True
         g._rank = dict(self._rank)
         g._next_rank = self._next_rank
         g._inputs = list(self._inputs)
@@ -396,11 +440,21 @@ class Graph:
         g._accepted = dict(self._accepted)
         return g
 
+    def _own_dag(self) -> Any:
+        """The DAG, to change: a private one if a copy still shares it (rebuilt from the edges: no attributes)."""
+        if self._dag_shared:
+            dag = _topology()
+            dag.add_nodes_from(self._dag)
+            dag.add_edges_from(self._dag.edges)
+            self._dag, self._dag_shared = dag, False
+        return self._dag
+
     def _connect(self, node: Node) -> None:
+        dag = self._own_dag()
         for src in node.inputs:
-            if src not in self._dag:
-                self._dag.add_node(src)  # dangling until defined; the verifier reports it
-            self._dag.add_edge(src, node.name)
+            if src not in dag:
+                dag.add_node(src)  # dangling until defined; the verifier reports it
+            dag.add_edge(src, node.name)
         self._order = None
 
     # ------------------------------------------------------------------ views and forms
@@ -475,6 +529,43 @@ class Graph:
         signature = [digests[i] for i in self._inputs]
         state = [[self._inputs.index(i), o] for i, o in self.state_pairs()]
         return _sha(["graph", signature, [digests[o] for o in self._outputs]] + ([state] if state else []))
+
+
+class _NoAttributes(dict):
+    """The one attribute dict of every node and edge of a topology: empty, and it stays so."""
+
+    __slots__ = ()
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        raise TypeError("attnpass graph topology holds no attributes: node semantics live in Node")
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        if any(args) or kwargs:
+            self.__setitem__(None, None)
+
+
+_NO_ATTRIBUTES = _NoAttributes()
+
+
+@functools.cache
+def _topology_class() -> type:
+    """A ``networkx.DiGraph`` whose nodes and edges share one empty attribute dict (networkx's documented
+    ``*_attr_dict_factory`` hooks): a graph copy allocates no dict per edge, which at a few thousand nodes per pass
+    is most of a copy's cost and of the collector's work."""
+    import networkx as nx  # here, not at import time: see the module docstring
+
+    class Topology(nx.DiGraph):
+        def node_attr_dict_factory(self) -> dict:
+            return _NO_ATTRIBUTES
+
+        def edge_attr_dict_factory(self) -> dict:
+            return _NO_ATTRIBUTES
+
+    return Topology
+
+
+def _topology() -> Any:
+    return _topology_class()()
 
 
 def _same_nodes(mine: Mapping[str, Node], theirs: Mapping[str, Node]) -> bool:

@@ -47,7 +47,12 @@ def format_type(t: TensorType, sharding: Sharding | None = None) -> str:
     return f"{t.dtype.short}[{dims}]"
 
 
+_AS_REPR = frozenset({int, str, bool, type(None)})
+
+
 def _format_value(v: Any) -> str:
+    if type(v) in _AS_REPR or (type(v) is tuple and all(type(x) is int for x in v)):
+        return repr(v)  # spelled alike; the common case, checked first
     if isinstance(v, DType):
         return repr(v.value)
     if isinstance(v, float):

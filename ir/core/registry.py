@@ -9,6 +9,7 @@ registered cannot enter a graph. Third parties may :func:`register` more ops.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
@@ -143,14 +144,16 @@ class OpDef:
     def variadic(self) -> bool:
         return bool(self.operands) and self.operands[-1].startswith("*")
 
+    @functools.cached_property
     def arity_range(self) -> tuple[int, float]:
+        """The fewest and the most operands (``inf`` when variadic)."""
         required = sum(1 for o in self.operands if not o.endswith("?") and not o.startswith("*"))
         if self.variadic:
             return max(required, 1), math.inf
         return required, len(self.operands)
 
     def check_arity(self, n: int) -> None:
-        lo, hi = self.arity_range()
+        lo, hi = self.arity_range
         if not lo <= n <= hi:
             want = f"{lo}" if lo == hi else (f"at least {lo}" if hi == math.inf else f"{lo} to {hi}")
             raise ShapeError(f"{self.name}: expected {want} operand(s) ({', '.join(self.operands)}), got {n}")

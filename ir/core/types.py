@@ -137,7 +137,11 @@ class TensorType:
     dtype: DType
 
     def __post_init__(self) -> None:
-        shape = tuple(self.shape)
+        shape = self.shape
+        if type(shape) is tuple and all(type(d) is int and 0 <= d <= MAX_DIM for d in shape):
+            if prod(shape) <= MAX_ELEMENTS and type(self.dtype) is DType:  # the common case, already normal
+                return
+        shape = tuple(shape)
         if not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 0 for d in shape):
             raise ShapeError(f"shape must be a tuple of non-negative ints, got {short_repr(self.shape)}")
         shape = tuple(int(d) for d in shape)

@@ -8,10 +8,11 @@
    reproduce the annotated type; a sharding annotation fits the value and the
    graph's mesh (:func:`attnpass.ir.core.sharding.sharding_problem`).
 
-A node object the verifier accepted is remembered with the operand nodes it
-read (``Graph._accepted``, carried by copies); while the graph still holds
-exactly those objects, its per-node checks are not repeated (nodes are
-immutable, so they would pass again).
+A node object the verifier accepted, or that ``Graph.add_node`` built by running
+its shape rule, is remembered with the operand nodes it read
+(``Graph._accepted``, carried by copies); while the graph still holds exactly
+those objects, its per-node checks are not repeated (nodes are immutable, so
+they would pass again).
 
 Errors follow JAX's shape: the reason, the offending node printed with the
 normal printer, its source location, then a window of nearby nodes.
@@ -34,7 +35,7 @@ WINDOW = 10
 
 def verify(graph: "Graph") -> None:
     """Raise VerifyError describing the first violated invariant."""
-    fresh = {n.name for n in graph._nodes.values() if not _accepted_before(graph, n)}
+    fresh = _not_accepted_before(graph)
     _check_structure(graph, fresh)
     _check_types(graph, fresh)
 
@@ -93,17 +94,26 @@ def _check_structure(graph: "Graph", fresh: set[str]) -> None:
     _check_state(graph)
 
 
-def _accepted_before(graph: "Graph", node: "Node") -> bool:
-    """Whether this very node object passed the per-node checks before, reading the very same operand nodes.
+def _not_accepted_before(graph: "Graph") -> set[str]:
+    """The nodes the per-node checks must see: all but the very node objects that passed them before, reading the
+    very same operand nodes.
 
-    Nodes are immutable, so its name, attributes, type and operand types are what was checked then; only the
-    checks that depend on the rest of the graph (the signature, the mesh, cycles) must run again.
+    Nodes are immutable, so such a node's name, attributes, type and operand types are what was checked then; only
+    the checks that depend on the rest of the graph (the signature, the mesh, cycles) must run again. One loop
+    without calls: it runs over every node at every pass boundary.
     """
-    accepted = graph._accepted.get(node.name)
-    if accepted is None or accepted[0] is not node:
-        return False
-    nodes = graph._nodes
-    return all(nodes.get(i) is operand for i, operand in zip(node.inputs, accepted[1]))
+    nodes, accepted = graph._nodes, graph._accepted
+    fresh = set()
+    for name, node in nodes.items():
+        memo = accepted.get(name)
+        if memo is None or memo[0] is not node:
+            fresh.add(name)
+            continue
+        for operand, seen in zip(node.inputs, memo[1]):
+            if nodes.get(operand) is not seen:
+                fresh.add(name)
+                break
+    return fresh
 
 
 def _check_state(graph: "Graph") -> None:
@@ -128,6 +138,7 @@ def _check_types(graph: "Graph", fresh: set[str]) -> None:
     # The shape rules are pure: nodes alike in op, attributes and operand types (a model's layers) are inferred once,
     # and a node accepted before with the same operands (a pass's copy of the graph it started from) is not re-inferred.
     inferred_for: dict[tuple, tuple[dict, TensorType]] = {}
+    mesh = graph.mesh_axes
     for n in graph.nodes():
         if n.name in fresh:
             operand_nodes = tuple(graph.node(i) for i in n.inputs)
@@ -151,9 +162,10 @@ def _check_types(graph: "Graph", fresh: set[str]) -> None:
                     graph, n, f"{n.op} {n.name}: annotated type {n.type} but the shape rule gives {inferred}"
                 )
             graph._accepted[n.name] = (n, operand_nodes)
-        problem = sharding_problem(n, graph.mesh_axes)
-        if problem:
-            raise node_error(graph, n, f"{n.op} {n.name}: {problem}")
+        if n.sharding is not None:
+            problem = sharding_problem(n, mesh)
+            if problem:
+                raise node_error(graph, n, f"{n.op} {n.name}: {problem}")
 
 
 def _inference_key(node: "Node", operands: tuple[TensorType, ...]) -> tuple | None:

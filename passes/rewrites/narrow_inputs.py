@@ -45,7 +45,7 @@ def _match(graph: Graph, node: Node) -> _Narrowing | Decline:
     name, readers = node.name, graph.users(node.name)
     if name in graph.outputs:
         return Decline("interface", "it is a graph output")
-    if name in dict(graph.state_pairs()):
+    if graph.is_state(name):
         return Decline("interface", "it is state: its type must stay that of its next value")
     if not readers:
         return Decline("unused", "it is never read (dead-code elimination removes it)")

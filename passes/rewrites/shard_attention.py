@@ -540,7 +540,7 @@ def _holding(graph: Graph, root: str, sharding: Sharding) -> str:
     if node.op != "input":
         return f"{root} is computed ({node.op}), not a graph input: annotated {format_sharding(sharding)}"
     blocks = math.prod(graph.mesh_axes[a] for a in sharding if a is not None)
-    kind = "state" if root in dict(graph.state_pairs()) else "graph input"
+    kind = "state" if graph.is_state(root) else "graph input"
     return (
         f"{root} ({kind} {node.type}, placed {format_sharding(sharding)}): "
         f"{node.type.nbytes // blocks:,} of {node.type.nbytes:,} bytes per device"

@@ -45,6 +45,7 @@ def test_state_round_trips_through_text_and_json():
     g = stateful()
     assert str(g) == STATEFUL
     assert g.state_pairs() == (("cache", 1),)
+    assert g.is_state("cache") and not g.is_state("x") and not g.is_state("nowhere")
     assert parse_graph(STATEFUL) == g
     again = Graph.from_json(g.to_json())
     assert again == g and again.state_pairs() == (("cache", 1),)
