@@ -197,7 +197,9 @@ class OptimizedModel:
     modules calling mlx-lm's helper (None when none does), ``quantized`` the one of
     :func:`quantized_attention` for their calls on a ``QuantizedKVCache``, ``qsa`` the one of
     :func:`attnpass.backends.mlx.vlm.qsa_attention` for those calling mlx-vlm's
-    QSA dispatch (None when none does); their ``specializations`` hold each
+    QSA dispatch (None when none does), ``qsa_quantized`` the one of
+    :func:`attnpass.backends.mlx.vlm.qsa_quantized_attention` for their calls on a
+    ``QSAQuantizedKVCache``; their ``specializations`` hold each
     signature's rewritten graph and remarks. ``traces`` counts the signatures
     built, ``routed`` the attention calls that ran an attnpass program and
     ``declined`` the others, by reason.

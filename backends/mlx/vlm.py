@@ -19,10 +19,12 @@ over each row's ``K*ratio + ratio - 1`` cells instead of the buffer.
 **What the router proves before it substitutes** (else it declines by name
 and the model's own dispatch runs):
 
-- the cache is exactly a ``QSAKVCache`` (a ``BatchQSAKVCache`` takes the same
-  proofs over its inner ``BatchKVCache``: :mod:`.batched`); ``keys``/``values`` *are* the arrays
-  its last ``update_and_fetch`` of this model call returned, and it still
-  holds that buffer and offset (so ``keys == cache.keys[..., :offset, :]``);
+- the cache is exactly a ``QSAKVCache`` or ``QSAQuantizedKVCache`` (a
+  ``BatchQSAKVCache`` takes the same proofs over its inner ``BatchKVCache``:
+  :mod:`.batched`); ``keys``/``values`` *are* the arrays (for a quantized
+  cache, the (words, scales, biases) tuples) its last ``update_and_fetch`` of
+  this model call returned, and it still holds that buffer and offset (so
+  ``keys == cache.keys[..., :offset, :]``, array by array);
 - ``selected_blocks`` and ``query_ends`` *are* the arrays the indexer's last
   selection for this cache returned, made without left padding, with the
   indexer's block size, over as many indexer keys as the cache holds; so
@@ -43,8 +45,23 @@ is the model's by construction. attnpass's ``qsa-pool-cache`` is therefore not
 used: the model already pools one block per ``ratio`` steps, and rebuilds its
 pooled keys from the raw ones after a trim.
 
+**Quantized caches.** On a ``QSAQuantizedKVCache`` (mlx-vlm's uniform KV
+quantization: K/V as MLX's packed words, scales and biases, the indexer's keys
+and pooled block keys float) the model's dispatch has no sparse plan for the
+packed K/V (its plan is ``DENSE_UNSUPPORTED``): it builds the selection's mask
+over the whole cache and runs mlx-vlm's quantized helper, two
+``quantized_matmul`` over every cached row. The program is then
+:func:`qsa_quantized_attention`, the same masked form with ``quantized_sdpa``
+(that helper's op) over the buffer's six arrays (the words viewed as int32),
+one signature per buffer length, group size and bits; ``qsa-gather`` gathers
+each row's ``W`` cells of the six arrays and attends them with one
+``quantized_sdpa``: only the selected cells' packed rows are read, nothing is
+dequantized. Exact up to reduction order (the softmax and ``P @ V`` run over
+the ``W`` cells instead of the buffer): greedy tokens equal the plain model's,
+logits not bit for bit (``tests/backends/test_dropin_mlx_vlm_qsa.py``).
+
 **Indexer buffers.** The one part of the cache's own code replaced is where
-``QSAKVCache.update_indexer`` keeps the raw indexer keys and positions: the
+``QSAKVCache.update_indexer`` (and ``QSAQuantizedKVCache``'s, the same code) keeps the raw indexer keys and positions: the
 model concatenates the whole history every step (a fresh allocation growing
 with depth); under an optimized call :func:`buffered_indexer` appends in place
 into buffers kept beside the cache and gives the cache views of them, the same
