@@ -292,6 +292,33 @@ def test_a_quantized_qsa_cache_decodes_the_plain_models_tokens_with_every_qsa_ca
     assert not hasattr(language.QSAQuantizedKVCache.update_indexer, "__wrapped__")
 
 
+def test_a_prompt_prefilled_in_chunks_into_a_quantized_cache_is_routed_through_quantized_tiles(model):
+    # the caches quantized after the first 64-row chunk (mlx-vlm quantizes once past quantized_kv_start): the
+    # later chunks are prefills on a QSAQuantizedKVCache, tiled by qsa-gather (6 gathers and one quantized_sdpa
+    # per tile of 16 rows), their logits within 1e-5 of the plain model's and the tokens after them the same
+    from attnpass.backends.mlx import optimize
+
+    prompt, step = _prompt(300), 64
+
+    def prefill():
+        cache, logits = model.make_cache(), []
+        for s in range(0, prompt.shape[1], step):
+            logits.append(np.array(model(prompt[:, s : s + step], cache=cache).logits))
+            cache = [c.to_quantized(group_size=32, bits=8) if type(c) is language.QSAKVCache else c for c in cache]
+        return np.concatenate(logits, axis=1), _greedy(model, cache, int(np.argmax(logits[-1][0, -1])), 4)
+
+    plain, tokens = prefill()
+    with optimize(model) as opt:
+        got, got_tokens = prefill()
+    np.testing.assert_allclose(got, plain, rtol=0, atol=1e-5)
+    assert got_tokens == tokens and opt.routed == QSA_LAYERS * (5 + 4) and not opt.declined
+    ops = {e.signature.split(", ")[0]: e.ops for e in opt.qsa_quantized.specializations if e.compiled}
+    assert ops.keys() == {"queries:f32[1,4,64,32]", "queries:f32[1,4,44,32]", "queries:f32[1,4,1,32]"}
+    for rows, tiles in ((64, 4), (44, 3)):
+        assert ops[f"queries:f32[1,4,{rows},32]"]["qsa_gather"] == 6 * tiles
+        assert ops[f"queries:f32[1,4,{rows},32]"]["quantized_sdpa"] == tiles
+
+
 def test_a_quantized_qsa_call_left_masked_is_declined_by_name_and_runs_the_models_dispatch_bit_for_bit(model):
     from attnpass.backends.mlx import optimize
     from attnpass.backends.mlx.vlm import MASKED
