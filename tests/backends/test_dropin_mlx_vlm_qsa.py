@@ -289,7 +289,9 @@ def test_a_quantized_qsa_cache_decodes_the_plain_models_tokens_with_every_qsa_ca
         assert type(cache[layer]) is language.QSAQuantizedKVCache and cache[layer].index_keys.dtype == mx.float32
         assert cache[layer]._attnpass_index.length == cache[layer].offset == PROMPT + STEPS + 5
     assert_bits_equal(np.array(cache[3].index_keys), np.array(plain[3].index_keys))
+    # restored: the quantized cache's fetch and the indexer update are mlx-vlm's own again
     assert not hasattr(language.QSAQuantizedKVCache.update_indexer, "__wrapped__")
+    assert not hasattr(language.QSAQuantizedKVCache.update_and_fetch, "__wrapped__")
 
 
 def test_a_prompt_prefilled_in_chunks_into_a_quantized_cache_is_routed_through_quantized_tiles(model):
