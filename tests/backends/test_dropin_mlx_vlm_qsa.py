@@ -297,7 +297,7 @@ def test_a_quantized_qsa_cache_decodes_the_plain_models_tokens_with_every_qsa_ca
 def test_a_prompt_prefilled_in_chunks_into_a_quantized_cache_is_routed_through_quantized_tiles(model):
     # the caches quantized after the first 64-row chunk (mlx-vlm quantizes once past quantized_kv_start): the
     # later chunks are prefills on a QSAQuantizedKVCache, tiled by qsa-gather (6 gathers and one quantized_sdpa
-    # per tile of 16 rows), their logits within 1e-5 of the plain model's and the tokens after them the same
+    # per tile of 16 rows), their logits within 1e-4 of the plain model's and the tokens after them the same
     from attnpass.backends.mlx import optimize
 
     prompt, step = _prompt(300), 64
@@ -312,7 +312,7 @@ def test_a_prompt_prefilled_in_chunks_into_a_quantized_cache_is_routed_through_q
     plain, tokens = prefill()
     with optimize(model) as opt:
         got, got_tokens = prefill()
-    np.testing.assert_allclose(got, plain, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(got, plain, rtol=0, atol=1e-4)  # as the float chunked prefill: 300 rows, 2 QSA layers
     assert got_tokens == tokens and opt.routed == QSA_LAYERS * (5 + 4) and not opt.declined
     ops = {e.signature.split(", ")[0]: e.ops for e in opt.qsa_quantized.specializations if e.compiled}
     assert ops.keys() == {"queries:f32[1,4,64,32]", "queries:f32[1,4,44,32]", "queries:f32[1,4,1,32]"}
