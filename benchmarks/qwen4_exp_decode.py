@@ -22,6 +22,13 @@ bfloat16: MLX's CPU ``GatherMM`` (the MoE blocks) is float32-only, so with
 ``--dtype bfloat16`` the MoE blocks run in float32 between casts, in both
 variants; every attention and cache is bfloat16.
 
+Quantized: ``--kv-bits 8`` adds a column per bit width: at every depth the same
+filled caches are converted as mlx-vlm converts them (``QSAKVCache.to_quantized``
+with ``--kv-group-size``, default 64: ``QSAQuantizedKVCache``, K/V packed, the
+indexer state float) and decoded plain and optimized in the same interleaved
+repetitions, right after the float cache; the table has one row per depth and
+cache.
+
 Batched: ``--streams`` equal-length streams (default 3; 1 for none) at one
 depth (``--batch-depth``, default 8192), each stream's caches filled as above
 with its own random state and merged as mlx-vlm merges a batch (a
@@ -30,7 +37,8 @@ streams, plain and optimized, and the ratio beside the one-stream ratio at that
 depth (when that depth is in ``--depths``).
 
     python benchmarks/qwen4_exp_decode.py [--depths 1024 8192 32768] [--long] [--tokens 8] [--reps 3]
-        [--dtype float32 bfloat16] [--layers 4] [--streams 3] [--batch-depth 8192] [--quick]
+        [--dtype float32 bfloat16] [--layers 4] [--kv-bits 8] [--kv-group-size 64] [--streams 3]
+        [--batch-depth 8192] [--quick]
 """
 
 from __future__ import annotations
@@ -101,14 +109,23 @@ def snapshot(model, depth: int, dtype, *, seed: int = 1) -> list:
     return states
 
 
-def filled_cache(model, states: list) -> list:
-    """The model's own caches holding ``states`` (QSA layers) and zero linear state; positions continue at depth."""
+def filled_cache(model, states: list, bits: int | None = None, group_size: int = 64) -> list:
+    """The model's own caches holding ``states`` (QSA layers) and zero linear state; positions continue at depth.
+
+    With ``bits``, each QSA cache converted as mlx-vlm converts it: ``QSAQuantizedKVCache`` (K/V packed, the
+    indexer state float)."""
     cache = model.make_cache()
     for c, state in zip(cache, states):
         if state is not None:
             c.state = state
     model._rope_deltas, model._position_ids = mx.zeros((1, 1), dtype=mx.int32), None
-    return cache
+    if bits is None:
+        return cache
+    quantized = [
+        c.to_quantized(group_size=group_size, bits=bits) if isinstance(c, language.QSAKVCache) else c for c in cache
+    ]
+    mx.eval([c.keys for c in quantized if isinstance(c, language.QSAQuantizedKVCache)])
+    return quantized
 
 
 def batched_cache(model, states: list[list]) -> list:
@@ -134,7 +151,9 @@ def decode_rate(model, cache: list, tokens: int, streams: int = 1) -> float:
     return streams * tokens / (time.perf_counter() - start)
 
 
-def breakdown(model, opt, states: list, dtype, repeats: int = 5) -> dict[str, dict[str, float]] | None:
+def breakdown(
+    model, opt, states: list, dtype, bits: int | None = None, group_size: int = 64, repeats: int = 5
+) -> dict[str, dict[str, float]] | None:
     """Median ms of one QSA layer's decode step, part by part, plain and optimized (see the module docstring).
 
     None at depths within the budget, where the indexer selects nothing and the layer runs dense attention.
@@ -145,7 +164,7 @@ def breakdown(model, opt, states: list, dtype, repeats: int = 5) -> dict[str, di
     names = ("select", "qkv", "attention")
     times: dict[str, dict[str, list[float]]] = {v: {p: [] for p in names} for v in ("plain", "optimize")}
     for variant in ("plain", "optimize"):
-        cache = filled_cache(model, states)[index]
+        cache = filled_cache(model, states, bits, group_size)[index]
         if attn.indexer.select(x, cache, None) is None:  # pools every block once, as the first decode step does
             return None
         cache.index_keys = cache.index_keys[:, : cache.offset]  # ... and takes back the key it appended
@@ -188,6 +207,11 @@ def batched_rates(models: dict, dtype, args: argparse.Namespace) -> dict[str, li
     return rates
 
 
+def kind_name(bits: int | None, dtype_name: str) -> str:
+    """The cache column: the float dtype, or the bit width of a quantized cache."""
+    return dtype_name if bits is None else f"{bits}-bit"
+
+
 def ratio(rates: dict[str, list[float]]) -> float:
     return statistics.median(rates["optimize"]) / statistics.median(rates["plain"])
 
@@ -209,31 +233,37 @@ def run(dtype_name: str, args: argparse.Namespace) -> None:
         for model in models.values():  # mlx-vlm's compiled helpers are traced on first use: not in a timed run
             decode_rate(model, filled_cache(model, snapshot(model, 64, dtype)), 2)
         rows = []
+        kinds = [None, *args.kv_bits]  # the float cache, then each quantized one
         for depth in args.depths:
             states = snapshot(models["plain"], depth, dtype)
-            rates: dict[str, list[float]] = {"plain": [], "optimize": []}
-            for rep in range(args.reps):
-                for variant in ("plain", "optimize") if rep % 2 == 0 else ("optimize", "plain"):
-                    cache = filled_cache(models[variant], states)
-                    rates[variant].append(decode_rate(models[variant], cache, args.tokens))
-            parts = breakdown(models["optimize"], opt, states, dtype)
-            rows.append((depth, rates, parts))
-            plain, fast = (statistics.median(rates[v]) for v in rates)
-            print(f"  depth {depth}: plain {plain:.2f}, optimize {fast:.2f} tok/s: x{fast / plain:.2f}", flush=True)
+            for bits in kinds:
+                rates: dict[str, list[float]] = {"plain": [], "optimize": []}
+                for rep in range(args.reps):
+                    for variant in ("plain", "optimize") if rep % 2 == 0 else ("optimize", "plain"):
+                        cache = filled_cache(models[variant], states, bits, args.kv_group_size)
+                        rates[variant].append(decode_rate(models[variant], cache, args.tokens))
+                        del cache
+                parts = breakdown(models["optimize"], opt, states, dtype, bits, args.kv_group_size)
+                rows.append((depth, kind_name(bits, dtype_name), rates, parts))
+                plain, fast = (statistics.median(rates[v]) for v in rates)
+                print(f"  depth {depth}, {kind_name(bits, dtype_name)} cache: plain {plain:.2f}, optimize {fast:.2f} "
+                      f"tok/s: x{fast / plain:.2f}", flush=True)  # fmt: skip
             del states
         batch = batched_rates(models, dtype, args) if args.streams > 1 else None
         print(f"load average after: {load()}\n")
-        print(f"{'depth':>7} {'plain tok/s':>20} {'optimize tok/s':>20} {'ratio':>6}   QSA layer ms (plain / optimize)")
-        print(f"{'':>7} {'median (min-max)':>20} {'median (min-max)':>20} {'':>6}   select, qkv+update, attention")
-        for depth, rates, parts in rows:
+        print(f"{'depth':>7} {'cache':>6} {'plain tok/s':>20} {'optimize tok/s':>20} {'ratio':>6}   "
+              "QSA layer ms (plain / optimize)")  # fmt: skip
+        print(f"{'':>7} {'':>6} {'median (min-max)':>20} {'median (min-max)':>20} {'':>6}   "
+              "select, qkv+update, attention")  # fmt: skip
+        for depth, kind, rates, parts in rows:
             plain, fast = (statistics.median(rates[v]) for v in rates)
             cells = [f"{statistics.median(r):.2f} ({min(r):.2f}-{max(r):.2f})" for r in rates.values()]
             split = "dense: within the budget, no QSA call"
             if parts is not None:
                 split = ", ".join(f"{parts['plain'][p]:.1f} / {parts['optimize'][p]:.1f}" for p in parts["plain"])
-            print(f"{depth:>7} {cells[0]:>20} {cells[1]:>20} {fast / plain:>6.2f}   {split}")
+            print(f"{depth:>7} {kind:>6} {cells[0]:>20} {cells[1]:>20} {fast / plain:>6.2f}   {split}")
         if batch is not None:
-            single = {depth: rates for depth, rates, _ in rows}.get(args.batch_depth)
+            single = {depth: rates for depth, kind, rates, _ in rows if kind == dtype_name}.get(args.batch_depth)
             one = "" if single is None else f" (one stream: x{ratio(single):.2f})"
             cells = [f"{statistics.median(r):.2f} ({min(r):.2f}-{max(r):.2f})" for r in batch.values()]
             print(f"{args.streams} streams at depth {args.batch_depth}, tok/s of all streams: plain {cells[0]}, "
@@ -252,6 +282,8 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--dtype", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
     parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--kv-bits", type=int, nargs="*", default=[], help="quantized cache columns (e.g. 8)")
+    parser.add_argument("--kv-group-size", type=int, default=64)
     parser.add_argument("--streams", type=int, default=3, help="batched column: equal-length streams (1: none)")
     parser.add_argument("--batch-depth", type=int, default=8192, help="the batched column's one depth")
     parser.add_argument("--quick", action="store_true", help="depths 1024 and 8192, 2 tokens, 1 repetition")

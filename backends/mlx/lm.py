@@ -197,7 +197,9 @@ class OptimizedModel:
     modules calling mlx-lm's helper (None when none does), ``quantized`` the one of
     :func:`quantized_attention` for their calls on a ``QuantizedKVCache``, ``qsa`` the one of
     :func:`attnpass.backends.mlx.vlm.qsa_attention` for those calling mlx-vlm's
-    QSA dispatch (None when none does); their ``specializations`` hold each
+    QSA dispatch (None when none does), ``qsa_quantized`` the one of
+    :func:`attnpass.backends.mlx.vlm.qsa_quantized_attention` for their calls on a
+    ``QSAQuantizedKVCache``; their ``specializations`` hold each
     signature's rewritten graph and remarks. ``traces`` counts the signatures
     built, ``routed`` the attention calls that ran an attnpass program and
     ``declined`` the others, by reason.
@@ -206,13 +208,14 @@ class OptimizedModel:
     def __init__(
         self, model: Any, compiled: CompiledFunction | None, modules: Sequence[str],
         qsa: CompiledFunction | None = None, qsa_modules: Sequence[str] = (),
-        quantized: CompiledFunction | None = None,
+        quantized: CompiledFunction | None = None, qsa_quantized: CompiledFunction | None = None,
     ) -> None:  # fmt: skip
         self.model = model
         self.compiled = compiled
         self.quantized = quantized
         self.modules = tuple(modules)
         self.qsa = qsa
+        self.qsa_quantized = qsa_quantized
         self.qsa_modules = tuple(qsa_modules)
         self.routed = 0
         self.declined: Counter[str] = Counter()
@@ -225,7 +228,10 @@ class OptimizedModel:
 
     @property
     def traces(self) -> int:
-        return sum(c.traces for c in (self.compiled, self.quantized, self.qsa) if c is not None)
+        return sum(c.traces for c in self._compiled() if c is not None)
+
+    def _compiled(self) -> tuple[CompiledFunction | None, ...]:
+        return self.compiled, self.quantized, self.qsa, self.qsa_quantized
 
     @contextmanager
     def active(self) -> Iterator[None]:
@@ -273,8 +279,12 @@ class OptimizedModel:
             options.get("allow_sparse_decode", False), fetched, selections,
         )  # fmt: skip
         if reason is None:
-            args = (queries, *batched.qsa_buffer(cache), blocks, query_ends)
-            entry = self.qsa.specialization(*args, scale, ratio)
+            if vlm.is_quantized(cache):  # the packed buffer: words (as int32), scales and biases of K, then of V
+                args = (queries, *[_words(a) for a in (*cache.keys, *cache.values)], blocks, query_ends)
+                entry = self.qsa_quantized.specialization(*args, scale, ratio, cache.group_size, cache.bits)
+            else:
+                args = (queries, *batched.qsa_buffer(cache), blocks, query_ends)
+                entry = self.qsa.specialization(*args, scale, ratio)
             if entry.compiled:
                 with self._lock:
                     self.routed += 1
@@ -384,7 +394,7 @@ class OptimizedModel:
         through = [f"{m} ({HELPER})" for m in self.modules] + [f"{m} ({vlm.NAME})" for m in self.qsa_modules]
         print(f"optimize({self._original_class.__name__}): routed {self.routed} attention call(s) through "
               f"{', '.join(through)}; declined: {declined}", file=out)  # fmt: skip
-        for compiled in (self.compiled, self.quantized, self.qsa):
+        for compiled in self._compiled():
             if compiled is not None:
                 compiled.explain(graphs=graphs, file=out)
 
@@ -548,7 +558,7 @@ def optimize(
             f"mlx_lm.models.base.{HELPER} or mlx-vlm's {vlm.NAME}; its attention cannot be routed"
         )
     options = {"strict": strict, "max_signatures": max_signatures}
-    compiled = qsa = quantized = None
+    compiled = qsa = quantized = qsa_quantized = None
     if routed:
         compiled = CompiledFunction(
             attention, MLXFrontend(), pipeline=pipeline, **options, name="attnpass.backends.mlx.compile",
@@ -559,7 +569,8 @@ def optimize(
         )
     if qsa_routed:
         qsa = vlm.programs(pipeline, **options)
-    optimized = OptimizedModel(model, compiled, routed, qsa, qsa_routed, quantized)
+        qsa_quantized = vlm.programs(pipeline, **options, fn=vlm.qsa_quantized_attention)
+    optimized = OptimizedModel(model, compiled, routed, qsa, qsa_routed, quantized, qsa_quantized)
     with LOCK:
         for owner, name, replace in _patches(optimized):
             patch(owner, name, replace)
@@ -598,11 +609,12 @@ def _patches(optimized: OptimizedModel) -> list[tuple[Any, str, Any]]:
     if optimized.qsa_modules:
         from mlx_vlm.models.cache import BatchKVCache as VLMBatchKVCache
         from mlx_vlm.models.cache import KVCache as VLMKVCache
-        from mlx_vlm.models.qwen4_exp.language import QSAKVCache, Qwen4ExpQSAIndexer
+        from mlx_vlm.models.cache import QuantizedKVCache as VLMQuantizedKVCache
+        from mlx_vlm.models.qwen4_exp.language import QSAKVCache, QSAQuantizedKVCache, Qwen4ExpQSAIndexer
 
-        found.append((VLMKVCache, "update_and_fetch", record_fetch))
+        found += [(cls, "update_and_fetch", record_fetch) for cls in (VLMKVCache, VLMQuantizedKVCache)]
         found.append((VLMBatchKVCache, "update_and_fetch", batched.record_fetch))
-        found.append((QSAKVCache, "update_indexer", vlm.buffered_indexer))
+        found += [(cls, "update_indexer", vlm.buffered_indexer) for cls in (QSAKVCache, QSAQuantizedKVCache)]
         found.append((Qwen4ExpQSAIndexer, "select_from_projected", vlm.record_selection))
     return found
 

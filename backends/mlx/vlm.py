@@ -19,10 +19,12 @@ over each row's ``K*ratio + ratio - 1`` cells instead of the buffer.
 **What the router proves before it substitutes** (else it declines by name
 and the model's own dispatch runs):
 
-- the cache is exactly a ``QSAKVCache`` (a ``BatchQSAKVCache`` takes the same
-  proofs over its inner ``BatchKVCache``: :mod:`.batched`); ``keys``/``values`` *are* the arrays
-  its last ``update_and_fetch`` of this model call returned, and it still
-  holds that buffer and offset (so ``keys == cache.keys[..., :offset, :]``);
+- the cache is exactly a ``QSAKVCache`` or ``QSAQuantizedKVCache`` (a
+  ``BatchQSAKVCache`` takes the same proofs over its inner ``BatchKVCache``:
+  :mod:`.batched`); ``keys``/``values`` *are* the arrays (for a quantized
+  cache, the (words, scales, biases) tuples) its last ``update_and_fetch`` of
+  this model call returned, and it still holds that buffer and offset (so
+  ``keys == cache.keys[..., :offset, :]``, array by array);
 - ``selected_blocks`` and ``query_ends`` *are* the arrays the indexer's last
   selection for this cache returned, made without left padding, with the
   indexer's block size, over as many indexer keys as the cache holds; so
@@ -43,8 +45,23 @@ is the model's by construction. attnpass's ``qsa-pool-cache`` is therefore not
 used: the model already pools one block per ``ratio`` steps, and rebuilds its
 pooled keys from the raw ones after a trim.
 
+**Quantized caches.** On a ``QSAQuantizedKVCache`` (mlx-vlm's uniform KV
+quantization: K/V as MLX's packed words, scales and biases, the indexer's keys
+and pooled block keys float) the model's dispatch has no sparse plan for the
+packed K/V (its plan is ``DENSE_UNSUPPORTED``): it builds the selection's mask
+over the whole cache and runs mlx-vlm's quantized helper, two
+``quantized_matmul`` over every cached row. The program is then
+:func:`qsa_quantized_attention`, the same masked form with ``quantized_sdpa``
+(that helper's op) over the buffer's six arrays (the words viewed as int32),
+one signature per buffer length, group size and bits; ``qsa-gather`` gathers
+each row's ``W`` cells of the six arrays and attends them with one
+``quantized_sdpa``: only the selected cells' packed rows are read, nothing is
+dequantized. Exact up to reduction order (the softmax and ``P @ V`` run over
+the ``W`` cells instead of the buffer): greedy tokens equal the plain model's,
+logits not bit for bit (``tests/backends/test_dropin_mlx_vlm_qsa.py``).
+
 **Indexer buffers.** The one part of the cache's own code replaced is where
-``QSAKVCache.update_indexer`` keeps the raw indexer keys and positions: the
+``QSAKVCache.update_indexer`` (and ``QSAQuantizedKVCache``'s, the same code) keeps the raw indexer keys and positions: the
 model concatenates the whole history every step (a fresh allocation growing
 with depth); under an optimized call :func:`buffered_indexer` appends in place
 into buffers kept beside the cache and gives the cache views of them, the same
@@ -89,6 +106,7 @@ NOT_SELECTED = (
 )
 MODEL_MASK = "the model combined a mask with the selection (left padding or an array mask)"
 MODEL_KERNEL = "the model's indexed sparse kernel takes this call (Metal, float16/bfloat16)"
+CACHES = "only QSAKVCache and QSAQuantizedKVCache have a buffer and a selection to prove"
 
 
 def qsa_attention(
@@ -97,6 +115,17 @@ def qsa_attention(
     """The masked form of one QSA call: ``sdpa`` over the buffer, masked by the selection's cells and the tail."""
     keep = ops.qsa_mask(selection, query_ends - 1, ratio=ratio, kv_len=keys.shape[2])
     return ops.sdpa(queries, keys, values, mask=keep, scale=scale)
+
+
+def qsa_quantized_attention(
+    queries: Any, kq: Any, ks: Any, kb: Any, vq: Any, vs: Any, vb: Any, selection: Any, query_ends: Any,
+    scale: float, ratio: int, group_size: int, bits: int,
+) -> Any:  # fmt: skip
+    """The masked form of one QSA call on a ``QSAQuantizedKVCache``: mlx-vlm's quantized attention
+    (``quantized_sdpa``) over the buffer's (words, scales, biases) K and V, masked as :func:`qsa_attention`."""
+    keep = ops.qsa_mask(selection, query_ends - 1, ratio=ratio, kv_len=kq.shape[2])
+    options = {"scale": scale, "group_size": group_size, "bits": bits}
+    return ops.quantized_sdpa(queries, (kq, ks, kb), (vq, vs, vb), mask=keep, **options)
 
 
 class OpsFrontend(MLXFrontend):
@@ -112,14 +141,18 @@ def _kept_masked(graph: Any) -> str | None:
     return MASKED if any(n.op == "qsa_mask" for n in graph.nodes()) else None
 
 
-def programs(pipeline: str | Sequence[Pass] | None, *, strict: bool, max_signatures: int) -> CompiledFunction:
-    """:func:`qsa_attention` compiled per signature; every ``qsa-gather`` told the selection input is promised."""
+def programs(
+    pipeline: str | Sequence[Pass] | None, *, strict: bool, max_signatures: int,
+    fn: Callable[..., Any] = qsa_attention,
+) -> CompiledFunction:  # fmt: skip
+    """``fn`` (:func:`qsa_attention` or :func:`qsa_quantized_attention`) compiled per signature; every
+    ``qsa-gather`` told the selection input is promised."""
     frontend = OpsFrontend()
     passes = wrapper_pipeline(frontend.device(), frontend.target) if pipeline is None else as_passes(pipeline)
     promised = [isinstance(p, QSAGather) and p.selection_input is None for p in passes]
     passes = [dataclasses.replace(p, selection_input=SELECTION) if tell else p for p, tell in zip(passes, promised)]
     return CompiledFunction(
-        qsa_attention, frontend, pipeline=passes, strict=strict, max_signatures=max_signatures,
+        fn, frontend, pipeline=passes, strict=strict, max_signatures=max_signatures,
         name="attnpass.backends.mlx.optimize", decline=_kept_masked,
     )  # fmt: skip
 
@@ -137,6 +170,13 @@ def original() -> Callable[..., Any]:
     from mlx_vlm.models.qwen4_exp import qsa_kernel
 
     return qsa_kernel.dispatch_qsa_attention
+
+
+def is_quantized(cache: Any) -> bool:
+    """Whether ``cache`` is exactly mlx-vlm Qwen4-Exp's ``QSAQuantizedKVCache`` (K/V packed, indexer float)."""
+    from mlx_vlm.models.qwen4_exp.language import QSAQuantizedKVCache
+
+    return type(cache) is QSAQuantizedKVCache
 
 
 def routed_modules(names: Sequence[str], route: Callable[..., Any]) -> list[str]:
@@ -244,10 +284,10 @@ def unprovable(
     causal: bool, mask: Any, allow_sparse_decode: bool, fetched: dict, selections: dict,
 ) -> str | None:  # fmt: skip
     """Why a QSA call cannot take the program (None when it can): see the module docstring's proofs."""
-    from mlx_vlm.models.qwen4_exp.language import QSAKVCache
+    from mlx_vlm.models.qwen4_exp.language import QSAKVCache, QSAQuantizedKVCache
 
-    if type(cache) is not QSAKVCache:
-        return f"{type(cache).__name__}: only QSAKVCache has a buffer and a selection to prove"
+    if type(cache) not in (QSAKVCache, QSAQuantizedKVCache):
+        return f"{type(cache).__name__}: {CACHES}"
     reason = model_keeps(queries, keys, values, blocks, query_ends, block_size, causal, mask, allow_sparse_decode)
     if reason is not None:
         return reason
@@ -291,4 +331,7 @@ def selection_reason(
     return None
 
 
-__all__ = ["MASKED", "MODEL_KERNEL", "MODEL_MASK", "NOT_SELECTED", "OpsFrontend", "programs", "qsa_attention"]
+__all__ = [
+    "CACHES", "MASKED", "MODEL_KERNEL", "MODEL_MASK", "NOT_SELECTED", "OpsFrontend", "is_quantized", "programs",
+    "qsa_attention", "qsa_quantized_attention",
+]  # fmt: skip

@@ -339,4 +339,21 @@ def quantize(w: Tensor, *, group_size: int = 64, bits: int = 4) -> tuple[Tensor,
     return tuple(emit("quantize", [w], {**attrs, "output": part}) for part in ("wq", "scales", "biases"))  # type: ignore[return-value]
 
 
-__all__ += ["dequantize", "quantize", "quantized_matmul"]
+def quantized_sdpa(
+    q: Tensor,
+    keys: Sequence[Tensor],
+    values: Sequence[Tensor],
+    *,
+    scale: float,
+    group_size: int = 64,
+    bits: int = 4,
+    mask: Tensor | None = None,
+) -> Tensor:
+    """mlx-lm's ``quantized_scaled_dot_product_attention``: ``q [B, Hq, S, D]`` over K and V each given as
+    ``(words, scales, biases)`` ``[B, Hkv, T, .]`` (words int32, MLX's uint32 bits); ``mask`` bool (True =
+    attend) or additive in q's dtype."""
+    operands = [q, *keys, *values] + ([mask] if mask is not None else [])
+    return emit("quantized_sdpa", operands, {"scale": float(scale), "group_size": int(group_size), "bits": int(bits)})
+
+
+__all__ += ["dequantize", "quantize", "quantized_matmul", "quantized_sdpa"]

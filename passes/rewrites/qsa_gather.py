@@ -29,6 +29,15 @@ the scale is the original one. ``split-kv`` and ``shard-attention`` read the
 choice (docs/semantics.md §3.3). The masked path's nodes are left for
 :class:`DeadCodeElimination`.
 
+**Quantized K/V**: the same pattern on ``quantized_sdpa(q, kq, ks, kb, vq,
+vs, vb, mask=M)`` (K and V as MLX's packed words, scales and biases) takes the
+same rewrite with one ``qsa_gather`` of each of the six arrays (``[B*S, Hkv,
+W, words]``, ``[B*S, Hkv, W, groups]``) and one ``quantized_sdpa`` (same scale,
+group size, bits and precision) over them: only the selected cells' packed
+rows are read, and nothing dequantizes the whole cache. A bool mask hides a
+slot with the dtype's lowest value in ``quantized_sdpa`` as in the masked
+form, so the argument below holds for it unchanged.
+
 Why it is exact: for a ``qsa_select`` selection (distinct ids), or a promised
 ``selection_input``, the valid slots
 are exactly the cells ``qsa_mask`` sets, each once, and every other cell of the
@@ -82,13 +91,13 @@ from attnpass.ir import DType, Graph, Node
 from attnpass.ir.dialects import min_width
 from attnpass.ir.dialects.attention import sdpa_variants
 
-from ..analysis.quantized_attention import NOT_CARRIED, decline_quantized
 from ..infra.base import Remarks, require_int
 from ..infra.policy import SwitchedPass
 from ..infra.registry import register_pass
 from ..infra.rewrite import Decline, Rewriter, Rule, apply_rules
 
 ENV_VAR = "ATTNPASS_QSA_GATHER"
+RULES = {"sdpa": "qsa-gather", "quantized_sdpa": "qsa-gather-quantized"}  # rule name per anchor op
 PREFILL_TILES = {"cpu": 16, "metal": 16, "gpu": 64, "tpu": 64}  # rows per prefill tile (default_pipeline)
 
 
@@ -106,6 +115,14 @@ class _Match:
     given: bool  # the selection is the promised selection_input, not a qsa_select
     positions: str  # what the qsa_mask reads (for a qsa_select: its positions too)
     tile: int  # rows per tile: ``rows`` (one tile) for decode and verify
+    quantized: bool  # a quantized_sdpa: K and V are (words, scales, biases) each
+
+
+def _kv_and_mask(node: Node) -> tuple[list[str], str | None]:
+    """The K/V operands of an ``sdpa`` (k, v) or a ``quantized_sdpa`` (kq, ks, kb, vq, vs, vb), and its mask."""
+    count = 6 if node.op == "quantized_sdpa" else 2
+    kv = list(node.inputs[1 : 1 + count])
+    return kv, node.inputs[1 + count] if len(node.inputs) > 1 + count else None
 
 
 def _is_neg_inf_constant(node: Node) -> bool:
@@ -146,27 +163,30 @@ class QSAGather(SwitchedPass):
         return -(-need // self.pad_multiple) * self.pad_multiple
 
     def run(self, graph: Graph, remarks: Remarks) -> bool:
-        rule = Rule("qsa-gather", "sdpa", self._match, _rewrite, self._describe)
-        decline_quantized(graph, remarks, NOT_CARRIED.format(self.name))
-        return bool(apply_rules(graph, [rule], remarks, decline_all=self.disabled()))
+        off, present = self.disabled(), {n.op for n in graph.nodes()}
+        anchors = [op for op in RULES if op in present] or ["sdpa"]  # one rule per anchor op the graph holds
+        rules = [Rule(RULES[op], op, self._match, _rewrite, self._describe) for op in anchors]
+        return any([apply_rules(graph, [rule], remarks, decline_all=off) for rule in rules])
 
     # ------------------------------------------------------------------ check
 
     def _match(self, graph: Graph, node: Node) -> _Match | Decline:
         """The matched pattern, or why the masked path is kept (with the numbers)."""
-        variants = sdpa_variants(node.attrs)
-        if variants:
-            return _kept("unsupported_variant", f"sdpa has {variants}; the QSA gather form has none of them")
-        if len(node.inputs) < 4:
-            return _kept("mask_not_selection", "sdpa has no mask, so it is not a masked QSA attention")
-        if node.attrs["causal"] != "none":
-            return _kept(
-                "unsupported_variant",
-                f"sdpa has causal={node.attrs['causal']!r}; the pattern needs causality inside the qsa_mask",
-            )
-        q, k = graph.node(node.inputs[0]).type, graph.node(node.inputs[1]).type
+        if node.op == "sdpa":
+            variants = sdpa_variants(node.attrs)
+            if variants:
+                return _kept("unsupported_variant", f"sdpa has {variants}; the QSA gather form has none of them")
+            if node.attrs["causal"] != "none":
+                return _kept(
+                    "unsupported_variant",
+                    f"sdpa has causal={node.attrs['causal']!r}; the pattern needs causality inside the qsa_mask",
+                )
+        kv, mask = _kv_and_mask(node)
+        if mask is None:
+            return _kept("mask_not_selection", f"{node.op} has no mask, so it is not a masked QSA attention")
+        q, k = graph.node(node.inputs[0]).type, graph.node(kv[0]).type
         (b, _hq, s, _d), t = q.shape, k.shape[2]
-        found = _split_mask(graph, graph.node(node.inputs[3]))
+        found = _split_mask(graph, graph.node(mask))
         if isinstance(found, Decline):
             return found
         form, qmask, vis = found
@@ -221,17 +241,22 @@ class QSAGather(SwitchedPass):
                 f"(W = {top_k}*{ratio} + {ratio - 1}, pad_multiple={self.pad_multiple})",
             )
         tile = s if s <= self.max_rows else min(s, self.prefill_tile)
-        return _Match(selection, form, vis, ratio, top_k, width, t, b, s, given, qmask.inputs[1], tile)
+        quantized = node.op == "quantized_sdpa"
+        return _Match(selection, form, vis, ratio, top_k, width, t, b, s, given, qmask.inputs[1], tile, quantized)
 
     def _describe(self, m: _Match) -> str:
         vis = "none" if m.vis is None else f"{m.form} with {m.vis}"
         given = f"; selection: graph input {m.select.name}, distinct ids promised by the caller" if m.given else ""
+        gathers, last, attention = ("K and V", "D", "sdpa")
+        if m.quantized:  # the same plan over the packed cache: every K/V array gathered, one quantized_sdpa
+            gathers, last, attention = ("the K and V words, scales and biases", "words|groups", "quantized_sdpa")
+            given += "; quantized K/V: only the gathered cells' packed rows are read, none dequantized beforehand"
         if m.rows > self.max_rows:
             tiles = -(-m.rows // m.tile)
             return (
                 f"prefill tiled: {m.streams} stream(s) x {m.rows} rows in {tiles} tile(s) of {m.tile} row(s) "
                 f"(prefill_tile={self.prefill_tile}, rows > max_rows={self.max_rows}); per tile one qsa_gather each "
-                f"of K and V [B*tile, Hkv, W, D] = {m.tile * m.width} cells per stream and one sdpa; "
+                f"of {gathers} [B*tile, Hkv, W, {last}] = {m.tile * m.width} cells per stream and one {attention}; "
                 f"top {m.top_k} blocks x ratio {m.ratio} + {m.ratio - 1} tail = {min_width(m.top_k, m.ratio)} "
                 f"cells, W={m.width} (pad_multiple={self.pad_multiple}); attention width n_kv={m.n_kv} -> "
                 f"{m.width} per row, FLOP ratio vs dense W/n_kv = {m.width / m.n_kv:.4f}; visibility: {vis}; "
@@ -241,7 +266,7 @@ class QSAGather(SwitchedPass):
             f"gather: top {m.top_k} blocks x ratio {m.ratio} + {m.ratio - 1} tail = {min_width(m.top_k, m.ratio)} "
             f"cells, W={m.width} (pad_multiple={self.pad_multiple}); attention width n_kv={m.n_kv} -> {m.width} "
             f"(n_kv >= {self.min_depth_factor}*W); {m.streams} stream(s) x {m.rows} row(s), "
-            f"one qsa_gather each of K and V [B*S, Hkv, W, D] and one sdpa over {m.streams * m.rows} row(s); "
+            f"one qsa_gather each of {gathers} [B*S, Hkv, W, {last}] and one {attention} over {m.streams * m.rows} row(s); "
             f"visibility: {vis}; the masked path is now dead (run dce)" + given
         )
 
@@ -285,7 +310,7 @@ def _split_mask(graph: Graph, mask: Node) -> tuple[str, Node, str | None] | Decl
 
 def _rewrite(rw: Rewriter, m: _Match) -> None:
     """Replace the matched sdpa by one ``qsa_gather`` each of K and V and one sdpa per tile of rows."""
-    t = rw.type(rw.anchor.inputs[1]).shape[2]
+    t = rw.type(_kv_and_mask(rw.anchor)[0][0]).shape[2]
     sel, positions = m.select.name, m.positions
     attrs = {"ratio": m.ratio, "width": m.width, "kv_len": t}
     cells = rw.op("qsa_cells", [sel, positions], attrs)
@@ -298,15 +323,17 @@ def _rewrite(rw: Rewriter, m: _Match) -> None:
 def _attend(
     rw: Rewriter, m: _Match, cells: str, valid: str, vis_source: tuple[str | None, DType | None], r0: int, r1: int
 ) -> str:
-    """Rows ``[r0, r1)`` attended over their own cells: one ``qsa_gather`` each of K and V and one sdpa."""
-    q, k, v = rw.anchor.inputs[:3]
+    """Rows ``[r0, r1)`` attended over their own cells: one ``qsa_gather`` per K/V array and one sdpa (or
+    quantized_sdpa)."""
+    q, kv_arrays = rw.anchor.inputs[0], _kv_and_mask(rw.anchor)[0]
     b, s = rw.type(q).shape[0], r1 - r0
     if s < m.rows:  # a prefill tile: its rows of q, cells, validity and visibility
         q = rw.slice_axis(q, 2, r0, r1, hint="q_tile")
         cells = rw.slice_axis(cells, 1, r0, r1, hint="cells_tile")
         valid = rw.slice_axis(valid, 1, r0, r1, hint="valid_tile")
     valid = rw.reshape(valid, (b * s, 1, 1, m.width), "cell_ok")
-    kv = [rw.op("qsa_gather", [x, cells], hint=f"{hint}_gathered") for x, hint in ((k, "k"), (v, "v"))]
+    hints = ("kq", "ks", "kb", "vq", "vs", "vb") if m.quantized else ("k", "v")
+    kv = [rw.op("qsa_gather", [x, cells], hint=f"{hint}_gathered") for x, hint in zip(kv_arrays, hints)]
     mask = valid
     vis, vis_cast = vis_source
     if vis is not None:
@@ -316,8 +343,11 @@ def _attend(
         if vis_cast is not None:
             vis = rw.op("cast", [vis], {"dtype": vis_cast}, "vis_gathered")
         mask = rw.op("where", [valid, vis, rw.scalar(-math.inf, rw.type(vis).dtype, "neg_inf")], hint="gather_mask")
-    sdpa_attrs = {"scale": rw.anchor.attrs["scale"], "causal": "none"}
-    out = rw.op("sdpa", [_rows_to_batch(rw, q), *kv, mask], sdpa_attrs, "sdpa_gather")
+    if m.quantized:  # the same attributes: scale, group size, bits, precision
+        out = rw.op("quantized_sdpa", [_rows_to_batch(rw, q), *kv, mask], dict(rw.anchor.attrs), "sdpa_gather")
+    else:
+        sdpa_attrs = {"scale": rw.anchor.attrs["scale"], "causal": "none"}
+        out = rw.op("sdpa", [_rows_to_batch(rw, q), *kv, mask], sdpa_attrs, "sdpa_gather")
     return _batch_to_rows(rw, out, b, s)
 
 

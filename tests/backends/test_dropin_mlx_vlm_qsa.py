@@ -8,7 +8,9 @@ the tokens must be the same, every prefill, decode and verify call routed
 through a gather program (counted; the prefill through qsa-gather's tiles, its
 logits within 1e-4 in float32, and declined by name with a pipeline whose
 qsa-gather has no prefill tile), a 5-row verify step's logits within 1e-4, and a speculative verify
-rolled back (the caches trimmed) must go on decoding the same tokens.
+rolled back (the caches trimmed) must go on decoding the same tokens. With the QSA caches quantized
+(``QSAQuantizedKVCache``, 8 bits) every decode and verify call gathers the selected cells' packed rows and
+decodes the plain model's tokens.
 """
 
 from __future__ import annotations
@@ -244,24 +246,91 @@ def test_bfloat16_qsa_calls_run_routed_and_near_the_models_own(model):
         attention.set_dtype(mx.float32)
 
 
-def test_a_quantized_qsa_cache_is_declined_by_name_and_runs_the_models_dispatch_bit_for_bit(model):
+def _quantized_run(lm):
+    """The plain model's prefill, its QSA caches quantized as mlx-vlm quantizes them (8 bits, groups of 32), greedy
+    decode steps' logits and tokens, then a 5-row verify step's logits."""
+    cache = lm.make_cache()
+    token = int(mx.argmax(lm(_prompt(), cache=cache).logits[0, -1]).item())
+    cache = [c.to_quantized(group_size=32, bits=8) if isinstance(c, language.QSAKVCache) else c for c in cache]
+    tokens, logits = [], []
+    for _ in range(STEPS):
+        tokens.append(token)
+        logits.append(np.array(lm(mx.array([[token]], dtype=mx.int32), cache=cache).logits))
+        token = int(np.argmax(logits[-1][0, -1]))
+    verify = np.array(lm(mx.array([tokens[-5:]], dtype=mx.int32), cache=cache).logits)
+    return tokens, np.stack(logits), verify, cache
+
+
+def test_a_quantized_qsa_cache_decodes_the_plain_models_tokens_with_every_qsa_call_gathered(model):
+    # QSAQuantizedKVCache: plain mlx-vlm attends the whole packed cache (its quantized helper under the selection's
+    # mask); routed, each call gathers the selected cells' packed rows, scales and biases and attends only those
     from attnpass.backends.mlx import optimize
 
-    def prefilled():  # the plain model's prefill, then its QSA caches quantized
-        cache = model.make_cache()
-        model(_prompt(), cache=cache)
-        return [c.to_quantized(group_size=32, bits=8) if isinstance(c, language.QSAKVCache) else c for c in cache]
-
-    def step(cache):
-        return np.array(model(mx.array([[7]], dtype=mx.int32), cache=cache).logits)
-
-    plain = step(prefilled())
-    cache = prefilled()
+    tokens, logits, verify, plain = _quantized_run(model)
     with optimize(model) as opt:
-        got = step(cache)
-    assert_bits_equal(got, plain)
-    reason = "QSAQuantizedKVCache: only QSAKVCache has a buffer and a selection to prove"
-    assert opt.routed == 0 and opt.declined == {reason: QSA_LAYERS}
+        got, got_logits, got_verify, cache = _quantized_run(model)
+    assert got == tokens and len(set(tokens)) > 1
+    # not bit for bit: the softmax and P @ V reduce over the W gathered cells instead of the whole cache
+    np.testing.assert_allclose(got_logits, logits, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(got_verify, verify, rtol=0, atol=1e-5)
+    # the prefill (on the float cache) through qsa, every decode and the verify call through the quantized program
+    assert opt.routed == QSA_LAYERS * (1 + STEPS + 1) and not opt.declined
+    compiled = [e for e in opt.qsa_quantized.specializations if e.compiled]
+    assert {e.signature.split(", ")[0] for e in compiled} == {"queries:f32[1,4,1,32]", "queries:f32[1,4,5,32]"}
+    for entry in compiled:  # the whole buffer given (words as int32), 6 gathers, no mask, nothing dequantized
+        assert "kq:i32[1,2,256,8], ks:f32[1,2,256,1], kb:f32[1,2,256,1], vq:i32[1,2,256,8]" in entry.signature
+        assert "group_size=32, bits=8" in entry.signature
+        assert entry.ops["qsa_gather"] == 6 and entry.ops["quantized_sdpa"] == 1
+        assert not {"qsa_mask", "dequantize", "sdpa"} & set(entry.ops)
+        (remark,) = [r.message for r in entry.remarks if r.pass_name == "qsa-gather" and r.kind == "applied"]
+        assert "W=19" in remark and "words, scales and biases" in remark and "distinct ids promised" in remark
+    # the indexer state stays float, appended in place, and is the plain model's in the first QSA layer
+    for layer in (3, 7):
+        assert type(cache[layer]) is language.QSAQuantizedKVCache and cache[layer].index_keys.dtype == mx.float32
+        assert cache[layer]._attnpass_index.length == cache[layer].offset == PROMPT + STEPS + 5
+    assert_bits_equal(np.array(cache[3].index_keys), np.array(plain[3].index_keys))
+    # restored: the quantized cache's fetch and the indexer update are mlx-vlm's own again
+    assert not hasattr(language.QSAQuantizedKVCache.update_indexer, "__wrapped__")
+    assert not hasattr(language.QSAQuantizedKVCache.update_and_fetch, "__wrapped__")
+
+
+def test_a_prompt_prefilled_in_chunks_into_a_quantized_cache_is_routed_through_quantized_tiles(model):
+    # the caches quantized after the first 64-row chunk (mlx-vlm quantizes once past quantized_kv_start): the
+    # later chunks are prefills on a QSAQuantizedKVCache, tiled by qsa-gather (6 gathers and one quantized_sdpa
+    # per tile of 16 rows), their logits within 1e-4 of the plain model's and the tokens after them the same
+    from attnpass.backends.mlx import optimize
+
+    prompt, step = _prompt(300), 64
+
+    def prefill():
+        cache, logits = model.make_cache(), []
+        for s in range(0, prompt.shape[1], step):
+            logits.append(np.array(model(prompt[:, s : s + step], cache=cache).logits))
+            cache = [c.to_quantized(group_size=32, bits=8) if type(c) is language.QSAKVCache else c for c in cache]
+        return np.concatenate(logits, axis=1), _greedy(model, cache, int(np.argmax(logits[-1][0, -1])), 4)
+
+    plain, tokens = prefill()
+    with optimize(model) as opt:
+        got, got_tokens = prefill()
+    np.testing.assert_allclose(got, plain, rtol=0, atol=1e-4)  # as the float chunked prefill: 300 rows, 2 QSA layers
+    assert got_tokens == tokens and opt.routed == QSA_LAYERS * (5 + 4) and not opt.declined
+    ops = {e.signature.split(", ")[0]: e.ops for e in opt.qsa_quantized.specializations if e.compiled}
+    assert ops.keys() == {"queries:f32[1,4,64,32]", "queries:f32[1,4,44,32]", "queries:f32[1,4,1,32]"}
+    for rows, tiles in ((64, 4), (44, 3)):
+        assert ops[f"queries:f32[1,4,{rows},32]"]["qsa_gather"] == 6 * tiles
+        assert ops[f"queries:f32[1,4,{rows},32]"]["quantized_sdpa"] == tiles
+
+
+def test_a_quantized_qsa_call_left_masked_is_declined_by_name_and_runs_the_models_dispatch_bit_for_bit(model):
+    from attnpass.backends.mlx import optimize
+    from attnpass.backends.mlx.vlm import MASKED
+
+    tokens, logits, _, _ = _quantized_run(model)
+    with optimize(model, "decompose-sdpa{device=cpu},dce") as opt:  # no qsa-gather: the masked form stays
+        got, got_logits, _, _ = _quantized_run(model)
+    assert got == tokens
+    assert_bits_equal(got_logits, logits)
+    assert opt.routed == 0 and opt.declined == {MASKED: QSA_LAYERS * (2 + STEPS)}
 
 
 def test_arrays_that_are_not_the_indexers_selection_are_declined(model):

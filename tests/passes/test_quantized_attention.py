@@ -137,7 +137,6 @@ def test_decode_program_is_two_quantized_matmuls_over_the_packed_cache(rng):
         "head-chunk",
         "split-kv{shards=2}",
         "shard-attention{heads=model}",
-        "qsa-gather",
         "decompose-sdpa{device=cpu}",
         "block-sparse",
     ],
