@@ -416,10 +416,14 @@ class Graph:
             if n.name not in live and (among is None or n.name in among) and not (keep_inputs and n.op == "input")
         ]  # fmt: skip
         removed: set[str] = set()
+        order, self._order = self._order, None  # the others keep their order: filtered once, not per removal
         for node in reversed(dead):  # a value some kept (dead but out-of-cone) node reads stays
             if all(reader in removed for reader in self._dag.successors(node.name)):
                 self.remove_node(node.name)
                 removed.add(node.name)
+        if order is not None:
+            self._order = [n for n in order if n not in removed]
+            self._position = {n: i for i, n in enumerate(self._order)}
         return [n for n in dead if n.name in removed]
 
     def copy(self) -> "Graph":

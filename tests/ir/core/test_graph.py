@@ -1039,7 +1039,11 @@ def test_remove_dead_and_prune():
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["add", "unary", "remove", "rewire"]), st.integers(0, 10**6)), max_size=40))
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["add", "unary", "remove", "rewire", "prune"]), st.integers(0, 10**6)), max_size=40
+    )
+)
 def test_the_kept_order_equals_a_fresh_sort_after_any_edits(edits):
     """The order ``nodes()`` keeps across appends and removals (not re-sorted) is the stable topological order a
     fresh sort gives: operands first, ties by insertion, as networkx's lexicographical sort orders them."""
@@ -1057,6 +1061,8 @@ def test_the_kept_order_equals_a_fresh_sort_after_any_edits(edits):
             g.remove_node(a)
         elif kind == "rewire" and a not in g.inputs and b not in g.inputs and a != b and b not in g.descendants([a]):
             g.replace_all_uses(a, b)
+        elif kind == "prune":
+            g.prune([a])
         g.set_outputs([g.nodes()[-1].name])
     kept = [n.name for n in g.nodes()]
     fresh = g.copy()
