@@ -445,12 +445,9 @@ class Graph:
         return g
 
     def _own_dag(self) -> Any:
-        """The DAG, to change: a private one if a copy still shares it (rebuilt from the edges: no attributes)."""
+        """The DAG, to change: a private duplicate if a copy still shares it."""
         if self._dag_shared:
-            dag = _topology()
-            dag.add_nodes_from(self._dag)
-            dag.add_edges_from(self._dag.edges)
-            self._dag, self._dag_shared = dag, False
+            self._dag, self._dag_shared = self._dag.duplicate(), False
         return self._dag
 
     def _connect(self, node: Node) -> None:
@@ -564,6 +561,18 @@ def _topology_class() -> type:
 
         def edge_attr_dict_factory(self) -> dict:
             return _NO_ATTRIBUTES
+
+        def duplicate(self) -> "Topology":
+            """The same edges in new adjacency dicts, copied level by level (C dict copies, no per-edge calls).
+
+            Assigning ``_node``/``_adj``/``_pred`` is networkx's supported way to swap them (its descriptors reset
+            the cached views); succ and pred still share their attribute dicts, as networkx requires: all are the
+            one empty dict."""
+            dup = type(self)()
+            dup._node = dict(self._node)
+            dup._adj = {u: dict(readers) for u, readers in self._adj.items()}
+            dup._pred = {v: dict(operands) for v, operands in self._pred.items()}
+            return dup
 
     return Topology
 

@@ -330,6 +330,9 @@ def test_copy_shares_edges_until_either_side_edits(edited):
     assert str(other) == text and [u.name for u in other.users("n001")] == users == ["n002"]
     assert other.ancestors(["n002"]) == {"x", "n000", "n001", "n002"}
     assert [u.name for u in mine.users("n001")] == ["extra"] and mine.ancestors(["n002"]) == {"x", "n000", "n002"}
+    for graph in (mine, other):  # networkx's views of either DAG (succ, pred, edges) agree with the operands
+        edges = {(i, n.name) for n in graph.nodes() for i in n.inputs}
+        assert set(graph._dag.edges) == edges == {(u, v) for v in graph._dag for u in graph._dag.predecessors(v)}
     other.verify()
     mine.verify()
 
