@@ -17,11 +17,17 @@ helper. :meth:`OptimizedModel.restore` (or leaving a ``with`` block) undoes both
 
 **Signatures.** With a ``KVCache`` the keys grow by one row per decode step
 while the cache's buffer grows in steps of ``KVCache.step`` (256). The router
-passes the whole buffer and a bool mask of the valid (and, for several query
-rows, causal) positions, so a signature is the query shape, the buffer length,
-the mask shape, the scale and the dtype: one trace per buffer length per layer
-shape, whatever the position inside the buffer. Without a cache, and for
-prefills (below), the keys are passed as they are (one signature per length).
+passes the buffer cut to :func:`buffer_rows` rows (the offset rounded up to 32
+rows, or to 1/32 of its power of two from 2048 on) and a bool mask of the
+valid (and, for several query rows, causal) positions, so a signature is the
+query shape, the cut's length, the mask shape, the scale and the dtype: one
+trace per 32 rows of context up to 2048 keys, then 32 per doubling, per layer
+shape, whatever the position inside the cut. A CPU program works on every row
+it is given: the whole buffer (up to 255 padding rows) cost up to twice the
+work just past a buffer boundary and made a short context's decode slower
+than mlx-lm's helper (which attends the valid keys alone); a trace costs about
+10-15 ms on CPU. Without a cache, and for prefills (below), the keys are
+passed as they are (one signature per length).
 
 **Quantized caches.** With a ``QuantizedKVCache`` (``kv_bits``) mlx-lm's
 helper runs ``quantized_scaled_dot_product_attention`` over the cache's
@@ -31,13 +37,8 @@ to :func:`quantized_attention`, mlx-lm's own quantized helper, compiled per
 signature: ``raise-attention`` raises it to ``quantized_sdpa``, lowered
 GQA-folded (one ``quantized_matmul`` per kv head over the packed keys, one over
 the packed values; the cache is never dequantized or repeated per query head).
-The group size and bits are part of the signature (on CPU a bfloat16 call
-computes in float32: decompose-sdpa's ``precision``). Unlike a float buffer, it
-is passed cut to :func:`quantized_rows` rows (the offset rounded up to 32
-rows, or to 1/32 of its power of two from 2048 on): CPU's quantized_matmul
-works on every row given, so a 256-row step of padding would cost up to twice
-the work, where the cut costs one trace per 32 rows of context up to 2048
-keys, then 32 per doubling.
+The group size and bits are part of the signature. The buffer is cut to
+:func:`buffer_rows` rows as a float buffer is.
 
 **What the router proves before it substitutes the buffer.** While an
 optimized model runs, ``update_and_fetch`` of ``KVCache`` and
@@ -242,8 +243,8 @@ class OptimizedModel:
     def attend(self, queries: Any, keys: Any, values: Any, cache: Any, scale: float, mask: Any, sinks: Any) -> Any:
         """One attention call of the model: its compiled program, or mlx-lm's helper when declined."""
         call = ACTIVE.get()
-        fetched = call.fetched if call is not None and call.model is self else {}
-        reason = _unroutable(keys, values, cache, mask, sinks, fetched)
+        fetched, masks = (call.fetched, call.masks) if call is not None and call.model is self else ({}, {})
+        reason = _unroutable(keys, values, cache, mask, sinks, fetched, masks)
         if reason is None:
             args = self._program_arguments(queries, keys, values, cache, mask)
             if _quantized(cache):
@@ -290,13 +291,13 @@ class OptimizedModel:
         A batched cache: :func:`.batched.arguments` (no structure). A ``QuantizedKVCache``:
         :meth:`_quantized_arguments` (no structure). A prefill (more than :data:`PREFILL_ROWS` query rows, or
         several on a windowed cache, or no cache): the helper's own keys, and a causal, windowed or chunked mask
-        as ``structure`` (:meth:`_structure`). A decode or verify step: the cache's whole buffer and a mask of its
-        valid rows (:func:`_prefix_reason`: the keys are its first rows).
+        as ``structure`` (:meth:`_structure`). A decode or verify step: the cache's buffer cut to
+        :func:`buffer_rows` rows and a mask of its valid rows (:func:`_prefix_reason`: the keys are its first rows).
         """
         import mlx.core as mx
 
         if batched.is_batch(cache):
-            return (*batched.arguments(queries, cache, mask, _pad_last), None)
+            return (*batched.arguments(queries, cache, mask, _pad_last, buffer_rows), None)
         if _quantized(cache):
             return self._quantized_arguments(queries, cache, mask)
         rows = queries.shape[2]
@@ -312,8 +313,10 @@ class OptimizedModel:
             if first:  # keys before the first one any row sees: hidden from every row, left out
                 keys, values = keys[:, :, first:], values[:, :, first:]
             return queries, keys, values, None, structure
-        mask = self._buffer_mask(mask, rows, keys.shape[2], cache.keys.shape[2])
-        return queries, cache.keys, cache.values, mask, None
+        n = keys.shape[2]
+        length = buffer_rows(n, cache.keys.shape[2])
+        mask = self._buffer_mask(mask, rows, n, length)
+        return queries, *(_rows_of(a, length) for a in (cache.keys, cache.values)), mask, None
 
     def _buffer_mask(self, mask: Any, rows: int, n: int, length: int) -> Any:
         """The call's mask over a buffer of ``length`` rows whose first ``n`` are its keys: the valid rows (and
@@ -353,12 +356,11 @@ class OptimizedModel:
 
     def _quantized_arguments(self, queries: Any, cache: Any, mask: Any) -> tuple:
         """``(queries, *key parts, *value parts, mask)``: a ``QuantizedKVCache``'s words, scales and biases of its
-        keys, then of its values, over the buffer's first :func:`quantized_rows` rows, and a mask of the valid
+        keys, then of its values, over the buffer's first :func:`buffer_rows` rows, and a mask of the valid
         rows."""
-        length = quantized_rows(cache.offset, cache.keys[0].shape[2])
+        length = buffer_rows(cache.offset, cache.keys[0].shape[2])
         mask = self._buffer_mask(mask, queries.shape[2], cache.offset, length)
-        prefix = [a if a.shape[2] == length else a[..., :length, :] for a in (*cache.keys, *cache.values)]
-        return queries, *prefix, mask
+        return queries, *(_rows_of(a, length) for a in (*cache.keys, *cache.values)), mask
 
     def _valid(self, rows: int, offset: int, length: int, *, causal: bool) -> Any:
         """bool ``[1, 1, rows|1, length]``: key ``j`` valid below ``offset``, and causal (bottom-right) if asked."""
@@ -429,7 +431,7 @@ def _windowed() -> tuple[type, type]:
     return RotatingKVCache, ChunkedKVCache
 
 
-def _unroutable(keys: Any, values: Any, cache: Any, mask: Any, sinks: Any, fetched: dict) -> str | None:
+def _unroutable(keys: Any, values: Any, cache: Any, mask: Any, sinks: Any, fetched: dict, masks: dict) -> str | None:
     """Why a call cannot take the program (None when it can): odd masks, caches, k/v not provably the cache's,
     sinks on a quantized cache."""
     if isinstance(mask, str) and mask != "causal":
@@ -437,7 +439,7 @@ def _unroutable(keys: Any, values: Any, cache: Any, mask: Any, sinks: Any, fetch
     if cache is None:
         return None
     if batched.is_batch(cache):
-        return batched.unroutable(keys, values, cache, mask, fetched)
+        return batched.unroutable(keys, values, cache, mask, fetched, masks)
     if type(cache) not in (_kv_cache(), _quantized_cache(), *_windowed()):
         return f"{type(cache).__name__}: {CACHES}"
     reason = fetch_reason(keys, values, cache, fetched)
@@ -473,15 +475,20 @@ def _prefix_reason(keys: Any, cache: Any) -> str | None:
     return f"{type(cache).__name__}: the keys ({n} rows) are not the buffer's valid prefix ({length} rows)"
 
 
-def quantized_rows(offset: int, length: int) -> int:
-    """The rows of a ``QuantizedKVCache`` buffer (``length``) a program is given for ``offset`` valid ones: the
+def buffer_rows(offset: int, length: int) -> int:
+    """The rows of a cache's buffer (``length``) a decode program is given for ``offset`` valid ones: the
     offset rounded up to a multiple of ``max(32, 2^floor(log2(offset)) / 32)``, at most the buffer.
 
-    The CPU's quantized_matmul costs in proportion to the rows, padded ones too: the padding stays under 32
-    rows or under 1/32 of the offset (a whole 256-row buffer step would cost up to twice the work just past a
-    boundary), for one signature per 32 rows up to 2048 keys, then 32 per doubling."""
+    A CPU program costs in proportion to the rows, padded ones too: the padding stays under 32 rows or under
+    1/32 of the offset (a whole 256-row buffer step would cost up to twice the work just past a boundary), for
+    one signature per 32 rows up to 2048 keys, then 32 per doubling."""
     step = max(32, (1 << max(offset, 1).bit_length() - 1) // 32)
     return min(length, -(-offset // step) * step)
+
+
+def _rows_of(array: Any, length: int) -> Any:
+    """A buffer's first ``length`` rows (axis 2): the buffer itself when it has no more."""
+    return array if array.shape[2] == length else array[:, :, :length]
 
 
 def _quantized(cache: Any) -> bool:
@@ -594,6 +601,7 @@ def _patches(optimized: OptimizedModel) -> list[tuple[Any, str, Any]]:
 
         found += [(cls, "update_and_fetch", record_fetch) for cls in (_kv_cache(), _quantized_cache(), *_windowed())]
         found.append((BatchKVCache, "update_and_fetch", batched.record_fetch))
+        found.append((BatchKVCache, "make_mask", batched.record_mask))
     found += [(sys.modules[n], vlm.NAME, lambda _: route_qsa) for n in optimized.qsa_modules]
     if optimized.qsa_modules:
         from mlx_vlm.models.cache import BatchKVCache as VLMBatchKVCache

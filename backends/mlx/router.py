@@ -33,11 +33,13 @@ class Fetch:
 
 @dataclass
 class Call:
-    """One call of an optimized model: the model, each cache's last fetch and last QSA selection (by cache id)."""
+    """One call of an optimized model: the model, each cache's last fetch and last QSA selection (by cache id), the
+    masks a batched cache made (by mask id)."""
 
     model: Any
     fetched: dict[int, tuple[Any, Fetch]] = field(default_factory=dict)
     selections: dict[int, tuple[Any, Any, int]] = field(default_factory=dict)  # cache, selection, ratio
+    masks: dict[int, tuple[Any, bool]] = field(default_factory=dict)  # a made mask, every query row sees a key
 
 
 ACTIVE: ContextVar[Call | None] = ContextVar("attnpass_optimized_call", default=None)

@@ -155,7 +155,8 @@ def structure_plane(structure, rows: int, keys: int) -> np.ndarray:
 
 
 def test_the_array_mask_branch_pads_the_mask_over_the_buffer():
-    """A KVCache buffer (256 rows) longer than its keys (7): bool and additive masks, padded with False / -inf."""
+    """A KVCache buffer (256 rows) longer than its keys (7), given cut to 32 rows (buffer_rows): bool and additive
+    masks, padded with False / -inf."""
     from mlx_lm.models import base
     from mlx_lm.models.cache import KVCache
 
@@ -176,7 +177,7 @@ def test_the_array_mask_branch_pads_the_mask_over_the_buffer():
             assert_bits_equal(np.array(out), np.array(expected))
     assert opt.routed == 3 and not opt.declined
     masks = [e.signature.split(", ")[3] for e in opt.compiled.specializations]
-    assert masks == ["mask:bool[1,1,5,256]", "mask:bool[1,1,1,256]", "mask:f32[1,1,1,256]"]
+    assert masks == ["mask:bool[1,1,5,32]", "mask:bool[1,1,1,32]", "mask:f32[1,1,1,32]"]
 
 
 def test_keys_not_fetched_in_this_call_or_a_changed_cache_are_declined():
@@ -359,15 +360,15 @@ def test_attend_outside_the_model_routes_only_inside_active():
     assert_bits_equal(np.array(out), np.array(expected))
 
 
-def test_a_quantized_buffer_is_cut_to_a_few_rows_past_its_offset():
-    """quantized_rows: at least the offset, at most the buffer; the padding under 32 rows or under 1/32 of the
+def test_a_buffer_is_cut_to_a_few_rows_past_its_offset():
+    """buffer_rows: at least the offset, at most the buffer; the padding under 32 rows or under 1/32 of the
     offset; 32 distinct cuts per doubling of the offset past 2048 (one signature each)."""
-    from attnpass.backends.mlx.lm import quantized_rows
+    from attnpass.backends.mlx.lm import buffer_rows
 
     for offset in range(1, 70000, 7):
         length = -(-offset // 256) * 256 + 256 * (offset % 3)  # a 256-row buffer, sometimes grown further
-        rows = quantized_rows(offset, length)
+        rows = buffer_rows(offset, length)
         assert offset <= rows <= length
         assert rows - offset < max(32, offset / 32)
-    assert len({quantized_rows(o, 1 << 20) for o in range(4097, 8193)}) == 32
-    assert len({quantized_rows(o, 1 << 20) for o in range(1, 2049)}) == 64
+    assert len({buffer_rows(o, 1 << 20) for o in range(4097, 8193)}) == 32
+    assert len({buffer_rows(o, 1 << 20) for o in range(1, 2049)}) == 64
