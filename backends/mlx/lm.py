@@ -38,7 +38,13 @@ signature: ``raise-attention`` raises it to ``quantized_sdpa``, lowered
 GQA-folded (one ``quantized_matmul`` per kv head over the packed keys, one over
 the packed values; the cache is never dequantized or repeated per query head).
 The group size and bits are part of the signature. The buffer is cut to
-:func:`buffer_rows` rows as a float buffer is.
+:func:`buffer_rows` rows as a float buffer is. On CPU, a bfloat16 or float16
+call over fewer than :data:`HALF_QUANTIZED_MIN_ROWS` rows is declined
+(:data:`QUANTIZED_TIE`, decided per signature on the rewritten graph, unless
+the pipeline widened it to float32): MLX's CPU kernel adds half-float
+products one by one, so reading the keys once per kv head instead of once per
+query head saves nothing measurable there, and the cut's padding rows would
+cost up to 3%.
 
 **What the router proves before it substitutes the buffer.** While an
 optimized model runs, ``update_and_fetch`` of ``KVCache`` and
@@ -79,7 +85,8 @@ own proofs, :mod:`.batched`; cache lists, ...: no buffer to key on), sinks on a 
 arrays (or not its buffer's valid prefix), string masks other than
 ``"causal"``, signatures that fell back to the original function, and
 signatures whose rewritten graph is still one MLX fused call (:data:`FUSED`:
-the helper computes the same on the valid keys, without the buffer padding).
+the helper computes the same on the valid keys, without the buffer padding),
+and short half-float quantized signatures on CPU (:data:`QUANTIZED_TIE`).
 Attention sinks (gpt_oss) are an input of the program. A ``FUSED`` signature
 is decided after the pipeline, before lowering: it is never compiled, and as
 every signature, built once. So a model is only as fast as the pipeline's
@@ -105,7 +112,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from attnpass.ir import Graph
+from attnpass.ir import DType, Graph
 from attnpass.passes import Pass
 from attnpass.passes.analysis.mask_structure import interval_structure
 
@@ -119,6 +126,13 @@ CACHES = "only KVCache, QuantizedKVCache, RotatingKVCache and ChunkedKVCache hav
 QUANTIZED_SINKS = "attention sinks on a QuantizedKVCache (mlx-lm's helper refuses them)"
 PREFILL_ROWS = 64  # more query rows on a KVCache: a prefill, given its own keys (one signature per length)
 FUSED = "the pipeline kept MLX's fused call: mlx-lm's helper runs it on the valid keys, without the buffer padding"
+HALF_QUANTIZED_MIN_ROWS = 2048  # below: a half-float quantized_sdpa ties mlx-lm's helper on CPU (measured)
+QUANTIZED_TIE = (
+    f"a half-float quantized_sdpa over fewer than {HALF_QUANTIZED_MIN_ROWS} cache rows on CPU: MLX's CPU "
+    "quantized_matmul adds half-float products one by one, so the GQA-folded program only ties mlx-lm's helper "
+    "there (bf16, 1K keys: 30.8 vs 30.5 ms per call at 8 bits, 29.7 vs 30.4 at 4 bits; 1.07-1.08x at 2K) and "
+    "would add its cut's padding rows: mlx-lm's helper runs it"
+)
 Structure = tuple[str, "int | None", "int | None", "int | None"]  # (causal, left, right, chunk) of a sdpa
 ENTRY_POINTS = ("__call__", "_speculative_verify")  # the model's methods that run its layers (MTP verify: mlx-vlm)
 
@@ -191,6 +205,16 @@ def _kept_fused(graph: Graph) -> str | None:
     return FUSED if ops == {"sdpa": 1} else None
 
 
+def _quantized_tie(graph: Graph) -> str | None:
+    """:data:`QUANTIZED_TIE` (on CPU) when the rewritten graph has a ``quantized_sdpa`` in its own half-float
+    precision over fewer than :data:`HALF_QUANTIZED_MIN_ROWS` rows: decline, don't lower."""
+    for node in graph.nodes():
+        if node.op == "quantized_sdpa" and node.type.dtype is not DType.float32 and node.attrs["precision"] == "dtype":
+            if graph.node(node.inputs[1]).type.shape[2] < HALF_QUANTIZED_MIN_ROWS:
+                return QUANTIZED_TIE
+    return None
+
+
 class OptimizedModel:
     """What :func:`optimize` returns: the compiled attention, routing counts, and :meth:`restore`.
 
@@ -258,7 +282,8 @@ class OptimizedModel:
                 with self._lock:
                     self.routed += 1
                 return entry.call(given)
-            reason = FUSED if entry.reason == FUSED else f"no compiled program: {entry.reason.splitlines()[0]}"
+            declined = entry.reason in (FUSED, QUANTIZED_TIE)
+            reason = entry.reason if declined else f"no compiled program: {entry.reason.splitlines()[0]}"
         with self._lock:
             self.declined[reason] += 1
         return _helper()(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
@@ -561,9 +586,11 @@ def optimize(
             attention, MLXFrontend(), pipeline=pipeline, **options, name="attnpass.backends.mlx.compile",
             decline=_kept_fused,
         )  # fmt: skip
+        frontend = MLXFrontend()
         quantized = CompiledFunction(
-            quantized_attention, MLXFrontend(), pipeline=pipeline, **options, name="attnpass.backends.mlx.compile"
-        )
+            quantized_attention, frontend, pipeline=pipeline, **options, name="attnpass.backends.mlx.compile",
+            decline=_quantized_tie if frontend.device() == "cpu" else None,
+        )  # fmt: skip
     if qsa_routed:
         qsa = vlm.programs(pipeline, **options)
     optimized = OptimizedModel(model, compiled, routed, qsa, qsa_routed, quantized)
@@ -626,6 +653,6 @@ def _short(value: Any) -> str:
 
 
 __all__ = [
-    "CACHES", "FUSED", "NOT_FETCHED", "OptimizedModel", "attention", "optimize", "quantized_attention", "route",
-    "route_qsa",
+    "CACHES", "FUSED", "HALF_QUANTIZED_MIN_ROWS", "NOT_FETCHED", "OptimizedModel", "QUANTIZED_TIE", "attention",
+    "buffer_rows", "optimize", "quantized_attention", "route", "route_qsa",
 ]  # fmt: skip
