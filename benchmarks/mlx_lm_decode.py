@@ -42,7 +42,6 @@ from mlx_lm.sample_utils import make_sampler
 from attnpass.backends.mlx import optimize
 from attnpass.models import tiny_lm
 
-
 BATCH = "batch"  # the --batched rows' cache kind
 PADDING = [0, 5, 11]  # the batched rows' streams: left padding of each
 

@@ -33,11 +33,12 @@ name and mlx-lm's helper runs):
   tokens/s when every call evaluated its mask, ``benchmarks/mlx_lm_decode.py
   --batched``).
 
-**The program's arguments**: the queries, the whole buffer and the model's own
-mask extended over the rows past ``_idx`` with masked-out keys (False, or
-``-inf`` for an additive mask): per stream, the same keys attended with the
-same weights as the helper's call, whatever each stream's padding. Signatures
-are per buffer length, as with ``KVCache`` (:mod:`.lm`).
+**The program's arguments**: the queries, the buffer cut to
+:func:`~.router.buffer_rows` rows and the model's own mask extended over the
+rows past ``_idx`` with masked-out keys (False, or ``-inf`` for an additive
+mask): per stream, the same keys attended with the same weights as the
+helper's call, whatever each stream's padding. Signatures are per cut length,
+as with ``KVCache`` (:mod:`.lm`).
 
 **mlx-vlm Qwen4-Exp's** ``BatchQSAKVCache`` wraps mlx-vlm's own
 ``BatchKVCache`` (``kv_cache``; the same code as mlx-lm's, recorded by
@@ -61,7 +62,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import router, vlm
-from .router import ACTIVE, fetch_recorder
+from .router import ACTIVE, buffer_rows, fetch_recorder, first_rows
 
 NO_ARRAY_MASK = "a BatchKVCache call without an array mask (the streams' left padding is only in the model's mask)"
 BLIND_ROW = (
@@ -143,14 +144,12 @@ def _evaluated_blind_row(mask: Any) -> bool:
     return mask.dtype == mx.bool_ and not mx.all(mx.any(mask, axis=-1)).item()
 
 
-def arguments(
-    queries: Any, cache: Any, mask: Any, pad: Callable[[Any, int], Any], rows: Callable[[int, int], int]
-) -> tuple:
-    """``(queries, keys, values, mask)``: the buffer's first ``rows(_idx, buffer rows)`` rows, and the model's mask
-    ``pad``-ded over the unwritten ones among them."""
-    length = rows(cache._idx, cache.keys.shape[2])
-    keys, values = ((a if a.shape[2] == length else a[:, :, :length]) for a in (cache.keys, cache.values))
+def arguments(queries: Any, cache: Any, mask: Any, pad: Callable[[Any, int], Any]) -> tuple:
+    """``(queries, keys, values, mask)``: the buffer's first :func:`~.router.buffer_rows` rows, and the model's
+    mask ``pad``-ded over the unwritten ones among them."""
+    length = buffer_rows(cache._idx, cache.keys.shape[2])
     extra = length - cache._idx
+    keys, values = (first_rows(a, length) for a in (cache.keys, cache.values))
     return queries, keys, values, pad(mask, extra) if extra else mask
 
 

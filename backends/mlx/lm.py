@@ -119,7 +119,18 @@ from attnpass.passes.analysis.mask_structure import interval_structure
 from ..specialize import MAX_SIGNATURES, CompiledFunction
 from . import batched, vlm
 from .compiled import MLXFrontend
-from .router import ACTIVE, LOCK, NOT_FETCHED, Call, fetch_reason, patch, record_fetch, unpatch
+from .router import (
+    ACTIVE,
+    LOCK,
+    NOT_FETCHED,
+    Call,
+    buffer_rows,
+    fetch_reason,
+    first_rows,
+    patch,
+    record_fetch,
+    unpatch,
+)
 
 HELPER = "scaled_dot_product_attention"
 CACHES = "only KVCache, QuantizedKVCache, RotatingKVCache and ChunkedKVCache have a buffer to key signatures on"
@@ -209,9 +220,10 @@ def _quantized_tie(graph: Graph) -> str | None:
     """:data:`QUANTIZED_TIE` (on CPU) when the rewritten graph has a ``quantized_sdpa`` in its own half-float
     precision over fewer than :data:`HALF_QUANTIZED_MIN_ROWS` rows: decline, don't lower."""
     for node in graph.nodes():
-        if node.op == "quantized_sdpa" and node.type.dtype is not DType.float32 and node.attrs["precision"] == "dtype":
-            if graph.node(node.inputs[1]).type.shape[2] < HALF_QUANTIZED_MIN_ROWS:
-                return QUANTIZED_TIE
+        if node.op != "quantized_sdpa" or node.type.dtype is DType.float32 or node.attrs["precision"] != "dtype":
+            continue
+        if graph.node(node.inputs[1]).type.shape[2] < HALF_QUANTIZED_MIN_ROWS:
+            return QUANTIZED_TIE
     return None
 
 
@@ -322,7 +334,7 @@ class OptimizedModel:
         import mlx.core as mx
 
         if batched.is_batch(cache):
-            return (*batched.arguments(queries, cache, mask, _pad_last, buffer_rows), None)
+            return (*batched.arguments(queries, cache, mask, _pad_last), None)
         if _quantized(cache):
             return self._quantized_arguments(queries, cache, mask)
         rows = queries.shape[2]
@@ -341,7 +353,7 @@ class OptimizedModel:
         n = keys.shape[2]
         length = buffer_rows(n, cache.keys.shape[2])
         mask = self._buffer_mask(mask, rows, n, length)
-        return queries, *(_rows_of(a, length) for a in (cache.keys, cache.values)), mask, None
+        return queries, *(first_rows(a, length) for a in (cache.keys, cache.values)), mask, None
 
     def _buffer_mask(self, mask: Any, rows: int, n: int, length: int) -> Any:
         """The call's mask over a buffer of ``length`` rows whose first ``n`` are its keys: the valid rows (and
@@ -385,7 +397,7 @@ class OptimizedModel:
         rows."""
         length = buffer_rows(cache.offset, cache.keys[0].shape[2])
         mask = self._buffer_mask(mask, queries.shape[2], cache.offset, length)
-        return queries, *(_rows_of(a, length) for a in (*cache.keys, *cache.values)), mask
+        return queries, *(first_rows(a, length) for a in (*cache.keys, *cache.values)), mask
 
     def _valid(self, rows: int, offset: int, length: int, *, causal: bool) -> Any:
         """bool ``[1, 1, rows|1, length]``: key ``j`` valid below ``offset``, and causal (bottom-right) if asked."""
@@ -498,22 +510,6 @@ def _prefix_reason(keys: Any, cache: Any) -> str | None:
     if held:
         return None
     return f"{type(cache).__name__}: the keys ({n} rows) are not the buffer's valid prefix ({length} rows)"
-
-
-def buffer_rows(offset: int, length: int) -> int:
-    """The rows of a cache's buffer (``length``) a decode program is given for ``offset`` valid ones: the
-    offset rounded up to a multiple of ``max(32, 2^floor(log2(offset)) / 32)``, at most the buffer.
-
-    A CPU program costs in proportion to the rows, padded ones too: the padding stays under 32 rows or under
-    1/32 of the offset (a whole 256-row buffer step would cost up to twice the work just past a boundary), for
-    one signature per 32 rows up to 2048 keys, then 32 per doubling."""
-    step = max(32, (1 << max(offset, 1).bit_length() - 1) // 32)
-    return min(length, -(-offset // step) * step)
-
-
-def _rows_of(array: Any, length: int) -> Any:
-    """A buffer's first ``length`` rows (axis 2): the buffer itself when it has no more."""
-    return array if array.shape[2] == length else array[:, :, :length]
 
 
 def _quantized(cache: Any) -> bool:
@@ -653,6 +649,6 @@ def _short(value: Any) -> str:
 
 
 __all__ = [
-    "CACHES", "FUSED", "HALF_QUANTIZED_MIN_ROWS", "NOT_FETCHED", "OptimizedModel", "QUANTIZED_TIE", "attention",
+    "CACHES", "FUSED", "HALF_QUANTIZED_MIN_ROWS", "NOT_FETCHED", "QUANTIZED_TIE", "OptimizedModel", "attention",
     "buffer_rows", "optimize", "quantized_attention", "route", "route_qsa",
 ]  # fmt: skip
