@@ -58,6 +58,7 @@ densely and makes no QSA call, so there is nothing of theirs to route.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -73,9 +74,14 @@ BLIND_ROW = (
 
 def is_batch(cache: Any) -> bool:
     """Whether ``cache`` is exactly mlx-lm's ``BatchKVCache``."""
+    return type(cache) is _batch_cache()
+
+
+@functools.cache  # the class, looked up once (a decode step asks per call)
+def _batch_cache() -> type:
     from mlx_lm.models.cache import BatchKVCache
 
-    return type(cache) is BatchKVCache
+    return BatchKVCache
 
 
 def written(cache: Any) -> int:

@@ -103,6 +103,7 @@ texts part from there. Declined calls are mlx-lm's helper, bit for bit.
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 from collections import Counter
@@ -285,7 +286,7 @@ class OptimizedModel:
             args = self._program_arguments(queries, keys, values, cache, mask)
             if _quantized(cache):
                 entry = self.quantized.specialization(*args, scale, cache.group_size, cache.bits)
-                given = [_words(a) for a in args]
+                given = [_words(a) for a in args] if entry.compiled else []
             else:
                 q, k, v, m, structure = args
                 entry = self.compiled.specialization(q, k, v, m, sinks, scale, structure)
@@ -450,18 +451,21 @@ class OptimizedModel:
         return f"<OptimizedModel {name} ({state}): {self.traces} trace(s), {self.routed} routed>"
 
 
+@functools.cache  # the class, looked up once (a decode step asks per call)
 def _kv_cache() -> type:
     from mlx_lm.models.cache import KVCache
 
     return KVCache
 
 
+@functools.cache  # the class, looked up once (a decode step asks per call)
 def _quantized_cache() -> type:
     from mlx_lm.models.cache import QuantizedKVCache
 
     return QuantizedKVCache
 
 
+@functools.cache  # the class, looked up once (a decode step asks per call)
 def _windowed() -> tuple[type, type]:
     from mlx_lm.models.cache import ChunkedKVCache, RotatingKVCache
 
