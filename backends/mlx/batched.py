@@ -21,14 +21,24 @@ name and mlx-lm's helper runs):
   gives it a device-defined value (on CPU the mean of every value), which the
   padded buffer would change; such calls are declined (:data:`BLIND_ROW`).
   ``batch_generate`` prefills right-padded into empty caches and then decodes,
-  so none of its calls has such a row. Checking it evaluates the mask (which
-  ``make_mask`` builds from the padding, not from the model's activations).
+  so none of its calls has such a row. A mask that ``BatchKVCache.make_mask``
+  returned in this model call (recorded by :func:`record_mask`) is
+  ``create_causal_mask(N, offset=_idx, left_padding=...)`` by mlx-lm's code:
+  row ``i`` of stream ``b`` sees key ``_idx + i`` unless its left padding is
+  larger, so every row sees a key iff ``max(left_padding) <= _idx``, decided
+  from the values read when it was made (no evaluation of the mask). Any other
+  mask is evaluated: a host sync, which stalls MLX's asynchronous decode (the
+  next step's graph is then built only after the previous step has computed;
+  measured: a tiny bf16 llama's ``GenerationBatch`` decode at 0.76x plain
+  tokens/s when every call evaluated its mask, ``benchmarks/mlx_lm_decode.py
+  --batched``).
 
-**The program's arguments**: the queries, the whole buffer and the model's own
-mask extended over the rows past ``_idx`` with masked-out keys (False, or
-``-inf`` for an additive mask): per stream, the same keys attended with the
-same weights as the helper's call, whatever each stream's padding. Signatures
-are per buffer length, as with ``KVCache`` (:mod:`.lm`).
+**The program's arguments**: the queries, the buffer cut to
+:func:`~.router.buffer_rows` rows and the model's own mask extended over the
+rows past ``_idx`` with masked-out keys (False, or ``-inf`` for an additive
+mask): per stream, the same keys attended with the same weights as the
+helper's call, whatever each stream's padding. Signatures are per cut length,
+as with ``KVCache`` (:mod:`.lm`).
 
 **mlx-vlm Qwen4-Exp's** ``BatchQSAKVCache`` wraps mlx-vlm's own
 ``BatchKVCache`` (``kv_cache``; the same code as mlx-lm's, recorded by
@@ -48,11 +58,12 @@ densely and makes no QSA call, so there is nothing of theirs to route.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
 from . import router, vlm
-from .router import fetch_recorder
+from .router import ACTIVE, buffer_rows, fetch_recorder, first_rows
 
 NO_ARRAY_MASK = "a BatchKVCache call without an array mask (the streams' left padding is only in the model's mask)"
 BLIND_ROW = (
@@ -63,9 +74,14 @@ BLIND_ROW = (
 
 def is_batch(cache: Any) -> bool:
     """Whether ``cache`` is exactly mlx-lm's ``BatchKVCache``."""
+    return type(cache) is _batch_cache()
+
+
+@functools.cache  # the class, looked up once (a decode step asks per call)
+def _batch_cache() -> type:
     from mlx_lm.models.cache import BatchKVCache
 
-    return type(cache) is BatchKVCache
+    return BatchKVCache
 
 
 def written(cache: Any) -> int:
@@ -81,7 +97,30 @@ def fetch_reason(keys: Any, values: Any, cache: Any, fetched: dict) -> str | Non
     return router.fetch_reason(keys, values, cache, fetched, written)
 
 
-def unroutable(keys: Any, values: Any, cache: Any, mask: Any, fetched: dict) -> str | None:
+def record_mask(make_mask: Callable[..., Any]) -> Callable[..., Any]:
+    """A patch of ``BatchKVCache.make_mask`` that also records, in the active optimized call, whether every query
+    row of the mask it returned sees a key (:func:`sees_every_row`, from the cache's padding read now)."""
+
+    def recording(cache: Any, N: int, return_array: bool = False, **kwargs: Any) -> Any:
+        mask = make_mask(cache, N, return_array=return_array, **kwargs)
+        call = ACTIVE.get()
+        if call is not None and set(kwargs) <= {"window_size"}:
+            window = kwargs.get("window_size")
+            if window is None or window >= 1:  # a row's own position is in its window
+                call.masks[id(mask)] = (mask, sees_every_row(cache._idx, cache.left_padding.tolist()))
+        return mask
+
+    recording.__wrapped__ = make_mask  # type: ignore[attr-defined]
+    return recording
+
+
+def sees_every_row(written: int, left_padding: list[int]) -> bool:
+    """Whether every query row of ``create_causal_mask(N, offset=written, left_padding=...)`` sees a key: row
+    ``i`` of stream ``b`` sees keys ``left_padding[b] .. written + i``, so the first row is the test."""
+    return max(left_padding, default=0) <= written
+
+
+def unroutable(keys: Any, values: Any, cache: Any, mask: Any, fetched: dict, masks: dict) -> str | None:
     """Why a ``BatchKVCache`` call cannot take the program (None when it can): see the module docstring."""
     reason = fetch_reason(keys, values, cache, fetched)
     if reason is not None:
@@ -90,22 +129,34 @@ def unroutable(keys: Any, values: Any, cache: Any, mask: Any, fetched: dict) -> 
         return NO_ARRAY_MASK
     if mask.shape[-1] != cache._idx:
         return f"the mask covers {mask.shape[-1]} keys, the BatchKVCache holds {cache._idx} rows"
-    if _has_blind_row(mask):
+    if _has_blind_row(mask, masks):
         return BLIND_ROW
     return None
 
 
-def _has_blind_row(mask: Any) -> bool:
-    """Whether a bool mask has a query row with no visible key (evaluates the mask: one small host sync)."""
+def _has_blind_row(mask: Any, masks: dict) -> bool:
+    """Whether a bool mask has a query row with no visible key: as recorded when ``make_mask`` made it, else
+    :func:`_evaluated_blind_row`."""
+    made, sees = masks.get(id(mask), (None, False))
+    if made is mask:
+        return not sees
+    return _evaluated_blind_row(mask)
+
+
+def _evaluated_blind_row(mask: Any) -> bool:
+    """Whether a bool mask has a query row with no visible key, by evaluating it (a host sync)."""
     import mlx.core as mx
 
     return mask.dtype == mx.bool_ and not mx.all(mx.any(mask, axis=-1)).item()
 
 
 def arguments(queries: Any, cache: Any, mask: Any, pad: Callable[[Any, int], Any]) -> tuple:
-    """``(queries, keys, values, mask)``: the buffer, and the model's mask ``pad``-ded over its unwritten rows."""
-    extra = cache.keys.shape[2] - cache._idx
-    return queries, cache.keys, cache.values, pad(mask, extra) if extra else mask
+    """``(queries, keys, values, mask)``: the buffer's first :func:`~.router.buffer_rows` rows, and the model's
+    mask ``pad``-ded over the unwritten ones among them."""
+    length = buffer_rows(cache._idx, cache.keys.shape[2])
+    extra = length - cache._idx
+    keys, values = (first_rows(a, length) for a in (cache.keys, cache.values))
+    return queries, keys, values, pad(mask, extra) if extra else mask
 
 
 def is_qsa_batch(cache: Any) -> bool:
@@ -135,5 +186,5 @@ def qsa_buffer(cache: Any) -> tuple[Any, Any]:
 
 __all__ = [
     "BLIND_ROW", "NO_ARRAY_MASK", "arguments", "fetch_reason", "is_batch", "is_qsa_batch", "qsa_buffer",
-    "record_fetch", "unprovable_qsa", "unroutable", "written",
+    "record_fetch", "record_mask", "sees_every_row", "unprovable_qsa", "unroutable", "written",
 ]  # fmt: skip

@@ -17,11 +17,17 @@ helper. :meth:`OptimizedModel.restore` (or leaving a ``with`` block) undoes both
 
 **Signatures.** With a ``KVCache`` the keys grow by one row per decode step
 while the cache's buffer grows in steps of ``KVCache.step`` (256). The router
-passes the whole buffer and a bool mask of the valid (and, for several query
-rows, causal) positions, so a signature is the query shape, the buffer length,
-the mask shape, the scale and the dtype: one trace per buffer length per layer
-shape, whatever the position inside the buffer. Without a cache, and for
-prefills (below), the keys are passed as they are (one signature per length).
+passes the buffer cut to :func:`buffer_rows` rows (the offset rounded up to 32
+rows, or to 1/32 of its power of two from 2048 on) and a bool mask of the
+valid (and, for several query rows, causal) positions, so a signature is the
+query shape, the cut's length, the mask shape, the scale and the dtype: one
+trace per 32 rows of context up to 2048 keys, then 32 per doubling, per layer
+shape, whatever the position inside the cut. A CPU program works on every row
+it is given: the whole buffer (up to 255 padding rows) cost up to twice the
+work just past a buffer boundary and made a short context's decode slower
+than mlx-lm's helper (which attends the valid keys alone); a trace costs about
+10-15 ms on CPU. Without a cache, and for prefills (below), the keys are
+passed as they are (one signature per length).
 
 **Quantized caches.** With a ``QuantizedKVCache`` (``kv_bits``) mlx-lm's
 helper runs ``quantized_scaled_dot_product_attention`` over the cache's
@@ -31,13 +37,14 @@ to :func:`quantized_attention`, mlx-lm's own quantized helper, compiled per
 signature: ``raise-attention`` raises it to ``quantized_sdpa``, lowered
 GQA-folded (one ``quantized_matmul`` per kv head over the packed keys, one over
 the packed values; the cache is never dequantized or repeated per query head).
-The group size and bits are part of the signature (on CPU a bfloat16 call
-computes in float32: decompose-sdpa's ``precision``). Unlike a float buffer, it
-is passed cut to :func:`quantized_rows` rows (the offset rounded up to 32
-rows, or to 1/32 of its power of two from 2048 on): CPU's quantized_matmul
-works on every row given, so a 256-row step of padding would cost up to twice
-the work, where the cut costs one trace per 32 rows of context up to 2048
-keys, then 32 per doubling.
+The group size and bits are part of the signature. The buffer is cut to
+:func:`buffer_rows` rows as a float buffer is. On CPU, a bfloat16 or float16
+call over fewer than :data:`HALF_QUANTIZED_MIN_ROWS` rows is declined
+(:data:`QUANTIZED_TIE`, decided per signature on the rewritten graph, unless
+the pipeline widened it to float32): MLX's CPU kernel adds half-float
+products one by one, so reading the keys once per kv head instead of once per
+query head saves nothing measurable there, and the cut's padding rows would
+cost up to 3%.
 
 **What the router proves before it substitutes the buffer.** While an
 optimized model runs, ``update_and_fetch`` of ``KVCache`` and
@@ -78,7 +85,8 @@ own proofs, :mod:`.batched`; cache lists, ...: no buffer to key on), sinks on a 
 arrays (or not its buffer's valid prefix), string masks other than
 ``"causal"``, signatures that fell back to the original function, and
 signatures whose rewritten graph is still one MLX fused call (:data:`FUSED`:
-the helper computes the same on the valid keys, without the buffer padding).
+the helper computes the same on the valid keys, without the buffer padding),
+and short half-float quantized signatures on CPU (:data:`QUANTIZED_TIE`).
 Attention sinks (gpt_oss) are an input of the program. A ``FUSED`` signature
 is decided after the pipeline, before lowering: it is never compiled, and as
 every signature, built once. So a model is only as fast as the pipeline's
@@ -95,6 +103,7 @@ texts part from there. Declined calls are mlx-lm's helper, bit for bit.
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 from collections import Counter
@@ -104,20 +113,38 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from attnpass.ir import Graph
+from attnpass.ir import DType, Graph
 from attnpass.passes import Pass
 from attnpass.passes.analysis.mask_structure import interval_structure
 
 from ..specialize import MAX_SIGNATURES, CompiledFunction
 from . import batched, vlm
 from .compiled import MLXFrontend
-from .router import ACTIVE, LOCK, NOT_FETCHED, Call, fetch_reason, patch, record_fetch, unpatch
+from .router import (
+    ACTIVE,
+    LOCK,
+    NOT_FETCHED,
+    Call,
+    buffer_rows,
+    fetch_reason,
+    first_rows,
+    patch,
+    record_fetch,
+    unpatch,
+)
 
 HELPER = "scaled_dot_product_attention"
 CACHES = "only KVCache, QuantizedKVCache, RotatingKVCache and ChunkedKVCache have a buffer to key signatures on"
 QUANTIZED_SINKS = "attention sinks on a QuantizedKVCache (mlx-lm's helper refuses them)"
 PREFILL_ROWS = 64  # more query rows on a KVCache: a prefill, given its own keys (one signature per length)
 FUSED = "the pipeline kept MLX's fused call: mlx-lm's helper runs it on the valid keys, without the buffer padding"
+HALF_QUANTIZED_MIN_ROWS = 2048  # below: a half-float quantized_sdpa ties mlx-lm's helper on CPU (measured)
+QUANTIZED_TIE = (
+    f"a half-float quantized_sdpa over fewer than {HALF_QUANTIZED_MIN_ROWS} cache rows on CPU: MLX's CPU "
+    "quantized_matmul adds half-float products one by one, so the GQA-folded program only ties mlx-lm's helper "
+    "there (bf16, 1K keys: 30.8 vs 30.5 ms per call at 8 bits, 29.7 vs 30.4 at 4 bits; 1.07-1.08x at 2K) and "
+    "would add its cut's padding rows: mlx-lm's helper runs it"
+)
 Structure = tuple[str, "int | None", "int | None", "int | None"]  # (causal, left, right, chunk) of a sdpa
 ENTRY_POINTS = ("__call__", "_speculative_verify")  # the model's methods that run its layers (MTP verify: mlx-vlm)
 
@@ -190,6 +217,17 @@ def _kept_fused(graph: Graph) -> str | None:
     return FUSED if ops == {"sdpa": 1} else None
 
 
+def _quantized_tie(graph: Graph) -> str | None:
+    """:data:`QUANTIZED_TIE` (on CPU) when the rewritten graph has a ``quantized_sdpa`` in its own half-float
+    precision over fewer than :data:`HALF_QUANTIZED_MIN_ROWS` rows: decline, don't lower."""
+    for node in graph.nodes():
+        if node.op != "quantized_sdpa" or node.type.dtype is DType.float32 or node.attrs["precision"] != "dtype":
+            continue
+        if graph.node(node.inputs[1]).type.shape[2] < HALF_QUANTIZED_MIN_ROWS:
+            return QUANTIZED_TIE
+    return None
+
+
 class OptimizedModel:
     """What :func:`optimize` returns: the compiled attention, routing counts, and :meth:`restore`.
 
@@ -248,13 +286,13 @@ class OptimizedModel:
     def attend(self, queries: Any, keys: Any, values: Any, cache: Any, scale: float, mask: Any, sinks: Any) -> Any:
         """One attention call of the model: its compiled program, or mlx-lm's helper when declined."""
         call = ACTIVE.get()
-        fetched = call.fetched if call is not None and call.model is self else {}
-        reason = _unroutable(keys, values, cache, mask, sinks, fetched)
+        fetched, masks = (call.fetched, call.masks) if call is not None and call.model is self else ({}, {})
+        reason = _unroutable(keys, values, cache, mask, sinks, fetched, masks)
         if reason is None:
             args = self._program_arguments(queries, keys, values, cache, mask)
             if _quantized(cache):
                 entry = self.quantized.specialization(*args, scale, cache.group_size, cache.bits)
-                given = [_words(a) for a in args]
+                given = [_words(a) for a in args] if entry.compiled else []
             else:
                 q, k, v, m, structure = args
                 entry = self.compiled.specialization(q, k, v, m, sinks, scale, structure)
@@ -263,7 +301,8 @@ class OptimizedModel:
                 with self._lock:
                     self.routed += 1
                 return entry.call(given)
-            reason = FUSED if entry.reason == FUSED else f"no compiled program: {entry.reason.splitlines()[0]}"
+            declined = entry.reason in (FUSED, QUANTIZED_TIE)
+            reason = entry.reason if declined else f"no compiled program: {entry.reason.splitlines()[0]}"
         with self._lock:
             self.declined[reason] += 1
         return _helper()(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
@@ -300,8 +339,8 @@ class OptimizedModel:
         A batched cache: :func:`.batched.arguments` (no structure). A ``QuantizedKVCache``:
         :meth:`_quantized_arguments` (no structure). A prefill (more than :data:`PREFILL_ROWS` query rows, or
         several on a windowed cache, or no cache): the helper's own keys, and a causal, windowed or chunked mask
-        as ``structure`` (:meth:`_structure`). A decode or verify step: the cache's whole buffer and a mask of its
-        valid rows (:func:`_prefix_reason`: the keys are its first rows).
+        as ``structure`` (:meth:`_structure`). A decode or verify step: the cache's buffer cut to
+        :func:`buffer_rows` rows and a mask of its valid rows (:func:`_prefix_reason`: the keys are its first rows).
         """
         import mlx.core as mx
 
@@ -322,8 +361,10 @@ class OptimizedModel:
             if first:  # keys before the first one any row sees: hidden from every row, left out
                 keys, values = keys[:, :, first:], values[:, :, first:]
             return queries, keys, values, None, structure
-        mask = self._buffer_mask(mask, rows, keys.shape[2], cache.keys.shape[2])
-        return queries, cache.keys, cache.values, mask, None
+        n = keys.shape[2]
+        length = buffer_rows(n, cache.keys.shape[2])
+        mask = self._buffer_mask(mask, rows, n, length)
+        return queries, *(first_rows(a, length) for a in (cache.keys, cache.values)), mask, None
 
     def _buffer_mask(self, mask: Any, rows: int, n: int, length: int) -> Any:
         """The call's mask over a buffer of ``length`` rows whose first ``n`` are its keys: the valid rows (and
@@ -363,12 +404,11 @@ class OptimizedModel:
 
     def _quantized_arguments(self, queries: Any, cache: Any, mask: Any) -> tuple:
         """``(queries, *key parts, *value parts, mask)``: a ``QuantizedKVCache``'s words, scales and biases of its
-        keys, then of its values, over the buffer's first :func:`quantized_rows` rows, and a mask of the valid
+        keys, then of its values, over the buffer's first :func:`buffer_rows` rows, and a mask of the valid
         rows."""
-        length = quantized_rows(cache.offset, cache.keys[0].shape[2])
+        length = buffer_rows(cache.offset, cache.keys[0].shape[2])
         mask = self._buffer_mask(mask, queries.shape[2], cache.offset, length)
-        prefix = [a if a.shape[2] == length else a[..., :length, :] for a in (*cache.keys, *cache.values)]
-        return queries, *prefix, mask
+        return queries, *(first_rows(a, length) for a in (*cache.keys, *cache.values)), mask
 
     def _valid(self, rows: int, offset: int, length: int, *, causal: bool) -> Any:
         """bool ``[1, 1, rows|1, length]``: key ``j`` valid below ``offset``, and causal (bottom-right) if asked."""
@@ -421,25 +461,28 @@ class OptimizedModel:
         return f"<OptimizedModel {name} ({state}): {self.traces} trace(s), {self.routed} routed>"
 
 
+@functools.cache  # the class, looked up once (a decode step asks per call)
 def _kv_cache() -> type:
     from mlx_lm.models.cache import KVCache
 
     return KVCache
 
 
+@functools.cache  # the class, looked up once (a decode step asks per call)
 def _quantized_cache() -> type:
     from mlx_lm.models.cache import QuantizedKVCache
 
     return QuantizedKVCache
 
 
+@functools.cache  # the class, looked up once (a decode step asks per call)
 def _windowed() -> tuple[type, type]:
     from mlx_lm.models.cache import ChunkedKVCache, RotatingKVCache
 
     return RotatingKVCache, ChunkedKVCache
 
 
-def _unroutable(keys: Any, values: Any, cache: Any, mask: Any, sinks: Any, fetched: dict) -> str | None:
+def _unroutable(keys: Any, values: Any, cache: Any, mask: Any, sinks: Any, fetched: dict, masks: dict) -> str | None:
     """Why a call cannot take the program (None when it can): odd masks, caches, k/v not provably the cache's,
     sinks on a quantized cache."""
     if isinstance(mask, str) and mask != "causal":
@@ -447,7 +490,7 @@ def _unroutable(keys: Any, values: Any, cache: Any, mask: Any, sinks: Any, fetch
     if cache is None:
         return None
     if batched.is_batch(cache):
-        return batched.unroutable(keys, values, cache, mask, fetched)
+        return batched.unroutable(keys, values, cache, mask, fetched, masks)
     if type(cache) not in (_kv_cache(), _quantized_cache(), *_windowed()):
         return f"{type(cache).__name__}: {CACHES}"
     reason = fetch_reason(keys, values, cache, fetched)
@@ -481,17 +524,6 @@ def _prefix_reason(keys: Any, cache: Any) -> str | None:
     if held:
         return None
     return f"{type(cache).__name__}: the keys ({n} rows) are not the buffer's valid prefix ({length} rows)"
-
-
-def quantized_rows(offset: int, length: int) -> int:
-    """The rows of a ``QuantizedKVCache`` buffer (``length``) a program is given for ``offset`` valid ones: the
-    offset rounded up to a multiple of ``max(32, 2^floor(log2(offset)) / 32)``, at most the buffer.
-
-    The CPU's quantized_matmul costs in proportion to the rows, padded ones too: the padding stays under 32
-    rows or under 1/32 of the offset (a whole 256-row buffer step would cost up to twice the work just past a
-    boundary), for one signature per 32 rows up to 2048 keys, then 32 per doubling."""
-    step = max(32, (1 << max(offset, 1).bit_length() - 1) // 32)
-    return min(length, -(-offset // step) * step)
 
 
 def _quantized(cache: Any) -> bool:
@@ -564,9 +596,11 @@ def optimize(
             attention, MLXFrontend(), pipeline=pipeline, **options, name="attnpass.backends.mlx.compile",
             decline=_kept_fused,
         )  # fmt: skip
+        frontend = MLXFrontend()
         quantized = CompiledFunction(
-            quantized_attention, MLXFrontend(), pipeline=pipeline, **options, name="attnpass.backends.mlx.compile"
-        )
+            quantized_attention, frontend, pipeline=pipeline, **options, name="attnpass.backends.mlx.compile",
+            decline=_quantized_tie if frontend.device() == "cpu" else None,
+        )  # fmt: skip
     if qsa_routed:
         qsa = vlm.programs(pipeline, **options)
         qsa_quantized = vlm.programs(pipeline, **options, fn=vlm.qsa_quantized_attention)
@@ -605,6 +639,7 @@ def _patches(optimized: OptimizedModel) -> list[tuple[Any, str, Any]]:
 
         found += [(cls, "update_and_fetch", record_fetch) for cls in (_kv_cache(), _quantized_cache(), *_windowed())]
         found.append((BatchKVCache, "update_and_fetch", batched.record_fetch))
+        found.append((BatchKVCache, "make_mask", batched.record_mask))
     found += [(sys.modules[n], vlm.NAME, lambda _: route_qsa) for n in optimized.qsa_modules]
     if optimized.qsa_modules:
         from mlx_vlm.models.cache import BatchKVCache as VLMBatchKVCache
@@ -630,6 +665,6 @@ def _short(value: Any) -> str:
 
 
 __all__ = [
-    "CACHES", "FUSED", "NOT_FETCHED", "OptimizedModel", "attention", "optimize", "quantized_attention", "route",
-    "route_qsa",
+    "CACHES", "FUSED", "HALF_QUANTIZED_MIN_ROWS", "NOT_FETCHED", "QUANTIZED_TIE", "OptimizedModel", "attention",
+    "buffer_rows", "optimize", "quantized_attention", "route", "route_qsa",
 ]  # fmt: skip

@@ -1,4 +1,4 @@
-"""What every client route of ``optimize`` shares: the active call, the recorders, the fetch proof, the patches.
+"""What every client route of ``optimize`` shares: the active call, recorders, fetch proof, buffer cut, patches.
 
 :mod:`.lm` routes mlx-lm's attention helper, :mod:`.vlm` mlx-vlm's QSA dispatch;
 both substitute a cache's buffer only after :func:`fetch_reason` found the
@@ -33,11 +33,13 @@ class Fetch:
 
 @dataclass
 class Call:
-    """One call of an optimized model: the model, each cache's last fetch and last QSA selection (by cache id)."""
+    """One call of an optimized model: the model, each cache's last fetch and last QSA selection (by cache id), the
+    masks a batched cache made (by mask id)."""
 
     model: Any
     fetched: dict[int, tuple[Any, Fetch]] = field(default_factory=dict)
     selections: dict[int, tuple[Any, Any, int]] = field(default_factory=dict)  # cache, selection, ratio
+    masks: dict[int, tuple[Any, bool]] = field(default_factory=dict)  # a made mask, every query row sees a key
 
 
 ACTIVE: ContextVar[Call | None] = ContextVar("attnpass_optimized_call", default=None)
@@ -82,6 +84,22 @@ def fetch_reason(
     if cache.keys is not fetch.buffer[0] or cache.values is not fetch.buffer[1] or position(cache) != fetch.position:
         return "the cache changed between update_and_fetch and the attention call"
     return None
+
+
+def buffer_rows(offset: int, length: int) -> int:
+    """The rows of a cache's buffer (``length``) a decode program is given for ``offset`` valid ones: the
+    offset rounded up to a multiple of ``max(32, 2^floor(log2(offset)) / 32)``, at most the buffer.
+
+    A CPU program costs in proportion to the rows, padded ones too: the padding stays under 32 rows or under
+    1/32 of the offset (a whole 256-row buffer step would cost up to twice the work just past a boundary), for
+    one signature per 32 rows up to 2048 keys, then 32 per doubling."""
+    step = max(32, (1 << max(offset, 1).bit_length() - 1) // 32)
+    return min(length, -(-offset // step) * step)
+
+
+def first_rows(array: Any, length: int) -> Any:
+    """A buffer's first ``length`` rows (axis 2): the buffer itself when it has no more."""
+    return array if array.shape[2] == length else array[:, :, :length]
 
 
 def patch(owner: Any, name: str, replace: Callable[[Any], Any]) -> None:

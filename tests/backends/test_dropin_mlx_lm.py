@@ -58,7 +58,7 @@ def bf16_steps(actual: np.ndarray, expected: np.ndarray) -> float:
 
 
 @pytest.mark.parametrize("family, dtype", [("llama", "bfloat16"), ("qwen3", "bfloat16"), ("llama", "float32")])
-def test_greedy_tokens_are_identical_and_two_signatures_cover_prefill_and_decode(family, dtype, tokenizer):
+def test_greedy_tokens_are_identical_and_a_signature_per_32_decode_rows(family, dtype, tokenizer):
     from attnpass.backends.mlx import optimize
     from attnpass.backends.mlx.lm import FUSED
     from attnpass.ir import DType
@@ -71,10 +71,11 @@ def test_greedy_tokens_are_identical_and_two_signatures_cover_prefill_and_decode
     assert optimized == plain
     assert_bits_equal(logprobs, plain_logprobs)  # head-chunk: MLX's fused call per chunk of heads
     assert len(plain) == TOKENS and len(set(plain)) >= 8  # a model that says something: the comparison means something
-    # prefill of 11 rows and 1-row decode steps, all within the first 256-row buffer of mlx-lm's KVCache
-    assert opt.traces == 2
-    keys = f"keys:{DType.parse(dtype).short}[1,2,256,128]"
-    assert [e.signature.split(", ")[1] for e in opt.compiled.specializations] == [keys] * 2
+    # prefill of 11 rows and 1-row decode steps (12 to 74 keys), all within the first 256-row buffer of mlx-lm's
+    # KVCache, given cut to 32, 64 and 96 rows (buffer_rows): one signature each, and the prefill's
+    assert opt.traces == 4
+    keys = [f"keys:{DType.parse(dtype).short}[1,2,{rows},128]" for rows in (32, 32, 64, 96)]
+    assert [e.signature.split(", ")[1] for e in opt.compiled.specializations] == keys
     assert opt.declined == {FUSED: 2}  # the prefill chunk, in both layers
     assert opt.routed >= 2 * (TOKENS - 1)  # both layers of every decode step
 
@@ -115,7 +116,7 @@ def test_a_quantized_kv_cache_is_routed_with_plain_mlx_lms_tokens_bit_for_bit(fa
     # both layers of every 1-row step: the prompt's last token, then decode one token ahead of the last yielded
     assert opt.routed == 2 * (TOKENS + 1)
     assert opt.declined == {FUSED: 2}  # the 11-row prefill, on the KVCache mlx-lm quantizes afterwards
-    # offsets 12 to 76 of a 256-row buffer: cut to 32, 64 and 96 rows (quantized_rows), one signature each
+    # offsets 12 to 76 of a 256-row buffer: cut to 32, 64 and 96 rows (buffer_rows), one signature each
     entries = opt.quantized.specializations
     words = 128 * bits // 32
     assert [e.signature.split(", kq:")[1].split("], ")[0] for e in entries] == [

@@ -37,7 +37,7 @@ def generate(family: str, monkeypatch, **kwargs):
 
     from mlx_lm.generate import batch_generate
 
-    from attnpass.backends.mlx import optimize
+    from attnpass.backends.mlx import batched, optimize
     from attnpass.models import tiny_lm, tiny_tokenizer
 
     model, tokenizer = tiny_lm(family, dtype="float32"), tiny_tokenizer()
@@ -47,6 +47,7 @@ def generate(family: str, monkeypatch, **kwargs):
     monkeypatch.setattr(module, helper, lambda *a, **k: calls.append(1) or original(*a, **k))
     plain = batch_generate(model, tokenizer, PROMPTS, **options)
     monkeypatch.undo()
+    monkeypatch.setattr(batched, "_evaluated_blind_row", _unexpected)  # every mask is one the cache made
     with optimize(model, PIPELINE, strict=True) as opt:
         optimized = batch_generate(model, tokenizer, PROMPTS, **options)
     assert optimized.token_ids == plain.token_ids
@@ -108,7 +109,7 @@ def test_the_router_substitutes_the_buffer_with_each_streams_padding_or_declines
         assert opt.routed == 0 and opt.declined == {BLIND_ROW: 1}
         # what the decline avoids: through the padded buffer the blind rows (and only they) would differ
         kv.trim(5)
-        monkeypatch.setattr(batched, "_has_blind_row", lambda mask: False)
+        monkeypatch.setattr(batched, "_has_blind_row", lambda *_: False)
         out, expected = run(5, model_mask(5))
         monkeypatch.setattr(batched, "_has_blind_row", has_blind_row)
         differ = np.array(out != expected).any(axis=(1, 3))  # [stream, row]
@@ -137,6 +138,71 @@ def test_the_router_substitutes_the_buffer_with_each_streams_padding_or_declines
             new = [r for r in opt.declined if opt.declined[r] > declined.get(r, 0)]
             assert len(new) == 1 and new[0].startswith(reason)
     assert opt.routed == 1 + 3
+
+
+def test_a_mask_the_cache_made_is_decided_as_evaluating_it_would_without_evaluating_it():
+    """BatchKVCache.make_mask's masks (causal, windowed, left-padded, blind rows or not): the recorded decision is
+    the evaluated one; a mask made with another option is not recorded."""
+    from mlx_lm.models.cache import BatchKVCache
+
+    from attnpass.backends.mlx import batched, optimize
+    from attnpass.backends.mlx.router import ACTIVE
+    from tests.backends.lm_probe import Probe
+
+    decided = []
+    with optimize(Probe(), PIPELINE) as opt, opt.active():
+        masks = ACTIVE.get().masks
+        for padding, written, rows, window in [
+            ([2, 0, 3], 0, 5, None),  # a left-padded prefill: blind rows
+            ([2, 0, 3], 2, 1, None),  # stream 2's next row is still padding
+            ([2, 0, 3], 3, 1, None),
+            ([2, 0, 3], 3, 4, None),
+            ([0, 0], 0, 8, None),
+            ([4, 1], 2, 3, 2),
+            ([4, 1], 4, 1, 1),
+            ([1, 6], 5, 2, 3),
+        ]:
+            cache = BatchKVCache(padding)
+            if written:
+                cache.update_and_fetch(*mx.zeros((2, len(padding), 1, written, 4)))
+            mask = cache.make_mask(rows, window_size=window)
+            made, sees = masks[id(mask)]
+            assert made is mask and sees == (not batched._evaluated_blind_row(mask))
+            decided.append(sees)
+        mask = BatchKVCache([1, 0]).make_mask(2, right_padding=mx.array([1, 0]))
+        assert id(mask) not in masks  # not make_mask's own mask: evaluated when used
+    assert set(decided) == {True, False}
+
+
+def test_a_left_padded_prefill_is_declined_and_its_decode_routed_without_evaluating_a_mask(monkeypatch):
+    """A llama model's own calls on left-padded streams: the blind prefill declined (both layers), the decode steps
+    routed, from the masks the cache made (never evaluated); the logits are plain mlx-lm's bit for bit."""
+    from mlx_lm.models.cache import BatchKVCache
+
+    from attnpass.backends.mlx import batched, optimize
+    from attnpass.backends.mlx.batched import BLIND_ROW
+    from attnpass.models import tiny_lm
+
+    model, padding, steps = tiny_lm("llama", dtype="float32"), [2, 0, 3], 4
+    prompts = mx.array([[0, 0, 3, 17, 99, 250, 7, 8], [5, 6, 7, 8, 9, 11, 12, 13], [0, 0, 0, 40, 41, 42, 43, 44]])
+
+    def run():
+        cache = [BatchKVCache(padding) for _ in model.layers]
+        logits = [model(prompts, cache=cache)[:, -1]]
+        for _ in range(steps):
+            logits.append(model(mx.argmax(logits[-1], axis=-1)[:, None], cache=cache)[:, -1])
+        return np.array(mx.stack(logits))
+
+    plain = run()
+    monkeypatch.setattr(batched, "_evaluated_blind_row", _unexpected)
+    with optimize(model, PIPELINE, strict=True) as opt:
+        optimized = run()
+    assert_bits_equal(optimized, plain)
+    assert opt.declined == {BLIND_ROW: 2} and opt.routed == 2 * steps
+
+
+def _unexpected(mask):
+    raise AssertionError(f"a mask {mask.shape} was evaluated: the cache's make_mask made none")
 
 
 def _spy(program_arguments, substituted: list):

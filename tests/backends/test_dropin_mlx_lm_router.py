@@ -155,7 +155,8 @@ def structure_plane(structure, rows: int, keys: int) -> np.ndarray:
 
 
 def test_the_array_mask_branch_pads_the_mask_over_the_buffer():
-    """A KVCache buffer (256 rows) longer than its keys (7): bool and additive masks, padded with False / -inf."""
+    """A KVCache buffer (256 rows) longer than its keys (7), given cut to 32 rows (buffer_rows): bool and additive
+    masks, padded with False / -inf."""
     from mlx_lm.models import base
     from mlx_lm.models.cache import KVCache
 
@@ -176,7 +177,7 @@ def test_the_array_mask_branch_pads_the_mask_over_the_buffer():
             assert_bits_equal(np.array(out), np.array(expected))
     assert opt.routed == 3 and not opt.declined
     masks = [e.signature.split(", ")[3] for e in opt.compiled.specializations]
-    assert masks == ["mask:bool[1,1,5,256]", "mask:bool[1,1,1,256]", "mask:f32[1,1,1,256]"]
+    assert masks == ["mask:bool[1,1,5,32]", "mask:bool[1,1,1,32]", "mask:f32[1,1,1,32]"]
 
 
 def test_keys_not_fetched_in_this_call_or_a_changed_cache_are_declined():
@@ -215,6 +216,53 @@ def test_sinks_on_a_quantized_cache_are_declined_and_mlx_lms_helper_refuses_them
         with pytest.raises(ValueError, match="does not support attention sinks"):
             probe(q, k, v, kv, sinks=mx.zeros((HEADS,)))
     assert opt.routed == 0 and opt.declined == {QUANTIZED_SINKS: 1}
+
+
+def test_a_short_half_float_quantized_call_is_declined_on_cpu_as_a_tie_with_mlx_lms_helper():
+    """bfloat16 over a QuantizedKVCache: a cut under HALF_QUANTIZED_MIN_ROWS rows is declined (QUANTIZED_TIE,
+    decided on the rewritten graph, never lowered), a longer one routed; float32, or a pipeline that widens the
+    call to float32, routed at any depth. Routed or declined (not widened), the output is mlx-lm's helper's, bit
+    for bit. The tie itself is measured: benchmarks/mlx_lm_decode.py."""
+    from mlx_lm.models import base
+    from mlx_lm.models.cache import QuantizedKVCache
+
+    from attnpass.backends.mlx import optimize
+    from attnpass.backends.mlx.lm import HALF_QUANTIZED_MIN_ROWS, QUANTIZED_TIE, buffer_rows
+    from tests.backends.lm_probe import SCALE, Probe
+
+    widened = "raise-attention,decompose-sdpa{device=cpu,widen_quantized=true},dce"
+
+    def raw(a):  # the raw bits (bfloat16 as uint16)
+        return np.array(a.view(mx.uint16) if a.dtype == mx.bfloat16 else a)
+
+    def decode(keys: int, dtype=mx.bfloat16, pipeline: str = PIPELINE):
+        """One decode step over ``keys`` keys: the optimized probe's output, mlx-lm's helper's, the handle."""
+        mx.random.seed(keys)
+        probe, kv = Probe(), QuantizedKVCache(group_size=64, bits=8)
+        kv.update_and_fetch(*mx.random.normal((2, 1, KV_HEADS, keys - 1, DIM)).astype(dtype))
+        q = mx.random.normal((1, HEADS, 1, DIM)).astype(dtype)
+        k, v = mx.random.normal((2, 1, KV_HEADS, 1, DIM)).astype(dtype)
+        with optimize(probe, pipeline, strict=True) as opt:
+            out = probe(mx.array(q), k, v, kv)  # a copy: mlx-lm's quantized helper scales its queries in place
+        assert kv.offset == keys and opt.traces == 1
+        received, values, _ = probe.received
+        expected = base.scaled_dot_product_attention(q, received, values, cache=kv, scale=SCALE, mask=None)
+        return out, expected, opt
+
+    short, long = 2000, 2040  # cut to 2016 and 2048 rows
+    assert buffer_rows(short, 1 << 20) < HALF_QUANTIZED_MIN_ROWS == buffer_rows(long, 1 << 20)
+    for keys in (100, short):
+        out, expected, opt = decode(keys)
+        assert_bits_equal(raw(out), raw(expected))  # mlx-lm's helper itself
+        (entry,) = opt.quantized.specializations
+        assert opt.routed == 0 and opt.declined == {QUANTIZED_TIE: 1}
+        assert entry.reason == QUANTIZED_TIE and entry.program is None and not entry.compiled
+    for keys, dtype, pipeline in [(long, mx.bfloat16, PIPELINE), (100, mx.float32, PIPELINE)]:
+        out, expected, opt = decode(keys, dtype, pipeline)
+        assert_bits_equal(raw(out), raw(expected))  # the routed program: mlx-lm's bits
+        assert opt.routed == 1 and not opt.declined
+    _, _, opt = decode(100, pipeline=widened)  # float32 precision: not mlx-lm's bits (test_quantized_attention)
+    assert opt.routed == 1 and not opt.declined
 
 
 def mla_model(family: str, seed: int = 0, **config):
@@ -359,15 +407,15 @@ def test_attend_outside_the_model_routes_only_inside_active():
     assert_bits_equal(np.array(out), np.array(expected))
 
 
-def test_a_quantized_buffer_is_cut_to_a_few_rows_past_its_offset():
-    """quantized_rows: at least the offset, at most the buffer; the padding under 32 rows or under 1/32 of the
+def test_a_buffer_is_cut_to_a_few_rows_past_its_offset():
+    """buffer_rows: at least the offset, at most the buffer; the padding under 32 rows or under 1/32 of the
     offset; 32 distinct cuts per doubling of the offset past 2048 (one signature each)."""
-    from attnpass.backends.mlx.lm import quantized_rows
+    from attnpass.backends.mlx.lm import buffer_rows
 
     for offset in range(1, 70000, 7):
         length = -(-offset // 256) * 256 + 256 * (offset % 3)  # a 256-row buffer, sometimes grown further
-        rows = quantized_rows(offset, length)
+        rows = buffer_rows(offset, length)
         assert offset <= rows <= length
         assert rows - offset < max(32, offset / 32)
-    assert len({quantized_rows(o, 1 << 20) for o in range(4097, 8193)}) == 32
-    assert len({quantized_rows(o, 1 << 20) for o in range(1, 2049)}) == 64
+    assert len({buffer_rows(o, 1 << 20) for o in range(4097, 8193)}) == 32
+    assert len({buffer_rows(o, 1 << 20) for o in range(1, 2049)}) == 64
