@@ -110,7 +110,7 @@ import functools
 import sys
 import threading
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TextIO
 
@@ -250,7 +250,9 @@ def _precision(graph: Graph) -> DType:
     return graph.node(graph.inputs[0]).type.dtype
 
 
-def _too_short(quantized: bool, min_keys: int | None, table: dict[tuple[bool, DType], int]) -> Any:
+def _too_short(
+    quantized: bool, min_keys: int | None, table: dict[tuple[bool, DType], int]
+) -> Callable[[Graph], str | None]:
     """The decline of a signature whose keys (the second input: the cut's rows, or a quantized cache's words)
     are fewer than ``min_keys`` rows, or when it is None than ``table`` gives for the call (:data:`MIN_KEYS` on
     CPU): :data:`QUANTIZED_TIE` for a half-float quantized call by the table, :data:`SHORT_CONTEXT` else; None
