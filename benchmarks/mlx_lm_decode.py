@@ -15,8 +15,12 @@ trace) is not timed. The plain and the optimized model alternate within every
 repetition (in alternating order) and the table reports medians, their ratio
 and the spread (min-max) of each, then the breakdown: one layer's decode
 attention call at that context, mlx-lm's helper over the valid keys vs the
-routed attnpass program, and the minimum ratio over all rows against the
-0.95 floor (issue 21: never below 0.95x plain). The two models have the same
+routed attnpass program (for a declined signature: the helper behind the
+router's checks, which is then all the column measures), and the minimum ratio over all rows against the
+0.95 floor (issue 21: never below 0.95x plain). ``--min-keys 0`` routes every
+depth (optimize's ``min_keys``; by default a short context keeps mlx-lm's helper
+on CPU, ``SHORT_CONTEXT``): with ``--tokens 1 --reps 1 --call-reps 41`` the
+breakdown alone measures the per-call costs behind ``MIN_KEYS``. The two models have the same
 weights (same seed); one ``optimize`` handle per dtype serves the whole run,
 so the trace counts are its totals after each row (the breakdown's calls
 count as routed). The load average is printed before and after: on a busy
@@ -24,6 +28,7 @@ machine compare ratios, not absolute rates.
 
     python benchmarks/mlx_lm_decode.py [--contexts 1024 8192 32768] [--tokens 16] [--reps 5]
         [--dtype bfloat16 float32] [--kv-bits 0 4 8] [--batched] [--pipeline TEXT] [--quick]
+        [--min-keys N] [--call-reps 7]
 """
 
 from __future__ import annotations
@@ -122,6 +127,8 @@ def main() -> None:
     )
     parser.add_argument("--batched", action="store_true", help=f"add a {len(PADDING)}-stream BatchKVCache row")
     parser.add_argument("--pipeline", default=None, help="attnpass pipeline text (default: the device's)")
+    parser.add_argument("--min-keys", type=int, default=None, help="optimize's min_keys (default: MIN_KEYS on CPU)")
+    parser.add_argument("--call-reps", type=int, default=7, help="repetitions of the per-call breakdown")
     parser.add_argument("--quick", action="store_true", help="contexts 256 and 1024, 4 tokens, 1 repetition")
     args = parser.parse_args()
     if args.quick:
@@ -133,7 +140,9 @@ def main() -> None:
     for name in args.dtype:
         dtype = getattr(mx, name)
         models = {"plain": tiny_lm("llama", dtype=name), "optimize": tiny_lm("llama", dtype=name)}
-        opt = optimize(models["optimize"], args.pipeline)  # same seed, same weights: only the attention route differs
+        opt = optimize(
+            models["optimize"], args.pipeline, min_keys=args.min_keys
+        )  # same seed, same weights: only the attention route differs
         handles.append((name, opt))
         for kind in kinds:
             for context in args.contexts:
@@ -142,7 +151,7 @@ def main() -> None:
                     for variant in ("plain", "optimize") if rep % 2 == 0 else ("optimize", "plain"):
                         cache = filled_cache(models[variant], context, dtype, kind)
                         rates[variant].append(decode_rate(models[variant], cache, args.tokens))
-                ms = attention_ms(models["optimize"], opt, context, dtype, kind)
+                ms = attention_ms(models["optimize"], opt, context, dtype, kind, args.call_reps)
                 rows.append((name, kind, context, rates, ms, opt.traces))
                 plain, fast = (statistics.median(rates[v]) for v in rates)
                 print(
@@ -160,7 +169,7 @@ def main() -> None:
         plain, fast = (statistics.median(rates[v]) for v in rates)
         ratios.append(fast / plain)
         cells = [f"{statistics.median(r):.2f} ({min(r):.2f}-{max(r):.2f})" for r in rates.values()]
-        attention = f"{ms['plain']:.1f} {ms['optimize']:>9.1f}"
+        attention = f"{ms['plain']:.2f} {ms['optimize']:>9.2f}"
         line = f"{name:>8} {cache_name(kind):>7} {context:>8} {cells[0]:>20} {cells[1]:>20} {fast / plain:>6.2f}"
         print(f"{line} {attention:>17} {traces:>7}")
     floor = min(ratios)

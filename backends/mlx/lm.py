@@ -40,8 +40,9 @@ the packed values; the cache is never dequantized or repeated per query head).
 The group size and bits are part of the signature. The buffer is cut to
 :func:`buffer_rows` rows as a float buffer is. On CPU, a bfloat16 or float16
 call over fewer than :data:`HALF_QUANTIZED_MIN_ROWS` rows is declined
-(:data:`QUANTIZED_TIE`, decided per signature on the rewritten graph, unless
-the pipeline widened it to float32): MLX's CPU kernel adds half-float
+(:data:`QUANTIZED_TIE`, decided per signature on the rewritten graph by the
+:data:`MIN_KEYS` table, unless the pipeline widened it to float32: then its
+float32 entry holds): MLX's CPU kernel adds half-float
 products one by one, so reading the keys once per kv head instead of once per
 query head saves nothing measurable there, and the cut's padding rows would
 cost up to 3%.
@@ -86,7 +87,9 @@ arrays (or not its buffer's valid prefix), string masks other than
 ``"causal"``, signatures that fell back to the original function, and
 signatures whose rewritten graph is still one MLX fused call (:data:`FUSED`:
 the helper computes the same on the valid keys, without the buffer padding),
-and short half-float quantized signatures on CPU (:data:`QUANTIZED_TIE`).
+short half-float quantized signatures on CPU (:data:`QUANTIZED_TIE`), and, on CPU, signatures whose
+keys are fewer rows than :data:`MIN_KEYS` gives their dtype (:data:`SHORT_CONTEXT`: a short context's
+program costs more per call than mlx-lm's helper over the valid keys; ``optimize(min_keys=)`` sets the bound).
 Attention sinks (gpt_oss) are an input of the program. A ``FUSED`` signature
 is decided after the pipeline, before lowering: it is never compiled, and as
 every signature, built once. So a model is only as fast as the pipeline's
@@ -107,7 +110,7 @@ import functools
 import sys
 import threading
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TextIO
 
@@ -116,6 +119,7 @@ import numpy as np
 from attnpass.ir import DType, Graph
 from attnpass.passes import Pass
 from attnpass.passes.analysis.mask_structure import interval_structure
+from attnpass.passes.infra.base import require_int
 
 from ..specialize import MAX_SIGNATURES, CompiledFunction
 from . import batched, vlm
@@ -139,12 +143,31 @@ QUANTIZED_SINKS = "attention sinks on a QuantizedKVCache (mlx-lm's helper refuse
 PREFILL_ROWS = 64  # more query rows on a KVCache: a prefill, given its own keys (one signature per length)
 FUSED = "the pipeline kept MLX's fused call: mlx-lm's helper runs it on the valid keys, without the buffer padding"
 HALF_QUANTIZED_MIN_ROWS = 2048  # below: a half-float quantized_sdpa ties mlx-lm's helper on CPU (measured)
+# On CPU, (over a quantized cache, the call's precision) -> the fewest key rows (of the program's cut) routed:
+# fewer, and the program costs more per call than mlx-lm's helper over the valid keys (measured per call,
+# benchmarks/mlx_lm_decode.py's breakdown; docs/benchmarks.md, issue 21's short contexts). float16 as bfloat16.
+MIN_KEYS: dict[tuple[bool, DType], int] = {
+    (False, DType.float32): 192,
+    (False, DType.bfloat16): 128,
+    (False, DType.float16): 128,
+    (True, DType.float32): 512,
+    (True, DType.bfloat16): HALF_QUANTIZED_MIN_ROWS,
+    (True, DType.float16): HALF_QUANTIZED_MIN_ROWS,
+}
 QUANTIZED_TIE = (
     f"a half-float quantized_sdpa over fewer than {HALF_QUANTIZED_MIN_ROWS} cache rows on CPU: MLX's CPU "
     "quantized_matmul adds half-float products one by one, so the GQA-folded program only ties mlx-lm's helper "
     "there (bf16, 1K keys: 30.8 vs 30.5 ms per call at 8 bits, 29.7 vs 30.4 at 4 bits; 1.07-1.08x at 2K) and "
     "would add its cut's padding rows: mlx-lm's helper runs it"
 )
+SHORT_CONTEXT = (
+    f"fewer cache rows than the routed minimum (on CPU by default MIN_KEYS: float32 "
+    f"{MIN_KEYS[False, DType.float32]}, bfloat16 {MIN_KEYS[False, DType.bfloat16]}, float32 over a quantized "
+    f"cache {MIN_KEYS[True, DType.float32]}; or optimize's min_keys): "
+    "at a short context the program's fixed cost and its cut's padding rows cost more than mlx-lm's helper over "
+    "the valid keys, so the helper runs it"
+)
+DECLINES = (FUSED, QUANTIZED_TIE, SHORT_CONTEXT)  # decided per signature on the rewritten graph: not failures
 Structure = tuple[str, "int | None", "int | None", "int | None"]  # (causal, left, right, chunk) of a sdpa
 ENTRY_POINTS = ("__call__", "_speculative_verify")  # the model's methods that run its layers (MTP verify: mlx-vlm)
 
@@ -217,15 +240,33 @@ def _kept_fused(graph: Graph) -> str | None:
     return FUSED if ops == {"sdpa": 1} else None
 
 
-def _quantized_tie(graph: Graph) -> str | None:
-    """:data:`QUANTIZED_TIE` (on CPU) when the rewritten graph has a ``quantized_sdpa`` in its own half-float
-    precision over fewer than :data:`HALF_QUANTIZED_MIN_ROWS` rows: decline, don't lower."""
+def _precision(graph: Graph) -> DType:
+    """The dtype a rewritten attention graph computes in: its ``quantized_sdpa``'s (float32 when the pipeline
+    widened it), else its queries' (the first input)."""
     for node in graph.nodes():
-        if node.op != "quantized_sdpa" or node.type.dtype is DType.float32 or node.attrs["precision"] != "dtype":
-            continue
-        if graph.node(node.inputs[1]).type.shape[2] < HALF_QUANTIZED_MIN_ROWS:
-            return QUANTIZED_TIE
-    return None
+        if node.op == "quantized_sdpa":
+            widened = node.type.dtype is DType.float32 or node.attrs["precision"] != "dtype"
+            return DType.float32 if widened else node.type.dtype
+    return graph.node(graph.inputs[0]).type.dtype
+
+
+def _too_short(
+    quantized: bool, min_keys: int | None, table: dict[tuple[bool, DType], int]
+) -> Callable[[Graph], str | None]:
+    """The decline of a signature whose keys (the second input: the cut's rows, or a quantized cache's words)
+    are fewer than ``min_keys`` rows, or when it is None than ``table`` gives for the call (:data:`MIN_KEYS` on
+    CPU): :data:`QUANTIZED_TIE` for a half-float quantized call by the table, :data:`SHORT_CONTEXT` else; None
+    when routed."""
+
+    def decline(graph: Graph) -> str | None:
+        dtype = _precision(graph)
+        least = table.get((quantized, dtype), 0) if min_keys is None else min_keys
+        if graph.node(graph.inputs[1]).type.shape[2] >= least:
+            return None
+        half = quantized and dtype is not DType.float32
+        return QUANTIZED_TIE if half and min_keys is None else SHORT_CONTEXT
+
+    return decline
 
 
 class OptimizedModel:
@@ -301,7 +342,7 @@ class OptimizedModel:
                 with self._lock:
                     self.routed += 1
                 return entry.call(given)
-            declined = entry.reason in (FUSED, QUANTIZED_TIE)
+            declined = entry.reason in DECLINES
             reason = entry.reason if declined else f"no compiled program: {entry.reason.splitlines()[0]}"
         with self._lock:
             self.declined[reason] += 1
@@ -552,6 +593,7 @@ def optimize(
     *,
     strict: bool = False,
     max_signatures: int = MAX_SIGNATURES,
+    min_keys: int | None = None,
 ) -> OptimizedModel:
     """Run ``model``'s attention (an mlx-lm model, or mlx-vlm's Qwen4-Exp) through attnpass programs.
 
@@ -560,10 +602,14 @@ def optimize(
     ``mlx_lm.generate``, ``stream_generate`` and speculative decoding work
     unchanged. ``pipeline``, ``strict`` and ``max_signatures`` are as for
     :func:`attnpass.backends.mlx.compile` (for QSA calls every ``qsa-gather`` of the
-    pipeline is given ``selection_input``). Returns an :class:`OptimizedModel`;
+    pipeline is given ``selection_input``). A call of mlx-lm's helper whose program would get fewer key rows
+    than ``min_keys`` runs the helper (declined, :data:`SHORT_CONTEXT` or :data:`QUANTIZED_TIE`); None is
+    :data:`MIN_KEYS` per dtype on CPU (measured: a short context's program costs more than the helper) and 0
+    elsewhere; 0 routes every depth (the exactness tests' tiny contexts). Returns an :class:`OptimizedModel`;
     its ``restore()``, or leaving ``with optimize(model):``, undoes the change.
     Raises ``TypeError`` when ``model`` is not an ``mlx.nn.Module``, ``ValueError``
-    when it is already optimized or none of its modules calls either function.
+    when it is already optimized or none of its modules calls either function, or ``min_keys`` is not an
+    int >= 0 or None.
     """
     from mlx import nn
 
@@ -589,17 +635,21 @@ def optimize(
             f"optimize: no module of {type(model).__name__} ({', '.join(names)}) calls "
             f"mlx_lm.models.base.{HELPER} or mlx-vlm's {vlm.NAME}; its attention cannot be routed"
         )
+    if min_keys is not None:
+        require_int("optimize", "min_keys", min_keys, minimum=0, meaning="or None: MIN_KEYS on CPU")
     options = {"strict": strict, "max_signatures": max_signatures}
     compiled = qsa = quantized = qsa_quantized = None
     if routed:
-        compiled = CompiledFunction(
-            attention, MLXFrontend(), pipeline=pipeline, **options, name="attnpass.backends.mlx.compile",
-            decline=_kept_fused,
-        )  # fmt: skip
         frontend = MLXFrontend()
+        table = MIN_KEYS if frontend.device() == "cpu" else {}
+        short = _too_short(False, min_keys, table)
+        compiled = CompiledFunction(
+            attention, frontend, pipeline=pipeline, **options, name="attnpass.backends.mlx.compile",
+            decline=lambda graph: _kept_fused(graph) or short(graph),
+        )  # fmt: skip
         quantized = CompiledFunction(
-            quantized_attention, frontend, pipeline=pipeline, **options, name="attnpass.backends.mlx.compile",
-            decline=_quantized_tie if frontend.device() == "cpu" else None,
+            quantized_attention, MLXFrontend(), pipeline=pipeline, **options, name="attnpass.backends.mlx.compile",
+            decline=_too_short(True, min_keys, table),
         )  # fmt: skip
     if qsa_routed:
         qsa = vlm.programs(pipeline, **options)
@@ -665,6 +715,7 @@ def _short(value: Any) -> str:
 
 
 __all__ = [
-    "CACHES", "FUSED", "HALF_QUANTIZED_MIN_ROWS", "NOT_FETCHED", "QUANTIZED_TIE", "OptimizedModel", "attention",
+    "CACHES", "DECLINES", "FUSED", "HALF_QUANTIZED_MIN_ROWS", "MIN_KEYS", "NOT_FETCHED", "QUANTIZED_TIE",
+    "SHORT_CONTEXT", "OptimizedModel", "attention",
     "buffer_rows", "optimize", "quantized_attention", "route", "route_qsa",
 ]  # fmt: skip

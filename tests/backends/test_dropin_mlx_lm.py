@@ -66,7 +66,7 @@ def test_greedy_tokens_are_identical_and_a_signature_per_32_decode_rows(family, 
 
     model = tiny_lm(family, dtype=dtype)
     plain, plain_logprobs = stream(model, tokenizer)
-    with optimize(model, CHUNKED, strict=True) as opt:
+    with optimize(model, CHUNKED, strict=True, min_keys=0) as opt:
         optimized, logprobs = stream(model, tokenizer)
     assert optimized == plain
     assert_bits_equal(logprobs, plain_logprobs)  # head-chunk: MLX's fused call per chunk of heads
@@ -87,7 +87,7 @@ def test_the_default_pipeline_routes_only_what_it_rewrites(tokenizer):
 
     model = tiny_lm("llama", layers=1)
     plain, plain_logprobs = stream(model, tokenizer, max_tokens=16)
-    with optimize(model, strict=True) as opt:
+    with optimize(model, strict=True, min_keys=0) as opt:
         optimized, logprobs = stream(model, tokenizer, max_tokens=16)
     assert optimized == plain and bf16_steps(logprobs, plain_logprobs) <= BF16_STEPS
     # what the device's pipeline leaves as MLX's fused call runs mlx-lm's helper; nothing fails or is declined otherwise
@@ -109,7 +109,7 @@ def test_a_quantized_kv_cache_is_routed_with_plain_mlx_lms_tokens_bit_for_bit(fa
     model = tiny_lm(family, dtype="float32")
     quantized = {"kv_bits": bits, "kv_group_size": 64, "quantized_kv_start": 0}
     plain, plain_logprobs = stream(model, tokenizer, **quantized)
-    with optimize(model, strict=True) as opt:
+    with optimize(model, strict=True, min_keys=0) as opt:
         optimized, logprobs = stream(model, tokenizer, **quantized)
     assert optimized == plain and len(set(plain)) >= 8
     assert_bits_equal(logprobs, plain_logprobs)
@@ -141,7 +141,10 @@ def test_speculative_decoding_is_identical_with_the_verify_steps_routed(tokenize
     speculative = {"max_tokens": TOKENS, "draft_model": draft, "num_draft_tokens": 3}
     plain = mlx_lm.generate(model, tokenizer, PROMPT, **speculative)
     plain_tokens, plain_logprobs = stream(model, tokenizer, **speculative)
-    with optimize(model, CHUNKED, strict=True) as opt, optimize(draft, CHUNKED, strict=True) as opt_draft:
+    with (
+        optimize(model, CHUNKED, strict=True, min_keys=0) as opt,
+        optimize(draft, CHUNKED, strict=True, min_keys=0) as opt_draft,
+    ):
         optimized = mlx_lm.generate(model, tokenizer, PROMPT, **speculative)
         tokens, logprobs = stream(model, tokenizer, **speculative)
     assert optimized == plain and len(plain.split()) == TOKENS
@@ -169,7 +172,7 @@ def test_one_trace_per_cache_buffer_length(monkeypatch):
         return [t for t, _ in steps], np.stack([np.array(p.astype(mx.float32)) for _, p in steps])
 
     plain, plain_logprobs = greedy()
-    with optimize(model, CHUNKED, strict=True) as opt:
+    with optimize(model, CHUNKED, strict=True, min_keys=0) as opt:
         optimized, logprobs = greedy()
     assert optimized == plain
     assert_bits_equal(logprobs, plain_logprobs)  # across every buffer growth (and its stale rows, masked)
@@ -188,7 +191,7 @@ def test_caches_without_a_buffer_are_declined_and_counted(tokenizer):
 
     model = tiny_lm("llama", layers=1)
     plain, plain_logprobs = stream(model, tokenizer, prompt_cache=[ConcatenateKVCache()])
-    with optimize(model) as opt:
+    with optimize(model, min_keys=0) as opt:
         tokens, logprobs = stream(model, tokenizer, prompt_cache=[ConcatenateKVCache()])
     assert tokens == plain
     assert_bits_equal(logprobs, plain_logprobs)  # every call declined: mlx-lm's own, bit for bit
@@ -208,11 +211,11 @@ def test_restore_undoes_the_routing_and_other_models_never_route():
     tokens = mx.array([PROMPT[:6]])  # 6 rows, no cache: a "causal" call that CHUNKED rewrites, so routed
     before = model(tokens)
     update_and_fetch = cache.KVCache.update_and_fetch
-    opt = optimize(model, CHUNKED, strict=True)
+    opt = optimize(model, CHUNKED, strict=True, min_keys=0)
     assert llama.scaled_dot_product_attention is route and type(model) is not llama.Model
     with pytest.raises(ValueError, match="already optimized"):
         optimize(model)
-    second = optimize(other, CHUNKED)
+    second = optimize(other, CHUNKED, min_keys=0)
     other(tokens)  # seen by its own handle only
     assert calls(opt) == 0 and calls(second) == 1
     second.restore()
@@ -241,7 +244,7 @@ def test_the_default_pipeline_is_bit_exact_in_float32_and_within_two_bf16_steps_
         pytest.skip("the float32 bit-exactness and the bf16 bound are measured for CPU's default pipeline")
     model = tiny_lm(family, dtype=dtype)
     plain, plain_logprobs = stream(model, tokenizer)
-    with optimize(model, strict=True) as opt:
+    with optimize(model, strict=True, min_keys=0) as opt:
         tokens, logprobs = stream(model, tokenizer)
     assert opt.routed >= 2 * (TOKENS - 1) and len(plain) == TOKENS
     if dtype == "float32":
@@ -262,7 +265,7 @@ def test_a_declined_prefill_is_decided_before_lowering_and_built_once(tokenizer)
     from attnpass.models import tiny_lm
 
     model = tiny_lm("llama", layers=1)
-    with optimize(model, CHUNKED, strict=True) as opt:
+    with optimize(model, CHUNKED, strict=True, min_keys=0) as opt:
         first = stream_tokens(model, tokenizer, max_tokens=4)
         traces = opt.traces
         assert stream_tokens(model, tokenizer, max_tokens=4) == first

@@ -48,7 +48,7 @@ def generate(family: str, monkeypatch, **kwargs):
     plain = batch_generate(model, tokenizer, PROMPTS, **options)
     monkeypatch.undo()
     monkeypatch.setattr(batched, "_evaluated_blind_row", _unexpected)  # every mask is one the cache made
-    with optimize(model, PIPELINE, strict=True) as opt:
+    with optimize(model, PIPELINE, strict=True, min_keys=0) as opt:
         optimized = batch_generate(model, tokenizer, PROMPTS, **options)
     assert optimized.token_ids == plain.token_ids
     assert_bits_equal(np.concatenate(optimized.logprobs), np.concatenate(plain.logprobs))
@@ -102,7 +102,7 @@ def test_the_router_substitutes_the_buffer_with_each_streams_padding_or_declines
         keys, values, given = probe.received
         return out, base.scaled_dot_product_attention(q, keys, values, cache=kv, scale=SCALE, mask=given)
 
-    with optimize(probe, PIPELINE, strict=True) as opt:
+    with optimize(probe, PIPELINE, strict=True, min_keys=0) as opt:
         # a left-padded prefill: its first rows of streams 0 and 2 see no key, mlx-lm's helper gives them its own value
         out, expected = run(5, model_mask(5))
         assert_bits_equal(np.array(out), np.array(expected))
@@ -150,7 +150,7 @@ def test_a_mask_the_cache_made_is_decided_as_evaluating_it_would_without_evaluat
     from tests.backends.lm_probe import Probe
 
     decided = []
-    with optimize(Probe(), PIPELINE) as opt, opt.active():
+    with optimize(Probe(), PIPELINE, min_keys=0) as opt, opt.active():
         masks = ACTIVE.get().masks
         for padding, written, rows, window in [
             ([2, 0, 3], 0, 5, None),  # a left-padded prefill: blind rows
@@ -195,7 +195,7 @@ def test_a_left_padded_prefill_is_declined_and_its_decode_routed_without_evaluat
 
     plain = run()
     monkeypatch.setattr(batched, "_evaluated_blind_row", _unexpected)
-    with optimize(model, PIPELINE, strict=True) as opt:
+    with optimize(model, PIPELINE, strict=True, min_keys=0) as opt:
         optimized = run()
     assert_bits_equal(optimized, plain)
     assert opt.declined == {BLIND_ROW: 2} and opt.routed == 2 * steps

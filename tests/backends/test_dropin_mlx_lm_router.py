@@ -86,7 +86,7 @@ def test_a_cache_class_is_routed_with_the_helpers_own_arrays_or_declined_by_name
     monkeypatch.setattr(OptimizedModel, "_program_arguments", spy)
     mx.random.seed(0)
     probe, kv = Probe(), CACHES[name](cache)
-    with optimize(probe, PIPELINE, strict=True) as opt:
+    with optimize(probe, PIPELINE, strict=True, min_keys=0) as opt:
         for rows, kind in STEPS:
             q = mx.random.normal((1, HEADS, rows, DIM))
             k, v = mx.random.normal((2, 1, KV_HEADS, rows, DIM))
@@ -165,7 +165,7 @@ def test_the_array_mask_branch_pads_the_mask_over_the_buffer():
 
     mx.random.seed(1)
     probe, kv = Probe(), KVCache()
-    with optimize(probe, PIPELINE, strict=True) as opt:
+    with optimize(probe, PIPELINE, strict=True, min_keys=0) as opt:
         probe(mx.random.normal((1, HEADS, 5, DIM)), *mx.random.normal((2, 1, KV_HEADS, 5, DIM)), kv, "causal")
         for kind in ("bool", "additive"):
             q = mx.random.normal((1, HEADS, 1, DIM))
@@ -191,7 +191,7 @@ def test_keys_not_fetched_in_this_call_or_a_changed_cache_are_declined():
     probe, kv = Probe(), KVCache()
     q = mx.random.normal((1, HEADS, 1, DIM))
     k, v = mx.random.normal((2, 1, KV_HEADS, 1, DIM))
-    with optimize(probe, PIPELINE, strict=True) as opt:
+    with optimize(probe, PIPELINE, strict=True, min_keys=0) as opt:
         probe(q, k, v, kv)
         keys, values, _ = probe.received
         probe(q, keys, values, kv, fetch=False)  # the very arrays, fetched in an earlier call
@@ -212,7 +212,7 @@ def test_sinks_on_a_quantized_cache_are_declined_and_mlx_lms_helper_refuses_them
     probe, kv = Probe(), QuantizedKVCache(group_size=64, bits=8)
     q = mx.random.normal((1, HEADS, 1, DIM))
     k, v = mx.random.normal((2, 1, KV_HEADS, 1, DIM))
-    with optimize(probe, PIPELINE, strict=True) as opt:
+    with optimize(probe, PIPELINE, strict=True, min_keys=0) as opt:
         with pytest.raises(ValueError, match="does not support attention sinks"):
             probe(q, k, v, kv, sinks=mx.zeros((HEADS,)))
     assert opt.routed == 0 and opt.declined == {QUANTIZED_SINKS: 1}
@@ -221,13 +221,14 @@ def test_sinks_on_a_quantized_cache_are_declined_and_mlx_lms_helper_refuses_them
 def test_a_short_half_float_quantized_call_is_declined_on_cpu_as_a_tie_with_mlx_lms_helper():
     """bfloat16 over a QuantizedKVCache: a cut under HALF_QUANTIZED_MIN_ROWS rows is declined (QUANTIZED_TIE,
     decided on the rewritten graph, never lowered), a longer one routed; float32, or a pipeline that widens the
-    call to float32, routed at any depth. Routed or declined (not widened), the output is mlx-lm's helper's, bit
+    call to float32, routed from MIN_KEYS' float32 minimum on (below it: SHORT_CONTEXT, the test above). Routed or declined (not widened), the output is mlx-lm's helper's, bit
     for bit. The tie itself is measured: benchmarks/mlx_lm_decode.py."""
     from mlx_lm.models import base
     from mlx_lm.models.cache import QuantizedKVCache
 
     from attnpass.backends.mlx import optimize
-    from attnpass.backends.mlx.lm import HALF_QUANTIZED_MIN_ROWS, QUANTIZED_TIE, buffer_rows
+    from attnpass.backends.mlx.lm import HALF_QUANTIZED_MIN_ROWS, MIN_KEYS, QUANTIZED_TIE, buffer_rows
+    from attnpass.ir import DType
     from tests.backends.lm_probe import SCALE, Probe
 
     widened = "raise-attention,decompose-sdpa{device=cpu,widen_quantized=true},dce"
@@ -257,12 +258,76 @@ def test_a_short_half_float_quantized_call_is_declined_on_cpu_as_a_tie_with_mlx_
         (entry,) = opt.quantized.specializations
         assert opt.routed == 0 and opt.declined == {QUANTIZED_TIE: 1}
         assert entry.reason == QUANTIZED_TIE and entry.program is None and not entry.compiled
-    for keys, dtype, pipeline in [(long, mx.bfloat16, PIPELINE), (100, mx.float32, PIPELINE)]:
+    float_min = MIN_KEYS[True, DType.float32]  # a cut of float_min rows: routed in float32
+    for keys, dtype, pipeline in [(long, mx.bfloat16, PIPELINE), (float_min, mx.float32, PIPELINE)]:
         out, expected, opt = decode(keys, dtype, pipeline)
         assert_bits_equal(raw(out), raw(expected))  # the routed program: mlx-lm's bits
         assert opt.routed == 1 and not opt.declined
-    _, _, opt = decode(100, pipeline=widened)  # float32 precision: not mlx-lm's bits (test_quantized_attention)
+    _, _, opt = decode(float_min, pipeline=widened)  # float32 precision: not mlx-lm's bits (test_quantized_attention)
     assert opt.routed == 1 and not opt.declined
+
+
+def test_a_short_context_call_is_declined_on_cpu_below_min_keys_and_routed_from_it():
+    """A decode step whose cut has fewer rows than MIN_KEYS gives its dtype on CPU (KVCache float32 and bfloat16,
+    a float32 QuantizedKVCache) is declined (SHORT_CONTEXT, decided on the rewritten graph: never lowered, counted,
+    shown by explain()) and is mlx-lm's helper, bit for bit; one at the minimum is routed. ``min_keys`` moves the
+    bound for every dtype (0: routed at any depth, as the exactness tests use it); it must be an int >= 0. The
+    per-call costs behind MIN_KEYS are measured: benchmarks/mlx_lm_decode.py, docs/benchmarks.md."""
+    import io
+
+    from mlx_lm.models import base
+    from mlx_lm.models.cache import KVCache, QuantizedKVCache
+
+    from attnpass.backends.mlx import optimize
+    from attnpass.backends.mlx.lm import MIN_KEYS, SHORT_CONTEXT, buffer_rows
+    from attnpass.ir import DType
+    from tests.backends.lm_probe import SCALE, Probe
+
+    def raw(a):  # the raw bits (bfloat16 as uint16)
+        return np.array(a.view(mx.uint16) if a.dtype == mx.bfloat16 else a)
+
+    def decode(keys: int, dtype, quantized: bool, min_keys: int | None = None):
+        """One decode step over ``keys`` keys: the optimized probe's output, mlx-lm's helper's, the handle, the
+        signature's entry."""
+        mx.random.seed(keys)
+        probe = Probe()
+        kv = QuantizedKVCache(group_size=64, bits=8) if quantized else KVCache()
+        kv.update_and_fetch(*mx.random.normal((2, 1, KV_HEADS, keys - 1, DIM)).astype(dtype))
+        q = mx.random.normal((1, HEADS, 1, DIM)).astype(dtype)
+        k, v = mx.random.normal((2, 1, KV_HEADS, 1, DIM)).astype(dtype)
+        with optimize(probe, PIPELINE, strict=True, min_keys=min_keys) as opt:
+            out = probe(mx.array(q), k, v, kv)  # a copy: mlx-lm's quantized helper scales its queries in place
+        received, values, _ = probe.received
+        expected = base.scaled_dot_product_attention(q, received, values, cache=kv, scale=SCALE, mask=None)
+        (entry,) = (opt.quantized if quantized else opt.compiled).specializations
+        return out, expected, opt, entry
+
+    for dtype, name, quantized in [(mx.float32, DType.float32, False), (mx.bfloat16, DType.bfloat16, False),
+                                   (mx.float32, DType.float32, True)]:  # fmt: skip
+        least = MIN_KEYS[quantized, name]
+        below, at = least - 32, least - 31  # cut to least - 32 and to least rows
+        assert buffer_rows(below, 1 << 20) < least == buffer_rows(at, 1 << 20)
+        out, expected, opt, entry = decode(below, dtype, quantized)
+        assert_bits_equal(raw(out), raw(expected))  # mlx-lm's helper itself
+        assert opt.routed == 0 and opt.declined == {SHORT_CONTEXT: 1}
+        assert entry.reason == SHORT_CONTEXT and entry.program is None and not entry.compiled
+        text = io.StringIO()
+        opt.explain(file=text)
+        assert (
+            f"declined: 1 x {SHORT_CONTEXT}" in text.getvalue()
+            and f"runs the original function: {SHORT_CONTEXT}" in text.getvalue()
+        )
+        out, expected, opt, entry = decode(at, dtype, quantized)
+        assert opt.routed == 1 and not opt.declined and entry.compiled
+        if dtype == mx.float32:  # the routed program gives mlx-lm's bits in float32 (bfloat16: test_dropin_mlx_lm)
+            assert_bits_equal(raw(out), raw(expected))
+        _, _, opt, _ = decode(below, dtype, quantized, min_keys=0)
+        assert opt.routed == 1 and not opt.declined
+        _, _, opt, _ = decode(at, dtype, quantized, min_keys=least + 1)
+        assert opt.routed == 0 and opt.declined == {SHORT_CONTEXT: 1}
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match=f"optimize: min_keys must be an int >= 0 .*got {bad!r}"):
+            optimize(Probe(), min_keys=bad)
 
 
 def mla_model(family: str, seed: int = 0, **config):
@@ -324,7 +389,7 @@ def test_mla_models_decode_exactly_as_without_optimize(family, config, reason):
 
     model = mla_model(family, **config)
     tokens, logprobs = greedy(model)
-    with optimize(model, strict=True) as opt:
+    with optimize(model, strict=True, min_keys=0) as opt:
         optimized_tokens, optimized_logprobs = greedy(model)
     assert optimized_tokens == tokens and len(set(tokens)) >= 3
     assert_bits_equal(optimized_logprobs, logprobs)  # every call declined: mlx-lm's helper, bit for bit
@@ -394,7 +459,7 @@ def test_attend_outside_the_model_routes_only_inside_active():
     mx.random.seed(3)
     q = mx.random.normal((1, HEADS, 1, DIM))
     k, v = mx.random.normal((2, 1, KV_HEADS, 1, DIM))
-    with optimize(Probe(), PIPELINE, strict=True) as opt:
+    with optimize(Probe(), PIPELINE, strict=True, min_keys=0) as opt:
         outside = KVCache()
         keys, values = outside.update_and_fetch(k, v)
         with opt.active():

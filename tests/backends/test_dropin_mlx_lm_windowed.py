@@ -52,7 +52,7 @@ def test_windowed_caches_are_routed_with_the_window_as_an_attribute(family, step
     windowed = [c for c in model.make_cache() if type(c) in (RotatingKVCache, ChunkedKVCache)]
     assert windowed and all(getattr(c, "max_size", None) or c.chunk_size for c in windowed)
     plain, plain_logprobs = greedy(model, step)
-    with optimize(model, WINDOWED, strict=True) as opt:
+    with optimize(model, WINDOWED, strict=True, min_keys=0) as opt:
         tokens, logprobs = greedy(model, step)
     assert tokens == plain
     assert np.abs(logprobs - plain_logprobs).max() <= 1e-4  # tiles sum over fewer keys: within f32 rounding
@@ -87,7 +87,7 @@ def test_the_ring_buffer_after_it_wraps_is_attended_as_it_is(sweep):
 
     OptimizedModel._program_arguments = spy
     try:
-        with optimize(model, WINDOWED, strict=True):
+        with optimize(model, WINDOWED, strict=True, min_keys=0):
             greedy(model, 2048)
     finally:
         OptimizedModel._program_arguments = arguments
@@ -110,7 +110,7 @@ def test_a_bool_mask_that_is_no_structure_stays_a_mask():
     q = mx.random.normal((1, 4, 6, 16))
     k, v = mx.random.normal((2, 1, 2, 6, 16))
     holed = mx.tril(mx.ones((6, 6), dtype=mx.bool_)) & (mx.arange(6)[None] != 2)  # rows 3..5: keys 0, 1, 3, ...
-    with optimize(probe, "raise-attention,decompose-sdpa{device=cpu},dce", strict=True) as opt:
+    with optimize(probe, "raise-attention,decompose-sdpa{device=cpu},dce", strict=True, min_keys=0) as opt:
         out = probe(q, k, v, kv, holed)
     keys, values, mask = probe.received
     expected = base.scaled_dot_product_attention(q, keys, values, cache=kv, scale=SCALE, mask=mask)
@@ -146,7 +146,7 @@ def test_the_cpu_default_pipeline_tiles_a_long_windowed_prefill_and_keeps_the_to
 
     plain, plain_logprobs = greedy()
     with optimize(model, "raise-attention," + format_pipeline(default_pipeline("cpu", keep_signature=True)),
-                  strict=True) as opt:  # fmt: skip
+                  strict=True, min_keys=0) as opt:  # fmt: skip
         tokens, logprobs = greedy()
     assert tokens == plain and np.abs(logprobs - plain_logprobs).max() <= 1e-4
     assert not opt.declined
