@@ -291,7 +291,14 @@ def test_a_model_without_the_shared_helper_is_refused():
 
 
 def test_the_example_generates_identical_texts(capsys):
-    assert load_example("mlx_lm_optimize").main(tokens=8, pipeline=CHUNKED)
+    assert load_example("mlx_lm_optimize").main(tokens=8, pipeline=CHUNKED, min_keys=0)
     out = capsys.readouterr().out
     assert out.count("identical with optimize") == 3 and "DIFFERENT" not in out
+    assert " 0 attention call(s) routed" not in out and out.count("attention call(s) routed") == 3
     assert "[head-chunk] applied" in out
+
+
+def test_the_example_routes_nothing_below_the_cpu_bound_and_says_why(capsys):
+    assert load_example("mlx_lm_optimize").main(tokens=8, dtype="float32")
+    out = capsys.readouterr().out
+    assert out.count(" 0 attention call(s) routed") == 3 and "fewer cache rows than the routed minimum" in out
