@@ -58,12 +58,11 @@ densely and makes no QSA call, so there is nothing of theirs to route.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
 from . import router, vlm
-from .router import ACTIVE, buffer_rows, fetch_recorder, first_rows
+from .router import ACTIVE, MLX_LM_CACHES, QWEN4_EXP, buffer_rows, classes, fetch_recorder, first_rows
 
 NO_ARRAY_MASK = "a BatchKVCache call without an array mask (the streams' left padding is only in the model's mask)"
 BLIND_ROW = (
@@ -74,14 +73,7 @@ BLIND_ROW = (
 
 def is_batch(cache: Any) -> bool:
     """Whether ``cache`` is exactly mlx-lm's ``BatchKVCache``."""
-    return type(cache) is _batch_cache()
-
-
-@functools.cache  # the class, looked up once (a decode step asks per call)
-def _batch_cache() -> type:
-    from mlx_lm.models.cache import BatchKVCache
-
-    return BatchKVCache
+    return type(cache) is classes(MLX_LM_CACHES, "BatchKVCache")[0]
 
 
 def written(cache: Any) -> int:
@@ -161,9 +153,7 @@ def arguments(queries: Any, cache: Any, mask: Any, pad: Callable[[Any, int], Any
 
 def is_qsa_batch(cache: Any) -> bool:
     """Whether ``cache`` is exactly mlx-vlm Qwen4-Exp's ``BatchQSAKVCache``."""
-    from mlx_vlm.models.qwen4_exp.language import BatchQSAKVCache
-
-    return type(cache) is BatchQSAKVCache
+    return type(cache) is classes(QWEN4_EXP, "BatchQSAKVCache")[0]
 
 
 def unprovable_qsa(

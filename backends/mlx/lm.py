@@ -106,7 +106,6 @@ texts part from there. Declined calls are mlx-lm's helper, bit for bit.
 
 from __future__ import annotations
 
-import functools
 import sys
 import threading
 from collections import Counter
@@ -127,9 +126,11 @@ from .compiled import MLXFrontend
 from .router import (
     ACTIVE,
     LOCK,
+    MLX_LM_CACHES,
     NOT_FETCHED,
     Call,
     buffer_rows,
+    classes,
     fetch_reason,
     first_rows,
     patch,
@@ -138,7 +139,8 @@ from .router import (
 )
 
 HELPER = "scaled_dot_product_attention"
-CACHES = "only KVCache, QuantizedKVCache, RotatingKVCache and ChunkedKVCache have a buffer to key signatures on"
+ROUTABLE = ("KVCache", "QuantizedKVCache", "RotatingKVCache", "ChunkedKVCache")  # mlx-lm's caches with a buffer
+CACHES = f"only {', '.join(ROUTABLE[:-1])} and {ROUTABLE[-1]} have a buffer to key signatures on"
 QUANTIZED_SINKS = "attention sinks on a QuantizedKVCache (mlx-lm's helper refuses them)"
 PREFILL_ROWS = 64  # more query rows on a KVCache: a prefill, given its own keys (one signature per length)
 FUSED = "the pipeline kept MLX's fused call: mlx-lm's helper runs it on the valid keys, without the buffer padding"
@@ -390,7 +392,9 @@ class OptimizedModel:
         if _quantized(cache):
             return self._quantized_arguments(queries, cache, mask)
         rows = queries.shape[2]
-        if cache is None or (rows > 1 and (type(cache) is not _kv_cache() or rows > PREFILL_ROWS)):
+        if cache is None or (
+            rows > 1 and (type(cache) is not classes(MLX_LM_CACHES, "KVCache")[0] or rows > PREFILL_ROWS)
+        ):
             if isinstance(mask, str):
                 return queries, keys, values, None, ("bottom_right", None, None, None)
             if mask is None or mask.dtype != mx.bool_:
@@ -502,27 +506,6 @@ class OptimizedModel:
         return f"<OptimizedModel {name} ({state}): {self.traces} trace(s), {self.routed} routed>"
 
 
-@functools.cache  # the class, looked up once (a decode step asks per call)
-def _kv_cache() -> type:
-    from mlx_lm.models.cache import KVCache
-
-    return KVCache
-
-
-@functools.cache  # the class, looked up once (a decode step asks per call)
-def _quantized_cache() -> type:
-    from mlx_lm.models.cache import QuantizedKVCache
-
-    return QuantizedKVCache
-
-
-@functools.cache  # the class, looked up once (a decode step asks per call)
-def _windowed() -> tuple[type, type]:
-    from mlx_lm.models.cache import ChunkedKVCache, RotatingKVCache
-
-    return RotatingKVCache, ChunkedKVCache
-
-
 def _unroutable(keys: Any, values: Any, cache: Any, mask: Any, sinks: Any, fetched: dict, masks: dict) -> str | None:
     """Why a call cannot take the program (None when it can): odd masks, caches, k/v not provably the cache's,
     sinks on a quantized cache."""
@@ -532,7 +515,7 @@ def _unroutable(keys: Any, values: Any, cache: Any, mask: Any, sinks: Any, fetch
         return None
     if batched.is_batch(cache):
         return batched.unroutable(keys, values, cache, mask, fetched, masks)
-    if type(cache) not in (_kv_cache(), _quantized_cache(), *_windowed()):
+    if type(cache) not in classes(MLX_LM_CACHES, *ROUTABLE):
         return f"{type(cache).__name__}: {CACHES}"
     reason = fetch_reason(keys, values, cache, fetched)
     if reason is not None:
@@ -554,7 +537,7 @@ def _rows(keys: Any) -> int:
 def _prefix_reason(keys: Any, cache: Any) -> str | None:
     """None when ``keys`` (the cache's last fetch) are its buffer's first ``keys.shape[2]`` rows, by the cache's
     own ``update_and_fetch``; else why not."""
-    rotating, chunked = _windowed()
+    rotating, chunked = classes(MLX_LM_CACHES, "RotatingKVCache", "ChunkedKVCache")
     n, length = _rows(keys), _rows(cache.keys)
     if type(cache) is rotating:  # keys_and_values: the buffer, or its first offset rows while it is longer
         held = keys is cache.keys or n == cache.offset < length
@@ -687,7 +670,7 @@ def _patches(optimized: OptimizedModel) -> list[tuple[Any, str, Any]]:
     if optimized.modules:
         from mlx_lm.models.cache import BatchKVCache
 
-        found += [(cls, "update_and_fetch", record_fetch) for cls in (_kv_cache(), _quantized_cache(), *_windowed())]
+        found += [(cls, "update_and_fetch", record_fetch) for cls in classes(MLX_LM_CACHES, *ROUTABLE)]
         found.append((BatchKVCache, "update_and_fetch", batched.record_fetch))
         found.append((BatchKVCache, "make_mask", batched.record_mask))
     found += [(sys.modules[n], vlm.NAME, lambda _: route_qsa) for n in optimized.qsa_modules]

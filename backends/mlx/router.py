@@ -8,6 +8,8 @@ in this model call (recorded by :func:`record_fetch`).
 
 from __future__ import annotations
 
+import functools
+import importlib
 import threading
 from collections.abc import Callable
 from contextvars import ContextVar
@@ -18,6 +20,17 @@ NOT_FETCHED = (
     "keys/values are not the arrays this cache's update_and_fetch returned in this model call "
     "(e.g. MLA builds them from a cached latent)"
 )
+
+
+MLX_LM_CACHES = "mlx_lm.models.cache"
+QWEN4_EXP = "mlx_vlm.models.qwen4_exp.language"
+
+
+@functools.cache  # imported once: a decode step asks per call
+def classes(module: str, *names: str) -> tuple[type, ...]:
+    """The classes ``names`` of ``module`` (a model library's caches), imported when first asked."""
+    found = importlib.import_module(module)
+    return tuple(getattr(found, name) for name in names)
 
 
 @dataclass(frozen=True)

@@ -96,7 +96,7 @@ from attnpass.passes import Pass, QSAGather
 
 from ..specialize import CompiledFunction, Specialization, Traceable, as_passes, wrapper_pipeline
 from .compiled import MLXFrontend
-from .router import ACTIVE, fetch_reason
+from .router import ACTIVE, QWEN4_EXP, classes, fetch_reason
 
 NAME = "dispatch_qsa_attention"
 SELECTION = "selection"
@@ -174,9 +174,7 @@ def original() -> Callable[..., Any]:
 
 def is_quantized(cache: Any) -> bool:
     """Whether ``cache`` is exactly mlx-vlm Qwen4-Exp's ``QSAQuantizedKVCache`` (K/V packed, indexer float)."""
-    from mlx_vlm.models.qwen4_exp.language import QSAQuantizedKVCache
-
-    return type(cache) is QSAQuantizedKVCache
+    return type(cache) is classes(QWEN4_EXP, "QSAQuantizedKVCache")[0]
 
 
 def routed_modules(names: Sequence[str], route: Callable[..., Any]) -> list[str]:
@@ -284,9 +282,7 @@ def unprovable(
     causal: bool, mask: Any, allow_sparse_decode: bool, fetched: dict, selections: dict,
 ) -> str | None:  # fmt: skip
     """Why a QSA call cannot take the program (None when it can): see the module docstring's proofs."""
-    from mlx_vlm.models.qwen4_exp.language import QSAKVCache, QSAQuantizedKVCache
-
-    if type(cache) not in (QSAKVCache, QSAQuantizedKVCache):
+    if type(cache) not in classes(QWEN4_EXP, "QSAKVCache", "QSAQuantizedKVCache"):
         return f"{type(cache).__name__}: {CACHES}"
     reason = model_keeps(queries, keys, values, blocks, query_ends, block_size, causal, mask, allow_sparse_decode)
     if reason is not None:
