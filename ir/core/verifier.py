@@ -141,7 +141,7 @@ def _check_types(graph: "Graph", fresh: set[str]) -> None:
     # earliest node's): on a pass's copy that is a few nodes of thousands.
     inferred_for: dict[tuple, tuple[dict, TensorType]] = {}
     mesh, nodes = graph.mesh_axes, graph._nodes
-    graph._topological_order()
+    graph._topological_order()  # _position (cached: _check_structure computed it)
     looked_at = fresh | {name for name, n in nodes.items() if n.sharding is not None}
     for n in [nodes[name] for name in sorted(looked_at, key=graph._position.__getitem__)]:
         if n.name in fresh:
@@ -166,10 +166,9 @@ def _check_types(graph: "Graph", fresh: set[str]) -> None:
                     graph, n, f"{n.op} {n.name}: annotated type {n.type} but the shape rule gives {inferred}"
                 )
             graph._accepted[n.name] = (n, operand_nodes)
-        if n.sharding is not None:
-            problem = sharding_problem(n, mesh)
-            if problem:
-                raise node_error(graph, n, f"{n.op} {n.name}: {problem}")
+        problem = sharding_problem(n, mesh)  # None for an unannotated (fresh) node
+        if problem:
+            raise node_error(graph, n, f"{n.op} {n.name}: {problem}")
 
 
 def _inference_key(node: "Node", operands: tuple[TensorType, ...]) -> tuple | None:
