@@ -7,26 +7,29 @@ values through mlx-lm's own ``KVCache.update_and_fetch`` (the prefill is
 excluded) and, for each ``--kv-bits`` width other than 0, quantized by mlx-lm's
 ``to_quantized`` (group size 64: the ``QuantizedKVCache`` that ``kv_bits`` with
 ``quantized_kv_start=0`` decodes on), then ``mlx_lm.generate.generate_step``
-decodes ``--tokens`` tokens greedily. ``--batched`` adds a row per context for
+decodes greedily. ``--batched`` adds a row per context for
 batched generation: a ``BatchKVCache`` of 3 streams left-padded by 0, 5 and 11
 rows, decoded by mlx-lm's ``GenerationBatch.next`` (``batch_generate``'s decode
 step; tokens/s counts every stream's tokens). The first token (which pays any
-trace) is not timed. The plain and the optimized model alternate within every
-repetition (in alternating order) and the table reports medians, their ratio
+trace) is not timed. Each of ``--reps`` repetitions fills fresh caches for the
+plain and the optimized model, which then decode in turn, ``--bursts`` bursts of
+``--tokens`` steps each, the order alternating: a pair of bursts covers the same
+positions moments apart, under the same load. The table reports the medians of
+the bursts' tokens/s, their ratio, the median of the pairs' ratios (paired)
 and the spread (min-max) of each, then the breakdown: one layer's decode
 attention call at that context, mlx-lm's helper over the valid keys vs the
 routed attnpass program (for a declined signature: the helper behind the
-router's checks, which is then all the column measures), and the minimum ratio over all rows against the
+router's checks, which is then all the column measures), and the minimum of each ratio over all rows against the
 0.95 floor (issue 21: never below 0.95x plain). ``--min-keys 0`` routes every
 depth (optimize's ``min_keys``; by default a short context keeps mlx-lm's helper
-on CPU, ``SHORT_CONTEXT``): with ``--tokens 1 --reps 1 --call-reps 41`` the
+on CPU, ``SHORT_CONTEXT``): with ``--tokens 1 --reps 1 --bursts 1 --call-reps 41`` the
 breakdown alone measures the per-call costs behind ``MIN_KEYS``. The two models have the same
 weights (same seed); one ``optimize`` handle per dtype serves the whole run,
 so the trace counts are its totals after each row (the breakdown's calls
 count as routed). The load average is printed before and after: on a busy
 machine compare ratios, not absolute rates.
 
-    python benchmarks/mlx_lm_decode.py [--contexts 1024 8192 32768] [--tokens 16] [--reps 5]
+    python benchmarks/mlx_lm_decode.py [--contexts 1024 8192 32768] [--tokens 16] [--reps 5] [--bursts 4]
         [--dtype bfloat16 float32] [--kv-bits 0 4 8] [--batched] [--pipeline TEXT] [--quick]
         [--min-keys N] [--call-reps 7]
 """
@@ -37,12 +40,14 @@ import argparse
 import os
 import statistics
 import time
+from collections.abc import Callable
 
 import mlx.core as mx
-from mlx_lm.generate import GenerationBatch, StopSequences, generate_step
+from mlx_lm.generate import GenerationBatch, StopSequences, generate_step, generation_stream
 from mlx_lm.models import base
 from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
 from mlx_lm.sample_utils import make_sampler
+from paired import floor_lines, medians_ratio, paired_bursts, paired_ratio
 
 from attnpass.backends.mlx import optimize
 from attnpass.models import tiny_lm
@@ -66,9 +71,10 @@ def filled_cache(model, context: int, dtype, kind: int | str = 0) -> list:
     return cache
 
 
-def decode_rate(model, cache: list, tokens: int) -> float:
-    """Tokens/s of ``tokens`` decode steps after the first: ``generate_step``, or for a ``BatchKVCache``
-    ``GenerationBatch.next`` (tokens of every stream)."""
+def decoder(model, cache: list, tokens: int) -> Callable[[], int]:
+    """A function running one decode step of ``model`` on ``cache`` and returning the tokens it gave, after the
+    first step (which pays any trace) has run: ``generate_step``, or for a ``BatchKVCache`` ``GenerationBatch.next``
+    (a token of every stream). At most ``tokens`` steps."""
     if isinstance(cache[0], BatchKVCache):
         streams = len(PADDING)
         batch = GenerationBatch(  # its constructor runs the first step
@@ -77,14 +83,23 @@ def decode_rate(model, cache: list, tokens: int) -> float:
             logits_processors=[[] for _ in range(streams)], stop_sequences=[StopSequences()] * streams,
             max_tokens=[tokens + 2] * streams,
         )  # fmt: skip
-        start = time.perf_counter()
-        count = sum(len(batch.next()) for _ in range(tokens))
-        return count / (time.perf_counter() - start)
+        return lambda: len(batch.next())
     steps = generate_step(mx.array([7]), model, prompt_cache=cache, max_tokens=tokens + 1)
     next(steps)
-    start = time.perf_counter()
-    count = sum(1 for _ in steps)
-    return count / (time.perf_counter() - start)
+
+    def one() -> int:
+        next(steps)
+        return 1
+
+    return one
+
+
+def paired_rates(models: dict, context: int, dtype, kind: int | str, tokens: int, bursts: int, rep: int) -> dict:
+    """Tokens/s of each model per burst of ``tokens`` decode steps from fresh caches of ``context`` tokens, the two
+    in turn (:func:`paired.paired_bursts`); after each burst the generation stream is synchronized, untimed (the
+    step a burst leaves in flight is no other burst's)."""
+    steps = {v: decoder(m, filled_cache(m, context, dtype, kind), tokens * bursts) for v, m in models.items()}
+    return paired_bursts(steps, tokens, bursts, rep, lambda: mx.synchronize(generation_stream))
 
 
 def attention_ms(model, opt, context: int, dtype, kind: int | str = 0, repeats: int = 7) -> dict[str, float]:
@@ -120,7 +135,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--contexts", type=int, nargs="+", default=[1024, 8192, 32768])
     parser.add_argument("--tokens", type=int, default=16)
-    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--reps", type=int, default=5, help="repetitions, each from fresh caches")
+    parser.add_argument("--bursts", type=int, default=4, help="bursts of --tokens steps per model and repetition")
     parser.add_argument("--dtype", nargs="+", default=["bfloat16"], choices=["bfloat16", "float16", "float32"])
     parser.add_argument(
         "--kv-bits", type=int, nargs="+", default=[0], choices=[0, 4, 8], help="cache widths (0: unquantized)"
@@ -129,10 +145,10 @@ def main() -> None:
     parser.add_argument("--pipeline", default=None, help="attnpass pipeline text (default: the device's)")
     parser.add_argument("--min-keys", type=int, default=None, help="optimize's min_keys (default: MIN_KEYS on CPU)")
     parser.add_argument("--call-reps", type=int, default=7, help="repetitions of the per-call breakdown")
-    parser.add_argument("--quick", action="store_true", help="contexts 256 and 1024, 4 tokens, 1 repetition")
+    parser.add_argument("--quick", action="store_true", help="contexts 256 and 1024, 1 repetition of 2 bursts of 4")
     args = parser.parse_args()
     if args.quick:
-        args.contexts, args.tokens, args.reps = [256, 1024], 4, 1
+        args.contexts, args.tokens, args.reps, args.bursts = [256, 1024], 4, 1, 2
     kinds = [*args.kv_bits, *([BATCH] if args.batched else [])]
     print(f"mlx {mx.__version__}, device {mx.default_device()}")
     print(f"load average before: {load()}")
@@ -148,32 +164,32 @@ def main() -> None:
             for context in args.contexts:
                 rates: dict[str, list[float]] = {"plain": [], "optimize": []}
                 for rep in range(args.reps):
-                    for variant in ("plain", "optimize") if rep % 2 == 0 else ("optimize", "plain"):
-                        cache = filled_cache(models[variant], context, dtype, kind)
-                        rates[variant].append(decode_rate(models[variant], cache, args.tokens))
+                    for variant, burst in paired_rates(
+                        models, context, dtype, kind, args.tokens, args.bursts, rep
+                    ).items():
+                        rates[variant] += burst
                 ms = attention_ms(models["optimize"], opt, context, dtype, kind, args.call_reps)
                 rows.append((name, kind, context, rates, ms, opt.traces))
                 plain, fast = (statistics.median(rates[v]) for v in rates)
                 print(
                     f"  {name} {cache_name(kind)} context {context}: plain {plain:.2f}, optimize {fast:.2f} tok/s: "
-                    f"x{fast / plain:.2f}",
+                    f"x{fast / plain:.2f} (paired x{paired_ratio(rates):.2f})",
                     flush=True,
                 )
     print(f"load average after: {load()}\n")
     head = f"{'dtype':>8} {'cache':>7} {'context':>8} {'plain tok/s':>20} {'optimize tok/s':>20} {'ratio':>6}"
-    print(f"{head} {'attention ms':>17} {'traces':>7}")
+    print(f"{head} {'paired':>6} {'attention ms':>17} {'traces':>7}")
     blank = f"{'':>8} {'':>7} {'':>8}"
-    print(f"{blank} {'median (min-max)':>20} {'median (min-max)':>20} {'':>6} {'plain  optimize':>17}")
-    ratios = []
+    print(f"{blank} {'median (min-max)':>20} {'median (min-max)':>20} {'':>6} {'':>6} {'plain  optimize':>17}")
+    ratios, paired = [], []
     for name, kind, context, rates, ms, traces in rows:
-        plain, fast = (statistics.median(rates[v]) for v in rates)
-        ratios.append(fast / plain)
+        ratios.append(medians_ratio(rates))
+        paired.append(paired_ratio(rates))
         cells = [f"{statistics.median(r):.2f} ({min(r):.2f}-{max(r):.2f})" for r in rates.values()]
         attention = f"{ms['plain']:.2f} {ms['optimize']:>9.2f}"
-        line = f"{name:>8} {cache_name(kind):>7} {context:>8} {cells[0]:>20} {cells[1]:>20} {fast / plain:>6.2f}"
-        print(f"{line} {attention:>17} {traces:>7}")
-    floor = min(ratios)
-    print(f"\nminimum ratio {floor:.2f}: {'at or above' if floor >= 0.95 else 'BELOW'} the 0.95 floor\n")
+        line = f"{name:>8} {cache_name(kind):>7} {context:>8} {cells[0]:>20} {cells[1]:>20} {ratios[-1]:>6.2f}"
+        print(f"{line} {paired[-1]:>6.2f} {attention:>17} {traces:>7}")
+    print(f"\n{floor_lines(paired, ratios)}\n")
     for name, opt in handles:
         print(f"{name}: pipeline {opt.compiled.pipeline}")
         opt.explain()

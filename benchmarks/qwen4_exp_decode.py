@@ -49,10 +49,12 @@ import statistics
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
+from typing import Any
 
 import mlx.core as mx
 from mlx_vlm.models.qwen4_exp import config as vlm_config
 from mlx_vlm.models.qwen4_exp import language
+from paired import floor_lines, medians_ratio, paired_bursts, paired_ratio
 
 from attnpass.backends.mlx import optimize
 
@@ -139,16 +141,26 @@ def batched_cache(model, states: list[list]) -> list:
     return [type(layer[0]).merge(list(layer)) for layer in zip(*streams)]
 
 
-def decode_rate(model, cache: list, tokens: int, streams: int = 1) -> float:
-    """Tokens/s (all streams) of ``tokens`` greedy single-token calls after one untimed step."""
+def decoder(model, cache: list, streams: int = 1) -> Callable[[], int]:
+    """A function running one greedy single-token model call (evaluated) and returning the tokens it gave (one per
+    stream), after one untimed step."""
     token = mx.full((streams, 1), 7, dtype=mx.int32)
-    token = mx.argmax(model(token, cache=cache).logits[:, -1:], axis=-1)
-    mx.eval(token)
-    start = time.perf_counter()
-    for _ in range(tokens):
+
+    def step() -> int:
+        nonlocal token
         token = mx.argmax(model(token, cache=cache).logits[:, -1:], axis=-1)
         mx.eval(token)
-    return streams * tokens / (time.perf_counter() - start)
+        return streams
+
+    step()
+    return step
+
+
+def paired_rates(models: dict, caches: Callable[[Any], list], args: argparse.Namespace, rep: int, streams: int = 1):
+    """Tokens/s of each model per burst of ``args.tokens`` steps from fresh caches (``caches(model)``), the two in
+    turn (:func:`paired.paired_bursts`; each step is evaluated, nothing is left in flight)."""
+    steps = {variant: decoder(model, caches(model), streams) for variant, model in models.items()}
+    return paired_bursts(steps, args.tokens, args.bursts, rep, lambda: None)
 
 
 def breakdown(
@@ -200,20 +212,16 @@ def batched_rates(models: dict, dtype, args: argparse.Namespace) -> dict[str, li
     states = [snapshot(models["plain"], args.batch_depth, dtype, seed=1 + s) for s in range(args.streams)]
     rates: dict[str, list[float]] = {"plain": [], "optimize": []}
     for rep in range(args.reps):
-        for variant in ("plain", "optimize") if rep % 2 == 0 else ("optimize", "plain"):
-            cache = batched_cache(models[variant], states)
-            rates[variant].append(decode_rate(models[variant], cache, args.tokens, args.streams))
-    print(f"  {args.streams} streams at depth {args.batch_depth}: x{ratio(rates):.2f}", flush=True)
+        caches = lambda model: batched_cache(model, states)  # noqa: E731
+        for variant, burst in paired_rates(models, caches, args, rep, args.streams).items():
+            rates[variant] += burst
+    print(f"  {args.streams} streams at depth {args.batch_depth}: x{paired_ratio(rates):.2f}", flush=True)
     return rates
 
 
 def kind_name(bits: int | None, dtype_name: str) -> str:
     """The cache column: the float dtype, or the bit width of a quantized cache."""
     return dtype_name if bits is None else f"{bits}-bit"
-
-
-def ratio(rates: dict[str, list[float]]) -> float:
-    return statistics.median(rates["optimize"]) / statistics.median(rates["plain"])
 
 
 def load() -> str:
@@ -231,7 +239,7 @@ def run(dtype_name: str, args: argparse.Namespace) -> None:
               f"({qsa} QSA), pipeline {opt.qsa.pipeline}")  # fmt: skip
         print(f"load average before: {load()}")
         for model in models.values():  # mlx-vlm's compiled helpers are traced on first use: not in a timed run
-            decode_rate(model, filled_cache(model, snapshot(model, 64, dtype)), 2)
+            decoder(model, filled_cache(model, snapshot(model, 64, dtype)))()
         rows = []
         kinds = [None, *args.kv_bits]  # the float cache, then each quantized one
         for depth in args.depths:
@@ -239,35 +247,35 @@ def run(dtype_name: str, args: argparse.Namespace) -> None:
             for bits in kinds:
                 rates: dict[str, list[float]] = {"plain": [], "optimize": []}
                 for rep in range(args.reps):
-                    for variant in ("plain", "optimize") if rep % 2 == 0 else ("optimize", "plain"):
-                        cache = filled_cache(models[variant], states, bits, args.kv_group_size)
-                        rates[variant].append(decode_rate(models[variant], cache, args.tokens))
-                        del cache
+                    caches = lambda model, s=states, b=bits: filled_cache(model, s, b, args.kv_group_size)  # noqa: E731
+                    for variant, burst in paired_rates(models, caches, args, rep).items():
+                        rates[variant] += burst
                 parts = breakdown(models["optimize"], opt, states, dtype, bits, args.kv_group_size)
                 rows.append((depth, kind_name(bits, dtype_name), rates, parts))
                 plain, fast = (statistics.median(rates[v]) for v in rates)
                 print(f"  depth {depth}, {kind_name(bits, dtype_name)} cache: plain {plain:.2f}, optimize {fast:.2f} "
-                      f"tok/s: x{fast / plain:.2f}", flush=True)  # fmt: skip
+                      f"tok/s: x{fast / plain:.2f} (paired x{paired_ratio(rates):.2f})", flush=True)  # fmt: skip
             del states
         batch = batched_rates(models, dtype, args) if args.streams > 1 else None
         print(f"load average after: {load()}\n")
-        print(f"{'depth':>7} {'cache':>6} {'plain tok/s':>20} {'optimize tok/s':>20} {'ratio':>6}   "
+        print(f"{'depth':>7} {'cache':>6} {'plain tok/s':>20} {'optimize tok/s':>20} {'ratio':>6} {'paired':>6}   "
               "QSA layer ms (plain / optimize)")  # fmt: skip
-        print(f"{'':>7} {'':>6} {'median (min-max)':>20} {'median (min-max)':>20} {'':>6}   "
+        print(f"{'':>7} {'':>6} {'median (min-max)':>20} {'median (min-max)':>20} {'':>6} {'':>6}   "
               "select, qkv+update, attention")  # fmt: skip
         for depth, kind, rates, parts in rows:
-            plain, fast = (statistics.median(rates[v]) for v in rates)
             cells = [f"{statistics.median(r):.2f} ({min(r):.2f}-{max(r):.2f})" for r in rates.values()]
             split = "dense: within the budget, no QSA call"
             if parts is not None:
                 split = ", ".join(f"{parts['plain'][p]:.1f} / {parts['optimize'][p]:.1f}" for p in parts["plain"])
-            print(f"{depth:>7} {kind:>6} {cells[0]:>20} {cells[1]:>20} {fast / plain:>6.2f}   {split}")
+            print(f"{depth:>7} {kind:>6} {cells[0]:>20} {cells[1]:>20} {medians_ratio(rates):>6.2f} "
+                  f"{paired_ratio(rates):>6.2f}   {split}")  # fmt: skip
+        print(f"\n{floor_lines([paired_ratio(r) for *_, r, _ in rows], [medians_ratio(r) for *_, r, _ in rows])}")
         if batch is not None:
             single = {depth: rates for depth, kind, rates, _ in rows if kind == dtype_name}.get(args.batch_depth)
-            one = "" if single is None else f" (one stream: x{ratio(single):.2f})"
+            one = "" if single is None else f" (one stream: x{paired_ratio(single):.2f})"
             cells = [f"{statistics.median(r):.2f} ({min(r):.2f}-{max(r):.2f})" for r in batch.values()]
             print(f"{args.streams} streams at depth {args.batch_depth}, tok/s of all streams: plain {cells[0]}, "
-                  f"optimize {cells[1]}: x{ratio(batch):.2f}{one}")  # fmt: skip
+                  f"optimize {cells[1]}: x{paired_ratio(batch):.2f}{one}")  # fmt: skip
         print(f"\nrouted {opt.routed}, declined {dict(opt.declined)}, traces {opt.traces}")
         opt.restore()
     finally:
@@ -279,7 +287,8 @@ def main() -> None:
     parser.add_argument("--depths", type=int, nargs="+", default=[1024, 8192, 32768])
     parser.add_argument("--long", action="store_true", help="add depth 131072")
     parser.add_argument("--tokens", type=int, default=8)
-    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--reps", type=int, default=3, help="repetitions, each from fresh caches")
+    parser.add_argument("--bursts", type=int, default=2, help="bursts of --tokens steps per model and repetition")
     parser.add_argument("--dtype", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--kv-bits", type=int, nargs="*", default=[], help="quantized cache columns (e.g. 8)")
