@@ -36,7 +36,7 @@ PAGES = {
         ("mlx.core", "mlx_lm"),
         prints=(
             "attnpass.backends.mlx.compile(decode): 1 signature(s) cached, 1 trace(s)",
-            "<OptimizedModel Model (restored): 2 trace(s), 0 routed>",  # on CPU: every call under MIN_KEYS
+            "<OptimizedModel Model (restored): 1 trace(s), 0 routed>",  # on CPU: every call under MIN_KEYS
             "declined: 36 x fewer cache rows than the routed minimum",
         ),
     ),

@@ -89,7 +89,10 @@ signatures whose rewritten graph is still one MLX fused call (:data:`FUSED`:
 the helper computes the same on the valid keys, without the buffer padding),
 short half-float quantized signatures on CPU (:data:`QUANTIZED_TIE`), and, on CPU, signatures whose
 keys are fewer rows than :data:`MIN_KEYS` gives their dtype (:data:`SHORT_CONTEXT`: a short context's
-program costs more per call than mlx-lm's helper over the valid keys; ``optimize(min_keys=)`` sets the bound).
+program costs more per call than mlx-lm's helper over the valid keys; ``optimize(min_keys=)`` sets the bound); once the first signature of a dtype and cache kind
+has found its bound, a call of that kind whose cut is shorter is declined before its arguments are built or its
+signature looked up (:meth:`OptimizedModel._known_short`: a declined decode step costs the helper and the
+router's checks).
 Attention sinks (gpt_oss) are an input of the program. A ``FUSED`` signature
 is decided after the pipeline, before lowering: it is never compiled, and as
 every signature, built once. So a model is only as fast as the pipeline's
@@ -144,7 +147,7 @@ CACHES = f"only {', '.join(ROUTABLE[:-1])} and {ROUTABLE[-1]} have a buffer to k
 QUANTIZED_SINKS = "attention sinks on a QuantizedKVCache (mlx-lm's helper refuses them)"
 PREFILL_ROWS = 64  # more query rows on a KVCache: a prefill, given its own keys (one signature per length)
 FUSED = "the pipeline kept MLX's fused call: mlx-lm's helper runs it on the valid keys, without the buffer padding"
-HALF_QUANTIZED_MIN_ROWS = 2048  # below: a half-float quantized_sdpa ties mlx-lm's helper on CPU (measured)
+HALF_QUANTIZED_MIN_ROWS = 8192  # below: a half-float quantized_sdpa ties mlx-lm's helper on CPU (measured)
 # On CPU, (over a quantized cache, the call's precision) -> the fewest key rows (of the program's cut) routed:
 # fewer, and the program costs more per call than mlx-lm's helper over the valid keys (measured per call,
 # benchmarks/mlx_lm_decode.py's breakdown; docs/benchmarks.md, issue 21's short contexts). float16 as bfloat16.
@@ -159,8 +162,8 @@ MIN_KEYS: dict[tuple[bool, DType], int] = {
 QUANTIZED_TIE = (
     f"a half-float quantized_sdpa over fewer than {HALF_QUANTIZED_MIN_ROWS} cache rows on CPU: MLX's CPU "
     "quantized_matmul adds half-float products one by one, so the GQA-folded program only ties mlx-lm's helper "
-    "there (bf16, 1K keys: 30.8 vs 30.5 ms per call at 8 bits, 29.7 vs 30.4 at 4 bits; 1.07-1.08x at 2K) and "
-    "would add its cut's padding rows: mlx-lm's helper runs it"
+    "there (bf16, per call, the helper's time over the program's: 2K 0.98-1.00x, 4K 0.88-1.05x; 8K and 16K "
+    "0.99-1.03x at 4 bits, 1.11-1.16x at 8) and would add its cut's padding rows: mlx-lm's helper runs it"
 )
 SHORT_CONTEXT = (
     f"fewer cache rows than the routed minimum (on CPU by default MIN_KEYS: float32 "
@@ -170,6 +173,7 @@ SHORT_CONTEXT = (
     "the valid keys, so the helper runs it"
 )
 DECLINES = (FUSED, QUANTIZED_TIE, SHORT_CONTEXT)  # decided per signature on the rewritten graph: not failures
+Bounds = dict[tuple[bool, str], tuple[int, str]]  # (quantized, dtype name) -> (fewest key rows routed, else why)
 Structure = tuple[str, "int | None", "int | None", "int | None"]  # (causal, left, right, chunk) of a sdpa
 ENTRY_POINTS = ("__call__", "_speculative_verify")  # the model's methods that run its layers (MTP verify: mlx-vlm)
 
@@ -253,20 +257,21 @@ def _precision(graph: Graph) -> DType:
 
 
 def _too_short(
-    quantized: bool, min_keys: int | None, table: dict[tuple[bool, DType], int]
+    quantized: bool, min_keys: int | None, table: dict[tuple[bool, DType], int], bounds: Bounds
 ) -> Callable[[Graph], str | None]:
     """The decline of a signature whose keys (the second input: the cut's rows, or a quantized cache's words)
     are fewer than ``min_keys`` rows, or when it is None than ``table`` gives for the call (:data:`MIN_KEYS` on
     CPU): :data:`QUANTIZED_TIE` for a half-float quantized call by the table, :data:`SHORT_CONTEXT` else; None
-    when routed."""
+    when routed. Each decision records the bound and its reason in ``bounds``, by (quantized, the queries'
+    dtype): the bound depends on the call's kind and precision only, which its dtype decides in a pipeline."""
 
     def decline(graph: Graph) -> str | None:
         dtype = _precision(graph)
         least = table.get((quantized, dtype), 0) if min_keys is None else min_keys
-        if graph.node(graph.inputs[1]).type.shape[2] >= least:
-            return None
         half = quantized and dtype is not DType.float32
-        return QUANTIZED_TIE if half and min_keys is None else SHORT_CONTEXT
+        reason = QUANTIZED_TIE if half and min_keys is None else SHORT_CONTEXT
+        bounds[quantized, graph.node(graph.inputs[0]).type.dtype.value] = (least, reason)
+        return None if graph.node(graph.inputs[1]).type.shape[2] >= least else reason
 
     return decline
 
@@ -290,6 +295,7 @@ class OptimizedModel:
         self, model: Any, compiled: CompiledFunction | None, modules: Sequence[str],
         qsa: CompiledFunction | None = None, qsa_modules: Sequence[str] = (),
         quantized: CompiledFunction | None = None, qsa_quantized: CompiledFunction | None = None,
+        bounds: Bounds | None = None,
     ) -> None:  # fmt: skip
         self.model = model
         self.compiled = compiled
@@ -306,6 +312,7 @@ class OptimizedModel:
         self._last_mask: tuple[tuple, Any] | None = None  # every layer of a step shares its mask
         self._last_structure: tuple[Any, tuple[int, Structure] | None] | None = None
         self._restored = False
+        self.bounds: Bounds = {} if bounds is None else bounds  # filled by the programs' _too_short declines
 
     @property
     def traces(self) -> int:
@@ -331,6 +338,7 @@ class OptimizedModel:
         call = ACTIVE.get()
         fetched, masks = (call.fetched, call.masks) if call is not None and call.model is self else ({}, {})
         reason = _unroutable(keys, values, cache, mask, sinks, fetched, masks)
+        reason = reason or self._known_short(queries, keys, cache)
         if reason is None:
             args = self._program_arguments(queries, keys, values, cache, mask)
             if _quantized(cache):
@@ -349,6 +357,21 @@ class OptimizedModel:
         with self._lock:
             self.declined[reason] += 1
         return _helper()(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
+
+    def _known_short(self, queries: Any, keys: Any, cache: Any) -> str | None:
+        """The :data:`SHORT_CONTEXT` or :data:`QUANTIZED_TIE` decline of a call whose program would get fewer key rows than the bound its dtype and
+        cache kind were found to have (:func:`_too_short`, when its first signature was decided), decided before
+        its arguments are built or its signature looked up (a declined call then costs little more than mlx-lm's
+        helper); None when not known to be too short.
+
+        A program's key rows are at most the cut of the cache's buffer (:func:`buffer_rows`), or the call's own
+        keys without a cache."""
+        known = self.bounds.get((_quantized(cache), _dtype_name(queries.dtype)))
+        if known is None:
+            return None
+        n = _rows(keys)
+        most = n if cache is None else buffer_rows(n, _rows(cache.keys))
+        return known[1] if most < known[0] else None
 
     def attend_qsa(self, queries: Any, keys: Any, values: Any, blocks: Any, query_ends: Any, **options: Any) -> Any:
         """One QSA call of the model: the gather program over its own selection, or its dispatch when declined."""
@@ -555,6 +578,11 @@ def _quantized(cache: Any) -> bool:
     return cache is not None and isinstance(cache.keys, (tuple, list))
 
 
+def _dtype_name(dtype: Any) -> str:
+    """An MLX dtype's name as the IR's :class:`DType` value: ``mlx.core.bfloat16`` -> ``bfloat16``."""
+    return str(dtype).rsplit(".", 1)[-1]
+
+
 def _words(array: Any) -> Any:
     """A program argument: packed uint32 words as int32 of the same bits (the IR's type), the rest as they are."""
     import mlx.core as mx
@@ -622,22 +650,23 @@ def optimize(
         require_int("optimize", "min_keys", min_keys, minimum=0, meaning="or None: MIN_KEYS on CPU")
     options = {"strict": strict, "max_signatures": max_signatures}
     compiled = qsa = quantized = qsa_quantized = None
+    bounds: Bounds = {}
     if routed:
         frontend = MLXFrontend()
         table = MIN_KEYS if frontend.device() == "cpu" else {}
-        short = _too_short(False, min_keys, table)
+        short = _too_short(False, min_keys, table, bounds)
         compiled = CompiledFunction(
             attention, frontend, pipeline=pipeline, **options, name="attnpass.backends.mlx.compile",
             decline=lambda graph: _kept_fused(graph) or short(graph),
         )  # fmt: skip
         quantized = CompiledFunction(
             quantized_attention, MLXFrontend(), pipeline=pipeline, **options, name="attnpass.backends.mlx.compile",
-            decline=_too_short(True, min_keys, table),
+            decline=_too_short(True, min_keys, table, bounds),
         )  # fmt: skip
     if qsa_routed:
         qsa = vlm.programs(pipeline, **options)
         qsa_quantized = vlm.programs(pipeline, **options, fn=vlm.qsa_quantized_attention)
-    optimized = OptimizedModel(model, compiled, routed, qsa, qsa_routed, quantized, qsa_quantized)
+    optimized = OptimizedModel(model, compiled, routed, qsa, qsa_routed, quantized, qsa_quantized, bounds)
     with LOCK:
         for owner, name, replace in _patches(optimized):
             patch(owner, name, replace)

@@ -250,7 +250,7 @@ def test_a_short_half_float_quantized_call_is_declined_on_cpu_as_a_tie_with_mlx_
         expected = base.scaled_dot_product_attention(q, received, values, cache=kv, scale=SCALE, mask=None)
         return out, expected, opt
 
-    short, long = 2000, 2040  # cut to 2016 and 2048 rows
+    short, long = 8000, 8100  # cut to 8064 and 8192 rows
     assert buffer_rows(short, 1 << 20) < HALF_QUANTIZED_MIN_ROWS == buffer_rows(long, 1 << 20)
     for keys in (100, short):
         out, expected, opt = decode(keys)
@@ -328,6 +328,62 @@ def test_a_short_context_call_is_declined_on_cpu_below_min_keys_and_routed_from_
     for bad in (-1, 1.5, True):
         with pytest.raises(ValueError, match=f"optimize: min_keys must be an int >= 0 .*got {bad!r}"):
             optimize(Probe(), min_keys=bad)
+
+
+def test_a_call_under_its_kinds_known_bound_is_declined_before_its_arguments_are_built(monkeypatch):
+    """Once the first signature of a dtype and cache kind was decided, a later call of that kind whose cut is
+    shorter than the bound it found (MIN_KEYS) is declined (SHORT_CONTEXT) before the router builds its arguments
+    or looks up a signature, whatever its own length (a declined decode step then costs about mlx-lm's helper
+    alone); a call at the bound is still routed, and another dtype is decided by its own bound. In float32,
+    declined or routed, the output is mlx-lm's helper's, bit for bit."""
+    from mlx_lm.models import base
+    from mlx_lm.models.cache import KVCache
+
+    from attnpass.backends.mlx import optimize
+    from attnpass.backends.mlx.lm import MIN_KEYS, SHORT_CONTEXT, OptimizedModel, buffer_rows
+    from attnpass.ir import DType
+    from tests.backends.lm_probe import SCALE, Probe
+
+    least = MIN_KEYS[False, DType.float32]
+    assert MIN_KEYS[False, DType.bfloat16] <= least - 32 == buffer_rows(least - 39, 1 << 20)
+    built: list[tuple[int, str]] = []  # (offset, dtype) of every call whose arguments were built
+    original = OptimizedModel._program_arguments
+
+    def building(self, queries, keys, values, cache, mask):
+        built.append((cache.offset, str(queries.dtype).rsplit(".", 1)[-1]))
+        return original(self, queries, keys, values, cache, mask)
+
+    monkeypatch.setattr(OptimizedModel, "_program_arguments", building)
+    probe = Probe()
+
+    def cache(keys: int, dtype) -> KVCache:
+        kv = KVCache()
+        kv.update_and_fetch(*mx.random.normal((2, 1, KV_HEADS, keys, DIM)).astype(dtype))
+        return kv
+
+    def step(kv: KVCache, dtype) -> None:  # one decode step; in float32 its output is mlx-lm's helper's
+        q, k, v = mx.random.normal((1, HEADS, 1, DIM)), *mx.random.normal((2, 1, KV_HEADS, 1, DIM))
+        out = probe(q.astype(dtype), k.astype(dtype), v.astype(dtype), kv)
+        received, values, _ = probe.received
+        expected = base.scaled_dot_product_attention(
+            q.astype(dtype), received, values, cache=kv, scale=SCALE, mask=None
+        )
+        if dtype == mx.float32:
+            assert_bits_equal(np.array(out), np.array(expected))
+
+    with optimize(probe, PIPELINE, strict=True) as opt:
+        step(cache(19, mx.float32), mx.float32)  # a cut of 32 rows: the first float32 signature, declined
+        assert built == [(20, "float32")] and opt.declined == {SHORT_CONTEXT: 1}
+        longer = cache(least - 40, mx.float32)
+        for _ in range(8):  # offsets least - 39 ... least - 32: a cut of least - 32 rows, under the bound
+            step(longer, mx.float32)
+        assert opt.declined == {SHORT_CONTEXT: 9} and opt.routed == 0 and len(built) == 1  # none built
+        assert opt.traces == 1  # ... and no signature of their own
+        step(cache(least - 40, mx.bfloat16), mx.bfloat16)  # the same cut in bfloat16: its own bound, routed
+        assert opt.routed == 1 and built[-1] == (least - 39, "bfloat16")
+        step(longer, mx.float32)  # offset least - 31: cut to least rows, routed
+        assert opt.routed == 2 and built[-1] == (least - 31, "float32")
+    assert opt.declined == {SHORT_CONTEXT: 9}
 
 
 def mla_model(family: str, seed: int = 0, **config):
