@@ -12,8 +12,10 @@ indexer pools the blocks once, in the untimed first step, then one block per 4
 steps, as it does after a prefill). Decode: ``--tokens`` greedy single-token
 model calls after one untimed step (and both models decode once at depth 64
 before any timing: mlx-vlm's compiled helpers trace on first use). Plain and optimized models (same seed)
-alternate within every repetition, in alternating order; the table gives
-medians, the ratio and the spread, then the per-QSA-layer breakdown of one
+decode in turn from fresh caches in each of ``--reps`` repetitions, ``--bursts``
+bursts of ``--tokens`` calls each in alternating order (``paired.py``); the
+table gives the bursts' median tokens/s and spread, the ratio of the medians
+and the median of the pairs' ratios (paired), then the per-QSA-layer breakdown of one
 decode step at that depth (each part evaluated on its own): the indexer's
 selection, the q/k/v projections with the cache update, and the attention
 call (the model's dispatch, or the routed gather program).
@@ -36,7 +38,7 @@ with its own random state and merged as mlx-vlm merges a batch (a
 streams, plain and optimized, and the ratio beside the one-stream ratio at that
 depth (when that depth is in ``--depths``).
 
-    python benchmarks/qwen4_exp_decode.py [--depths 1024 8192 32768] [--long] [--tokens 8] [--reps 3]
+    python benchmarks/qwen4_exp_decode.py [--depths 1024 8192 32768] [--long] [--tokens 8] [--reps 3] [--bursts 2]
         [--dtype float32 bfloat16] [--layers 4] [--kv-bits 8] [--kv-group-size 64] [--streams 3]
         [--batch-depth 8192] [--quick]
 """
@@ -269,13 +271,14 @@ def run(dtype_name: str, args: argparse.Namespace) -> None:
                 split = ", ".join(f"{parts['plain'][p]:.1f} / {parts['optimize'][p]:.1f}" for p in parts["plain"])
             print(f"{depth:>7} {kind:>6} {cells[0]:>20} {cells[1]:>20} {medians_ratio(rates):>6.2f} "
                   f"{paired_ratio(rates):>6.2f}   {split}")  # fmt: skip
-        print(f"\n{floor_lines([paired_ratio(r) for *_, r, _ in rows], [medians_ratio(r) for *_, r, _ in rows])}")
         if batch is not None:
             single = {depth: rates for depth, kind, rates, _ in rows if kind == dtype_name}.get(args.batch_depth)
             one = "" if single is None else f" (one stream: x{paired_ratio(single):.2f})"
             cells = [f"{statistics.median(r):.2f} ({min(r):.2f}-{max(r):.2f})" for r in batch.values()]
             print(f"{args.streams} streams at depth {args.batch_depth}, tok/s of all streams: plain {cells[0]}, "
                   f"optimize {cells[1]}: x{paired_ratio(batch):.2f}{one}")  # fmt: skip
+        measured = [r for *_, r, _ in rows] + ([batch] if batch is not None else [])
+        print(f"\n{floor_lines([paired_ratio(r) for r in measured], [medians_ratio(r) for r in measured])}")
         print(f"\nrouted {opt.routed}, declined {dict(opt.declined)}, traces {opt.traces}")
         opt.restore()
     finally:
