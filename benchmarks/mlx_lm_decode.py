@@ -27,11 +27,13 @@ breakdown alone measures the per-call costs behind ``MIN_KEYS``. The two models 
 weights (same seed); one ``optimize`` handle per dtype serves the whole run,
 so the trace counts are its totals after each row (the breakdown's calls
 count as routed). The load average is printed before and after: on a busy
-machine compare ratios, not absolute rates.
+machine compare ratios, not absolute rates. ``--control`` leaves the second
+model plain as well (nothing optimized, same code on both sides): its ratios
+measure the method's noise at the same settings.
 
     python benchmarks/mlx_lm_decode.py [--contexts 1024 8192 32768] [--tokens 16] [--reps 5] [--bursts 4]
         [--dtype bfloat16 float32] [--kv-bits 0 4 8] [--batched] [--pipeline TEXT] [--quick]
-        [--min-keys N] [--call-reps 7]
+        [--min-keys N] [--call-reps 7] [--control]
 """
 
 from __future__ import annotations
@@ -145,6 +147,9 @@ def main() -> None:
     parser.add_argument("--pipeline", default=None, help="attnpass pipeline text (default: the device's)")
     parser.add_argument("--min-keys", type=int, default=None, help="optimize's min_keys (default: MIN_KEYS on CPU)")
     parser.add_argument("--call-reps", type=int, default=7, help="repetitions of the per-call breakdown")
+    parser.add_argument(
+        "--control", action="store_true", help="leave the second model plain too: the ratios' noise, nothing routed"
+    )
     parser.add_argument("--quick", action="store_true", help="contexts 256 and 1024, 1 repetition of 2 bursts of 4")
     args = parser.parse_args()
     if args.quick:
@@ -156,10 +161,9 @@ def main() -> None:
     for name in args.dtype:
         dtype = getattr(mx, name)
         models = {"plain": tiny_lm("llama", dtype=name), "optimize": tiny_lm("llama", dtype=name)}
-        opt = optimize(
-            models["optimize"], args.pipeline, min_keys=args.min_keys
-        )  # same seed, same weights: only the attention route differs
-        handles.append((name, opt))
+        opt = None if args.control else optimize(models["optimize"], args.pipeline, min_keys=args.min_keys)
+        if opt is not None:  # same seed, same weights: only the attention route differs
+            handles.append((name, opt))
         for kind in kinds:
             for context in args.contexts:
                 rates: dict[str, list[float]] = {"plain": [], "optimize": []}
@@ -168,8 +172,11 @@ def main() -> None:
                         models, context, dtype, kind, args.tokens, args.bursts, rep
                     ).items():
                         rates[variant] += burst
-                ms = attention_ms(models["optimize"], opt, context, dtype, kind, args.call_reps)
-                rows.append((name, kind, context, rates, ms, opt.traces))
+                if opt is None:  # the control: no route to time
+                    ms, traces = {"plain": float("nan"), "optimize": float("nan")}, 0
+                else:
+                    ms, traces = attention_ms(models["optimize"], opt, context, dtype, kind, args.call_reps), opt.traces
+                rows.append((name, kind, context, rates, ms, traces))
                 plain, fast = (statistics.median(rates[v]) for v in rates)
                 print(
                     f"  {name} {cache_name(kind)} context {context}: plain {plain:.2f}, optimize {fast:.2f} tok/s: "

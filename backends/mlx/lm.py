@@ -38,14 +38,13 @@ signature: ``raise-attention`` raises it to ``quantized_sdpa``, lowered
 GQA-folded (one ``quantized_matmul`` per kv head over the packed keys, one over
 the packed values; the cache is never dequantized or repeated per query head).
 The group size and bits are part of the signature. The buffer is cut to
-:func:`buffer_rows` rows as a float buffer is. On CPU, a bfloat16 or float16
-call over fewer than :data:`HALF_QUANTIZED_MIN_ROWS` rows is declined
-(:data:`QUANTIZED_TIE`, decided per signature on the rewritten graph by the
-:data:`MIN_KEYS` table, unless the pipeline widened it to float32: then its
-float32 entry holds): MLX's CPU kernel adds half-float
-products one by one, so reading the keys once per kv head instead of once per
-query head saves nothing measurable there, and the cut's padding rows would
-cost up to 3%.
+:func:`buffer_rows` rows as a float buffer is. On CPU a bfloat16 or float16
+call is declined at any depth (:data:`QUANTIZED_TIE`, decided per signature on
+the rewritten graph by the :data:`MIN_KEYS` table, unless the pipeline widened
+it to float32: then its float32 entry holds; ``optimize(min_keys=)`` routes
+it): MLX's CPU kernel adds half-float products one by one, so reading the keys
+once per kv head instead of once per query head saves nothing measurable
+there (measured from 2K to 16K keys), and the cut's padding rows would cost up to 3%.
 
 **What the router proves before it substitutes the buffer.** While an
 optimized model runs, ``update_and_fetch`` of ``KVCache`` and
@@ -147,23 +146,24 @@ CACHES = f"only {', '.join(ROUTABLE[:-1])} and {ROUTABLE[-1]} have a buffer to k
 QUANTIZED_SINKS = "attention sinks on a QuantizedKVCache (mlx-lm's helper refuses them)"
 PREFILL_ROWS = 64  # more query rows on a KVCache: a prefill, given its own keys (one signature per length)
 FUSED = "the pipeline kept MLX's fused call: mlx-lm's helper runs it on the valid keys, without the buffer padding"
-HALF_QUANTIZED_MIN_ROWS = 8192  # below: a half-float quantized_sdpa ties mlx-lm's helper on CPU (measured)
 # On CPU, (over a quantized cache, the call's precision) -> the fewest key rows (of the program's cut) routed:
 # fewer, and the program costs more per call than mlx-lm's helper over the valid keys (measured per call,
 # benchmarks/mlx_lm_decode.py's breakdown; docs/benchmarks.md, issue 21's short contexts). float16 as bfloat16.
-MIN_KEYS: dict[tuple[bool, DType], int] = {
+# None: never routed by default (QUANTIZED_TIE).
+MIN_KEYS: dict[tuple[bool, DType], int | None] = {
     (False, DType.float32): 192,
     (False, DType.bfloat16): 128,
     (False, DType.float16): 128,
     (True, DType.float32): 512,
-    (True, DType.bfloat16): HALF_QUANTIZED_MIN_ROWS,
-    (True, DType.float16): HALF_QUANTIZED_MIN_ROWS,
+    (True, DType.bfloat16): None,
+    (True, DType.float16): None,
 }
 QUANTIZED_TIE = (
-    f"a half-float quantized_sdpa over fewer than {HALF_QUANTIZED_MIN_ROWS} cache rows on CPU: MLX's CPU "
-    "quantized_matmul adds half-float products one by one, so the GQA-folded program only ties mlx-lm's helper "
-    "there (bf16, per call, the helper's time over the program's: 2K 0.98-1.00x, 4K 0.88-1.05x; 8K and 16K "
-    "0.99-1.03x at 4 bits, 1.11-1.16x at 8) and would add its cut's padding rows: mlx-lm's helper runs it"
+    "a half-float quantized_sdpa on CPU: MLX's CPU quantized_matmul adds half-float products one by one, so the "
+    "GQA-folded program only ties mlx-lm's helper at every depth measured (bf16, the helper's time over the "
+    "program's per call: 0.88-1.05x at 2K-4K keys, 0.93-1.16x at 8K-16K; whole decode steps at 16K 0.82-1.10x) "
+    "and would add its cut's padding rows: mlx-lm's helper runs it (optimize's min_keys, or a pipeline computing "
+    "it in float32, routes it)"
 )
 SHORT_CONTEXT = (
     f"fewer cache rows than the routed minimum (on CPU by default MIN_KEYS: float32 "
@@ -173,7 +173,7 @@ SHORT_CONTEXT = (
     "the valid keys, so the helper runs it"
 )
 DECLINES = (FUSED, QUANTIZED_TIE, SHORT_CONTEXT)  # decided per signature on the rewritten graph: not failures
-Bounds = dict[tuple[bool, str], tuple[int, str]]  # (quantized, dtype name) -> (fewest key rows routed, else why)
+Bounds = dict[tuple[bool, str], tuple["int | None", str]]  # (quantized, dtype) -> (fewest rows routed, else why)
 Structure = tuple[str, "int | None", "int | None", "int | None"]  # (causal, left, right, chunk) of a sdpa
 ENTRY_POINTS = ("__call__", "_speculative_verify")  # the model's methods that run its layers (MTP verify: mlx-vlm)
 
@@ -257,21 +257,19 @@ def _precision(graph: Graph) -> DType:
 
 
 def _too_short(
-    quantized: bool, min_keys: int | None, table: dict[tuple[bool, DType], int], bounds: Bounds
+    quantized: bool, min_keys: int | None, table: dict[tuple[bool, DType], int | None], bounds: Bounds
 ) -> Callable[[Graph], str | None]:
     """The decline of a signature whose keys (the second input: the cut's rows, or a quantized cache's words)
     are fewer than ``min_keys`` rows, or when it is None than ``table`` gives for the call (:data:`MIN_KEYS` on
-    CPU): :data:`QUANTIZED_TIE` for a half-float quantized call by the table, :data:`SHORT_CONTEXT` else; None
-    when routed. Each decision records the bound and its reason in ``bounds``, by (quantized, the queries'
-    dtype): the bound depends on the call's kind and precision only, which its dtype decides in a pipeline."""
+    CPU): :data:`SHORT_CONTEXT`, or :data:`QUANTIZED_TIE` at any depth where the table has None; None when
+    routed. Each decision records the bound and its reason in ``bounds``, by (quantized, the queries' dtype): the
+    bound depends on the call's kind and precision only, which its dtype decides in a pipeline."""
 
     def decline(graph: Graph) -> str | None:
-        dtype = _precision(graph)
-        least = table.get((quantized, dtype), 0) if min_keys is None else min_keys
-        half = quantized and dtype is not DType.float32
-        reason = QUANTIZED_TIE if half and min_keys is None else SHORT_CONTEXT
+        least = table.get((quantized, _precision(graph)), 0) if min_keys is None else min_keys
+        reason = QUANTIZED_TIE if least is None else SHORT_CONTEXT
         bounds[quantized, graph.node(graph.inputs[0]).type.dtype.value] = (least, reason)
-        return None if graph.node(graph.inputs[1]).type.shape[2] >= least else reason
+        return reason if least is None or graph.node(graph.inputs[1]).type.shape[2] < least else None
 
     return decline
 
@@ -366,12 +364,12 @@ class OptimizedModel:
 
         A program's key rows are at most the cut of the cache's buffer (:func:`buffer_rows`), or the call's own
         keys without a cache."""
-        known = self.bounds.get((_quantized(cache), _dtype_name(queries.dtype)))
-        if known is None:
-            return None
+        least, reason = self.bounds.get((_quantized(cache), _dtype_name(queries.dtype)), (0, None))
+        if least is None:
+            return reason
         n = _rows(keys)
         most = n if cache is None else buffer_rows(n, _rows(cache.keys))
-        return known[1] if most < known[0] else None
+        return reason if most < least else None
 
     def attend_qsa(self, queries: Any, keys: Any, values: Any, blocks: Any, query_ends: Any, **options: Any) -> Any:
         """One QSA call of the model: the gather program over its own selection, or its dispatch when declined."""
@@ -727,7 +725,7 @@ def _short(value: Any) -> str:
 
 
 __all__ = [
-    "CACHES", "DECLINES", "FUSED", "HALF_QUANTIZED_MIN_ROWS", "MIN_KEYS", "NOT_FETCHED", "QUANTIZED_TIE",
+    "CACHES", "DECLINES", "FUSED", "MIN_KEYS", "NOT_FETCHED", "QUANTIZED_TIE",
     "SHORT_CONTEXT", "OptimizedModel", "attention",
     "buffer_rows", "optimize", "quantized_attention", "route", "route_qsa",
 ]  # fmt: skip

@@ -218,16 +218,17 @@ def test_sinks_on_a_quantized_cache_are_declined_and_mlx_lms_helper_refuses_them
     assert opt.routed == 0 and opt.declined == {QUANTIZED_SINKS: 1}
 
 
-def test_a_short_half_float_quantized_call_is_declined_on_cpu_as_a_tie_with_mlx_lms_helper():
-    """bfloat16 over a QuantizedKVCache: a cut under HALF_QUANTIZED_MIN_ROWS rows is declined (QUANTIZED_TIE,
-    decided on the rewritten graph, never lowered), a longer one routed; float32, or a pipeline that widens the
-    call to float32, routed from MIN_KEYS' float32 minimum on (below it: SHORT_CONTEXT, the test above). Routed or declined (not widened), the output is mlx-lm's helper's, bit
-    for bit. The tie itself is measured: benchmarks/mlx_lm_decode.py."""
+def test_a_half_float_quantized_call_is_declined_on_cpu_at_any_depth_as_a_tie_with_mlx_lms_helper():
+    """bfloat16 over a QuantizedKVCache is declined on CPU whatever its depth (QUANTIZED_TIE, decided on the
+    rewritten graph, never lowered); float32, or a pipeline that widens the call to float32, is routed from MIN_KEYS'
+    float32 minimum on (below it: SHORT_CONTEXT, the test below), and ``min_keys`` routes bfloat16 too. Routed or
+    declined (not widened), the output is mlx-lm's helper's, bit for bit. The tie itself is measured:
+    benchmarks/mlx_lm_decode.py."""
     from mlx_lm.models import base
     from mlx_lm.models.cache import QuantizedKVCache
 
     from attnpass.backends.mlx import optimize
-    from attnpass.backends.mlx.lm import HALF_QUANTIZED_MIN_ROWS, MIN_KEYS, QUANTIZED_TIE, buffer_rows
+    from attnpass.backends.mlx.lm import MIN_KEYS, QUANTIZED_TIE
     from attnpass.ir import DType
     from tests.backends.lm_probe import SCALE, Probe
 
@@ -236,31 +237,30 @@ def test_a_short_half_float_quantized_call_is_declined_on_cpu_as_a_tie_with_mlx_
     def raw(a):  # the raw bits (bfloat16 as uint16)
         return np.array(a.view(mx.uint16) if a.dtype == mx.bfloat16 else a)
 
-    def decode(keys: int, dtype=mx.bfloat16, pipeline: str = PIPELINE):
+    def decode(keys: int, dtype=mx.bfloat16, pipeline: str = PIPELINE, min_keys: int | None = None):
         """One decode step over ``keys`` keys: the optimized probe's output, mlx-lm's helper's, the handle."""
         mx.random.seed(keys)
         probe, kv = Probe(), QuantizedKVCache(group_size=64, bits=8)
         kv.update_and_fetch(*mx.random.normal((2, 1, KV_HEADS, keys - 1, DIM)).astype(dtype))
         q = mx.random.normal((1, HEADS, 1, DIM)).astype(dtype)
         k, v = mx.random.normal((2, 1, KV_HEADS, 1, DIM)).astype(dtype)
-        with optimize(probe, pipeline, strict=True) as opt:
+        with optimize(probe, pipeline, strict=True, min_keys=min_keys) as opt:
             out = probe(mx.array(q), k, v, kv)  # a copy: mlx-lm's quantized helper scales its queries in place
         assert kv.offset == keys and opt.traces == 1
         received, values, _ = probe.received
         expected = base.scaled_dot_product_attention(q, received, values, cache=kv, scale=SCALE, mask=None)
         return out, expected, opt
 
-    short, long = 8000, 8100  # cut to 8064 and 8192 rows
-    assert buffer_rows(short, 1 << 20) < HALF_QUANTIZED_MIN_ROWS == buffer_rows(long, 1 << 20)
-    for keys in (100, short):
+    assert MIN_KEYS[True, DType.bfloat16] is None is MIN_KEYS[True, DType.float16]
+    for keys in (100, 8100):
         out, expected, opt = decode(keys)
         assert_bits_equal(raw(out), raw(expected))  # mlx-lm's helper itself
         (entry,) = opt.quantized.specializations
         assert opt.routed == 0 and opt.declined == {QUANTIZED_TIE: 1}
         assert entry.reason == QUANTIZED_TIE and entry.program is None and not entry.compiled
     float_min = MIN_KEYS[True, DType.float32]  # a cut of float_min rows: routed in float32
-    for keys, dtype, pipeline in [(long, mx.bfloat16, PIPELINE), (float_min, mx.float32, PIPELINE)]:
-        out, expected, opt = decode(keys, dtype, pipeline)
+    for keys, dtype, min_keys in [(float_min, mx.float32, None), (100, mx.bfloat16, 0)]:
+        out, expected, opt = decode(keys, dtype, min_keys=min_keys)
         assert_bits_equal(raw(out), raw(expected))  # the routed program: mlx-lm's bits
         assert opt.routed == 1 and not opt.declined
     _, _, opt = decode(float_min, pipeline=widened)  # float32 precision: not mlx-lm's bits (test_quantized_attention)
