@@ -91,7 +91,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from attnpass.ir import ImportedGraph, TensorSpec, ops, trace
+from attnpass.ir import DType, ImportedGraph, TensorSpec, ops, trace
 from attnpass.passes import Pass, QSAGather
 
 from ..specialize import CompiledFunction, Specialization, Traceable, as_passes, wrapper_pipeline
@@ -122,7 +122,14 @@ def qsa_quantized_attention(
     scale: float, ratio: int, group_size: int, bits: int,
 ) -> Any:  # fmt: skip
     """The masked form of one QSA call on a ``QSAQuantizedKVCache``: mlx-vlm's quantized attention
-    (``quantized_sdpa``) over the buffer's (words, scales, biases) K and V, masked as :func:`qsa_attention`."""
+    (``quantized_sdpa``) over the buffer's (words, scales, biases) K and V, masked as :func:`qsa_attention`.
+
+    Queries of another float dtype than the scales (float32 queries over a bfloat16 cache: mlx-vlm's
+    Qwen4-Exp in bfloat16, whose Gated-DeltaNet layers hand on float32) are computed as MLX's
+    ``quantized_matmul`` computes them: queries, scales and biases cast to their promoted float dtype (the casts
+    MLX's own export shows; widening is exact)."""
+    wide = queries.dtype if queries.dtype is ks.dtype else DType.float32  # MLX: float16 with bfloat16 -> float32
+    queries, ks, kb, vs, vb = (x if x.dtype is wide else ops.cast(x, wide) for x in (queries, ks, kb, vs, vb))
     keep = ops.qsa_mask(selection, query_ends - 1, ratio=ratio, kv_len=kq.shape[2])
     options = {"scale": scale, "group_size": group_size, "bits": bits}
     return ops.quantized_sdpa(queries, (kq, ks, kb), (vq, vs, vb), mask=keep, **options)

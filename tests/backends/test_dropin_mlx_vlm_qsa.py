@@ -246,11 +246,15 @@ def test_bfloat16_qsa_calls_run_routed_and_near_the_models_own(model):
         attention.set_dtype(mx.float32)
 
 
-def _quantized_run(lm):
-    """The plain model's prefill, its QSA caches quantized as mlx-vlm quantizes them (8 bits, groups of 32), greedy
-    decode steps' logits and tokens, then a 5-row verify step's logits."""
+def _quantized_run(lm, kv_dtype=None):
+    """The plain model's prefill, its QSA caches quantized as mlx-vlm quantizes them (8 bits, groups of 32; from
+    K/V cast to ``kv_dtype`` if given, so scales and biases of that dtype), greedy decode steps' logits and tokens,
+    then a 5-row verify step's logits."""
     cache = lm.make_cache()
     token = int(mx.argmax(lm(_prompt(), cache=cache).logits[0, -1]).item())
+    for c in cache:
+        if kv_dtype is not None and isinstance(c, language.QSAKVCache):
+            c.keys, c.values = c.keys.astype(kv_dtype), c.values.astype(kv_dtype)
     cache = [c.to_quantized(group_size=32, bits=8) if isinstance(c, language.QSAKVCache) else c for c in cache]
     tokens, logits = [], []
     for _ in range(STEPS):
@@ -292,6 +296,23 @@ def test_a_quantized_qsa_cache_decodes_the_plain_models_tokens_with_every_qsa_ca
     # restored: the quantized cache's fetch and the indexer update are mlx-vlm's own again
     assert not hasattr(language.QSAQuantizedKVCache.update_indexer, "__wrapped__")
     assert not hasattr(language.QSAQuantizedKVCache.update_and_fetch, "__wrapped__")
+
+
+def test_float32_queries_over_a_bfloat16_quantized_qsa_cache_are_routed_as_mlx_promotes_them(model):
+    # mlx-vlm's Qwen4-Exp in bfloat16 hands float32 hidden states to its QSA layers: float32 queries over a cache
+    # whose scales and biases are bfloat16. MLX's quantized_matmul casts them to float32; the program does the same
+    from attnpass.backends.mlx import optimize
+
+    tokens, logits, verify, _ = _quantized_run(model, mx.bfloat16)
+    with optimize(model) as opt:
+        got, got_logits, got_verify, cache = _quantized_run(model, mx.bfloat16)
+    assert cache[3].keys[1].dtype == mx.bfloat16 and got == tokens and len(set(tokens)) > 1
+    np.testing.assert_allclose(got_logits, logits, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(got_verify, verify, rtol=0, atol=1e-5)
+    assert opt.routed == QSA_LAYERS * (1 + STEPS + 1) and not opt.declined
+    compiled = [e for e in opt.qsa_quantized.specializations if e.compiled]
+    assert compiled and all("queries:f32" in e.signature and "ks:bf16" in e.signature for e in compiled)
+    assert all(e.ops["qsa_gather"] == 6 and e.ops["quantized_sdpa"] == 1 for e in compiled)
 
 
 def test_a_prompt_prefilled_in_chunks_into_a_quantized_cache_is_routed_through_quantized_tiles(model):
