@@ -11,7 +11,7 @@ from typing import Any, Callable
 import numpy as np
 
 from attnpass.ir import AttnpassError, Graph, TensorType
-from attnpass.ir.core.types import type_str
+from attnpass.ir.core.types import native_dtype_name, type_str
 
 from .codegen import Source, generate
 from .errors import LoweringError
@@ -39,16 +39,11 @@ def program_identity(graph: Graph, target: str) -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
-def _dtype_name(value: Any) -> str:
-    dtype = value.dtype
-    return getattr(dtype, "name", None) or str(dtype).rsplit(".", 1)[-1]
-
-
 def check_argument(name: str, expected: TensorType, value: Any) -> None:
     shape = getattr(value, "shape", None)
     if shape is None:
         raise AttnpassError(f"input {name}: expected an array of type {expected}, got {type(value).__name__}")
-    dtype = _dtype_name(value).replace("bool_", "bool")
+    dtype = native_dtype_name(value.dtype).replace("bool_", "bool")
     if tuple(shape) != expected.shape or dtype != expected.dtype.value:
         raise AttnpassError(f"input {name}: expected {expected}, got {type_str(shape, dtype)}")
 

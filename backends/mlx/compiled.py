@@ -13,6 +13,7 @@ import functools
 from typing import Any, Callable, Hashable, Sequence, overload
 
 from attnpass.ir import ImportedGraph, from_mlx
+from attnpass.ir.core.types import native_dtype_name
 from attnpass.ir.frontends.importing import parameter_names
 from attnpass.passes import Pass
 
@@ -67,7 +68,7 @@ class MLXFrontend(Frontend):
         parts, unstatic = [], None
         for name, value in zip(names, values):
             if isinstance(value, array):
-                parts.append(array_text(name, value.shape, str(value.dtype).rsplit(".", 1)[-1]))
+                parts.append(array_text(name, value.shape, native_dtype_name(value.dtype)))
             else:
                 parts.append(f"{name}={value!r}")
                 if unstatic is None and static_spec(value)[0] == "unhashable":

@@ -44,7 +44,8 @@ the rewritten graph by the :data:`MIN_KEYS` table, unless the pipeline widened
 it to float32: then its float32 entry holds; ``optimize(min_keys=)`` routes
 it): MLX's CPU kernel adds half-float products one by one, so reading the keys
 once per kv head instead of once per query head saves nothing measurable
-there (measured from 2K to 16K keys), and the cut's padding rows would cost up to 3%.
+there (measured from 2K to 16K keys), and the cut's padding rows would cost
+up to 3%.
 
 **What the router proves before it substitutes the buffer.** While an
 optimized model runs, ``update_and_fetch`` of ``KVCache`` and
@@ -86,12 +87,12 @@ arrays (or not its buffer's valid prefix), string masks other than
 ``"causal"``, signatures that fell back to the original function, and
 signatures whose rewritten graph is still one MLX fused call (:data:`FUSED`:
 the helper computes the same on the valid keys, without the buffer padding),
-short half-float quantized signatures on CPU (:data:`QUANTIZED_TIE`), and, on CPU, signatures whose
+half-float quantized signatures on CPU (:data:`QUANTIZED_TIE`), and, on CPU, signatures whose
 keys are fewer rows than :data:`MIN_KEYS` gives their dtype (:data:`SHORT_CONTEXT`: a short context's
-program costs more per call than mlx-lm's helper over the valid keys; ``optimize(min_keys=)`` sets the bound); once the first signature of a dtype and cache kind
-has found its bound, a call of that kind whose cut is shorter is declined before its arguments are built or its
-signature looked up (:meth:`OptimizedModel._known_short`: a declined decode step costs the helper and the
-router's checks).
+program costs more per call than mlx-lm's helper over the valid keys; ``optimize(min_keys=)`` sets the
+bound); once the first signature of a dtype and cache kind has found its bound, a call of that kind whose cut
+is shorter is declined before its arguments are built or its signature looked up
+(:meth:`OptimizedModel._known_short`: a declined decode step costs the helper and the router's checks).
 Attention sinks (gpt_oss) are an input of the program. A ``FUSED`` signature
 is decided after the pipeline, before lowering: it is never compiled, and as
 every signature, built once. So a model is only as fast as the pipeline's
@@ -118,6 +119,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from attnpass.ir import DType, Graph
+from attnpass.ir.core.types import native_dtype_name
 from attnpass.passes import Pass
 from attnpass.passes.analysis.mask_structure import interval_structure
 from attnpass.passes.infra.base import require_int
@@ -357,14 +359,14 @@ class OptimizedModel:
         return _helper()(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
 
     def _known_short(self, queries: Any, keys: Any, cache: Any) -> str | None:
-        """The :data:`SHORT_CONTEXT` or :data:`QUANTIZED_TIE` decline of a call whose program would get fewer key rows than the bound its dtype and
-        cache kind were found to have (:func:`_too_short`, when its first signature was decided), decided before
-        its arguments are built or its signature looked up (a declined call then costs little more than mlx-lm's
-        helper); None when not known to be too short.
+        """The :data:`SHORT_CONTEXT` or :data:`QUANTIZED_TIE` decline of a call whose program would get fewer key
+        rows than the bound its dtype and cache kind were found to have (:func:`_too_short`, when its first
+        signature was decided), decided before its arguments are built or its signature looked up (a declined call
+        then costs little more than mlx-lm's helper); None when not known to be too short.
 
         A program's key rows are at most the cut of the cache's buffer (:func:`buffer_rows`), or the call's own
         keys without a cache."""
-        least, reason = self.bounds.get((_quantized(cache), _dtype_name(queries.dtype)), (0, None))
+        least, reason = self.bounds.get((_quantized(cache), native_dtype_name(queries.dtype)), (0, None))
         if least is None:
             return reason
         n = _rows(keys)
@@ -574,11 +576,6 @@ def _prefix_reason(keys: Any, cache: Any) -> str | None:
 def _quantized(cache: Any) -> bool:
     """Whether a routable cache holds its keys quantized: a QuantizedKVCache's (words, scales, biases)."""
     return cache is not None and isinstance(cache.keys, (tuple, list))
-
-
-def _dtype_name(dtype: Any) -> str:
-    """An MLX dtype's name as the IR's :class:`DType` value: ``mlx.core.bfloat16`` -> ``bfloat16``."""
-    return str(dtype).rsplit(".", 1)[-1]
 
 
 def _words(array: Any) -> Any:

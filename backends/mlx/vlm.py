@@ -92,6 +92,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from attnpass.ir import DType, ImportedGraph, TensorSpec, ops, trace
+from attnpass.ir.core.types import native_dtype_name
 from attnpass.passes import Pass, QSAGather
 
 from ..specialize import CompiledFunction, Specialization, Traceable, as_passes, wrapper_pipeline
@@ -139,7 +140,7 @@ class OpsFrontend(MLXFrontend):
     """MLX signatures of a function written with :mod:`attnpass.ir.ops`: traced, not exported."""
 
     def import_graph(self, t: Traceable) -> ImportedGraph:
-        specs = [TensorSpec(tuple(a.shape), str(a.dtype).rsplit(".", 1)[-1]) for a in t.arrays]
+        specs = [TensorSpec(tuple(a.shape), native_dtype_name(a.dtype)) for a in t.arrays]
         return ImportedGraph(trace(t.fn, *specs))
 
 

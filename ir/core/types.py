@@ -51,6 +51,12 @@ def printable(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
+def native_dtype_name(dtype: object) -> str:
+    """A framework dtype's name (numpy, JAX, MLX): its ``name``, else the last part of its text
+    (``mlx.core.bfloat16`` -> ``bfloat16``); a :class:`DType`'s value for the IR's dtypes."""
+    return getattr(dtype, "name", None) or str(dtype).rsplit(".", 1)[-1]
+
+
 class DType(enum.Enum):
     """Element types of the IR. The value is the canonical (numpy-style) name."""
 

@@ -33,7 +33,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from attnpass.ir.core.types import DType, SourceLoc, TensorType
+from attnpass.ir.core.types import DType, SourceLoc, TensorType, native_dtype_name
 
 from .importing import (
     INLINE_LIMIT,
@@ -84,10 +84,6 @@ _ALIASES = ("Full", "Copy", "StopGradient")  # materialise or copy their operand
 _RESHAPES = ("Reshape", "Flatten", "Unflatten", "ExpandDims", "Squeeze")  # the output shape says it all
 
 
-def _dtype_name(dtype: Any) -> str:
-    return str(dtype).rsplit(".", 1)[-1]
-
-
 class _Record:
     """One primitive record, with the context an error message needs."""
 
@@ -98,12 +94,12 @@ class _Record:
         self.outputs: list = list(record["outputs"])
 
     def where(self) -> str:
-        ins = ", ".join(f"{_dtype_name(d)}{list(s)}" for _i, s, d in self.inputs) or "none"
+        ins = ", ".join(f"{native_dtype_name(d)}{list(s)}" for _i, s, d in self.inputs) or "none"
         return f"{self.name} (arguments {self.args!r}; operands {ins})"
 
     def out_type(self, k: int = 0) -> TensorType:
         _id, shape, dtype = self.outputs[k]
-        name = _dtype_name(dtype)
+        name = native_dtype_name(dtype)
         return TensorType(tuple(shape), DType.int32 if name in _WIDE_INTS else dtype_of(name, self.where()))
 
 
@@ -204,7 +200,7 @@ def _emit(b: GraphBuilder, r: _Record) -> list[str]:
     if name == "GatherMM":
         return [_gather_mm(b, *x)]
     if name == "BitwiseBinary":
-        if r.args[0] in _SHIFTS and _dtype_name(r.inputs[0][2]) == "uint32":
+        if r.args[0] in _SHIFTS and native_dtype_name(r.inputs[0][2]) == "uint32":
             raise ModelImportError(
                 f"{r.where()}: shifts of packed uint32 words are not imported. mx.dequantize records no primitive of "
                 "its own: MLX exports it as these shifts, a cast, a multiply and an add. Use mx.quantized_matmul on "
@@ -216,9 +212,9 @@ def _emit(b: GraphBuilder, r: _Record) -> list[str]:
     if name == "Select":
         return [b.op("where", x)]
     if name == "AsType":
-        source = _dtype_name(r.inputs[0][2])
-        if _dtype_name(r.args[0]) in _WIDE_INTS and source != "int32" and source not in _WIDE_INTS:
-            raise ModelImportError(f"{r.where()}: a cast to {_dtype_name(r.args[0])} is imported only from int32")
+        source = native_dtype_name(r.inputs[0][2])
+        if native_dtype_name(r.args[0]) in _WIDE_INTS and source != "int32" and source not in _WIDE_INTS:
+            raise ModelImportError(f"{r.where()}: a cast to {native_dtype_name(r.args[0])} is imported only from int32")
         return [b.cast(x[0], out.dtype)]
     if name == "Broadcast":
         return [b.broadcast(x[0], r.args[0])]
@@ -295,7 +291,7 @@ def _buffer_key(array: Any) -> tuple | None:
         address = np.frombuffer(memoryview(array), np.uint8).__array_interface__["data"][0]
     except Exception:  # empty, strided, or not evaluable (a tracer left by an earlier export): not matched
         return None
-    return address, tuple(array.shape), _dtype_name(array.dtype)
+    return address, tuple(array.shape), native_dtype_name(array.dtype)
 
 
 def _captured_names(reachable: list[tuple[str, Any]], constants: list[tuple[str, Any]]) -> dict[tuple, str]:
@@ -304,10 +300,10 @@ def _captured_names(reachable: list[tuple[str, Any]], constants: list[tuple[str,
     ``reachable`` holds handles taken before the export (:func:`_handles`); only the candidates are
     evaluated for their address, and constants are evaluated already.
     """
-    wanted = {(tuple(a.shape), _dtype_name(a.dtype)) for _key, a in constants}
+    wanted = {(tuple(a.shape), native_dtype_name(a.dtype)) for _key, a in constants}
     names: dict[tuple, str] = {}
     for path, array in reachable:
-        if (tuple(array.shape), _dtype_name(array.dtype)) in wanted:
+        if (tuple(array.shape), native_dtype_name(array.dtype)) in wanted:
             key = _buffer_key(array)
             if key is not None:
                 names.setdefault(key, path)
@@ -488,7 +484,7 @@ def from_mlx(
     by_type = {r["type"]: r for r in records if r["type"] != "primitive"}
     inputs = by_type["inputs"]["inputs"]
     for (key, shape, dtype), pname in zip(inputs, parameter_names(fn, len(inputs))):
-        name = _dtype_name(dtype)  # uint32 arguments: packed words, an int32 input of their bits (pass .view)
+        name = native_dtype_name(dtype)  # uint32 arguments: packed words, an int32 input of their bits (pass .view)
         dt = DType.int32 if name == "uint32" else dtype_of(name, f"input {pname}")
         b.input(key, pname, TensorType(tuple(shape), dt))
     outputs = by_type["outputs"]["outputs"][: recorder.count]
@@ -501,10 +497,10 @@ def from_mlx(
     constants = [(key, array) for key, array in by_type.get("constants", {}).get("constants", ()) if key in needed]
     names = _captured_names(reachable, constants)
     for key, array in constants:
-        dtype_name = _dtype_name(array.dtype)
-        values = np.array(array.astype(mx.float32) if dtype_name == "bfloat16" else array)
-        values = values.view(np.int32) if dtype_name == "uint32" else values  # packed words: their bits
-        dtype = DType.int32 if dtype_name in _WIDE_INTS else dtype_of(dtype_name, f"captured array {key}")
+        array_dtype = native_dtype_name(array.dtype)
+        values = np.array(array.astype(mx.float32) if array_dtype == "bfloat16" else array)
+        values = values.view(np.int32) if array_dtype == "uint32" else values  # packed words: their bits
+        dtype = DType.int32 if array_dtype in _WIDE_INTS else dtype_of(array_dtype, f"captured array {key}")
         b.bind(key, b.constant(values, dtype, path=names.get(_buffer_key(array))))
     for index in live:
         record = primitives[index]

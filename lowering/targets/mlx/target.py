@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from attnpass.ir import DType, TensorType
+from attnpass.ir.core.types import native_dtype_name
 from attnpass.lowering.common import dtype_name
 from attnpass.lowering.target import Export, Target
 
@@ -37,7 +38,7 @@ class Primitive:
 
 
 def _io(entries: list) -> tuple[tuple[tuple[int, ...], str], ...]:
-    return tuple((tuple(shape), str(dtype).rsplit(".", 1)[-1]) for _id, shape, dtype in entries)
+    return tuple((tuple(shape), native_dtype_name(dtype)) for _id, shape, dtype in entries)
 
 
 def primitives(program: Program, *args: Any, **kwargs: Any) -> list[Primitive]:
