@@ -7,7 +7,7 @@ fields filled by name from :data:`TINY` and :data:`FILL`, the model zoo's
 sizes; :data:`OVERRIDES` only where generation cannot work), then the model
 zoo's cases (``examples/model_zoo.py``): prefill, verify and decode, float32
 and bfloat16, through ``from_mlx`` -> ``raise-attention`` -> ``head-chunk`` ->
-MLX, compared with the module; and the drop-in: ``optimize(model)``'s greedy
+MLX, compared with the module; and the drop-in: ``optimize(model, min_keys=0)``'s greedy
 tokens (float32, 8 tokens, ``generate_step``) against the plain model's.
 
 A family ends as **handled** (every case imports, raises all its attention
@@ -369,7 +369,9 @@ def greedy(model: Any, count: int = OPTIMIZE_TOKENS) -> list[int]:
 
 
 def run_optimize(family: str) -> dict[str, Any]:
-    """The drop-in: ``optimize(model)``'s greedy tokens against the plain model's (float32), routed/declined calls."""
+    """The drop-in: ``optimize(model, min_keys=0)``'s greedy tokens against the plain model's (float32),
+    routed/declined calls. ``min_keys=0`` routes the tiny contexts too (by default on CPU their calls are under
+    ``MIN_KEYS`` and run mlx-lm's helper): the route itself is what each family tests."""
     from attnpass.backends.mlx import optimize
 
     model = zoo.mlx_model(family, "f32", tiny_args)
@@ -382,7 +384,7 @@ def run_optimize(family: str) -> dict[str, Any]:
                     raise
                 return dict(status="declined", reason=_failure(exc), identical=None, routed=0, declined={})
             try:
-                opt = optimize(model)
+                opt = optimize(model, min_keys=0)
             except ValueError as exc:  # no module calls mlx-lm's helper: nothing to route, said by name
                 return dict(status="declined", reason=_short(exc, 120), identical=None, routed=0, declined={})
             with opt:
@@ -538,7 +540,8 @@ def table(
         "`declined` (a named reason), `**FAIL**` (an error without one, a mismatch, a timeout). `raised`: "
         "attention layers raised to `sdpa` / softmax-attention layers (counted by structure in the float32 "
         "prefill's import: softmaxes a matmul contracts with V, at least the module's fused attention calls; a "
-        "range over the six cases). `optimize`: greedy tokens of `optimize(model)` vs the plain model (float32, "
+        "range over the six cases). `optimize`: greedy tokens of `optimize(model, min_keys=0)` (every depth "
+        "routed, as the tiny contexts would not be by default on CPU) vs the plain model (float32, "
         f"{OPTIMIZE_TOKENS} tokens), then attention calls routed/declined. `reason`: the first failed part, "
         "else the first declined one; `module:` when the model itself raised outside attnpass (an mlx-lm bug or a "
         "configuration it rejects), `config:` when the tiny configuration did not build or run.",
