@@ -70,6 +70,17 @@ def _greedy(lm, cache, token, steps: int) -> list[int]:
     return out
 
 
+def _chunked_prefill(lm, after, length: int = 300, step: int = 64):
+    """A ``length``-token prompt prefilled as ``mlx_vlm.generate`` does, in chunks of ``step`` tokens over the
+    growing caches (``after(cache)`` returns the caches the next chunk uses), then 4 greedy tokens: the chunks'
+    logits and the tokens."""
+    prompt, cache, logits = _prompt(length), lm.make_cache(), []
+    for s in range(0, length, step):
+        logits.append(np.array(lm(prompt[:, s : s + step], cache=cache).logits))
+        cache = after(cache)
+    return np.concatenate(logits, axis=1), _greedy(lm, cache, int(np.argmax(logits[-1][0, -1])), 4)
+
+
 def _run(lm, prompt: int = PROMPT):
     """Prefill, greedy decode, then a 5-row verify step's logits (plain model call) and the tokens after it."""
     cache = lm.make_cache()
@@ -149,19 +160,13 @@ def test_a_prompt_prefilled_in_chunks_as_mlx_vlm_generate_does_is_routed_chunk_b
     # routed prefill (tiles over W = 19 cells, deeper than 2 * W), its logits within 1e-4 of the plain model's
     from attnpass.backends.mlx import optimize
 
-    prompt, step = _prompt(300), 64
+    def evaluated(cache):
+        mx.eval([c.state for c in cache])
+        return cache
 
-    def prefill():
-        cache, logits = model.make_cache(), []
-        for s in range(0, prompt.shape[1], step):
-            logits.append(np.array(model(prompt[:, s : s + step], cache=cache).logits))
-            mx.eval([c.state for c in cache])
-        first = int(np.argmax(logits[-1][0, -1]))
-        return np.concatenate(logits, axis=1), _greedy(model, cache, first, 4)
-
-    plain, tokens = prefill()
+    plain, tokens = _chunked_prefill(model, evaluated)
     with optimize(model) as opt:
-        got, got_tokens = prefill()
+        got, got_tokens = _chunked_prefill(model, evaluated)
     np.testing.assert_allclose(got, plain, rtol=0, atol=1e-4)
     assert got_tokens == tokens and len(set(tokens)) > 1
     assert opt.routed == QSA_LAYERS * (5 + 4) and not opt.declined  # 5 chunks (4 of 64 rows, one of 44), 4 decodes
@@ -322,18 +327,12 @@ def test_a_prompt_prefilled_in_chunks_into_a_quantized_cache_is_routed_through_q
     # per tile of 16 rows), their logits within 1e-4 of the plain model's and the tokens after them the same
     from attnpass.backends.mlx import optimize
 
-    prompt, step = _prompt(300), 64
+    def quantized(cache):
+        return [c.to_quantized(group_size=32, bits=8) if type(c) is language.QSAKVCache else c for c in cache]
 
-    def prefill():
-        cache, logits = model.make_cache(), []
-        for s in range(0, prompt.shape[1], step):
-            logits.append(np.array(model(prompt[:, s : s + step], cache=cache).logits))
-            cache = [c.to_quantized(group_size=32, bits=8) if type(c) is language.QSAKVCache else c for c in cache]
-        return np.concatenate(logits, axis=1), _greedy(model, cache, int(np.argmax(logits[-1][0, -1])), 4)
-
-    plain, tokens = prefill()
+    plain, tokens = _chunked_prefill(model, quantized)
     with optimize(model) as opt:
-        got, got_tokens = prefill()
+        got, got_tokens = _chunked_prefill(model, quantized)
     np.testing.assert_allclose(got, plain, rtol=0, atol=1e-4)  # as the float chunked prefill: 300 rows, 2 QSA layers
     assert got_tokens == tokens and opt.routed == QSA_LAYERS * (5 + 4) and not opt.declined
     ops = {e.signature.split(", ")[0]: e.ops for e in opt.qsa_quantized.specializations if e.compiled}
