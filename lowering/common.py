@@ -63,13 +63,13 @@ def explicit_sdpa_call(node: Node, a: list[str], env: EmitEnv, xp: str, alias: s
 
 
 def with_causal(node: Node, env: EmitEnv, xp: str, mask: str | None, offset: int | None) -> tuple[str | None, bool]:
-    """Fold a causal diagonal ``offset`` (None: none) and the sdpa's ``window`` bounds into the mask expression:
-    ``(mask, mask_is_bool)``.
+    """Fold the sdpa's causality (``offset``: its causal offset; None: left to the fused call) and its ``window``
+    bounds into the mask expression: ``(mask, mask_is_bool)``.
 
-    The structured part is explicit (``key <= query + offset`` and the window's
-    comparisons, docs/semantics.md §1.4), so its alignment never depends on the
-    backend's convention. An additive mask keeps its values where allowed and
-    becomes -inf elsewhere.
+    The structured part is explicit (a call of the one visibility,
+    :func:`attnpass.ir.dialects.attention.visible`, docs/semantics.md §1.4), so
+    its alignment never depends on the backend's convention. An additive mask
+    keeps its values where allowed and becomes -inf elsewhere.
     """
     is_bool = mask is not None and env.type_of(node.mask).dtype is DType.bool
     allowed = _visible(node, env, xp, offset)
