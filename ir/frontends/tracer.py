@@ -17,7 +17,7 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -175,15 +175,19 @@ def _trace_of(operands: Sequence[Any], op: str) -> _Trace:
     return current
 
 
-def emit(op: str, operands: Sequence[Any], attrs: dict[str, Any] | None = None) -> Tensor:
-    """Add ``op`` to the active trace; shape errors name the op, the shapes and the user's line."""
-    for o in operands:
+def emit(op: str, operands: Sequence[Any] | Mapping[str, Any], attrs: dict[str, Any] | None = None) -> Tensor:
+    """Add ``op`` to the active trace; shape errors name the op, the shapes and the user's line. ``operands``: by
+    position, or operand name -> tensor (None: an absent optional operand)."""
+    named = dict(operands) if isinstance(operands, Mapping) else None
+    given = [o for o in (named.values() if named is not None else operands) if named is None or o is not None]
+    for o in given:
         if not isinstance(o, Tensor):
             raise ShapeError(f"{op}: expected traced tensors as operands, got {type(o).__name__} {o!r}")
-    trace = _trace_of(operands, op)
+    trace = _trace_of(given, op)
     loc = user_location()
+    inputs = [o.name for o in given] if named is None else {k: None if o is None else o.name for k, o in named.items()}
     try:
-        name = trace.graph.add_node(op, [o.name for o in operands], attrs or {}, loc=loc)
+        name = trace.graph.add_node(op, inputs, attrs or {}, loc=loc)
     except ShapeError as exc:
         raise ShapeError(f"{exc}{describe_location(loc)}") from None
     return Tensor(trace, name)

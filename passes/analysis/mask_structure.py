@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from attnpass.ir import DType, Graph, Node
-from attnpass.ir.dialects.attention import Window, key_ranges, sdpa_operands, window_offset
+from attnpass.ir.dialects.attention import Window, key_ranges, window_offset
 from attnpass.ir.dialects.evaluate import EVALUATORS, constant, evaluate
 
 from ..infra.rewrite import Decline, Rewriter
@@ -92,7 +92,7 @@ def _candidates(s: int, t: int, lo: np.ndarray, hi: np.ndarray):
 
 def match_structure(graph: Graph, node: Node) -> Structure | Decline | None:
     """The structure a static bool mask of sdpa ``node`` is, proven on every pair; None: no bool mask."""
-    mask, _sinks = sdpa_operands(node.inputs, node.attrs["has_sinks"])
+    mask = node.mask
     if mask is None or graph.node(mask).type.dtype is not DType.bool:
         return None
     value = _static(graph, mask)
@@ -142,7 +142,7 @@ def interval_structure(lo: np.ndarray, hi: np.ndarray, t: int) -> tuple[str, Win
 
 def rewrite_structure(rw: Rewriter, m: Structure) -> None:
     node = rw.anchor
-    operands = [x for x in node.inputs if x != m.mask]
+    operands = {**node.operands, "mask": None}
     attrs = {**node.attrs, "causal": m.causal, "window": m.window}
     rw.replace_matched(rw.op("sdpa", operands, attrs, node.name), prune=True)
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import ClassVar, NamedTuple
 
 from attnpass.ir import DType, Graph, Node
-from attnpass.ir.dialects.attention import Window, key_ranges, sdpa_operands, window_offset
+from attnpass.ir.dialects.attention import Window, key_ranges, window_offset
 
 from ..analysis.quantized_attention import NOT_CARRIED, decline_quantized
 from ..infra.base import Remarks, require_int
@@ -104,8 +104,8 @@ def _match(block_q: int, plan_of: str):
         ratio = s * t / visited
         if ratio < MIN_FLOP_RATIO:
             return Decline("little_gain", f"the tiles would skip little: FLOP ratio {ratio:.2f} < {MIN_FLOP_RATIO}")
-        mask = sdpa_operands(node.inputs, node.attrs["has_sinks"])[0]
-        if mask is not None and graph.node(mask).type.dtype is DType.bool and not node.attrs["has_sinks"]:
+        mask = node.mask
+        if mask is not None and graph.node(mask).type.dtype is DType.bool and node.sinks is None:
             return Decline(
                 "rows_without_keys",
                 f"bool mask {mask}: a row it leaves without keys is the mean of all T values in the dense call, "
@@ -125,12 +125,15 @@ def _match(block_q: int, plan_of: str):
 
 def _rewrite(rw: Rewriter, plan: _Plan) -> None:
     node = rw.anchor
-    q, k, v = node.inputs[:3]
-    mask, sinks = sdpa_operands(node.inputs, node.attrs["has_sinks"])
+    q, k, v, mask = node.q, node.k, node.v, node.mask
     outs = []
     for i, (q0, q1, k0, k1, window) in enumerate(plan.tiles):
-        operands = [rw.slice_axis(q, 2, q0, q1, hint=f"{node.name}_q{i}")]
-        operands += [rw.slice_axis(x, 2, k0, k1, hint=f"{node.name}_{x}{i}") for x in (k, v)]
+        operands = {
+            "q": rw.slice_axis(q, 2, q0, q1, hint=f"{node.name}_q{i}"),
+            "k": rw.slice_axis(k, 2, k0, k1, hint=f"{node.name}_{k}{i}"),
+            "v": rw.slice_axis(v, 2, k0, k1, hint=f"{node.name}_{v}{i}"),
+            "sinks": node.sinks,
+        }
         if mask is not None:
             rank = rw.type(mask).rank
             m = mask
@@ -138,8 +141,7 @@ def _rewrite(rw: Rewriter, plan: _Plan) -> None:
                 m = rw.slice_axis(m, rank - 2, q0, q1, hint=f"{node.name}_m{i}")
             if rank >= 1 and rw.type(mask).shape[-1] != 1:
                 m = rw.slice_axis(m, rank - 1, k0, k1, hint=f"{node.name}_m{i}")
-            operands.append(m)
-        operands += [sinks] if sinks is not None else []
+            operands["mask"] = m
         attrs = {**node.attrs, "causal": "bottom_right", "window": window}
         outs.append(rw.op("sdpa", operands, attrs, f"{node.name}_t{i}"))
     rw.replace_matched(rw.concat(outs, 2, f"{node.name}_rows"))

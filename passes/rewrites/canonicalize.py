@@ -494,7 +494,8 @@ class _ValueNumbers:
 
     @staticmethod
     def key(node: Node) -> Any:
-        return (node.op, node.inputs, tuple((k, _attr_key(v)) for k, v in node.attrs.items()), node.type)
+        attrs = tuple((k, _attr_key(v)) for k, v in node.attrs.items())
+        return (node.op, node.inputs, node.optionals, attrs, node.type)
 
     def match(self, graph: Graph, node: Node) -> _Same | None:
         """An earlier node computing what ``node`` computes (operands are visited, so numbered, first)."""

@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from attnpass.ir import DType, Graph, Node
-from attnpass.ir.dialects.attention import sdpa_operands, sdpa_variants
+from attnpass.ir.dialects.attention import sdpa_variants
 
 from ..analysis.devices import METAL_VECTOR_BUDGET, METAL_VECTOR_MAX_ROWS, metal_vector_serves
 from ..infra.base import Pass, Remarks, require_int
@@ -145,7 +145,7 @@ class DecomposeSDPA(Pass):
                 continue
             rw = Rewriter(graph, node)
             attrs = {**node.attrs, "precision": "float32"}
-            out = rw.op("quantized_sdpa", list(node.inputs), attrs, f"{node.name}_f32")
+            out = rw.op("quantized_sdpa", node.operands, attrs, f"{node.name}_f32")
             rw.replace_matched(out)
             remarks.applied(out, QUANTIZED_FLOAT32.format(dtype=dtype.value), node.loc)
             changed.add(out)
@@ -187,7 +187,7 @@ class DecomposeSDPA(Pass):
             why = f"q_len {s}, gqa {gqa}, head dims {d}/{dv}: MLX's Metal vector kernel does not serve it"
         else:
             why = CPU_UNFUSED[self.target]
-        variants = sdpa_variants(node.attrs)
+        variants = sdpa_variants(node)
         extra = f"; {variants} written out (a sink: one more softmax column, dropped before @ v)" if variants else ""
         return _Plan(f"strategy decomposed ({on}): {why}; {folded}{extra}")
 
@@ -208,7 +208,7 @@ def _rewrite(rw: Rewriter, plan: _Plan) -> None:
         c = rw.scalar(cap, DType.float32, "cap")
         capped = rw.op("tanh", [rw.op("div", [scores, c], hint="scores")], hint="scores")
         scores = rw.op("mul", [capped, c], hint="scores")
-    mask, sinks = sdpa_operands(node.inputs, node.attrs["has_sinks"])
+    mask, sinks = node.mask, node.sinks
     if mask is not None:
         scores = _masked(rw, rw.reshape(scores, (b, hkv, g, s, t), "scores"), mask, hkv, g)
     if sinks is not None:  # one more softmax column per query head, dropped before @ v

@@ -120,9 +120,7 @@ class _Match:
 
 def _kv_and_mask(node: Node) -> tuple[list[str], str | None]:
     """The K/V operands of an ``sdpa`` (k, v) or a ``quantized_sdpa`` (kq, ks, kb, vq, vs, vb), and its mask."""
-    count = 6 if node.op == "quantized_sdpa" else 2
-    kv = list(node.inputs[1 : 1 + count])
-    return kv, node.inputs[1 + count] if len(node.inputs) > 1 + count else None
+    return [node.operand(name) for name in node.opdef.required[1:]], node.mask
 
 
 def _is_neg_inf_constant(node: Node) -> bool:
@@ -173,7 +171,7 @@ class QSAGather(SwitchedPass):
     def _match(self, graph: Graph, node: Node) -> _Match | Decline:
         """The matched pattern, or why the masked path is kept (with the numbers)."""
         if node.op == "sdpa":
-            variants = sdpa_variants(node.attrs)
+            variants = sdpa_variants(node)
             if variants:
                 return _kept("unsupported_variant", f"sdpa has {variants}; the QSA gather form has none of them")
             if node.attrs["causal"] != "none":
@@ -343,11 +341,12 @@ def _attend(
         if vis_cast is not None:
             vis = rw.op("cast", [vis], {"dtype": vis_cast}, "vis_gathered")
         mask = rw.op("where", [valid, vis, rw.scalar(-math.inf, rw.type(vis).dtype, "neg_inf")], hint="gather_mask")
+    operands = {**dict(zip(rw.anchor.opdef.required, [_rows_to_batch(rw, q), *kv])), "mask": mask}
     if m.quantized:  # the same attributes: scale, group size, bits, precision
-        out = rw.op("quantized_sdpa", [_rows_to_batch(rw, q), *kv, mask], dict(rw.anchor.attrs), "sdpa_gather")
+        out = rw.op("quantized_sdpa", operands, dict(rw.anchor.attrs), "sdpa_gather")
     else:
         sdpa_attrs = {"scale": rw.anchor.attrs["scale"], "causal": "none"}
-        out = rw.op("sdpa", [_rows_to_batch(rw, q), *kv, mask], sdpa_attrs, "sdpa_gather")
+        out = rw.op("sdpa", operands, sdpa_attrs, "sdpa_gather")
     return _batch_to_rows(rw, out, b, s)
 
 

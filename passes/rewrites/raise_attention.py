@@ -144,11 +144,10 @@ def _sinks(rw: Rewriter, m: Attention, hq: int, hint: str) -> str | None:
 
 def _attention_rewrite(rw: Rewriter, m: Attention) -> None:
     name = m.pv.name
-    operands = [_operand(rw, x, m.dtype, f"{name}_{role}") for role, x in zip("qkv", (m.q, m.k, m.v))]
-    mask = _mask(rw, m.mask, m.dtype, f"{name}_mask")
-    sinks = _sinks(rw, m, rw.type(operands[0]).shape[1], f"{name}_sinks")
-    attrs = {"scale": m.scale, "causal": "none", "has_sinks": sinks is not None, "logit_softcap": m.softcap}
-    operands += ([mask] if mask is not None else []) + ([sinks] if sinks is not None else [])
+    operands = {role: _operand(rw, x, m.dtype, f"{name}_{role}") for role, x in zip("qkv", (m.q, m.k, m.v))}
+    operands["mask"] = _mask(rw, m.mask, m.dtype, f"{name}_mask")
+    operands["sinks"] = _sinks(rw, m, rw.type(operands["q"]).shape[1], f"{name}_sinks")
+    attrs = {"scale": m.scale, "causal": "none", "logit_softcap": m.softcap}
     out = rw.op("sdpa", operands, attrs, f"{name}_sdpa")
     split, perm = la.view_plan(m.out_layout, rw.type(out).shape)  # [B, H, S, D] laid out as P·V was
     rw.replace_matched(rw.relayout(out, split, perm, m.pv.type.shape, f"{name}_out"), prune=True)

@@ -158,8 +158,9 @@ def _shapes(graph: Graph, node: str) -> tuple[tuple[int, ...], ...]:
 
 def _chunked(before: Graph, after: Graph, r: Remark, m: re.Match, ctx: _Context) -> None:
     (_b, hq, s, _d), (_b2, hkv, *_), _v, *rest = _shapes(before, r.node)
-    has_sinks = before.node(r.node).attrs["has_sinks"]
-    mask = rest[:-1] if has_sinks else rest
+    anchor = before.node(r.node)
+    has_sinks = anchor.sinks is not None
+    mask = [] if anchor.mask is None else [rest[0]]
     assert (m["sinks"] is not None) == has_sinks, "sinks stated iff the sdpa has them"
     budget = int(m["budget"])
     assert budget == ctx.option("budget")
@@ -176,15 +177,15 @@ def _chunked(before: Graph, after: Graph, r: Remark, m: re.Match, ctx: _Context)
     assert len(set(kv)) == hkv and all(after.node(k).type.shape[1] == 1 for k in kv)
     assert "+".join(str(h) for h, k in zip(heads, kv) if k == kv[0]) == m["sizes"]
     if has_sinks:  # call i reads sinks[h0:h1], its own heads' logits
-        sinks = [after.node(c.inputs[-1]) for c in calls]
-        assert all(x.op == "slice" and x.inputs[0] == before.node(r.node).inputs[-1] for x in sinks)
+        sinks = [after.node(c.sinks) for c in calls]
+        assert all(x.op == "slice" and x.inputs[0] == anchor.sinks for x in sinks)
         assert [(x.attrs["start"][0], x.attrs["stop"][0]) for x in sinks] == [(a, a + h) for a, h in zip(starts, heads)]
     if m["mask"] == "no mask":
         assert not mask and all(len(c.inputs) == 3 + has_sinks for c in calls)
     elif m["mask"].startswith("the mask broadcasts"):
-        assert all(c.inputs[3] == before.node(r.node).inputs[3] for c in calls) and mask[0][-3:-2] != (hq,)
+        assert all(c.mask == anchor.mask for c in calls) and mask[0][-3:-2] != (hq,)
     else:
-        assert [after.node(c.inputs[3]).type.shape[-3] for c in calls] == heads
+        assert [after.node(c.mask).type.shape[-3] for c in calls] == heads
 
 
 def _fits(before: Graph, after: Graph, r: Remark, m: re.Match, ctx: _Context) -> None:
@@ -230,7 +231,7 @@ def _gathered(before: Graph, after: Graph, r: Remark, m: re.Match, ctx: _Context
     assert kv[0].type.shape == (b * s, hkv, width, dk)
     assert r.node not in _live(after), "the masked sdpa is still live"
     if ctx.arrays is not None:  # the masked path's visible cells per row: at most the stated count
-        qmask = _ancestor(before, anchor.inputs[3], "qsa_mask")
+        qmask = _ancestor(before, anchor.mask, "qsa_mask")
         visible = _evaluate(before, qmask.name, ctx.arrays).reshape(b, s, t).sum(-1)
         assert visible.max() <= cells, f"a row sees {visible.max()} cells, the remark says {cells}"
 
@@ -359,7 +360,7 @@ def _raised(before: Graph, after: Graph, r: Remark, m: re.Match, ctx: _Context) 
             assert (m["qk"], m["sm"], m["pv"]) == (qk.type.dtype.short, sm.type.dtype.short, pv.type.dtype.short)
     cap = call.attrs.get("logit_softcap")
     assert (m["softcap"] is None) == (cap is None) and (cap is None or float(m["softcap"]) == float(f"{cap:g}"))
-    assert (m["sinks"] is not None) == bool(call.attrs.get("has_sinks")), "sinks stated iff the sdpa has them"
+    assert (m["sinks"] is not None) == (call.sinks is not None), "sinks stated iff the sdpa has them"
     for fill, bound in FILL.findall(m["fills"]):  # exp(fill - m) is 0 in float64 once m >= fill + 1024
         assert m["mask"] != "none" and float(bound) == float(fill) + 1024, (fill, bound)
         assert float(bound) <= -(2**24 if call.type.dtype is not DType.float16 else 31728), bound  # docs §1.2
