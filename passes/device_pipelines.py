@@ -7,7 +7,7 @@
   block-key cache instead of re-pooling the whole raw key cache; the graph
   gains a state pair the caller carries) and ``qsa-gather`` (attention over
   the selected cells only, every row of a verify step in one gather; a
-  prefill cut into tiles of ``PREFILL_TILES[device]`` rows, one gather each);
+  prefill cut into tiles of the device's ``prefill_tile`` rows, one gather each);
 - ``"cpu"``: ``block-sparse``, a causal ``sdpa`` (with a sliding window or
   chunks) of more than 512 rows computed per 512-row tile over only the keys
   the tile's rows see, where the tiles skip at least a sixth of the score plane
@@ -30,13 +30,14 @@ every attention call fused, as ``"gpu"`` does.
 
 from __future__ import annotations
 
+from .analysis.devices import DEVICES
 from .infra.base import Pass
 from .rewrites.block_sparse import BlockSparse
 from .rewrites.dce import DeadCodeElimination
-from .rewrites.decompose_sdpa import DEVICES, DecomposeSDPA
+from .rewrites.decompose_sdpa import DecomposeSDPA
 from .rewrites.head_chunk import HeadChunkSDPA
 from .rewrites.narrow_inputs import NarrowInputs
-from .rewrites.qsa_gather import PREFILL_TILES, QSAGather
+from .rewrites.qsa_gather import QSAGather
 from .rewrites.qsa_pool_cache import QSAPoolCache
 
 
@@ -49,7 +50,7 @@ def default_pipeline(device: str, *, keep_signature: bool = False, target: str |
     if device not in DEVICES:
         raise ValueError(f"default_pipeline: device must be one of {', '.join(DEVICES)}, got {device!r}")
     own: list[Pass] = {"cpu": [BlockSparse(device=device)], "metal": [HeadChunkSDPA()]}.get(device, [])
-    gather = QSAGather(prefill_tile=PREFILL_TILES[device])
+    gather = QSAGather(prefill_tile=DEVICES[device].prefill_tile)
     if keep_signature:
         return [gather, *own, DecomposeSDPA(device=device, target=target), DeadCodeElimination()]
     return [

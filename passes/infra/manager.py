@@ -107,6 +107,7 @@ class PassManager:
                         "not_converged",
                         f"fixed point not reached: the pipeline still changed the graph after "
                         f"{self.max_iterations} iterations (max_iterations); stopped there",
+                        data={"max_iterations": self.max_iterations},
                     )
                 )
         result = current if current is not graph else graph.copy()  # never hand back the caller's object

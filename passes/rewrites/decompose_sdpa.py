@@ -53,12 +53,11 @@ from typing import ClassVar
 from attnpass.ir import DType, Graph, Node
 from attnpass.ir.dialects.attention import sdpa_operands, sdpa_variants
 
-from ..analysis.devices import METAL_VECTOR_BUDGET, METAL_VECTOR_MAX_ROWS, metal_vector_serves
+from ..analysis.devices import DEVICES, METAL_VECTOR_BUDGET, METAL_VECTOR_MAX_ROWS, metal_vector_serves
 from ..infra.base import Pass, Remarks, require_int
 from ..infra.registry import register_pass
 from ..infra.rewrite import Decline, Rewriter, Rule, apply_rules
 
-DEVICES = ("cpu", "metal", "gpu", "tpu")
 TARGETS = ("mlx", "jax")
 UNREACHABLE = {("metal", "jax"): "the metal strategy is MLX's Metal kernel model", ("tpu", "mlx"): "MLX has no TPU"}
 # Why the fused call stays on a GPU, and why CPU decode is decomposed, per target (None: any target)
@@ -234,4 +233,4 @@ def _masked(rw: Rewriter, scores: str, mask: str, hkv: int, g: int) -> str:
     return rw.op("add", [scores, rw.cast(mask, DType.float32)], hint="scores")
 
 
-__all__ = ["DEVICES", "DecomposeSDPA", "TARGETS"]
+__all__ = ["DecomposeSDPA", "TARGETS"]

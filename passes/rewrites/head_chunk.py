@@ -68,6 +68,7 @@ class _Plan:
     chunks: int
     slice_mask: bool  # the mask carries one row per query head: slice it per chunk
     message: str
+    figures: dict
 
 
 def _match(budget: int):
@@ -80,15 +81,18 @@ def _match(budget: int):
         plan = head_chunk_plan(s, hq, hkv, budget)
         if plan is None:
             if s > budget:
-                return Decline("too_many_rows", f"q_len {s} > {budget}: wide rows stay unchanged")
+                figures = {"q_len": s, "budget": budget}
+                return Decline("too_many_rows", f"q_len {s} > {budget}: wide rows stay unchanged", data=figures)
             return Decline(
                 "fused_kernel_serves",
                 f"q_len*gqa = {s * gqa} <= {budget} (q_len {s}, gqa {gqa}): fits the fused budget",
+                data={"q_len": s, "gqa": gqa, "budget": budget},
             )
         hpc, chunks = plan
         mask_value = sdpa_operands(node.inputs, node.attrs["has_sinks"])[0]
         mask = graph.node(mask_value).type.shape if mask_value is not None else None
         slice_mask = mask is not None and len(mask) >= 3 and mask[-3] == hq
+        mask_kind = "none" if mask is None else "per_head" if slice_mask else "broadcast"
         if mask is None:
             masked = "no mask"
         elif slice_mask:
@@ -98,14 +102,19 @@ def _match(budget: int):
             )
         else:
             masked = "the mask broadcasts over heads and passes unchanged to every subcall"
-        sizes = "+".join(str(h1 - h0) for j, h0, h1 in head_chunks(hq, hkv, hpc) if j == 0)
+        group = [h1 - h0 for j, h0, h1 in head_chunks(hq, hkv, hpc) if j == 0]  # query heads per subcall
+        sizes = "+".join(str(h) for h in group)
         message = (
             f"q_len*gqa = {s * gqa} > {budget} (q_len {s}, gqa {gqa}): {chunks} subcalls with "
             f"heads_per_chunk {hpc} ({sizes} per KV group, {hkv} KV group(s)), one-head K/V slices, "
             f"concat in head order; {masked}"
             + ("; sinks [Hq] sliced per chunk (one logit per query head)" if node.attrs["has_sinks"] else "")
         )
-        return _Plan(hpc, chunks, slice_mask, message)
+        figures = {
+            "q_len": s, "gqa": gqa, "budget": budget, "calls": chunks, "heads_per_chunk": hpc, "sizes": group,
+            "kv_heads": hkv, "mask": mask_kind, "sinks": bool(node.attrs["has_sinks"]),
+        }  # fmt: skip
+        return _Plan(hpc, chunks, slice_mask, message, figures)
 
     return match
 
@@ -176,7 +185,7 @@ class HeadChunkSDPA(SwitchedPass):
         require_int("HeadChunkSDPA", "budget", self.budget, meaning="q_len * heads per subcall")
 
     def run(self, graph: Graph, remarks: Remarks) -> bool:
-        rule = Rule("head-chunk", "sdpa", _match(self.budget), _rewrite, lambda plan: plan.message)
+        rule = Rule("head-chunk", "sdpa", _match(self.budget), _rewrite, lambda plan: (plan.message, plan.figures))
         decline_quantized(graph, remarks, NOT_CARRIED.format(self.name))
         return bool(apply_rules(graph, [rule], remarks, decline_all=self.disabled()))
 

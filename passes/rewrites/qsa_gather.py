@@ -98,7 +98,6 @@ from ..infra.rewrite import Decline, Rewriter, Rule, apply_rules
 
 ENV_VAR = "ATTNPASS_QSA_GATHER"
 RULES = {"sdpa": "qsa-gather", "quantized_sdpa": "qsa-gather-quantized"}  # rule name per anchor op
-PREFILL_TILES = {"cpu": 16, "metal": 16, "gpu": 64, "tpu": 64}  # rows per prefill tile (default_pipeline)
 
 
 @dataclass(frozen=True)
@@ -214,8 +213,10 @@ class QSAGather(SwitchedPass):
         top_k = selection.type.shape[-1]
         if qmask.attrs["kv_len"] != t:
             return _kept(
-                "shape_mismatch", f"{qmask.name} has kv_len={qmask.attrs['kv_len']} but the cache k has n_kv={t}"
-            )
+                "shape_mismatch",
+                f"{qmask.name} has kv_len={qmask.attrs['kv_len']} but the cache k has n_kv={t}",
+                kv_len=qmask.attrs["kv_len"], n_kv=t,
+            )  # fmt: skip
         if qmask.type.shape != (b, 1, s, t):
             return _kept(
                 "shape_mismatch",
@@ -226,11 +227,16 @@ class QSAGather(SwitchedPass):
             return _kept(
                 "shape_mismatch",
                 f"block scores cover {n_blocks} blocks x ratio {ratio} = {n_blocks * ratio} cells > n_kv={t}",
+                blocks=n_blocks,
+                ratio=ratio,
+                n_kv=t,
             )
         if s > self.max_rows and not self.prefill_tile:
             return _kept(
                 "too_many_rows",
                 f"prefill-shaped: {s} query rows per stream > max_rows={self.max_rows} (decode, verify only)",
+                rows=s,
+                max_rows=self.max_rows,
             )
         width = self.width(top_k, ratio)
         if t < self.min_depth_factor * width:
@@ -239,12 +245,24 @@ class QSAGather(SwitchedPass):
                 f"shallow cache: n_kv={t} < min_depth_factor*W = {self.min_depth_factor}*{width} = "
                 f"{self.min_depth_factor * width:g} "
                 f"(W = {top_k}*{ratio} + {ratio - 1}, pad_multiple={self.pad_multiple})",
+                **self._figures(top_k, ratio, width, t),
             )
         tile = s if s <= self.max_rows else min(s, self.prefill_tile)
         quantized = node.op == "quantized_sdpa"
         return _Match(selection, form, vis, ratio, top_k, width, t, b, s, given, qmask.inputs[1], tile, quantized)
 
-    def _describe(self, m: _Match) -> str:
+    def _figures(self, top_k: int, ratio: int, width: int, n_kv: int) -> dict:
+        """The figures of the width ``W`` and the depth check, by name."""
+        return {
+            "top_k": top_k, "ratio": ratio, "tail": ratio - 1, "cells": min_width(top_k, ratio), "width": width,
+            "pad_multiple": self.pad_multiple, "n_kv": n_kv, "min_depth_factor": self.min_depth_factor,
+        }  # fmt: skip
+
+    def _describe(self, m: _Match) -> tuple[str, dict]:
+        figures = {
+            **self._figures(m.top_k, m.ratio, m.width, m.n_kv), "streams": m.streams, "rows": m.rows,
+            "visibility": "none" if m.vis is None else m.form, "selection_input": m.given, "quantized": m.quantized,
+        }  # fmt: skip
         vis = "none" if m.vis is None else f"{m.form} with {m.vis}"
         given = f"; selection: graph input {m.select.name}, distinct ids promised by the caller" if m.given else ""
         gathers, last, attention = ("K and V", "D", "sdpa")
@@ -253,6 +271,8 @@ class QSAGather(SwitchedPass):
             given += "; quantized K/V: only the gathered cells' packed rows are read, none dequantized beforehand"
         if m.rows > self.max_rows:
             tiles = -(-m.rows // m.tile)
+            figures.update(tiles=tiles, tile=m.tile, prefill_tile=self.prefill_tile, max_rows=self.max_rows)
+            figures.update(tile_cells=m.tile * m.width, flop_ratio=m.width / m.n_kv)
             return (
                 f"prefill tiled: {m.streams} stream(s) x {m.rows} rows in {tiles} tile(s) of {m.tile} row(s) "
                 f"(prefill_tile={self.prefill_tile}, rows > max_rows={self.max_rows}); per tile one qsa_gather each "
@@ -261,19 +281,20 @@ class QSAGather(SwitchedPass):
                 f"cells, W={m.width} (pad_multiple={self.pad_multiple}); attention width n_kv={m.n_kv} -> "
                 f"{m.width} per row, FLOP ratio vs dense W/n_kv = {m.width / m.n_kv:.4f}; visibility: {vis}; "
                 "the masked path is now dead (run dce)" + given
-            )
+            ), figures
+        figures.update(tiles=1, batched=m.streams * m.rows)
         return (
             f"gather: top {m.top_k} blocks x ratio {m.ratio} + {m.ratio - 1} tail = {min_width(m.top_k, m.ratio)} "
             f"cells, W={m.width} (pad_multiple={self.pad_multiple}); attention width n_kv={m.n_kv} -> {m.width} "
             f"(n_kv >= {self.min_depth_factor}*W); {m.streams} stream(s) x {m.rows} row(s), "
             f"one qsa_gather each of {gathers} [B*S, Hkv, W, {last}] and one {attention} over {m.streams * m.rows} row(s); "
             f"visibility: {vis}; the masked path is now dead (run dce)" + given
-        )
+        ), figures
 
 
-def _kept(reason: str, why: str) -> Decline:
-    """A decline with code ``reason`` whose words start with "masked path kept: "."""
-    return Decline(reason, f"masked path kept: {why}")
+def _kept(reason: str, why: str, **figures: object) -> Decline:
+    """A decline with code ``reason`` whose words start with "masked path kept: ", and its figures."""
+    return Decline(reason, f"masked path kept: {why}", data=figures)
 
 
 def _split_mask(graph: Graph, mask: Node) -> tuple[str, Node, str | None] | Decline:
@@ -389,4 +410,4 @@ def _gather_source(rw: Rewriter, vis: str | None) -> tuple[str | None, DType | N
     return rw.reshape(node.name, (1,) * (4 - len(shape)) + shape, "vis4"), cast_to
 
 
-__all__ = ["ENV_VAR", "PREFILL_TILES", "QSAGather"]
+__all__ = ["ENV_VAR", "QSAGather"]

@@ -199,6 +199,8 @@ class QSAPoolCache(SwitchedPass):
                 "not_divisible",
                 f"n_kv={t} of {raw.name} is not a multiple of ratio {ratio}: a row in the trailing partial block "
                 "would write over the last whole block",
+                n_kv=t,
+                ratio=ratio,
             )
         cone = (graph.ancestors([keys.name]) & graph.descendants([pool.name])) - {pool.name}
         chain = tuple(n for n in graph.nodes() if n.name in cone)
@@ -233,9 +235,11 @@ class QSAPoolCache(SwitchedPass):
         (pos,) = positions
         streams, rows = graph.node(pos).type.shape
         if streams != b:
-            return _kept("shape_mismatch", f"positions {pos} have {streams} stream(s), the raw keys {raw.name} {b}")
+            why = f"positions {pos} have {streams} stream(s), the raw keys {raw.name} {b}"
+            return _kept("shape_mismatch", why, streams=streams, raw_streams=b)
         if rows > self.max_rows:
-            return _kept("too_many_rows", f"prefill-shaped: {rows} query rows per stream > max_rows={self.max_rows}")
+            why = f"prefill-shaped: {rows} query rows per stream > max_rows={self.max_rows}"
+            return _kept("too_many_rows", why, rows=rows, max_rows=self.max_rows)
         cache = graph.fresh_name(f"{raw.name}_blocks")
         stored = pool if self.store == "pooled" else keys
         replay = (1, 1) if stored is pool else _xla_reduction_rows(graph, chain, keys)
@@ -244,9 +248,9 @@ class QSAPoolCache(SwitchedPass):
         return _Match(pool, raw, keys, chain, stored, pos, streams, rows, cache, len(graph.outputs), replay, others)
 
 
-def _kept(reason: str, why: str) -> Decline:
-    """A decline with code ``reason`` whose words start with "in-graph pooling kept: "."""
-    return Decline(reason, f"in-graph pooling kept: {why}")
+def _kept(reason: str, why: str, **figures: object) -> Decline:
+    """A decline with code ``reason`` whose words start with "in-graph pooling kept: ", and its figures."""
+    return Decline(reason, f"in-graph pooling kept: {why}", data=figures)
 
 
 # ---------------------------------------------------------------------- rewrite
@@ -394,7 +398,7 @@ def _write(m: _Match) -> str:
     return f"one put_along_axis of all {m.streams * m.rows} rows' blocks (chained updates made XLA copy the cache)"
 
 
-def _describe(m: _Match) -> str:
+def _describe(m: _Match) -> tuple[str, dict]:
     ratio, raw = m.pool.attrs["ratio"], m.raw.type
     cache = TensorType(m.stored.type.shape, CACHE_DTYPE)
     read = m.streams * m.rows * ratio * raw.shape[2] * raw.dtype.itemsize
@@ -412,6 +416,15 @@ def _describe(m: _Match) -> str:
         else f"the pooling no longer reads the other {raw.nbytes - read:,} bytes, but {m.raw.name} is still read by "
         f"{', '.join(m.raw_readers)}"
     )
+    figures = {
+        "store": "pooled" if m.stored is m.pool else "keys", "keys": m.keys.name, "raw": m.raw.name,
+        "cache": m.cache, "cache_type": str(cache), "cache_bytes": cache.nbytes, "output": m.output,
+        "blocks": m.streams * m.rows, "ratio": ratio, "read_bytes": read, "raw_rows": raw.shape[1],
+        "raw_bytes": raw.nbytes, "saved_bytes": raw.nbytes - read, "raw_readers": m.raw_readers,
+        "write": "dynamic_update_slice" if m.streams * m.rows == 1 else "put_along_axis",
+        "chain_ops": sorted({n.op for n in m.chain}), "chain_length": len(m.chain), "cache_blocks": blocks,
+        "replay_rows": m.replay_rows, "key_blocks": m.keys.type.shape[:2],
+    }  # fmt: skip
     return (
         f"{what} (qsa_pool of {m.raw.name}) now come from the new resident input {m.cache}:{cache}, "
         f"{cache.nbytes:,} bytes, whose next value is output #{m.output}; per step {m.streams * m.rows} block(s) of "
@@ -419,7 +432,7 @@ def _describe(m: _Match) -> str:
         f"({raw.nbytes:,} bytes), written with {_write(m)}: {saved}; {after}; "
         "start the cache with "
         "QSAPoolCache().prefill(graph) and feed it back (Graph.state_pairs)"
-    )
+    ), figures
 
 
 __all__ = ["ENV_VAR", "STORES", "QSAPoolCache"]

@@ -100,7 +100,7 @@ def test_remarks_json_writes_every_field():
         loc = None if r.loc is None else {"file": r.loc.file, "line": r.loc.line, "function": r.loc.function}
         assert row == {
             "pass": r.pass_name, "rule": r.rule, "kind": r.kind, "node": r.node, "reason": r.reason,
-            "message": r.message, "loc": loc,
+            "message": r.message, "data": json.loads(json.dumps(dict(r.data))), "loc": loc,
         }  # fmt: skip
     assert {row["reason"] for row in rows} <= set(REASONS)
     assert any(row["rule"] not in (None, row["pass"]) for row in rows)  # a multi-rule pass names its rules
