@@ -179,17 +179,6 @@ class Pass(abc.ABC):
         return PassManager([self]).run(graph)
 
 
-def require_int(owner: str, option: str, value: object, *, minimum: int = 1, meaning: str = "") -> None:
-    """Raise ValueError unless ``value`` is an int (a bool is not) ``>= minimum``, naming ``owner`` and ``option``.
-
-    ``require_int("SplitKV", "shards", 1, minimum=2)``: ``SplitKV: shards must be an int >= 2, got 1``;
-    ``meaning`` is added in parentheses after the bound.
-    """
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        note = f" ({meaning})" if meaning else ""
-        raise ValueError(f"{owner}: {option} must be an int >= {minimum}{note}, got {value!r}")
-
-
 @dataclass(frozen=True)
 class PassResult:
     """What a pipeline produced: the new graph, whether anything changed, and every remark."""

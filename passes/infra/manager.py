@@ -33,9 +33,9 @@ import os
 import time
 from typing import Iterable, Sequence
 
-from attnpass.ir import Graph, VerifyError
+from attnpass.ir import Graph, VerifyError, require_int
 
-from .base import Pass, PassError, PassResult, Remark, Remarks, require_int
+from .base import Pass, PassError, PassResult, Remark, Remarks
 from .instrument import Instrumentation
 from .reproducer import crash_note
 

@@ -24,12 +24,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, NamedTuple
 
-from attnpass.ir import DType, Graph, Node
+from attnpass.ir import DType, Graph, Node, require_int
 from attnpass.ir.dialects.attention import Window, key_ranges, sdpa_operands, window_offset
 
 from ..analysis.devices import DEVICES
 from ..analysis.quantized_attention import NOT_CARRIED, decline_quantized
-from ..infra.base import Remarks, require_int
+from ..infra.base import Remarks
 from ..infra.policy import SwitchedPass
 from ..infra.registry import register_pass
 from ..infra.rewrite import Decline, Rewriter, Rule, apply_rules

@@ -50,11 +50,11 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
-from attnpass.ir import DType, Graph, Node
+from attnpass.ir import DType, Graph, Node, require_int
 from attnpass.ir.dialects.attention import sdpa_operands, sdpa_variants
 
 from ..analysis.devices import DEVICES, METAL_VECTOR_BUDGET, METAL_VECTOR_MAX_ROWS, metal_vector_serves
-from ..infra.base import Pass, Remarks, require_int
+from ..infra.base import Pass, Remarks
 from ..infra.registry import register_pass
 from ..infra.rewrite import Decline, Rewriter, Rule, apply_rules
 

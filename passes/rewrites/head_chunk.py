@@ -15,12 +15,12 @@ import threading
 from dataclasses import dataclass
 from typing import ClassVar
 
-from attnpass.ir import Graph, Node
+from attnpass.ir import Graph, Node, require_int
 from attnpass.ir.dialects.attention import sdpa_operands
 
 from ..analysis.devices import METAL_VECTOR_BUDGET
 from ..analysis.quantized_attention import NOT_CARRIED, decline_quantized
-from ..infra.base import Remarks, require_int
+from ..infra.base import Remarks
 from ..infra.policy import SwitchedPass
 from ..infra.registry import register_pass
 from ..infra.rewrite import Decline, Rewriter, Rule, apply_rules

@@ -87,11 +87,11 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
-from attnpass.ir import DType, Graph, Node
+from attnpass.ir import DType, Graph, Node, require_int
 from attnpass.ir.dialects import min_width
 from attnpass.ir.dialects.attention import sdpa_variants
 
-from ..infra.base import Remarks, require_int
+from ..infra.base import Remarks
 from ..infra.policy import SwitchedPass
 from ..infra.registry import register_pass
 from ..infra.rewrite import Decline, Rewriter, Rule, apply_rules

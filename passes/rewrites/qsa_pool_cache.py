@@ -83,10 +83,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from attnpass.ir import DType, Graph, Node, TensorType, get_op
+from attnpass.ir import DType, Graph, Node, TensorType, get_op, require_int
 from attnpass.ir.core.builder import Builder
 
-from ..infra.base import Remarks, require_int
+from ..infra.base import Remarks
 from ..infra.policy import SwitchedPass
 from ..infra.registry import register_pass
 from ..infra.rewrite import Decline, Rewriter, Rule, apply_rules
