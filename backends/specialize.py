@@ -35,11 +35,10 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Sequence, TextIO
 
-from attnpass.ir import AttnpassError, DType, Graph, ImportedGraph, TensorType
+from attnpass.ir import AttnpassError, DType, Graph, ImportedGraph, TensorType, require_int
 from attnpass.ir.frontends.importing import graph_name
 from attnpass.lowering import Program, lower
 from attnpass.passes import Pass, PassManager, PassResult, Remark, default_pipeline, format_pipeline, parse_pipeline
-from attnpass.passes.infra.base import require_int
 
 MAX_SIGNATURES = 64
 RAISE = "raise-attention"  # imported graphs hold attention as primitives: raise it to sdpa before anything else

@@ -19,6 +19,7 @@ from .types import (
     SourceLoc,
     TensorType,
     VerifyError,
+    require_int,
 )
 from .verifier import verify
 
@@ -26,5 +27,5 @@ __all__ = [
     "FLOAT_DTYPES", "ROLES", "AttnpassError", "AttrSpec", "DType", "Graph", "GraphDiff", "GraphFormatError", "Node",
     "OpDef", "PrintSettings", "ShapeError", "SourceLoc", "TensorType", "VerifyError", "attr", "diff_graphs",
     "format_graph", "format_node", "format_slice", "get_op", "parse_graph", "register", "registered_ops", "render",
-    "to_dot", "verify",
+    "require_int", "to_dot", "verify",
 ]  # fmt: skip

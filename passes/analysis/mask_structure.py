@@ -34,6 +34,7 @@ class Structure:
     causal: str
     window: Window | None
     message: str
+    figures: dict  # the message's figures by name (Remark.data)
 
 
 def _static(graph: Graph, name: str) -> np.ndarray | str:
@@ -108,7 +109,15 @@ def match_structure(graph: Graph, node: Node) -> Structure | Decline | None:
         return Decline("mask_not_structured", f"bool mask {mask} kept dense: {found}")
     causal, window = found
     named = f"causal={causal!r}" + (f", window={tuple(window)}" if window else "")
-    return Structure(mask, causal, window, f"bool mask {mask} is exactly {named} (all {s * t} pairs checked)")
+    figures = {
+        "mask": mask,
+        "causal": causal,
+        "window": window and tuple(window),
+        "q_len": s,
+        "kv_len": t,
+        "pairs": s * t,
+    }
+    return Structure(mask, causal, window, f"bool mask {mask} is exactly {named} (all {s * t} pairs checked)", figures)
 
 
 def plane_structure(seen: np.ndarray) -> tuple[str, Window | None] | str:

@@ -55,6 +55,13 @@ class QuantizedAttention:
             f"scale {self.scale:g}, mask {mask}"
         )
 
+    @property
+    def figures(self) -> dict:
+        """What :attr:`summary` states, by name (Remark.data)."""
+        hq, hkv = self.heads
+        return {"q_heads": hq, "kv_heads": hkv, "bits": self.bits, "group_size": self.group_size, "scale": self.scale,
+                "mask": self.mask}  # fmt: skip
+
 
 def _kv_root(graph: Graph, value: str, lead: tuple[int, int], groups: int, folded: bool) -> str | Decline:
     """The ``[B, Hkv, T, .]`` root of one K/V operand: itself (no GQA), or a reshape inserting a unit axis at 2,

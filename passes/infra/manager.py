@@ -33,9 +33,9 @@ import os
 import time
 from typing import Iterable, Sequence
 
-from attnpass.ir import Graph, VerifyError
+from attnpass.ir import Graph, VerifyError, require_int
 
-from .base import Pass, PassError, PassResult, Remark, Remarks, require_int
+from .base import Pass, PassError, PassResult, Remark, Remarks
 from .instrument import Instrumentation
 from .reproducer import crash_note
 
@@ -107,6 +107,7 @@ class PassManager:
                         "not_converged",
                         f"fixed point not reached: the pipeline still changed the graph after "
                         f"{self.max_iterations} iterations (max_iterations); stopped there",
+                        data={"max_iterations": self.max_iterations},
                     )
                 )
         result = current if current is not graph else graph.copy()  # never hand back the caller's object

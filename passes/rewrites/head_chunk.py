@@ -15,11 +15,11 @@ import threading
 from dataclasses import dataclass
 from typing import ClassVar
 
-from attnpass.ir import Graph, Node
+from attnpass.ir import Graph, Node, require_int
 
 from ..analysis.devices import METAL_VECTOR_BUDGET
 from ..analysis.quantized_attention import NOT_CARRIED, decline_quantized
-from ..infra.base import Remarks, require_int
+from ..infra.base import Remarks
 from ..infra.policy import SwitchedPass
 from ..infra.registry import register_pass
 from ..infra.rewrite import Decline, Rewriter, Rule, apply_rules
@@ -67,6 +67,7 @@ class _Plan:
     chunks: int
     slice_mask: bool  # the mask carries one row per query head: slice it per chunk
     message: str
+    figures: dict
 
 
 def _match(budget: int):
@@ -79,14 +80,17 @@ def _match(budget: int):
         plan = head_chunk_plan(s, hq, hkv, budget)
         if plan is None:
             if s > budget:
-                return Decline("too_many_rows", f"q_len {s} > {budget}: wide rows stay unchanged")
+                figures = {"q_len": s, "budget": budget}
+                return Decline("too_many_rows", f"q_len {s} > {budget}: wide rows stay unchanged", data=figures)
             return Decline(
                 "fused_kernel_serves",
                 f"q_len*gqa = {s * gqa} <= {budget} (q_len {s}, gqa {gqa}): fits the fused budget",
+                data={"q_len": s, "gqa": gqa, "budget": budget},
             )
         hpc, chunks = plan
         mask = graph.node(node.mask).type.shape if node.mask is not None else None
         slice_mask = mask is not None and len(mask) >= 3 and mask[-3] == hq
+        mask_kind = "none" if mask is None else "per_head" if slice_mask else "broadcast"
         if mask is None:
             masked = "no mask"
         elif slice_mask:
@@ -96,14 +100,19 @@ def _match(budget: int):
             )
         else:
             masked = "the mask broadcasts over heads and passes unchanged to every subcall"
-        sizes = "+".join(str(h1 - h0) for j, h0, h1 in head_chunks(hq, hkv, hpc) if j == 0)
+        group = [h1 - h0 for j, h0, h1 in head_chunks(hq, hkv, hpc) if j == 0]  # query heads per subcall
+        sizes = "+".join(str(h) for h in group)
         message = (
             f"q_len*gqa = {s * gqa} > {budget} (q_len {s}, gqa {gqa}): {chunks} subcalls with "
             f"heads_per_chunk {hpc} ({sizes} per KV group, {hkv} KV group(s)), one-head K/V slices, "
             f"concat in head order; {masked}"
             + ("; sinks [Hq] sliced per chunk (one logit per query head)" if node.sinks is not None else "")
         )
-        return _Plan(hpc, chunks, slice_mask, message)
+        figures = {
+            "q_len": s, "gqa": gqa, "budget": budget, "calls": chunks, "heads_per_chunk": hpc, "sizes": group,
+            "kv_heads": hkv, "mask": mask_kind, "sinks": node.sinks is not None,
+        }  # fmt: skip
+        return _Plan(hpc, chunks, slice_mask, message, figures)
 
     return match
 
@@ -171,7 +180,7 @@ class HeadChunkSDPA(SwitchedPass):
         require_int("HeadChunkSDPA", "budget", self.budget, meaning="q_len * heads per subcall")
 
     def run(self, graph: Graph, remarks: Remarks) -> bool:
-        rule = Rule("head-chunk", "sdpa", _match(self.budget), _rewrite, lambda plan: plan.message)
+        rule = Rule("head-chunk", "sdpa", _match(self.budget), _rewrite, lambda plan: (plan.message, plan.figures))
         decline_quantized(graph, remarks, NOT_CARRIED.format(self.name))
         return bool(apply_rules(graph, [rule], remarks, decline_all=self.disabled()))
 

@@ -155,13 +155,14 @@ def _attention_rewrite(rw: Rewriter, m: Attention) -> None:
 
 RULES: list[Rule] = [
     Rule("softmax", "div", match_softmax, _softmax_rewrite,
-         lambda m: f"exp({m.x} - max) / sum -> softmax({m.x}, axis={m.axis}{', precise' if m.precise else ''}){m.rounding}"),  # exp(x-max)/sum -> softmax
+         lambda m: (f"exp({m.x} - max) / sum -> softmax({m.x}, axis={m.axis}{', precise' if m.precise else ''}){m.rounding}",
+                    {"x": m.x, "axis": m.axis, "precise": m.precise})),  # exp(x-max)/sum -> softmax
     Rule("attention", "matmul", _attention_match, _attention_rewrite,
-         lambda m: f"softmax(q·kᵀ·scale + mask)·v -> sdpa: {m.summary}"),  # softmax(qk^T s + m) v -> sdpa
+         lambda m: (f"softmax(q·kᵀ·scale + mask)·v -> sdpa: {m.summary}", m.figures)),  # softmax(qk^T s + m) v -> sdpa
     Rule("quantized-attention", "quantized_matmul", match_quantized_attention, rewrite_quantized_attention,
-         lambda m: f"quantized_matmul·softmax·quantized_matmul -> quantized_sdpa: {m.summary}"),
+         lambda m: (f"quantized_matmul·softmax·quantized_matmul -> quantized_sdpa: {m.summary}", m.figures)),
     Rule("structured-mask", "sdpa", match_structure, rewrite_structure,
-         lambda m: f"{m.message} -> sdpa's causal and window"),  # sdpa(mask=positions) -> sdpa[causal, window]
+         lambda m: (f"{m.message} -> sdpa's causal and window", m.figures)),  # sdpa(mask=positions) -> sdpa[causal, window]
 ]  # fmt: skip
 
 

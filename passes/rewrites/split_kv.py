@@ -54,10 +54,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from attnpass.ir import DType, Graph, Node
+from attnpass.ir import DType, Graph, Node, require_int
 
 from ..analysis.quantized_attention import NOT_CARRIED, decline_quantized
-from ..infra.base import Pass, Remarks, require_int
+from ..infra.base import Pass, Remarks
 from ..infra.registry import register_pass
 from ..infra.rewrite import Decline, Rewriter, Rule, apply_rules
 
