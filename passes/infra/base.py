@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
 from attnpass.ir import AttnpassError, Graph, SourceLoc
+from attnpass.ir.core.arguments import require_int  # noqa: F401 (re-exported: the passes' option check)
 
 RemarkKind = Literal["applied", "declined", "analysis"]
 
@@ -158,17 +159,6 @@ class Pass(abc.ABC):
         from .manager import PassManager
 
         return PassManager([self]).run(graph)
-
-
-def require_int(owner: str, option: str, value: object, *, minimum: int = 1, meaning: str = "") -> None:
-    """Raise ValueError unless ``value`` is an int (a bool is not) ``>= minimum``, naming ``owner`` and ``option``.
-
-    ``require_int("SplitKV", "shards", 1, minimum=2)``: ``SplitKV: shards must be an int >= 2, got 1``;
-    ``meaning`` is added in parentheses after the bound.
-    """
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        note = f" ({meaning})" if meaning else ""
-        raise ValueError(f"{owner}: {option} must be an int >= {minimum}{note}, got {value!r}")
 
 
 @dataclass(frozen=True)
