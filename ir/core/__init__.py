@@ -7,6 +7,7 @@ builtin ``input`` and ``constant``.
 
 from .diff import GraphDiff, diff_graphs
 from .graph import ROLES, Graph, Node
+from .arguments import require_int
 from .printer import PrintSettings, format_graph, format_node, format_slice, parse_graph
 from .registry import AttrSpec, OpDef, attr, get_op, register, registered_ops
 from .rendering import render, to_dot
@@ -19,7 +20,6 @@ from .types import (
     SourceLoc,
     TensorType,
     VerifyError,
-    require_int,
 )
 from .verifier import verify
 

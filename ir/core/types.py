@@ -28,17 +28,6 @@ class GraphFormatError(AttnpassError):
     """A serialized graph (JSON or text) is malformed."""
 
 
-def require_int(owner: str, option: str, value: object, *, minimum: int = 1, meaning: str = "") -> None:
-    """Raise ValueError unless ``value`` is an int (a bool is not) ``>= minimum``, naming ``owner`` and ``option``.
-
-    ``require_int("SplitKV", "shards", 1, minimum=2)``: ``SplitKV: shards must be an int >= 2, got 1``;
-    ``meaning`` is added in parentheses after the bound.
-    """
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        note = f" ({meaning})" if meaning else ""
-        raise ValueError(f"{owner}: {option} must be an int >= {minimum}{note}, got {value!r}")
-
-
 MAX_DIM = 2**31 - 1  # the largest dimension a shape may have (what MLX and int32 indexing take)
 MAX_ELEMENTS = 2**62  # the most elements a tensor may have (int64 sizes, in bytes too)
 MAX_NAME = 256  # the longest identifier (graph, input, value name)

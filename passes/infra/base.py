@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Literal, Mapping, Union
 
 from attnpass.ir import AttnpassError, Graph, SourceLoc
+from attnpass.ir.core.arguments import require_int  # noqa: F401 (re-exported: the passes' option check)
 
 RemarkKind = Literal["applied", "declined", "analysis"]
 Figure = Union[int, float, str, bool, None, tuple["Figure", ...]]
