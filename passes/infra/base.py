@@ -56,8 +56,8 @@ REASONS: dict[str, str] = {
     # masks
     "mask_layout": "the mask does not broadcast onto the scores as sdpa's [..., S, T] mask",
     "mask_form": "the mask is not written as sdpa masks (inverted, or its fill is not a constant)",
-    "mask_not_static": "the bool mask's values are not known from positions alone",
-    "mask_not_structured": "the bool mask is not exactly a causal kind and window",
+    "mask_not_static": "the mask's values are not known from positions alone",
+    "mask_not_structured": "the mask is not exactly a causal kind and window (bool, or additive 0 and -inf)",
     "mask_not_selection": "the mask is not qsa_mask or where(qsa_mask, visibility, -inf)",
     # quantized sparse attention, gathers and sharding
     "qsa_form": "the QSA selection, pooling or positions are not in the form the rewrite reads",

@@ -127,9 +127,9 @@ def _shapes(graph: Graph, node: str) -> tuple[tuple[int, ...], ...]:
 def _chunked(before: Graph, after: Graph, r: Remark, ctx: _Context) -> None:
     (_b, hq, s, _d), (_b2, hkv, *_), _v, *rest = _shapes(before, r.node)
     anchor = before.node(r.node)
-    has_sinks = anchor.sinks is not None
+    with_sinks = anchor.sinks is not None
     mask = [] if anchor.mask is None else [rest[0]]
-    assert r.data["sinks"] == has_sinks, "sinks stated iff the sdpa has them"
+    assert r.data["sinks"] == with_sinks, "sinks stated iff the sdpa has them"
     budget = r.data["budget"]
     assert budget == ctx.option("budget")
     assert (r.data["q_len"], r.data["gqa"], r.data["kv_heads"]) == (s, hq // hkv, hkv)
@@ -144,12 +144,12 @@ def _chunked(before: Graph, after: Graph, r: Remark, ctx: _Context) -> None:
     kv = [c.inputs[1] for c in calls]
     assert len(set(kv)) == hkv and all(after.node(k).type.shape[1] == 1 for k in kv)
     assert [h for h, k in zip(heads, kv) if k == kv[0]] == list(r.data["sizes"])
-    if has_sinks:  # call i reads sinks[h0:h1], its own heads' logits
+    if with_sinks:  # call i reads sinks[h0:h1], its own heads' logits
         sinks = [after.node(c.sinks) for c in calls]
         assert all(x.op == "slice" and x.inputs[0] == anchor.sinks for x in sinks)
         assert [(x.attrs["start"][0], x.attrs["stop"][0]) for x in sinks] == [(a, a + h) for a, h in zip(starts, heads)]
     if r.data["mask"] == "none":
-        assert not mask and all(len(c.inputs) == 3 + has_sinks for c in calls)
+        assert not mask and all(len(c.inputs) == 3 + with_sinks for c in calls)
     elif r.data["mask"] == "broadcast":
         assert all(c.mask == anchor.mask for c in calls) and mask[0][-3:-2] != (hq,)
     else:
