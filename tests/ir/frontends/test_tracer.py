@@ -108,7 +108,7 @@ def test_wrong_number_of_specs():
 
 
 def test_bad_spec_kind():
-    with pytest.raises(AttnpassError, match="trace: parameter x: expected a TensorSpec, got tuple"):
+    with pytest.raises(AttnpassError, match="trace: the spec of parameter x must be a TensorSpec or a TensorType, got tuple"):
         trace(lambda x: x, (2, 3))
     with pytest.raises(ShapeError, match="TensorSpec: role must be one of streamed, resident, got 'pinned'"):
         TensorSpec((2,), "float32", "pinned")
