@@ -7,6 +7,8 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from attnpass.ir import Graph, ImportedGraph
+from attnpass.ir.core.arguments import argument_error
 from attnpass.lowering import Program, available_targets
 
 
@@ -57,7 +59,14 @@ def to_numpy(x: Any) -> np.ndarray:
 
 
 def run(program: Program, *args: Any, **kwargs: Any) -> Any:
-    """Call ``program`` and return numpy arrays (a tuple when the graph has several outputs)."""
+    """Call ``program`` and return numpy arrays (a tuple when the graph has several outputs).
+
+    ``program`` comes from :func:`attnpass.lowering.lower` (of a Graph or an ImportedGraph, whose params
+    it then holds); anything else is an ArgumentError saying so.
+    """
+    if not isinstance(program, Program):
+        hint = "lower it first: run(lower(graph, target), *args)" if isinstance(program, (Graph, ImportedGraph)) else ""
+        raise argument_error("run", "program", program, "a Program (from lower(graph, target))", hint)
     out = program(*args, **kwargs)
     return tuple(to_numpy(o) for o in out) if isinstance(out, tuple) else to_numpy(out)
 

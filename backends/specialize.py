@@ -13,7 +13,9 @@ Failures: with ``strict=False`` a signature whose import, pipeline, lowering or
 first compiled call fails runs the original function from then on, and one
 :class:`FallbackWarning` per signature (again only if it was evicted and comes
 back) names the stage and the reason; with ``strict=True`` the call raises
-:class:`SpecializationError`.
+:class:`SpecializationError`. When the import fails, the original function runs
+on the call's arguments first: if it fails too, the mistake is the caller's and
+its own error propagates, with no warning and nothing cached.
 
 The cache holds at most ``max_signatures`` signatures and evicts the least
 recently used (an evicted signature is rebuilt, and counted as a trace, when it
@@ -35,11 +37,12 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Sequence, TextIO
 
-from attnpass.ir import AttnpassError, DType, Graph, ImportedGraph, TensorType
+from attnpass.ir import AttnpassError, DType, Graph, ImportedGraph, TensorType, require_int
+from attnpass.ir.core.arguments import describe
+from attnpass.ir.core.types import short_repr
 from attnpass.ir.frontends.importing import graph_name
 from attnpass.lowering import Program, lower
 from attnpass.passes import Pass, PassManager, PassResult, Remark, default_pipeline, format_pipeline, parse_pipeline
-from attnpass.passes.infra.base import require_int
 
 MAX_SIGNATURES = 64
 RAISE = "raise-attention"  # imported graphs hold attention as primitives: raise it to sdpa before anything else
@@ -92,6 +95,13 @@ def static_spec(value: Any) -> tuple:
     except TypeError:
         return ("unhashable", type(value).__qualname__)
     return ("static", type(value), value)
+
+
+def static_text(name: str, value: Any) -> str:
+    """``causal=True``: a static argument in a signature's text, bounded; a foreign array by its type and shape."""
+    if getattr(value, "shape", None) is not None and getattr(value, "dtype", None) is not None:
+        return f"{name}={describe(value)}"
+    return f"{name}={short_repr(value)}"
 
 
 def array_text(name: str, shape: Sequence[int], dtype: str) -> str:
@@ -398,7 +408,8 @@ class CompiledFunction:
             print(entry.explain(graph=graphs, verbose=verbose), file=out)
 
     def _build(self, args: tuple, kwargs: dict, arrays: list) -> tuple[Specialization, tuple]:
-        """Import, rewrite, lower, compile, call once: the entry and ``(output,)``, or a fallback entry and ``()``."""
+        """Import, rewrite, lower, compile, call once: the entry and ``(output,)``, or a fallback entry and the
+        original function's ``(output,)`` when the import failed (it ran to tell a caller's mistake), else ``()``."""
         with self._count_lock:
             self.traces += 1
         start = time.perf_counter()
@@ -423,13 +434,20 @@ class CompiledFunction:
             call = bind_program(program, imported, len(arrays), self._frontend.compile(program.fn))
             out = t.rebuild(call(arrays))
         except Exception as exc:
-            reason = f"{stage} failed: {type(exc).__name__}: {exc}"
+            failure = exc
+        else:
+            failure = None
+        if failure is not None:
+            # a failed import may be the caller's own mistake: the function run plainly (outside the handler,
+            # so its error carries no import failure) raises it, and that error is the one the caller sees
+            first = (self._fallback(*args, **kwargs),) if stage == "import" else ()
+            reason = f"{stage} failed: {type(failure).__name__}: {failure}"
             where = f"{self._wrapper_name}({self._fn_name}) on {text}"
             if self.strict:
-                raise SpecializationError(f"{where}: {reason}") from exc
+                raise SpecializationError(f"{where}: {reason}") from failure
             warnings.warn(f"{where} runs the original function: {reason}", FallbackWarning, stacklevel=5)
             seconds = time.perf_counter() - start
-            return Specialization(text, self.pipeline, imported, result, program, reason, seconds), ()
+            return Specialization(text, self.pipeline, imported, result, program, reason, seconds), first
         rebuild, seconds = t.rebuild, time.perf_counter() - start
 
         def run(arrays: list) -> Any:
@@ -445,5 +463,5 @@ class CompiledFunction:
 __all__ = [
     "CompiledFunction", "FallbackWarning", "Frontend", "MAX_SIGNATURES", "Specialization", "SpecializationError",
     "Traceable", "array_text", "as_passes", "check_callable", "check_calling_convention", "decision",
-    "name_parameters", "remark_summary", "static_spec", "wrapper_pipeline",
+    "name_parameters", "remark_summary", "static_spec", "static_text", "wrapper_pipeline",
 ]  # fmt: skip

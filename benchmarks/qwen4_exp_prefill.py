@@ -36,15 +36,11 @@ Per ``--lengths`` L (the optimized model's first call, which traces and compiles
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import sys
 import time
 
 import mlx.core as mx
 import numpy as np
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from qwen4_exp_decode import filled_cache, float32_moe, load, make_model, snapshot
 
 from attnpass.backends.mlx import optimize

@@ -278,6 +278,13 @@ def example(args: argparse.Namespace) -> int:
     return 0
 
 
+def first_sentence(doc: str) -> str:
+    """A docstring's first sentence, whole (up to the first ``.`` that ends a word), on one line."""
+    text = " ".join(doc.strip().split("\n\n", 1)[0].split())
+    end = text.find(". ")
+    return text if end < 0 else text[: end + 1]
+
+
 def passes(args: argparse.Namespace) -> int:
     from attnpass.passes import PipelineError, available_passes, get_pass
     from attnpass.passes.infra.pipeline_text import pass_options
@@ -288,7 +295,7 @@ def passes(args: argparse.Namespace) -> int:
         except PipelineError as exc:  # a broken plugin must not hide the others
             print(f"{name}  (not loadable: {exc})")
             continue
-        summary = (cls.__doc__ or "").strip().split("\n", 1)[0]
+        summary = first_sentence(cls.__doc__ or "")
         print(f"{name}  ({cls.__module__}.{cls.__qualname__})\n    {summary}")
         for option in pass_options(cls):
             print(f"    option {option}")

@@ -71,13 +71,24 @@ class LazyVersion(argparse.Action):
         parser.exit()
 
 
+def non_negative(text: str) -> int:
+    """``--width N``: an int >= 0 (argparse's usage error otherwise)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an int >= 0, got {text!r}")
+    return value
+
+
 def _remark_options(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--summary", action="store_true", help="one line per pass (applied/declined counts), no remarks")
     sub.add_argument("--remarks-json", metavar="FILE", help="also write every remark, whole, as JSON to FILE")
     sub.add_argument("--full-paths", action="store_true", help=FULL_PATHS_HELP)
     sub.add_argument(
         "--width",
-        type=int,
+        type=non_negative,
         metavar="N",
         help="wrap remarks at N columns, 0 never (default: the terminal's width, at most 100; no wrapping off a terminal)",
     )
@@ -97,8 +108,24 @@ def _pipeline_options(sub: argparse.ArgumentParser) -> None:
     _remark_options(sub)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="attnpass", description=__doc__.split("\n\n")[0])
+class Parser(argparse.ArgumentParser):
+    """argparse's parser; an unknown option given with no command also lists the commands."""
+
+    commands: tuple[str, ...] = ()
+
+    def error(self, message: str):  # type: ignore[override]
+        if message.startswith("unrecognized arguments") and self.commands and not self._command_given:
+            message += f"; give a COMMAND: one of {', '.join(self.commands)} (attnpass COMMAND --help)"
+        super().error(message)
+
+    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+        given = sys.argv[1:] if args is None else list(args)
+        self._command_given = bool(set(given) & set(self.commands))
+        return super().parse_args(args, namespace)
+
+
+def build_parser() -> Parser:
+    parser = Parser(prog="attnpass", description=__doc__.split("\n\n")[0])
     parser.add_argument("--version", action=LazyVersion, help="show the version and exit")
     parser.add_argument(
         "--load",
@@ -110,7 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--traceback", action="store_true", help="on an unexpected error, show the Python traceback (for bug reports)"
     )
-    subs = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    # not required: argparse would then answer an unknown option before the command with "COMMAND is
+    # required" instead of naming it; main() asks for a missing command itself, listing them
+    subs = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     def add(name: str, func: str, help: str) -> argparse.ArgumentParser:
         sub = subs.add_parser(name, help=help, description=help)
@@ -184,6 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     add("passes", "passes", "list the registered passes and their options")
+    parser.commands = tuple(subs.choices)
     return parser
 
 
@@ -240,7 +270,10 @@ def _run(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.error(f"give a COMMAND: one of {', '.join(parser.commands)} (attnpass COMMAND --help)")
     shown = warnings.showwarning
     warnings.showwarning = _show_warning  # one line, like the errors
     try:

@@ -96,13 +96,13 @@ def format_remark(remark: "Remark", paths: Callable[[str], str], width: int = 0)
 
 
 def remarks_json(remarks: Iterable["Remark"], paths: Callable[[str], str]) -> str:
-    """Every remark whole, as a JSON list of objects (pass, rule, kind, node, reason, message, loc)."""
+    """Every remark whole, as a JSON list of objects (pass, rule, kind, node, reason, message, data, loc)."""
     rows = []
     for r in remarks:
         loc = _relocated(r.loc, paths)
         where = None if loc is None else {"file": loc.file, "line": loc.line, "function": loc.function}
         fields = {"pass": r.pass_name, "rule": r.rule, "kind": r.kind, "node": r.node, "reason": r.reason}
-        rows.append({**fields, "message": r.message, "loc": where})
+        rows.append({**fields, "message": r.message, "data": dict(r.data), "loc": where})
     return json.dumps(rows, indent=1, ensure_ascii=False) + "\n"
 
 

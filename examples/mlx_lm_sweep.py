@@ -34,6 +34,7 @@ import contextlib
 import dataclasses
 import datetime
 import importlib
+import importlib.util
 import json
 import pkgutil
 import re
@@ -49,8 +50,17 @@ from attnpass.ir import Graph, ModelImportError, from_mlx
 from attnpass.passes import PassManager, parse_pipeline
 from attnpass.passes.analysis.attention_match import match_attention
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import model_zoo as zoo  # noqa: E402  (the zoo's machinery: configurations, cases, tolerance)
+
+def _sibling(name: str) -> Any:
+    """``examples/<name>.py`` as a module (registered, so its dataclasses resolve), wherever this file runs from."""
+    path = Path(__file__).resolve().parent / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = sys.modules[name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+zoo = _sibling("model_zoo")  # the zoo's machinery: configurations, cases, tolerance
 
 CASE_TIMEOUT = 60  # seconds per case; the family's process gets one per case and one for the drop-in
 OPTIMIZE_TOKENS = 8

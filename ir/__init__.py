@@ -34,6 +34,7 @@ from .core import (
     register,
     registered_ops,
     render,
+    require_int,
     to_dot,
     verify,
 )
@@ -44,5 +45,5 @@ __all__ = [
     "ImportedGraph", "ModelImportError", "Node", "OpDef", "PrintSettings", "ShapeError", "SourceLoc", "Tensor",
     "TensorSpec", "TensorType", "VerifyError", "attr", "dialects", "diff_graphs", "format_graph", "format_node",
     "format_slice", "from_jax", "from_mlx", "get_op", "ops", "parse_graph", "register", "registered_ops", "render",
-    "to_dot", "trace", "verify",
+    "require_int", "to_dot", "trace", "verify",
 ]  # fmt: skip

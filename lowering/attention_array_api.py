@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from attnpass.ir.dialects.attention import visible
+
 _EXCLUDED = -3.4028234663852886e38  # float32 min: the finite fill of a key a bool mask excludes (no sinks)
 
 
@@ -53,18 +55,13 @@ def explicit_sdpa(
 
 
 def sdpa_lse(
-    xp: Any, q: Any, k: Any, mask: Any, *, scale: float, mask_is_bool: bool, causal_offset: int | None = None,
+    xp: Any, q: Any, k: Any, mask: Any, *, scale: float, mask_is_bool: bool, causal: str = "none",
     softcap: float | None = None,
 ) -> Any:  # fmt: skip
-    """float32 logsumexp over T of the masked ``q k^T * scale``: q ``[B, Hq, S, D]``, k ``[B, Hkv, T, D]``.
-
-    ``causal_offset``: query ``i`` sees keys ``j <= i + offset`` (None: no causal part).
-    """
-    s, t = q.shape[2], k.shape[2]
+    """float32 logsumexp over T of the masked ``q k^T * scale``: q ``[B, Hq, S, D]``, k ``[B, Hkv, T, D]``;
+    ``causal`` as sdpa's (:func:`attnpass.ir.dialects.attention.visible`)."""
     logits = _logits(xp, q, k, scale, softcap)
-    allowed = None
-    if causal_offset is not None:
-        allowed = xp.arange(t)[None, :] <= xp.arange(s)[:, None] + causal_offset
+    allowed = visible(q.shape[2], k.shape[2], causal, None, xp)
     if mask is not None and mask_is_bool:
         allowed = mask if allowed is None else xp.logical_and(mask, allowed)
     elif mask is not None:

@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from attnpass.ir import DType, Node, format_slice
-from attnpass.ir.dialects.attention import key_ranges, sdpa_operands, window_offset
+from attnpass.ir.dialects.attention import key_ranges
 from attnpass.ir.dialects.evaluate import rounded
 
 from .codegen import py_float, py_literal
@@ -52,7 +52,8 @@ def dtype_expr(xp: str, dtype: DType) -> str:
 def explicit_sdpa_call(node: Node, a: list[str], env: EmitEnv, xp: str, alias: str) -> str:
     """A call of the target's runtime ``explicit_sdpa`` (imported as ``alias``): the causal part folded into
     the mask; for sinks, logit soft-capping, or whatever else the fused call cannot take."""
-    mask, sinks = sdpa_operands(a, node.attrs["has_sinks"])
+    operands = node.bind(a)
+    mask, sinks = operands["mask"], operands["sinks"]
     q = zero_dead_rows(node, env, xp, a[0])
     mask, is_bool = with_causal(node, env, xp, mask, causal_offset(node, env))
     return (
@@ -62,15 +63,15 @@ def explicit_sdpa_call(node: Node, a: list[str], env: EmitEnv, xp: str, alias: s
 
 
 def with_causal(node: Node, env: EmitEnv, xp: str, mask: str | None, offset: int | None) -> tuple[str | None, bool]:
-    """Fold a causal diagonal ``offset`` (None: none) and the sdpa's ``window`` bounds into the mask expression:
-    ``(mask, mask_is_bool)``.
+    """Fold the sdpa's causality (``offset``: its causal offset; None: left to the fused call) and its ``window``
+    bounds into the mask expression: ``(mask, mask_is_bool)``.
 
-    The structured part is explicit (``key <= query + offset`` and the window's
-    comparisons, docs/semantics.md §1.4), so its alignment never depends on the
-    backend's convention. An additive mask keeps its values where allowed and
-    becomes -inf elsewhere.
+    The structured part is explicit (a call of the one visibility,
+    :func:`attnpass.ir.dialects.attention.visible`, docs/semantics.md §1.4), so
+    its alignment never depends on the backend's convention. An additive mask
+    keeps its values where allowed and becomes -inf elsewhere.
     """
-    is_bool = mask is not None and env.type_of(node.inputs[3]).dtype is DType.bool
+    is_bool = mask is not None and env.type_of(node.mask).dtype is DType.bool
     allowed = _visible(node, env, xp, offset)
     if allowed is None:
         return mask, is_bool
@@ -85,20 +86,15 @@ def with_causal(node: Node, env: EmitEnv, xp: str, mask: str | None, offset: int
 
 
 def _visible(node: Node, env: EmitEnv, xp: str, offset: int | None) -> str | None:
-    """bool ``[S, T]`` code: ``key <= query + offset`` (None: no causal part) and the window's bounds."""
-    s, t = sdpa_lengths(node, env)
-    key, row = f"{xp}.arange({t})[None, :]", f"{xp}.arange({s})[:, None]"
-    terms = [] if offset is None else [f"({key} <= {row} + {offset})"]
+    """bool ``[S, T]`` code (None: no structure): a call of :func:`attnpass.ir.dialects.attention.visible`, the
+    one implementation of causality and the window, on ``xp``. ``offset`` None: no causal part (the fused call
+    applies it, JAX's top-left ``is_causal``: offset 0, so the window's positions are the rows)."""
     window = node.attrs.get("window")
-    if window is not None:
-        pos = f"({row} + {window_offset(node.attrs['causal'], s, t)})"
-        left, right, chunk = window
-        terms += [f"({pos} - {key} < {left})"] if left is not None else []
-        terms += [f"({key} - {pos} <= {right})"] if right is not None else []
-        terms += [f"({key} // {chunk} == {pos} // {chunk})"] if chunk is not None else []
-    if not terms:
+    if offset is None and window is None:
         return None
-    return terms[0] if len(terms) == 1 else "(" + " & ".join(terms) + ")"
+    causal = "none" if offset is None else node.attrs["causal"]
+    s, t = sdpa_lengths(node, env)
+    return f"{env.runtime('visible')}({s}, {t}, {causal!r}, {py_literal(window)}, {xp})"
 
 
 def _live_range(node: Node, env: EmitEnv) -> tuple[int, int]:
@@ -112,7 +108,7 @@ def _live_range(node: Node, env: EmitEnv) -> tuple[int, int]:
 def dead_rows(node: Node, env: EmitEnv) -> int:
     """How many query rows causality and the window leave without any key and that must be the mean of V: none
     with sinks (such a row weighs only its sink, from the -inf mask alone)."""
-    if node.attrs.get("has_sinks") or (node.attrs["causal"] == "none" and node.attrs.get("window") is None):
+    if node.sinks is not None or (node.attrs["causal"] == "none" and node.attrs.get("window") is None):
         return 0
     first, last = _live_range(node, env)
     return sdpa_lengths(node, env)[0] - (last - first)
@@ -132,8 +128,7 @@ def zero_dead_rows(node: Node, env: EmitEnv, xp: str, q: str) -> str:
     rows get all-zero scores instead (zero query, 0 in the mask of
     :func:`with_causal`): equal weights, the same mean.
     """
-    mask = sdpa_operands(node.inputs, node.attrs["has_sinks"])[0]
-    additive = mask is not None and env.type_of(mask).dtype is not DType.bool
+    additive = node.mask is not None and env.type_of(node.mask).dtype is not DType.bool
     if not (additive and dead_rows(node, env)):
         return q
     return f"{xp}.where({_live(xp, node, env)}, {q}, {xp}.array(0, dtype={dtype_expr(xp, node.type.dtype)}))"
@@ -206,11 +201,11 @@ def array_api_emitters(xp: str) -> dict[str, Emitter]:
         )
 
     def sdpa_lse(n: Node, a: list[str], env: EmitEnv) -> str:
-        mask = a[3] if len(a) == 4 else None
-        is_bool = mask is not None and env.type_of(n.inputs[3]).dtype is DType.bool
+        mask = n.bind(a)["mask"]
+        is_bool = mask is not None and env.type_of(n.mask).dtype is DType.bool
         return (
             f"{env.runtime('lse')}({a[0]}, {a[1]}, {mask}, scale={sdpa_scale(n, env)}, mask_is_bool={is_bool}, "
-            f"causal_offset={causal_offset(n, env)}, softcap={n.attrs['logit_softcap']!r})"
+            f"causal={n.attrs['causal']!r}, softcap={n.attrs['logit_softcap']!r})"
         )
 
     table: dict[str, Emitter] = {

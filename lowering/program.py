@@ -6,16 +6,18 @@ import functools
 import hashlib
 import importlib.metadata
 import json
-from typing import Any, Callable
+import os
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from attnpass.ir import AttnpassError, Graph, TensorType
+from attnpass.ir import AttnpassError, Graph, ImportedGraph, TensorType
+from attnpass.ir.core.arguments import argument_error, require_bool
 from attnpass.ir.core.types import native_dtype_name, type_str
 
 from .codegen import Source, generate
 from .errors import LoweringError
-from .registry import get_target, sharded_lowering
+from .registry import available_targets, get_target, sharded_lowering
 from .sharding import check_mesh
 from .target import Target
 
@@ -48,6 +50,19 @@ def check_argument(name: str, expected: TensorType, value: Any) -> None:
         raise AttnpassError(f"input {name}: expected {expected}, got {type_str(shape, dtype)}")
 
 
+def _graph_and_params(graph: Graph | ImportedGraph) -> tuple[Graph, Mapping[str, np.ndarray]]:
+    """The graph to lower and the values of its weight inputs (an :class:`ImportedGraph`'s params, else none);
+    an ArgumentError for anything else, saying how to read a saved graph when given a path."""
+    if isinstance(graph, Graph):
+        return graph, {}
+    if isinstance(graph, ImportedGraph):
+        return graph.graph, graph.params
+    hint = ""
+    if isinstance(graph, (str, os.PathLike)):
+        hint = "read a saved graph first: ImportedGraph.load(path) (with its weights) or Graph.from_json(text)"
+    raise argument_error("lower", "graph", graph, "a Graph or an ImportedGraph (from_mlx, from_jax)", hint)
+
+
 class Program:
     """A graph lowered to one target. Call it positionally (graph-input order) or by input name.
 
@@ -56,14 +71,15 @@ class Program:
     function, for ``mx.compile`` or export; a target with a compile step
     returns it compiled unless lowered with ``jit=False``: JAX's ``jax.jit``,
     a graph's state donated (``donate_argnums``); with a mesh, the sharded
-    ``jax.jit`` entry point), ``mesh``, ``input_names``, ``line_to_node`` and ``identity``
+    ``jax.jit`` entry point), ``mesh``, ``input_names``, ``params`` (an ImportedGraph's weights, as backend
+    arrays, for the inputs a call leaves out), ``line_to_node`` and ``identity``
     (placement does not enter it: a sharded program computes the same values).
     A decode loop carries state with :meth:`next_state`.
     """
 
     def __init__(
         self,
-        graph: Graph,
+        graph: Graph | ImportedGraph,
         target: str,
         *,
         comments: bool = True,
@@ -71,8 +87,12 @@ class Program:
         mesh: Any = None,
         jit: bool = True,
     ) -> None:
-        if not isinstance(jit, bool):
-            raise ValueError(f"lower: jit must be True or False, got {jit!r}")
+        for option, value in (("comments", comments), ("checks", checks), ("jit", jit)):
+            require_bool("lower", option, value)
+        graph, params = _graph_and_params(graph)
+        if not isinstance(target, str):
+            names = ", ".join(t.name for t in available_targets())
+            raise argument_error("lower", "target", target, f"the name of a registered target ({names})")
         self.target = get_target(target)
         self.graph = graph.copy()
         self.mesh = mesh
@@ -92,6 +112,8 @@ class Program:
             raise LoweringError(f"target {target!r} needs its backend installed: {exc}") from None
         self.fn: Callable[..., Any] = namespace[generated.function]
         self.input_names = graph.inputs
+        # an ImportedGraph's weights: the values of inputs a call leaves out, converted once
+        self.params: dict[str, Any] = {n: self.target.from_numpy(params[n]) for n in graph.inputs if n in params}
 
     @functools.cached_property
     def identity(self) -> str:
@@ -119,6 +141,7 @@ class Program:
             if key in bound:
                 raise AttnpassError(f"{self.graph.name}: input {key!r} given twice")
             bound[key] = value
+        bound.update((n, v) for n, v in self.params.items() if n not in bound)
         missing = [n for n in names if n not in bound]
         if missing:
             raise AttnpassError(f"{self.graph.name}: missing input(s) {', '.join(missing)}")
@@ -148,9 +171,19 @@ class Program:
 
 
 def lower(
-    graph: Graph, target: str, *, comments: bool = True, checks: bool = False, mesh: Any = None, jit: bool = True
+    graph: Graph | ImportedGraph,
+    target: str,
+    *,
+    comments: bool = True,
+    checks: bool = False,
+    mesh: Any = None,
+    jit: bool = True,
 ) -> Program:
     """Lower ``graph`` to the target registered as ``target`` ("mlx", "jax", "numpy", ...) and compile it.
+
+    ``graph`` is a :class:`Graph` or an :class:`ImportedGraph` (what ``from_mlx``/``from_jax`` return): the
+    program then holds its params and a call passes only the function's own arguments (a param given by name
+    replaces the held one).
 
     ``jit``: a target with a compile step returns its program compiled (JAX: ``jax.jit``, state donated);
     ``jit=False`` returns it eager (state not donated), and so does ``checks=True`` (a check reads the values

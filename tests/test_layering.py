@@ -64,7 +64,8 @@ def imported_modules(path: Path) -> list[tuple[int, str]]:
     return found
 
 
-LIBRARY = sorted(p for d in ("ir", "passes", "lowering", "backends", "models", "cli") for p in (ROOT / d).rglob("*.py"))
+LAYERS = ("ir", "passes", "lowering", "backends", "models", "cli")
+LIBRARY = sorted(p for d in LAYERS for p in (ROOT / d).rglob("*.py"))
 
 
 def test_every_layer_is_known():
@@ -163,3 +164,21 @@ def test_every_library_package_is_installed():
     packages = {module_name(p) for p in LIBRARY if p.name == "__init__.py"}
     assert packages - listed == set(), "add them to [tool.setuptools] packages"
     assert listed - packages == set(), "pyproject.toml lists packages the library does not have"
+
+
+def test_no_script_edits_sys_path():
+    """Examples, benchmarks and tests import what they need as installed or from a path, never by editing
+    ``sys.path`` (a script's own folder is on it already when it runs)."""
+    scripts = [p for d in ("examples", "benchmarks", "tests", *LAYERS) for p in (ROOT / d).rglob("*.py")]
+    edits = [
+        f"{p.relative_to(ROOT)}:{node.lineno}"
+        for p in scripts
+        for node in ast.walk(ast.parse(p.read_text()))
+        if isinstance(node, ast.Attribute)
+        and node.attr in ("insert", "append", "extend")
+        and isinstance(node.value, ast.Attribute)
+        and node.value.attr == "path"
+        and isinstance(node.value.value, ast.Name)
+        and node.value.value.id == "sys"
+    ]
+    assert edits == [], f"sys.path edited at {', '.join(edits)}"

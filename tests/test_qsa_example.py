@@ -22,7 +22,10 @@ def test_traffic_at_depth_drops_the_padded_mask_to_one_row(capsys):
     assert (before, after) == (small + mask_full, small + mask_row) == (18_114_564, 309_252)
     out = capsys.readouterr().out
     assert "qsa_mask:bool[1,1,1,141312]" in out  # the masked graph
-    assert "sdpa_gather:f32[1,24,1,256] = sdpa[scale=0.0625, causal='none'] q k_gathered v_gathered gather_mask" in out
+    assert (
+        "sdpa_gather:f32[1,24,1,256] = sdpa[scale=0.0625, causal='none'] q k_gathered v_gathered mask=gather_mask"
+        in out
+    )
     assert "[narrow-inputs] applied mask:" in out and "18087936 -> 282624 bytes per call" in out
     assert "  mask: f16[1,1,141312] (streamed)" in out
 

@@ -41,7 +41,7 @@ from types import ModuleType, SimpleNamespace
 import numpy as np
 import pytest
 
-from attnpass.ir import DType, Graph
+from attnpass.ir import DType, Graph, get_op
 
 RTOL = {DType.bfloat16: 2e-2, DType.float16: 2e-3, DType.float32: 1e-5}
 FLOAT_DTYPES = (DType.bfloat16, DType.float16, DType.float32)
@@ -209,8 +209,15 @@ def lazy_import(module: str) -> ModuleType:
 
 
 def one_op_graph(op: str, types, attrs=None):
-    """A graph of one ``op`` node over inputs ``x0, x1, ...`` of ``types``, its only output."""
+    """A graph of one ``op`` node over inputs ``x0, x1, ...`` of ``types``, its only output (they fill the op's
+    operands in declared order, optional ones included)."""
     graph = Graph(op)
     names = [graph.add_input(f"x{i}", t) for i, t in enumerate(types)]
-    graph.set_outputs([graph.add_node(op, names, attrs or {})])
+    graph.set_outputs([graph.add_node(op, by_position(op, names), attrs or {})])
     return graph
+
+
+def by_position(op: str, values: list[str]) -> list[str] | dict[str, str]:
+    """``values`` as the operands of ``op`` in declared order: named for an op with optional operands."""
+    opdef = get_op(op)
+    return values if opdef.variadic or not opdef.optional else dict(zip(opdef.operand_names, values))

@@ -28,6 +28,7 @@ from ..specialize import (
     check_callable,
     name_parameters,
     static_spec,
+    static_text,
 )  # fmt: skip
 
 PASSED_THROUGH = frozenset({"keep_unused", "device", "backend", "inline", "compiler_options"})
@@ -96,7 +97,7 @@ class JAXFrontend(Frontend):
             names.append(re.sub(r"\W+", "_", base + tree.keystr(path[2:])).strip("_") or "arg")
             shape, dtype = getattr(leaf, "shape", ()), getattr(leaf, "dtype", type(leaf).__name__)
             parts.append(array_text(names[-1], shape, str(dtype)))
-        parts += [f"{arg_names[k] if isinstance(k, int) else k}={spec[-1]!r}" for k, spec in statics]
+        parts += [static_text(arg_names[k] if isinstance(k, int) else k, spec[-1]) for k, spec in statics]
         unhashable = [k for k, spec in statics if spec[0] == "unhashable"]
         unstatic = f"static argument {unhashable[0]} is not hashable" if unhashable else None
 

@@ -2,7 +2,8 @@
 
 Array arguments (``mx.array``, positional or keyword) are the program's
 inputs; every other argument is static: its value is part of the signature
-and bound when the function is imported. Arrays the function closes over
+and bound when the function is imported. A numpy array is refused (an
+ArgumentError naming it), as ``mx.compile`` refuses it. Arrays the function closes over
 (weights) are captured at each signature's first call, as ``mx.compile`` does.
 The function returns an array or a tuple/list of arrays.
 """
@@ -12,7 +13,10 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, Hashable, Sequence, overload
 
+import numpy as np
+
 from attnpass.ir import ImportedGraph, from_mlx
+from attnpass.ir.core.arguments import argument_error
 from attnpass.ir.core.types import native_dtype_name
 from attnpass.ir.frontends.importing import parameter_names
 from attnpass.passes import Pass
@@ -26,6 +30,7 @@ from ..specialize import (
     check_callable,
     name_parameters,
     static_spec,
+    static_text,
 )  # fmt: skip
 
 
@@ -34,10 +39,12 @@ class MLXFrontend(Frontend):
 
     target = "mlx"
 
-    def __init__(self) -> None:
+    def __init__(self, fn: Callable | None = None) -> None:
+        """``fn``, when given, names the positional arguments of errors (``argument q``)."""
         import mlx.core as mx
 
         self._array = mx.array
+        self._fn = fn
 
     def device(self) -> str:
         """The default MLX device: ``"cpu"``, ``"metal"`` or ``"gpu"`` (CUDA)."""
@@ -49,7 +56,9 @@ class MLXFrontend(Frontend):
 
     def key(self, args: tuple, kwargs: dict) -> tuple[Hashable, list]:
         array = self._array
-        entries: list[Hashable] = [(a.shape, a.dtype) if isinstance(a, array) else static_spec(a) for a in args]
+        entries: list[Hashable] = [
+            (a.shape, a.dtype) if isinstance(a, array) else self._static(i, a) for i, a in enumerate(args)
+        ]
         arrays = [a for a in args if isinstance(a, array)]
         for name in sorted(kwargs):
             value = kwargs[name]
@@ -57,8 +66,19 @@ class MLXFrontend(Frontend):
                 arrays.append(value)
                 entries.append((name, value.shape, value.dtype))
             else:
-                entries.append((name, static_spec(value)))
+                entries.append((name, self._static(name, value)))
         return tuple(entries), arrays
+
+    def _static(self, where: int | str, value: Any) -> tuple:
+        """The signature entry of a non-``mx.array`` argument; a numpy array is refused, as ``mx.compile`` does."""
+        if isinstance(value, np.ndarray):
+            if isinstance(where, int):
+                where = parameter_names(self._fn, where + 1)[where] if self._fn is not None else f"arg{where}"
+            raise argument_error(
+                "attnpass.backends.mlx.compile", f"argument {where}", value, "an mx.array (or a static value)",
+                f"convert it: mx.array({where})",
+            )  # fmt: skip
+        return static_spec(value)
 
     def traceable(self, fn: Callable, args: tuple, kwargs: dict) -> Traceable:
         array = self._array
@@ -70,7 +90,7 @@ class MLXFrontend(Frontend):
             if isinstance(value, array):
                 parts.append(array_text(name, value.shape, native_dtype_name(value.dtype)))
             else:
-                parts.append(f"{name}={value!r}")
+                parts.append(static_text(name, value))
                 if unstatic is None and static_spec(value)[0] == "unhashable":
                     unstatic = f"argument {name} is a {type(value).__name__}: not an array and not hashable"
 
@@ -132,7 +152,7 @@ def compile(
     if fn is None:
         return functools.partial(compile, pipeline=pipeline, strict=strict, max_signatures=max_signatures)
     check_callable(fn, name)
-    frontend = MLXFrontend()
+    frontend = MLXFrontend(fn)
     return CompiledFunction(fn, frontend, pipeline=pipeline, strict=strict, max_signatures=max_signatures, name=name)
 
 

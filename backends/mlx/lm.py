@@ -122,7 +122,7 @@ from attnpass.ir import DType, Graph
 from attnpass.ir.core.types import native_dtype_name
 from attnpass.passes import Pass
 from attnpass.passes.analysis.mask_structure import interval_structure
-from attnpass.passes.infra.base import require_int
+from attnpass.ir import require_int
 
 from ..specialize import MAX_SIGNATURES, CompiledFunction
 from . import batched, vlm

@@ -7,6 +7,7 @@ builtin ``input`` and ``constant``.
 
 from .diff import GraphDiff, diff_graphs
 from .graph import ROLES, Graph, Node
+from .arguments import require_int
 from .printer import PrintSettings, format_graph, format_node, format_slice, parse_graph
 from .registry import AttrSpec, OpDef, attr, get_op, register, registered_ops
 from .rendering import render, to_dot
@@ -26,5 +27,5 @@ __all__ = [
     "FLOAT_DTYPES", "ROLES", "AttnpassError", "AttrSpec", "DType", "Graph", "GraphDiff", "GraphFormatError", "Node",
     "OpDef", "PrintSettings", "ShapeError", "SourceLoc", "TensorType", "VerifyError", "attr", "diff_graphs",
     "format_graph", "format_node", "format_slice", "get_op", "parse_graph", "register", "registered_ops", "render",
-    "to_dot", "verify",
+    "require_int", "to_dot", "verify",
 ]  # fmt: skip

@@ -23,10 +23,16 @@ class Builder:
         self.loc = loc
 
     def op(
-        self, op: str, inputs: Sequence[str], attrs: Mapping[str, Any] | None = None, hint: str | None = None
+        self,
+        op: str,
+        inputs: Sequence[str] | Mapping[str, str | None],
+        attrs: Mapping[str, Any] | None = None,
+        hint: str | None = None,
     ) -> str:
-        """Add ``op(inputs)`` named from ``hint`` (default: the op name); the shape rule types it."""
-        return self.graph.add_node(op, list(inputs), dict(attrs or {}), hint=hint or op, loc=self.loc)
+        """Add ``op(inputs)`` named from ``hint`` (default: the op name); the shape rule types it. ``inputs`` as
+        for :meth:`Graph.add_node`: by position, or operand name -> value."""
+        inputs = dict(inputs) if isinstance(inputs, Mapping) else list(inputs)
+        return self.graph.add_node(op, inputs, dict(attrs or {}), hint=hint or op, loc=self.loc)
 
     def type(self, x: str) -> TensorType:
         return self.graph.node(x).type

@@ -20,7 +20,7 @@ import json
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import AbstractSet as Set
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, TypeVar
 
 from . import builtin as _builtin  # noqa: F401  (registers input and constant)
 from .registry import AttrValue, OpDef, encode_attr, get_op
@@ -28,6 +28,7 @@ from .sharding import Sharding, normalize_mesh, normalize_sharding, sharding_pro
 from .types import AttnpassError, SourceLoc, TensorType, VerifyError, check_identifier, short_repr
 
 ROLES = ("streamed", "resident")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,10 @@ class Node:
     """One SSA value: ``name = op[attrs](inputs) : type``. Change means :meth:`replace`.
 
     ``sharding``: the value's layout over the graph's mesh, one mesh axis or None per
-    dimension (:mod:`attnpass.ir.core.sharding`); None when unannotated.
+    dimension (:mod:`attnpass.ir.core.sharding`); None when unannotated. ``optionals``: the
+    optional operands the node has, by name in its op record's order; ``inputs`` holds the
+    required operands, then those. Read operands by name: ``node.mask`` (None when absent),
+    ``node.operand("mask")``, ``node.operands``; change them with :meth:`with_operands`.
     """
 
     name: str
@@ -45,11 +49,13 @@ class Node:
     type: TensorType
     loc: SourceLoc | None = field(default=None, compare=False)
     sharding: Sharding | None = None
+    optionals: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "inputs", tuple(self.inputs))
         object.__setattr__(self, "attrs", MappingProxyType(dict(self.attrs)))
         object.__setattr__(self, "sharding", normalize_sharding(self.sharding))
+        object.__setattr__(self, "optionals", tuple(self.optionals))
 
     def replace(self, **changes: Any) -> "Node":
         return replace(self, **changes)
@@ -57,6 +63,42 @@ class Node:
     @property
     def opdef(self) -> OpDef:
         return get_op(self.op)
+
+    @property
+    def operands(self) -> dict[str, str | None]:
+        """Operand name -> the value it reads (None: an absent optional operand), in the op record's order."""
+        return self.bind(self.inputs)
+
+    def bind(self, values: Sequence[T]) -> dict[str, T | None]:
+        """``values`` standing for the inputs, one per input (their types, arrays, emitted names), by operand name."""
+        return self.opdef.bind(values, self.optionals)
+
+    def operand(self, name: str) -> str | None:
+        """The value operand ``name`` reads; None when that optional operand is absent."""
+        operands = self.operands
+        if name not in operands:
+            raise AttributeError(f"{self.op} {self.name}: no operand {name!r}; operands: {', '.join(operands)}")
+        return operands[name]
+
+    def __getattr__(self, name: str) -> str | None:
+        """``node.q``, ``node.mask``, ...: :meth:`operand` for each operand its op record declares."""
+        op = self.__dict__.get("op")  # absent while unpickling: no recursion through self.op
+        if name.startswith("_") or op is None:
+            raise AttributeError(name)
+        try:
+            opdef = get_op(op)
+        except AttnpassError:
+            raise AttributeError(name) from None
+        if opdef.variadic or name not in opdef.operand_names:
+            raise AttributeError(
+                f"{op} {self.__dict__.get('name')}: no attribute or operand {name!r}; operands: {', '.join(opdef.operands)}"
+            )
+        return self.operand(name)
+
+    def with_operands(self, **changes: str | None) -> Node:
+        """This node with the named operands changed (None: an optional operand removed)."""
+        inputs, optionals = self.opdef.arrange({**self.operands, **changes})
+        return self.replace(inputs=inputs, optionals=optionals)
 
 
 class Graph:
@@ -117,7 +159,7 @@ class Graph:
     def add_node(
         self,
         op: str,
-        inputs: Sequence[str] = (),
+        inputs: Sequence[str] | Mapping[str, str | None] = (),
         attrs: Mapping[str, Any] | None = None,
         *,
         name: str | None = None,
@@ -126,20 +168,23 @@ class Graph:
     ) -> str:
         """Add ``op(inputs)``; the shape rule computes the type (or raises ShapeError). Returns its name.
 
-        The value is called ``name``, or a fresh name derived from ``hint`` (default: the op name).
+        ``inputs``: the operands by position (the required ones only), or operand name -> value for an op with
+        optional operands (None or left out: absent). The value is called ``name``, or a fresh name derived
+        from ``hint`` (default: the op name).
         """
         if op == "input":
             raise VerifyError("use Graph.add_input to add graph inputs")
         opdef = get_op(op)
+        inputs, optionals = opdef.arrange(inputs) if isinstance(inputs, Mapping) else (tuple(inputs), ())
         for i in inputs:
             if i not in self._nodes:
                 raise VerifyError(f"{op}: operand {i!r} is not defined in graph {self.name}")
         norm = opdef.normalize_attrs(attrs or {}, name)
-        type_ = opdef.result_type([self._nodes[i].type for i in inputs], norm, normalized=True)
+        type_ = opdef.result_type([self._nodes[i].type for i in inputs], norm, optionals=optionals, normalized=True)
         name = check_identifier(name) if name else self.fresh_name(hint or op)
         if name in self._nodes:
             raise VerifyError(f"graph {self.name}: duplicate name {name!r}")
-        node = Node(name, op, tuple(inputs), norm, type_, loc)
+        node = Node(name, op, inputs, norm, type_, loc, optionals=optionals)
         self.insert(node)
         # Built by the shape rule from these very operands: what the verifier would check again (see its docstring).
         self._accepted[name] = (node, tuple(self._nodes[i] for i in inputs))
@@ -526,7 +571,8 @@ class Graph:
             if n.name in digests or n.name not in live:
                 continue
             attrs = {k: encode_attr(v) for k, v in sorted(n.attrs.items())}
-            digests[n.name] = _sha([n.op, attrs, str(n.type), [digests[i] for i in n.inputs]])
+            optionals = [list(n.optionals)] if n.optionals else []
+            digests[n.name] = _sha([n.op, attrs, str(n.type), [digests[i] for i in n.inputs]] + optionals)
         signature = [digests[i] for i in self._inputs]
         state = [[self._inputs.index(i), o] for i, o in self.state_pairs()]
         return _sha(["graph", signature, [digests[o] for o in self._outputs]] + ([state] if state else []))

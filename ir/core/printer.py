@@ -9,7 +9,8 @@
 
 Attribute values are Python literals (non-finite floats print as ``inf``,
 ``-inf``, ``nan``); :func:`parse_graph` reads them back with ``ast`` (nothing
-is evaluated), so ``parse_graph(format_graph(g)) == g``. An output that is the
+is evaluated), so ``parse_graph(format_graph(g)) == g``. Optional operands follow the required
+ones as ``name=value`` (``sdpa ... q k v sinks=s``). An output that is the
 next value of a state input reads ``return out, cache_next -> cache``. A graph with a mesh
 prints it after the inputs (``... ) mesh(data=2, model=4) {``) and a sharded
 value writes its mesh axis after the dimension it splits: ``bf16[1,24@model,5,256]``.
@@ -76,7 +77,9 @@ def format_node(node: "Node", settings: PrintSettings = PrintSettings()) -> str:
     shown = {k: v for k, v in node.attrs.items() if not (k in specs and specs[k].quiet and v == specs[k].default)}
     attrs = ", ".join(f"{k}={_format_value(v)}" for k, v in shown.items())
     head = f"{node.name}:{format_type(node.type, node.sharding)} = {node.op}{f'[{attrs}]' if attrs else ''}"
-    line = " ".join([head, *node.inputs])
+    split = max(len(node.inputs) - len(node.optionals), 0)  # the required operands, then the named optional ones
+    named = (f"{o}={v}" for o, v in zip(node.optionals, node.inputs[split:]))
+    line = " ".join([head, *node.inputs[:split], *named])
     if settings.show_locs and node.loc is not None:
         line += f"  # {node.loc}"
     return line
@@ -107,7 +110,7 @@ _SHARDED_TYPE = re.compile(r"(\w+)\[((?:[0-9]+(?:@\w+)?(?:,[0-9]+(?:@\w+)?)*)?)\
 _HEADER = re.compile(r"graph (\w+)\(([^()]*)\)(?: mesh\(([^()]*)\))? \{\Z")
 _PARAM = re.compile(r"(\w+):(\w+\[[\w@,]*\])(?:\{(\w+)\})?\Z")
 _NODE_HEAD = re.compile(r"(\w+):(\w+\[[\w@,]*\]) = (\w+)")
-_OPERANDS = re.compile(r"(?: \w+)*\Z")
+_OPERANDS = re.compile(r"(?: \w+)*(?: \w+=\w+)*\Z")  # the required operands, then optional ones as name=value
 _NONFINITE = {"inf": math.inf, "nan": math.nan}
 MAX_TEXT_CHARS = 256 << 20  # as for JSON (serialize.MAX_JSON_BYTES)
 MAX_DIGITS = 20  # a dimension or an attribute integer: int64 and a sign
@@ -162,7 +165,7 @@ def _parse_attrs(text: str | None) -> dict[str, Any]:
 
 
 def _parse_node(lineno: int, line: str) -> tuple[str, str, str, str | None, list[str]]:
-    """``name, type, op, attrs text (or None), operands`` of one node line (linear time: no regex backtracking)."""
+    """``name, type, op, attrs text (or None), operand words`` of one node line (linear time: no regex backtracking)."""
     m = _NODE_HEAD.match(line)
     rest = line[m.end() :] if m else ""
     attrs = None
@@ -205,7 +208,10 @@ def parse_graph(text: str) -> "Graph":
             name, type_, op, attrs, args = _parse_node(lineno, line.strip())
             norm = get_op(op).normalize_attrs(_parse_attrs(attrs), name)
             type_, sharding = parse_sharded_type(type_)
-            graph.insert(Node(name, op, tuple(args), norm, type_, sharding=sharding))
+            named = [a.partition("=")[::2] for a in args if "=" in a]
+            inputs = tuple(a for a in args if "=" not in a) + tuple(value for _, value in named)
+            optionals = tuple(o for o, _ in named)
+            graph.insert(Node(name, op, inputs, norm, type_, sharding=sharding, optionals=optionals))
         results = [o.strip().partition(" -> ") for o in lines[-2].strip()[len("return ") :].split(",")]
         graph.set_outputs([value for value, _, _ in results])
         for i, (_value, arrow, state) in enumerate(results):

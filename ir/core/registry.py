@@ -131,7 +131,12 @@ def attr(kind: str, default: Any = _REQUIRED, *, quiet: bool = False) -> AttrSpe
 
 @dataclass(frozen=True)
 class OpDef:
-    """One op: operand names (``"mask?"`` optional, ``"*xs"`` variadic), attributes, shape rule."""
+    """One op: operand names (``"mask?"`` optional, ``"*xs"`` variadic), attributes, shape rule.
+
+    Optional operands are named, as xDSL's ``opt_operand_def``: a node records which it has
+    (``Node.optionals``, in this record's order) and its inputs hold the required operands, then those.
+    The shape rule gets one entry per declared operand, None for an absent optional one.
+    """
 
     name: str
     operands: tuple[str, ...]
@@ -140,23 +145,84 @@ class OpDef:
     family: str = "misc"
     doc: str = ""
 
+    def __post_init__(self) -> None:
+        kinds = ["*" if o.startswith("*") else "?" if o.endswith("?") else "" for o in self.operands]
+        if "*" in kinds[:-1] or ("*" in kinds and "?" in kinds) or kinds != sorted(kinds, key=bool):
+            raise ValueError(
+                f"op {self.name}: operands {self.operands}: required ones first, then optional ones (name?) or "
+                "one variadic (*name) last"
+            )
+
     @property
     def variadic(self) -> bool:
         return bool(self.operands) and self.operands[-1].startswith("*")
 
     @functools.cached_property
-    def arity_range(self) -> tuple[int, float]:
-        """The fewest and the most operands (``inf`` when variadic)."""
-        required = sum(1 for o in self.operands if not o.endswith("?") and not o.startswith("*"))
-        if self.variadic:
-            return max(required, 1), math.inf
-        return required, len(self.operands)
+    def operand_names(self) -> tuple[str, ...]:
+        """Every declared operand's name, without its ``?`` or ``*``."""
+        return tuple(o.strip("*?") for o in self.operands)
 
-    def check_arity(self, n: int) -> None:
-        lo, hi = self.arity_range
-        if not lo <= n <= hi:
-            want = f"{lo}" if lo == hi else (f"at least {lo}" if hi == math.inf else f"{lo} to {hi}")
-            raise ShapeError(f"{self.name}: expected {want} operand(s) ({', '.join(self.operands)}), got {n}")
+    @functools.cached_property
+    def required(self) -> tuple[str, ...]:
+        """The names of the operands every node has (the variadic one aside)."""
+        return tuple(o for o in self.operands if not o.endswith("?") and not o.startswith("*"))
+
+    @functools.cached_property
+    def optional(self) -> tuple[str, ...]:
+        """The names of the optional operands, in declared order."""
+        return tuple(o[:-1] for o in self.operands if o.endswith("?"))
+
+    def check_operands(self, n: int, optionals: Sequence[str] = ()) -> None:
+        """Raise ShapeError unless ``n`` inputs are the required operands then the named ``optionals``."""
+        optionals = tuple(optionals)
+        unknown = [o for o in optionals if o not in self.optional]
+        if unknown:
+            valid = ", ".join(self.optional) or "none"
+            raise ShapeError(
+                f"{self.name}: unknown optional operand {short_repr(unknown[0])}; optional operands: {valid}"
+            )
+        if optionals != tuple(o for o in self.optional if o in optionals) or len(set(optionals)) != len(optionals):
+            raise ShapeError(
+                f"{self.name}: optional operands {', '.join(optionals)} must each appear once, in the op's order "
+                f"({', '.join(self.optional)})"
+            )
+        want = len(self.required) + len(optionals)
+        if (n >= max(want, 1)) if self.variadic else n == want:
+            return
+        names = ", ".join(self.required + optionals + ((self.operands[-1],) if self.variadic else ()))
+        count = f"at least {max(want, 1)}" if self.variadic else str(want)
+        absent = [o + "?" for o in self.optional if o not in optionals]
+        hint = (
+            f"; optional operands ({', '.join(absent)}) are given by name, not by position"
+            if absent and n > want
+            else ""
+        )
+        raise ShapeError(f"{self.name}: expected {count} operand(s) ({names}), got {n}{hint}")
+
+    def bind(self, values: Sequence[Any], optionals: Sequence[str] = ()) -> dict[str, Any]:
+        """Operand name -> value for ``values`` (a node's inputs, or what stands for them: types, arrays,
+        emitted names) given its ``optionals``; None for an absent optional operand. Not for variadic ops."""
+        if self.variadic:
+            raise ShapeError(f"{self.name}: a variadic op's operands ({', '.join(self.operands)}) are read by position")
+        self.check_operands(len(values), optionals)
+        named = dict(zip(self.required + tuple(optionals), values))
+        return {name: named.get(name) for name in self.operand_names}
+
+    def arrange(self, named: Mapping[str, Any]) -> tuple[tuple[Any, ...], tuple[str, ...]]:
+        """The inverse of :meth:`bind`: ``(inputs, optionals)`` from operand name -> value (None or left out:
+        an absent optional operand)."""
+        unknown = [k for k in named if k not in self.operand_names or self.variadic]
+        if unknown:
+            raise ShapeError(
+                f"{self.name}: unknown operand {short_repr(unknown[0])}; operands: {', '.join(self.operands)}"
+            )
+        missing = [r for r in self.required if named.get(r) is None]
+        if missing:
+            raise ShapeError(
+                f"{self.name}: missing required operand {missing[0]} (operands: {', '.join(self.operands)})"
+            )
+        optionals = tuple(o for o in self.optional if named.get(o) is not None)
+        return tuple(named[o] for o in self.required + optionals), optionals
 
     def normalize_attrs(self, attrs: Mapping[str, Any], node: str | None = None) -> dict[str, AttrValue]:
         """Validate ``attrs`` against the spec and fill defaults, in spec order; errors name ``node`` if given."""
@@ -181,11 +247,18 @@ class OpDef:
         return out
 
     def result_type(
-        self, operand_types: Sequence[TensorType], attrs: Mapping[str, Any], *, normalized: bool = False
+        self,
+        operand_types: Sequence[TensorType],
+        attrs: Mapping[str, Any],
+        *,
+        optionals: Sequence[str] = (),
+        normalized: bool = False,
     ) -> TensorType:
-        """Check arity and attributes (skipped when already ``normalized``), then apply the shape rule."""
-        self.check_arity(len(operand_types))
-        return self.infer(list(operand_types), **(attrs if normalized else self.normalize_attrs(attrs)))
+        """Check the operands (the required ones, then the named ``optionals``) and the attributes (skipped when
+        already ``normalized``), then apply the shape rule."""
+        self.check_operands(len(operand_types), optionals)
+        types = list(operand_types) if self.variadic else list(self.bind(operand_types, optionals).values())
+        return self.infer(types, **(attrs if normalized else self.normalize_attrs(attrs)))
 
 
 _REGISTRY: dict[str, OpDef] = {}

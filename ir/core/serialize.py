@@ -8,7 +8,11 @@ or raises the loader's :class:`AttnpassError`, within fixed bounds of size
 ``NaN``/``Infinity`` constants).
 
 Optional fields, written only when set: the graph's ``mesh`` (``[[axis, size], ...]``
-in mesh order) and a node's ``sharding`` (one axis name or null per dimension).
+in mesh order), a node's ``sharding`` (one axis name or null per dimension) and its
+``optionals`` (the optional operands it has, by name: ``Node.optionals``).
+
+Version 1 named no optional operand (sdpa flagged its sinks with a ``has_sinks``
+attribute); such a document is read as version 2 (:func:`_from_version_1`).
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from .registry import decode_attr, encode_attr, get_op
+from .registry import decode_attr, encode_attr, get_op, registered_ops
 from .sharding import decode_sharding
 from .types import AttnpassError, DType, GraphFormatError, SourceLoc, TensorType, short_repr
 
@@ -24,7 +28,7 @@ if TYPE_CHECKING:
     from .graph import Graph
 
 FORMAT = "attnpass.graph"
-VERSION = 1
+VERSION = 2
 MAX_JSON_BYTES = 256 << 20  # a 192-layer model is ~3 MB
 MAX_JSON_DEPTH = 64  # a graph nests 6 deep
 MAX_INT_DIGITS = 20  # int64 and a sign
@@ -107,6 +111,8 @@ def graph_to_json(graph: "Graph", indent: int | None = None) -> str:
         )
         if n.sharding is not None:
             nodes[-1]["sharding"] = list(n.sharding)
+        if n.optionals:
+            nodes[-1]["optionals"] = list(n.optionals)
     doc = {
         "format": FORMAT,
         "version": VERSION,
@@ -159,6 +165,26 @@ def _loc(obj: Any, where: str) -> SourceLoc | None:
     return SourceLoc(file, line, function)  # printed escaped (SourceLoc.__str__)
 
 
+def _from_version_1(doc: dict) -> dict:
+    """A version-1 graph document in version 2's terms. Version 1 filled an op's optional operands in order from the
+    inputs past its required ones, except sdpa's and sdpa_lse's ``sinks``: the last input when their ``has_sinks``
+    attribute (gone since) was true. Malformed nodes are copied as they are, for the loader's checks to name."""
+    nodes = []
+    for raw in doc["nodes"] if isinstance(doc.get("nodes"), list) else []:
+        op, inputs, attrs = (raw.get(k) if isinstance(raw, dict) else None for k in ("op", "inputs", "attrs"))
+        opdef = registered_ops().get(op) if isinstance(op, str) else None
+        if opdef is None or not (isinstance(inputs, list) and isinstance(attrs, dict)):
+            nodes.append(raw)
+            continue
+        flagged = "sinks" in opdef.optional  # sdpa and sdpa_lse
+        sinks = flagged and attrs.get("has_sinks") is True
+        extra = max(len(inputs) - len(opdef.required) - sinks, 0)
+        filled = [o for o in opdef.optional if o != "sinks"][:extra] + ["sinks"] * sinks
+        attrs = {k: v for k, v in attrs.items() if not (flagged and k == "has_sinks")}
+        nodes.append({**raw, "attrs": attrs, "optionals": filled})
+    return {**doc, "version": 2, **({"nodes": nodes} if "nodes" in doc else {})}
+
+
 def graph_from_json(text: str | bytes) -> "Graph":
     """Parse, validate and verify a graph written by :func:`graph_to_json`."""
     return graph_from_doc(read_json(text, ""))
@@ -168,6 +194,8 @@ def graph_from_doc(doc: Any) -> "Graph":
     """Validate and verify a graph from its parsed JSON document (as :func:`read_json` returns it)."""
     from .graph import Graph, Node
 
+    if isinstance(doc, dict) and doc.get("format") == FORMAT and doc.get("version") == 1:
+        doc = _from_version_1(doc)
     check_envelope(doc, FORMAT, VERSION, "graph")
     try:
         graph = Graph(_field(doc, "name", str, "graph"))
@@ -191,7 +219,10 @@ def graph_from_doc(doc: Any) -> "Graph":
             attrs = op.normalize_attrs(attrs, name)
             node_type, loc = _type(_field(raw, "type", dict, where), where), _loc(raw.get("loc"), where)
             sharding = decode_sharding(raw.get("sharding"), where)
-            graph.insert(Node(name, op.name, tuple(operands), attrs, node_type, loc, sharding))
+            optionals = _field(raw, "optionals", list, where, [])
+            if not all(isinstance(o, str) for o in optionals):
+                raise GraphFormatError(f"{where}: optionals must be operand names, got {short_repr(optionals)}")
+            graph.insert(Node(name, op.name, tuple(operands), attrs, node_type, loc, sharding, tuple(optionals)))
         graph.set_inputs(inputs)
         graph.set_outputs(_field(doc, "outputs", list, "graph"))
         for pair in _field(doc, "state", list, "graph", []):

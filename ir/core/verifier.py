@@ -153,7 +153,7 @@ def _check_types(graph: "Graph", fresh: set[str]) -> None:
                 try:
                     opdef = get_op(n.op)
                     attrs = opdef.normalize_attrs(n.attrs)
-                    found = attrs, opdef.result_type(operands, attrs, normalized=True)
+                    found = attrs, opdef.result_type(operands, attrs, optionals=n.optionals, normalized=True)
                 except AttnpassError as exc:
                     raise node_error(graph, n, f"{n.op} {n.name}: {exc}") from None
                 if key is not None:
@@ -177,7 +177,7 @@ def _inference_key(node: "Node", operands: tuple[TensorType, ...]) -> tuple | No
     Attribute values are keyed with their types (inside tuples too): ``1``, ``1.0`` and ``True`` are equal in
     Python, but only the first is a normalized int, so a node holding another must not reuse its verdict.
     """
-    key = (node.op, tuple((name, _typed(value)) for name, value in node.attrs.items()), operands)
+    key = (node.op, tuple((name, _typed(value)) for name, value in node.attrs.items()), operands, node.optionals)
     try:
         hash(key)
     except TypeError:

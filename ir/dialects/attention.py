@@ -70,54 +70,54 @@ def window_offset(causal: str, s: int, t: int) -> int:
     return t - s if causal == "bottom_right" else 0
 
 
-def key_ranges(s: int, t: int, causal: str, window: Window | None) -> tuple[np.ndarray, np.ndarray]:
-    """int64 ``[S]`` each: row i sees exactly the keys ``lo[i] <= j < hi[i]`` that causality and ``window``
-    leave (every bound is an interval of keys); ``hi <= lo``: none."""
-    p = np.arange(s, dtype=np.int64) + window_offset(causal, s, t)
-    lo, hi = np.zeros(s, np.int64), np.full(s, t, np.int64)
+def key_ranges(s: int, t: int, causal: str, window: Window | None, xp: Any = np) -> tuple[Any, Any]:
+    """The one statement of sdpa's structured visibility (docs/semantics.md §1.4): int ``[S]`` each, row i sees
+    exactly the keys ``lo[i] <= j < hi[i]`` that causality and ``window`` leave (every bound is an interval of
+    keys); ``hi <= lo``: none. ``xp``: the array library (numpy, ``mlx.core``, ``jax.numpy``)."""
+    p = xp.arange(s) + window_offset(causal, s, t)
+    lo, hi = xp.zeros_like(p), xp.full(p.shape, t, dtype=p.dtype)
     left, right, chunk = window or Window()
     if causal != "none":
-        hi = np.minimum(hi, p + 1)
+        hi = xp.minimum(hi, p + 1)
     if left is not None:
-        lo = np.maximum(lo, p - left + 1)
+        lo = xp.maximum(lo, p - left + 1)
     if right is not None:
-        hi = np.minimum(hi, p + right + 1)
+        hi = xp.minimum(hi, p + right + 1)
     if chunk is not None:
-        lo, hi = np.maximum(lo, p // chunk * chunk), np.minimum(hi, p // chunk * chunk + chunk)
+        start = xp.floor_divide(p, chunk) * chunk
+        lo, hi = xp.maximum(lo, start), xp.minimum(hi, start + chunk)
     return lo, hi
 
 
-def sdpa_operands(node_or_types, has_sinks: bool) -> tuple:
-    """``(mask, sinks)`` of an sdpa/sdpa_lse's operands (inputs or types), each None when absent."""
-    rest = list(node_or_types)[3:]
-    sinks = rest.pop() if has_sinks and rest else None
-    return (rest[0] if rest else None), sinks
+def visible(s: int, t: int, causal: str, window: Window | tuple | None, xp: Any = np) -> Any | None:
+    """bool ``[S, T]`` in the array library ``xp``: whether row i sees key j, from :func:`key_ranges` (None: no
+    structure, every key). The numpy reference and the emitted programs build sdpa's mask with this."""
+    if causal == "none" and window is None:
+        return None
+    lo, hi = key_ranges(s, t, causal, Window(*window) if window is not None else None, xp)
+    j = xp.arange(t)[None, :]
+    return (j >= lo[:, None]) & (j < hi[:, None])
 
 
-def sdpa_variants(attrs) -> str | None:
-    """``"sinks"``, ``"window=(l, r, c)"``, ``"logit_softcap=c"`` joined by "and", for the variants an sdpa's
-    ``attrs`` turn on (None: none)."""
-    window = attrs.get("window")
+def sdpa_variants(node) -> str | None:
+    """``"sinks"``, ``"window=(l, r, c)"``, ``"logit_softcap=c"`` joined by "and", for the variants an sdpa
+    ``node`` turns on (None: none)."""
+    window = node.attrs.get("window")
     parts = (
-        (["sinks"] if attrs.get("has_sinks") else [])
+        (["sinks"] if node.sinks is not None else [])
         + ([f"window={tuple(window)}"] if window else [])
-        + ([f"logit_softcap={attrs['logit_softcap']:g}"] if attrs.get("logit_softcap") is not None else [])
+        + ([f"logit_softcap={node.attrs['logit_softcap']:g}"] if node.attrs.get("logit_softcap") is not None else [])
     )
     return " and ".join(parts) or None
 
 
-def _infer_sdpa(ts, *, scale, causal, has_sinks=False, logit_softcap=None, window=None):
-    q, k, v = ts[:3]
+def _infer_sdpa(ts, *, scale, causal, logit_softcap=None, window=None):
+    q, k, v, mask, sinks = ts
     if window is not None and window.right is not None and causal != "none":
         raise ShapeError(
             f"sdpa: window right {window.right} with causal={causal!r}: causality already hides every key right "
             "of the query (valid: right=None)"
         )
-    if has_sinks and len(ts) == 3:
-        raise ShapeError("sdpa: has_sinks=True but no sinks operand (operands: q, k, v, mask?, sinks)")
-    if not has_sinks and len(ts) == 5:
-        raise ShapeError(f"sdpa: 5 operands but has_sinks=False; the fifth, {ts[4]}, is sinks only with has_sinks=True")
-    mask, sinks = sdpa_operands(ts, has_sinks)
     if logit_softcap is not None and not logit_softcap > 0:
         raise ShapeError(f"sdpa: logit_softcap {logit_softcap!r} must be > 0 (None = off)")
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -158,13 +158,13 @@ def _infer_sdpa(ts, *, scale, causal, has_sinks=False, logit_softcap=None, windo
     return TensorType((b, hq, s, v.shape[3]), q.dtype)
 
 
-def _infer_sdpa_lse(ts, *, scale, causal, has_sinks=False, logit_softcap=None, window=None):
+def _infer_sdpa_lse(ts, *, scale, causal, logit_softcap=None, window=None):
     if window is not None:
         raise ShapeError(f"sdpa_lse: window {tuple(window)} is not supported (valid: window=None)")
-    if has_sinks:
+    if ts[4] is not None:
         raise ShapeError(
-            "sdpa_lse: has_sinks=True is not supported: the log-sum-exp is over the keys only; "
-            "a split-KV combine adds the sinks once (valid: has_sinks=False)"
+            f"sdpa_lse: a sinks operand ({ts[4]}) is not supported: the log-sum-exp is over the keys only; "
+            "a split-KV combine adds the sinks once (valid: no sinks)"
         )
     b, hq, s, _ = _infer_sdpa(ts, scale=scale, causal=causal, logit_softcap=logit_softcap).shape
     return TensorType((b, hq, s), DType.float32)
@@ -189,7 +189,6 @@ register(
         {
             "scale": attr("float?", None),
             "causal": attr("choice:" + "|".join(CAUSAL_KINDS), "none"),
-            "has_sinks": attr("bool", False, quiet=True),
             "logit_softcap": attr("float?", None, quiet=True),
             "window": AttrSpec("window?", _window, None, quiet=True),
         },
@@ -201,7 +200,7 @@ register(
         "(MLX: query i sees keys <= i + T - S). A row that the bool mask and causal leave without any key "
         "weighs all T keys equally (the mean of V, as MLX's and JAX's fused calls return); an additive mask "
         "is added to the scores, so a row of -inf is NaN. logit_softcap c (None = off): the scaled scores become "
-        "c * tanh(s / c) before the mask (gemma2's order). has_sinks: the last operand is sinks, f32-or-q-dtype "
+        "c * tanh(s / c) before the mask (gemma2's order). sinks: f32-or-q-dtype "
         "[Hq], one logit per query head that joins each row's softmax denominator and carries no value (MLX's "
         "sinks=); a row with sinks and no key left is 0. window (left, right, chunk) (None = off): query i at "
         "position p = i + (T - S if bottom_right else 0) also needs p - j < left, j - p <= right and j // chunk "

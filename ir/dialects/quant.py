@@ -120,10 +120,7 @@ def _infer_quantize(ts, *, group_size, bits, output):
 
 def _infer_quantized_sdpa(ts, *, scale, group_size, bits, precision="dtype"):
     op = "quantized_sdpa"
-    if len(ts) not in (7, 8):
-        raise ShapeError(f"{op}: expected 7 or 8 operands (q, kq, ks, kb, vq, vs, vb, mask?), got {len(ts)}")
-    q, kq, ks, kb, vq, vs, vb = ts[:7]
-    mask = ts[7] if len(ts) == 8 else None
+    q, kq, ks, kb, vq, vs, vb, mask = ts
     require_dtype(op, q, FLOATS, "q")
     d = _check_quantized(op, kq, ks, kb, group_size, bits)
     dv = _check_quantized(op, vq, vs, vb, group_size, bits)

@@ -60,8 +60,25 @@ class ImportedGraph:
 
     @classmethod
     def load(cls, path: str | Path, weights: str | Path | None = None) -> "ImportedGraph":
-        """Read a graph saved by :meth:`save` and its params (from ``weights``, else the file beside it)."""
-        graph = Graph.from_json(Path(path).read_text())
+        """Read a graph saved by :meth:`save` and its params (from ``weights``, else the file beside it).
+
+        Raises ArgumentError when ``path`` is no file, GraphFormatError (naming ``path``) when it holds no graph.
+        """
+        import os
+
+        from attnpass.ir.core.arguments import argument_error
+        from attnpass.ir.core.types import GraphFormatError
+
+        valid = "a graph JSON file (ImportedGraph.save writes one)"
+        if not isinstance(path, (str, os.PathLike)):
+            raise argument_error("ImportedGraph.load", "path", path, valid)
+        if not Path(path).is_file():
+            missing = "it does not exist" if not Path(path).exists() else "it is not a file"
+            raise argument_error("ImportedGraph.load", "path", os.fspath(path), valid, missing)
+        try:
+            graph = Graph.from_json(Path(path).read_text())
+        except GraphFormatError as exc:
+            raise GraphFormatError(f"{path}: {exc}") from None
         file = require_weights_file(graph, path, weights)
         return cls(graph, load_weights(graph, file) if file is not None else {})
 

@@ -160,9 +160,9 @@ def sdpa(
     ``logit_softcap``: c, scaled scores become ``c * tanh(s / c)`` before the mask (gemma2).
     ``window``: ``(left, right, chunk)``, sliding window and chunk bounds (docs/semantics.md §1.4).
     """
-    operands = [q, k, v] + ([mask] if mask is not None else []) + ([sinks] if sinks is not None else [])
-    attrs = {"scale": scale, "causal": causal or "none", "has_sinks": sinks is not None}
-    return emit("sdpa", operands, {**attrs, "logit_softcap": logit_softcap, "window": window})
+    operands = {"q": q, "k": k, "v": v, "mask": mask, "sinks": sinks}
+    attrs = {"scale": scale, "causal": causal or "none", "logit_softcap": logit_softcap, "window": window}
+    return emit("sdpa", operands, attrs)
 
 
 def sdpa_lse(q: Tensor, k: Tensor, v: Tensor, **options: Any) -> Tensor:
@@ -183,8 +183,7 @@ def _attention(
     mask: Tensor | None = None,
     causal: str | None = None,
 ) -> Tensor:
-    operands = [q, k, v] + ([mask] if mask is not None else [])
-    return emit(op, operands, {"scale": scale, "causal": causal or "none"})
+    return emit(op, {"q": q, "k": k, "v": v, "mask": mask}, {"scale": scale, "causal": causal or "none"})
 
 
 # ----------------------------------------------------------------------------- QSA (attnpass.ir.dialects.qsa)
@@ -352,7 +351,8 @@ def quantized_sdpa(
     """mlx-lm's ``quantized_scaled_dot_product_attention``: ``q [B, Hq, S, D]`` over K and V each given as
     ``(words, scales, biases)`` ``[B, Hkv, T, .]`` (words int32, MLX's uint32 bits); ``mask`` bool (True =
     attend) or additive in q's dtype."""
-    operands = [q, *keys, *values] + ([mask] if mask is not None else [])
+    (kq, ks, kb), (vq, vs, vb) = keys, values
+    operands = {"q": q, "kq": kq, "ks": ks, "kb": kb, "vq": vq, "vs": vs, "vb": vb, "mask": mask}
     return emit("quantized_sdpa", operands, {"scale": float(scale), "group_size": int(group_size), "bits": int(bits)})
 
 

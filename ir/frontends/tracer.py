@@ -17,10 +17,11 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from attnpass.ir.core.arguments import argument_error, require_choice
 from attnpass.ir.core.graph import ROLES, Graph
 from attnpass.ir.core.types import AttnpassError, DType, ShapeError, SourceLoc, TensorType
 
@@ -39,8 +40,19 @@ class TensorSpec:
     role: str = "streamed"
 
     def __post_init__(self) -> None:
-        if self.role not in ROLES:
-            raise ShapeError(f"TensorSpec: role must be one of {', '.join(ROLES)}, got {self.role!r}")
+        """Every field checked here, not first at :func:`trace`: an ArgumentError names the field."""
+        require_choice("TensorSpec", "role", self.role, ROLES)
+        try:
+            DType.parse(self.dtype)
+        except AttnpassError:
+            names = ", ".join(d.value if d.short == d.value else f"{d.value} ({d.short})" for d in DType)
+            raise argument_error("TensorSpec", "dtype", self.dtype, f"a DType or one of {names}") from None
+        try:
+            TensorType(tuple(self.shape), DType.float32)
+        except (AttnpassError, TypeError):
+            raise argument_error(
+                "TensorSpec", "shape", self.shape, "a tuple of non-negative ints, each at most 2**31 - 1"
+            ) from None
 
     @property
     def type(self) -> TensorType:
@@ -175,15 +187,19 @@ def _trace_of(operands: Sequence[Any], op: str) -> _Trace:
     return current
 
 
-def emit(op: str, operands: Sequence[Any], attrs: dict[str, Any] | None = None) -> Tensor:
-    """Add ``op`` to the active trace; shape errors name the op, the shapes and the user's line."""
-    for o in operands:
+def emit(op: str, operands: Sequence[Any] | Mapping[str, Any], attrs: dict[str, Any] | None = None) -> Tensor:
+    """Add ``op`` to the active trace; shape errors name the op, the shapes and the user's line. ``operands``: by
+    position, or operand name -> tensor (None: an absent optional operand)."""
+    named = dict(operands) if isinstance(operands, Mapping) else None
+    given = [o for o in (named.values() if named is not None else operands) if named is None or o is not None]
+    for o in given:
         if not isinstance(o, Tensor):
             raise ShapeError(f"{op}: expected traced tensors as operands, got {type(o).__name__} {o!r}")
-    trace = _trace_of(operands, op)
+    trace = _trace_of(given, op)
     loc = user_location()
+    inputs = [o.name for o in given] if named is None else {k: None if o is None else o.name for k, o in named.items()}
     try:
-        name = trace.graph.add_node(op, [o.name for o in operands], attrs or {}, loc=loc)
+        name = trace.graph.add_node(op, inputs, attrs or {}, loc=loc)
     except ShapeError as exc:
         raise ShapeError(f"{exc}{describe_location(loc)}") from None
     return Tensor(trace, name)
@@ -302,6 +318,8 @@ def trace(fn: Callable, *specs: TensorSpec | TensorType, name: str | None = None
     Input names are ``fn``'s parameter names. ``fn`` returns a Tensor or a
     tuple/list of Tensors (the graph outputs, in order).
     """
+    if not callable(fn):
+        raise argument_error("trace", "fn", fn, "the function to trace", "call trace(fn, *specs)")
     params = [
         p
         for p in inspect.signature(fn).parameters.values()
@@ -319,7 +337,7 @@ def trace(fn: Callable, *specs: TensorSpec | TensorType, name: str | None = None
         if isinstance(spec, TensorType):
             spec = TensorSpec(spec.shape, spec.dtype)
         if not isinstance(spec, TensorSpec):
-            raise AttnpassError(f"trace: parameter {p.name}: expected a TensorSpec, got {type(spec).__name__}")
+            raise argument_error("trace", f"the spec of parameter {p.name}", spec, "a TensorSpec or a TensorType")
         graph.add_input(p.name, spec.type, spec.role)
         args.append(Tensor(state, p.name))
     token = _current.set(state)

@@ -77,7 +77,15 @@ def load_weights(graph: Graph, file: str | Path) -> dict[str, np.ndarray]:
             if missing:
                 raise WeightsError(f"{file}: no tensor for weight(s) {', '.join(missing[:4])} of graph {graph.name}")
             values = {name: f.get_tensor(path) for name, path in inputs.items()}
-    except (SafetensorError, OSError) as exc:
+    except SafetensorError as exc:
+        with open(file, "rb") as f:
+            json = f.read(64).lstrip().startswith(b"{")  # safetensors starts with its header's length
+        what = "JSON text, not safetensors (a graph file?)" if json else "not a safetensors file"
+        raise WeightsError(
+            f"{file}: {what} ({exc}); expected the weights: the .safetensors file ImportedGraph.save writes "
+            "beside the graph JSON"
+        ) from None
+    except OSError as exc:
         raise WeightsError(f"{file}: cannot read weights: {exc}") from None
     for name, path in inputs.items():
         _check(graph, name, path, values[name], str(file))

@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass, replace
-from typing import Any, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Iterator, Mapping, Sequence
 
 from attnpass.ir import DType, Graph, Node
 
@@ -86,7 +86,7 @@ class MaskPlan:
 
 @dataclass(frozen=True)
 class Attention:
-    """A proven attention: its operands, mask, scale, dtype, the output layout and a summary."""
+    """A proven attention: its operands, mask, scale, dtype, the output layout, a summary and its figures."""
 
     pv: Node
     q: Operand
@@ -99,6 +99,7 @@ class Attention:
     summary: str
     softcap: float | None = None
     sinks: tuple[str, tuple[int, ...]] | float | None = None  # (root, 4-d shape (1, Hq|1, 1, 1)) or a splat value
+    figures: Mapping[str, Any] = field(default_factory=dict)  # what the summary states, by name (Remark.data)
 
 
 @dataclass(frozen=True)
@@ -595,14 +596,16 @@ class _Matcher:
         found = self.result(chains, orders, mask, scale, tuple(out_layout), group, sizes, d, qk, softmax)
         if algebra.softcap is not None:
             summary = found.summary + f"; logit_softcap {algebra.softcap:g}"
-            found = replace(found, softcap=algebra.softcap, summary=summary)
+            figures = {**found.figures, "softcap": algebra.softcap}
+            found = replace(found, softcap=algebra.softcap, summary=summary, figures=figures)
         if self.sink is None:
             return found
         sinks = self.sinks(layout, sizes)
         if isinstance(sinks, Decline):
             return sinks
         shown = f"{sinks:g} for every head" if isinstance(sinks, float) else f"{sinks[0]} (per query head)"
-        return replace(found, sinks=sinks, summary=found.summary + f"; sinks {shown}")
+        figures = {**found.figures, "sinks": sinks if isinstance(sinks, float) else sinks[0]}
+        return replace(found, sinks=sinks, summary=found.summary + f"; sinks {shown}", figures=figures)
 
     def sinks(self, layout: Layout, sizes: tuple[int, ...]) -> tuple[str, tuple[int, ...]] | float | Decline:
         """The sink column as sdpa's ``[Hq]`` sinks: its root laid out ``(1, Hq, 1, 1)`` (or ``(1, 1, 1, 1)``),
@@ -760,7 +763,18 @@ class _Matcher:
         for fill in mask.finite_fills:
             bound = fill + UNDERFLOW
             summary += f"; fill {fill!r} masks exactly while every row's highest unmasked score is >= {bound!r}"
-        return Attention(pv, *operands, mask, scale, dtype, out_layout, summary)
+        figures = {
+            "q": operands[0].root, "k": operands[1].root, "v": operands[2].root,
+            "v_steps": [(op, c) for op, c in operands[2].steps if op != "cast"],
+            "q_heads": sizes[1], "kv_heads": sizes[1] // group, "gqa": group, "q_len": sizes[2], "kv_len": sizes[3],
+            "head_dim": d, "scale": scale, "bool_masks": [root for root, _s in mask.bools],
+            "additive_mask": None if mask.additive is None else mask.additive[0],
+            "mask_factor": None if mask.additive is None else mask.additive[2],
+            "rounding": bool(rounding), "qk_dtype": qk.type.dtype.short, "softmax_dtype": softmax.type.dtype.short,
+            "dtype": dtype.short, "fills": list(mask.finite_fills), "fill_bounds": [f + UNDERFLOW for f in mask.finite_fills],
+            "softcap": None, "sinks": None,
+        }  # fmt: skip
+        return Attention(pv, *operands, mask, scale, dtype, out_layout, summary, figures=figures)
 
     @staticmethod
     def _score_atom(qa, ka, q_roles, k_roles, group, hkv, q_names, k_names) -> Atom | str:

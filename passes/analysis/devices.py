@@ -1,14 +1,41 @@
-"""What the fused attention kernels serve: one home for the passes that plan around them and the routes predicting them.
+"""What the passes know of each device: one keyed table, :data:`DEVICES`, and the Metal kernel gates.
 
-MLX 0.32's Metal SDPA gates, read from ``mlx/backend/metal/scaled_dot_product_attention.cpp``
-(ml-explore/mlx at commit 00703ea6, the stored version closest to 0.32; docs/semantics.md §2.6):
-``has_fused_kernel`` and ``use_fallback`` pick fused or unfused, ``eval_gpu`` the vector kernel's one- or
-two-pass form. :func:`attnpass.backends.mlx.sdpa_route` is the full route model built on these facts;
-``decompose-sdpa`` keeps the calls the vector kernel serves and ``head-chunk`` splits wider GQA calls
-under its budget.
+:data:`DEVICES` maps a device name (the ``device`` option of ``decompose-sdpa``,
+``block-sparse`` and :func:`~attnpass.passes.default_pipeline`) to its
+:class:`Device`, every per-device number a pass reads; each value cites where
+it was measured in docs/ (or says it was not). A new fact is a new field, a new
+device a new row. The Metal constants below are MLX 0.32's Metal SDPA gates,
+read from ``mlx/backend/metal/scaled_dot_product_attention.cpp`` (ml-explore/mlx
+at commit 00703ea6; docs/semantics.md §2.6): ``decompose-sdpa`` keeps the calls
+the vector kernel serves, ``head-chunk`` splits wider GQA calls under its
+budget and :func:`attnpass.backends.mlx.sdpa_route` is the full route model.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Device:
+    """The per-device facts the passes read. A routing policy keyed by ``(quantized, dtype)`` (the MLX
+    router's fewest keys worth routing) joins as one more field, a mapping from that pair to its number."""
+
+    block_q: int  # block-sparse: query rows per tile
+    prefill_tile: int  # qsa-gather under default_pipeline: query rows per prefill tile
+
+
+DEVICES: dict[str, Device] = {
+    # block_q 512: measured on MLX and JAX CPU (docs/semantics.md §1.4, benchmarks/block_sparse.py);
+    # prefill_tile 16: measured (docs/qsa.md, "Prefill")
+    "cpu": Device(block_q=512, prefill_tile=16),
+    # block_q: the CPU's size, not measured; prefill_tile: the CPU's, not measured (docs/qsa.md, "Prefill")
+    "metal": Device(block_q=512, prefill_tile=16),
+    # block_q: the CPU's size, not measured; prefill_tile 64 bounds the gathered K/V per tile, not tuned
+    # (docs/qsa.md, "Prefill")
+    "gpu": Device(block_q=512, prefill_tile=64),
+    "tpu": Device(block_q=512, prefill_tile=64),  # as "gpu": neither measured on a TPU
+}
 
 METAL_VECTOR_MAX_ROWS = 8  # q_len of the vector (decode) kernel family; longer calls go to the full kernel
 METAL_VECTOR_BUDGET = 32  # the most q_len * gqa one vector-kernel call serves; head-chunk's default budget
@@ -38,7 +65,7 @@ def metal_vector_serves(q_len: int, gqa: int, d: int, dv: int, kv_len: int) -> b
 
 
 __all__ = [
-    "METAL_FULL_HEAD_DIMS", "METAL_FULL_UNFUSED_FASTER", "METAL_LARGE_GPU_ARCH", "METAL_TWO_PASS_MIN_KEYS_GQA",
-    "METAL_TWO_PASS_MIN_KEYS_LARGE_GPU", "METAL_VECTOR_BUDGET", "METAL_VECTOR_HEAD_DIMS", "METAL_VECTOR_MAX_ROWS",
+    "DEVICES", "Device", "METAL_FULL_HEAD_DIMS", "METAL_FULL_UNFUSED_FASTER", "METAL_LARGE_GPU_ARCH",
+    "METAL_TWO_PASS_MIN_KEYS_GQA", "METAL_TWO_PASS_MIN_KEYS_LARGE_GPU", "METAL_VECTOR_BUDGET", "METAL_VECTOR_HEAD_DIMS", "METAL_VECTOR_MAX_ROWS",
     "METAL_VECTOR_UNFUSED_FASTER", "metal_vector_head_dims", "metal_vector_serves",
 ]  # fmt: skip

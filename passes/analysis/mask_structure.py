@@ -1,5 +1,6 @@
-"""A bool sdpa mask built from positions (aranges, iotas, offsets, a window) read back as sdpa's causal kind and
-``window`` (docs/semantics.md §1.4).
+"""An sdpa mask built from positions (aranges, iotas, offsets, a window) read back as sdpa's causal kind and
+``window`` (docs/semantics.md §1.4): a bool mask, or an additive one of 0 and -inf (decomposed attention's
+``where(m, s, -inf)`` raised, ``s + where(m, 0, -inf)``).
 
 mlx-lm's ``create_causal_mask(N, offset, window_size)`` and JAX code build the
 mask from position comparisons; imported, it is a subgraph of constants,
@@ -9,8 +10,9 @@ on every one of the ``S * T`` pairs: a candidate (causal kind, left, right,
 chunk) derived from the rows' key intervals is kept only if
 :func:`~attnpass.ir.dialects.attention.key_ranges` reproduces the evaluated
 mask (and-ed with the sdpa's own causal kind and window) exactly. A mask that
-reads an input, is too large to evaluate, differs across batch or heads, or
-is not exactly such a structure stays dense, with the reason.
+reads an input, is too large to evaluate, differs across batch or heads, adds
+anything but 0 and -inf, leaves a row all -inf (NaN in the source), or is not
+exactly such a structure stays dense, with the reason.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from attnpass.ir import DType, Graph, Node
-from attnpass.ir.dialects.attention import Window, key_ranges, sdpa_operands, window_offset
+from attnpass.ir.dialects.attention import Window, key_ranges, window_offset
 from attnpass.ir.dialects.evaluate import EVALUATORS, constant, evaluate
 
 from ..infra.rewrite import Decline, Rewriter
@@ -34,6 +36,7 @@ class Structure:
     causal: str
     window: Window | None
     message: str
+    figures: dict  # the message's figures by name (Remark.data)
 
 
 def _static(graph: Graph, name: str) -> np.ndarray | str:
@@ -91,24 +94,53 @@ def _candidates(s: int, t: int, lo: np.ndarray, hi: np.ndarray):
 
 
 def match_structure(graph: Graph, node: Node) -> Structure | Decline | None:
-    """The structure a static bool mask of sdpa ``node`` is, proven on every pair; None: no bool mask."""
-    mask, _sinks = sdpa_operands(node.inputs, node.attrs["has_sinks"])
-    if mask is None or graph.node(mask).type.dtype is not DType.bool:
+    """The structure a static mask of sdpa ``node`` is, proven on every pair; None: no mask.
+
+    A bool mask is read as the keys it keeps; an additive one only when every value is 0 (kept) or -inf
+    (hidden) and it hides no row's last key: such a row is 0/0 = NaN, where a causal kind gives it the mean of V.
+    """
+    mask = node.mask
+    if mask is None:
         return None
+    additive = graph.node(mask).type.dtype is not DType.bool
+    what = f"{'additive' if additive else 'bool'} mask {mask} kept dense"
     value = _static(graph, mask)
     if isinstance(value, str):
-        return Decline("mask_not_static", f"bool mask {mask} kept dense: {value}")
+        return Decline("mask_not_static", f"{what}: {value}")
+    if additive:
+        other = value[(value != 0) & (value != -np.inf)]
+        if other.size:
+            return Decline("mask_not_structured", f"{what}: it adds {float(other.flat[0])!r}, not only 0 and -inf")
+        value = value == 0
     s, t = graph.node(node.inputs[0]).type.shape[2], graph.node(node.inputs[1]).type.shape[2]
     plane = np.broadcast_to(value, value.shape[:-2] + (s, t)).reshape(-1, s, t)
     if not (plane == plane[:1]).all():
-        return Decline("mask_not_structured", f"bool mask {mask} kept dense: it differs across batch or heads")
+        return Decline("mask_not_structured", f"{what}: it differs across batch or heads")
     lo0, hi0 = key_ranges(s, t, node.attrs["causal"], node.attrs["window"])
-    found = plane_structure(plane[0] & _intervals(lo0, hi0, t))
+    before = _intervals(lo0, hi0, t)
+    seen = plane[0] & before
+    emptied = np.flatnonzero(before.any(axis=1) & ~seen.any(axis=1))
+    if additive and emptied.size:
+        return Decline(
+            "rows_without_keys",
+            f"{what}: it adds -inf to every key of row {int(emptied[0])}, which is NaN (0/0); "
+            "as a causal kind or window that row would be the mean of V",
+        )
+    found = plane_structure(seen)
     if isinstance(found, str):
-        return Decline("mask_not_structured", f"bool mask {mask} kept dense: {found}")
+        return Decline("mask_not_structured", f"{what}: {found}")
     causal, window = found
     named = f"causal={causal!r}" + (f", window={tuple(window)}" if window else "")
-    return Structure(mask, causal, window, f"bool mask {mask} is exactly {named} (all {s * t} pairs checked)")
+    figures = {
+        "mask": mask,
+        "causal": causal,
+        "window": window and tuple(window),
+        "q_len": s,
+        "kv_len": t,
+        "pairs": s * t,
+    }
+    kind = "additive mask (0 and -inf)" if additive else "bool mask"
+    return Structure(mask, causal, window, f"{kind} {mask} is exactly {named} (all {s * t} pairs checked)", figures)
 
 
 def plane_structure(seen: np.ndarray) -> tuple[str, Window | None] | str:
@@ -142,7 +174,7 @@ def interval_structure(lo: np.ndarray, hi: np.ndarray, t: int) -> tuple[str, Win
 
 def rewrite_structure(rw: Rewriter, m: Structure) -> None:
     node = rw.anchor
-    operands = [x for x in node.inputs if x != m.mask]
+    operands = {**node.operands, "mask": None}
     attrs = {**node.attrs, "causal": m.causal, "window": m.window}
     rw.replace_matched(rw.op("sdpa", operands, attrs, node.name), prune=True)
 

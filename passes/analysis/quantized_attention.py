@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from attnpass.ir import DType, Graph, Node
+from attnpass.ir import DType, Graph, Node, get_op
 
 from ..infra.base import Remarks
 from ..infra.rewrite import Decline, Rewriter
@@ -54,6 +54,13 @@ class QuantizedAttention:
             f"{hq} query heads on {hkv} kv heads, {self.bits}-bit K/V in groups of {self.group_size}, "
             f"scale {self.scale:g}, mask {mask}"
         )
+
+    @property
+    def figures(self) -> dict:
+        """What :attr:`summary` states, by name (Remark.data)."""
+        hq, hkv = self.heads
+        return {"q_heads": hq, "kv_heads": hkv, "bits": self.bits, "group_size": self.group_size, "scale": self.scale,
+                "mask": self.mask}  # fmt: skip
 
 
 def _kv_root(graph: Graph, value: str, lead: tuple[int, int], groups: int, folded: bool) -> str | Decline:
@@ -173,12 +180,12 @@ def match_quantized_attention(graph: Graph, pv: Node) -> QuantizedAttention | De
 
 def rewrite_quantized_attention(rw: Rewriter, m: QuantizedAttention) -> None:
     name = m.pv.name
-    operands = [m.q, *m.kv]
+    operands = dict(zip(get_op("quantized_sdpa").required, (m.q, *m.kv)))
     if m.mask is not None:
         mask = m.mask
         for step, shape in m.mask_steps:
             mask = (rw.broadcast if step == "broadcast" else rw.reshape)(mask, shape, f"{name}_mask")
-        operands.append(mask)
+        operands["mask"] = mask
     attrs = {"scale": m.scale, "group_size": m.group_size, "bits": m.bits}
     out = rw.op("quantized_sdpa", operands, attrs, f"{name}_qsdpa")
     rw.replace_matched(rw.reshape(out, m.pv.type.shape, f"{name}_out"), prune=True)

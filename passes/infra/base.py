@@ -14,11 +14,14 @@ from __future__ import annotations
 import abc
 import re
 from dataclasses import dataclass, field
-from typing import ClassVar, Literal
+from typing import ClassVar, Literal, Mapping, Union
 
 from attnpass.ir import AttnpassError, Graph, SourceLoc
+from attnpass.ir.core.arguments import require_int  # noqa: F401 (re-exported: the passes' option check)
 
 RemarkKind = Literal["applied", "declined", "analysis"]
+Figure = Union[int, float, str, bool, None, tuple["Figure", ...]]
+Figures = Mapping[str, Figure]  # a remark's figures by name: what its message interpolates
 
 
 class PassError(AttnpassError):
@@ -27,7 +30,8 @@ class PassError(AttnpassError):
 
 # Every reason code the built-in passes give, with its meaning: the one table of why a pass did or did not
 # rewrite (tests/passes/test_remark_reasons.py checks that the passes give no other code and use every one).
-# A remark's message adds the numbers and names; its ``reason`` is what tools and tests compare.
+# A remark's message adds the numbers and names in words, its ``data`` the same figures by name; its ``reason``
+# and ``data`` are what tools and tests compare.
 REASONS: dict[str, str] = {
     # outcomes every pass can have
     "applied": "the rewrite was made; the message says what it did and why that is valid",
@@ -52,8 +56,8 @@ REASONS: dict[str, str] = {
     # masks
     "mask_layout": "the mask does not broadcast onto the scores as sdpa's [..., S, T] mask",
     "mask_form": "the mask is not written as sdpa masks (inverted, or its fill is not a constant)",
-    "mask_not_static": "the bool mask's values are not known from positions alone",
-    "mask_not_structured": "the bool mask is not exactly a causal kind and window",
+    "mask_not_static": "the mask's values are not known from positions alone",
+    "mask_not_structured": "the mask is not exactly a causal kind and window (bool, or additive 0 and -inf)",
     "mask_not_selection": "the mask is not qsa_mask or where(qsa_mask, visibility, -inf)",
     # quantized sparse attention, gathers and sharding
     "qsa_form": "the QSA selection, pooling or positions are not in the form the rewrite reads",
@@ -91,7 +95,9 @@ _CODE = re.compile(r"[a-z][a-z0-9_]*\Z")
 @dataclass(frozen=True)
 class Remark:
     """One pass decision, MLIR-style: which pass and rule, applied or declined, on which node, the reason code
-    (a key of :data:`REASONS` for the built-in passes) and the message with the numbers and names."""
+    (a key of :data:`REASONS` for the built-in passes), the message with the numbers and names, and ``data``,
+    the figures the message states (rows, heads, bytes, bounds, ...) by snake_case name: JSON scalars or
+    tuples of them, so tools read the numbers without parsing the words."""
 
     pass_name: str
     kind: RemarkKind
@@ -100,10 +106,12 @@ class Remark:
     message: str
     loc: SourceLoc | None = None
     rule: str | None = None  # the rewrite rule that decided (apply_rules), when the pass has rules
+    data: Figures = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
         if not _CODE.match(self.reason):
             raise ValueError(f"Remark of {self.pass_name}: reason must be a snake_case code, got {self.reason!r}")
+        object.__setattr__(self, "data", {k: _figure(self, k, v) for k, v in self.data.items()})
 
     def __str__(self) -> str:
         """``[pass] kind node (rule, reason): message (loc)``; the rule when it is not the pass, the reason
@@ -115,6 +123,17 @@ class Remark:
         return f"[{self.pass_name}] {self.kind}{where}{tag}: {self.message}{at}"
 
 
+def _figure(remark: Remark, key: str, value: object) -> Figure:
+    """``value`` as a figure (lists become tuples); a ValueError for a name or value that is not one."""
+    if not _CODE.match(key):
+        raise ValueError(f"Remark of {remark.pass_name}: data names must be snake_case, got {key!r}")
+    if isinstance(value, (list, tuple)):
+        return tuple(_figure(remark, key, v) for v in value)
+    if value is None or isinstance(value, (int, float, str, bool)):
+        return value
+    raise ValueError(f"Remark of {remark.pass_name}: data {key!r} is {type(value).__name__}, not a JSON scalar")
+
+
 @dataclass
 class Remarks:
     """The remark sink a pass writes to; bound to the pass's name."""
@@ -124,23 +143,24 @@ class Remarks:
 
     def applied(
         self, node: str | None, message: str, loc: SourceLoc | None = None, rule: str | None = None,
-        *, reason: str = "applied",
+        *, reason: str = "applied", data: Figures | None = None,
     ) -> None:  # fmt: skip
-        """Record a rewrite this pass made at ``node``, and why it was valid."""
-        self.items.append(Remark(self.pass_name, "applied", node, reason, message, loc, rule))
+        """Record a rewrite this pass made at ``node``, and why it was valid (``data``: its figures)."""
+        self.items.append(Remark(self.pass_name, "applied", node, reason, message, loc, rule, dict(data or {})))
 
     def declined(
-        self, node: str | None, message: str, loc: SourceLoc | None = None, rule: str | None = None, *, reason: str
-    ) -> None:
-        """Record a rewrite this pass did not make at ``node``: the failed precondition's code and words."""
-        self.items.append(Remark(self.pass_name, "declined", node, reason, message, loc, rule))
+        self, node: str | None, message: str, loc: SourceLoc | None = None, rule: str | None = None,
+        *, reason: str, data: Figures | None = None,
+    ) -> None:  # fmt: skip
+        """Record a rewrite this pass did not make at ``node``: the failed precondition's code, words and figures."""
+        self.items.append(Remark(self.pass_name, "declined", node, reason, message, loc, rule, dict(data or {})))
 
     def analysis(
         self, node: str | None, message: str, loc: SourceLoc | None = None, rule: str | None = None,
-        *, reason: str = "analysis",
+        *, reason: str = "analysis", data: Figures | None = None,
     ) -> None:  # fmt: skip
         """Record a finding that is neither a rewrite nor a refusal (counts, statistics)."""
-        self.items.append(Remark(self.pass_name, "analysis", node, reason, message, loc, rule))
+        self.items.append(Remark(self.pass_name, "analysis", node, reason, message, loc, rule, dict(data or {})))
 
 
 @dataclass(frozen=True)
@@ -158,17 +178,6 @@ class Pass(abc.ABC):
         from .manager import PassManager
 
         return PassManager([self]).run(graph)
-
-
-def require_int(owner: str, option: str, value: object, *, minimum: int = 1, meaning: str = "") -> None:
-    """Raise ValueError unless ``value`` is an int (a bool is not) ``>= minimum``, naming ``owner`` and ``option``.
-
-    ``require_int("SplitKV", "shards", 1, minimum=2)``: ``SplitKV: shards must be an int >= 2, got 1``;
-    ``meaning`` is added in parentheses after the bound.
-    """
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        note = f" ({meaning})" if meaning else ""
-        raise ValueError(f"{owner}: {option} must be an int >= {minimum}{note}, got {value!r}")
 
 
 @dataclass(frozen=True)

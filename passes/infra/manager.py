@@ -33,21 +33,26 @@ import os
 import time
 from typing import Iterable, Sequence
 
-from attnpass.ir import Graph, VerifyError
+from attnpass.ir import Graph, VerifyError, require_int
+from attnpass.ir.core.arguments import require_bool
 
-from .base import Pass, PassError, PassResult, Remark, Remarks, require_int
+from .base import Pass, PassError, PassResult, Remark, Remarks
 from .instrument import Instrumentation
+from .pipeline_text import pipeline_passes
 from .reproducer import crash_note
 
 MANAGER_NAME = "pass_manager"
 
 
 class PassManager:
-    """Runs ``passes`` in order over a copy of a graph; see the module docstring for the order."""
+    """Runs ``passes`` in order over a copy of a graph; see the module docstring for the order.
+
+    ``passes`` is a pipeline as :func:`~attnpass.passes.parse_pipeline` takes it: text, or pass names and Pass
+    objects."""
 
     def __init__(
         self,
-        passes: Iterable[Pass],
+        passes: str | Iterable[str | Pass],
         *,
         fixed_point: bool = False,
         max_iterations: int = 8,
@@ -55,11 +60,9 @@ class PassManager:
         reproducer_dir: str | os.PathLike | None = None,
         plugin_loads: Sequence[str] = (),
     ) -> None:
-        self.passes: tuple[Pass, ...] = tuple(passes)
-        for p in self.passes:
-            if not isinstance(p, Pass):
-                raise TypeError(f"PassManager: {p!r} is not a Pass")
+        self.passes: tuple[Pass, ...] = tuple(pipeline_passes(passes, "PassManager"))
         require_int("PassManager", "max_iterations", max_iterations)
+        require_bool("PassManager", "fixed_point", fixed_point)
         self.fixed_point = fixed_point
         self.max_iterations = max_iterations
         self.instrumentations: tuple[Instrumentation, ...] = tuple(instrumentations)
@@ -107,6 +110,7 @@ class PassManager:
                         "not_converged",
                         f"fixed point not reached: the pipeline still changed the graph after "
                         f"{self.max_iterations} iterations (max_iterations); stopped there",
+                        data={"max_iterations": self.max_iterations},
                     )
                 )
         result = current if current is not graph else graph.copy()  # never hand back the caller's object

@@ -14,8 +14,9 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from typing import Any, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
+from attnpass.ir.core.arguments import argument_error
 from attnpass.ir.core.switches import parse_switch
 
 from .base import Pass
@@ -130,8 +131,34 @@ def _make(name: str, options_text: str | None) -> Pass:
         raise PipelineError(f"pass {name}: {exc}") from None
 
 
-def parse_pipeline(text: str) -> list[Pass]:
-    """The passes of a textual pipeline, constructed with their options. Raises PipelineError."""
+def parse_pipeline(pipeline: str | Iterable[str | Pass]) -> list[Pass]:
+    """The passes of a pipeline, constructed with their options: its text (``"head-chunk{budget=16},dce"``) or
+    a sequence of pass texts and Pass objects (``["head-chunk", DeadCodeElimination()]``), in order.
+
+    Raises PipelineError for a bad text, ArgumentError for anything else."""
+    return pipeline_passes(pipeline, "parse_pipeline")
+
+
+def pipeline_passes(pipeline: str | Iterable[str | Pass], where: str) -> list[Pass]:
+    """:func:`parse_pipeline` for the entry point ``where`` (``PassManager``), which its errors name."""
+    if isinstance(pipeline, str):
+        return _parse_text(pipeline)
+    valid = "pipeline text ('head-chunk,dce') or a sequence of pass names and Pass objects"
+    if isinstance(pipeline, (bytes, Mapping)) or not isinstance(pipeline, Iterable):
+        hint = "a single pass goes in a list: [pass]" if isinstance(pipeline, Pass) else ""
+        raise argument_error(where, "the pipeline", pipeline, valid, hint)
+    passes: list[Pass] = []
+    for i, item in enumerate(pipeline):
+        if isinstance(item, Pass):
+            passes.append(item)
+        elif isinstance(item, str):
+            passes += _parse_text(item)
+        else:
+            raise argument_error(where, f"pipeline item {i}", item, "a pass name (or text) or a Pass")
+    return passes
+
+
+def _parse_text(text: str) -> list[Pass]:
     passes: list[Pass] = []
     i, n = 0, len(text) if text.strip() else 0
     while i < n:

@@ -6,13 +6,14 @@ inputs: constant folding, common subexpressions) plus two functions:
 - ``match(graph, node) -> M | Decline | None``: ``None`` means "not a
   candidate" (silent, e.g. an ``sdpa`` without a mask for a mask rule);
   :class:`Decline` means "a candidate, but a precondition failed", with the
-  reason code (:data:`~.base.REASONS`), the words and the node where it
-  failed; anything else is the match, handed to
+  reason code (:data:`~.base.REASONS`), the words, their figures and the node
+  where it failed; anything else is the match, handed to
 - ``rewrite(rw, match)``, which builds the replacement with the
   :class:`Rewriter` (new nodes carry the anchor's location and readable names)
   and ends with ``rw.replace_matched(value)``.
 
-``describe(match)`` words the applied remark. Rules compose as lists
+``describe(match)`` words the applied remark: its message, or the message and
+its figures (the remark's ``data``). Rules compose as lists
 (``RULES + MORE_RULES``) and carry where they were defined.
 
 **Driver order** (:func:`apply_rules`), the one documented order for every
@@ -40,13 +41,13 @@ candidate at all leaves one ``declined`` remark ``no <op> nodes`` (reason
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
-from typing import Any, Callable, Generic, Sequence, TypeVar
+from dataclasses import dataclass, field
+from typing import Any, Callable, Generic, Sequence, TypeVar, Union
 
 from attnpass.ir import Graph, Node, TensorType
 from attnpass.ir.core.builder import Builder
 
-from .base import Remarks
+from .base import Figures, Remarks
 
 M = TypeVar("M")
 
@@ -54,13 +55,18 @@ M = TypeVar("M")
 @dataclass(frozen=True)
 class Decline:
     """Why a candidate is not rewritten: the reason code (a key of :data:`~.base.REASONS`), the message with
-    the names and numbers, the node where the precondition failed (``None``: the anchor itself), and
-    ``stage``, how far a matcher that tries several readings got (the furthest failure is the telling one)."""
+    the names and numbers, the node where the precondition failed (``None``: the anchor itself),
+    ``stage``, how far a matcher that tries several readings got (the furthest failure is the telling one),
+    and ``data``, the message's figures by name (the remark's ``data``)."""
 
     reason: str
     message: str
     node: str | None = None
     stage: int = 0
+    data: Figures = field(default_factory=dict, hash=False)
+
+
+Described = Union[str, "tuple[str, Figures]"]  # what a rule's describe returns: the message (and its figures)
 
 
 @dataclass(frozen=True)
@@ -71,7 +77,7 @@ class Rule(Generic[M]):
     op: str
     match: Callable[[Graph, Node], "M | Decline | None"]
     rewrite: Callable[["Rewriter", M], None]
-    describe: Callable[[M], str]
+    describe: Callable[[M], Described]
 
     @property
     def location(self) -> str:
@@ -143,7 +149,8 @@ def apply_rules(
     ``decline_all``: the message of a switched-off policy; every candidate is declined with it."""
     several = len(rules) > 1
     ops = list(dict.fromkeys(r.op for r in rules))
-    decisions: dict[tuple[str, str], tuple[str, str, str, Any]] = {}  # (rule, node) -> (kind, reason, message, loc)
+    decisions: dict[tuple[str, str], tuple[str, str, str, Any, Figures]] = {}  # (rule, node) -> (kind, reason,
+    # message, loc, data)
     hits: Counter = Counter()
     for _sweep in range(max_sweeps):
         changed = False
@@ -160,29 +167,34 @@ def apply_rules(
                     continue
                 if isinstance(found, Decline):
                     at = f" [at {found.node}]" if found.node not in (None, name) else ""
-                    decisions[(rule.name, name)] = ("declined", found.reason, found.message + at, node.loc)
+                    decisions[(rule.name, name)] = ("declined", found.reason, found.message + at, node.loc, found.data)
                     continue
                 rw = Rewriter(graph, node)
                 rule.rewrite(rw, found)
                 if not rw.done:
                     raise AssertionError(f"rule {rule.name} ({rule.location}) rewrote {name} without replace_matched")
                 decisions.pop((rule.name, name), None)
-                decisions[(rule.name, name)] = ("applied", "applied", rule.describe(found), node.loc)
+                described = rule.describe(found)
+                message, data = (described, {}) if isinstance(described, str) else described
+                decisions[(rule.name, name)] = ("applied", "applied", message, node.loc, data)
                 hits[rule.name] += 1
                 changed = True
                 break
         if not changed:
             break
-    for (rule_name, name), (kind, reason, message, loc) in decisions.items():
+    for (rule_name, name), (kind, reason, message, loc, data) in decisions.items():
         if kind == "applied" or name in graph:
-            getattr(remarks, kind)(name, message, loc, rule_name, reason=reason)
+            getattr(remarks, kind)(name, message, loc, rule_name, reason=reason, data=data)
     if not decisions and not several:
         what = "no nodes" if rules[0].op == ANY else f"no {rules[0].op} nodes"
         remarks.declined(None, what, rule=rules[0].name, reason="no_candidates")
     if several:
         declined = sum(1 for (_r, n), (kind, *_rest) in decisions.items() if kind == "declined" and n in graph)
         counts = ", ".join(f"{r.name} {hits[r.name]}" for r in rules)
-        remarks.analysis(None, f"rule hits: {counts}; {declined} candidate(s) declined", reason="rule_hits")
+        figures = {"rules": [r.name for r in rules], "hits": [hits[r.name] for r in rules], "declined": declined}
+        remarks.analysis(
+            None, f"rule hits: {counts}; {declined} candidate(s) declined", reason="rule_hits", data=figures
+        )
     return hits
 
 

@@ -24,20 +24,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, NamedTuple
 
-from attnpass.ir import DType, Graph, Node
-from attnpass.ir.dialects.attention import Window, key_ranges, sdpa_operands, window_offset
+from attnpass.ir import DType, Graph, Node, require_int
+from attnpass.ir.dialects.attention import Window, key_ranges, window_offset
 
+from ..analysis.devices import DEVICES
 from ..analysis.quantized_attention import NOT_CARRIED, decline_quantized
-from ..infra.base import Remarks, require_int
+from ..infra.base import Remarks
 from ..infra.policy import SwitchedPass
 from ..infra.registry import register_pass
 from ..infra.rewrite import Decline, Rewriter, Rule, apply_rules
-from .decompose_sdpa import DEVICES
 
 ENV_VAR = "ATTNPASS_BLOCK_SPARSE"
-# Query rows per tile, per device: cpu measured (benchmarks/block_sparse.py, MLX and JAX CPU); the others are the
-# same size, not measured.
-BLOCK_Q = {"cpu": 512, "metal": 512, "gpu": 512, "tpu": 512}
 MIN_FLOP_RATIO = 1.2  # below it the tiles' extra calls and slices outweigh the pairs they skip
 
 
@@ -75,6 +72,7 @@ def tile_plan(s: int, t: int, causal: str, window: Window | None, block_q: int) 
 class _Plan:
     tiles: list[Tile]
     message: str
+    figures: dict
 
 
 def _describe(tiles: list[Tile], s: int, t: int, visited: int) -> str:
@@ -96,16 +94,23 @@ def _match(block_q: int, plan_of: str):
             return Decline(
                 "rows_without_keys",
                 f"q_len {s} > k_len {t}: rows without keys are the mean of all T values, not tile-local",
+                data={"q_len": s, "kv_len": t},
             )
         if s <= block_q:
-            return Decline("too_few_rows", f"q_len {s} <= block_q {block_q}: one tile")
+            return Decline(
+                "too_few_rows", f"q_len {s} <= block_q {block_q}: one tile", data={"q_len": s, "block_q": block_q}
+            )
         tiles = tile_plan(s, t, causal, window, block_q)
         visited = sum((q1 - q0) * (k1 - k0) for q0, q1, k0, k1, _ in tiles)
         ratio = s * t / visited
         if ratio < MIN_FLOP_RATIO:
-            return Decline("little_gain", f"the tiles would skip little: FLOP ratio {ratio:.2f} < {MIN_FLOP_RATIO}")
-        mask = sdpa_operands(node.inputs, node.attrs["has_sinks"])[0]
-        if mask is not None and graph.node(mask).type.dtype is DType.bool and not node.attrs["has_sinks"]:
+            return Decline(
+                "little_gain",
+                f"the tiles would skip little: FLOP ratio {ratio:.2f} < {MIN_FLOP_RATIO}",
+                data={"flop_ratio": ratio, "min_flop_ratio": MIN_FLOP_RATIO, "pairs": s * t, "visited": visited},
+            )
+        mask = node.mask
+        if mask is not None and graph.node(mask).type.dtype is DType.bool and node.sinks is None:
             return Decline(
                 "rows_without_keys",
                 f"bool mask {mask}: a row it leaves without keys is the mean of all T values in the dense call, "
@@ -118,19 +123,27 @@ def _match(block_q: int, plan_of: str):
             "the dense call's visibility, so a row differs from the dense row only by the backend's summation "
             "order over fewer keys"
         )
-        return _Plan(tiles, message + ("; the mask's block sliced per tile" if mask is not None else ""))
+        figures = {
+            "block_q": block_q, "plan": plan_of, "tiles": len(tiles), "pairs": s * t, "visited": visited,
+            "flop_ratio": ratio, "spans": [(q0, q1, k0, k1, w and w.left) for q0, q1, k0, k1, w in tiles],
+            "mask_sliced": mask is not None,
+        }  # fmt: skip
+        return _Plan(tiles, message + ("; the mask's block sliced per tile" if mask is not None else ""), figures)
 
     return match
 
 
 def _rewrite(rw: Rewriter, plan: _Plan) -> None:
     node = rw.anchor
-    q, k, v = node.inputs[:3]
-    mask, sinks = sdpa_operands(node.inputs, node.attrs["has_sinks"])
+    q, k, v, mask = node.q, node.k, node.v, node.mask
     outs = []
     for i, (q0, q1, k0, k1, window) in enumerate(plan.tiles):
-        operands = [rw.slice_axis(q, 2, q0, q1, hint=f"{node.name}_q{i}")]
-        operands += [rw.slice_axis(x, 2, k0, k1, hint=f"{node.name}_{x}{i}") for x in (k, v)]
+        operands = {
+            "q": rw.slice_axis(q, 2, q0, q1, hint=f"{node.name}_q{i}"),
+            "k": rw.slice_axis(k, 2, k0, k1, hint=f"{node.name}_{k}{i}"),
+            "v": rw.slice_axis(v, 2, k0, k1, hint=f"{node.name}_{v}{i}"),
+            "sinks": node.sinks,
+        }
         if mask is not None:
             rank = rw.type(mask).rank
             m = mask
@@ -138,8 +151,7 @@ def _rewrite(rw: Rewriter, plan: _Plan) -> None:
                 m = rw.slice_axis(m, rank - 2, q0, q1, hint=f"{node.name}_m{i}")
             if rank >= 1 and rw.type(mask).shape[-1] != 1:
                 m = rw.slice_axis(m, rank - 1, k0, k1, hint=f"{node.name}_m{i}")
-            operands.append(m)
-        operands += [sinks] if sinks is not None else []
+            operands["mask"] = m
         attrs = {**node.attrs, "causal": "bottom_right", "window": window}
         outs.append(rw.op("sdpa", operands, attrs, f"{node.name}_t{i}"))
     rw.replace_matched(rw.concat(outs, 2, f"{node.name}_rows"))
@@ -151,7 +163,7 @@ class BlockSparse(SwitchedPass):
     """Rewrite each causal ``sdpa`` longer than ``block_q`` rows into per-tile calls over only the keys its rows
     see (:func:`tile_plan`), concatenated along the rows; valid IR in, valid IR out.
 
-    ``device`` picks ``block_q`` from :data:`BLOCK_Q` unless ``block_q`` is given. Declined, by name: no causal
+    ``device`` picks ``block_q`` from its :data:`~..analysis.devices.DEVICES` row unless ``block_q`` is given. Declined, by name: no causal
     kind, ``q_len > k_len`` (rows before the first key are the mean of all values), a bool mask without sinks (a
     row it empties is the mean of all values), one tile, a FLOP ratio (dense pairs over visited pairs) under
     :data:`MIN_FLOP_RATIO`. Exactness: a hidden key weighs exactly 0 in the dense call, so a tile's rows differ
@@ -172,11 +184,13 @@ class BlockSparse(SwitchedPass):
             require_int("BlockSparse", "block_q", self.block_q, meaning="query rows per tile")
 
     def run(self, graph: Graph, remarks: Remarks) -> bool:
-        block_q = self.block_q if self.block_q is not None else BLOCK_Q[self.device]
+        block_q = self.block_q if self.block_q is not None else DEVICES[self.device].block_q
         plan_of = "given" if self.block_q is not None else f"the {self.device} plan"
-        rule = Rule("block-sparse", "sdpa", _match(block_q, plan_of), _rewrite, lambda plan: plan.message)
+        rule = Rule(
+            "block-sparse", "sdpa", _match(block_q, plan_of), _rewrite, lambda plan: (plan.message, plan.figures)
+        )
         decline_quantized(graph, remarks, NOT_CARRIED.format(self.name))
         return bool(apply_rules(graph, [rule], remarks, decline_all=self.disabled()))
 
 
-__all__ = ["BLOCK_Q", "BlockSparse", "ENV_VAR", "MIN_FLOP_RATIO", "Tile", "tile_plan"]
+__all__ = ["BlockSparse", "ENV_VAR", "MIN_FLOP_RATIO", "Tile", "tile_plan"]

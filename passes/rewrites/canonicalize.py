@@ -291,10 +291,6 @@ def _reshape_chain(graph: Graph, node: Node) -> _Forward | None:
     )
 
 
-def _unit_axes_only(shape_in: tuple[int, ...], shape_out: tuple[int, ...]) -> bool:
-    return [n for n in shape_in if n != 1] == [n for n in shape_out if n != 1]
-
-
 def _broadcast_as_reshape(graph: Graph, node: Node) -> _Forward | None:
     x = graph.node(node.inputs[0])
     if x.type.size != node.type.size or x.type.shape == node.type.shape:
@@ -494,7 +490,8 @@ class _ValueNumbers:
 
     @staticmethod
     def key(node: Node) -> Any:
-        return (node.op, node.inputs, tuple((k, _attr_key(v)) for k, v in node.attrs.items()), node.type)
+        attrs = tuple((k, _attr_key(v)) for k, v in node.attrs.items())
+        return (node.op, node.inputs, node.optionals, attrs, node.type)
 
     def match(self, graph: Graph, node: Node) -> _Same | None:
         """An earlier node computing what ``node`` computes (operands are visited, so numbered, first)."""

@@ -44,12 +44,14 @@ class DeadCodeElimination(Pass):
                     f"graph input {node.name}:{node.type} ({role}) is never read: it leaves the signature, "
                     f"saving {node.type.nbytes} {UNITS[role]}",
                     node.loc,
+                    data={"type": str(node.type), "role": role, "bytes": node.type.nbytes},
                 )
         internal = [n.name for n in dead if n.op != "input"]
         if internal:
             listed = ", ".join(internal[:MAX_LISTED])
             more = f", ... (+{len(internal) - MAX_LISTED} more)" if len(internal) > MAX_LISTED else ""
-            remarks.applied(None, f"removed {len(internal)} dead node(s): {listed}{more}")
+            figures = {"count": len(internal), "listed": internal[:MAX_LISTED]}
+            remarks.applied(None, f"removed {len(internal)} dead node(s): {listed}{more}", data=figures)
         return True
 
 

@@ -1,47 +1,23 @@
 """Device-aware attention strategy: keep the fused ``sdpa`` or decompose it into a GQA-folded form.
 
-The decomposed form of ``sdpa(q[B,Hq,S,D], k[B,Hkv,T,D], v[B,Hkv,T,Dv], mask)``
-with ``G = Hq / Hkv``, computed in float32 (half operands are cast first, the
-result is cast back)::
+The decomposed form of ``sdpa(q[B,Hq,S,D], k[B,Hkv,T,D], v[B,Hkv,T,Dv], mask)`` with ``G = Hq / Hkv``,
+computed in float32 (half operands cast first, the result cast back)::
 
     scores = (k @ (q.reshape(B, Hkv, G*S, D) * scale)^T)^T  # one matmul per KV head, K read once
     scores = c * tanh(scores / c)                           # logit_softcap c, when set
     scores = where(mask, scores, lowest) | scores + mask     # viewed as [B, Hkv, G, S, T]
     out    = softmax(scores) @ v -> reshape(B, Hq, S, Dv)   # sinks: softmax(concat([scores, sink]))[..., :T]
 
-It is the fused call's math with the query heads of each KV group folded into
-the rows of one matmul, so K/V are never repeated per query head; results
-agree with the fused call within rounding. A bool mask fills the scores it
-hides with float32's lowest finite value, as the fused kernels do: a hidden key
-weighs exp(lowest - max) = 0 next to any visible one, and a row that attends no
-key weighs all keys equally, the mean of V, like the fused call and the numpy
-reference (docs/semantics.md §4). An additive mask is added: a row it sets to
--inf everywhere is NaN, as on every target.
+It is the fused call's math with each KV group's query heads folded into the rows of one matmul, so K/V
+are never repeated per query head; a bool mask fills with float32's lowest finite value as the fused
+kernels do (a row without keys is the mean of V), an additive one is added (docs/semantics.md §4).
 
-Which strategy, per ``device`` (the remark of every ``sdpa`` says which and why;
-it names the backend only when ``target`` says which one the graph is lowered
-to, ``"mlx"`` or ``"jax"``, as the drop-in wrappers do; with ``target=None`` it
-speaks of the device alone):
-
-- ``"cpu"``: decompose calls with at most ``max_q_len`` query rows (decode,
-  verify, gathered attention). Neither MLX nor XLA has a fused CPU attention
-  kernel; MLX's CPU fallback broadcasts K/V to every query head inside its
-  matmul (docs/semantics.md §4: 100 ms vs 13 ms on 2,051 gathered cells, same bits in f32).
-- ``"metal"``: keep the calls MLX's fused Metal vector kernel serves (``S <= 8``,
-  ``S * G <= 32``, ``D == Dv`` in {64, 96, 128, 256} or 192/128; run ``head-chunk``
-  first to bring wide GQA calls under the budget) and decompose the other
-  decode-shaped calls, which take the same fallback as on CPU
-  (:func:`attnpass.backends.mlx.sdpa_route` is the full route model).
-- ``"gpu"``: keep every call: ``jax.nn.dot_product_attention`` lowers to XLA's
-  or cuDNN's fused attention there; MLX's CUDA build runs its own fused call
-  (not measured here).
-- ``"tpu"`` (what ``jax.default_backend()`` names a TPU, for the drop-in
-  wrappers): keep every call; XLA compiles the attention for the TPU itself
-  (not measured on one here).
-
-Calls with a ``causal`` attribute or more than ``max_q_len`` rows keep the
-fused form on every device (their causal diagonal would be a ``[S, T]``
-constant; prefill is dominated by its score plane either way).
+Per ``device`` (the remark of every ``sdpa`` says which strategy and why; it names the backend when
+``target`` is ``"mlx"`` or ``"jax"``): ``"cpu"`` decomposes calls with at most ``max_q_len`` rows (no
+fused CPU kernel; MLX's CPU fallback repeats K/V per query head, docs/semantics.md §4); ``"metal"`` keeps
+what MLX's fused Metal vector kernel serves (:mod:`..analysis.devices`) and decomposes the other
+decode-shaped calls; ``"gpu"`` and ``"tpu"`` keep every call. Calls with a ``causal`` attribute, a window
+or more than ``max_q_len`` rows stay fused on every device.
 """
 
 from __future__ import annotations
@@ -50,15 +26,14 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
-from attnpass.ir import DType, Graph, Node
-from attnpass.ir.dialects.attention import sdpa_operands, sdpa_variants
+from attnpass.ir import DType, Graph, Node, require_int
+from attnpass.ir.dialects.attention import sdpa_variants
 
-from ..analysis.devices import METAL_VECTOR_BUDGET, METAL_VECTOR_MAX_ROWS, metal_vector_serves
-from ..infra.base import Pass, Remarks, require_int
+from ..analysis.devices import DEVICES, METAL_VECTOR_BUDGET, METAL_VECTOR_MAX_ROWS, metal_vector_serves
+from ..infra.base import Pass, Remarks
 from ..infra.registry import register_pass
 from ..infra.rewrite import Decline, Rewriter, Rule, apply_rules
 
-DEVICES = ("cpu", "metal", "gpu", "tpu")
 TARGETS = ("mlx", "jax")
 UNREACHABLE = {("metal", "jax"): "the metal strategy is MLX's Metal kernel model", ("tpu", "mlx"): "MLX has no TPU"}
 # Why the fused call stays on a GPU, and why CPU decode is decomposed, per target (None: any target)
@@ -145,7 +120,7 @@ class DecomposeSDPA(Pass):
                 continue
             rw = Rewriter(graph, node)
             attrs = {**node.attrs, "precision": "float32"}
-            out = rw.op("quantized_sdpa", list(node.inputs), attrs, f"{node.name}_f32")
+            out = rw.op("quantized_sdpa", node.operands, attrs, f"{node.name}_f32")
             rw.replace_matched(out)
             remarks.applied(out, QUANTIZED_FLOAT32.format(dtype=dtype.value), node.loc)
             changed.add(out)
@@ -187,7 +162,7 @@ class DecomposeSDPA(Pass):
             why = f"q_len {s}, gqa {gqa}, head dims {d}/{dv}: MLX's Metal vector kernel does not serve it"
         else:
             why = CPU_UNFUSED[self.target]
-        variants = sdpa_variants(node.attrs)
+        variants = sdpa_variants(node)
         extra = f"; {variants} written out (a sink: one more softmax column, dropped before @ v)" if variants else ""
         return _Plan(f"strategy decomposed ({on}): {why}; {folded}{extra}")
 
@@ -208,7 +183,7 @@ def _rewrite(rw: Rewriter, plan: _Plan) -> None:
         c = rw.scalar(cap, DType.float32, "cap")
         capped = rw.op("tanh", [rw.op("div", [scores, c], hint="scores")], hint="scores")
         scores = rw.op("mul", [capped, c], hint="scores")
-    mask, sinks = sdpa_operands(node.inputs, node.attrs["has_sinks"])
+    mask, sinks = node.mask, node.sinks
     if mask is not None:
         scores = _masked(rw, rw.reshape(scores, (b, hkv, g, s, t), "scores"), mask, hkv, g)
     if sinks is not None:  # one more softmax column per query head, dropped before @ v
@@ -234,4 +209,4 @@ def _masked(rw: Rewriter, scores: str, mask: str, hkv: int, g: int) -> str:
     return rw.op("add", [scores, rw.cast(mask, DType.float32)], hint="scores")
 
 
-__all__ = ["DEVICES", "DecomposeSDPA", "TARGETS"]
+__all__ = ["DecomposeSDPA", "TARGETS"]

@@ -15,12 +15,11 @@ import threading
 from dataclasses import dataclass
 from typing import ClassVar
 
-from attnpass.ir import Graph, Node
-from attnpass.ir.dialects.attention import sdpa_operands
+from attnpass.ir import Graph, Node, require_int
 
 from ..analysis.devices import METAL_VECTOR_BUDGET
 from ..analysis.quantized_attention import NOT_CARRIED, decline_quantized
-from ..infra.base import Remarks, require_int
+from ..infra.base import Remarks
 from ..infra.policy import SwitchedPass
 from ..infra.registry import register_pass
 from ..infra.rewrite import Decline, Rewriter, Rule, apply_rules
@@ -68,6 +67,7 @@ class _Plan:
     chunks: int
     slice_mask: bool  # the mask carries one row per query head: slice it per chunk
     message: str
+    figures: dict
 
 
 def _match(budget: int):
@@ -80,15 +80,17 @@ def _match(budget: int):
         plan = head_chunk_plan(s, hq, hkv, budget)
         if plan is None:
             if s > budget:
-                return Decline("too_many_rows", f"q_len {s} > {budget}: wide rows stay unchanged")
+                figures = {"q_len": s, "budget": budget}
+                return Decline("too_many_rows", f"q_len {s} > {budget}: wide rows stay unchanged", data=figures)
             return Decline(
                 "fused_kernel_serves",
                 f"q_len*gqa = {s * gqa} <= {budget} (q_len {s}, gqa {gqa}): fits the fused budget",
+                data={"q_len": s, "gqa": gqa, "budget": budget},
             )
         hpc, chunks = plan
-        mask_value = sdpa_operands(node.inputs, node.attrs["has_sinks"])[0]
-        mask = graph.node(mask_value).type.shape if mask_value is not None else None
+        mask = graph.node(node.mask).type.shape if node.mask is not None else None
         slice_mask = mask is not None and len(mask) >= 3 and mask[-3] == hq
+        mask_kind = "none" if mask is None else "per_head" if slice_mask else "broadcast"
         if mask is None:
             masked = "no mask"
         elif slice_mask:
@@ -98,14 +100,19 @@ def _match(budget: int):
             )
         else:
             masked = "the mask broadcasts over heads and passes unchanged to every subcall"
-        sizes = "+".join(str(h1 - h0) for j, h0, h1 in head_chunks(hq, hkv, hpc) if j == 0)
+        group = [h1 - h0 for j, h0, h1 in head_chunks(hq, hkv, hpc) if j == 0]  # query heads per subcall
+        sizes = "+".join(str(h) for h in group)
         message = (
             f"q_len*gqa = {s * gqa} > {budget} (q_len {s}, gqa {gqa}): {chunks} subcalls with "
             f"heads_per_chunk {hpc} ({sizes} per KV group, {hkv} KV group(s)), one-head K/V slices, "
             f"concat in head order; {masked}"
-            + ("; sinks [Hq] sliced per chunk (one logit per query head)" if node.attrs["has_sinks"] else "")
+            + ("; sinks [Hq] sliced per chunk (one logit per query head)" if node.sinks is not None else "")
         )
-        return _Plan(hpc, chunks, slice_mask, message)
+        figures = {
+            "q_len": s, "gqa": gqa, "budget": budget, "calls": chunks, "heads_per_chunk": hpc, "sizes": group,
+            "kv_heads": hkv, "mask": mask_kind, "sinks": node.sinks is not None,
+        }  # fmt: skip
+        return _Plan(hpc, chunks, slice_mask, message, figures)
 
     return match
 
@@ -113,8 +120,7 @@ def _match(budget: int):
 def _rewrite(rw: Rewriter, plan: _Plan) -> None:
     """One sdpa per chunk over its KV group's one-head K/V slices, concatenated in head order."""
     node = rw.anchor
-    q, k, v = node.inputs[:3]
-    mask, sinks = sdpa_operands(node.inputs, node.attrs["has_sinks"])
+    q, k, v, mask, sinks = node.q, node.k, node.v, node.mask, node.sinks
     hq, s = rw.type(q).shape[1:3]
     hkv = rw.type(k).shape[1]
     name, outs = node.name, []
@@ -122,13 +128,11 @@ def _rewrite(rw: Rewriter, plan: _Plan) -> None:
         if h0 == j * (hq // hkv):  # first chunk of KV group j: slice its K/V head once (a no-op when Hkv == 1)
             kj = rw.slice_axis(k, 1, j, j + 1, hint=f"{name}_k{j}")
             vj = rw.slice_axis(v, 1, j, j + 1, hint=f"{name}_v{j}")
-        operands = [rw.slice_axis(q, 1, h0, h1, hint=f"{name}_q{i}"), kj, vj]
+        operands = {"q": rw.slice_axis(q, 1, h0, h1, hint=f"{name}_q{i}"), "k": kj, "v": vj, "mask": mask}
         if mask is not None and plan.slice_mask:
-            operands.append(rw.slice_axis(mask, rw.type(mask).rank - 3, h0, h1, hint=f"{name}_m{i}"))
-        elif mask is not None:
-            operands.append(mask)
+            operands["mask"] = rw.slice_axis(mask, rw.type(mask).rank - 3, h0, h1, hint=f"{name}_m{i}")
         if sinks is not None:
-            operands.append(rw.slice_axis(sinks, 0, h0, h1, hint=f"{name}_sinks{i}"))
+            operands["sinks"] = rw.slice_axis(sinks, 0, h0, h1, hint=f"{name}_sinks{i}")
         outs.append(rw.op("sdpa", operands, node.attrs, f"{name}_c{i}"))
     rw.replace_matched(rw.concat(outs, 1, f"{name}_heads"))
     if _FIRST_ENGAGEMENT.acquire(blocking=False):
@@ -176,7 +180,7 @@ class HeadChunkSDPA(SwitchedPass):
         require_int("HeadChunkSDPA", "budget", self.budget, meaning="q_len * heads per subcall")
 
     def run(self, graph: Graph, remarks: Remarks) -> bool:
-        rule = Rule("head-chunk", "sdpa", _match(self.budget), _rewrite, lambda plan: plan.message)
+        rule = Rule("head-chunk", "sdpa", _match(self.budget), _rewrite, lambda plan: (plan.message, plan.figures))
         decline_quantized(graph, remarks, NOT_CARRIED.format(self.name))
         return bool(apply_rules(graph, [rule], remarks, decline_all=self.disabled()))
 

@@ -34,6 +34,7 @@ class _Narrowing:
     after: TensorType
     role: str
     window: str
+    bounds: tuple[tuple[int, int, int], ...]  # (start, stop, step) per axis
 
 
 def _bounds(node: Node) -> tuple:
@@ -51,13 +52,19 @@ def _match(graph: Graph, node: Node) -> _Narrowing | Decline:
         return Decline("unused", "it is never read (dead-code elimination removes it)")
     others = sorted({n.op for n in readers if n.op != "slice"})
     if others:
-        return Decline("read_whole", f"it is read by {', '.join(others)}, not only through slices")
+        return Decline(
+            "read_whole", f"it is read by {', '.join(others)}, not only through slices", data={"ops": others}
+        )
     bounds = {_bounds(n) for n in readers}
     if len(bounds) > 1:
-        return Decline("slices_differ", f"its {len(readers)} slices differ in bounds ({len(bounds)} distinct)")
+        figures = {"slices": len(readers), "distinct": len(bounds)}
+        return Decline(
+            "slices_differ", f"its {len(readers)} slices differ in bounds ({len(bounds)} distinct)", data=figures
+        )
     if readers[0].type == node.type:
-        return Decline("read_whole", "its slice covers the whole input")
-    return _Narrowing(name, node.type, readers[0].type, node.attrs["role"], f"[{format_slice(readers[0])}]")
+        return Decline("read_whole", "its slice covers the whole input", data={"ops": []})
+    window = tuple(zip(*_bounds(readers[0])))
+    return _Narrowing(name, node.type, readers[0].type, node.attrs["role"], f"[{format_slice(readers[0])}]", window)
 
 
 def _rewrite(rw: Rewriter, m: _Narrowing) -> None:
@@ -68,11 +75,15 @@ def _rewrite(rw: Rewriter, m: _Narrowing) -> None:
         rw.graph.replace_with(s.name, m.name)
 
 
-def _describe(m: _Narrowing) -> str:
+def _describe(m: _Narrowing) -> tuple[str, dict]:
+    figures = {
+        "slice": m.bounds, "before": str(m.before), "after": str(m.after), "role": m.role,
+        "bytes_before": m.before.nbytes, "bytes_after": m.after.nbytes,
+    }  # fmt: skip
     return (
         f"read only through the slice {m.window}: input {m.name}:{m.before} narrowed to {m.after} "
         f"({m.role}), {m.before.nbytes} -> {m.after.nbytes} {UNITS[m.role]}"
-    )
+    ), figures
 
 
 RULES = [Rule("narrow-inputs", "input", _match, _rewrite, _describe)]

@@ -1,84 +1,26 @@
-"""QSA decode gather: masked sparse attention -> gather the selected cells, dense attention over W.
+"""QSA gather: masked sparse attention -> gather the selected cells, dense attention over ``W`` of them.
 
-Pattern (docs/semantics.md §3.3, "masked form"): ``sdpa(q, k, v, mask=M)`` with ``M`` one of
+Pattern (docs/semantics.md §3.3): ``sdpa(q, k, v, mask=M)`` (or ``quantized_sdpa`` over MLX's packed K/V)
+with ``M`` a ``qsa_mask(sel, pos)`` or ``where(qsa_mask(sel, pos), vis, -inf)``; ``sel`` is
+``qsa_select(block_scores, pos)`` or the graph input named by ``selection_input``, whose caller promises
+that per row the ids in ``[0, n_complete)`` are distinct. Check (each decline says which failed, with its
+figures): no ``causal`` or other variant, one ``pos`` and ``ratio``, ``kv_len`` the cache length, block
+scores within the cache, a constant ``-inf``, at most ``max_rows`` rows per stream (or ``prefill_tile >
+0``) and a deep enough cache, ``n_kv >= min_depth_factor * W`` with ``W = K*ratio + ratio - 1`` rounded up
+to ``pad_multiple``.
 
-- ``qsa_mask(sel, pos)``;
-- ``where(qsa_mask(sel, pos), vis, -inf)``, ``vis`` additive in q's dtype;
+Rewrite: ``qsa_cells``/``qsa_cell_valid`` give each row ``W`` slots; one ``qsa_gather`` per K/V array reads
+every row's cells for every KV head (``[B*S, Hkv, W, .]``, rows folded into the batch) and one ``sdpa``
+(``quantized_sdpa``: same attributes) attends each row to its own cells; ``vis`` is gathered at the same
+cells, invalid slots are masked, the scale is kept. A prefill is cut into tiles of ``prefill_tile`` rows,
+each its own gather and call, concatenated along the rows (the per-device tile is ``prefill_tile`` in
+:data:`~..analysis.devices.DEVICES`). The masked path is left for :class:`DeadCodeElimination`.
 
-and ``sel = qsa_select(block_scores, pos)``, or ``sel`` the graph input named
-by ``selection_input``: a selection made outside the graph (a model's own
-indexer), whose caller promises what exactness needs of it, that per row the
-ids in ``[0, n_complete)`` are distinct (other entries, ``-1`` or ids beyond,
-select nothing; the order does not matter). Check: decode-shaped (at most
-``max_rows`` query rows per stream), no ``causal`` attribute, the same ``pos``
-value and ``ratio`` in ``qsa_select`` and ``qsa_mask``, ``kv_len`` equal to the
-cache length, ``block_scores`` covering no more cells than the cache, the
-``-inf`` really a constant ``-inf``, and a deep enough cache:
-``n_kv >= min_depth_factor * W`` with ``W = K*ratio + ratio - 1`` rounded up to
-``pad_multiple``.
-
-Rewrite: ``qsa_cells``/``qsa_cell_valid`` give each row ``W`` slots; one
-``qsa_gather`` of ``k`` and one of ``v`` read every row's cells for every KV
-head at once, ``[B*S, Hkv, W, D]`` (no GQA expansion; the streams and rows
-folded into the batch), and one ``sdpa`` with batch ``B*S``, one query row
-each, attends each row to its own ``W`` cells; ``vis`` is gathered by one
-``take_along_axis`` at the same cells (a ``cast`` on it is moved after the
-gather), invalid slots are masked (``False``, or ``-inf`` with a visibility),
-the scale is the original one. ``split-kv`` and ``shard-attention`` read the
-``qsa_gather`` ops as they are; how a target gathers is its lowering's
-choice (docs/semantics.md §3.3). The masked path's nodes are left for
-:class:`DeadCodeElimination`.
-
-**Quantized K/V**: the same pattern on ``quantized_sdpa(q, kq, ks, kb, vq,
-vs, vb, mask=M)`` (K and V as MLX's packed words, scales and biases) takes the
-same rewrite with one ``qsa_gather`` of each of the six arrays (``[B*S, Hkv,
-W, words]``, ``[B*S, Hkv, W, groups]``) and one ``quantized_sdpa`` (same scale,
-group size, bits and precision) over them: only the selected cells' packed
-rows are read, and nothing dequantizes the whole cache. A bool mask hides a
-slot with the dtype's lowest value in ``quantized_sdpa`` as in the masked
-form, so the argument below holds for it unchanged.
-
-Why it is exact: for a ``qsa_select`` selection (distinct ids), or a promised
-``selection_input``, the valid slots
-are exactly the cells ``qsa_mask`` sets, each once, and every other cell of the
-masked row contributes ``exp(-inf) = 0``; so both forms attend the same set
-with the same mask values, and differ only in reduction order. A row that
-attends no cell is NaN on both paths with an additive visibility, and no row
-is empty without one (the tail or a selected block is always visible). A
-bool visibility, ``logical_and(qsa_mask, vis)``, is kept masked: a row it
-hides completely is the mean of V over all ``n_kv`` cells (the pinned
-fully-masked row of ``sdpa``), which no gather over ``W`` cells computes.
-
-**Prefill tiling** (``prefill_tile > 0``; ``0``, the class default, keeps
-prefill masked): a call with more than ``max_rows`` rows per stream is cut
-into ``ceil(S / prefill_tile)`` tiles of consecutive rows; each tile slices
-its rows of ``q``, of the cells, of their validity and of the visibility, and
-gets its own ``qsa_gather`` of K and V (``[B*tile, Hkv, W, D]``) and its own
-``sdpa``; the tiles' outputs are concatenated along the rows. Each row still
-attends exactly its own cells (the decode rewrite applied to a slice of rows,
-so the exactness argument below is unchanged); a tile reads ``tile*W`` cells
-(each row's own ``W``: a cell two rows select is gathered for each) and the
-attention does ``W / n_kv`` of the masked form's work per row. The tile
-bounds the gathered K/V to ``2 * B*tile*Hkv*W*D`` values at a time.
-``default_pipeline`` sets a per-device tile (:data:`PREFILL_TILES`).
-
-Why each row's own cells and not the tile's deduplicated union: the union's
-size is data, so a static form reserves ``U = min(tile*W, n_kv)`` slots and
-every row of the tile attends all ``U`` (masked to its own cells inside): at
-``tile*W <= n_kv`` it gathers as many cells as the rows' own and does ``tile``
-times their attention, above it the attention is dense over the cache. An
-exact prototype (``benchmarks/qwen4_exp_prefill.py --union-tiles``: union by
-``argpartition``, each row masked to its cells, max |diff| to the masked form
-5.5e-7 in f32) measured on 2 loaded CPU cores, 2026-12-01, one QSA layer of the
-real geometry (W = 2051), ms per row of a 32-row chunk ending at 8K / 32K:
-per-row 42.3 / 46.9, union of 2 rows 89.9 / 105.4, of 4 rows 150.4 / 176.3,
-of 16 rows 124.2 / 653.8 (the model's masked dispatch 158.4 / 601.5). The
-union never won, so the per-row tiles are the only form.
-
-Policy: ``enabled=None`` reads ``ATTNPASS_QSA_GATHER`` at each run (false, off,
-no or 0, any case, surrounding whitespace ignored, keeps the masked path; any
-other value or unset: on). An explicit ``True``/``False`` wins. The pass walks
-the sdpa nodes in topological order and leaves one remark per sdpa.
+Exact up to reduction order: the valid slots are exactly the cells ``qsa_mask`` sets, each once, and every
+other cell weighs ``exp(-inf) = 0``; a bool ``logical_and`` visibility is kept masked, since a row it empties
+is the mean of V over all cells (docs/semantics.md §3.5; why per-row tiles and not a tile's union of cells:
+docs/qsa.md, "Prefill"). ``enabled=None`` reads ``ATTNPASS_QSA_GATHER`` at each run (false/off/no/0 keep the
+masked path). One remark per sdpa, in topological order.
 """
 
 from __future__ import annotations
@@ -87,18 +29,17 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
-from attnpass.ir import DType, Graph, Node
+from attnpass.ir import DType, Graph, Node, require_int
 from attnpass.ir.dialects import min_width
 from attnpass.ir.dialects.attention import sdpa_variants
 
-from ..infra.base import Remarks, require_int
+from ..infra.base import Remarks
 from ..infra.policy import SwitchedPass
 from ..infra.registry import register_pass
 from ..infra.rewrite import Decline, Rewriter, Rule, apply_rules
 
 ENV_VAR = "ATTNPASS_QSA_GATHER"
 RULES = {"sdpa": "qsa-gather", "quantized_sdpa": "qsa-gather-quantized"}  # rule name per anchor op
-PREFILL_TILES = {"cpu": 16, "metal": 16, "gpu": 64, "tpu": 64}  # rows per prefill tile (default_pipeline)
 
 
 @dataclass(frozen=True)
@@ -120,9 +61,7 @@ class _Match:
 
 def _kv_and_mask(node: Node) -> tuple[list[str], str | None]:
     """The K/V operands of an ``sdpa`` (k, v) or a ``quantized_sdpa`` (kq, ks, kb, vq, vs, vb), and its mask."""
-    count = 6 if node.op == "quantized_sdpa" else 2
-    kv = list(node.inputs[1 : 1 + count])
-    return kv, node.inputs[1 + count] if len(node.inputs) > 1 + count else None
+    return [node.operand(name) for name in node.opdef.required[1:]], node.mask
 
 
 def _is_neg_inf_constant(node: Node) -> bool:
@@ -173,7 +112,7 @@ class QSAGather(SwitchedPass):
     def _match(self, graph: Graph, node: Node) -> _Match | Decline:
         """The matched pattern, or why the masked path is kept (with the numbers)."""
         if node.op == "sdpa":
-            variants = sdpa_variants(node.attrs)
+            variants = sdpa_variants(node)
             if variants:
                 return _kept("unsupported_variant", f"sdpa has {variants}; the QSA gather form has none of them")
             if node.attrs["causal"] != "none":
@@ -214,8 +153,10 @@ class QSAGather(SwitchedPass):
         top_k = selection.type.shape[-1]
         if qmask.attrs["kv_len"] != t:
             return _kept(
-                "shape_mismatch", f"{qmask.name} has kv_len={qmask.attrs['kv_len']} but the cache k has n_kv={t}"
-            )
+                "shape_mismatch",
+                f"{qmask.name} has kv_len={qmask.attrs['kv_len']} but the cache k has n_kv={t}",
+                kv_len=qmask.attrs["kv_len"], n_kv=t,
+            )  # fmt: skip
         if qmask.type.shape != (b, 1, s, t):
             return _kept(
                 "shape_mismatch",
@@ -226,11 +167,16 @@ class QSAGather(SwitchedPass):
             return _kept(
                 "shape_mismatch",
                 f"block scores cover {n_blocks} blocks x ratio {ratio} = {n_blocks * ratio} cells > n_kv={t}",
+                blocks=n_blocks,
+                ratio=ratio,
+                n_kv=t,
             )
         if s > self.max_rows and not self.prefill_tile:
             return _kept(
                 "too_many_rows",
                 f"prefill-shaped: {s} query rows per stream > max_rows={self.max_rows} (decode, verify only)",
+                rows=s,
+                max_rows=self.max_rows,
             )
         width = self.width(top_k, ratio)
         if t < self.min_depth_factor * width:
@@ -239,12 +185,24 @@ class QSAGather(SwitchedPass):
                 f"shallow cache: n_kv={t} < min_depth_factor*W = {self.min_depth_factor}*{width} = "
                 f"{self.min_depth_factor * width:g} "
                 f"(W = {top_k}*{ratio} + {ratio - 1}, pad_multiple={self.pad_multiple})",
+                **self._figures(top_k, ratio, width, t),
             )
         tile = s if s <= self.max_rows else min(s, self.prefill_tile)
         quantized = node.op == "quantized_sdpa"
         return _Match(selection, form, vis, ratio, top_k, width, t, b, s, given, qmask.inputs[1], tile, quantized)
 
-    def _describe(self, m: _Match) -> str:
+    def _figures(self, top_k: int, ratio: int, width: int, n_kv: int) -> dict:
+        """The figures of the width ``W`` and the depth check, by name."""
+        return {
+            "top_k": top_k, "ratio": ratio, "tail": ratio - 1, "cells": min_width(top_k, ratio), "width": width,
+            "pad_multiple": self.pad_multiple, "n_kv": n_kv, "min_depth_factor": self.min_depth_factor,
+        }  # fmt: skip
+
+    def _describe(self, m: _Match) -> tuple[str, dict]:
+        figures = {
+            **self._figures(m.top_k, m.ratio, m.width, m.n_kv), "streams": m.streams, "rows": m.rows,
+            "visibility": "none" if m.vis is None else m.form, "selection_input": m.given, "quantized": m.quantized,
+        }  # fmt: skip
         vis = "none" if m.vis is None else f"{m.form} with {m.vis}"
         given = f"; selection: graph input {m.select.name}, distinct ids promised by the caller" if m.given else ""
         gathers, last, attention = ("K and V", "D", "sdpa")
@@ -253,6 +211,8 @@ class QSAGather(SwitchedPass):
             given += "; quantized K/V: only the gathered cells' packed rows are read, none dequantized beforehand"
         if m.rows > self.max_rows:
             tiles = -(-m.rows // m.tile)
+            figures.update(tiles=tiles, tile=m.tile, prefill_tile=self.prefill_tile, max_rows=self.max_rows)
+            figures.update(tile_cells=m.tile * m.width, flop_ratio=m.width / m.n_kv)
             return (
                 f"prefill tiled: {m.streams} stream(s) x {m.rows} rows in {tiles} tile(s) of {m.tile} row(s) "
                 f"(prefill_tile={self.prefill_tile}, rows > max_rows={self.max_rows}); per tile one qsa_gather each "
@@ -261,19 +221,20 @@ class QSAGather(SwitchedPass):
                 f"cells, W={m.width} (pad_multiple={self.pad_multiple}); attention width n_kv={m.n_kv} -> "
                 f"{m.width} per row, FLOP ratio vs dense W/n_kv = {m.width / m.n_kv:.4f}; visibility: {vis}; "
                 "the masked path is now dead (run dce)" + given
-            )
+            ), figures
+        figures.update(tiles=1, batched=m.streams * m.rows)
         return (
             f"gather: top {m.top_k} blocks x ratio {m.ratio} + {m.ratio - 1} tail = {min_width(m.top_k, m.ratio)} "
             f"cells, W={m.width} (pad_multiple={self.pad_multiple}); attention width n_kv={m.n_kv} -> {m.width} "
             f"(n_kv >= {self.min_depth_factor}*W); {m.streams} stream(s) x {m.rows} row(s), "
             f"one qsa_gather each of {gathers} [B*S, Hkv, W, {last}] and one {attention} over {m.streams * m.rows} row(s); "
             f"visibility: {vis}; the masked path is now dead (run dce)" + given
-        )
+        ), figures
 
 
-def _kept(reason: str, why: str) -> Decline:
-    """A decline with code ``reason`` whose words start with "masked path kept: "."""
-    return Decline(reason, f"masked path kept: {why}")
+def _kept(reason: str, why: str, **figures: object) -> Decline:
+    """A decline with code ``reason`` whose words start with "masked path kept: ", and its figures."""
+    return Decline(reason, f"masked path kept: {why}", data=figures)
 
 
 def _split_mask(graph: Graph, mask: Node) -> tuple[str, Node, str | None] | Decline:
@@ -343,11 +304,12 @@ def _attend(
         if vis_cast is not None:
             vis = rw.op("cast", [vis], {"dtype": vis_cast}, "vis_gathered")
         mask = rw.op("where", [valid, vis, rw.scalar(-math.inf, rw.type(vis).dtype, "neg_inf")], hint="gather_mask")
+    operands = {**dict(zip(rw.anchor.opdef.required, [_rows_to_batch(rw, q), *kv])), "mask": mask}
     if m.quantized:  # the same attributes: scale, group size, bits, precision
-        out = rw.op("quantized_sdpa", [_rows_to_batch(rw, q), *kv, mask], dict(rw.anchor.attrs), "sdpa_gather")
+        out = rw.op("quantized_sdpa", operands, dict(rw.anchor.attrs), "sdpa_gather")
     else:
         sdpa_attrs = {"scale": rw.anchor.attrs["scale"], "causal": "none"}
-        out = rw.op("sdpa", [_rows_to_batch(rw, q), *kv, mask], sdpa_attrs, "sdpa_gather")
+        out = rw.op("sdpa", operands, sdpa_attrs, "sdpa_gather")
     return _batch_to_rows(rw, out, b, s)
 
 
@@ -389,4 +351,4 @@ def _gather_source(rw: Rewriter, vis: str | None) -> tuple[str | None, DType | N
     return rw.reshape(node.name, (1,) * (4 - len(shape)) + shape, "vis4"), cast_to
 
 
-__all__ = ["ENV_VAR", "PREFILL_TILES", "QSAGather"]
+__all__ = ["ENV_VAR", "QSAGather"]

@@ -1,81 +1,27 @@
-"""QSA pooled-key cache: a resident f32 cache of pooled block keys, pooling only the newest block(s).
+"""QSA pooled-key cache: a resident f32 cache of the indexer's block keys, pooling only the newest block(s).
 
-The masked and gathered QSA layers pool every block of the raw indexer-key
-cache at every step (``qsa_pool`` over ``[B, T, D]``), then normalise and rotate
-all ``T / r`` pooled keys (RMSNorm, RoPE at ``b*r``) before scoring: O(n_kv)
-work per step for keys that never change once their block is complete
-(docs/semantics.md §3.7, "Left open"). This pass, anchored at
-``qsa_block_scores(idx_q, block_keys)``, finds the ``qsa_pool`` that
-``block_keys`` derives from and rewrites the step to
+Anchored at ``qsa_block_scores(idx_q, block_keys)``, the pass finds the ``qsa_pool`` of the raw key cache
+that ``block_keys`` derives from and rewrites the step (docs/qsa.md, docs/semantics.md §3.7) to
 
-- read the stored value from a new resident f32 input ``[B, NB, D]``, the
-  cache (f32 whatever the keys' dtype: an f16 store changed which blocks a
-  GLM analogue selected; the read casts back, exactly). ``store="keys"``
-  (default) stores ``block_keys`` itself, so the ops between the pool and
-  ``block_keys`` (RMSNorm, RoPE: 17 row-wise ops in the QSA layer) run on the
-  new blocks only; ``store="pooled"`` stores the pooled keys, and those ops
-  still run over every block each step (O(n_kv) work; kept as an option).
-  Both are exact on numpy, MLX and JAX; ``keys`` reads the same bytes and
-  does a block's worth of work instead of the whole cache's, so it is the
-  default (benchmarks/qsa_gather.py measures both);
-- for each stream ``b`` and query row ``s`` at position ``p``: take the ``r`` raw
-  rows of block ``p // r``, pool them (``store="keys"``: and run the ops up to
-  ``block_keys`` on that one block, reading per-block operands such as a RoPE
-  row at the block), and write the result into the cache at ``[b, p // r]``:
-  one ``dynamic_update_slice`` for a one-row step, one ``put_along_axis`` of
-  every row's block for several rows or streams (XLA on CPU copied the whole
-  cache four times around five chained one-block updates: 46 ms against 9 ms
-  at 32,768 blocks; rows in one block write the same value, so duplicate ids
-  are harmless);
-- make the updated cache a graph output paired with the new input (state), so
-  a decode loop feeds it back (:meth:`attnpass.ir.Graph.state_pairs`).
+- read the stored value from a new resident f32 input ``[B, NB, D]``, the cache: ``store="keys"``
+  (default) stores ``block_keys``, so the row-wise ops between the pool and it (RMSNorm, RoPE) run on
+  the new blocks only; ``store="pooled"`` stores the pooled keys and those ops still run on every block;
+- per stream and row at position ``p``: pool the ``r`` raw rows of block ``p // r`` (and replay the ops up
+  to ``block_keys`` on that block) and write it at ``[b, p // r]``, one ``dynamic_update_slice`` for one
+  row, one ``put_along_axis`` for several;
+- return the updated cache as a graph output paired with the new input (state,
+  :meth:`attnpass.ir.Graph.state_pairs`); :meth:`QSAPoolCache.prefill` builds its first value.
 
-Why it is exact: the scores of block ``b`` matter only where ``b`` is visible,
-``b < (p + 1) // r``, and the only readers of the scores are ``qsa_select``
-nodes, which ignore invisible blocks (the ops between pool and scores work
-row by row, so a stale invisible row changes no visible one). Every visible
-block is complete, so its raw rows are final; it was written either by the
-prefill (:meth:`QSAPoolCache.prefill`, the same ops over the whole cache) or at
-the step whose row completed it, by the same ops on the same rows. The pool
-adds each block's rows elementwise in a fixed order, so one block pooled alone
-has the bits it has among all blocks, on every target. ``store="keys"`` also
-needs the ops up to ``block_keys`` to give one block the bits it gets among
-all blocks. numpy and MLX round each row alike at any shape. XLA on CPU does
-not: it emits a row reduction (RMSNorm's ``sum`` over the last axis) one way
-below 4,096 elements and another way from there on, and the two round about
-half the rows of head dim 128 differently in the last bit (within one regime
-a row's bits depend only on the operand's shape, not on the row's place or
-its neighbours). So the one-block replay runs over the new block padded with
-zero rows to a shape in the whole cache's regime (:func:`_xla_reduction_rows`:
-``[1, 4096 / D]`` rows, e.g. 32 rows of 128, or the whole cache's own shape
-when that is below the threshold) and keeps row ``[0, 0]``. This rests on a
-heuristic of XLA's CPU emitter (measured with jax 0.10.2), not a contract:
-the decode-loop tests compare the cache itself with a fresh prefill, bit for
-bit, on every step, at the model's indexer dims (both regimes) and at small
-dims, so a jax whose emitter moves the threshold fails them. The padding
-costs 31 extra rows of 128 per new block and changes nothing on numpy or MLX.
+Exact, bit for bit: only ``qsa_select`` reads the scores and it ignores invisible blocks; every visible
+block is complete and was written by the same ops on the same rows. Where XLA on CPU rounds a row
+reduction differently by operand size, the replay runs over a zero-padded block in the whole cache's
+regime (:data:`XLA_ROW_REDUCTION_ELEMENTS`; docs/qsa.md). The caller keeps cell ``c`` of the raw cache at
+position ``c`` and writes each step's rows there before the step.
 
-A block that is still incomplete is written too (invisible, rewritten when
-it completes). A position past the raw cache's last block (the attention's
-cache may be longer than the indexer's) writes the last block instead, with
-the value it already holds: every block is complete and visible then. The
-contract a caller keeps (the masked layer's too): cell ``c`` of the raw cache
-holds position ``c``, and each step's rows are the newest positions, written
-to the raw cache before the step (a rejected draft
-is rewritten by the step that replaces it, since its block is that step's
-first row's).
-
-Preconditions (each decline says which failed): the raw keys are a resident
-graph input ``[B, T, D]`` read whole (the history, not a slice of it) with
-``T % r == 0`` (a clamped write could not then land on the last block); every
-op between the pool and ``block_keys`` works on each block row separately
-(elementwise, casts, reductions and slices and concats over the last axis),
-and is read by nothing else; ``block_keys`` feeds only this anchor, and the
-scores feed only ``qsa_select`` with the pool's ratio and one positions value
-``[B, S]``, ``S <= max_rows`` (decode and verify steps).
-
-Policy: ``enabled=None`` reads ``ATTNPASS_QSA_POOL_CACHE`` when the pass runs
-(false/off/no/0 keep the in-graph pooling); an explicit value wins.
+Preconditions (each decline says which failed): the raw keys are a resident ``[B, T, D]`` input read whole
+with ``T % r == 0``; the ops up to ``block_keys`` are row-wise and read by nothing else; the scores feed
+only ``qsa_select`` with the pool's ratio and one ``[B, S]`` positions value, ``S <= max_rows``.
+``enabled=None`` reads ``ATTNPASS_QSA_POOL_CACHE`` when the pass runs (false/off/no/0 keep the pooling).
 """
 
 from __future__ import annotations
@@ -83,10 +29,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from attnpass.ir import DType, Graph, Node, TensorType, get_op
+from attnpass.ir import DType, Graph, Node, TensorType, get_op, require_int
 from attnpass.ir.core.builder import Builder
 
-from ..infra.base import Remarks, require_int
+from ..infra.base import Remarks
 from ..infra.policy import SwitchedPass
 from ..infra.registry import register_pass
 from ..infra.rewrite import Decline, Rewriter, Rule, apply_rules
@@ -199,6 +145,8 @@ class QSAPoolCache(SwitchedPass):
                 "not_divisible",
                 f"n_kv={t} of {raw.name} is not a multiple of ratio {ratio}: a row in the trailing partial block "
                 "would write over the last whole block",
+                n_kv=t,
+                ratio=ratio,
             )
         cone = (graph.ancestors([keys.name]) & graph.descendants([pool.name])) - {pool.name}
         chain = tuple(n for n in graph.nodes() if n.name in cone)
@@ -233,9 +181,11 @@ class QSAPoolCache(SwitchedPass):
         (pos,) = positions
         streams, rows = graph.node(pos).type.shape
         if streams != b:
-            return _kept("shape_mismatch", f"positions {pos} have {streams} stream(s), the raw keys {raw.name} {b}")
+            why = f"positions {pos} have {streams} stream(s), the raw keys {raw.name} {b}"
+            return _kept("shape_mismatch", why, streams=streams, raw_streams=b)
         if rows > self.max_rows:
-            return _kept("too_many_rows", f"prefill-shaped: {rows} query rows per stream > max_rows={self.max_rows}")
+            why = f"prefill-shaped: {rows} query rows per stream > max_rows={self.max_rows}"
+            return _kept("too_many_rows", why, rows=rows, max_rows=self.max_rows)
         cache = graph.fresh_name(f"{raw.name}_blocks")
         stored = pool if self.store == "pooled" else keys
         replay = (1, 1) if stored is pool else _xla_reduction_rows(graph, chain, keys)
@@ -244,9 +194,9 @@ class QSAPoolCache(SwitchedPass):
         return _Match(pool, raw, keys, chain, stored, pos, streams, rows, cache, len(graph.outputs), replay, others)
 
 
-def _kept(reason: str, why: str) -> Decline:
-    """A decline with code ``reason`` whose words start with "in-graph pooling kept: "."""
-    return Decline(reason, f"in-graph pooling kept: {why}")
+def _kept(reason: str, why: str, **figures: object) -> Decline:
+    """A decline with code ``reason`` whose words start with "in-graph pooling kept: ", and its figures."""
+    return Decline(reason, f"in-graph pooling kept: {why}", data=figures)
 
 
 # ---------------------------------------------------------------------- rewrite
@@ -394,7 +344,7 @@ def _write(m: _Match) -> str:
     return f"one put_along_axis of all {m.streams * m.rows} rows' blocks (chained updates made XLA copy the cache)"
 
 
-def _describe(m: _Match) -> str:
+def _describe(m: _Match) -> tuple[str, dict]:
     ratio, raw = m.pool.attrs["ratio"], m.raw.type
     cache = TensorType(m.stored.type.shape, CACHE_DTYPE)
     read = m.streams * m.rows * ratio * raw.shape[2] * raw.dtype.itemsize
@@ -412,6 +362,15 @@ def _describe(m: _Match) -> str:
         else f"the pooling no longer reads the other {raw.nbytes - read:,} bytes, but {m.raw.name} is still read by "
         f"{', '.join(m.raw_readers)}"
     )
+    figures = {
+        "store": "pooled" if m.stored is m.pool else "keys", "keys": m.keys.name, "raw": m.raw.name,
+        "cache": m.cache, "cache_type": str(cache), "cache_bytes": cache.nbytes, "output": m.output,
+        "blocks": m.streams * m.rows, "ratio": ratio, "read_bytes": read, "raw_rows": raw.shape[1],
+        "raw_bytes": raw.nbytes, "saved_bytes": raw.nbytes - read, "raw_readers": m.raw_readers,
+        "write": "dynamic_update_slice" if m.streams * m.rows == 1 else "put_along_axis",
+        "chain_ops": sorted({n.op for n in m.chain}), "chain_length": len(m.chain), "cache_blocks": blocks,
+        "replay_rows": m.replay_rows, "key_blocks": m.keys.type.shape[:2],
+    }  # fmt: skip
     return (
         f"{what} (qsa_pool of {m.raw.name}) now come from the new resident input {m.cache}:{cache}, "
         f"{cache.nbytes:,} bytes, whose next value is output #{m.output}; per step {m.streams * m.rows} block(s) of "
@@ -419,7 +378,7 @@ def _describe(m: _Match) -> str:
         f"({raw.nbytes:,} bytes), written with {_write(m)}: {saved}; {after}; "
         "start the cache with "
         "QSAPoolCache().prefill(graph) and feed it back (Graph.state_pairs)"
-    )
+    ), figures
 
 
 __all__ = ["ENV_VAR", "STORES", "QSAPoolCache"]

@@ -144,11 +144,10 @@ def _sinks(rw: Rewriter, m: Attention, hq: int, hint: str) -> str | None:
 
 def _attention_rewrite(rw: Rewriter, m: Attention) -> None:
     name = m.pv.name
-    operands = [_operand(rw, x, m.dtype, f"{name}_{role}") for role, x in zip("qkv", (m.q, m.k, m.v))]
-    mask = _mask(rw, m.mask, m.dtype, f"{name}_mask")
-    sinks = _sinks(rw, m, rw.type(operands[0]).shape[1], f"{name}_sinks")
-    attrs = {"scale": m.scale, "causal": "none", "has_sinks": sinks is not None, "logit_softcap": m.softcap}
-    operands += ([mask] if mask is not None else []) + ([sinks] if sinks is not None else [])
+    operands = {role: _operand(rw, x, m.dtype, f"{name}_{role}") for role, x in zip("qkv", (m.q, m.k, m.v))}
+    operands["mask"] = _mask(rw, m.mask, m.dtype, f"{name}_mask")
+    operands["sinks"] = _sinks(rw, m, rw.type(operands["q"]).shape[1], f"{name}_sinks")
+    attrs = {"scale": m.scale, "causal": "none", "logit_softcap": m.softcap}
     out = rw.op("sdpa", operands, attrs, f"{name}_sdpa")
     split, perm = la.view_plan(m.out_layout, rw.type(out).shape)  # [B, H, S, D] laid out as P·V was
     rw.replace_matched(rw.relayout(out, split, perm, m.pv.type.shape, f"{name}_out"), prune=True)
@@ -156,13 +155,14 @@ def _attention_rewrite(rw: Rewriter, m: Attention) -> None:
 
 RULES: list[Rule] = [
     Rule("softmax", "div", match_softmax, _softmax_rewrite,
-         lambda m: f"exp({m.x} - max) / sum -> softmax({m.x}, axis={m.axis}{', precise' if m.precise else ''}){m.rounding}"),  # exp(x-max)/sum -> softmax
+         lambda m: (f"exp({m.x} - max) / sum -> softmax({m.x}, axis={m.axis}{', precise' if m.precise else ''}){m.rounding}",
+                    {"x": m.x, "axis": m.axis, "precise": m.precise})),  # exp(x-max)/sum -> softmax
     Rule("attention", "matmul", _attention_match, _attention_rewrite,
-         lambda m: f"softmax(q·kᵀ·scale + mask)·v -> sdpa: {m.summary}"),  # softmax(qk^T s + m) v -> sdpa
+         lambda m: (f"softmax(q·kᵀ·scale + mask)·v -> sdpa: {m.summary}", m.figures)),  # softmax(qk^T s + m) v -> sdpa
     Rule("quantized-attention", "quantized_matmul", match_quantized_attention, rewrite_quantized_attention,
-         lambda m: f"quantized_matmul·softmax·quantized_matmul -> quantized_sdpa: {m.summary}"),
+         lambda m: (f"quantized_matmul·softmax·quantized_matmul -> quantized_sdpa: {m.summary}", m.figures)),
     Rule("structured-mask", "sdpa", match_structure, rewrite_structure,
-         lambda m: f"{m.message} -> sdpa's causal and window"),  # sdpa(mask=positions) -> sdpa[causal, window]
+         lambda m: (f"{m.message} -> sdpa's causal and window", m.figures)),  # sdpa(mask=positions) -> sdpa[causal, window]
 ]  # fmt: skip
 
 

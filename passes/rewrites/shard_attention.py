@@ -158,11 +158,10 @@ class ShardAttention(Pass):
             return Decline(
                 "already_done", "a split-KV partial (its sdpa_lse companion reads the same operands): already split"
             )
-        variants = sdpa_variants(node.attrs)
+        variants = sdpa_variants(node)
         if variants:
             return Decline("unsupported_variant", f"{variants}: shard-attention does not carry them")
-        mask = node.inputs[3] if len(node.inputs) == 4 else None
-        return self._undeclared(graph) or self._plan(graph, node, *node.inputs[:3], mask, None, node)
+        return self._undeclared(graph) or self._plan(graph, node, node.q, node.k, node.v, node.mask, None, node)
 
     def _match_group(self, graph: Graph, node: Node) -> _Plan | Decline | None:
         if self.heads is None:
@@ -170,7 +169,7 @@ class ShardAttention(Pass):
         calls = _chunk_subcalls(graph, node)
         if calls is None:
             return None
-        variants = sdpa_variants(calls[0].attrs)
+        variants = sdpa_variants(calls[0])
         if variants:
             return Decline("unsupported_variant", f"{variants}: shard-attention does not carry them")
         group = _head_chunk_group(graph, node, calls)
@@ -384,7 +383,7 @@ class ShardAttention(Pass):
             place(chunk, ("batch", "heads", None, None, None))
             chunk = rw.reshape(chunk, (b, hkv * width, s, d), f"{name}_q{i}")
             place(chunk, QKV_LABELS)
-            operands = [chunk, plan.k, plan.v] + ([plan.mask] if plan.mask else [])
+            operands = {"q": chunk, "k": plan.k, "v": plan.v, "mask": plan.mask}
             out = rw.op("sdpa", operands, call.attrs, f"{name}_c{i}")
             place(out, QKV_LABELS)
             if plan.split is not None:
@@ -436,7 +435,7 @@ def _head_chunk_group(
     sources, offsets = set(), {}
     position = 0
     for call in calls:
-        if call.attrs != first.attrs or call.inputs[3:] != first.inputs[3:]:
+        if call.attrs != first.attrs or (call.inputs[3:], call.optionals) != (first.inputs[3:], first.optionals):
             return Decline(
                 "not_head_chunked",
                 f"not one head-chunked attention: {call.name} and {first.name} differ in scale, causal or mask "
@@ -468,7 +467,7 @@ def _head_chunk_group(
         return Decline(
             "not_head_chunked", f"not one head-chunked attention: a chunk of {concat.name} spans two KV groups"
         )
-    return (q, k, v, first.inputs[3] if len(first.inputs) == 4 else None), chunks
+    return (q, k, v, first.mask), chunks
 
 
 def _source_sharding(graph: Graph, node: Node, sharding: Sharding) -> Sharding | str:

@@ -54,11 +54,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from attnpass.ir import DType, Graph, Node
-from attnpass.ir.dialects.attention import sdpa_operands
+from attnpass.ir import DType, Graph, Node, require_int
 
 from ..analysis.quantized_attention import NOT_CARRIED, decline_quantized
-from ..infra.base import Pass, Remarks, require_int
+from ..infra.base import Pass, Remarks
 from ..infra.registry import register_pass
 from ..infra.rewrite import Decline, Rewriter, Rule, apply_rules
 
@@ -146,7 +145,7 @@ def match_split(graph: Graph, node: Node, shards: int) -> SplitPlan | Decline:
         k_source, v_source = k.name, v.name
     kv_len = graph.node(k_source).type.shape[2]
     keys = k.type.shape[2]
-    mask, sinks = sdpa_operands(node.inputs, node.attrs["has_sinks"])
+    mask, sinks = node.mask, node.sinks
     if mask is not None and graph.node(mask).type.shape[-1:] != (keys,):
         return Decline("mask_layout", f"the mask {mask} broadcasts over the keys (last dimension is not {keys})")
     if sinks is not None and gathered:
@@ -167,7 +166,7 @@ def rewrite_split(rw: Rewriter, plan: SplitPlan, place: Place) -> str:
     dv = rw.type(node.inputs[2]).shape[3]
     tn = plan.kv_len // n
     name = node.name
-    mask, sinks = sdpa_operands(node.inputs, node.attrs["has_sinks"])
+    mask, sinks = node.mask, node.sinks
     bool_mask = mask is not None and rw.type(mask).dtype is DType.bool
     live = None  # bool [1, 1, S, 1]: the rows causality leaves a key (None: all), when the mask is additive
     if plan.cells is None and mask is not None and not bool_mask and sinks is None:  # with sinks such a row is 0
@@ -204,7 +203,7 @@ def rewrite_split(rw: Rewriter, plan: SplitPlan, place: Place) -> str:
         for value in (k_split, v_split):
             place(value, ("shard", "heads", None, None))
         mask = _owned_mask(rw, mask, owned, n, b, hq, s, place)
-    operands = [q_rep, k_split, v_split] + ([mask] if mask is not None else [])
+    operands = {"q": q_rep, "k": k_split, "v": v_split, "mask": mask}
     attrs = {"scale": node.attrs["scale"], "causal": "none", "logit_softcap": node.attrs["logit_softcap"]}
     partial = rw.op("sdpa", operands, attrs, f"{name}_partial")
     place(partial, ("shard", "heads", None, None))

@@ -145,12 +145,12 @@ def causal_plane(rows: int, keys: int) -> np.ndarray:
 
 
 def structure_plane(structure, rows: int, keys: int) -> np.ndarray:
-    """The bool ``[rows, keys]`` of a program's ``(causal, left, right, chunk)``: the numpy reference's
-    visibility (docs/semantics.md §1.4)."""
-    from attnpass.lowering.targets.numpy.reference import causal_mask
+    """The bool ``[rows, keys]`` of a program's ``(causal, left, right, chunk)``: sdpa's one visibility
+    (docs/semantics.md §1.4)."""
+    from attnpass.ir.dialects.attention import visible
 
     causal, *window = structure
-    seen = causal_mask(rows, keys, causal, tuple(window) if any(w is not None for w in window) else None)
+    seen = visible(rows, keys, causal, tuple(window) if any(w is not None for w in window) else None)
     return np.ones((rows, keys), bool) if seen is None else seen
 
 

@@ -122,7 +122,7 @@ def test_diff_shows_a_unified_diff_and_the_node_summary(cli, verify_json, chunke
     assert status == 0
     lines = out.splitlines()
     assert lines[:2] == [f"--- {verify_json}", f"+++ {chunked_json}"]
-    assert "-  sdpa:bf16[1,24,4,256] = sdpa[scale=0.0625, causal='none'] q k_cache v_cache mask" in lines
+    assert "-  sdpa:bf16[1,24,4,256] = sdpa[scale=0.0625, causal='none'] q k_cache v_cache mask=mask" in lines
     assert "+  sdpa_heads:bf16[1,24,4,256] = concat[axis=1] sdpa_c0 sdpa_c1 sdpa_c2 sdpa_c3" in lines
     assert "// 13 added, 1 removed, 0 changed (nodes 5 -> 17, inputs 4 -> 4)" in lines
     assert any(line.startswith("added (8 slice, 4 sdpa, 1 concat): sdpa_k0, sdpa_v0, sdpa_q0") for line in lines)

@@ -129,10 +129,10 @@ def _sdpa(m: _Maker, tag: str, q: str | None, kv: tuple[str, str] | None, dims: 
             m.input(f"k{tag}", (bsz, hkv, t, d), dtype, role=role),
             m.input(f"v{tag}", (bsz, hkv, t, dv), dtype, role=role),
         )
-    operands = [q, *kv]
+    operands = {"q": q, "k": kv[0], "v": kv[1]}
     kind = c.pick([None, BOOL, dtype])
     if kind is not None:
-        operands.append(_mask_input(m, f"mask{tag}", _mask_shape(c, (bsz, hq, s, t)), kind))
+        operands["mask"] = _mask_input(m, f"mask{tag}", _mask_shape(c, (bsz, hq, s, t)), kind)
     attrs = {"scale": c.pick([None, 0.125, 0.3, 1.0, 2.0]), "causal": c.pick(["none", "top_left", "bottom_right"])}
     if c.flag(0.3):  # a structured mask (docs/semantics.md §1.4); right only without causality
         right = c.pick([None, 0, 1, 3]) if attrs["causal"] == "none" else None
@@ -141,8 +141,7 @@ def _sdpa(m: _Maker, tag: str, q: str | None, kv: tuple[str, str] | None, dims: 
     if c.flag(0.2):  # sinks and logit soft-capping (docs/semantics.md §1.3)
         attrs["logit_softcap"] = c.pick([None, 1.0, 5.0])
         if c.flag(0.5):
-            operands.append(m.input(f"sinks{tag}", (hq,), dtype))
-            attrs["has_sinks"] = True
+            operands["sinks"] = m.input(f"sinks{tag}", (hq,), dtype)
     return b.op("sdpa", operands, attrs, f"attn{tag}")
 
 
@@ -324,7 +323,9 @@ def qsa_family(c: Choices) -> Case:
         else:
             mask = b.op("where", [keep, vis, m.const(0.0 if form == "where-zero" else -math.inf, dtype)], hint="attend")
     out = b.op(
-        "sdpa", [q, k, v, mask], {"scale": c.pick([None, 0.25]), "causal": c.pick(["none", "bottom_right"], (9, 1))}
+        "sdpa",
+        {"q": q, "k": k, "v": v, "mask": mask},
+        {"scale": c.pick([None, 0.25]), "causal": c.pick(["none", "bottom_right"], (9, 1))},
     )
     return m.case("qsa", [out])
 

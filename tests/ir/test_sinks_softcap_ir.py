@@ -20,7 +20,7 @@ def graph(softcap: float | None = 30.0, sinks_dtype: DType = BF16) -> Graph:
 def test_printed_and_json_forms_round_trip_the_variants():
     g = graph()
     (line,) = [line for line in str(g).splitlines() if "= sdpa[" in line]
-    assert "has_sinks=True, logit_softcap=30.0] q k v m s" in line
+    assert "logit_softcap=30.0] q k v mask=m sinks=s" in line
     assert parse_graph(str(g)) == g and Graph.from_json(g.to_json()) == g
     assert parse_graph(str(g)).fingerprint() == Graph.from_json(g.to_json()).fingerprint() == g.fingerprint()
 
@@ -39,32 +39,34 @@ def test_the_fingerprint_tells_each_variant_apart():
 
 
 @pytest.mark.parametrize(
-    "attrs, operands, message",
+    "attrs, operands, optionals, message",
     [
-        ({"has_sinks": True}, [Q, KV, KV], "has_sinks=True but no sinks operand"),
-        ({}, [Q, KV, KV, TensorSpec((3, 5), DType.bool), TensorSpec((4,), BF16)], "5 operands but has_sinks=False"),
-        ({"has_sinks": True}, [Q, KV, KV, TensorSpec((1, 4), BF16)], r"sinks .*\[1,4\].* must be \[Hq\] = \[4\]"),
-        ({"has_sinks": True}, [Q, KV, KV, TensorSpec((4,), DType.int32)], "must have q's dtype bfloat16"),
-        ({"logit_softcap": 0.0}, [Q, KV, KV], "logit_softcap 0.0 must be > 0"),
-        ({"has_sinks": True}, [Q, KV, KV, TensorSpec((4,), BF16)], None),
+        ({}, [Q, KV, KV, TensorSpec((1, 4), BF16)], ("sinks",), r"sinks .*\[1,4\].* must be \[Hq\] = \[4\]"),
+        ({}, [Q, KV, KV, TensorSpec((4,), DType.int32)], ("sinks",), "must have q's dtype bfloat16"),
+        ({"logit_softcap": 0.0}, [Q, KV, KV], (), "logit_softcap 0.0 must be > 0"),
+        ({}, [Q, KV, KV], ("sinks",), r"expected 4 operand\(s\) \(q, k, v, sinks\), got 3"),
+        ({}, [Q, KV, KV, TensorSpec((4,), BF16)], ("sinks",), None),
     ],
 )
-def test_the_verifier_names_what_is_wrong(attrs, operands, message):
-    types = [s.type if hasattr(s, "type") else s for s in operands]
+def test_the_verifier_names_what_is_wrong(attrs, operands, optionals, message):
+    types = [s.type for s in operands]
     op = get_op("sdpa")
     if message is None:
-        assert op.result_type(types, attrs).shape == (1, 4, 3, 8)
+        assert op.result_type(types, attrs, optionals=optionals).shape == (1, 4, 3, 8)
         return
     with pytest.raises(ShapeError, match=message):
-        op.result_type(types, attrs)
+        op.result_type(types, attrs, optionals=optionals)
 
 
 def test_float32_q_takes_sinks_of_any_float_dtype():
     spec = TensorSpec((1, 4, 3, 8), F32), TensorSpec((1, 2, 5, 8), F32)
     g = trace(lambda q, k, v, s: ops.sdpa(q, k, v, sinks=s), spec[0], spec[1], spec[1], TensorSpec((4,), BF16))
-    assert g.node(g.outputs[0]).attrs["has_sinks"]
+    node = g.node(g.outputs[0])
+    assert node.optionals == ("sinks",) and node.sinks == g.inputs[3] and node.mask is None
 
 
 def test_sdpa_lse_refuses_sinks():
-    with pytest.raises(ShapeError, match="sdpa_lse: has_sinks=True is not supported"):
-        get_op("sdpa_lse").result_type([Q.type, KV.type, KV.type, TensorSpec((4,), BF16).type], {"has_sinks": True})
+    with pytest.raises(ShapeError, match="sdpa_lse: a sinks operand .* is not supported"):
+        get_op("sdpa_lse").result_type(
+            [Q.type, KV.type, KV.type, TensorSpec((4,), BF16).type], {}, optionals=("sinks",)
+        )

@@ -175,7 +175,7 @@ def test_wrongly_typed_attribute(op, operands, attrs, message):
 
 def test_attributes_are_normalized_in_spec_order_with_defaults():
     opdef = get_op("sdpa")
-    variants = {"has_sinks": False, "logit_softcap": None, "window": None}
+    variants = {"logit_softcap": None, "window": None}
     assert opdef.normalize_attrs({"causal": "top_left", "scale": 1}) == {"scale": 1.0, "causal": "top_left", **variants}
     assert list(opdef.normalize_attrs({"causal": "top_left", "scale": 1})) == ["scale", "causal", *variants]
     assert opdef.normalize_attrs({}) == {"scale": None, "causal": "none", **variants}
@@ -189,15 +189,19 @@ def test_attributes_are_normalized_in_spec_order_with_defaults():
         ("add", 1, "add: expected 2 operand(s) (x, y), got 1"),
         ("exp", 2, "exp: expected 1 operand(s) (x), got 2"),
         ("where", 2, "where: expected 3 operand(s) (cond, x, y), got 2"),
-        ("sdpa", 2, "sdpa: expected 3 to 5 operand(s) (q, k, v, mask?, sinks?), got 2"),
-        ("sdpa", 6, "sdpa: expected 3 to 5 operand(s) (q, k, v, mask?, sinks?), got 6"),
+        ("sdpa", 2, "sdpa: expected 3 operand(s) (q, k, v), got 2"),
+        (
+            "sdpa",
+            4,
+            "sdpa: expected 3 operand(s) (q, k, v), got 4; optional operands (mask?, sinks?) are given by name",
+        ),
         ("concat", 0, "concat: expected at least 1 operand(s) (*xs), got 0"),
         ("input", 1, "input: expected 0 operand(s) (), got 1"),
     ],
 )
 def test_arity(op, n, message):
     with raises(message):
-        get_op(op).check_arity(n)
+        get_op(op).check_operands(n)
 
 
 # ============================================================================ sources
@@ -479,7 +483,7 @@ KV = (1, 2, 64, 256)
 
 def sdpa(q, k, v, mask=None, dtype=BF16, **attrs) -> TensorType:
     operands = [T(q, dtype), T(k, dtype), T(v, dtype)] + ([mask] if mask is not None else [])
-    return infer("sdpa", *operands, **attrs)
+    return get_op("sdpa").result_type(operands, attrs, optionals=("mask",) if mask is not None else ())
 
 
 def test_sdpa_gqa_24q_2kv():

@@ -70,6 +70,7 @@ def attention(q, k, v):
 GOLDEN_JAX = '''\
 import jax
 import jax.numpy as jnp
+from attnpass.ir.dialects.attention import visible
 
 
 def attention(q, k, v):
@@ -86,7 +87,7 @@ def attention(q, k, v):
     probs = jax.nn.softmax(scaled.astype(jnp.float32), axis=-1).astype(jnp.bfloat16)
     # out:bf16[1,2,4,8] = sdpa[scale=None, causal='bottom_right'] q k v  (model.py:13)
     out = jnp.swapaxes(jax.nn.dot_product_attention(jnp.swapaxes(q, 1, 2), jnp.swapaxes(k, 1, 2), \
-jnp.swapaxes(v, 1, 2), scale=0.35355339059327373, mask=(jnp.arange(6)[None, :] <= jnp.arange(4)[:, None] + 2)), 1, 2)
+jnp.swapaxes(v, 1, 2), scale=0.35355339059327373, mask=visible(4, 6, 'bottom_right', None, jnp)), 1, 2)
     return probs, out
 
 

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from attnpass.backends import run
 from attnpass.ir import DType, Graph, ShapeError, TensorSpec, get_op, ops, parse_graph, trace
 from attnpass.ir.dialects.attention import Window, key_ranges
+from attnpass.ir.dialects.attention import visible as visible_mask
 from attnpass.lowering import lower
 from tests.util import assert_close, random_array, target_params
 
@@ -116,6 +117,57 @@ def test_key_ranges_are_exactly_the_visible_keys(s, t, causal, left, right, chun
     for i in range(s):
         seen = {j for j in range(t) if visible(i, j, s, t, causal, window)}
         assert seen == set(range(lo[i], hi[i])), (i, seen, lo[i], hi[i])
+
+
+STRUCTURES = st.tuples(
+    st.integers(1, 10),
+    st.integers(1, 10),
+    st.sampled_from(["none", "top_left", "bottom_right"]),
+    st.none() | st.integers(1, 6),
+    st.none() | st.integers(0, 4),
+    st.none() | st.integers(1, 5),
+)
+
+
+def _structure(s, t, causal, left, right, chunk) -> tuple[int, int, str, Window | None]:
+    window = Window(left, None if causal != "none" else right, chunk)
+    return s, t, causal, None if window == Window() else window
+
+
+@settings(max_examples=200, deadline=None)
+@given(STRUCTURES)
+def test_the_one_visibility_is_key_ranges_on_every_array_library(structure):
+    """``visible`` (what the reference and the emitters call) is exactly ``key_ranges``' intervals, on numpy and on
+    each array library the emitted programs pass it."""
+    s, t, causal, window = _structure(*structure)
+    seen = visible_mask(s, t, causal, window)
+    if causal == "none" and window is None:
+        assert seen is None
+        return
+    lo, hi = key_ranges(s, t, causal, window)
+    assert seen.dtype == np.bool_ and np.array_equal(seen, (np.arange(t) >= lo[:, None]) & (np.arange(t) < hi[:, None]))
+    for module in ("mlx.core", "jax.numpy"):
+        xp = pytest.importorskip(module)
+        assert np.array_equal(np.asarray(visible_mask(s, t, causal, window, xp)), seen), module
+
+
+@pytest.mark.parametrize("target", target_params("numpy", "mlx", "jax"))
+@settings(max_examples=40, deadline=None)
+@given(structure=STRUCTURES)
+def test_each_program_attends_exactly_the_visible_keys(target, structure):
+    """What a lowered sdpa attends, read off its output: zero scores and V the identity make row i the mean of the
+    keys it sees (the mean of all T for a row that sees none), on the reference and the emitted programs."""
+    s, t, causal, window = _structure(*structure)
+    q, k = np.zeros((1, HQ, s, t), np.float32), np.zeros((1, HKV, t, t), np.float32)
+    v = np.broadcast_to(np.eye(t, dtype=np.float32), (1, HKV, t, t)).copy()
+    specs = [TensorSpec(x.shape, F32) for x in (q, k, v)]
+    graph = trace(lambda q, k, v: ops.sdpa(q, k, v, causal=causal, window=window), *specs)
+    out = np.asarray(run(lower(graph, target), q, k, v))
+    seen = visible_mask(s, t, causal, window)
+    seen = np.ones((s, t), bool) if seen is None else seen
+    counts = seen.sum(axis=1, keepdims=True)
+    expected = np.where(counts > 0, seen / np.maximum(counts, 1), 1 / t)
+    assert_close(out, np.broadcast_to(expected, out.shape).astype(np.float32))
 
 
 QT, KT = TensorSpec((1, 4, 3, 8), BF16), TensorSpec((1, 2, 5, 8), BF16)

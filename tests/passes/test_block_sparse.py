@@ -23,6 +23,7 @@ from attnpass.ir import DType, TensorSpec, ops, trace
 from attnpass.ir.dialects.attention import Window, key_ranges
 from attnpass.lowering import lower
 from attnpass.passes import BlockSparse, PassManager, parse_pipeline
+from attnpass.passes.analysis.devices import DEVICES
 from attnpass.passes.rewrites.block_sparse import tile_plan
 from tests.util import assert_bits_equal, assert_close, random_array, requires, target_params
 
@@ -112,6 +113,7 @@ def test_the_device_plan_gives_block_q():
     graph, _ = case(F32, 1100, 1100, "bottom_right", (100, None, None))
     (remark,) = BlockSparse(enabled=True)(graph).applied()
     assert remark.message.startswith("block_q 512 (the cpu plan); 3 tiles")
+    assert (remark.data["block_q"], remark.data["tiles"]) == (DEVICES["cpu"].block_q, 3)
 
 
 @settings(max_examples=300, deadline=None)

@@ -14,7 +14,8 @@ from attnpass.ir import DType, TensorSpec, ops, trace
 from attnpass.lowering import lower
 from attnpass.models import QSAConfig, build_layer, make_inputs, narrowed_inputs
 from attnpass.passes import DecomposeSDPA, PassManager, QSAPoolCache, default_pipeline, format_pipeline, parse_pipeline
-from attnpass.passes.rewrites.decompose_sdpa import DEVICES, TARGETS, _metal_vector_kernel
+from attnpass.passes.analysis.devices import DEVICES
+from attnpass.passes.rewrites.decompose_sdpa import TARGETS, _metal_vector_kernel
 from tests.util import assert_close, random_array, requires
 
 SMALL = QSAConfig(n_q_heads=4, n_kv_heads=2, head_dim=16, idx_dim=16, budget=32, mask_rows=8, rotary_dim=8)

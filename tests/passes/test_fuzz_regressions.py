@@ -89,7 +89,7 @@ def test_split_kv_keeps_a_row_without_keys_the_mean_of_v():
     The combine now weighs the shards equally when none attends a key.
     """
     graph = parse_graph("""graph sdpa(q:f32[1,1,1,8], k:f32[1,1,6,8], v:f32[1,1,6,8], mask:bool[1,6]) {
-  attn:f32[1,1,1,8] = sdpa[scale=None, causal='none'] q k v mask
+  attn:f32[1,1,1,8] = sdpa[scale=None, causal='none'] q k v mask=mask
   return attn
 }""")
     rng = np.random.default_rng(0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from attnpass.passes import DecomposeSDPA, HeadChunkSDPA, PassManager, QSAGather, QSAPoolCache, SplitKV
-from attnpass.passes.infra.base import require_int
+from attnpass.ir import require_int
 
 HOSTILE = [True, False, 2.0, 0, -1, "3", None, 1.5]
 

@@ -47,7 +47,7 @@ graph decode(q:f32[1,4,1,8], k:f32[1,2,12,8]{resident}, v:f32[1,2,12,8]{resident
   vis_gathered:f32[1,1,1,5] = take_along_axis[axis=3] vis vis_cells
   neg_inf:f32[] = constant[value=(-inf,), shape=(), dtype='float32']
   gather_mask:f32[1,1,1,5] = where cell_ok vis_gathered neg_inf
-  sdpa_gather:f32[1,4,1,8] = sdpa[scale=0.5, causal='none'] q k_gathered v_gathered gather_mask
+  sdpa_gather:f32[1,4,1,8] = sdpa[scale=0.5, causal='none'] q k_gathered v_gathered mask=gather_mask
   return sdpa_gather
 }"""
 

@@ -19,7 +19,7 @@ from attnpass.ir import TensorSpec, ops, trace
 from attnpass.lowering import lower
 from attnpass.models import QSAConfig, build_layer, make_inputs
 from attnpass.passes import DeadCodeElimination, PassManager, QSAGather, default_pipeline, parse_pipeline
-from attnpass.passes.rewrites.qsa_gather import PREFILL_TILES
+from attnpass.passes.analysis.devices import DEVICES
 from tests.passes.test_qsa_gather import reason_of, remark_of
 from tests.util import requires
 
@@ -132,10 +132,10 @@ def test_prefill_tile_option_and_the_per_device_defaults():
     for bad in (-1, True, 2.0):
         with pytest.raises(ValueError, match="QSAGather: prefill_tile must be an int >= 0"):
             QSAGather(prefill_tile=bad)
-    for device, tile in PREFILL_TILES.items():
+    for device, facts in DEVICES.items():
         for keep in (True, False):
             (gather,) = [p for p in default_pipeline(device, keep_signature=keep) if isinstance(p, QSAGather)]
-            assert gather.prefill_tile == tile
+            assert gather.prefill_tile == facts.prefill_tile > 0
 
 
 def test_a_selection_input_prefill_is_tiled():

@@ -54,11 +54,11 @@ def test_the_layer_raises_with_its_variant_and_computes_what_the_module_does(fam
     result = RaiseAttention()(imported.graph)
     (sdpa,) = [n for n in result.graph.nodes() if n.op == "sdpa"]
     if family == "gpt_oss":
-        assert sdpa.attrs["has_sinks"] and sdpa.attrs["logit_softcap"] is None
+        assert sdpa.sinks is not None and sdpa.attrs["logit_softcap"] is None
         assert result.graph.node(sdpa.inputs[-1]).type.shape == (zoo.HQ,)
         assert any("sinks" in r.message for r in result.applied())
     else:
-        assert not sdpa.attrs["has_sinks"] and sdpa.attrs["logit_softcap"] == attention.attn_logit_softcapping
+        assert sdpa.sinks is None and sdpa.attrs["logit_softcap"] == attention.attn_logit_softcapping
         assert any("logit_softcap 50" in r.message for r in result.applied())
     host = [to_numpy(a) for a in args]
     for target in ("numpy", "mlx"):

@@ -100,7 +100,31 @@ def test_remarks_json_writes_every_field():
         loc = None if r.loc is None else {"file": r.loc.file, "line": r.loc.line, "function": r.loc.function}
         assert row == {
             "pass": r.pass_name, "rule": r.rule, "kind": r.kind, "node": r.node, "reason": r.reason,
-            "message": r.message, "loc": loc,
+            "message": r.message, "data": json.loads(json.dumps(dict(r.data))), "loc": loc,
         }  # fmt: skip
     assert {row["reason"] for row in rows} <= set(REASONS)
     assert any(row["rule"] not in (None, row["pass"]) for row in rows)  # a multi-rule pass names its rules
+
+
+def test_remark_data_takes_snake_case_names_and_json_figures_only():
+    r = Remark("p", "applied", "n", "applied", "2 rows", data={"rows": 2, "spans": [(0, 2), (2, 4)]})
+    assert r.data == {"rows": 2, "spans": ((0, 2), (2, 4))}  # lists frozen to tuples
+    assert hash(r) == hash(Remark("p", "applied", "n", "applied", "2 rows"))  # data is not hashed
+    with pytest.raises(ValueError, match="data names must be snake_case, got 'Rows'"):
+        Remark("p", "applied", "n", "applied", "m", data={"Rows": 2})
+    with pytest.raises(ValueError, match="data 'shape' is TensorSpec, not a JSON scalar"):
+        Remark("p", "applied", "n", "applied", "m", data={"shape": TensorSpec((2,))})
+
+
+def test_the_claims_audit_fails_on_a_wrong_figure():
+    from dataclasses import replace
+
+    from tests.passes.claims import check_remarks
+
+    graph = trace(lambda x, unused: ops.exp(x), TensorSpec((2, 3)), TensorSpec((4,)))
+    result = attnpass.passes.DeadCodeElimination()(graph)
+    (remark,) = [r for r in result.remarks if r.node == "unused"]
+    assert remark.data["bytes"] == 16 and check_remarks(graph, result.graph, [remark]) == 1
+    wrong = replace(remark, data={**remark.data, "bytes": 8})
+    with pytest.raises(AssertionError, match="does not hold"):
+        check_remarks(graph, result.graph, [wrong])

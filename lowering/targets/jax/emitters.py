@@ -26,7 +26,7 @@ from attnpass.lowering.target import EmitEnv, Emitter
 
 
 def _sdpa(n: Node, a: list[str], env: EmitEnv) -> str:
-    if n.attrs["has_sinks"] or n.attrs["logit_softcap"] is not None:  # jax.nn.dot_product_attention has neither
+    if n.sinks is not None or n.attrs["logit_softcap"] is not None:  # jax.nn.dot_product_attention has neither
         return explicit_sdpa_call(n, a, env, "jnp", "attn")
     q, k, v = zero_dead_rows(n, env, "jnp", a[0]), a[1], a[2]
     offset = causal_offset(n, env)
@@ -34,7 +34,7 @@ def _sdpa(n: Node, a: list[str], env: EmitEnv) -> str:
     # XLA:CPU rejects under jit; float16 and unequal value head dims take the explicit form.
     explicit = n.type.dtype is DType.float16 or env.type_of(n.inputs[2]).shape[3] != env.type_of(n.inputs[0]).shape[3]
     is_causal = offset == 0 and not explicit  # JAX's is_causal is top-left aligned
-    mask, mask_is_bool = with_causal(n, env, "jnp", a[3] if len(a) == 4 else None, None if is_causal else offset)
+    mask, mask_is_bool = with_causal(n, env, "jnp", n.bind(a)["mask"], None if is_causal else offset)
     scale = sdpa_scale(n, env)
     if explicit:
         return f"{env.runtime('jrt')}.explicit_sdpa({q}, {k}, {v}, {mask}, scale={scale}, mask_is_bool={mask_is_bool})"

@@ -111,6 +111,7 @@ JAX = Target(
         "qsa_checked": "attnpass.lowering.targets.jax.runtime.qsa_checked",
         "lse": "attnpass.lowering.targets.jax.runtime.sdpa_lse",
         "attn": "attnpass.lowering.targets.jax.runtime.sinks_sdpa",
+        "visible": "attnpass.ir.dialects.attention.visible",
     },
     count_primitives=count_primitives,
     placeholders=placeholders,

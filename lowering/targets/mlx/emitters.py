@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Literal
 
 from attnpass.ir import Node
-from attnpass.ir.dialects.attention import sdpa_operands
 from attnpass.lowering.codegen import py_float, py_literal
 from attnpass.lowering.common import (
     array_api_emitters,
@@ -63,7 +62,7 @@ def _take(n: Node, a: list[str], env: EmitEnv) -> str:
 def mask_kind(n: Node, env: EmitEnv) -> Literal["causal", "array"] | None:
     """What the MLX lowering passes as ``mask``: MLX's own bottom-right ``"causal"``, an array, or nothing."""
     offset = causal_offset(n, env)
-    has_mask = sdpa_operands(n.inputs, n.attrs["has_sinks"])[0] is not None
+    has_mask = n.mask is not None
     if has_mask or n.attrs["window"] is not None or offset is None:
         return "array" if has_mask or n.attrs["window"] is not None else None
     s, t = sdpa_lengths(n, env)
@@ -75,7 +74,8 @@ def _sdpa(n: Node, a: list[str], env: EmitEnv) -> str:
     if n.attrs["logit_softcap"] is not None:
         return explicit_sdpa_call(n, a, env, "mx", "attn")
     q, k, v = zero_dead_rows(n, env, "mx", a[0]), a[1], a[2]
-    mask, sinks = sdpa_operands(a, n.attrs["has_sinks"])
+    operands = n.bind(a)
+    mask, sinks = operands["mask"], operands["sinks"]
     if mask_kind(n, env) == "causal":
         mask = '"causal"'
     else:

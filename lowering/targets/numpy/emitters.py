@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from attnpass.ir import Node
-from attnpass.ir.dialects.attention import sdpa_operands
 from attnpass.lowering.codegen import py_float, py_literal
 from attnpass.lowering.common import iota_expr, sdpa_scale, slice_expr
 from attnpass.lowering.qsa_emitters import QSA_EMITTERS
@@ -41,7 +40,8 @@ def _reduce(fn: str):
 
 
 def _sdpa(n: Node, a: list[str], env: EmitEnv) -> str:
-    mask, sinks = (x or "None" for x in sdpa_operands(a, n.attrs["has_sinks"]))
+    operands = n.bind(a)
+    mask, sinks = (operands[x] or "None" for x in ("mask", "sinks"))
     return (
         f"ref.sdpa({a[0]}, {a[1]}, {a[2]}, {mask}, {sinks}, scale={sdpa_scale(n, env)}, "
         f"causal={n.attrs['causal']!r}, dtype={_dt(n)}, softcap={n.attrs['logit_softcap']!r}"
@@ -50,7 +50,7 @@ def _sdpa(n: Node, a: list[str], env: EmitEnv) -> str:
 
 
 def _sdpa_lse(n: Node, a: list[str], env: EmitEnv) -> str:
-    mask = a[3] if len(a) == 4 else "None"
+    mask = n.bind(a)["mask"] or "None"
     return (
         f"ref.sdpa_lse({a[0]}, {a[1]}, {mask}, scale={sdpa_scale(n, env)}, causal={n.attrs['causal']!r}, "
         f"softcap={n.attrs['logit_softcap']!r})"

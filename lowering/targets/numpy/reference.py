@@ -14,6 +14,8 @@ import math
 
 import numpy as np
 
+from attnpass.ir.dialects.attention import visible
+
 # ``ref.*`` in generated code:
 from attnpass.ir.dialects.evaluate import (  # noqa: F401
     constant,
@@ -35,25 +37,6 @@ def erf(x: np.ndarray) -> np.ndarray:
     return np.vectorize(math.erf, otypes=[np.float64])(x)
 
 
-def causal_mask(s: int, t: int, causal: str, window: tuple | None = None) -> np.ndarray | None:
-    """bool [S, T] (None: all): query i, at position p = i + offset (bottom_right: T - S, else 0), sees key j iff
-    j <= p when causal, and p - j < left, j - p <= right, j // chunk == p // chunk for each set bound of
-    ``window`` = (left, right, chunk) (docs/semantics.md §1.4)."""
-    if causal == "none" and window is None:
-        return None
-    p = np.arange(s)[:, None] + (t - s if causal == "bottom_right" else 0)
-    j = np.arange(t)[None, :]
-    seen = np.ones((s, t), dtype=bool) if causal == "none" else j <= p
-    left, right, chunk = window or (None, None, None)
-    if left is not None:
-        seen = seen & (p - j < left)
-    if right is not None:
-        seen = seen & (j - p <= right)
-    if chunk is not None:
-        seen = seen & (j // chunk == p // chunk)
-    return seen
-
-
 def _scores(
     q, k, mask, scale: float, causal: str, softcap: float | None = None, window: tuple | None = None
 ) -> tuple[np.ndarray, np.ndarray | None]:
@@ -65,7 +48,7 @@ def _scores(
     scores = np.matmul(folded, np.swapaxes(k, -1, -2)).reshape(b, hq, s, t) * scale
     if softcap is not None:
         scores = softcap * np.tanh(scores / softcap)
-    allowed = causal_mask(s, t, causal, window)
+    allowed = visible(s, t, causal, window)
     if mask is not None:
         mask = np.asarray(mask)
         if mask.dtype == np.bool_:
@@ -96,7 +79,7 @@ def sdpa(
     keys equally (the mean of V), as MLX's and JAX's fused calls do. An
     additive mask is arithmetic: a row it sets to -inf everywhere is NaN.
     ``softcap`` c: the scaled scores become ``c tanh(s / c)`` before the mask.
-    ``window`` (left, right, chunk) excludes keys as :func:`causal_mask` says.
+    ``window`` (left, right, chunk) excludes keys as :func:`~attnpass.ir.dialects.attention.visible` says.
     ``sinks`` ``[Hq]``: head h's logit joins each of its rows' softmax as one
     more column without a value; a row without any key then weighs only the
     sink: 0 (as MLX's fused call gives).

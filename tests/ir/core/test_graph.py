@@ -90,7 +90,7 @@ def masked_sdpa_graph() -> Graph:
     k = g.add_input("k", t((1, 2, 6, 8), "float16"), "resident")
     v = g.add_input("v", t((1, 2, 6, 8), "float16"), "resident")
     mask = g.add_input("mask", t((3, 6), "bool"))
-    o = g.add_node("sdpa", [q, k, v, mask], {"causal": "bottom_right"})
+    o = g.add_node("sdpa", {"q": q, "k": k, "v": v, "mask": mask}, {"causal": "bottom_right"})
     o2 = g.add_node("sdpa", [q, k, v], {"causal": "top_left", "scale": 0.125})
     scores = g.add_node("matmul", [k, g.add_node("transpose", [k], {"perm": (0, 1, 3, 2)})])  # [1,2,6,6]
     rows = g.add_node("slice", [scores], {"start": (0, 0, 0, 0), "stop": (1, 2, 6, 6), "step": (1, 1, 2, 1)})
@@ -151,7 +151,7 @@ def test_samples_verify(sample):
 def test_add_node_infers_types_and_names():
     g = attention_graph()
     assert g.node("sdpa").type == t((1, 24, 5, 256), "bfloat16")
-    variants = {"has_sinks": False, "logit_softcap": None, "window": None}
+    variants = {"logit_softcap": None, "window": None}
     assert g.node("sdpa").attrs == {"scale": 0.0625, "causal": "none", **variants}
     assert g.inputs == ("q", "k", "v") and g.outputs == ("sdpa",)
     assert g.add_node("sdpa", ["q", "k", "v"]) == "sdpa_1"
@@ -736,7 +736,7 @@ def test_json_is_strict_json_with_tagged_non_finite_floats():
     const = next(n for n in doc["nodes"] if n["name"] == "c")
     assert const["attrs"]["value"][:3] == [{"float": "nan"}, {"float": "inf"}, {"float": "-inf"}]
     assert const["type"] == {"shape": [2, 3], "dtype": "float32"}
-    assert doc["format"] == "attnpass.graph" and doc["version"] == 1
+    assert doc["format"] == "attnpass.graph" and doc["version"] == 2
     assert doc["inputs"] == ["x", "m", "idx", "h"] and doc["outputs"] == ["s", "tk", "ii", "mx", "x"]
 
 
@@ -792,7 +792,7 @@ def rename_everywhere(old, new):
         (lambda d: [d], 'not an attnpass graph: expected an object with "format": "attnpass.graph"'),
         (mutate(format="onnx"), "not an attnpass graph"),
         (lambda d: {k: v for k, v in d.items() if k != "format"}, "not an attnpass graph"),
-        (mutate(version=2), "unsupported graph version 2; this library reads 1"),
+        (mutate(version=3), "unsupported graph version 3; this library reads 2"),
         (mutate(version="1"), "unsupported graph version '1'"),
         (lambda d: {k: v for k, v in d.items() if k != "nodes"}, "graph: missing field 'nodes'"),
         (lambda d: {k: v for k, v in d.items() if k != "inputs"}, "graph: missing field 'inputs'"),
@@ -970,15 +970,14 @@ def test_fingerprint_distinguishes_each_single_attribute():
     base = masked_sdpa_graph()
     fps = {base.fingerprint()}
     for name, attrs in [
-        ("sdpa", {"scale": None, "causal": "top_left", "has_sinks": False, "logit_softcap": None, "window": None}),
-        ("sdpa", {"scale": 0.5, "causal": "bottom_right", "has_sinks": False, "logit_softcap": None, "window": None}),
-        ("sdpa", {"scale": 0.125, "causal": "top_left", "has_sinks": False, "logit_softcap": 30.0, "window": None}),
+        ("sdpa", {"scale": None, "causal": "top_left", "logit_softcap": None, "window": None}),
+        ("sdpa", {"scale": 0.5, "causal": "bottom_right", "logit_softcap": None, "window": None}),
+        ("sdpa", {"scale": 0.125, "causal": "top_left", "logit_softcap": 30.0, "window": None}),
         (
             "sdpa",
             {
                 "scale": 0.125,
                 "causal": "top_left",
-                "has_sinks": False,
                 "logit_softcap": None,
                 "window": (2, None, None),
             },
@@ -988,7 +987,7 @@ def test_fingerprint_distinguishes_each_single_attribute():
     ]:
         g = masked_sdpa_graph()
         node = g.node(name)
-        new_type = get_op(node.op).result_type([g.node(i).type for i in node.inputs], attrs)
+        new_type = get_op(node.op).result_type([g.node(i).type for i in node.inputs], attrs, optionals=node.optionals)
         g.replace_node(name, node.replace(attrs=attrs, type=new_type))
         g.verify()
         fps.add(g.fingerprint())

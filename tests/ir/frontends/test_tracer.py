@@ -66,7 +66,6 @@ def test_inputs_are_named_after_parameters():
     assert g.node(out).attrs == {
         "scale": 0.0625,
         "causal": "none",
-        "has_sinks": False,
         "logit_softcap": None,
         "window": None,
     }
