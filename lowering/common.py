@@ -180,6 +180,8 @@ def array_api_emitters(xp: str) -> dict[str, Emitter]:
 
     def constant(n: Node, a: list[str], env: EmitEnv) -> str:
         values, shape = constant_values(n), py_literal(n.type.shape)
+        if not values:  # no elements: a zero-size axis
+            return f"{xp}.zeros({shape}, dtype={dtype(n)})"
         if len(values) > 1:
             return f"{xp}.array({py_literal(values)}, dtype={dtype(n)}).reshape({shape})"
         if not n.type.shape:

@@ -114,12 +114,15 @@ def remainder(x, y, dtype: str | DType) -> np.ndarray:
     return rounded(np.where((r != 0) & ((r < 0) != (y < 0)), r + y, r), dtype)
 
 
-_SCANS = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}
+_SCANS = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum, "logsumexp": np.logaddexp}
 
 
 def scan_identity(kind: str, dtype: str | DType) -> float | int:
-    """The value an exclusive ``scan`` of ``kind`` starts from: 0, 1, or the dtype's lowest / highest."""
+    """The value an exclusive ``scan`` of ``kind`` starts from: 0, 1, the dtype's lowest / highest, or -inf
+    (logsumexp)."""
     dt = DType.parse(dtype)
+    if kind == "logsumexp":
+        return -np.inf
     if kind in ("sum", "prod"):
         return int(kind == "prod")
     if dt.is_float:

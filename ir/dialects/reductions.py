@@ -1,11 +1,12 @@
-"""Reductions: sum, max (axes, keepdims), argpartition, argmax/argmin and scans (cumulative sum, product, max, min)."""
+"""Reductions: sum, max (axes, keepdims), argpartition, argmax/argmin and scans (cumulative sum, product, max,
+min, logsumexp)."""
 
 from __future__ import annotations
 
 from attnpass.ir.core.registry import OpDef, attr, register
 from attnpass.ir.core.types import DType, ShapeError, TensorType
 
-from .rules import NUMERIC, normalize_axis, require_dtype
+from .rules import FLOATS, NUMERIC, normalize_axis, require_dtype
 
 
 def _reduction(name: str) -> None:
@@ -89,12 +90,12 @@ _arg_reduction("argmax", "maximum")
 _arg_reduction("argmin", "minimum")
 
 
-SCAN_KINDS = ("sum", "prod", "max", "min")
+SCAN_KINDS = ("sum", "prod", "max", "min", "logsumexp")
 
 
 def _infer_scan(ts, *, kind, axis, reverse, inclusive):
     (x,) = ts
-    require_dtype("scan", x, NUMERIC)
+    require_dtype("scan", x, FLOATS if kind == "logsumexp" else NUMERIC)
     if x.rank == 0:
         raise ShapeError(f"scan: operand {x} is a scalar; need rank >= 1")
     normalize_axis("scan", axis, x.rank)
@@ -113,8 +114,9 @@ register(
             "inclusive": attr("bool", True),
         },
         "reduction",
-        "Cumulative kind (sum, prod, max, min) along axis, as mx.cumsum/cumprod/cummax/cummin: out[i] combines "
-        "x[0..i] (x[i..n-1] when reverse); exclusive leaves x[i] out, the first (last) element being the "
-        "identity (0, 1, the dtype's lowest, its highest: -inf/inf for floats).",
+        "Cumulative kind (sum, prod, max, min, logsumexp) along axis, as mx.cumsum/cumprod/cummax/cummin/"
+        "logcumsumexp: out[i] combines x[0..i] (x[i..n-1] when reverse); exclusive leaves x[i] out, the first "
+        "(last) element being the identity (0, 1, the dtype's lowest, its highest: -inf/inf for floats; -inf "
+        "for logsumexp, floats only).",
     )
 )

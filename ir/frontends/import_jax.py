@@ -56,9 +56,10 @@ _UNARY = {
 }  # fmt: skip
 _ALIASES = ("stop_gradient", "copy", "copy_p", "optimization_barrier")
 _REDUCE = {"reduce_max": "max", "reduce_sum": "sum"}
+_SCANS = {"cumsum": "sum", "cumprod": "prod", "cummax": "max", "cummin": "min", "cumlogsumexp": "logsumexp"}
 _CALLS = {"pjit": "jaxpr", "jit": "jaxpr", "closed_call": "call_jaxpr", "core_call": "call_jaxpr",
           "custom_jvp_call": "call_jaxpr", "custom_vjp_call": "call_jaxpr", "custom_vjp_call_jaxpr": "fun_jaxpr",
-          "remat": "jaxpr", "checkpoint": "jaxpr"}  # fmt: skip
+          "remat": "jaxpr", "remat2": "jaxpr", "checkpoint": "jaxpr"}  # fmt: skip
 
 
 def _location(eqn: Any, fallback: SourceLoc) -> SourceLoc:
@@ -105,18 +106,15 @@ class _Importer:
         if not eqn.effects and all(type(v).__name__ == "DropVar" for v in eqn.outvars):
             return  # a pure equation whose results nothing reads (flax's writes back to a module it discards)
         name = eqn.primitive.name
-        loc = self.b.loc = _location(eqn, self.enclosing or SourceLoc(f"jax:{self.b.graph.name}", index, name))
+        self.b.loc = _location(eqn, self.enclosing or SourceLoc(f"jax:{self.b.graph.name}", index, name))
         args = [self.read(v) for v in eqn.invars]
         try:
-            if name in _CALLS:
-                key = _CALLS[name] if _CALLS[name] in eqn.params else "call_jaxpr"
-                outer, self.enclosing = self.enclosing, loc
-                try:
-                    outs = self.jaxpr(eqn.params[key], args)
-                finally:
-                    self.enclosing, self.b.loc = outer, loc
-            else:
-                outs = self._emit(name, eqn.params, args, eqn)
+            rule = IMPORTERS.get(name)
+            if rule is None:
+                raise ModelImportError(
+                    f"unsupported JAX primitive {name}; the JAX importer supports {', '.join(sorted(IMPORTERS))}"
+                )
+            outs = rule(self, eqn.params, args, eqn)
         except ModelImportError as exc:
             raise ModelImportError(f"{exc}\n  in {self._where(index, eqn)}") from None
         except Exception as exc:  # a shape rule or unexpected parameters: say which equation
@@ -133,101 +131,26 @@ class _Importer:
         operands = ", ".join(str(getattr(v, "aval", v)) for v in eqn.invars) or "none"
         return f"equation #{index} {eqn.primitive.name} (operands {operands}) at {self.b.loc}"
 
-    def _emit(self, name: str, params: dict, x: list[str], eqn: Any) -> list[str]:
-        b = self.b
-        out_aval = eqn.outvars[0].aval
-        if name in _BINARY:
-            return [b.op(_BINARY[name], x)]
-        if name in _SWAPPED:
-            return [b.op(_SWAPPED[name], [x[1], x[0]])]
-        if name == "div":
-            if not b.type(x[0]).dtype.is_float:
-                raise ModelImportError("integer div (rounds toward zero) is not in the IR")
-            return [b.op("div", x)]
-        if name in _UNARY:
-            return [b.op(_UNARY[name], x)]
-        if name in _ALIASES:
-            return list(x)
-        if name == "square":
-            return [b.op("mul", [x[0], x[0]])]
-        if name == "integer_pow":
-            return [self._integer_pow(x[0], params["y"])]
-        if name == "pow":
-            if b.type(x[0]).dtype is not b.type(x[1]).dtype:
-                raise ModelImportError(f"pow of {b.type(x[0])} by {b.type(x[1])}: only equal dtypes are supported")
-            return [b.op("power", x)]
-        if name == "ne":
-            return [b.op("logical_not", [b.op("equal", x)])]
-        if name == "not":
-            if b.type(x[0]).dtype is not DType.bool:
-                raise ModelImportError("bitwise not of integers is not in the IR (only bool not is)")
-            return [b.op("logical_not", x)]
-        if name == "clamp":
-            low, value, high = x
-            return [b.op("minimum", [b.op("maximum", [value, low]), high])]
-        if name == "gather":
-            return [self._gather(x[0], x[1], params)]
-        if name == "convert_element_type":
-            return [b.cast(x[0], dtype_of(str(params["new_dtype"]), "convert_element_type"))]
-        if name == "select_n":
-            return [self._select_n(x[0], x[1:])]
-        if name == "broadcast_in_dim":
-            shape, dims = tuple(params["shape"]), tuple(int(d) for d in params["broadcast_dimensions"])
-            inner = [1] * len(shape)
-            for d, size in zip(dims, b.type(x[0]).shape):
-                inner[d] = size
-            return [b.broadcast(b.reshape(x[0], inner), shape)]
-        if name == "reshape":
-            if params.get("dimensions") is not None:
-                raise ModelImportError(f"reshape with dimensions={params['dimensions']} is not supported")
-            return [b.reshape(x[0], params["new_sizes"])]
-        if name in ("squeeze", "expand_dims"):
-            return [b.reshape(x[0], out_aval.shape)]
-        if name == "transpose":
-            return [b.op("transpose", x, {"perm": tuple(int(p) for p in params["permutation"])})]
-        if name in _REDUCE:
-            return [b.op(_REDUCE[name], x, {"axes": tuple(int(a) for a in params["axes"]), "keepdims": False})]
-        if name == "dot_general":
-            return [self._dot_general(x[0], x[1], params)]
-        if name == "concatenate":
-            return [b.op("concat", x, {"axis": int(params["dimension"])})]
-        if name == "slice":
-            shape = b.type(x[0]).shape
-            strides = params.get("strides") or (1,) * len(shape)
-            attrs = {
-                "start": tuple(params["start_indices"]),
-                "stop": tuple(params["limit_indices"]),
-                "step": tuple(strides),
-            }
-            return [b.op("slice", x, attrs)]
-        if name == "split":
-            axis, bounds = int(params["axis"]), np.cumsum([0, *params["sizes"]]).tolist()
-            return [b.slice_axis(x[0], axis, lo, hi) for lo, hi in zip(bounds, bounds[1:])]
-        if name == "dynamic_update_slice":
-            return [self._dynamic_update_slice(x[0], x[1], self._start_vector(x[2:]))]
-        if name == "dynamic_slice":
-            return [self._dynamic_slice(x[0], x[1:], tuple(int(d) for d in params["slice_sizes"]))]
-        if name == "scatter":
-            return [self._scatter(x[0], x[1], x[2], params)]
-        if name == "iota":
-            dtype = dtype_of(str(params["dtype"]), "iota")
-            shape, dim = tuple(params["shape"]), int(params["dimension"])
-            ramp = np.arange(shape[dim]).reshape([-1 if a == dim else 1 for a in range(len(shape))])
-            return [b.constant(np.broadcast_to(ramp, shape).astype(dtype.numpy), dtype, "iota", inline=True)]
-        raise ModelImportError(f"unsupported JAX primitive {name}")
+    def inline(self, closed: Any, args: list[str]) -> list[str]:
+        """The body of a nested call imported in place; its equations without a location get the call's."""
+        outer, self.enclosing, loc = self.enclosing, self.b.loc, self.b.loc
+        try:
+            return self.jaxpr(closed, args)
+        finally:
+            self.enclosing, self.b.loc = outer, loc
 
-    def _start_vector(self, starts: list[str]) -> str:
+    def start_vector(self, starts: list[str]) -> str:
         """The scalar start indices of a dynamic slice as one ``i32[rank]`` vector."""
         b = self.b
         return b.concat([b.reshape(b.cast(s, DType.int32), [1]) for s in starts], 0)
 
-    def _dynamic_update_slice(self, buffer: str, update: str, start: str) -> str:
+    def dynamic_update_slice(self, buffer: str, update: str, start: str) -> str:
         """``lax.dynamic_update_slice``: the IR op (each start clamped so the update fits, as in JAX)."""
         if not self.b.type(buffer).rank:
             return update
         return self.b.op("dynamic_update_slice", [buffer, update, start])
 
-    def _dynamic_slice(self, x: str, starts: list[str], sizes: tuple[int, ...]) -> str:
+    def dynamic_slice(self, x: str, starts: list[str], sizes: tuple[int, ...]) -> str:
         """``lax.dynamic_slice``: per axis shorter than ``x``, a ``take`` of
         ``clip(start, 0, dim - size) + arange(size)`` (JAX clamps the start so the slice fits)."""
         b = self.b
@@ -240,7 +163,7 @@ class _Importer:
             x = b.op("take", [x, b.op("add", [b.reshape(first, [1]), ramp])], {"axis": axis})
         return x
 
-    def _scatter(self, operand: str, indices: str, updates: str, params: dict) -> str:
+    def scatter(self, operand: str, indices: str, updates: str, params: dict) -> str:
         """``lax.scatter`` (``x.at[...].set``): one window a ``dynamic_update_slice`` at the index; several
         windows along one axis (``cache.at[:, positions].set(rows)``) one ``put_along_axis``.
 
@@ -269,7 +192,7 @@ class _Importer:
         coordinates = {axis: b.slice_axis(point, 0, j, j + 1) for j, axis in enumerate(scattered)}
         zero = b.reshape(b.scalar(0, DType.int32), [1])
         start = b.concat([coordinates.get(axis, zero) for axis in range(len(shape))], 0) if shape else None
-        written = self._dynamic_update_slice(operand, update, start)
+        written = self.dynamic_update_slice(operand, update, start)
         if clip or not coordinates:
             return written
         fits = None
@@ -317,7 +240,7 @@ class _Importer:
         out = b.op("put_along_axis", [operand, at, rows], {"axis": axis})
         return out if clip else b.slice_axis(out, axis, 0, n)
 
-    def _integer_pow(self, x: str, y: int) -> str:
+    def integer_pow(self, x: str, y: int) -> str:
         """``x ** y`` by JAX's own square-and-multiply (the same products in the same order); y < 0 is 1 / x**-y."""
         b, dtype = self.b, self.b.type(x).dtype
         if y == 0:
@@ -335,7 +258,7 @@ class _Importer:
             raise ModelImportError(f"integer_pow with y={y} of an integer tensor is not in the IR")
         return b.op("div", [b.scalar(1.0, dtype), acc])
 
-    def _select_n(self, which: str, cases: list[str]) -> str:
+    def select_n(self, which: str, cases: list[str]) -> str:
         """``select_n(p, *cases)``: ``cases[p]``; a bool ``p`` picks between two cases."""
         b = self.b
         if b.type(which).dtype is DType.bool:
@@ -347,7 +270,7 @@ class _Importer:
             out = b.op("where", [b.op("equal", [which, b.scalar(i, b.type(which).dtype)]), cases[i], out])
         return out
 
-    def _gather(self, x: str, indices: str, params: dict) -> str:
+    def gather(self, x: str, indices: str, params: dict) -> str:
         """``lax.gather`` of whole points (embedding lookups, ``take``, ``take_along_axis``).
 
         Every indexed or batching operand axis has slice size 1; the other axes are sliced from 0.
@@ -378,7 +301,7 @@ class _Importer:
         ]
         return b.transpose(out, perm)
 
-    def _dot_general(self, lhs: str, rhs: str, params: dict) -> str:
+    def dot_general(self, lhs: str, rhs: str, params: dict) -> str:
         """``dot_general`` as transpose + reshape to ``[batch, M, K] @ [batch, K, N]`` + reshape back."""
         b = self.b
         (lc, rc), (lb, rb) = ([tuple(int(d) for d in ds) for ds in pair] for pair in params["dimension_numbers"])
@@ -402,6 +325,223 @@ class _Importer:
         c = arrange(rhs, rs, rb + rc + rf, rc, rf)
         out = b.op("matmul", [a, c])
         return b.reshape(out, batch + [ls[d] for d in lf] + [rs[d] for d in rf])
+
+
+Rule = Callable[["_Importer", dict, list[str], Any], list[str]]
+IMPORTERS: dict[str, Rule] = {}  # JAX primitive name -> its rule: (importer, params, operand values, eqn) -> outputs
+
+
+def importer(*names: str) -> Callable[[Rule], Rule]:
+    """Register the decorated rule as the import of the JAX primitives ``names``."""
+
+    def register(rule: Rule) -> Rule:
+        for name in names:
+            IMPORTERS[name] = rule
+        return rule
+
+    return register
+
+
+def _promoted(imp: "_Importer", x: list[str], eqn: Any) -> list[str]:
+    """The operands of a binary equation cast to the dtype JAX promotes them to, where their dtypes differ."""
+    b = imp.b
+    if len({b.type(v).dtype for v in x}) == 1:
+        return x
+    import jax.numpy as jnp
+
+    dtype = dtype_of(str(jnp.result_type(*(v.aval.dtype for v in eqn.invars))), f"{eqn.primitive.name} operands")
+    return [b.cast(v, dtype) for v in x]
+
+
+def _binary(op: str, swapped: bool = False) -> Rule:
+    """A binary primitive as one IR op, the operands promoted (``swapped``: exchanged, ``x > y`` is ``y < x``)."""
+
+    def rule(imp: "_Importer", params: dict, x: list[str], eqn: Any) -> list[str]:
+        x = _promoted(imp, x, eqn)
+        return [imp.b.op(op, x[::-1] if swapped else x)]
+
+    return rule
+
+
+def _unary(op: str) -> Rule:
+    return lambda imp, params, x, eqn: [imp.b.op(op, x)]
+
+
+def _inline(imp: "_Importer", params: dict, x: list[str], eqn: Any) -> list[str]:
+    """A nested call (jit, closed_call, custom_jvp/vjp, remat/checkpoint): its body imported in place."""
+    key = _CALLS[eqn.primitive.name]
+    return imp.inline(params[key if key in params else "call_jaxpr"], x)
+
+
+IMPORTERS.update({name: _binary(op) for name, op in _BINARY.items()})
+IMPORTERS.update({name: _binary(op, swapped=True) for name, op in _SWAPPED.items()})
+IMPORTERS.update({name: _unary(op) for name, op in _UNARY.items()})
+IMPORTERS.update({name: lambda imp, params, x, eqn: list(x) for name in _ALIASES})
+IMPORTERS.update({name: _inline for name in _CALLS})
+
+
+@importer("div")
+def _div(imp: "_Importer", params: dict, x: list[str], eqn: Any) -> list[str]:
+    x = _promoted(imp, x, eqn)
+    if not imp.b.type(x[0]).dtype.is_float:
+        raise ModelImportError("integer div (rounds toward zero) is not in the IR")
+    return [imp.b.op("div", x)]
+
+
+@importer("square")
+def _square(imp: "_Importer", params: dict, x: list[str], eqn: Any) -> list[str]:
+    return [imp.b.op("mul", [x[0], x[0]])]
+
+
+@importer("integer_pow")
+def _integer_pow_rule(imp: "_Importer", params: dict, x: list[str], eqn: Any) -> list[str]:
+    return [imp.integer_pow(x[0], params["y"])]
+
+
+@importer("pow")
+def _pow(imp: "_Importer", params: dict, x: list[str], eqn: Any) -> list[str]:
+    """``lax.pow``: an exponent of another dtype (an int32 power) is cast to the base's, as JAX lowers it."""
+    b = imp.b
+    dtype = b.type(x[0]).dtype
+    return [b.op("power", [x[0], x[1] if b.type(x[1]).dtype is dtype else b.cast(x[1], dtype)])]
+
+
+@importer("rem")
+def _rem(imp: "_Importer", params: dict, x: list[str], eqn: Any) -> list[str]:
+    """``lax.rem`` (C's fmod: the dividend's sign) as the ``remainder`` of the magnitudes, exact, negated
+    where the dividend is negative."""
+    b = imp.b
+    x = _promoted(imp, x, eqn)
+    magnitude = b.op("remainder", [b.op("abs", [x[0]]), b.op("abs", [x[1]])])
+    negative = b.op("less", [x[0], b.scalar(0, b.type(x[0]).dtype)])
+    return [b.op("where", [negative, b.op("neg", [magnitude]), magnitude])]
+
+
+@importer("ne")
+def _ne(imp: "_Importer", params: dict, x: list[str], eqn: Any) -> list[str]:
+    return [imp.b.op("logical_not", [imp.b.op("equal", _promoted(imp, x, eqn))])]
+
+
+@importer("not")
+def _not(imp: "_Importer", params: dict, x: list[str], eqn: Any) -> list[str]:
+    if imp.b.type(x[0]).dtype is not DType.bool:
+        raise ModelImportError("bitwise not of integers is not in the IR (only bool not is)")
+    return [imp.b.op("logical_not", x)]
+
+
+@importer("clamp")
+def _clamp(imp: "_Importer", params: dict, x: list[str], eqn: Any) -> list[str]:
+    low, value, high = x
+    return [imp.b.op("minimum", [imp.b.op("maximum", [value, low]), high])]
+
+
+@importer("gather")
+def _gather(imp: "_Importer", params: dict, x: list[str], eqn: Any) -> list[str]:
+    return [imp.gather(x[0], x[1], params)]
+
+
+@importer("convert_element_type")
+def _convert(imp: "_Importer", params: dict, x: list[str], eqn: Any) -> list[str]:
+    return [imp.b.cast(x[0], dtype_of(str(params["new_dtype"]), "convert_element_type"))]
+
+
+@importer("select_n")
+def _select_n(imp: "_Importer", params: dict, x: list[str], eqn: Any) -> list[str]:
+    return [imp.select_n(x[0], x[1:])]
+
+
+@importer("broadcast_in_dim")
+def _broadcast_in_dim(imp: "_Importer", params: dict, x: list[str], eqn: Any) -> list[str]:
+    b = imp.b
+    shape, dims = tuple(params["shape"]), tuple(int(d) for d in params["broadcast_dimensions"])
+    inner = [1] * len(shape)
+    for d, size in zip(dims, b.type(x[0]).shape):
+        inner[d] = size
+    return [b.broadcast(b.reshape(x[0], inner), shape)]
+
+
+@importer("reshape")
+def _reshape(imp: "_Importer", params: dict, x: list[str], eqn: Any) -> list[str]:
+    if params.get("dimensions") is not None:
+        raise ModelImportError(f"reshape with dimensions={params['dimensions']} is not supported")
+    return [imp.b.reshape(x[0], params["new_sizes"])]
+
+
+@importer("squeeze", "expand_dims")
+def _squeeze(imp: "_Importer", params: dict, x: list[str], eqn: Any) -> list[str]:
+    return [imp.b.reshape(x[0], eqn.outvars[0].aval.shape)]
+
+
+@importer("transpose")
+def _transpose(imp: "_Importer", params: dict, x: list[str], eqn: Any) -> list[str]:
+    return [imp.b.op("transpose", x, {"perm": tuple(int(p) for p in params["permutation"])})]
+
+
+@importer(*_REDUCE)
+def _reduce(imp: "_Importer", params: dict, x: list[str], eqn: Any) -> list[str]:
+    attrs = {"axes": tuple(int(a) for a in params["axes"]), "keepdims": False}
+    return [imp.b.op(_REDUCE[eqn.primitive.name], x, attrs)]
+
+
+@importer(*_SCANS)
+def _scan(imp: "_Importer", params: dict, x: list[str], eqn: Any) -> list[str]:
+    """``lax.cumsum`` / ``cumprod`` / ``cummax`` / ``cummin`` / ``cumlogsumexp``: an inclusive ``scan``."""
+    attrs = {"kind": _SCANS[eqn.primitive.name], "axis": int(params["axis"]), "reverse": bool(params["reverse"])}
+    return [imp.b.op("scan", x, attrs)]
+
+
+@importer("dot_general")
+def _dot_general_rule(imp: "_Importer", params: dict, x: list[str], eqn: Any) -> list[str]:
+    return [imp.dot_general(x[0], x[1], params)]
+
+
+@importer("concatenate")
+def _concatenate(imp: "_Importer", params: dict, x: list[str], eqn: Any) -> list[str]:
+    return [imp.b.op("concat", x, {"axis": int(params["dimension"])})]
+
+
+@importer("stack")
+def _stack(imp: "_Importer", params: dict, x: list[str], eqn: Any) -> list[str]:
+    """``jnp.stack``: each operand given a unit axis at ``axis``, then concatenated along it."""
+    b, axis = imp.b, int(params["axis"])
+    shape = list(b.type(x[0]).shape)
+    return [b.concat([b.reshape(v, shape[:axis] + [1] + shape[axis:]) for v in x], axis)]
+
+
+@importer("slice")
+def _slice(imp: "_Importer", params: dict, x: list[str], eqn: Any) -> list[str]:
+    strides = params.get("strides") or (1,) * imp.b.type(x[0]).rank
+    attrs = {"start": tuple(params["start_indices"]), "stop": tuple(params["limit_indices"]), "step": tuple(strides)}
+    return [imp.b.op("slice", x, attrs)]
+
+
+@importer("split")
+def _split(imp: "_Importer", params: dict, x: list[str], eqn: Any) -> list[str]:
+    axis, bounds = int(params["axis"]), np.cumsum([0, *params["sizes"]]).tolist()
+    return [imp.b.slice_axis(x[0], axis, lo, hi) for lo, hi in zip(bounds, bounds[1:])]
+
+
+@importer("dynamic_update_slice")
+def _dynamic_update_slice_rule(imp: "_Importer", params: dict, x: list[str], eqn: Any) -> list[str]:
+    return [imp.dynamic_update_slice(x[0], x[1], imp.start_vector(x[2:]))]
+
+
+@importer("dynamic_slice")
+def _dynamic_slice_rule(imp: "_Importer", params: dict, x: list[str], eqn: Any) -> list[str]:
+    return [imp.dynamic_slice(x[0], x[1:], tuple(int(d) for d in params["slice_sizes"]))]
+
+
+@importer("scatter")
+def _scatter_rule(imp: "_Importer", params: dict, x: list[str], eqn: Any) -> list[str]:
+    return [imp.scatter(x[0], x[1], x[2], params)]
+
+
+@importer("iota")
+def _iota(imp: "_Importer", params: dict, x: list[str], eqn: Any) -> list[str]:
+    dtype = dtype_of(str(params["dtype"]), "iota")
+    shape, dim = tuple(params["shape"]), int(params["dimension"])
+    ramp = np.arange(shape[dim]).reshape([-1 if a == dim else 1 for a in range(len(shape))])
+    return [imp.b.constant(np.broadcast_to(ramp, shape).astype(dtype.numpy), dtype, "iota", inline=True)]
 
 
 def _is_array(value: Any) -> bool:

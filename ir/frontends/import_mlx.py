@@ -44,6 +44,7 @@ from .importing import (
     dtype_of,
     graph_name,
     parameter_names,
+    roots,
     walk,
 )
 from .mlx_slices import point_scatter, slice_update, strided_slice, wrapped_indices
@@ -153,136 +154,265 @@ def _quantize(b: GraphBuilder, r: _Record, w: str) -> list[str]:
     return [b.op("quantize", [w], {**attrs, "output": part}) for part in ("wq", "scales", "biases")]
 
 
-def _emit(b: GraphBuilder, r: _Record) -> list[str]:
-    """IR values for the outputs of one primitive."""
-    x = [b.read(i[0]) for i in r.inputs]
+Rule = Callable[[GraphBuilder, _Record, list[str]], list[str]]
+IMPORTERS: dict[str, Rule] = {}  # MLX primitive name -> its rule: (builder, record, operand values) -> output values
+
+
+def importer(*names: str) -> Callable[[Rule], Rule]:
+    """Register the decorated rule as the import of the MLX primitives ``names``."""
+
+    def register(rule: Rule) -> Rule:
+        for name in names:
+            IMPORTERS[name] = rule
+        return rule
+
+    return register
+
+
+def _op(op: str, swapped: bool = False) -> Rule:
+    """The rule of a primitive that is one IR op on its operands (``swapped``: the two operands exchanged)."""
+    return lambda b, r, x: [b.op(op, x[::-1] if swapped else x)]
+
+
+IMPORTERS.update({name: _op(op) for name, op in {**_BINARY, **_UNARY}.items()})
+IMPORTERS.update({name: _op(op, swapped=True) for name, op in _SWAPPED.items()})
+IMPORTERS.update({name: lambda b, r, x: [x[0]] for name in _ALIASES})
+IMPORTERS.update({name: lambda b, r, x: [b.reshape(x[0], r.out_type().shape)] for name in _RESHAPES})
+
+
+@importer(*_ROUNDING)
+def _rounding(b: GraphBuilder, r: _Record, x: list[str]) -> list[str]:
+    return [b.op(_ROUNDING[r.name], x) if b.type(x[0]).dtype.is_float else x[0]]
+
+
+@importer("ArgReduce")
+def _arg_reduce(b: GraphBuilder, r: _Record, x: list[str]) -> list[str]:
+    kind, axis = r.args
+    return [b.op(_ARG_REDUCE[kind], x, {"axis": axis, "keepdims": True})]
+
+
+@importer("Convolution")
+def _convolution(b: GraphBuilder, r: _Record, x: list[str]) -> list[str]:
+    return [_conv1d(b, r, *x)]
+
+
+@importer("Scan")
+def _scan(b: GraphBuilder, r: _Record, x: list[str]) -> list[str]:
+    kind, axis, reverse, inclusive = r.args
     out = r.out_type()
-    name = r.name
-    if name in _BINARY:
-        return [b.op(_BINARY[name], x)]
-    if name in _SWAPPED:
-        return [b.op(_SWAPPED[name], [x[1], x[0]])]
-    if name in _UNARY:
-        return [b.op(_UNARY[name], x)]
-    if name in _ALIASES:
-        return [x[0]]
-    if name in _ROUNDING:
-        return [b.op(_ROUNDING[name], x) if b.type(x[0]).dtype.is_float else x[0]]
-    if name == "ArgReduce":
-        kind, axis = r.args
-        return [b.op(_ARG_REDUCE[kind], x, {"axis": axis, "keepdims": True})]
-    if name == "Convolution":
-        return [_conv1d(b, r, *x)]
-    if name == "Scan":
-        kind, axis, reverse, inclusive = r.args
-        operand = x[0] if b.type(x[0]).dtype is out.dtype else b.cast(x[0], out.dtype)  # cumsum of bools: int32
-        attrs = {"kind": _SCAN[kind], "axis": axis, "reverse": reverse, "inclusive": inclusive}
-        return [b.op("scan", [operand], attrs)]
-    if name in _RESHAPES:
-        return [b.reshape(x[0], out.shape)]
-    if name == "Square":
-        return [b.op("mul", [x[0], x[0]])]
-    if name == "Sqrt":
-        return [b.op("rsqrt" if r.args[0] else "sqrt", x)]
-    if name == "NotEqual":
-        return [b.op("logical_not", [b.op("equal", x)])]
-    if name == "Log":
-        if r.args[0] != _NATURAL_LOG:
-            raise ModelImportError(f"{r.where()}: only the natural logarithm is supported (not log2/log10)")
-        return [b.op("log", x)]
-    if name == "AddMM":
-        alpha, beta = r.args
-        return [b.op("addmm", [x[2], x[0], x[1]], {"alpha": alpha, "beta": beta})]
-    if name == "GatherAxis":
-        axis = r.args[0]
-        indices = wrapped_indices(b, x[1], b.type(x[0]).shape[axis])
-        return [b.op("take_along_axis", [x[0], indices], {"axis": axis})]
-    if name == "GatherMM":
-        return [_gather_mm(b, *x)]
-    if name == "BitwiseBinary":
-        if r.args[0] in _SHIFTS and native_dtype_name(r.inputs[0][2]) == "uint32":
-            raise ModelImportError(
-                f"{r.where()}: shifts of packed uint32 words are not imported. mx.dequantize records no primitive of "
-                "its own: MLX exports it as these shifts, a cast, a multiply and an add. Use mx.quantized_matmul on "
-                "the packed weights (imported as quantized_matmul), or dequantize them before the import"
-            )
-        if r.args[0] not in _BITWISE or b.type(x[0]).dtype is not DType.bool:
-            raise ModelImportError(f"{r.where()}: only bool and/or are supported")
-        return [b.op(_BITWISE[r.args[0]], x)]
-    if name == "Select":
-        return [b.op("where", x)]
-    if name == "AsType":
-        source = native_dtype_name(r.inputs[0][2])
-        if native_dtype_name(r.args[0]) in _WIDE_INTS and source != "int32" and source not in _WIDE_INTS:
-            raise ModelImportError(f"{r.where()}: a cast to {native_dtype_name(r.args[0])} is imported only from int32")
-        return [b.cast(x[0], out.dtype)]
-    if name == "Broadcast":
-        return [b.broadcast(x[0], r.args[0])]
-    if name == "Transpose":
-        return [b.op("transpose", x, {"perm": tuple(r.args[0])})]
-    if name == "Slice":
-        start, _stop, step = r.args  # MLX's stop is as written (-1, beyond the size): the result's size says it
-        return [strided_slice(b, x[0], start, step, out.shape, r.where())]
-    if name == "SliceUpdate":
-        kind, start, _stop, step = r.args
-        if kind != 4:
-            raise ModelImportError(f"{r.where()}: only plain assignment (SliceUpdate None) is supported")
-        return [slice_update(b, x[0], x[1], start, step, r.where())]
-    if name == "Concatenate":
-        return [b.op("concat", x, {"axis": r.args[0]})]
-    if name == "Split":
-        indices, axis = r.args
-        bounds = [0, *indices, b.type(x[0]).shape[axis]]
-        return [b.slice_axis(x[0], axis, lo, hi) for lo, hi in zip(bounds, bounds[1:])]
-    if name == "Pad":
-        axes, low, high = r.args
-        y = x[0]
-        for axis, lo, hi in zip(axes, low, high):
-            if lo < 0 or hi < 0:
-                raise ModelImportError(f"{r.where()}: negative padding is not supported")
-            y = b.pad_axis(y, axis, lo, hi, x[1])
-        return [y]
-    if name == "Reduce":
-        kind, axes = r.args
-        if kind not in _REDUCE:
-            raise ModelImportError(f"{r.where()}: reduce type {kind} is not supported (sum and max are)")
-        return [b.op(_REDUCE[kind], x, {"axes": tuple(axes), "keepdims": True})]
-    if name == "Softmax":
-        return [b.op("softmax", x, {"axis": -1, "precise": bool(r.args[0])})]
-    if name == "Matmul":
-        return [b.op("matmul", x)]
-    if name == "QuantizedMatmul":
-        return [_quantized_matmul(b, r, x)]
-    if name == "Quantize":
-        return _quantize(b, r, x[0])
-    if name == "Arange":
-        start, stop, step = r.args
-        values = np.arange(start, stop, step).astype(out.dtype.numpy)
-        return [b.constant(values, out.dtype, "arange", inline=True)]
-    if name == "Gather":
-        axes, slice_sizes = r.args
-        shape = b.type(x[0]).shape
-        indices = [wrapped_indices(b, i, shape[a]) for i, a in zip(x[1:], axes)]
-        return [b.gather(x[0], indices, tuple(axes), tuple(slice_sizes))]
-    if name == "ArgPartition":
-        kth, axis = r.args
-        return [b.op("argpartition", x, {"kth": kth, "axis": axis})]
-    if name == "Partition":  # mx.partition, mx.topk: the values at argpartition's indices
-        kth, axis = r.args
-        order = b.op("argpartition", x, {"kth": kth, "axis": axis})
-        return [b.op("take_along_axis", [x[0], order], {"axis": axis})]
-    if name == "ScatterAxis":
-        kind, axis = r.args
-        if kind != 1:
-            raise ModelImportError(f"{r.where()}: only plain put_along_axis (ScatterAxis None) is supported")
-        return [b.op("put_along_axis", [x[0], b.cast(x[1], DType.int32), x[2]], {"axis": axis})]
-    if name == "Scatter":  # x[i, j, k] = v
-        kind, axes = r.args
-        if kind != 4:
-            raise ModelImportError(f"{r.where()}: only plain assignment (Scatter None) is supported")
-        return [point_scatter(b, x[0], x[1:-1], x[-1], axes, r.where())]
-    hint = " (evaluate the parameters first: mx.eval(model.parameters()))" if name == "RandomBits" else ""
-    raise ModelImportError(f"unsupported MLX primitive {r.where()}{hint}")
+    operand = x[0] if b.type(x[0]).dtype is out.dtype else b.cast(x[0], out.dtype)  # cumsum of bools: int32
+    attrs = {"kind": _SCAN[kind], "axis": axis, "reverse": reverse, "inclusive": inclusive}
+    return [b.op("scan", [operand], attrs)]
+
+
+@importer("Square")
+def _square(b: GraphBuilder, r: _Record, x: list[str]) -> list[str]:
+    return [b.op("mul", [x[0], x[0]])]
+
+
+@importer("Sqrt")
+def _sqrt(b: GraphBuilder, r: _Record, x: list[str]) -> list[str]:
+    return [b.op("rsqrt" if r.args[0] else "sqrt", x)]
+
+
+@importer("NotEqual")
+def _not_equal(b: GraphBuilder, r: _Record, x: list[str]) -> list[str]:
+    return [b.op("logical_not", [b.op("equal", x)])]
+
+
+@importer("Log")
+def _log(b: GraphBuilder, r: _Record, x: list[str]) -> list[str]:
+    if r.args[0] != _NATURAL_LOG:
+        raise ModelImportError(f"{r.where()}: only the natural logarithm is supported (not log2/log10)")
+    return [b.op("log", x)]
+
+
+@importer("AddMM")
+def _addmm(b: GraphBuilder, r: _Record, x: list[str]) -> list[str]:
+    alpha, beta = r.args
+    return [b.op("addmm", [x[2], x[0], x[1]], {"alpha": alpha, "beta": beta})]
+
+
+@importer("GatherAxis")
+def _gather_axis(b: GraphBuilder, r: _Record, x: list[str]) -> list[str]:
+    axis = r.args[0]
+    indices = wrapped_indices(b, x[1], b.type(x[0]).shape[axis])
+    return [b.op("take_along_axis", [x[0], indices], {"axis": axis})]
+
+
+@importer("GatherMM")
+def _gather_mm_rule(b: GraphBuilder, r: _Record, x: list[str]) -> list[str]:
+    return [_gather_mm(b, *x)]
+
+
+@importer("BitwiseBinary")
+def _bitwise(b: GraphBuilder, r: _Record, x: list[str]) -> list[str]:
+    if r.args[0] in _SHIFTS and native_dtype_name(r.inputs[0][2]) == "uint32":
+        raise ModelImportError(
+            f"{r.where()}: shifts of packed uint32 words are not imported. mx.dequantize records no primitive of "
+            "its own: MLX exports it as these shifts, a cast, a multiply and an add. Use mx.quantized_matmul on "
+            "the packed weights (imported as quantized_matmul), or dequantize them before the import"
+        )
+    if r.args[0] not in _BITWISE or b.type(x[0]).dtype is not DType.bool:
+        raise ModelImportError(f"{r.where()}: only bool and/or are supported")
+    return [b.op(_BITWISE[r.args[0]], x)]
+
+
+@importer("Select")
+def _select(b: GraphBuilder, r: _Record, x: list[str]) -> list[str]:
+    return [b.op("where", x)]
+
+
+@importer("AsType")
+def _as_type(b: GraphBuilder, r: _Record, x: list[str]) -> list[str]:
+    source = native_dtype_name(r.inputs[0][2])
+    if native_dtype_name(r.args[0]) in _WIDE_INTS and source != "int32" and source not in _WIDE_INTS:
+        raise ModelImportError(f"{r.where()}: a cast to {native_dtype_name(r.args[0])} is imported only from int32")
+    return [b.cast(x[0], r.out_type().dtype)]
+
+
+@importer("Broadcast")
+def _broadcast(b: GraphBuilder, r: _Record, x: list[str]) -> list[str]:
+    return [b.broadcast(x[0], r.args[0])]
+
+
+@importer("Transpose")
+def _transpose(b: GraphBuilder, r: _Record, x: list[str]) -> list[str]:
+    return [b.op("transpose", x, {"perm": tuple(r.args[0])})]
+
+
+@importer("Slice")
+def _slice(b: GraphBuilder, r: _Record, x: list[str]) -> list[str]:
+    start, _stop, step = r.args  # MLX's stop is as written (-1, beyond the size): the result's size says it
+    return [strided_slice(b, x[0], start, step, r.out_type().shape, r.where())]
+
+
+@importer("SliceUpdate")
+def _slice_update(b: GraphBuilder, r: _Record, x: list[str]) -> list[str]:
+    kind, start, _stop, step = r.args
+    if kind != 4:
+        raise ModelImportError(f"{r.where()}: only plain assignment (SliceUpdate None) is supported")
+    return [slice_update(b, x[0], x[1], start, step, r.where())]
+
+
+@importer("Concatenate")
+def _concatenate(b: GraphBuilder, r: _Record, x: list[str]) -> list[str]:
+    return [b.op("concat", x, {"axis": r.args[0]})]
+
+
+@importer("Split")
+def _split(b: GraphBuilder, r: _Record, x: list[str]) -> list[str]:
+    indices, axis = r.args
+    bounds = [0, *indices, b.type(x[0]).shape[axis]]
+    return [b.slice_axis(x[0], axis, lo, hi) for lo, hi in zip(bounds, bounds[1:])]
+
+
+@importer("Pad")
+def _pad(b: GraphBuilder, r: _Record, x: list[str]) -> list[str]:
+    axes, low, high = r.args
+    y = x[0]
+    for axis, lo, hi in zip(axes, low, high):
+        if lo < 0 or hi < 0:
+            raise ModelImportError(f"{r.where()}: negative padding is not supported")
+        y = b.pad_axis(y, axis, lo, hi, x[1])
+    return [y]
+
+
+@importer("Reduce")
+def _reduce(b: GraphBuilder, r: _Record, x: list[str]) -> list[str]:
+    kind, axes = r.args
+    if kind not in _REDUCE:
+        raise ModelImportError(f"{r.where()}: reduce type {kind} is not supported (sum and max are)")
+    return [b.op(_REDUCE[kind], x, {"axes": tuple(axes), "keepdims": True})]
+
+
+@importer("Softmax")
+def _softmax(b: GraphBuilder, r: _Record, x: list[str]) -> list[str]:
+    return [b.op("softmax", x, {"axis": -1, "precise": bool(r.args[0])})]
+
+
+@importer("Matmul")
+def _matmul(b: GraphBuilder, r: _Record, x: list[str]) -> list[str]:
+    return [b.op("matmul", x)]
+
+
+@importer("QuantizedMatmul")
+def _quantized_matmul_rule(b: GraphBuilder, r: _Record, x: list[str]) -> list[str]:
+    return [_quantized_matmul(b, r, x)]
+
+
+@importer("Quantize")
+def _quantize_rule(b: GraphBuilder, r: _Record, x: list[str]) -> list[str]:
+    return _quantize(b, r, x[0])
+
+
+@importer("Arange")
+def _arange(b: GraphBuilder, r: _Record, x: list[str]) -> list[str]:
+    start, stop, step = r.args
+    dtype = r.out_type().dtype
+    return [b.constant(np.arange(start, stop, step).astype(dtype.numpy), dtype, "arange", inline=True)]
+
+
+@importer("Gather")
+def _gather(b: GraphBuilder, r: _Record, x: list[str]) -> list[str]:
+    axes, slice_sizes = r.args
+    shape = b.type(x[0]).shape
+    indices = [wrapped_indices(b, i, shape[a]) for i, a in zip(x[1:], axes)]
+    return [b.gather(x[0], indices, tuple(axes), tuple(slice_sizes))]
+
+
+@importer("ArgPartition")
+def _arg_partition(b: GraphBuilder, r: _Record, x: list[str]) -> list[str]:
+    kth, axis = r.args
+    return [b.op("argpartition", x, {"kth": kth, "axis": axis})]
+
+
+@importer("Partition")
+def _partition(b: GraphBuilder, r: _Record, x: list[str]) -> list[str]:
+    """``mx.partition``, ``mx.topk``: the values at argpartition's indices."""
+    kth, axis = r.args
+    order = b.op("argpartition", x, {"kth": kth, "axis": axis})
+    return [b.op("take_along_axis", [x[0], order], {"axis": axis})]
+
+
+@importer("ScatterAxis")
+def _scatter_axis(b: GraphBuilder, r: _Record, x: list[str]) -> list[str]:
+    kind, axis = r.args
+    if kind != 1:
+        raise ModelImportError(f"{r.where()}: only plain put_along_axis (ScatterAxis None) is supported")
+    return [b.op("put_along_axis", [x[0], b.cast(x[1], DType.int32), x[2]], {"axis": axis})]
+
+
+@importer("Scatter")
+def _scatter(b: GraphBuilder, r: _Record, x: list[str]) -> list[str]:
+    """``x[i, j, k] = v``."""
+    kind, axes = r.args
+    if kind != 4:
+        raise ModelImportError(f"{r.where()}: only plain assignment (Scatter None) is supported")
+    return [point_scatter(b, x[0], x[1:-1], x[-1], axes, r.where())]
+
+
+def _emit(b: GraphBuilder, r: _Record, fn: Callable) -> list[str]:
+    """IR values for the outputs of one primitive of ``fn``: its rule in :data:`IMPORTERS`."""
+    rule = IMPORTERS.get(r.name)
+    if rule is None:
+        hint = _random_bits_hint(fn) if r.name == "RandomBits" else ""
+        raise ModelImportError(
+            f"unsupported MLX primitive {r.where()}{hint}; the MLX importer supports {', '.join(sorted(IMPORTERS))}"
+        )
+    return rule(b, r, [b.read(i[0]) for i in r.inputs])
+
+
+def _random_bits_hint(fn: Callable) -> str:
+    """Why ``fn`` draws random bits: a dropout layer in training mode (MLX modules start in it), else parameters
+    not evaluated yet (their initialisers are random)."""
+    import mlx.nn as nn
+
+    dropouts = (nn.Dropout, nn.Dropout2d, nn.Dropout3d)
+    for _name, root in roots(fn):
+        if _is_module(root) and any(isinstance(m, dropouts) and m.training for m in root.modules()):
+            return " (a module is in training mode and its dropout draws random bits: call model.eval() first)"
+    return " (evaluate the parameters first: mx.eval(model.parameters()))"
 
 
 def _buffer_key(array: Any) -> tuple | None:
@@ -507,7 +637,7 @@ def from_mlx(
         r = _Record(record)
         b.loc = lines.get(index) or SourceLoc(f"mlx:{b.graph.name}", index, r.name)
         try:
-            values = _emit(b, r)
+            values = _emit(b, r, fn)
             for (key, shape, _dtype), value in zip(r.outputs, values):
                 if b.type(value).shape != tuple(shape):
                     raise ModelImportError(f"{r.where()}: imported as {b.type(value)}, MLX says shape {list(shape)}")

@@ -83,7 +83,7 @@ class ImportedGraph:
         return cls(graph, load_weights(graph, file) if file is not None else {})
 
 
-def _roots(fn: Callable) -> list[tuple[str | None, Any]]:
+def roots(fn: Callable) -> list[tuple[str | None, Any]]:
     """What ``fn`` reads captured arrays through: itself or its ``__self__`` (unnamed), its closure, its globals;
     for a wrapper (``jax.jit(f)``, a ``functools.wraps`` decorator) then those of the function it wraps."""
     inner = inspect.unwrap(fn)
@@ -124,11 +124,11 @@ def captured_paths(
     function's own object and, when the function reads exactly one module, that module's paths:
     weights keep the names a checkpoint gives them (``model.layers.0.self_attn.q_proj.weight``).
     """
-    roots = _roots(fn)
-    modules = [name for name, value in roots if name is not None and is_module(value)]
+    found_roots = roots(fn)
+    modules = [name for name, value in found_roots if name is not None and is_module(value)]
     bare = {None} | ({modules[0]} if len(modules) == 1 else set())
     found: list[tuple[str, Any]] = []
-    for name, root in roots:
+    for name, root in found_roots:
         for path, array in leaves(root):
             found.append((join_path(None if name in bare else name, path), array))
     return found

@@ -127,9 +127,11 @@ EMITTERS["conv1d"] = _conv1d
 
 
 def _scan(n: Node, a: list[str], env: EmitEnv) -> str:
-    """``mx.cumsum`` / ``cumprod`` / ``cummax`` / ``cummin``, which take reverse and inclusive as the op does."""
+    """``mx.cumsum`` / ``cumprod`` / ``cummax`` / ``cummin`` / ``logcumsumexp``, which take reverse and inclusive
+    as the op does."""
     at = n.attrs
-    return f"mx.cum{at['kind']}({a[0]}, axis={at['axis']}, reverse={at['reverse']}, inclusive={at['inclusive']})"
+    fn = "logcumsumexp" if at["kind"] == "logsumexp" else f"cum{at['kind']}"
+    return f"mx.{fn}({a[0]}, axis={at['axis']}, reverse={at['reverse']}, inclusive={at['inclusive']})"
 
 
 EMITTERS["scan"] = _scan
