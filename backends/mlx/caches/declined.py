@@ -42,6 +42,11 @@ ROWS: dict[tuple[str, str], str] = {
     (MLX_VLM, "BatchPoolingCache"): "pooled states of a compressing layer (no keys and values per position)",
     ("mlx_vlm.models.hy_v4.cache", "HyV4KVCache"): f"HunyuanV4's cache: {NO_PREFIX}",
     ("mlx_vlm.models.unlimited_ocr.language", "RingSlidingKVCache"): f"a sliding ring of unlimited_ocr: {NO_PREFIX}",
+    **{
+        ("mlx_vlm.models.minimax_m3_vl.language", name): f"MiniMax-M3's {name} (a KV cache beside an index-key "
+        f"cache for its own sparse selection): {NO_PREFIX}"
+        for name in ("MiniMaxM3KVCache", "MiniMaxM3BatchKVCache")
+    },
 }
 
 
