@@ -42,7 +42,9 @@ from attnpass.ir.core.arguments import describe
 from attnpass.ir.core.types import short_repr
 from attnpass.ir.frontends.importing import graph_name
 from attnpass.lowering import Program, lower
-from attnpass.passes import Pass, PassManager, PassResult, Remark, default_pipeline, format_pipeline, parse_pipeline
+from attnpass.passes import (
+    Decline, Pass, PassManager, PassResult, Remark, default_pipeline, format_pipeline, parse_pipeline,
+)  # fmt: skip
 
 MAX_SIGNATURES = 64
 RAISE = "raise-attention"  # imported graphs hold attention as primitives: raise it to sdpa before anything else
@@ -172,7 +174,8 @@ class Specialization:
     ``imported`` is the imported graph and its captured arrays, ``result`` the
     pipeline's result (``graph``, ``remarks`` and ``ops`` are shortcuts),
     ``program`` the lowered program; ``reason`` is None when compiled, else the
-    failed stage and its error; ``seconds`` is the time the signature took to
+    failed stage and its error, or the message of ``declined`` (the wrapper's
+    ``decline`` hook's decision); ``seconds`` is the time the signature took to
     build; ``call(arrays)`` runs the compiled program on a call's array
     arguments (None when the signature runs the original function).
     """
@@ -185,6 +188,7 @@ class Specialization:
     reason: str | None
     seconds: float
     call: Callable[[list], Any] | None = field(default=None, repr=False, compare=False)
+    declined: Decline | None = None
 
     @property
     def compiled(self) -> bool:
@@ -344,8 +348,8 @@ class CompiledFunction:
     cached signatures (least recently used first), ``specialization(*args)`` the
     one of a call, ``traces`` counts the signatures built so far, and
     ``explain()`` prints each signature with its remarks. ``decline``, given the
-    rewritten graph, may return a reason to run the original function instead:
-    the signature is then neither lowered nor compiled (a decision, not a
+    pipeline's result, may return a :class:`~attnpass.passes.infra.rewrite.Decline` to run the original
+    function instead: the signature is then neither lowered nor compiled (a decision, not a
     failure: no warning, even with ``strict``).
     """
 
@@ -358,7 +362,7 @@ class CompiledFunction:
         strict: bool,
         max_signatures: int,
         name: str,
-        decline: Callable[[Graph], str | None] | None = None,
+        decline: Callable[[PassResult], Decline | None] | None = None,
     ) -> None:
         require_int(name, "max_signatures", max_signatures)
         functools.update_wrapper(self, fn)
@@ -424,10 +428,11 @@ class CompiledFunction:
             stage = "pipeline"
             result = PassManager(self._passes).run(imported.graph)
             check_calling_convention(imported.graph, result.graph)
-            declined = self._decline(result.graph) if self._decline is not None else None
+            declined = self._decline(result) if self._decline is not None else None
             if declined is not None:
                 seconds = time.perf_counter() - start
-                return Specialization(text, self.pipeline, imported, result, None, declined, seconds), ()
+                entry = Specialization(text, self.pipeline, imported, result, None, declined.message, seconds)
+                return dataclasses.replace(entry, declined=declined), ()
             stage = "lowering"
             program = lower(result.graph, self._frontend.target)
             stage = "compiled call"

@@ -79,7 +79,7 @@ def qsa_layer(model, opt, states: list, rows: int, dtype, union_rows: int, union
     """Seconds of the first QSA layer's parts for ``rows`` new rows on the filled cache (module docstring)."""
     from mlx_vlm.models.qwen4_exp.qsa_kernel import dispatch_qsa_attention
 
-    from attnpass.backends.mlx.lm import route_qsa
+    from attnpass.backends.mlx.clients import route_qsa
 
     index = next(i for i, s in enumerate(states) if s is not None)
     attention = model.layers[index].self_attn

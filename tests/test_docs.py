@@ -37,7 +37,7 @@ PAGES = {
         prints=(
             "attnpass.backends.mlx.compile(decode): 1 signature(s) cached, 1 trace(s)",
             "<OptimizedModel Model (restored): 1 trace(s), 0 routed>",  # on CPU: every call under MIN_KEYS
-            "declined: 36 x fewer cache rows than the routed minimum",
+            "declined: 36 x short_context",
         ),
     ),
     "docs/dropin.md": Page(1, ("jax",), prints=("(1, 8, 4, 64) 1",)),

@@ -60,7 +60,6 @@ def bf16_steps(actual: np.ndarray, expected: np.ndarray) -> float:
 @pytest.mark.parametrize("family, dtype", [("llama", "bfloat16"), ("qwen3", "bfloat16"), ("llama", "float32")])
 def test_greedy_tokens_are_identical_and_a_signature_per_32_decode_rows(family, dtype, tokenizer):
     from attnpass.backends.mlx import optimize
-    from attnpass.backends.mlx.lm import FUSED
     from attnpass.ir import DType
     from attnpass.models import tiny_lm
 
@@ -75,14 +74,13 @@ def test_greedy_tokens_are_identical_and_a_signature_per_32_decode_rows(family, 
     # KVCache, given cut to 32, 64 and 96 rows (buffer_rows): one signature each, and the prefill's
     assert opt.traces == 4
     keys = [f"keys:{DType.parse(dtype).short}[1,2,{rows},128]" for rows in (32, 32, 64, 96)]
-    assert [e.signature.split(", ")[1] for e in opt.compiled.specializations] == keys
-    assert opt.declined == {FUSED: 2}  # the prefill chunk, in both layers
+    assert [e.signature.split(", ")[1] for e in opt.programs["attention"].specializations] == keys
+    assert opt.declined == {"fused_kernel_serves": 2}  # the prefill chunk, in both layers
     assert opt.routed >= 2 * (TOKENS - 1)  # both layers of every decode step
 
 
 def test_the_default_pipeline_routes_only_what_it_rewrites(tokenizer):
     from attnpass.backends.mlx import optimize
-    from attnpass.backends.mlx.lm import FUSED
     from attnpass.models import tiny_lm
 
     model = tiny_lm("llama", layers=1)
@@ -91,7 +89,7 @@ def test_the_default_pipeline_routes_only_what_it_rewrites(tokenizer):
         optimized, logprobs = stream(model, tokenizer, max_tokens=16)
     assert optimized == plain and bf16_steps(logprobs, plain_logprobs) <= BF16_STEPS
     # what the device's pipeline leaves as MLX's fused call runs mlx-lm's helper; nothing fails or is declined otherwise
-    assert set(opt.declined) <= {FUSED} and calls(opt) >= 16
+    assert set(opt.declined) <= {"fused_kernel_serves"} and calls(opt) >= 16
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
@@ -103,7 +101,6 @@ def test_a_quantized_kv_cache_is_routed_with_plain_mlx_lms_tokens_bit_for_bit(fa
     import io
 
     from attnpass.backends.mlx import optimize
-    from attnpass.backends.mlx.lm import FUSED
     from attnpass.models import tiny_lm
 
     model = tiny_lm(family, dtype="float32")
@@ -115,9 +112,9 @@ def test_a_quantized_kv_cache_is_routed_with_plain_mlx_lms_tokens_bit_for_bit(fa
     assert_bits_equal(logprobs, plain_logprobs)
     # both layers of every 1-row step: the prompt's last token, then decode one token ahead of the last yielded
     assert opt.routed == 2 * (TOKENS + 1)
-    assert opt.declined == {FUSED: 2}  # the 11-row prefill, on the KVCache mlx-lm quantizes afterwards
+    assert opt.declined == {"fused_kernel_serves": 2}  # the 11-row prefill, on the KVCache mlx-lm quantizes afterwards
     # offsets 12 to 76 of a 256-row buffer: cut to 32, 64 and 96 rows (buffer_rows), one signature each
-    entries = opt.quantized.specializations
+    entries = opt.programs["quantized_attention"].specializations
     words = 128 * bits // 32
     assert [e.signature.split(", kq:")[1].split("], ")[0] for e in entries] == [
         f"uint32[1, 2, {r}, {words}" for r in (32, 64, 96)
@@ -150,7 +147,7 @@ def test_speculative_decoding_is_identical_with_the_verify_steps_routed(tokenize
     assert optimized == plain and len(plain.split()) == TOKENS
     assert tokens == plain_tokens
     assert_bits_equal(logprobs, plain_logprobs)  # the verify steps' log-probabilities too: head-chunk is bit for bit
-    rows = {entry.signature.split(", ")[0] for entry in opt.compiled.specializations}
+    rows = {entry.signature.split(", ")[0] for entry in opt.programs["attention"].specializations}
     assert "queries:bf16[1,24,4,128]" in rows  # a verify step: 3 draft tokens + 1, chunked and routed
     assert opt.routed > 0 and calls(opt_draft) > 0  # the draft's GQA 2 fits the budget: its calls stay fused
 
@@ -176,7 +173,9 @@ def test_one_trace_per_cache_buffer_length(monkeypatch):
         optimized, logprobs = greedy()
     assert optimized == plain
     assert_bits_equal(logprobs, plain_logprobs)  # across every buffer growth (and its stale rows, masked)
-    lengths = sorted({int(e.signature.split("keys:bf16[1,2,")[1].split(",")[0]) for e in opt.compiled.specializations})
+    lengths = sorted(
+        {int(e.signature.split("keys:bf16[1,2,")[1].split(",")[0]) for e in opt.programs["attention"].specializations}
+    )
     # 11 prompt rows fill a 16-row buffer; decode reaches 12 + 63 = 75 rows: buffers 16, 32, 48, 64, 80
     assert lengths == [16, 32, 48, 64, 80]
     assert opt.traces == len(lengths) + 1  # + the 11-row prefill over the first buffer
@@ -186,7 +185,6 @@ def test_caches_without_a_buffer_are_declined_and_counted(tokenizer):
     from mlx_lm.models.cache import ConcatenateKVCache
 
     from attnpass.backends.mlx import optimize
-    from attnpass.backends.mlx.lm import CACHES
     from attnpass.models import tiny_lm
 
     model = tiny_lm("llama", layers=1)
@@ -196,7 +194,7 @@ def test_caches_without_a_buffer_are_declined_and_counted(tokenizer):
     assert tokens == plain
     assert_bits_equal(logprobs, plain_logprobs)  # every call declined: mlx-lm's own, bit for bit
     assert opt.routed == 0 and opt.traces == 0
-    assert list(opt.declined) == [f"ConcatenateKVCache: {CACHES}"]
+    assert list(opt.declined) == ["cache_unrouted"] and "ConcatenateKVCache" in opt.declines["cache_unrouted"].message
 
 
 def test_restore_undoes_the_routing_and_other_models_never_route():
@@ -204,7 +202,7 @@ def test_restore_undoes_the_routing_and_other_models_never_route():
     from mlx_lm.models import base, cache, llama
 
     from attnpass.backends.mlx import optimize
-    from attnpass.backends.mlx.lm import route
+    from attnpass.backends.mlx.clients import route
     from attnpass.models import tiny_lm
 
     model, other = tiny_lm("llama", layers=1), tiny_lm("llama", layers=1)
@@ -261,7 +259,6 @@ def test_the_default_pipeline_is_bit_exact_in_float32_and_within_two_bf16_steps_
 
 def test_a_declined_prefill_is_decided_before_lowering_and_built_once(tokenizer):
     from attnpass.backends.mlx import optimize
-    from attnpass.backends.mlx.lm import FUSED
     from attnpass.models import tiny_lm
 
     model = tiny_lm("llama", layers=1)
@@ -270,9 +267,13 @@ def test_a_declined_prefill_is_decided_before_lowering_and_built_once(tokenizer)
         traces = opt.traces
         assert stream_tokens(model, tokenizer, max_tokens=4) == first
     assert opt.traces == traces == 2  # the 11-row prefill and the decode step, each built once for both runs
-    assert opt.declined == {FUSED: 2}
-    prefill = next(e for e in opt.compiled.specializations if e.signature.startswith("queries:bf16[1,24,11,"))
-    assert prefill.reason == FUSED and prefill.program is None and prefill.call is None  # never lowered or compiled
+    assert opt.declined == {"fused_kernel_serves": 2}
+    prefill = next(
+        e for e in opt.programs["attention"].specializations if e.signature.startswith("queries:bf16[1,24,11,")
+    )
+    assert (
+        prefill.declined.reason == "fused_kernel_serves" and prefill.program is None and prefill.call is None
+    )  # never lowered or compiled
     assert prefill.ops == {"sdpa": 1}
 
 
@@ -301,4 +302,4 @@ def test_the_example_generates_identical_texts(capsys):
 def test_the_example_routes_nothing_below_the_cpu_bound_and_says_why(capsys):
     assert load_example("mlx_lm_optimize").main(tokens=8, dtype="float32")
     out = capsys.readouterr().out
-    assert out.count(" 0 attention call(s) routed") == 3 and "fewer cache rows than the routed minimum" in out
+    assert out.count(" 0 attention call(s) routed") == 3 and "declined short_context: " in out

@@ -1,4 +1,4 @@
-"""mlx-lm's batched generation (``BatchKVCache``) under ``optimize`` (backends/mlx/batched.py).
+"""mlx-lm's batched generation (``BatchKVCache``) under ``optimize`` (backends/mlx/caches/batch.py).
 
 ``batch_generate`` runs three prompts of different lengths (left-padded
 streams, per-stream offsets) on tiny random models in float32, plain and
@@ -37,7 +37,8 @@ def generate(family: str, monkeypatch, **kwargs):
 
     from mlx_lm.generate import batch_generate
 
-    from attnpass.backends.mlx import batched, optimize
+    from attnpass.backends.mlx import optimize
+    from attnpass.backends.mlx.caches import batch as batched
     from attnpass.models import tiny_lm, tiny_tokenizer
 
     model, tokenizer = tiny_lm(family, dtype="float32"), tiny_tokenizer()
@@ -47,7 +48,7 @@ def generate(family: str, monkeypatch, **kwargs):
     monkeypatch.setattr(module, helper, lambda *a, **k: calls.append(1) or original(*a, **k))
     plain = batch_generate(model, tokenizer, PROMPTS, **options)
     monkeypatch.undo()
-    monkeypatch.setattr(batched, "_evaluated_blind_row", _unexpected)  # every mask is one the cache made
+    monkeypatch.setattr(batched, "evaluated_blind_row", _unexpected)  # every mask is one the cache made
     with optimize(model, PIPELINE, strict=True, min_keys=0) as opt:
         optimized = batch_generate(model, tokenizer, PROMPTS, **options)
     assert optimized.token_ids == plain.token_ids
@@ -60,7 +61,7 @@ def generate(family: str, monkeypatch, **kwargs):
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
 def test_batch_generate_is_identical_with_the_prefill_and_every_decode_step_routed(family, monkeypatch):
     opt = generate(family, monkeypatch)
-    shapes = {e.signature.split(", ")[0] for e in opt.compiled.specializations}
+    shapes = {e.signature.split(", ")[0] for e in opt.programs["attention"].specializations}
     # the 3 streams' prefill (8 rows, right-padded), then decode steps of 3, 2 and 1 streams
     assert shapes == {"queries:f32[3,24,8,128]"} | {f"queries:f32[{b},24,1,128]" for b in (3, 2, 1)}
     out = io.StringIO()
@@ -71,7 +72,7 @@ def test_batch_generate_is_identical_with_the_prefill_and_every_decode_step_rout
 def test_continuous_batching_extends_the_running_batch_and_stays_identical(monkeypatch):
     # one prompt prefilled at a time, each joining the decoding batch (BatchKVCache.extend: buffers re-padded)
     opt = generate("llama", monkeypatch, prefill_batch_size=1)
-    shapes = {e.signature.split(", ")[0] for e in opt.compiled.specializations}
+    shapes = {e.signature.split(", ")[0] for e in opt.programs["attention"].specializations}
     assert {"queries:f32[1,24,8,128]", "queries:f32[1,24,3,128]", "queries:f32[3,24,1,128]"} <= shapes
 
 
@@ -79,17 +80,14 @@ def test_the_router_substitutes_the_buffer_with_each_streams_padding_or_declines
     from mlx_lm.models import base
     from mlx_lm.models.cache import BatchKVCache
 
-    from attnpass.backends.mlx import batched, optimize
-    from attnpass.backends.mlx.batched import BLIND_ROW, NO_ARRAY_MASK
-    from attnpass.backends.mlx.lm import OptimizedModel
-    from attnpass.backends.mlx.router import NOT_FETCHED
+    from attnpass.backends.mlx import OptimizedModel, optimize
+    from attnpass.backends.mlx.caches import batch as batched
     from tests.backends.lm_probe import SCALE, Probe
 
     substituted = []
-    program_arguments = OptimizedModel._program_arguments
-    monkeypatch.setattr(OptimizedModel, "_program_arguments", _spy(program_arguments, substituted))
+    monkeypatch.setattr(OptimizedModel, "_run", _spy(OptimizedModel._run, substituted))
     mx.random.seed(0)
-    padding, has_blind_row = [2, 0, 3], batched._has_blind_row
+    padding, has_blind_row = [2, 0, 3], batched.has_blind_row
     probe, kv = Probe(), BatchKVCache(left_padding=padding)
 
     def model_mask(rows: int):  # BatchKVCache.make_mask, as the model builds it before the fetch
@@ -106,37 +104,38 @@ def test_the_router_substitutes_the_buffer_with_each_streams_padding_or_declines
         # a left-padded prefill: its first rows of streams 0 and 2 see no key, mlx-lm's helper gives them its own value
         out, expected = run(5, model_mask(5))
         assert_bits_equal(np.array(out), np.array(expected))
-        assert opt.routed == 0 and opt.declined == {BLIND_ROW: 1}
+        assert opt.routed == 0 and opt.declined == {"rows_without_keys": 1}
         # what the decline avoids: through the padded buffer the blind rows (and only they) would differ
         kv.trim(5)
-        monkeypatch.setattr(batched, "_has_blind_row", lambda *_: False)
+        monkeypatch.setattr(batched, "has_blind_row", lambda *_: False)
         out, expected = run(5, model_mask(5))
-        monkeypatch.setattr(batched, "_has_blind_row", has_blind_row)
+        monkeypatch.setattr(batched, "has_blind_row", has_blind_row)
         differ = np.array(out != expected).any(axis=(1, 3))  # [stream, row]
         assert differ.tolist() == [[r < pad for r in range(5)] for pad in padding] and opt.routed == 1
         for rows in (3, 1, 1):  # every row now sees its stream's keys
             out, expected = run(rows, model_mask(rows))
             assert_bits_equal(np.array(out), np.array(expected))
-            _, buffer_k, _, program_mask, structure = substituted[-1]
-            assert structure is None
+            routed = substituted[-1]
+            _, buffer_k, _, program_mask, _, _ = routed.args
+            assert routed.program == "attention"
             n = kv._idx
             assert_bits_equal(np.array(buffer_k[..., :n, :]), np.array(probe.received[0]))
             visible = np.array(program_mask)
             assert not visible[..., n:].any()  # the unwritten rows, for every stream and query row
             for stream, pad in enumerate(padding):  # each stream's left padding stays masked out
                 assert not visible[stream, ..., :pad].any() and visible[stream, ..., pad:n].any()
-        assert opt.routed == 1 + 3 and opt.declined == {BLIND_ROW: 1}
+        assert opt.routed == 1 + 3 and opt.declined == {"rows_without_keys": 1}
         for mask, kwargs, reason in [
-            (None, {}, NO_ARRAY_MASK),  # mlx-lm's helper would attend the padding: not the streams' attention
-            ("causal", {}, NO_ARRAY_MASK),
-            (model_mask(1), {"fetch": False}, NOT_FETCHED),
-            (model_mask(1), {"between": lambda c: c.trim(1)}, "the cache changed"),
+            (None, {}, "no_array_mask"),  # mlx-lm's helper would attend the padding: not the streams' attention
+            ("causal", {}, "no_array_mask"),
+            (model_mask(1), {"fetch": False}, "not_fetched"),
+            (model_mask(1), {"between": lambda c: c.trim(1)}, "cache_changed"),
         ]:
             declined = dict(opt.declined)
             out, expected = run(1, mask, **kwargs)
             assert_bits_equal(np.array(out), np.array(expected))  # mlx-lm's helper, as without optimize
             new = [r for r in opt.declined if opt.declined[r] > declined.get(r, 0)]
-            assert len(new) == 1 and new[0].startswith(reason)
+            assert new == [reason]
     assert opt.routed == 1 + 3
 
 
@@ -145,8 +144,9 @@ def test_a_mask_the_cache_made_is_decided_as_evaluating_it_would_without_evaluat
     the evaluated one; a mask made with another option is not recorded."""
     from mlx_lm.models.cache import BatchKVCache
 
-    from attnpass.backends.mlx import batched, optimize
-    from attnpass.backends.mlx.router import ACTIVE
+    from attnpass.backends.mlx import optimize
+    from attnpass.backends.mlx.caches import batch as batched
+    from attnpass.backends.mlx.routing import ACTIVE
     from tests.backends.lm_probe import Probe
 
     decided = []
@@ -167,7 +167,7 @@ def test_a_mask_the_cache_made_is_decided_as_evaluating_it_would_without_evaluat
                 cache.update_and_fetch(*mx.zeros((2, len(padding), 1, written, 4)))
             mask = cache.make_mask(rows, window_size=window)
             made, sees = masks[id(mask)]
-            assert made is mask and sees == (not batched._evaluated_blind_row(mask))
+            assert made is mask and sees == (not batched.evaluated_blind_row(mask))
             decided.append(sees)
         mask = BatchKVCache([1, 0]).make_mask(2, right_padding=mx.array([1, 0]))
         assert id(mask) not in masks  # not make_mask's own mask: evaluated when used
@@ -179,8 +179,8 @@ def test_a_left_padded_prefill_is_declined_and_its_decode_routed_without_evaluat
     routed, from the masks the cache made (never evaluated); the logits are plain mlx-lm's bit for bit."""
     from mlx_lm.models.cache import BatchKVCache
 
-    from attnpass.backends.mlx import batched, optimize
-    from attnpass.backends.mlx.batched import BLIND_ROW
+    from attnpass.backends.mlx import optimize
+    from attnpass.backends.mlx.caches import batch as batched
     from attnpass.models import tiny_lm
 
     model, padding, steps = tiny_lm("llama", dtype="float32"), [2, 0, 3], 4
@@ -194,21 +194,22 @@ def test_a_left_padded_prefill_is_declined_and_its_decode_routed_without_evaluat
         return np.array(mx.stack(logits))
 
     plain = run()
-    monkeypatch.setattr(batched, "_evaluated_blind_row", _unexpected)
+    monkeypatch.setattr(batched, "evaluated_blind_row", _unexpected)
     with optimize(model, PIPELINE, strict=True, min_keys=0) as opt:
         optimized = run()
     assert_bits_equal(optimized, plain)
-    assert opt.declined == {BLIND_ROW: 2} and opt.routed == 2 * steps
+    assert opt.declined == {"rows_without_keys": 2} and opt.routed == 2 * steps
 
 
 def _unexpected(mask):
     raise AssertionError(f"a mask {mask.shape} was evaluated: the cache's make_mask made none")
 
 
-def _spy(program_arguments, substituted: list):
-    def spy(self, *args):
-        out = program_arguments(self, *args)
-        substituted.append(out)
-        return out
+def _spy(run, substituted: list):
+    """``OptimizedModel._run`` that also keeps every routed call's program and arguments."""
+
+    def spy(self, routed, original):
+        substituted.append(routed)
+        return run(self, routed, original)
 
     return spy

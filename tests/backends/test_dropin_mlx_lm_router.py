@@ -1,4 +1,4 @@
-"""What ``optimize``'s router substitutes (backends/mlx/lm.py): the cache's buffer only when provably the helper's k/v.
+"""What ``optimize``'s router substitutes (backends/mlx/caches/): the cache's buffer only when provably the helper's k/v.
 
 Every cache class mlx-lm ships goes through a one-attention probe module
 (``tests/backends/lm_probe.py``) under ``optimize``: a routed call must have
@@ -43,7 +43,6 @@ CACHES = {
 
 
 ROUTED = ("KVCache", "QuantizedKVCache", "RotatingKVCache", "ChunkedKVCache", "BatchKVCache")
-CACHES_ROUTED = "only KVCache, QuantizedKVCache, RotatingKVCache and ChunkedKVCache have a buffer to key signatures on"
 
 
 def array_mask(kind: str, rows: int):
@@ -71,19 +70,17 @@ def test_a_cache_class_is_routed_with_the_helpers_own_arrays_or_declined_by_name
     from mlx_lm.models import base, cache
 
     from attnpass.backends.mlx import optimize
-    from attnpass.backends.mlx.batched import NO_ARRAY_MASK
-    from attnpass.backends.mlx.lm import FUSED, OptimizedModel
+    from attnpass.backends.mlx import OptimizedModel
     from tests.backends.lm_probe import SCALE, Probe
 
     substituted = []
-    program_arguments = OptimizedModel._program_arguments
+    run = OptimizedModel._run
 
-    def spy(self, *args):
-        out = program_arguments(self, *args)
-        substituted.append(out)
-        return out
+    def spy(self, routed, original):
+        substituted.append(routed)
+        return run(self, routed, original)
 
-    monkeypatch.setattr(OptimizedModel, "_program_arguments", spy)
+    monkeypatch.setattr(OptimizedModel, "_run", spy)
     mx.random.seed(0)
     probe, kv = Probe(), CACHES[name](cache)
     with optimize(probe, PIPELINE, strict=True, min_keys=0) as opt:
@@ -91,24 +88,25 @@ def test_a_cache_class_is_routed_with_the_helpers_own_arrays_or_declined_by_name
             q = mx.random.normal((1, HEADS, rows, DIM))
             k, v = mx.random.normal((2, 1, KV_HEADS, rows, DIM))
             routed, declined, before = opt.routed, sum(opt.declined.values()), len(substituted)
-            fused = opt.declined[FUSED]
+            fused = opt.declined["fused_kernel_serves"]
             # a copy of q: the quantized helper scales its queries in place
             out = probe(mx.array(q), k, v, kv, array_mask(kind, rows))
             keys, values, mask = probe.received
             expected = base.scaled_dot_product_attention(q, keys, values, cache=kv, scale=SCALE, mask=mask)
-            if len(substituted) > before:  # past the proofs: routed, or declined as FUSED after its pipeline
-                assert name in ROUTED and opt.routed + opt.declined[FUSED] == routed + fused + 1
-                arguments, n = substituted[before], (keys[0] if name == "QuantizedKVCache" else keys).shape[2]
+            if len(substituted) > before:  # past the proofs: routed, or declined as fused after its pipeline
+                assert name in ROUTED and opt.routed + opt.declined["fused_kernel_serves"] == routed + fused + 1
+                routed_call, n = substituted[before], (keys[0] if name == "QuantizedKVCache" else keys).shape[2]
+                arguments = routed_call.args
                 if name == "QuantizedKVCache":  # words, scales and biases of K, then of V, over the buffer's rows
-                    program_mask, length = arguments[-1], arguments[1].shape[2]
-                    assert len(arguments) == 8
-                    for buffer, array in zip(arguments[1:-1], (*keys, *values)):
+                    program_mask, length = arguments[7], arguments[1].shape[2]
+                    assert routed_call.program == "quantized_attention" and len(arguments) == 11
+                    for buffer, array in zip(arguments[1:7], (*keys, *values)):
                         assert_bits_equal(np.array(buffer[..., :n, :]), np.array(array))
                     visible = np.array(program_mask if program_mask.dtype == mx.bool_ else program_mask > -1e30)
                     assert not np.broadcast_to(visible, (1, 1, rows, length))[..., n:].any()
                     assert_bits_equal(np.array(out), np.array(expected))
                     continue
-                _, program_k, program_v, program_mask, structure = arguments
+                program_k, program_v, program_mask, structure = program_arrays(routed_call)
                 if program_k.shape[2] >= n:  # the buffer (or the keys themselves): its first n rows are the keys
                     assert_bits_equal(np.array(program_k[..., :n, :]), np.array(keys))
                     assert_bits_equal(np.array(program_v[..., :n, :]), np.array(values))
@@ -131,12 +129,22 @@ def test_a_cache_class_is_routed_with_the_helpers_own_arrays_or_declined_by_name
     if name in ("KVCache", "QuantizedKVCache"):
         assert opt.routed == len(STEPS) and not opt.declined
     elif name == "BatchKVCache":  # the streams' padding is in the model's mask: calls without an array one declined
-        assert opt.routed == 2 and opt.declined == {NO_ARRAY_MASK: 2}
+        assert opt.routed == 2 and opt.declined == {"no_array_mask": 2}
     elif name in ROUTED:  # the steps of several rows get a causal structure, which decompose-sdpa leaves fused
-        assert opt.routed == 2 and opt.declined == {FUSED: 2}
+        assert opt.routed == 2 and opt.declined == {"fused_kernel_serves": 2}
     else:
         assert opt.routed == 0
-        assert opt.declined == {f"{name}: {CACHES_ROUTED}": len(STEPS)}
+        assert opt.declined == {"cache_unrouted": len(STEPS)} and name in opt.declines["cache_unrouted"].message
+
+
+def program_arrays(routed):
+    """``(keys, values, mask, structure)`` of a routed call's attention program."""
+    if routed.program == "structured_attention":
+        _, keys, values, _, _, structure = routed.args
+        return keys, values, None, structure
+    assert routed.program == "attention"
+    _, keys, values, mask, _, _ = routed.args
+    return keys, values, mask, None
 
 
 def causal_plane(rows: int, keys: int) -> np.ndarray:
@@ -176,7 +184,7 @@ def test_the_array_mask_branch_pads_the_mask_over_the_buffer():
             expected = base.scaled_dot_product_attention(q, keys, values, cache=kv, scale=SCALE, mask=mask)
             assert_bits_equal(np.array(out), np.array(expected))
     assert opt.routed == 3 and not opt.declined
-    masks = [e.signature.split(", ")[3] for e in opt.compiled.specializations]
+    masks = [e.signature.split(", ")[3] for e in opt.programs["attention"].specializations]
     assert masks == ["mask:bool[1,1,5,32]", "mask:bool[1,1,1,32]", "mask:f32[1,1,1,32]"]
 
 
@@ -184,7 +192,6 @@ def test_keys_not_fetched_in_this_call_or_a_changed_cache_are_declined():
     from mlx_lm.models.cache import KVCache
 
     from attnpass.backends.mlx import optimize
-    from attnpass.backends.mlx.lm import NOT_FETCHED
     from tests.backends.lm_probe import Probe
 
     mx.random.seed(2)
@@ -198,14 +205,13 @@ def test_keys_not_fetched_in_this_call_or_a_changed_cache_are_declined():
         probe(q, mx.array(keys), values, kv, fetch=False)  # equal values, another array
         probe(q, k, v, kv, between=lambda c: c.trim(1))  # fetched, then the cache trimmed before the attention
     assert opt.routed == 1
-    assert opt.declined == {NOT_FETCHED: 2, "the cache changed between update_and_fetch and the attention call": 1}
+    assert opt.declined == {"not_fetched": 2, "cache_changed": 1}
 
 
 def test_sinks_on_a_quantized_cache_are_declined_and_mlx_lms_helper_refuses_them():
     from mlx_lm.models.cache import QuantizedKVCache
 
     from attnpass.backends.mlx import optimize
-    from attnpass.backends.mlx.lm import QUANTIZED_SINKS
     from tests.backends.lm_probe import Probe
 
     mx.random.seed(3)
@@ -215,7 +221,7 @@ def test_sinks_on_a_quantized_cache_are_declined_and_mlx_lms_helper_refuses_them
     with optimize(probe, PIPELINE, strict=True, min_keys=0) as opt:
         with pytest.raises(ValueError, match="does not support attention sinks"):
             probe(q, k, v, kv, sinks=mx.zeros((HEADS,)))
-    assert opt.routed == 0 and opt.declined == {QUANTIZED_SINKS: 1}
+    assert opt.routed == 0 and opt.declined == {"quantized_sinks": 1}
 
 
 def test_a_half_float_quantized_call_is_declined_on_cpu_at_any_depth_as_a_tie_with_mlx_lms_helper():
@@ -228,7 +234,7 @@ def test_a_half_float_quantized_call_is_declined_on_cpu_at_any_depth_as_a_tie_wi
     from mlx_lm.models.cache import QuantizedKVCache
 
     from attnpass.backends.mlx import optimize
-    from attnpass.backends.mlx.lm import MIN_KEYS, QUANTIZED_TIE
+    from attnpass.backends.mlx.policy import MIN_KEYS
     from attnpass.ir import DType
     from tests.backends.lm_probe import SCALE, Probe
 
@@ -251,14 +257,14 @@ def test_a_half_float_quantized_call_is_declined_on_cpu_at_any_depth_as_a_tie_wi
         expected = base.scaled_dot_product_attention(q, received, values, cache=kv, scale=SCALE, mask=None)
         return out, expected, opt
 
-    assert MIN_KEYS[True, DType.bfloat16] is None is MIN_KEYS[True, DType.float16]
+    assert MIN_KEYS["quantized", DType.bfloat16] is None is MIN_KEYS["quantized", DType.float16]
     for keys in (100, 8100):
         out, expected, opt = decode(keys)
         assert_bits_equal(raw(out), raw(expected))  # mlx-lm's helper itself
-        (entry,) = opt.quantized.specializations
-        assert opt.routed == 0 and opt.declined == {QUANTIZED_TIE: 1}
-        assert entry.reason == QUANTIZED_TIE and entry.program is None and not entry.compiled
-    float_min = MIN_KEYS[True, DType.float32]  # a cut of float_min rows: routed in float32
+        (entry,) = opt.programs["quantized_attention"].specializations
+        assert opt.routed == 0 and opt.declined == {"quantized_tie": 1}
+        assert entry.declined.reason == "quantized_tie" and entry.program is None and not entry.compiled
+    float_min = MIN_KEYS["quantized", DType.float32]  # a cut of float_min rows: routed in float32
     for keys, dtype, min_keys in [(float_min, mx.float32, None), (100, mx.bfloat16, 0)]:
         out, expected, opt = decode(keys, dtype, min_keys=min_keys)
         assert_bits_equal(raw(out), raw(expected))  # the routed program: mlx-lm's bits
@@ -279,7 +285,8 @@ def test_a_short_context_call_is_declined_on_cpu_below_min_keys_and_routed_from_
     from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
     from attnpass.backends.mlx import optimize
-    from attnpass.backends.mlx.lm import MIN_KEYS, SHORT_CONTEXT, buffer_rows
+    from attnpass.backends.mlx.policy import MIN_KEYS
+    from attnpass.backends.mlx.routing import buffer_rows
     from attnpass.ir import DType
     from tests.backends.lm_probe import SCALE, Probe
 
@@ -299,24 +306,23 @@ def test_a_short_context_call_is_declined_on_cpu_below_min_keys_and_routed_from_
             out = probe(mx.array(q), k, v, kv)  # a copy: mlx-lm's quantized helper scales its queries in place
         received, values, _ = probe.received
         expected = base.scaled_dot_product_attention(q, received, values, cache=kv, scale=SCALE, mask=None)
-        (entry,) = (opt.quantized if quantized else opt.compiled).specializations
+        (entry,) = opt.programs["quantized_attention" if quantized else "attention"].specializations
         return out, expected, opt, entry
 
     for dtype, name, quantized in [(mx.float32, DType.float32, False), (mx.bfloat16, DType.bfloat16, False),
                                    (mx.float32, DType.float32, True)]:  # fmt: skip
-        least = MIN_KEYS[quantized, name]
+        least = MIN_KEYS["quantized" if quantized else "float", name]
         below, at = least - 32, least - 31  # cut to least - 32 and to least rows
         assert buffer_rows(below, 1 << 20) < least == buffer_rows(at, 1 << 20)
         out, expected, opt, entry = decode(below, dtype, quantized)
         assert_bits_equal(raw(out), raw(expected))  # mlx-lm's helper itself
-        assert opt.routed == 0 and opt.declined == {SHORT_CONTEXT: 1}
-        assert entry.reason == SHORT_CONTEXT and entry.program is None and not entry.compiled
+        assert opt.routed == 0 and opt.declined == {"short_context": 1}
+        assert entry.declined.reason == "short_context" and entry.program is None and not entry.compiled
+        assert entry.declined.data == {"rows": least - 32, "min_keys": least, "dtype": name.value}
         text = io.StringIO()
         opt.explain(file=text)
-        assert (
-            f"declined: 1 x {SHORT_CONTEXT}" in text.getvalue()
-            and f"runs the original function: {SHORT_CONTEXT}" in text.getvalue()
-        )
+        assert "declined: 1 x short_context" in text.getvalue()
+        assert f"runs the original function: {entry.declined.message}" in text.getvalue()
         out, expected, opt, entry = decode(at, dtype, quantized)
         assert opt.routed == 1 and not opt.declined and entry.compiled
         if dtype == mx.float32:  # the routed program gives mlx-lm's bits in float32 (bfloat16: test_dropin_mlx_lm)
@@ -324,7 +330,7 @@ def test_a_short_context_call_is_declined_on_cpu_below_min_keys_and_routed_from_
         _, _, opt, _ = decode(below, dtype, quantized, min_keys=0)
         assert opt.routed == 1 and not opt.declined
         _, _, opt, _ = decode(at, dtype, quantized, min_keys=least + 1)
-        assert opt.routed == 0 and opt.declined == {SHORT_CONTEXT: 1}
+        assert opt.routed == 0 and opt.declined == {"short_context": 1}
     for bad in (-1, 1.5, True):
         with pytest.raises(ValueError, match=f"optimize: min_keys must be an int >= 0 .*got {bad!r}"):
             optimize(Probe(), min_keys=bad)
@@ -340,20 +346,22 @@ def test_a_call_under_its_kinds_known_bound_is_declined_before_its_arguments_are
     from mlx_lm.models.cache import KVCache
 
     from attnpass.backends.mlx import optimize
-    from attnpass.backends.mlx.lm import MIN_KEYS, SHORT_CONTEXT, OptimizedModel, buffer_rows
+    from attnpass.backends.mlx.caches.kv import KVCache as KVCacheAdapter
+    from attnpass.backends.mlx.policy import MIN_KEYS
+    from attnpass.backends.mlx.routing import buffer_rows
     from attnpass.ir import DType
     from tests.backends.lm_probe import SCALE, Probe
 
-    least = MIN_KEYS[False, DType.float32]
-    assert MIN_KEYS[False, DType.bfloat16] <= least - 32 == buffer_rows(least - 39, 1 << 20)
+    least = MIN_KEYS["float", DType.float32]
+    assert MIN_KEYS["float", DType.bfloat16] <= least - 32 == buffer_rows(least - 39, 1 << 20)
     built: list[tuple[int, str]] = []  # (offset, dtype) of every call whose arguments were built
-    original = OptimizedModel._program_arguments
+    original = KVCacheAdapter.route
 
-    def building(self, queries, keys, values, cache, mask):
-        built.append((cache.offset, str(queries.dtype).rsplit(".", 1)[-1]))
-        return original(self, queries, keys, values, cache, mask)
+    def building(self, call):
+        built.append((call.cache.offset, str(call.queries.dtype).rsplit(".", 1)[-1]))
+        return original(self, call)
 
-    monkeypatch.setattr(OptimizedModel, "_program_arguments", building)
+    monkeypatch.setattr(KVCacheAdapter, "route", building)
     probe = Probe()
 
     def cache(keys: int, dtype) -> KVCache:
@@ -373,17 +381,17 @@ def test_a_call_under_its_kinds_known_bound_is_declined_before_its_arguments_are
 
     with optimize(probe, PIPELINE, strict=True) as opt:
         step(cache(19, mx.float32), mx.float32)  # a cut of 32 rows: the first float32 signature, declined
-        assert built == [(20, "float32")] and opt.declined == {SHORT_CONTEXT: 1}
+        assert built == [(20, "float32")] and opt.declined == {"short_context": 1}
         longer = cache(least - 40, mx.float32)
         for _ in range(8):  # offsets least - 39 ... least - 32: a cut of least - 32 rows, under the bound
             step(longer, mx.float32)
-        assert opt.declined == {SHORT_CONTEXT: 9} and opt.routed == 0 and len(built) == 1  # none built
+        assert opt.declined == {"short_context": 9} and opt.routed == 0 and len(built) == 1  # none built
         assert opt.traces == 1  # ... and no signature of their own
         step(cache(least - 40, mx.bfloat16), mx.bfloat16)  # the same cut in bfloat16: its own bound, routed
         assert opt.routed == 1 and built[-1] == (least - 39, "bfloat16")
         step(longer, mx.float32)  # offset least - 31: cut to least rows, routed
         assert opt.routed == 2 and built[-1] == (least - 31, "float32")
-    assert opt.declined == {SHORT_CONTEXT: 9}
+    assert opt.declined == {"short_context": 9}
 
 
 def mla_model(family: str, seed: int = 0, **config):
@@ -437,7 +445,6 @@ def test_mla_models_decode_exactly_as_without_optimize(family, config, reason):
     from mlx_lm.generate import generate_step
 
     from attnpass.backends.mlx import optimize
-    from attnpass.backends.mlx.lm import NOT_FETCHED
 
     def greedy(model):
         steps = list(generate_step(mx.array([5, 9, 1, 7]), model, max_tokens=8))
@@ -453,7 +460,7 @@ def test_mla_models_decode_exactly_as_without_optimize(family, config, reason):
     # holds (latent, k_pe): neither is what update_and_fetch returned as (keys, values). deepseek_v32 gives the
     # helper its CacheList (latent cache, indexer cache). 10 calls: the 3-row prefill, then 9 one-row steps
     # (generate_step computes a token ahead of the one it yields)
-    named = NOT_FETCHED if reason == "not fetched" else f"CacheList: {CACHES_ROUTED}"
+    named = "not_fetched" if reason == "not fetched" else "cache_unrouted"
     calls = 20 if family == "longcat_flash" else 10  # longcat_flash: two attentions per layer
     assert opt.routed == 0 and opt.traces == 0 and opt.declined == {named: calls}
 
@@ -472,20 +479,21 @@ def test_optimize_refuses_what_is_not_an_mlx_model():
 
 
 def test_a_declined_signature_is_neither_lowered_nor_compiled_nor_warned_about():
-    """``CompiledFunction(decline=...)``, what optimize's FUSED decision uses: the original function runs."""
+    """``CompiledFunction(decline=...)``, what optimize's "fused_kernel_serves" decision uses: the original function runs."""
     import warnings
 
     from attnpass.backends.mlx.compiled import MLXFrontend
     from attnpass.backends.specialize import CompiledFunction
+    from attnpass.passes import Decline
 
     def attention(q, k, v):
         return mx.fast.scaled_dot_product_attention(q, k, v, scale=0.25)
 
     seen = []
 
-    def decline(graph):
-        seen.append(sorted(n.op for n in graph.nodes() if n.op != "input"))
-        return "kept fused"
+    def decline(result):
+        seen.append(sorted(n.op for n in result.graph.nodes() if n.op != "input"))
+        return Decline("fused_kernel_serves", "kept fused")
 
     fn = CompiledFunction(
         attention, MLXFrontend(), pipeline="raise-attention,dce", strict=True, max_signatures=4, name="test",
@@ -499,7 +507,13 @@ def test_a_declined_signature_is_neither_lowered_nor_compiled_nor_warned_about()
         fn(q, k, v)
     (entry,) = fn.specializations
     assert seen == [["sdpa"]] and fn.traces == 1  # decided once, on the rewritten graph
-    assert entry.reason == "kept fused" and entry.program is None and entry.call is None and not entry.compiled
+    assert (
+        entry.reason == "kept fused"
+        and entry.declined.reason == "fused_kernel_serves"
+        and entry.program is None
+        and entry.call is None
+        and not entry.compiled
+    )
     assert "runs the original function: kept fused" in entry.explain()
 
 
@@ -509,7 +523,6 @@ def test_attend_outside_the_model_routes_only_inside_active():
     from mlx_lm.models.cache import KVCache
 
     from attnpass.backends.mlx import optimize
-    from attnpass.backends.mlx.lm import NOT_FETCHED
     from tests.backends.lm_probe import SCALE, Probe
 
     mx.random.seed(3)
@@ -523,7 +536,7 @@ def test_attend_outside_the_model_routes_only_inside_active():
             kv = KVCache()
             keys, values = kv.update_and_fetch(k, v)
             out = opt.attend(q, keys, values, kv, SCALE, None, None)
-    assert opt.routed == 1 and opt.declined == {NOT_FETCHED: 1}
+    assert opt.routed == 1 and opt.declined == {"not_fetched": 1}
     expected = base.scaled_dot_product_attention(q, keys, values, cache=kv, scale=SCALE, mask=None)
     assert_bits_equal(np.array(out), np.array(expected))
 
@@ -531,7 +544,7 @@ def test_attend_outside_the_model_routes_only_inside_active():
 def test_a_buffer_is_cut_to_a_few_rows_past_its_offset():
     """buffer_rows: at least the offset, at most the buffer; the padding under 32 rows or under 1/32 of the
     offset; 32 distinct cuts per doubling of the offset past 2048 (one signature each)."""
-    from attnpass.backends.mlx.lm import buffer_rows
+    from attnpass.backends.mlx.routing import buffer_rows
 
     for offset in range(1, 70000, 7):
         length = -(-offset // 256) * 256 + 256 * (offset % 3)  # a 256-row buffer, sometimes grown further

@@ -5,8 +5,8 @@ The zoo's tiny models (examples/mlx_lm_sweep.py's configurations: 24 query heads
 a sliding window or chunk of 8) generate past their window: a prompt of :data:`PROMPT_LEN` tokens prefilled in
 one call (the rotating cache concatenates it whole) or in steps of :data:`STEP` (each step concatenates and
 trims the ring; llama4's cache starts mid-chunk), then :data:`TOKENS` decode steps (the ring buffer wraps).
-The prefill steps' masks are proven a window or chunk and carried as the ``sdpa``'s attributes (raise-attention's
-remark names them); the decode steps attend the ring buffer as it is (every row it holds is in the window).
+The prefill steps' masks are proven a window or chunk and given to the program as the ``sdpa``'s attributes
+(the structured program's graph holds them); the decode steps attend the ring buffer as it is (every row it holds is in the window).
 """
 
 from __future__ import annotations
@@ -21,9 +21,8 @@ pytestmark = requires("mlx.core", "mlx_lm")
 # block-sparse and head-chunk rewrite every windowed call of the tiny models: none stays one fused call
 WINDOWED = "raise-attention,block-sparse{block_q=4},head-chunk{budget=8},dce"
 PROMPT_LEN, STEP, TOKENS = 30, 7, 24
-WINDOWS = {"gemma3_text": "window=(8, None, None)", "gpt_oss": "window=(8, None, None)",
-           "cohere2": "window=(8, None, None)", "exaone4": "window=(8, None, None)",
-           "llama4": "window=(None, None, 8)"}  # fmt: skip
+WINDOWS = {"gemma3_text": (8, None, None), "gpt_oss": (8, None, None), "cohere2": (8, None, None),
+           "exaone4": (8, None, None), "llama4": (None, None, 8)}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +45,6 @@ def test_windowed_caches_are_routed_with_the_window_as_an_attribute(family, step
     from mlx_lm.models.cache import ChunkedKVCache, RotatingKVCache
 
     from attnpass.backends.mlx import optimize
-    from attnpass.backends.mlx.lm import FUSED
 
     model = sweep.zoo.mlx_model(family, "f32", sweep.tiny_args)
     windowed = [c for c in model.make_cache() if type(c) in (RotatingKVCache, ChunkedKVCache)]
@@ -57,14 +55,17 @@ def test_windowed_caches_are_routed_with_the_window_as_an_attribute(family, step
     assert tokens == plain
     assert np.abs(logprobs - plain_logprobs).max() <= 1e-4  # tiles sum over fewer keys: within f32 rounding
     # the full-attention layers' KVCache prefill of more than 8 rows is left to MLX's fused call; nothing else
-    assert set(opt.declined) <= {FUSED}
+    assert set(opt.declined) <= {"fused_kernel_serves"}
     assert sum(opt.declined.values()) <= (len(model.layers) - len(windowed)) * -(-(PROMPT_LEN - 1) // step)
     # every layer: the prefill steps of all but the last prompt token, then TOKENS + 1 one-row steps (generate_step
     # runs one ahead of what it yields)
     assert opt.routed + sum(opt.declined.values()) == len(model.layers) * (-(-(PROMPT_LEN - 1) // step) + TOKENS + 1)
-    structured = [e for e in opt.compiled.specializations if WINDOWS[family] in "\n".join(map(str, e.remarks))]
-    assert structured and all(e.compiled for e in structured)  # the window, raised from positions, compiled
-    wraps = [e for e in opt.compiled.specializations if "queries:f32[1,24,1," in e.signature]
+    structured = [
+        e for e in opt.programs["structured_attention"].specializations
+        if any(n.op == "sdpa" and n.attrs["window"] == WINDOWS[family] for n in e.imported.graph.nodes())
+    ]  # fmt: skip
+    assert structured and all(e.compiled for e in structured)  # the window, given as an attribute, compiled
+    wraps = [e for e in opt.programs["attention"].specializations if "queries:f32[1,24,1," in e.signature]
     assert any("keys:f32[1,2,8," in e.signature for e in wraps) or family == "llama4"  # decode over the full ring
 
 
@@ -73,27 +74,29 @@ def test_the_ring_buffer_after_it_wraps_is_attended_as_it_is(sweep):
     from mlx_lm.models.cache import RotatingKVCache
 
     from attnpass.backends.mlx import optimize
-    from attnpass.backends.mlx.lm import OptimizedModel
+    from attnpass.backends.mlx.caches import rotating
 
     model = sweep.zoo.mlx_model("gemma3_text", "f32", sweep.tiny_args)
     seen = []
-    arguments = OptimizedModel._program_arguments
+    route = rotating.RotatingKVCache.route
 
-    def spy(self, queries, keys, values, cache, mask):
-        out = arguments(self, queries, keys, values, cache, mask)
-        if type(cache) is RotatingKVCache and queries.shape[2] == 1:
-            seen.append((cache._idx, cache.offset, out[1] is cache.keys, np.array(out[3]).all(), out[4]))
+    def spy(self, call):
+        out = route(self, call)
+        cache = call.cache
+        if type(cache) is RotatingKVCache and call.rows == 1:
+            _, keys, _, mask, _, _ = out.args
+            seen.append((cache._idx, cache.offset, keys is cache.keys, np.array(mask).all(), out.program))
         return out
 
-    OptimizedModel._program_arguments = spy
+    rotating.RotatingKVCache.route = spy
     try:
         with optimize(model, WINDOWED, strict=True, min_keys=0):
             greedy(model, 2048)
     finally:
-        OptimizedModel._program_arguments = arguments
+        rotating.RotatingKVCache.route = route
     wrapped = [s for s in seen if s[1] > 8]
     assert wrapped and {s[0] for s in wrapped} == set(range(1, 9))  # every ring position written
-    assert all(s[2] and s[3] and s[4] is None for s in wrapped)
+    assert all(s[2] and s[3] and s[4] == "attention" for s in wrapped)
 
 
 def test_a_bool_mask_that_is_no_structure_stays_a_mask():
@@ -115,8 +118,8 @@ def test_a_bool_mask_that_is_no_structure_stays_a_mask():
     keys, values, mask = probe.received
     expected = base.scaled_dot_product_attention(q, keys, values, cache=kv, scale=SCALE, mask=mask)
     assert opt.routed == 1
-    (entry,) = opt.compiled.specializations
-    assert "mask:bool[6,6]" in entry.signature and "structure=None" in entry.signature
+    (entry,) = opt.programs["attention"].specializations
+    assert "mask:bool[6,6]" in entry.signature and "structured_attention" not in opt.programs
     assert_bits_equal(np.array(out), np.array(expected))
 
 
@@ -150,7 +153,9 @@ def test_the_cpu_default_pipeline_tiles_a_long_windowed_prefill_and_keeps_the_to
         tokens, logprobs = greedy()
     assert tokens == plain and np.abs(logprobs - plain_logprobs).max() <= 1e-4
     assert not opt.declined
-    prefill = [e for e in opt.compiled.specializations if "queries:f32[1,24,699," in e.signature]
+    prefill = [
+        e for e in opt.programs["structured_attention"].specializations if "queries:f32[1,24,699," in e.signature
+    ]
     assert len(prefill) == 2  # the sliding layer (window 64) and the global one (causal)
     for entry in prefill:
         tiled = [r.message for r in entry.remarks if r.pass_name == "block-sparse" and r.kind == "applied"]

@@ -1,4 +1,4 @@
-"""``optimize`` on mlx-vlm's Qwen4-Exp (backends/mlx/vlm.py): QSA calls gathered over the model's own selection.
+"""``optimize`` on mlx-vlm's Qwen4-Exp (backends/mlx/caches/qsa.py): QSA calls gathered over the model's own selection.
 
 A tiny random ``qwen4_exp.language.LanguageModel`` with the real structure
 (hybrid layers: three Gated-DeltaNet layers then a QSA layer, twice; the QSA
@@ -29,14 +29,7 @@ vlm_config = lazy_import("mlx_vlm.models.qwen4_exp.config")
 PROMPT, STEPS, QSA_LAYERS, VOCAB = 40, 10, 2, 64
 
 
-def prefill_kept(rows: int = PROMPT) -> str:
-    return (
-        f"qsa-gather kept the masked form: masked path kept: prefill-shaped: {rows} query rows per stream > "
-        "max_rows=8 (decode, verify only)"
-    )
-
-
-PREFILL_KEPT = prefill_kept()
+PREFILL_KEPT = "too_many_rows"  # qsa-gather's own code for a prefill it keeps masked
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +107,7 @@ def test_greedy_tokens_and_a_verify_step_match_the_plain_model_with_every_qsa_ca
     sparse_decodes = sum(1 for keys in range(prompt + 1, prompt + STEPS + 1) if keys // 4 > 4)
     assert sparse_decodes == (STEPS if prompt == PROMPT else 3)
     assert opt.routed == QSA_LAYERS * (sparse_decodes + 2) and not opt.declined
-    compiled = [e for e in opt.qsa.specializations if e.compiled]
+    compiled = [e for e in opt.programs["qsa_attention"].specializations if e.compiled]
     assert {e.signature.split(", ")[0] for e in compiled} == {
         "queries:f32[1,4,1,32]",
         "queries:f32[1,4,5,32]",
@@ -144,7 +137,7 @@ def test_prefill_is_routed_through_tiles_with_its_logits_near_the_models_own(mod
         got = prefill()
     np.testing.assert_allclose(got, plain, rtol=0, atol=1e-4)
     assert opt.routed == QSA_LAYERS and not opt.declined
-    (entry,) = [e for e in opt.qsa.specializations if e.compiled]
+    (entry,) = [e for e in opt.programs["qsa_attention"].specializations if e.compiled]
     assert entry.ops["qsa_cells"] == 1 and entry.ops["qsa_gather"] == 2 * 3 and "qsa_mask" not in entry.ops
     (remark,) = [r.message for r in entry.remarks if r.pass_name == "qsa-gather"]
     assert remark.startswith(f"prefill tiled: 1 stream(s) x {PROMPT} rows in 3 tile(s) of 16 row(s)")
@@ -170,9 +163,9 @@ def test_a_prompt_prefilled_in_chunks_as_mlx_vlm_generate_does_is_routed_chunk_b
     np.testing.assert_allclose(got, plain, rtol=0, atol=1e-4)
     assert got_tokens == tokens and len(set(tokens)) > 1
     assert opt.routed == QSA_LAYERS * (5 + 4) and not opt.declined  # 5 chunks (4 of 64 rows, one of 44), 4 decodes
-    signatures = {e.signature.split(", ")[0] for e in opt.qsa.specializations if e.compiled}
+    signatures = {e.signature.split(", ")[0] for e in opt.programs["qsa_attention"].specializations if e.compiled}
     assert {"queries:f32[1,4,64,32]", "queries:f32[1,4,44,32]"} <= signatures
-    for entry in opt.qsa.specializations:
+    for entry in opt.programs["qsa_attention"].specializations:
         if entry.compiled and ",64,32]" in entry.signature.split(", ")[0]:
             (remark,) = [r.message for r in entry.remarks if r.pass_name == "qsa-gather"]
             assert remark.startswith("prefill tiled: 1 stream(s) x 64 rows in 4 tile(s) of 16 row(s)")
@@ -244,7 +237,11 @@ def test_bfloat16_qsa_calls_run_routed_and_near_the_models_own(model):
                     outputs.append([np.array(attention(x, cache=cache).astype(mx.float32)) for x in steps])
             else:
                 outputs.append([np.array(attention(x, cache=cache).astype(mx.float32)) for x in steps])
-        assert opt.routed == 3 and not opt.declined and opt.qsa.specializations[0].signature.startswith("queries:bf16")
+        assert (
+            opt.routed == 3
+            and not opt.declined
+            and opt.programs["qsa_attention"].specializations[0].signature.startswith("queries:bf16")
+        )
         # outputs up to ~0.16: 4e-3 is four bf16 steps there
         np.testing.assert_allclose(np.stack(outputs[1]), np.stack(outputs[0]), rtol=0, atol=4e-3)
     finally:
@@ -284,7 +281,7 @@ def test_a_quantized_qsa_cache_decodes_the_plain_models_tokens_with_every_qsa_ca
     np.testing.assert_allclose(got_verify, verify, rtol=0, atol=1e-5)
     # the prefill (on the float cache) through qsa, every decode and the verify call through the quantized program
     assert opt.routed == QSA_LAYERS * (1 + STEPS + 1) and not opt.declined
-    compiled = [e for e in opt.qsa_quantized.specializations if e.compiled]
+    compiled = [e for e in opt.programs["qsa_quantized_attention"].specializations if e.compiled]
     assert {e.signature.split(", ")[0] for e in compiled} == {"queries:f32[1,4,1,32]", "queries:f32[1,4,5,32]"}
     for entry in compiled:  # the whole buffer given (words as int32), 6 gathers, no mask, nothing dequantized
         assert "kq:i32[1,2,256,8], ks:f32[1,2,256,1], kb:f32[1,2,256,1], vq:i32[1,2,256,8]" in entry.signature
@@ -316,7 +313,7 @@ def test_float32_queries_over_a_bfloat16_quantized_qsa_cache_are_routed_as_mlx_p
     np.testing.assert_allclose(got_logits, logits, rtol=0, atol=1e-4)
     np.testing.assert_allclose(got_verify, verify, rtol=0, atol=1e-4)
     assert opt.routed == QSA_LAYERS * (1 + STEPS + 1) and not opt.declined
-    compiled = [e for e in opt.qsa_quantized.specializations if e.compiled]
+    compiled = [e for e in opt.programs["qsa_quantized_attention"].specializations if e.compiled]
     assert compiled and all("queries:f32" in e.signature and "ks:bf16" in e.signature for e in compiled)
     assert all(e.ops["qsa_gather"] == 6 and e.ops["quantized_sdpa"] == 1 for e in compiled)
 
@@ -335,7 +332,9 @@ def test_a_prompt_prefilled_in_chunks_into_a_quantized_cache_is_routed_through_q
         got, got_tokens = _chunked_prefill(model, quantized)
     np.testing.assert_allclose(got, plain, rtol=0, atol=1e-4)  # as the float chunked prefill: 300 rows, 2 QSA layers
     assert got_tokens == tokens and opt.routed == QSA_LAYERS * (5 + 4) and not opt.declined
-    ops = {e.signature.split(", ")[0]: e.ops for e in opt.qsa_quantized.specializations if e.compiled}
+    ops = {
+        e.signature.split(", ")[0]: e.ops for e in opt.programs["qsa_quantized_attention"].specializations if e.compiled
+    }
     assert ops.keys() == {"queries:f32[1,4,64,32]", "queries:f32[1,4,44,32]", "queries:f32[1,4,1,32]"}
     for rows, tiles in ((64, 4), (44, 3)):
         assert ops[f"queries:f32[1,4,{rows},32]"]["qsa_gather"] == 6 * tiles
@@ -344,22 +343,20 @@ def test_a_prompt_prefilled_in_chunks_into_a_quantized_cache_is_routed_through_q
 
 def test_a_quantized_qsa_call_left_masked_is_declined_by_name_and_runs_the_models_dispatch_bit_for_bit(model):
     from attnpass.backends.mlx import optimize
-    from attnpass.backends.mlx.vlm import MASKED
 
     tokens, logits, _, _ = _quantized_run(model)
     with optimize(model, "decompose-sdpa{device=cpu},dce") as opt:  # no qsa-gather: the masked form stays
         got, got_logits, _, _ = _quantized_run(model)
     assert got == tokens
     assert_bits_equal(got_logits, logits)
-    assert opt.routed == 0 and opt.declined == {MASKED: QSA_LAYERS * (2 + STEPS)}
+    assert opt.routed == 0 and opt.declined == {"no_gather_pass": QSA_LAYERS * (2 + STEPS)}
 
 
 def test_arrays_that_are_not_the_indexers_selection_are_declined(model):
     from mlx_vlm.models.qwen4_exp.qsa_kernel import dispatch_qsa_attention
 
     from attnpass.backends.mlx import optimize
-    from attnpass.backends.mlx.lm import route_qsa
-    from attnpass.backends.mlx.vlm import MODEL_MASK, NOT_SELECTED
+    from attnpass.backends.mlx.clients import route_qsa
 
     attention = model.model.layers[3].self_attn
     cache = language.QSAKVCache()
@@ -377,7 +374,7 @@ def test_arrays_that_are_not_the_indexers_selection_are_declined(model):
         routed = route_qsa(queries, keys, values, selection.selected_blocks, selection.query_ends, **options)
         masked = {**options, "causal": False, "mask": attention.indexer.build_mask(selection)}
         combined = route_qsa(queries, keys, values, selection.selected_blocks, selection.query_ends, **masked)
-    assert opt.declined == {NOT_SELECTED: 1, MODEL_MASK: 1} and opt.routed == 1
+    assert opt.declined == {"not_selected": 1, "model_mask": 1} and opt.routed == 1
     np.testing.assert_allclose(np.array(combined), np.array(got), rtol=0, atol=1e-6)  # the same cells, masked
     want = dispatch_qsa_attention(queries, keys, values, copied, selection.query_ends, **options)
     assert_bits_equal(np.array(got), np.array(want))  # the declined call is the model's dispatch
@@ -388,7 +385,7 @@ def test_two_optimized_models_share_the_patches_until_the_last_restores(model):
     from mlx_vlm.models.qwen4_exp import qsa_kernel
 
     from attnpass.backends.mlx import optimize
-    from attnpass.backends.mlx.lm import route_qsa
+    from attnpass.backends.mlx.clients import route_qsa
 
     other = language.LanguageModel(model.args, model.config)
     first, second = optimize(model), optimize(other)
@@ -461,7 +458,8 @@ def test_a_whole_vlm_routes_the_language_model_calls_mlx_vlm_generate_makes(mode
 
 
 def test_the_indexer_buffers_regrow_and_are_rebuilt_after_a_trim(model, monkeypatch):
-    from attnpass.backends.mlx import optimize, vlm
+    from attnpass.backends.mlx import optimize
+    from attnpass.backends.mlx.caches import qsa as vlm
 
     monkeypatch.setattr(vlm, "STEP", 4)  # capacity: the length rounded down to 4, plus 8
     rebuilds = []

@@ -1,4 +1,4 @@
-"""mlx-vlm Qwen4-Exp's batched cache (``BatchQSAKVCache``) under ``optimize`` (backends/mlx/batched.py).
+"""mlx-vlm Qwen4-Exp's batched cache (``BatchQSAKVCache``) under ``optimize`` (backends/mlx/caches/qsa_batch.py).
 
 Three streams go through mlx-vlm's own batch caches (``generate.ar._make_cache``:
 a ``BatchQSAKVCache`` per QSA layer, left padding per stream) and the tiny
@@ -64,7 +64,9 @@ def test_equal_length_streams_decode_through_one_gather_program_with_each_stream
     assert type(cache[3]) is language.BatchQSAKVCache and cache[3].kv_cache._idx == 40 + STEPS
     # per QSA layer: 3 single-stream prefills (the model's per-stream prefill), then every batched decode step
     assert opt.routed == QSA_LAYERS * (3 + STEPS) and not opt.declined
-    decode = [e for e in opt.qsa.specializations if e.signature.startswith("queries:f32[3,4,1,32]")]
+    decode = [
+        e for e in opt.programs["qsa_attention"].specializations if e.signature.startswith("queries:f32[3,4,1,32]")
+    ]
     assert len(decode) == 1 and decode[0].compiled and "selection:i32[3,1,4]" in decode[0].signature
     assert decode[0].ops["qsa_cells"] == 1 and "qsa_mask" not in decode[0].ops  # a gather, never the masked form
 
@@ -85,9 +87,7 @@ def test_ragged_streams_decode_densely_in_the_model_and_only_their_prefills_are_
 
 def test_each_stream_attends_its_own_selection_and_arrays_not_the_caches_are_declined_by_name(model):  # noqa: F811
     from attnpass.backends.mlx import optimize
-    from attnpass.backends.mlx.lm import route_qsa
-    from attnpass.backends.mlx.router import NOT_FETCHED
-    from attnpass.backends.mlx.vlm import NOT_SELECTED
+    from attnpass.backends.mlx.clients import route_qsa
 
     _, _, cache = _run(model, [40, 40, 40])
     batched = cache[3]
@@ -103,7 +103,7 @@ def test_each_stream_attends_its_own_selection_and_arrays_not_the_caches_are_dec
         routed = route_qsa(queries, keys, values, blocks, ends, **options)
         copied = route_qsa(queries, keys, values, mx.array(blocks), ends, **options)
         fresh = route_qsa(queries, mx.array(keys), values, blocks, ends, **options)
-    assert opt.routed == 1 and opt.declined == {NOT_SELECTED: 1, NOT_FETCHED: 1}
+    assert opt.routed == 1 and opt.declined == {"not_selected": 1, "not_fetched": 1}
     picked = np.sort(np.array(blocks)[:, 0], axis=-1)
     assert (picked >= 0).all() and len({tuple(p) for p in picked}) == 3  # 4 of 12 blocks, a different 4 per stream
     # the declined calls are the model's dispatch (its mask built from each stream's selection): the routed gather

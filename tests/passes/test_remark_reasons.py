@@ -1,9 +1,10 @@
-"""Remarks as data: every reason code the passes give is in the one table (:data:`attnpass.passes.REASONS`),
+"""Remarks as data: every reason code the passes (and the mlx router) give is in the one table (:data:`attnpass.passes.REASONS`),
 every code in the table is given somewhere, and a remark's fields reach its text and the JSON the CLI writes."""
 
 from __future__ import annotations
 
 import ast
+import importlib.util
 import json
 from pathlib import Path
 
@@ -15,12 +16,18 @@ from attnpass.ir import SourceLoc, TensorSpec, ops, trace
 from attnpass.passes import REASONS, PassManager, Remark, Remarks
 
 PASSES_DIR = Path(attnpass.passes.__file__).parent
+# the router's declines (backends/mlx) take their codes from the same table; read as source, without mlx
+ROUTER_DIR = Path(importlib.util.find_spec("attnpass.backends").submodule_search_locations[0]) / "mlx"
 DECLINES = ("Decline", "_kept")  # the record of a failed precondition, and the helpers that wrap it
 SINKS = ("applied", "declined", "analysis")  # the Remarks methods
 
 
 def _modules() -> dict[str, ast.Module]:
-    return {str(p.relative_to(PASSES_DIR)): ast.parse(p.read_text()) for p in sorted(PASSES_DIR.rglob("*.py"))}
+    return {
+        str(p.relative_to(root.parent)): ast.parse(p.read_text())
+        for root in (PASSES_DIR, ROUTER_DIR)
+        for p in sorted(root.rglob("*.py"))
+    }
 
 
 def _name(call: ast.Call) -> str | None:

@@ -1,9 +1,11 @@
-"""What every client route of ``optimize`` shares: the active call, recorders, fetch proof, buffer cut, patches.
+"""What every route of ``optimize`` shares: the active call, the fetch recorder and its proof, the buffer cut, patches.
 
-:mod:`.lm` routes mlx-lm's attention helper, :mod:`.vlm` mlx-vlm's QSA dispatch;
-both substitute a cache's buffer only after :func:`fetch_reason` found the
-call's keys and values to be what that cache's ``update_and_fetch`` returned
-in this model call (recorded by :func:`record_fetch`).
+While an optimized model runs, :data:`ACTIVE` holds its :class:`Call`: what each cache's ``update_and_fetch``
+returned and left (a :class:`Fetch`, recorded by :func:`fetch_recorder`), the masks a batched cache made and the
+selections an indexer returned. A cache adapter substitutes a cache's buffer for the arrays a client function
+received only after :func:`fetch_decline` found them to be that cache's last fetch in this model call and the
+cache unchanged since. :func:`patch` and :func:`unpatch` count the models that need a patch, so that several
+optimized models share one patched class and the original comes back with the last.
 """
 
 from __future__ import annotations
@@ -16,14 +18,9 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
-NOT_FETCHED = (
-    "keys/values are not the arrays this cache's update_and_fetch returned in this model call "
-    "(e.g. MLA builds them from a cached latent)"
-)
+from attnpass.passes import Decline
 
-
-MLX_LM_CACHES = "mlx_lm.models.cache"
-QWEN4_EXP = "mlx_vlm.models.qwen4_exp.language"
+Patch = tuple[Any, str, Callable[[Any], Any]]  # (class or module, attribute, original -> replacement)
 
 
 @functools.cache  # imported once: a decode step asks per call
@@ -35,8 +32,7 @@ def classes(module: str, *names: str) -> tuple[type, ...]:
 
 @dataclass(frozen=True)
 class Fetch:
-    """What one ``update_and_fetch`` returned, and the buffer and write position it left (``offset``; a
-    batched cache's ``_idx``, the rows written for every stream)."""
+    """What one ``update_and_fetch`` returned, and the buffer and write position it left."""
 
     keys: Any
     values: Any
@@ -47,17 +43,24 @@ class Fetch:
 @dataclass
 class Call:
     """One call of an optimized model: the model, each cache's last fetch and last QSA selection (by cache id), the
-    masks a batched cache made (by mask id)."""
+    masks a batched cache made (by mask id), what the up-projections of MLA layers returned (by output id)."""
 
     model: Any
     fetched: dict[int, tuple[Any, Fetch]] = field(default_factory=dict)
     selections: dict[int, tuple[Any, Any, int]] = field(default_factory=dict)  # cache, selection, ratio
     masks: dict[int, tuple[Any, bool]] = field(default_factory=dict)  # a made mask, every query row sees a key
+    projections: dict[int, tuple[Any, Any, Any, bool]] = field(default_factory=dict)  # out, layer, input, transpose
 
 
 ACTIVE: ContextVar[Call | None] = ContextVar("attnpass_optimized_call", default=None)
 LOCK = threading.Lock()
 _PATCHES: dict[tuple[Any, str], tuple[int, Any]] = {}  # (class or module, attribute) -> (models, original)
+
+
+def recorded(model: Any) -> Call:
+    """The active call's records when ``model`` is the model running, else an empty record."""
+    call = ACTIVE.get()
+    return call if call is not None and call.model is model else Call(model)
 
 
 def offset(cache: Any) -> int:
@@ -83,19 +86,30 @@ def fetch_recorder(position: Callable[[Any], int]) -> Callable[[Callable[..., An
     return patch
 
 
-record_fetch = fetch_recorder(offset)
+NOT_FETCHED = "keys/values are not the arrays this cache's update_and_fetch returned in this model call"
 
 
-def fetch_reason(
-    keys: Any, values: Any, cache: Any, fetched: dict[int, tuple[Any, Fetch]], position: Callable[[Any], int] = offset
-) -> str | None:
-    """None when ``keys``/``values`` are ``cache``'s last fetch and it still holds that buffer at the same write
-    ``position`` (as recorded by :func:`fetch_recorder` with it); else why not."""
-    held, fetch = fetched.get(id(cache), (None, None))
-    if held is not cache or keys is not fetch.keys or values is not fetch.values:
-        return NOT_FETCHED
+def last_fetch(cache: Any, call: Call) -> Fetch | None:
+    """``cache``'s last fetch in ``call``, if any."""
+    held, fetch = call.fetched.get(id(cache), (None, None))
+    return fetch if held is cache else None
+
+
+def fetch_decline(
+    keys: Any, values: Any, cache: Any, call: Call, position: Callable[[Any], int] = offset
+) -> Decline | None:  # fmt: skip
+    """None when ``keys``/``values`` are ``cache``'s last fetch in ``call`` and it still holds that buffer at the
+    same write ``position`` (as recorded by :func:`fetch_recorder` with it); else why not."""
+    fetch = last_fetch(cache, call)
+    if fetch is None or keys is not fetch.keys or values is not fetch.values:
+        return Decline("not_fetched", NOT_FETCHED)
+    return unchanged_decline(cache, fetch, position)
+
+
+def unchanged_decline(cache: Any, fetch: Fetch, position: Callable[[Any], int] = offset) -> Decline | None:
+    """None when ``cache`` still holds the buffer and write position ``fetch`` left; else why not."""
     if cache.keys is not fetch.buffer[0] or cache.values is not fetch.buffer[1] or position(cache) != fetch.position:
-        return "the cache changed between update_and_fetch and the attention call"
+        return Decline("cache_changed", "the cache changed between update_and_fetch and the attention call")
     return None
 
 
@@ -104,8 +118,7 @@ def buffer_rows(offset: int, length: int) -> int:
     offset rounded up to a multiple of ``max(32, 2^floor(log2(offset)) / 32)``, at most the buffer.
 
     A CPU program costs in proportion to the rows, padded ones too: the padding stays under 32 rows or under
-    1/32 of the offset (a whole 256-row buffer step would cost up to twice the work just past a boundary), for
-    one signature per 32 rows up to 2048 keys, then 32 per doubling."""
+    1/32 of the offset, for one signature per 32 rows up to 2048 keys, then 32 per doubling."""
     step = max(32, (1 << max(offset, 1).bit_length() - 1) // 32)
     return min(length, -(-offset // step) * step)
 
@@ -113,6 +126,13 @@ def buffer_rows(offset: int, length: int) -> int:
 def first_rows(array: Any, length: int) -> Any:
     """A buffer's first ``length`` rows (axis 2): the buffer itself when it has no more."""
     return array if array.shape[2] == length else array[:, :, :length]
+
+
+def words(array: Any) -> Any:
+    """A program argument: packed uint32 words as int32 of the same bits (the IR's type), the rest as they are."""
+    import mlx.core as mx
+
+    return array.view(mx.int32) if array.dtype == mx.uint32 else array
 
 
 def patch(owner: Any, name: str, replace: Callable[[Any], Any]) -> None:
@@ -133,3 +153,10 @@ def unpatch(owner: Any, name: str) -> None:
     else:
         del _PATCHES[key]
         setattr(owner, name, original)
+
+
+__all__ = [
+    "ACTIVE", "LOCK", "NOT_FETCHED", "Call", "Fetch", "Patch", "buffer_rows", "classes", "fetch_decline",
+    "fetch_recorder", "first_rows", "last_fetch", "offset", "patch", "recorded", "unchanged_decline", "unpatch",
+    "words",
+]  # fmt: skip

@@ -1,0 +1,111 @@
+"""mlx-lm's ``BatchKVCache`` (``batch_generate``, the server): ``B`` left-padded streams in one buffer.
+
+The buffer ``[B, H, capacity, D]`` grows in steps of 256 rows; ``_idx`` rows are written (the same count for every
+stream), ``offset`` and ``left_padding`` are per-stream arrays, and ``update_and_fetch`` returns the buffer's first
+``_idx`` rows. A call is routed when its keys and values are the cache's fetch in this model call and the cache
+still holds that buffer and ``_idx``; its mask is an array over ``_idx`` keys (the streams' left padding is only in
+the model's mask, so a call without one is declined, ``no_array_mask``); and every query row sees a key (a row
+that sees none, the padding rows of a left-padded prefill, gets a device-defined value from mlx-lm's helper which
+the padded buffer would change: ``rows_without_keys``). Whether a mask that ``make_mask`` returned in this model
+call has such a row is read from the padding and write position recorded when it was made (no evaluation: a host
+sync would stall MLX's asynchronous decode); any other bool mask is evaluated. The program gets the buffer's cut
+and the model's mask padded over the unwritten rows of the cut.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from attnpass.passes import Decline
+
+from ..masks import pad_last
+from ..routing import ACTIVE, Patch, buffer_rows, classes, fetch_decline, fetch_recorder, first_rows
+from .base import MLX_LM, CacheAdapter, HelperCall, Routed, masked, register, string_mask_decline
+
+
+def written(cache: Any) -> int:
+    """A batched cache's write position: ``_idx``, the rows written for every stream."""
+    return cache._idx
+
+
+def record_mask(make_mask: Callable[..., Any]) -> Callable[..., Any]:
+    """A patch of ``BatchKVCache.make_mask`` that also records, in the active optimized call, whether every query
+    row of the mask it returned sees a key (:func:`sees_every_row`, from the cache's padding read now)."""
+
+    def recording(cache: Any, N: int, return_array: bool = False, **kwargs: Any) -> Any:
+        mask = make_mask(cache, N, return_array=return_array, **kwargs)
+        call = ACTIVE.get()
+        if call is not None and set(kwargs) <= {"window_size"}:
+            window = kwargs.get("window_size")
+            if window is None or window >= 1:  # a row's own position is in its window
+                call.masks[id(mask)] = (mask, sees_every_row(cache._idx, cache.left_padding.tolist()))
+        return mask
+
+    recording.__wrapped__ = make_mask  # type: ignore[attr-defined]
+    return recording
+
+
+def sees_every_row(written: int, left_padding: list[int]) -> bool:
+    """Whether every query row of ``create_causal_mask(N, offset=written, left_padding=...)`` sees a key: row
+    ``i`` of stream ``b`` sees keys ``left_padding[b] .. written + i``, so the first row is the test."""
+    return max(left_padding, default=0) <= written
+
+
+def has_blind_row(mask: Any, masks: dict) -> bool:
+    """Whether a bool mask has a query row with no visible key: as recorded when ``make_mask`` made it, else
+    :func:`evaluated_blind_row`."""
+    made, sees = masks.get(id(mask), (None, False))
+    if made is mask:
+        return not sees
+    return evaluated_blind_row(mask)
+
+
+def evaluated_blind_row(mask: Any) -> bool:
+    """Whether a bool mask has a query row with no visible key, by evaluating it (a host sync)."""
+    import mlx.core as mx
+
+    return mask.dtype == mx.bool_ and not mx.all(mx.any(mask, axis=-1)).item()
+
+
+@register
+class BatchKVCache(CacheAdapter):
+    module, name = MLX_LM, "BatchKVCache"
+
+    def patches(self) -> list[Patch]:
+        cls = classes(self.module, self.name)[0]
+        return [(cls, "update_and_fetch", fetch_recorder(written)), (cls, "make_mask", record_mask)]
+
+    def decline(self, call: HelperCall) -> Decline | None:
+        cache, mask = call.cache, call.mask
+        found = string_mask_decline(call) or fetch_decline(call.keys, call.values, cache, call.recorded, written)
+        if found is not None:
+            return found
+        if mask is None or isinstance(mask, str):
+            message = (
+                "a BatchKVCache call without an array mask (the streams' left padding is only in the model's mask)"
+            )
+            return Decline("no_array_mask", message)
+        if mask.shape[-1] != cache._idx:
+            message = f"the mask covers {mask.shape[-1]} keys, the BatchKVCache holds {cache._idx} rows"
+            return Decline("mask_keys_mismatch", message, data={"mask_keys": mask.shape[-1], "keys": cache._idx})
+        if has_blind_row(mask, call.recorded.masks):
+            message = (
+                "a query row of the bool mask sees no key (a left-padded prefill's padding rows): mlx-lm's helper "
+                "gives such a row a value of its own, the padded buffer would average its unwritten rows too"
+            )
+            return Decline("rows_without_keys", message)
+        return None
+
+    def route(self, call: HelperCall) -> Routed:
+        cache = call.cache
+        length = buffer_rows(cache._idx, cache.keys.shape[2])
+        extra = length - cache._idx
+        keys, values = (first_rows(a, length) for a in (cache.keys, cache.values))
+        return masked(call, keys, values, pad_last(call.mask, extra) if extra else call.mask)
+
+    def most_rows(self, call: HelperCall) -> int:
+        return buffer_rows(call.cache._idx, call.cache.keys.shape[2])
+
+
+__all__ = ["BatchKVCache", "evaluated_blind_row", "has_blind_row", "record_mask", "sees_every_row", "written"]

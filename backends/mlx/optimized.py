@@ -1,0 +1,283 @@
+"""``optimize(model)``: an mlx-lm model's (or mlx-vlm Qwen4-Exp's) attention through attnpass programs.
+
+``optimize`` replaces the client functions in the modules defining the model's layers (:mod:`.clients`),
+installs the recorders the cache adapters' proofs read (:mod:`.caches`), and gives the model a subclass whose
+``__call__`` (and mlx-vlm's ``_speculative_verify``; a ``language_model``'s too, which mlx-vlm's generate calls
+directly) marks it active, per thread. Each attention call of an active model goes to :meth:`OptimizedModel.
+attend` (or ``attend_qsa``): its cache's adapter either declines it, with a reason code of
+:data:`attnpass.passes.REASONS`, or names the program and arguments, whose signature is then compiled once
+(:mod:`.programs`) and may itself be declined on its rewritten graph (:mod:`.policy`, fused calls, masked QSA).
+A declined call runs the client's own function, bit for bit. :meth:`OptimizedModel.restore` (or leaving a
+``with`` block) undoes everything. The router holds no per-cache-class knowledge; docs/dropin.md says what each
+cache kind proves and the numerics of a routed call.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, TextIO
+
+from attnpass.ir import require_int
+from attnpass.ir.core.types import native_dtype_name
+from attnpass.passes import Decline, Pass
+
+from ..specialize import MAX_SIGNATURES, CompiledFunction
+from .caches import ADAPTERS, HelperCall, QSACall, Routed, adapter_for
+from .caches.base import CacheAdapter
+from .clients import HELPER, QSA_DISPATCH, helper, helper_modules, qsa_dispatch, qsa_modules, route, route_qsa
+from .masks import Masks
+from .policy import Bounds, known_short
+from .programs import PROGRAMS, compile_program
+from .routing import ACTIVE, LOCK, Call, Patch, patch, recorded, unpatch
+
+ENTRY_POINTS = ("__call__", "_speculative_verify")  # the model's methods that run its layers (MTP verify: mlx-vlm)
+
+
+class OptimizedModel:
+    """What :func:`optimize` returns: routing counts, the compiled programs, :meth:`explain` and :meth:`restore`.
+
+    ``routed`` counts the attention calls that ran an attnpass program, ``declined`` the others by reason code
+    (``declines`` holds the last :class:`~attnpass.passes.Decline` of each code, its message and figures);
+    ``programs`` maps a program name (:data:`~.programs.PROGRAMS`) to its
+    :class:`~attnpass.backends.specialize.CompiledFunction` once a call has needed it, whose
+    ``specializations`` hold each signature's rewritten graph and remarks; ``traces`` counts the signatures
+    built.
+    """
+
+    def __init__(
+        self, model: Any, modules: Sequence[str], qsa_modules: Sequence[str], *, pipeline: str | Sequence[Pass] | None,
+        strict: bool, max_signatures: int, min_keys: int | None,
+    ) -> None:  # fmt: skip
+        self.model = model
+        self.modules = tuple(modules)
+        self.qsa_modules = tuple(qsa_modules)
+        self.routed = 0
+        self.declined: Counter[str] = Counter()
+        self.declines: dict[str, Decline] = {}
+        self.programs: dict[str, CompiledFunction] = {}
+        self.bounds: Bounds = {}  # filled by the programs' policy declines
+        self._options = {"strict": strict, "max_signatures": max_signatures, "min_keys": min_keys}
+        self._pipeline = pipeline
+        self._original_class = type(model)
+        self._entered: list[tuple[Any, type]] = []  # (module, its own class) given an entered subclass
+        self._patched: list[tuple[Any, str]] = []
+        self._lock = threading.Lock()
+        self._masks = Masks()
+        self._restored = False
+
+    @property
+    def traces(self) -> int:
+        return sum(c.traces for c in list(self.programs.values()))
+
+    def program(self, name: str) -> CompiledFunction:
+        """The compiled function of program ``name``, made the first time it is asked for."""
+        found = self.programs.get(name)
+        if found is None:
+            with self._lock:
+                found = self.programs.get(name)
+                if found is None:
+                    spec = PROGRAMS[name]
+                    found = compile_program(spec, self._pipeline, **self._options, bounds=self.bounds)
+                    self.programs[name] = found
+        return found
+
+    @contextmanager
+    def active(self) -> Iterator[None]:
+        """Where the model's calls run: this thread's attention comes here, the caches' fetches are recorded.
+
+        Outside the model (a benchmark timing :meth:`attend`), fetch and attend inside one ``with opt.active():``.
+        """
+        token = ACTIVE.set(Call(self))
+        try:
+            yield
+        finally:
+            ACTIVE.reset(token)
+
+    def attend(self, queries: Any, keys: Any, values: Any, cache: Any, scale: float, mask: Any, sinks: Any) -> Any:
+        """One call of mlx-lm's helper: its compiled program, or the helper when declined."""
+        call = HelperCall(queries, keys, values, cache, scale, mask, sinks, recorded(self), self._masks)
+        return self._dispatch(
+            "lm", call, lambda: helper()(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
+        )
+
+    def attend_qsa(self, queries: Any, keys: Any, values: Any, blocks: Any, query_ends: Any, **options: Any) -> Any:
+        """One call of mlx-vlm's QSA dispatch: the gather program over its own selection, or the dispatch."""
+        call = QSACall(queries, keys, values, blocks, query_ends, options, recorded(self))
+        return self._dispatch("qsa", call, lambda: qsa_dispatch()(queries, keys, values, blocks, query_ends, **options))
+
+    def _dispatch(self, client: str, call: HelperCall | QSACall, original: Callable[[], Any]) -> Any:
+        """``call`` through its cache adapter's program, or ``original()`` with the decline counted."""
+        adapter = adapter_for(call.cache)
+        found = _adapter_decline(client, adapter, call) or adapter.decline(call)
+        if found is None and client == "lm":
+            found = known_short(self.bounds, adapter.policy(call), native_dtype_name(call.queries.dtype),
+                                adapter.most_rows(call))  # fmt: skip
+        if found is None:
+            return self._run(adapter.route(call), original)
+        return self._decline(found, original)
+
+    def _run(self, routed: Routed, original: Callable[[], Any]) -> Any:
+        """The compiled program of ``routed``'s signature on its arrays, or ``original()`` when it is declined."""
+        entry = self.program(routed.program).specialization(*routed.args)
+        if entry.compiled:
+            with self._lock:
+                self.routed += 1
+            return entry.call(routed.given)
+        found = entry.declined or Decline("no_program", f"no compiled program: {entry.reason.splitlines()[0]}")
+        return self._decline(found, original)
+
+    def _decline(self, found: Decline, original: Callable[[], Any]) -> Any:
+        """``original()``, the decline counted by its code."""
+        with self._lock:
+            self.declined[found.reason] += 1
+            self.declines[found.reason] = found
+        return original()
+
+    def explain(self, *, graphs: bool = False, file: TextIO | None = None) -> None:
+        """Print the routing counts, the declines by reason code, then every program's signatures and remarks."""
+        out = file if file is not None else sys.stdout
+        through = [f"{m} ({HELPER})" for m in self.modules] + [f"{m} ({QSA_DISPATCH})" for m in self.qsa_modules]
+        declined = ", ".join(f"{n} x {code}" for code, n in self.declined.most_common()) or "none"
+        print(f"optimize({self._original_class.__name__}): routed {self.routed} attention call(s) through "
+              f"{', '.join(through)}; declined: {declined}", file=out)  # fmt: skip
+        for code, _ in self.declined.most_common():
+            print(f"  declined {code}: {self.declines[code].message}", file=out)
+        for compiled in list(self.programs.values()):
+            compiled.explain(graphs=graphs, file=out)
+
+    def restore(self) -> None:
+        """Undo :func:`optimize`: the model's own class, the clients' functions where no other model still routes."""
+        with LOCK:
+            if self._restored:
+                return
+            self._restored = True
+            for module, cls in self._entered:
+                module.__class__ = cls
+            for owner, name in self._patched:
+                unpatch(owner, name)
+
+    def __enter__(self) -> OptimizedModel:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.restore()
+
+    def __repr__(self) -> str:
+        state = "restored" if self._restored else "active"
+        name = self._original_class.__name__
+        return f"<OptimizedModel {name} ({state}): {self.traces} trace(s), {self.routed} routed>"
+
+
+def _adapter_decline(client: str, adapter: CacheAdapter | None, call: HelperCall | QSACall) -> Decline | None:
+    """A cache with no adapter, or whose adapter does not serve this client function."""
+    name = type(call.cache).__name__
+    if adapter is None:
+        return Decline(
+            "unknown_cache", f"{type(call.cache).__module__}.{name} has no cache adapter", data={"cache": name}
+        )
+    if client not in adapter.clients:
+        message = f"{name} is not a cache the {HELPER if client == 'lm' else QSA_DISPATCH} route reads"
+        return Decline("cache_unrouted", message, data={"cache": name})
+    return None
+
+
+def optimize(
+    model: Any,
+    pipeline: str | Sequence[Pass] | None = None,
+    *,
+    strict: bool = False,
+    max_signatures: int = MAX_SIGNATURES,
+    min_keys: int | None = None,
+) -> OptimizedModel:
+    """Run ``model``'s attention (an mlx-lm model, or mlx-vlm's Qwen4-Exp) through attnpass programs.
+
+    Modules calling mlx-lm's ``scaled_dot_product_attention`` get the attention programs, modules calling
+    mlx-vlm's ``dispatch_qsa_attention`` the QSA gather programs. ``mlx_lm.generate``, ``stream_generate``,
+    ``batch_generate`` and speculative decoding work unchanged. ``pipeline``, ``strict`` and ``max_signatures``
+    are as for :func:`attnpass.backends.mlx.compile` (for QSA calls every ``qsa-gather`` of the pipeline is given
+    the selection input). A call whose program would get fewer key rows than ``min_keys`` runs the client's
+    function (``short_context``, or ``quantized_tie``); None is :data:`~.policy.MIN_KEYS` on CPU and 0
+    elsewhere; 0 routes every depth. Returns an :class:`OptimizedModel`; its ``restore()``, or leaving
+    ``with optimize(model):``, undoes the change. Raises ``TypeError`` when ``model`` is not an
+    ``mlx.nn.Module``, ``ValueError`` when it is already optimized, none of its modules calls either function,
+    or ``min_keys`` is not an int >= 0 or None.
+    """
+    from mlx import nn
+
+    if not isinstance(model, nn.Module):
+        hint = " (mlx_lm.load returns (model, tokenizer): pass the model)" if isinstance(model, tuple) else ""
+        raise TypeError(
+            f"optimize: expected an mlx-lm model (an mlx.nn.Module such as mlx_lm.load(path)[0]), "
+            f"got {type(model).__name__} {_short(model)}{hint}"
+        )
+    inner = getattr(model, "language_model", None)  # mlx-vlm's generate calls a VLM's language_model directly
+    entered = [model] + ([inner] if isinstance(inner, nn.Module) else [])
+    for module in entered:
+        if getattr(type(module), "_attnpass_optimized", None) is not None:
+            raise ValueError(f"{type(module).__name__} is already optimized; restore() it first")
+    names = sorted({type(m).__module__ for m in model.modules()})
+    routed, qsa_routed = helper_modules(names), qsa_modules(names)
+    if not routed and not qsa_routed:
+        raise ValueError(
+            f"optimize: no module of {type(model).__name__} ({', '.join(names)}) calls "
+            f"mlx_lm.models.base.{HELPER} or mlx-vlm's {QSA_DISPATCH}; its attention cannot be routed"
+        )
+    if min_keys is not None:
+        require_int("optimize", "min_keys", min_keys, minimum=0, meaning="or None: MIN_KEYS on CPU")
+    optimized = OptimizedModel(
+        model, routed, qsa_routed, pipeline=pipeline, strict=strict, max_signatures=max_signatures,
+        min_keys=min_keys,
+    )  # fmt: skip
+    with LOCK:
+        for owner, name, replace in _patches(optimized):
+            patch(owner, name, replace)
+            optimized._patched.append((owner, name))
+        for module in entered:
+            cls = type(module)
+            namespace = {"__module__": cls.__module__, "__qualname__": cls.__qualname__}
+            namespace["_attnpass_optimized"] = optimized
+            for entry in ENTRY_POINTS:
+                if hasattr(cls, entry):
+                    namespace[entry] = _entered(optimized, getattr(cls, entry))
+            optimized._entered.append((module, cls))
+            module.__class__ = type(cls.__name__, (cls,), namespace)
+    return optimized
+
+
+def _entered(optimized: OptimizedModel, method: Any) -> Any:
+    """``method`` run with ``optimized`` active (its attention routed, its caches' fetches recorded)."""
+
+    def entered(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with optimized.active():
+            return method(self, *args, **kwargs)
+
+    entered.__name__ = entered.__qualname__ = method.__name__
+    return entered
+
+
+def _patches(optimized: OptimizedModel) -> list[Patch]:
+    """Every client function and recorder ``optimized`` needs, each ``(owner, attribute)`` once."""
+    found: list[Patch] = [(sys.modules[n], HELPER, lambda _: route) for n in optimized.modules]
+    found += [(sys.modules[n], QSA_DISPATCH, lambda _: route_qsa) for n in optimized.qsa_modules]
+    clients = {"lm"} if optimized.modules else set()
+    clients |= {"qsa"} if optimized.qsa_modules else set()
+    for adapter in ADAPTERS.values():
+        if adapter.clients & clients:
+            found += adapter.patches()
+    unique: dict[tuple[Any, str], Patch] = {}
+    for owner, name, replace in found:
+        unique.setdefault((owner, name), (owner, name, replace))
+    return list(unique.values())
+
+
+def _short(value: Any) -> str:
+    """``repr(value)`` on one line, cut to 60 characters."""
+    text = " ".join(repr(value).split())
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+__all__ = ["OptimizedModel", "optimize"]

@@ -1,0 +1,167 @@
+"""The programs ``optimize`` compiles per signature: one row of :data:`PROGRAMS` each.
+
+A row names the function (imported from MLX, or written with :mod:`attnpass.ir.ops` and traced), the
+:data:`~.policy.MIN_KEYS` kind that bounds its key rows, and the decisions taken on its rewritten graph
+before it is lowered: a graph still one fused ``sdpa`` is declined (the client computes the same over the valid
+keys, without a buffer's padding), and a QSA program whose ``qsa-gather`` kept the masked form is declined with
+``qsa-gather``'s own reason. :func:`compile_program` makes a row's :class:`~attnpass.backends.specialize.
+CompiledFunction`; an :class:`~.optimized.OptimizedModel` makes each one the first time a call needs it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from attnpass.ir import DType, ImportedGraph, TensorSpec, ops, trace
+from attnpass.ir.core.types import native_dtype_name
+from attnpass.passes import Decline, Pass, PassResult, QSAGather
+
+from ..specialize import CompiledFunction, Traceable, as_passes, wrapper_pipeline
+from .compiled import MLXFrontend
+from .masks import Structure
+from .policy import MIN_KEYS, Bounds, too_short
+
+SELECTION = "selection"  # the QSA programs' selection input, promised to qsa-gather
+
+
+def attention(queries: Any, keys: Any, values: Any, mask: Any, sinks: Any, scale: float) -> Any:
+    """mlx-lm's helper's attention with an array mask (or none): MLX's fused call, imported and raised."""
+    import mlx.core as mx
+
+    return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask, sinks=sinks)
+
+
+def structured_attention(queries: Any, keys: Any, values: Any, sinks: Any, scale: float, structure: Structure) -> Any:
+    """The attention of a mask proven a structure: ``sdpa`` with the causal kind and window as attributes."""
+    causal, left, right, chunk = structure
+    window = (left, right, chunk) if (left, right, chunk) != (None, None, None) else None
+    return ops.sdpa(queries, keys, values, scale=scale, causal=causal, window=window, sinks=sinks)
+
+
+def quantized_attention(
+    queries: Any, kq: Any, ks: Any, kb: Any, vq: Any, vs: Any, vb: Any, mask: Any, scale: float, group_size: int,
+    bits: int,
+) -> Any:  # fmt: skip
+    """mlx-lm's own quantized helper over a ``QuantizedKVCache``'s (words, scales, biases) K and V, imported and
+    raised to ``quantized_sdpa``. Only ever imported (its arrays are then tracers): the helper scales its queries
+    in place."""
+    from mlx_lm.models.base import quantized_scaled_dot_product_attention
+
+    keys, values = (kq, ks, kb), (vq, vs, vb)
+    return quantized_scaled_dot_product_attention(queries, keys, values, scale, mask, group_size, bits)
+
+
+def qsa_attention(
+    queries: Any, keys: Any, values: Any, selection: Any, query_ends: Any, scale: float, ratio: int
+) -> Any:  # fmt: skip
+    """The masked form of one QSA call: ``sdpa`` over the buffer, masked by the selection's cells and the tail."""
+    keep = ops.qsa_mask(selection, query_ends - 1, ratio=ratio, kv_len=keys.shape[2])
+    return ops.sdpa(queries, keys, values, mask=keep, scale=scale)
+
+
+def qsa_quantized_attention(
+    queries: Any, kq: Any, ks: Any, kb: Any, vq: Any, vs: Any, vb: Any, selection: Any, query_ends: Any,
+    scale: float, ratio: int, group_size: int, bits: int,
+) -> Any:  # fmt: skip
+    """The masked form of one QSA call on a quantized cache: ``quantized_sdpa`` over the (words, scales, biases)
+    K and V, masked as :func:`qsa_attention`. Queries of another float dtype than the scales are computed as
+    MLX's ``quantized_matmul`` computes them: queries, scales and biases cast to their promoted float dtype."""
+    wide = queries.dtype if queries.dtype is ks.dtype else DType.float32  # MLX: float16 with bfloat16 -> float32
+    queries, ks, kb, vs, vb = (x if x.dtype is wide else ops.cast(x, wide) for x in (queries, ks, kb, vs, vb))
+    keep = ops.qsa_mask(selection, query_ends - 1, ratio=ratio, kv_len=kq.shape[2])
+    options = {"scale": scale, "group_size": group_size, "bits": bits}
+    return ops.quantized_sdpa(queries, (kq, ks, kb), (vq, vs, vb), mask=keep, **options)
+
+
+@dataclass(frozen=True)
+class ProgramSpec:
+    """One program: its function, whether it is traced (:mod:`attnpass.ir.ops`) rather than exported from MLX,
+    the :data:`~.policy.MIN_KEYS` kind bounding its key rows (None: no bound), whether a graph still one fused
+    ``sdpa`` is declined, and whether it attends a QSA selection (``qsa-gather`` is told the selection input is
+    promised, and a graph left masked is declined)."""
+
+    fn: Callable[..., Any]
+    traced: bool = False
+    bound: str | None = None
+    declines_fused: bool = False
+    selection: bool = False
+
+
+PROGRAMS: dict[str, ProgramSpec] = {
+    "attention": ProgramSpec(attention, bound="float", declines_fused=True),
+    "structured_attention": ProgramSpec(structured_attention, traced=True, bound="float", declines_fused=True),
+    "quantized_attention": ProgramSpec(quantized_attention, bound="quantized"),
+    "qsa_attention": ProgramSpec(qsa_attention, traced=True, selection=True),
+    "qsa_quantized_attention": ProgramSpec(qsa_quantized_attention, traced=True, selection=True),
+}
+
+
+class OpsFrontend(MLXFrontend):
+    """MLX signatures of a function written with :mod:`attnpass.ir.ops`: traced, not exported."""
+
+    def import_graph(self, t: Traceable) -> ImportedGraph:
+        specs = [TensorSpec(tuple(a.shape), native_dtype_name(a.dtype)) for a in t.arrays]
+        return ImportedGraph(trace(t.fn, *specs))
+
+
+def kept_fused(result: PassResult) -> Decline | None:
+    """The decline of a rewritten graph still one MLX fused call (reshapes aside): never lowered."""
+    if Counter(n.op for n in result.graph.nodes() if n.op not in ("input", "reshape")) == {"sdpa": 1}:
+        return Decline(
+            "fused_kernel_serves",
+            "the pipeline kept MLX's fused call: the client computes it on the valid keys, without a buffer's padding",
+        )
+    return None
+
+
+def kept_masked(result: PassResult) -> Decline | None:
+    """The decline of a QSA graph ``qsa-gather`` left in the masked form, with ``qsa-gather``'s own reason."""
+    if not any(n.op == "qsa_mask" for n in result.graph.nodes()):
+        return None
+    kept = [r for r in result.remarks if r.pass_name == "qsa-gather" and r.kind == "declined"]
+    if kept:
+        return Decline(kept[0].reason, f"qsa-gather kept the masked form: {kept[0].message}", data=kept[0].data)
+    return Decline("no_gather_pass", "the pipeline has no qsa-gather: the masked form is the client's own")
+
+
+def compile_program(
+    spec: ProgramSpec, pipeline: str | Sequence[Pass] | None, *, strict: bool, max_signatures: int,
+    min_keys: int | None, bounds: Bounds,
+) -> CompiledFunction:  # fmt: skip
+    """``spec``'s function compiled per signature under ``pipeline`` (None: the device's wrapper pipeline), its
+    decisions taken on each rewritten graph in the order fused, too short, masked."""
+    frontend = OpsFrontend() if spec.traced else MLXFrontend()
+    passes = wrapper_pipeline(frontend.device(), frontend.target) if pipeline is None else as_passes(pipeline)
+    if spec.selection:
+        passes = [_promised(p) for p in passes]
+    hooks: list[Callable[[PassResult], Decline | None]] = [kept_fused] if spec.declines_fused else []
+    if spec.bound is not None:
+        table = MIN_KEYS if frontend.device() == "cpu" else {}
+        hooks.append(too_short(spec.bound, min_keys, table, bounds))
+    if spec.selection:
+        hooks.append(kept_masked)
+
+    def decline(result: PassResult) -> Decline | None:
+        return next((found for found in (hook(result) for hook in hooks) if found is not None), None)
+
+    return CompiledFunction(
+        spec.fn, frontend, pipeline=passes, strict=strict, max_signatures=max_signatures,
+        name="attnpass.backends.mlx.optimize", decline=decline,
+    )  # fmt: skip
+
+
+def _promised(p: Pass) -> Pass:
+    """A ``qsa-gather`` not told of a selection input, told the programs' one; any other pass as it is."""
+    if isinstance(p, QSAGather) and p.selection_input is None:
+        return dataclasses.replace(p, selection_input=SELECTION)
+    return p
+
+
+__all__ = [
+    "PROGRAMS", "OpsFrontend", "ProgramSpec", "attention", "compile_program", "kept_fused", "kept_masked",
+    "qsa_attention", "qsa_quantized_attention", "quantized_attention", "structured_attention",
+]  # fmt: skip
