@@ -42,11 +42,8 @@ _BINARY = {
     "sub": "sub",
     "mul": "mul",
     "max": "maximum",
-    "eq": "equal",
     "lt": "less",
     "ge": "greater_equal",
-    "and": "logical_and",
-    "or": "logical_or",
     "min": "minimum",
 }
 _SWAPPED = {"gt": "less", "le": "greater_equal"}  # x > y == y < x; x <= y == y >= x
@@ -382,10 +379,20 @@ IMPORTERS.update({name: _inline for name in _CALLS})
 
 @importer("div")
 def _div(imp: "_Importer", params: dict, x: list[str], eqn: Any) -> list[str]:
+    """``lax.div``; of integers it rounds toward zero: the floor quotient plus one where the remainder is
+    nonzero and the operands' signs differ (``jnp.floor_divide`` then rounds it back down)."""
+    b = imp.b
     x = _promoted(imp, x, eqn)
-    if not imp.b.type(x[0]).dtype.is_float:
-        raise ModelImportError("integer div (rounds toward zero) is not in the IR")
-    return [imp.b.op("div", x)]
+    dtype = b.type(x[0]).dtype
+    if dtype.is_float:
+        return [b.op("div", x)]
+    zero = b.scalar(0, dtype)
+    floor = b.op("floor_divide", x)
+    inexact = b.op("logical_not", [b.op("equal", [b.op("remainder", x), zero])])
+    y_negative = b.op("less", [x[1], zero])
+    differ = b.op("where", [b.op("less", [x[0], zero]), b.op("logical_not", [y_negative]), y_negative])
+    up = b.op("logical_and", [inexact, differ])
+    return [b.op("where", [up, b.op("add", [floor, b.scalar(1, dtype)]), floor])]
 
 
 @importer("square")
@@ -409,17 +416,39 @@ def _pow(imp: "_Importer", params: dict, x: list[str], eqn: Any) -> list[str]:
 @importer("rem")
 def _rem(imp: "_Importer", params: dict, x: list[str], eqn: Any) -> list[str]:
     """``lax.rem`` (C's fmod: the dividend's sign) as the ``remainder`` of the magnitudes, exact, negated
-    where the dividend is negative."""
+    where the dividend is negative (a float's sign read from ``1 / x``, so that ``-0.0`` keeps its sign)."""
     b = imp.b
     x = _promoted(imp, x, eqn)
+    dtype = b.type(x[0]).dtype
     magnitude = b.op("remainder", [b.op("abs", [x[0]]), b.op("abs", [x[1]])])
-    negative = b.op("less", [x[0], b.scalar(0, b.type(x[0]).dtype)])
+    signed = b.op("div", [b.scalar(1.0, dtype), x[0]]) if dtype.is_float else x[0]
+    negative = b.op("less", [signed, b.scalar(0, dtype)])
     return [b.op("where", [negative, b.op("neg", [magnitude]), magnitude])]
 
 
-@importer("ne")
-def _ne(imp: "_Importer", params: dict, x: list[str], eqn: Any) -> list[str]:
-    return [imp.b.op("logical_not", [imp.b.op("equal", _promoted(imp, x, eqn))])]
+@importer("eq", "ne")
+def _equality(imp: "_Importer", params: dict, x: list[str], eqn: Any) -> list[str]:
+    """``x == y`` / ``x != y``; of bools (``jnp.remainder``'s sign test) a select: ``where(x, y, not y)``."""
+    b, negate = imp.b, eqn.primitive.name == "ne"
+    x = _promoted(imp, x, eqn)
+    if b.type(x[0]).dtype is DType.bool:
+        other = b.op("logical_not", [x[1]])
+        return [b.op("where", [x[0], other, x[1]] if negate else [x[0], x[1], other])]
+    equal = b.op("equal", x)
+    return [b.op("logical_not", [equal]) if negate else equal]
+
+
+@importer("and", "or")
+def _logical(imp: "_Importer", params: dict, x: list[str], eqn: Any) -> list[str]:
+    name = eqn.primitive.name
+    x = _promoted(imp, x, eqn)
+    if imp.b.type(x[0]).dtype is not DType.bool:
+        raise ModelImportError(
+            f"bitwise {name} of integers is not in the IR (only the logical {name} of bools is); jnp.power of an "
+            "integer base by an integer array exponent computes with it over the exponent's bits: cast the base to "
+            "a float, or give the exponent as a Python int"
+        )
+    return [imp.b.op(f"logical_{name}", x)]
 
 
 @importer("not")
