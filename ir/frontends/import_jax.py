@@ -23,6 +23,7 @@ import numpy as np
 
 from attnpass.ir.core.types import DType, SourceLoc, TensorType
 
+from .example_args import require_callable, require_jax_leaves
 from .importing import (
     INLINE_LIMIT,
     GraphBuilder,
@@ -622,7 +623,8 @@ def _array_key(array: Any) -> Any:
 def from_jax(
     fn: Callable, *example_args: Any, name: str | None = None, inline_limit: int = INLINE_LIMIT
 ) -> ImportedGraph:
-    """Import the JAX function ``fn`` traced on ``example_args`` (arrays, ``jax.ShapeDtypeStruct`` or pytrees of them).
+    """Import the JAX function ``fn`` traced on ``example_args`` (arrays, ``jax.ShapeDtypeStruct`` or pytrees of them;
+    a Python scalar is traced, as ``jax.jit`` traces it: :mod:`~attnpass.ir.frontends.example_args`).
 
     Arguments become streamed inputs named after ``fn``'s parameters; the leaves
     of a pytree argument after their pytree path too (``params['wq']`` ->
@@ -634,6 +636,8 @@ def from_jax(
     """
     import jax
 
+    require_callable("from_jax", fn, example_args)
+    require_jax_leaves(fn, example_args)
     reachable = captured_paths(fn, _leaves, _is_module)  # holds the arrays: their ids stay theirs
     paths = {_array_key(array): path for path, array in reversed(reachable)}
     closed = jax.make_jaxpr(fn)(*example_args)

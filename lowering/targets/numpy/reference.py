@@ -47,7 +47,7 @@ def _scores(
     The sum with an additive mask is rounded once to q's dtype, the dtype the source adds in: a finite fill
     such as ``-1e9`` then absorbs the scores of a row it covers entirely, which softmaxes to the mean of V
     as in the source, where float64 would keep the scores' differences (docs/semantics.md §1.2)."""
-    dtype = DType.from_numpy(np.asarray(q).dtype)
+    dtype = np.asarray(q).dtype  # float64 q (an oracle's own input) keeps the float64 sum
     q, k = wide(q), wide(k)
     (b, hq, s, _), (hkv, t) = q.shape, k.shape[1:3]
     folded = q.reshape(b, hkv, (hq // hkv) * s, q.shape[3])
@@ -60,8 +60,10 @@ def _scores(
         if mask.dtype == np.bool_:
             allowed = mask if allowed is None else np.logical_and(mask, allowed)
         else:
-            with np.errstate(over="ignore"):  # past the dtype's max: -inf, as the source's add gives
-                scores = wide(rounded(scores + wide(mask), dtype))
+            scores = scores + wide(mask)
+            if dtype != np.float64:
+                with np.errstate(over="ignore"):  # past the dtype's max: -inf, as the source's add gives
+                    scores = wide(rounded(scores, DType.from_numpy(dtype)))
     return scores, allowed
 
 
