@@ -413,11 +413,35 @@ def _max_error(got: Any, expected: np.ndarray) -> float:
     return float(np.max(np.where(got64 == expected64, 0.0, np.abs(got64 - expected64))))
 
 
+def _leaves(tree: Any) -> list:
+    """The arrays of an argument or output in order: itself, a list or tuple of arrays, or a pytree's leaves."""
+    if hasattr(tree, "shape"):
+        return [tree]
+    if isinstance(tree, (tuple, list)) and all(hasattr(x, "shape") for x in tree):
+        return list(tree)
+    import jax
+
+    return jax.tree_util.tree_leaves(tree)
+
+
+def host_args(args: tuple) -> list[np.ndarray]:
+    """The example arguments as a lowered program takes them: numpy arrays, a pytree (JAX) by its leaves."""
+    return [to_numpy(leaf) for arg in args for leaf in _leaves(arg)]
+
+
+def flat_output(out: Any) -> np.ndarray:
+    """One output as a numpy array; several (a step's logits and its updated cache) raveled into one, in order."""
+    leaves = _leaves(out)
+    if len(leaves) == 1:
+        return to_numpy(leaves[0])
+    return np.concatenate([np.asarray(to_numpy(o), np.float64).ravel() for o in leaves])
+
+
 def _run_on(graph: Graph, target: str, args: tuple, params: dict[str, Any]) -> np.ndarray:
     """``graph`` lowered to ``target`` and run as that backend usually runs (JAX under ``jax.jit``)."""
     program = lower(graph, target)
     compiled = _jit(program.fn) if target == "jax" else program.fn
-    return to_numpy(compiled(*program.bind(*[np.asarray(a) for a in args], **params)))
+    return flat_output(compiled(*program.bind(*host_args(args), **params)))
 
 
 def run_case(case: Case, targets: tuple[str, ...] = ()) -> Row:

@@ -269,10 +269,11 @@ class _Importer:
         return out
 
     def gather(self, x: str, indices: str, params: dict) -> str:
-        """``lax.gather`` of whole points (embedding lookups, ``take``, ``take_along_axis``).
+        """``lax.gather`` of whole points (embedding lookups, ``take``, ``take_along_axis``), or of one window
+        (a vmapped ``lax.dynamic_slice``: :meth:`window_gather`).
 
-        Every indexed or batching operand axis has slice size 1; the other axes are sliced from 0.
-        Indices must be in range: the ``clip``/``fill`` modes differ only outside it.
+        Every indexed or batching operand axis has slice size 1 (collapsed, or kept as a unit axis); the other
+        axes are sliced from 0. Indices must be in range: the ``clip``/``fill`` modes differ only outside it.
         """
         b, dn = self.b, params["dimension_numbers"]
         slice_sizes = tuple(int(d) for d in params["slice_sizes"])
@@ -287,8 +288,13 @@ class _Importer:
             starts.append(int(axis))
             points.append(b.constant(ramp, DType.int32, "iota", inline=True))
         dropped = set(int(d) for d in dn.collapsed_slice_dims) | set(int(d) for d in dn.operand_batching_dims)
-        if set(starts) != dropped:
-            raise ModelImportError(f"gather {dn}: only point gathers (every indexed axis collapsed) are supported")
+        windowed = any(slice_sizes[axis] != 1 for axis in starts)  # else points (an uncollapsed one: a unit axis)
+        if windowed and not batch_shape and not dropped and dn.offset_dims == tuple(range(len(slice_sizes))):
+            return self.window_gather(x, dict(zip(starts, points)), slice_sizes, params["mode"])
+        if windowed:
+            raise ModelImportError(
+                f"gather {dn}: only point gathers (slice size 1 on every indexed axis) and single windows are supported"
+            )
         out = b.gather(x, points, starts, slice_sizes)
         offsets = [size for axis, size in enumerate(slice_sizes) if axis not in dropped]
         out = b.reshape(out, batch_shape + tuple(offsets))
@@ -298,6 +304,19 @@ class _Importer:
             len(batch_shape) + offset_dims.index(p) if p in offset_dims else next(batch_positions) for p in range(rank)
         ]
         return b.transpose(out, perm)
+
+    def window_gather(self, x: str, starts: dict[int, str], sizes: tuple[int, ...], mode: Any) -> str:
+        """One window of ``sizes`` at ``starts`` (operand axis -> start; the others from 0), every axis kept:
+        ``lax.dynamic_slice`` (what vmap makes of one), whose clamping is mode ``CLIP``'s (``PROMISE_IN_BOUNDS``
+        promises the window fits, where the two agree). ``FILL_OR_DROP`` fills a window that does not fit
+        instead, which no IR op does: declined by name."""
+        if "FILL_OR_DROP" in str(mode):
+            raise ModelImportError(
+                f"gather of one window with mode {mode}: a window past the end is filled, not clamped as "
+                "lax.dynamic_slice clamps it; the IR has only the clamped slice (give mode='clip')"
+            )
+        zero = self.b.scalar(0, DType.int32)
+        return self.dynamic_slice(x, [starts.get(axis, zero) for axis in range(len(sizes))], sizes)
 
     def dot_general(self, lhs: str, rhs: str, params: dict) -> str:
         """``dot_general`` as transpose + reshape to ``[batch, M, K] @ [batch, K, N]`` + reshape back."""
@@ -513,6 +532,18 @@ def _reduce(imp: "_Importer", params: dict, x: list[str], eqn: Any) -> list[str]
     return [imp.b.op(_REDUCE[eqn.primitive.name], x, attrs)]
 
 
+@importer("reduce_and", "reduce_or")
+def _reduce_logical(imp: "_Importer", params: dict, x: list[str], eqn: Any) -> list[str]:
+    """``jnp.all`` / ``jnp.any`` of bools: how many are False (True) over the axes, compared with 0 (exact in int32)."""
+    b, every = imp.b, eqn.primitive.name == "reduce_and"
+    if b.type(x[0]).dtype is not DType.bool:
+        raise ModelImportError(f"{eqn.primitive.name} of integers (bitwise) is not in the IR (only of bools)")
+    counted = b.op("logical_not", x) if every else x[0]
+    attrs = {"axes": tuple(int(a) for a in params["axes"]), "keepdims": False}
+    none = b.op("equal", [b.op("sum", [b.cast(counted, DType.int32)], attrs), b.scalar(0, DType.int32)])
+    return [none if every else b.op("logical_not", [none])]
+
+
 @importer(*_SCANS)
 def _scan(imp: "_Importer", params: dict, x: list[str], eqn: Any) -> list[str]:
     """``lax.cumsum`` / ``cumprod`` / ``cummax`` / ``cummin`` / ``cumlogsumexp``: an inclusive ``scan``."""
@@ -591,10 +622,21 @@ def _pytree_leaves(root: Any) -> list[tuple[str, Any]]:
     return [(jax.tree_util.keystr(path), leaf) for path, leaf in flat]
 
 
+def _named_variables(root: Any) -> list[tuple[str, Any]]:
+    """``(variable path, array)`` of an object whose ``variables`` each carry a ``path`` and an array ``value``
+    (a Keras 3 layer or model on the JAX backend: ``llama_backbone/token_embedding/embeddings``); else ``[]``."""
+    if not type(root).__module__.startswith("keras"):
+        return []
+    variables = getattr(root, "variables", None)
+    named = [(getattr(v, "path", None), getattr(v, "value", None)) for v in variables or ()]
+    return [(path, value) for path, value in named if isinstance(path, str) and _is_array(value)]
+
+
 def _leaves(root: Any) -> list[tuple[str, Any]]:
-    """``(path, array)`` of the JAX and numpy arrays in ``root``: by pytree path, and inside a leaf that is
-    not an array (a plain object such as a KV cache class) by attribute path (``['layer0'].keys``)."""
-    found = []
+    """``(path, array)`` of the JAX and numpy arrays in ``root``: a Keras object's variables by their own paths,
+    then by pytree path, and inside a leaf that is not an array (a plain object such as a KV cache class) by
+    attribute path (``['layer0'].keys``)."""
+    found = _named_variables(root)
     for path, leaf in _pytree_leaves(root):
         if _is_array(leaf):
             found.append((path, leaf))

@@ -499,3 +499,12 @@ def test_an_empty_constant_lowers_on_every_target(target, dtype):
     graph = trace(lambda x: ops.concat([x, ops.constant(empty, dtype)], 1), TensorSpec((2, 3), dtype))
     x = random_array(np.random.default_rng(0), (2, 3), dtype)
     assert_bits_equal(run(lower(graph, target), x), x)
+
+
+@pytest.mark.parametrize("target", ALL_TARGETS)
+def test_a_numpy_scalar_argument_is_converted_like_an_array(target):
+    """``np.int32(7)`` for an ``i32[]`` input (a cache index from JAX code): the MLX program received the numpy
+    scalar itself and failed in ``astype``; every target now converts it as it converts numpy arrays."""
+    graph = trace(lambda i, x: ops.add(ops.cast(i, F32), x), TensorSpec((), I32), TensorSpec((2,), F32))
+    x = np.array([0.5, 1.5], np.float32)
+    assert_bits_equal(run(lower(graph, target), np.int32(7), x), np.array([7.5, 8.5], np.float32))

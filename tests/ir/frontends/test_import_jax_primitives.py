@@ -162,3 +162,38 @@ def test_remat_blocks_are_inlined(rng, checkpoint):
     wrapped = jax.checkpoint(block, policy=policy)
     x = _floats(rng, (2, 8))
     _check(lambda x: wrapped(wrapped(x)), x, exact=("jax",), op="tanh")
+
+
+# ----------------------------------------------------------------------------- what the libraries of the zoo needed
+
+
+def test_all_and_any_of_bools(rng):
+    """``jnp.all`` / ``jnp.any`` (KerasHub's Gemma: a row that attends no token) are exact on every target."""
+    m = rng.random((2, 3, 5)) < 0.7
+    m[0, 0] = True
+    _check(lambda m: (jnp.all(m, axis=-1), jnp.any(m, axis=(0, 2)), jnp.all(m)), m, op="sum")
+    with pytest.raises(ModelImportError, match=r"reduce_and of integers \(bitwise\) is not in the IR"):
+        from_jax(lambda x: lax.reduce_and(x, (0,)), np.ones((3,), np.int32))
+
+
+@pytest.mark.parametrize("start", [0, 3, 5, 9, -2])
+def test_a_vmapped_dynamic_slice_is_one_window_gather(rng, start):
+    """vmap of ``lax.dynamic_slice`` is a gather of one window (penzai's named-axis slices): the start is
+    clamped so the window fits, as in JAX; an uncollapsed point gather keeps its unit axis."""
+    x = rng.integers(0, 50, (2, 12)).astype(np.int32)
+    window = jax.vmap(lambda row, i: lax.dynamic_slice(row, (i,), (4,)), in_axes=(0, None))
+    _check(window, x, np.int32(start), op="take")
+    table = _floats(rng, (6, 10))
+    point = jax.vmap(lambda t, i: lax.dynamic_slice_in_dim(t, i, 1, axis=0), in_axes=(1, None), out_axes=1)
+    _check(point, table, np.int32(start % 6))
+
+
+def test_a_point_gather_that_keeps_its_indexed_axis(rng):
+    """penzai's embedding lookup: the indexed axis is not collapsed but kept with size 1 (``offset_dims`` lists it)."""
+    table = _floats(rng, (8, 12))
+    numbers = lax.GatherDimensionNumbers(offset_dims=(0, 3), collapsed_slice_dims=(), start_index_map=(1,))
+
+    def lookup(table, ids):
+        return lax.gather(table, ids[..., None], numbers, slice_sizes=(8, 1), mode="clip")
+
+    _check(lookup, table, np.array([[3, 11]], np.int32), op="take")
