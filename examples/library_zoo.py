@@ -202,8 +202,10 @@ def _whisper(dtype: str) -> tuple[Any, Any, Any]:
     from mlx_whisper.whisper import ModelDimensions, Whisper
 
     mx.random.seed(0)
-    dims = ModelDimensions(n_mels=16, n_audio_ctx=12, n_audio_state=32, n_audio_head=4, n_audio_layer=2,
-                           n_vocab=zoo.VOCAB, n_text_ctx=16, n_text_state=32, n_text_head=4, n_text_layer=2)  # fmt: skip
+    dims = ModelDimensions(
+        n_mels=16, n_audio_ctx=12, n_audio_state=32, n_audio_head=4, n_audio_layer=2,
+        n_vocab=zoo.VOCAB, n_text_ctx=16, n_text_state=32, n_text_head=4, n_text_layer=2,
+    )  # fmt: skip
     mx_dtype = mx.bfloat16 if dtype == "bf16" else mx.float32
     model = Whisper(dims, mx_dtype)
     model.set_dtype(mx_dtype)

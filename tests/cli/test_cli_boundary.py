@@ -128,10 +128,8 @@ def test_explain_without_a_pipeline_explains_the_default_one(cli, tmp_path):
     status, out, _ = cli("explain", graph)
     first = out.splitlines()[0]
     assert status == 0
-    assert (
-        first
-        == f"// pipeline: the default for device cpu (default_pipeline('cpu')): {format_pipeline(default_pipeline('cpu'))}"
-    )
+    pipeline = format_pipeline(default_pipeline("cpu"))
+    assert first == f"// pipeline: the default for device cpu (default_pipeline('cpu')): {pipeline}"
     assert "[decompose-sdpa] applied sdpa: strategy decomposed (device cpu)" in out
     status, out, _ = cli("explain", "--device", "gpu", graph)
     assert status == 0 and "default_pipeline('gpu')" in out.splitlines()[0] and "strategy fused" in out

@@ -39,18 +39,16 @@ def erf(x: np.ndarray) -> np.ndarray:
 
 
 def _scores(
-    q, k, mask, scale: float, causal: str, softcap: float | None = None, window: tuple | None = None, *,
-    added_in: str | None = None,
-) -> tuple[np.ndarray, np.ndarray | None]:  # fmt: skip
+    q, k, mask, scale: float, causal: str, softcap: float | None = None, window: tuple | None = None
+) -> tuple[np.ndarray, np.ndarray | None]:
     """float64 ``q k^T * scale`` (soft-capped: ``c tanh(s / c)``) plus an additive mask, and the bool
     ``[.., S, T]`` of allowed keys (None: all).
 
-    The sum with an additive mask is rounded once to ``added_in`` (None: q's dtype), the dtype the scores are
-    added in: a finite fill such as ``-1e9`` then absorbs the scores of a row it covers entirely, which
-    softmaxes to the mean of V as in the source, where float64 would keep the scores' differences
-    (docs/semantics.md §1.3). A float64 q (an oracle's own input) keeps the float64 sum."""
-    dtype = np.asarray(q).dtype
-    added_in = None if dtype == np.float64 else added_in or DType.from_numpy(dtype).value
+    The sum with an additive mask is rounded once to float32, the precision of the logits a float32 source and
+    the fused kernels add it in: a finite fill such as ``-1e9`` then absorbs the scores of a row it covers
+    entirely, which softmaxes to the mean of V as in the source, where float64 would keep the scores'
+    differences (docs/semantics.md §1.3). A float64 q (an oracle's own input) keeps the float64 sum."""
+    widened = np.asarray(q).dtype == np.float64
     q, k = wide(q), wide(k)
     (b, hq, s, _), (hkv, t) = q.shape, k.shape[1:3]
     folded = q.reshape(b, hkv, (hq // hkv) * s, q.shape[3])
@@ -64,9 +62,9 @@ def _scores(
             allowed = mask if allowed is None else np.logical_and(mask, allowed)
         else:
             scores = scores + wide(mask)
-            if added_in is not None:
-                with np.errstate(over="ignore"):  # past the dtype's max: -inf, as the source's add gives
-                    scores = wide(rounded(scores, added_in))
+            if not widened:
+                with np.errstate(over="ignore"):  # past float32's max: -inf, as the source's add gives
+                    scores = wide(rounded(scores, DType.float32))
     return scores, allowed
 
 
@@ -89,8 +87,8 @@ def sdpa(
     per KV head, so K/V are never copied per query head. A bool mask and
     ``causal`` exclude keys; a row they leave without any key weighs all ``T``
     keys equally (the mean of V), as MLX's and JAX's fused calls do. An
-    additive mask is arithmetic, added in q's dtype: a row it sets to -inf everywhere is NaN, and a row a
-    finite fill such as -1e9 covers entirely rounds to equal scores (the mean of V), as in the source.
+    additive mask is arithmetic, added to the logits in float32: a row it sets to -inf everywhere is NaN, and a
+    row a finite fill such as -1e9 covers entirely rounds to equal scores (the mean of V), as in the source.
     ``softcap`` c: the scaled scores become ``c tanh(s / c)`` before the mask.
     ``window`` (left, right, chunk) excludes keys as :func:`~attnpass.ir.dialects.attention.visible` says.
     ``sinks`` ``[Hq]``: head h's logit joins each of its rows' softmax as one
@@ -114,14 +112,13 @@ def sdpa(
 
 
 def sdpa_lse(q, k, mask=None, *, scale: float, causal: str, softcap: float | None = None) -> np.ndarray:
-    """float32 logsumexp over the keys sdpa attends of its logits (float32: an additive mask is added in it, as
-    its MLX and JAX lowerings add it): -inf for a row with no key.
+    """float32 logsumexp over the keys sdpa attends of its logits: -inf for a row with no key.
 
     Unlike sdpa, a row that the bool mask and ``causal`` leave without any key
     is not given uniform weights here: its log-sum-exp is log(0) = -inf, so a
     combine of partial attentions (split-kv) gives it no weight.
     """
-    scores, allowed = _scores(q, k, mask, scale, causal, softcap, added_in="float32")
+    scores, allowed = _scores(q, k, mask, scale, causal, softcap)
     if allowed is not None:
         scores = np.where(allowed, scores, -np.inf)
     peak = np.max(scores, axis=-1)
