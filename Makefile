@@ -25,7 +25,7 @@ $(PY):
 
 $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[mlx,jax,dev,clients,render,zoo,peers]"
+	$(PY) -m pip install --quiet -e ".[mlx,jax,dev,clients,render,zoo,peers,libraries]"
 	touch $(STAMP) $(STAMP_DEMO)
 
 $(STAMP_DEMO): pyproject.toml | $(PY)

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Sequence, TextIO
 
 from attnpass.ir import AttnpassError, DType, Graph, ImportedGraph, TensorType, require_int
-from attnpass.ir.core.arguments import describe
+from attnpass.ir.core.arguments import argument_error, describe, require_choice
 from attnpass.ir.core.types import short_repr
 from attnpass.ir.frontends.importing import graph_name
 from attnpass.lowering import Program, lower
@@ -48,6 +48,9 @@ from attnpass.passes import (
 
 MAX_SIGNATURES = 64
 RAISE = "raise-attention"  # imported graphs hold attention as primitives: raise it to sdpa before anything else
+NUMERICS = ("pipeline", "source")  # whatever the pipeline computes (docs/numerics.md), or the function's own bits
+SOURCE_EXACT = ("canonicalize", "dce")  # the passes numerics="source" allows: they keep every bit, on every target
+SUMMARY_AFTER = 8  # explain() prints the summary form past this many signatures
 
 
 def wrapper_pipeline(device: str, target: str | None = None) -> list[Pass]:
@@ -60,6 +63,22 @@ def wrapper_pipeline(device: str, target: str | None = None) -> list[Pass]:
     the program is called with the function's own arguments.
     """
     return parse_pipeline(RAISE) + default_pipeline(device, keep_signature=True, target=target)
+
+
+def numerics_passes(where: str, numerics: str, pipeline: str | Sequence[Pass] | None) -> list[Pass] | None:
+    """The passes of ``numerics="source"`` (:data:`SOURCE_EXACT`, or ``pipeline`` when it holds only those; an
+    ArgumentError naming any other); None for ``"pipeline"`` (the wrapper's own choice)."""
+    require_choice(where, "numerics", numerics, NUMERICS)
+    if numerics == "pipeline":
+        return None
+    passes = parse_pipeline(",".join(SOURCE_EXACT)) if pipeline is None else as_passes(pipeline)
+    changing = [p.name for p in passes if p.name not in SOURCE_EXACT]
+    if changing:
+        raise argument_error(
+            where, "pipeline", format_pipeline(passes), f"only {' and '.join(SOURCE_EXACT)} with numerics='source'",
+            f"{', '.join(changing)} change(s) the arithmetic; leave numerics='pipeline' to run it",
+        )  # fmt: skip
+    return passes
 
 
 def as_passes(pipeline: str | Sequence[Pass]) -> list[Pass]:
@@ -270,6 +289,51 @@ def remark_summary(remarks: Sequence[Remark]) -> list[str]:
     return lines
 
 
+SIGNATURES_LISTED = 3  # signatures a fallback line of the summary lists before "(+N more)"
+
+
+def signatures_summary(entries: Sequence[Specialization]) -> list[str]:
+    """The summary form of many signatures: how many compiled, the fallbacks grouped by reason, then one line
+    per distinct (pass, kind, :func:`decision`) over all of them with its remark count and in how many
+    signatures it was made (``rule hits`` analyses left out, as in :func:`remark_summary`)."""
+    compiled = sum(e.compiled for e in entries)
+    seconds = sum(e.seconds for e in entries)
+    lines = [f"  {compiled} compiled, {len(entries) - compiled} run the original function; built in {seconds:.1f} s"]
+    fallbacks: dict[str, list[str]] = {}
+    for e in entries:
+        if not e.compiled:
+            fallbacks.setdefault(str(e.reason), []).append(e.signature)
+    for reason, signatures in fallbacks.items():
+        more = f" (+{len(signatures) - SIGNATURES_LISTED} more)" if len(signatures) > SIGNATURES_LISTED else ""
+        listed = "; ".join(signatures[:SIGNATURES_LISTED])
+        lines.append(f"  runs the original function x{len(signatures)}: {reason}: {listed}{more}")
+    groups: dict[tuple[str, str, str], list[int]] = {}
+    for index, e in enumerate(entries):
+        for r in e.remarks:
+            if r.reason != "rule_hits":
+                groups.setdefault((r.pass_name, r.kind, decision(r)), []).append(index)
+    for (pass_name, kind, what), made in groups.items():
+        lines.append(f"  [{pass_name}] {kind} x{len(made)} {what}: in {len(set(made))} of {len(entries)} signature(s)")
+    lines.append("  (explain(summary=False) prints each signature)")
+    return lines
+
+
+def numerics_note(entries: Sequence[Specialization], numerics: str | None) -> str:
+    """What the programs compute against the function (docs/numerics.md), for the summary's first line."""
+    if numerics == "source":
+        return f"the function's own, bit for bit (numerics='source': only {' and '.join(SOURCE_EXACT)} run)"
+    raised = sum(any(r.pass_name == RAISE and r.kind == "applied" and r.rule == "attention" for r in e.remarks)
+                 for e in entries)  # fmt: skip
+    if not raised:
+        return "no attention raised: the function's arithmetic (docs/numerics.md)"
+    option = "; numerics='source' keeps the function's own" if numerics is not None else ""
+    return (
+        f"attention raised to sdpa in {raised} of {len(entries)} signature(s) is computed by the target's attention "
+        "call or decompose-sdpa's float32 form, not in the function's op order: float32 within 1e-5 of the function, "
+        "bfloat16 within two bf16 steps of the output's largest value and closer to float32 (docs/numerics.md)" + option
+    )
+
+
 def check_calling_convention(before: Graph, after: Graph) -> None:
     """The rewritten graph must take a subset of the imported inputs, unchanged, and give the same outputs."""
     for name in after.inputs:
@@ -347,7 +411,10 @@ class CompiledFunction:
     frontend's device when the wrapper is made. ``specializations`` lists the
     cached signatures (least recently used first), ``specialization(*args)`` the
     one of a call, ``traces`` counts the signatures built so far, and
-    ``explain()`` prints each signature with its remarks. ``decline``, given the
+    ``explain()`` prints each signature with its remarks (past :data:`SUMMARY_AFTER`
+    of them, their decisions grouped by kind). ``numerics`` (None: the wrapper offers
+    no choice) is ``"pipeline"`` or ``"source"``, which runs only :data:`SOURCE_EXACT`,
+    so the program computes every bit as the function does. ``decline``, given the
     pipeline's result, may return a :class:`~attnpass.passes.infra.rewrite.Decline` to run the original
     function instead: the signature is then neither lowered nor compiled (a decision, not a
     failure: no warning, even with ``strict``).
@@ -363,13 +430,17 @@ class CompiledFunction:
         max_signatures: int,
         name: str,
         decline: Callable[[PassResult], Decline | None] | None = None,
+        numerics: str | None = None,
     ) -> None:
         require_int(name, "max_signatures", max_signatures)
         functools.update_wrapper(self, fn)
         self._fn = fn
         self._frontend = frontend
         self._fallback = frontend.fallback(fn)
-        passes = wrapper_pipeline(frontend.device(), frontend.target) if pipeline is None else as_passes(pipeline)
+        passes = numerics_passes(name, numerics, pipeline) if numerics is not None else None
+        if passes is None:
+            passes = wrapper_pipeline(frontend.device(), frontend.target) if pipeline is None else as_passes(pipeline)
+        self.numerics = numerics
         self._passes = tuple(passes)
         self.pipeline = format_pipeline(self._passes)
         self.strict = strict
@@ -398,16 +469,28 @@ class CompiledFunction:
     def specializations(self) -> list[Specialization]:
         return self._cache.values()
 
-    def explain(self, *, graphs: bool = False, file: TextIO | None = None, verbose: bool = False) -> None:
+    def explain(
+        self, *, graphs: bool = False, file: TextIO | None = None, verbose: bool = False, summary: bool | None = None
+    ) -> None:
         """Print every cached signature: what it compiled to or why not, and a summary of its remarks.
 
         ``verbose=True`` prints every remark whole instead (:meth:`Specialization.explain`);
-        ``graphs=True`` adds each rewritten graph; ``file`` defaults to stdout.
+        ``graphs=True`` adds each rewritten graph; ``file`` defaults to stdout. ``summary=True`` prints
+        the numerics and the decisions of all signatures grouped by kind (:func:`signatures_summary`)
+        instead of each signature; None chooses it past :data:`SUMMARY_AFTER` signatures unless
+        ``graphs`` or ``verbose`` asks for each one.
         """
         out = file if file is not None else sys.stdout
         entries = self.specializations
         head = f"{self._wrapper_name}({self._fn_name}): {len(entries)} signature(s) cached, {self.traces} trace(s)"
         print(head, file=out)
+        if summary is None:
+            summary = len(entries) > SUMMARY_AFTER and not (graphs or verbose)
+        if summary:
+            print(f"  numerics: {numerics_note(entries, self.numerics)}", file=out)
+            for line in signatures_summary(entries):
+                print(line, file=out)
+            return
         for entry in entries:
             print(entry.explain(graph=graphs, verbose=verbose), file=out)
 
@@ -467,6 +550,7 @@ class CompiledFunction:
 
 __all__ = [
     "CompiledFunction", "FallbackWarning", "Frontend", "MAX_SIGNATURES", "Specialization", "SpecializationError",
-    "Traceable", "array_text", "as_passes", "check_callable", "check_calling_convention", "decision",
-    "name_parameters", "remark_summary", "static_spec", "static_text", "wrapper_pipeline",
+    "NUMERICS", "SOURCE_EXACT", "SUMMARY_AFTER", "Traceable", "array_text", "as_passes", "check_callable",
+    "check_calling_convention", "decision", "name_parameters", "numerics_note", "numerics_passes", "remark_summary",
+    "signatures_summary", "static_spec", "static_text", "wrapper_pipeline",
 ]  # fmt: skip

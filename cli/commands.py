@@ -53,8 +53,9 @@ def show(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_pipeline(args: argparse.Namespace, instrumentations: list):
-    """Load the graph (or the reproducer) and run the pipeline with the requested instrumentation."""
+def _run_pipeline(args: argparse.Namespace, instrumentations: list, default: list | None = None):
+    """Load the graph (or the reproducer) and run the pipeline with the requested instrumentation; ``default``:
+    the passes to run when no ``--pipeline`` is given (None: it is required)."""
     import tempfile
 
     from attnpass.ir.core.types import printable
@@ -68,11 +69,12 @@ def _run_pipeline(args: argparse.Namespace, instrumentations: list):
         print(f"// replaying {args.reproducer}: pipeline {rep.pipeline!r} (ran after: {after})")
         passes, graph, reproducer_dir = rep.passes, rep.graph, None
     else:
-        if args.pipeline is None or args.graph is None:
+        if args.graph is None or (args.pipeline is None and default is None):
             raise AttnpassError("give --pipeline TEXT and a GRAPH file (or --reproducer FILE)")
-        if not args.pipeline.strip():  # as a missing --pipeline: running no pass is never what `run` is for
+        if args.pipeline is not None and not args.pipeline.strip():  # running no pass is never what `run` is for
             raise AttnpassError("--pipeline is empty: name at least one pass, e.g. -p dce (see: attnpass passes)")
-        passes, graph = parse_pipeline(args.pipeline), load_graph(args.graph)
+        passes = parse_pipeline(args.pipeline) if args.pipeline is not None else default
+        graph = load_graph(args.graph)
         reproducer_dir = args.reproducer_dir or tempfile.gettempdir()
         if args.mesh is not None:
             axes = _mesh_axes(args.mesh)
@@ -111,10 +113,17 @@ def _print_remarks(args: argparse.Namespace, remarks, *, summary_after: bool = F
 
 def _read_weights(args: argparse.Namespace, graph: Graph) -> dict[str, Any]:
     """The weights of an imported graph: ``--params FILE`` or the GRAPH file's sibling ``.safetensors``."""
-    from attnpass.ir.frontends.weights import load_weights, require_weights_file
+    from attnpass.ir.frontends.weights import load_weights, require_weights_file, weight_inputs
 
     if args.graph is None:  # a reproducer carries no weights
+        if args.params is not None:
+            raise AttnpassError(f"--params {args.params}: a reproducer carries no weights; give --params with GRAPH")
         return {}
+    if args.params is not None and not weight_inputs(graph):
+        raise AttnpassError(
+            f"--params {args.params}: graph {graph.name} ({args.graph}) has no weight inputs to read it into (an "
+            "imported graph's weights are inputs with a path); leave --params out for this graph"
+        )
     file = require_weights_file(graph, args.graph, args.params)
     return load_weights(graph, file) if file is not None else {}
 
@@ -154,9 +163,25 @@ def _check_outputs(args: argparse.Namespace) -> None:
         _writable(args.remarks_json)
 
 
+def _default_pipeline(args: argparse.Namespace) -> list | None:
+    """``explain`` without ``--pipeline``: the default pipeline of ``--device`` (cpu), announced on one line."""
+    from attnpass.ir.core.arguments import require_choice
+    from attnpass.passes import default_pipeline, format_pipeline
+    from attnpass.passes.analysis.devices import DEVICES
+
+    if args.pipeline is not None or args.reproducer is not None:
+        if args.device is not None:
+            raise AttnpassError("--device picks the default pipeline: give it without --pipeline or --reproducer")
+        return None
+    device = require_choice("attnpass explain", "--device", args.device or "cpu", list(DEVICES))
+    passes = default_pipeline(device)
+    print(f"// pipeline: the default for device {device} (default_pipeline({device!r})): {format_pipeline(passes)}")
+    return passes
+
+
 def explain(args: argparse.Namespace) -> int:
     _check_outputs(args)
-    _, result = _run_pipeline(args, [])
+    _, result = _run_pipeline(args, [], _default_pipeline(args))
     _print_remarks(args, result.remarks, summary_after=True)
     return 0
 

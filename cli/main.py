@@ -174,6 +174,11 @@ def build_parser() -> Parser:
 
     sub = add("explain", "explain", "print every remark of a pipeline (applied and declined), nothing else")
     _pipeline_options(sub)
+    sub.add_argument(
+        "--device",
+        metavar="NAME",
+        help="without --pipeline: explain the default pipeline of this device, cpu, metal, gpu or tpu (default: cpu)",
+    )
 
     sub = add("diff", "diff", "unified diff of two graphs' text forms plus added/removed/changed nodes")
     sub.add_argument("before", metavar="A", help="graph file (before): JSON or text form")

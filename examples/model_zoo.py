@@ -18,10 +18,11 @@ compared with the module. One row per case:
 - ``raised``: attention layers raised to ``sdpa`` / attention layers in the model;
 - ``chunked``: head-chunk rewrites applied / ``sdpa`` calls eligible (q_len * gqa > 32);
 - ``max err``: max |lowered program - module| (``ok`` within :func:`tolerance`: 1e-4 in f32, 2 bf16 ulps in bf16);
+  with ``--everywhere``, also lowered to the other targets (4 bf16 ulps there), errors at the row's end;
 - ``nodes``: graph size before -> after ``canonicalize`` (``n/a`` while no such pass is registered);
 - ``remark``: the first declined attention/softmax remark, or the pass failure, when something is declined.
 
-Run: ``.venv/bin/python examples/model_zoo.py [SUBSTRING ...]`` (cases whose name contains one).
+Run: ``.venv/bin/python examples/model_zoo.py [--everywhere] [SUBSTRING ...]`` (cases whose name contains one).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import argparse
 import contextlib
 import functools
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 import numpy as np
@@ -45,6 +46,7 @@ HIDDEN = HQ * HEAD_DIM
 PROMPT, VERIFY, PREFILL = 11, 5, 7  # cached tokens; rows of a verify step; rows of a prefill without cache
 STEPS = {"prefill": PREFILL, "verify": VERIFY, "decode": 1}
 DTYPES = ("f32", "bf16")
+TARGETS = ("numpy", "mlx", "jax")
 TOKENS = np.random.default_rng(0).integers(0, VOCAB, PROMPT + PREFILL).astype(np.int32)
 
 COMMON = dict(
@@ -114,19 +116,23 @@ class Row:
     bound: float = 0.0  # the tolerance the error is held to
     nodes: tuple[int, int] | None = None
     remark: str = ""
+    elsewhere: dict[str, float] = field(default_factory=dict)  # max error lowered to each other target
+    bound_elsewhere: float = 0.0  # the tolerance those are held to
 
     @property
     def ok(self) -> bool:
-        return self.error is not None and self.error <= self.bound
+        own = self.error is not None and self.error <= self.bound
+        return own and all(error <= self.bound_elsewhere for error in self.elsewhere.values())
 
 
-def tolerance(dtype: str, expected: np.ndarray) -> float:
+def tolerance(dtype: str, expected: np.ndarray, *, elsewhere: bool = False) -> float:
     """The stated bound on max |lowered - module|: 1e-4 in float32; in bfloat16 two units in the last place
     of the largest output (2 * 2**-7 * max(1, max|expected|)): program and module may round fused ops
-    differently (XLA fuses bf16 chains and rounds once)."""
+    differently (XLA fuses bf16 chains and rounds once). ``elsewhere``: lowered to a target other than the
+    module's own backend, four units in bfloat16 (one backend rounds each bf16 op, the other fuses chains)."""
     if dtype == "f32":
         return 1e-4
-    return 2 * 2.0**-7 * max(1.0, float(np.max(np.abs(expected))))
+    return (4 if elsewhere else 2) * 2.0**-7 * max(1.0, float(np.max(np.abs(expected))))
 
 
 # ----------------------------------------------------------------------------- mlx-lm families
@@ -401,8 +407,46 @@ def _silence(raised: int, layers: int) -> str:
     return f"raise-attention left no remark on the {layers - raised} layer(s) it did not raise"
 
 
-def run_case(case: Case) -> Row:
-    """Import, raise, chunk, lower and compare one case."""
+def _max_error(got: Any, expected: np.ndarray) -> float:
+    got64, expected64 = np.asarray(got, np.float64), expected.astype(np.float64)
+    # equal values differ by 0, infinities included (phi3small's logits mask writes -inf); a NaN is never ok
+    return float(np.max(np.where(got64 == expected64, 0.0, np.abs(got64 - expected64))))
+
+
+def _leaves(tree: Any) -> list:
+    """The arrays of an argument or output in order: itself, a list or tuple of arrays, or a pytree's leaves."""
+    if hasattr(tree, "shape"):
+        return [tree]
+    if isinstance(tree, (tuple, list)) and all(hasattr(x, "shape") for x in tree):
+        return list(tree)
+    import jax
+
+    return jax.tree_util.tree_leaves(tree)
+
+
+def host_args(args: tuple) -> list[np.ndarray]:
+    """The example arguments as a lowered program takes them: numpy arrays, a pytree (JAX) by its leaves."""
+    return [to_numpy(leaf) for arg in args for leaf in _leaves(arg)]
+
+
+def flat_output(out: Any) -> np.ndarray:
+    """One output as a numpy array; several (a step's logits and its updated cache) raveled into one, in order."""
+    leaves = _leaves(out)
+    if len(leaves) == 1:
+        return to_numpy(leaves[0])
+    return np.concatenate([np.asarray(to_numpy(o), np.float64).ravel() for o in leaves])
+
+
+def _run_on(graph: Graph, target: str, args: tuple, params: dict[str, Any]) -> np.ndarray:
+    """``graph`` lowered to ``target`` and run as that backend usually runs (JAX under ``jax.jit``)."""
+    program = lower(graph, target)
+    compiled = _jit(program.fn) if target == "jax" else program.fn
+    return flat_output(compiled(*program.bind(*host_args(args), **params)))
+
+
+def run_case(case: Case, targets: tuple[str, ...] = ()) -> Row:
+    """Import, raise, chunk, lower and compare one case; ``targets``: also lowered to these (the case's own
+    backend always)."""
     fn, args, reference = case.make()
     importer = from_mlx if case.backend == "mlx" else from_jax
     try:
@@ -420,14 +464,14 @@ def run_case(case: Case) -> Row:
         nodes=_sizes(imported.graph),
         remark=failure or chunk_failure or (declined[0] if declined else "") or _silence(sdpa, case.layers),
     )
-    program = lower(chunked, case.backend)
-    compiled = program.fn if case.backend == "mlx" else _jit(program.fn)  # each backend's usual way to run
-    got = to_numpy(compiled(*program.bind(*[np.asarray(a) for a in args], **imported.params)))
     expected = reference()
-    got64, expected64 = np.asarray(got, np.float64), expected.astype(np.float64)
-    # equal values differ by 0, infinities included (phi3small's logits mask writes -inf); a NaN is never ok
-    error = float(np.max(np.where(got64 == expected64, 0.0, np.abs(got64 - expected64))))
-    return Row(case, "yes", error=error, bound=tolerance(case.dtype, expected), **common)
+    error = _max_error(_run_on(chunked, case.backend, args, imported.params), expected)
+    elsewhere = {t: _max_error(_run_on(chunked, t, args, imported.params), expected) for t in targets}
+    elsewhere.pop(case.backend, None)
+    return Row(
+        case, "yes", error=error, elsewhere=elsewhere, bound=tolerance(case.dtype, expected),
+        bound_elsewhere=tolerance(case.dtype, expected, elsewhere=True), **common,
+    )  # fmt: skip
 
 
 def format_row(row: Row) -> str:
@@ -438,7 +482,9 @@ def format_row(row: Row) -> str:
     imported = row.imported if len(row.imported) <= 60 else row.imported[:59] + "…"
     remark = row.remark if len(row.remark) <= 110 else row.remark[:109] + "…"
     raised = f"{row.raised}/{row.case.layers}" if row.imported == "yes" else "-"
-    return f"{row.case.name:<36} {imported:<8} {raised:>6} {chunked:>7} {error:>12} {nodes:>12}  {remark}"
+    line = f"{row.case.name:<36} {imported:<8} {raised:>6} {chunked:>7} {error:>12} {nodes:>12}  {remark}"
+    others = [f"{t} {e:.1e} {'ok' if e <= row.bound_elsewhere else 'FAIL'}" for t, e in row.elsewhere.items()]
+    return line + (f"  [elsewhere: {', '.join(others)}]" if others else "")
 
 
 HEADER = f"{'case':<36} {'imported':<8} {'raised':>6} {'chunked':>7} {'max err':>12} {'nodes':>12}  remark"
@@ -447,12 +493,15 @@ HEADER = f"{'case':<36} {'imported':<8} {'raised':>6} {'chunked':>7} {'max err':
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("only", nargs="*", help="run the cases whose name contains one of these")
-    only = parser.parse_args(argv).only
-    selected = [c for c in cases() if not only or any(s in c.name for s in only)]
+    parser.add_argument(
+        "--everywhere", action="store_true", help="also lower each case to the other targets (numpy, mlx, jax)"
+    )
+    options = parser.parse_args(argv)
+    selected = [c for c in cases() if not options.only or any(s in c.name for s in options.only)]
     print(HEADER)
     failed = 0
     for case in selected:
-        row = run_case(case)
+        row = run_case(case, TARGETS if options.everywhere else ())
         failed += not row.ok
         print(format_row(row), flush=True)
     return 1 if failed else 0

@@ -130,7 +130,8 @@ class Program:
         return [(n, self.graph.node(n).type, self.graph.input_role(n)) for n in self.input_names]
 
     def bind(self, *args: Any, **kwargs: Any) -> list[Any]:
-        """Order and type-check the arguments; convert numpy arrays to backend arrays."""
+        """Order and type-check the arguments; convert numpy arrays and scalars (``np.int32(7)``) to backend
+        arrays."""
         names = self.input_names
         if len(args) > len(names):
             raise AttnpassError(f"{self.graph.name} takes {len(names)} inputs ({', '.join(names)}), got {len(args)}")
@@ -150,8 +151,9 @@ class Program:
         if self.mesh is not None:  # every argument on the mesh, with its input's sharding (None: replicated)
             place = self.target.spmd.place  # type: ignore[union-attr]
             return [place(bound[n], self.mesh, self.graph.node(n).sharding) for n in names]
-        convert = self.target.from_numpy  # numpy arrays only: backend arrays and tracers pass as they are
-        return [convert(bound[n]) if isinstance(bound[n], np.ndarray) else bound[n] for n in names]
+        convert = self.target.from_numpy  # numpy arrays and scalars only: backend arrays and tracers pass as they are
+        numpy = (np.ndarray, np.generic)
+        return [convert(np.asarray(bound[n])) if isinstance(bound[n], numpy) else bound[n] for n in names]
 
     def next_state(self, outputs: Any) -> dict[str, Any]:
         """``{state input: its next value}`` taken from one call's ``outputs``, to pass to the next call."""

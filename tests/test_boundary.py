@@ -98,3 +98,60 @@ def test_a_callers_own_mistake_is_raised_without_blaming_the_import(case):
             amx.compile(attend)(*args, **kwargs)
     assert not isinstance(caught.value, AttnpassError)
     assert caught.value.__context__ is None or caught.value.__suppress_context__
+
+
+@requires("mlx.core")
+def test_from_mlx_python_scalars_are_static_as_mx_compile_treats_them():
+    """A Python int, float or bool argument is part of the graph (no input for it), the lowered program is called
+    with the arrays only and computes fn for that value (was MLX's raw '[export_function] Inputs can either be')."""
+    import mlx.core as mx
+
+    from attnpass.ir import from_mlx
+
+    x = mx.array(np.arange(4, dtype=np.float32))
+    for n in (3, 2.5, True):
+        imported = from_mlx(lambda x, n: x * n, x, n)
+        assert imported.graph.inputs == ("x",), imported.graph
+        expected = np.array(x * n)
+        for target in ("numpy", "mlx"):
+            np.testing.assert_array_equal(run(lower(imported, target), np.array(x)), expected)
+    imported = from_mlx(lambda scale, x, causal: x * scale if causal else x, 0.5, x, True)
+    assert imported.graph.inputs == ("x",)
+    np.testing.assert_array_equal(run(lower(imported, "mlx"), np.array(x)), np.array(x) * 0.5)
+
+
+@requires("mlx.core")
+def test_from_mlx_names_a_swapped_call_and_an_argument_it_cannot_take():
+    import mlx.core as mx
+
+    from attnpass.ir import from_mlx
+
+    q = mx.ones((2,))
+    with pytest.raises(
+        ArgumentError,
+        match=r"from_mlx: fn must be the function to import \(a callable\), got mlx.array f32\[2\]; the arguments "
+        r"look swapped: from_mlx\(fn, \*example_args\)",
+    ):
+        from_mlx(q, lambda x: x)
+    valid = r"must be an mx.array, or a Python bool, int or float \(static, as mx.compile treats it\)"
+    with pytest.raises(ArgumentError, match=rf"example argument x \(position 1 after fn\) {valid}, got numpy"):
+        from_mlx(lambda x: x * 2, np.ones((2,), np.float32))
+    with pytest.raises(ArgumentError, match=rf"example argument kv \(position 2 after fn\) {valid}, got tuple.*each"):
+        from_mlx(lambda x, kv: x * kv[0], q, (q, q))
+    with pytest.raises(ArgumentError, match=rf"example argument mode .* {valid}, got 'causal'"):
+        from_mlx(lambda x, mode: x, q, "causal")
+
+
+@requires("jax")
+def test_from_jax_traces_python_scalars_and_names_what_it_cannot_take():
+    """JAX's convention: a Python scalar is traced as jax.jit traces it (a weakly typed scalar input)."""
+    from attnpass.ir import from_jax
+
+    x = np.arange(4, dtype=np.float32)
+    imported = from_jax(lambda x, n: x * n, x, 3)
+    assert imported.graph.inputs == ("x", "n") and str(imported.graph.node("n").type) == "i32[]"
+    np.testing.assert_array_equal(run(lower(imported, "numpy"), x, np.int32(4)), x * 4)
+    with pytest.raises(ArgumentError, match=r"from_jax: fn must be .*got numpy.ndarray f32\[4\]; the arguments look"):
+        from_jax(x, lambda x: x)
+    with pytest.raises(ArgumentError, match=r"from_jax: example argument mode \(position 2 after fn\) must be arrays"):
+        from_jax(lambda x, mode: x, x, "causal")

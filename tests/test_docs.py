@@ -70,6 +70,7 @@ PAGES = {
         ),
     ),
     "docs/semantics.md": Page(5),
+    "docs/numerics.md": Page(1, ("jax",)),
 }
 
 

@@ -147,7 +147,8 @@ def graphviz_available() -> bool:
 # The extra of pyproject.toml that installs each optional top-level module (for skip reasons).
 EXTRAS = {
     "mlx": "mlx", "jax": "jax", "mlx_vlm": "clients", "torch": "peers", "transformers": "peers", "mlx_lm": "zoo",
-    "flax": "zoo", "equinox": "zoo", "ruff": "dev",
+    "flax": "zoo", "equinox": "zoo", "ruff": "dev", "penzai": "libraries", "keras": "libraries",
+    "mlx_whisper": "libraries", "mlx_embeddings": "libraries",
 }  # fmt: skip
 
 

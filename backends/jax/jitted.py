@@ -139,6 +139,7 @@ def jit(
     pipeline: str | Sequence[Pass] | None = None,
     strict: bool = False,
     max_signatures: int = ...,
+    numerics: str = ...,
     **jit_kwargs: Any,
 ) -> CompiledFunction: ...
 
@@ -150,6 +151,7 @@ def jit(
     pipeline: str | Sequence[Pass] | None = None,
     strict: bool = False,
     max_signatures: int = ...,
+    numerics: str = ...,
     **jit_kwargs: Any,
 ) -> Callable[[Callable], CompiledFunction]: ...
 
@@ -160,6 +162,7 @@ def jit(
     pipeline: str | Sequence[Pass] | None = None,
     strict: bool = False,
     max_signatures: int = MAX_SIGNATURES,
+    numerics: str = "pipeline",
     **jit_kwargs: Any,
 ) -> CompiledFunction | Callable[[Callable], CompiledFunction]:
     """``fn`` compiled per input signature: imported, rewritten by ``pipeline``, lowered to JAX, ``jax.jit``'d.
@@ -168,7 +171,9 @@ def jit(
     :data:`PASSED_THROUGH` go to ``jax.jit``; options tied to argument positions
     (``donate_argnums``, ``in_shardings``, ...) are refused. ``pipeline``, ``strict``
     and the fallback (``jax.jit(fn, **jit_kwargs)``) are as for :func:`attnpass.backends.mlx.compile`.
-    Without ``fn`` (``@jit(static_argnames="causal")``) it returns the decorator with these options.
+    ``numerics="pipeline"`` computes what the pipeline makes of the function (raised attention: not bit for
+    bit ``jax.jit``'s, docs/numerics.md); ``numerics="source"`` runs only canonicalize and dce, so every bit
+    is ``jax.jit(fn)``'s. Without ``fn`` (``@jit(static_argnames="causal")``) it returns the decorator with these options.
     """
     name = "attnpass.backends.jax.jit"
     unknown = sorted(set(jit_kwargs) - PASSED_THROUGH - set(_STATIC))
@@ -178,12 +183,16 @@ def jit(
             f"supported: {', '.join(sorted(PASSED_THROUGH | set(_STATIC)))}"
         )
     if fn is None:
-        return functools.partial(jit, pipeline=pipeline, strict=strict, max_signatures=max_signatures, **jit_kwargs)
+        return functools.partial(
+            jit, pipeline=pipeline, strict=strict, max_signatures=max_signatures, numerics=numerics, **jit_kwargs
+        )
     check_callable(fn, name)
     static_argnums = tuple(int(i) for i in _as_tuple(jit_kwargs.pop("static_argnums", None)))
     static_argnames = tuple(str(n) for n in _as_tuple(jit_kwargs.pop("static_argnames", None)))
     frontend = JAXFrontend(fn, static_argnums, static_argnames, jit_kwargs)
-    return CompiledFunction(fn, frontend, pipeline=pipeline, strict=strict, max_signatures=max_signatures, name=name)
+    return CompiledFunction(
+        fn, frontend, pipeline=pipeline, strict=strict, max_signatures=max_signatures, name=name, numerics=numerics
+    )
 
 
 __all__ = ["JAXFrontend", "PASSED_THROUGH", "jit"]

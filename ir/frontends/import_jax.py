@@ -23,6 +23,7 @@ import numpy as np
 
 from attnpass.ir.core.types import DType, SourceLoc, TensorType
 
+from .example_args import require_callable, require_jax_leaves
 from .importing import (
     INLINE_LIMIT,
     GraphBuilder,
@@ -42,11 +43,8 @@ _BINARY = {
     "sub": "sub",
     "mul": "mul",
     "max": "maximum",
-    "eq": "equal",
     "lt": "less",
     "ge": "greater_equal",
-    "and": "logical_and",
-    "or": "logical_or",
     "min": "minimum",
 }
 _SWAPPED = {"gt": "less", "le": "greater_equal"}  # x > y == y < x; x <= y == y >= x
@@ -271,10 +269,11 @@ class _Importer:
         return out
 
     def gather(self, x: str, indices: str, params: dict) -> str:
-        """``lax.gather`` of whole points (embedding lookups, ``take``, ``take_along_axis``).
+        """``lax.gather`` of whole points (embedding lookups, ``take``, ``take_along_axis``), or of one window
+        (a vmapped ``lax.dynamic_slice``: :meth:`window_gather`).
 
-        Every indexed or batching operand axis has slice size 1; the other axes are sliced from 0.
-        Indices must be in range: the ``clip``/``fill`` modes differ only outside it.
+        Every indexed or batching operand axis has slice size 1 (collapsed, or kept as a unit axis); the other
+        axes are sliced from 0. Indices must be in range: the ``clip``/``fill`` modes differ only outside it.
         """
         b, dn = self.b, params["dimension_numbers"]
         slice_sizes = tuple(int(d) for d in params["slice_sizes"])
@@ -289,8 +288,13 @@ class _Importer:
             starts.append(int(axis))
             points.append(b.constant(ramp, DType.int32, "iota", inline=True))
         dropped = set(int(d) for d in dn.collapsed_slice_dims) | set(int(d) for d in dn.operand_batching_dims)
-        if set(starts) != dropped:
-            raise ModelImportError(f"gather {dn}: only point gathers (every indexed axis collapsed) are supported")
+        windowed = any(slice_sizes[axis] != 1 for axis in starts)  # else points (an uncollapsed one: a unit axis)
+        if windowed and not batch_shape and not dropped and dn.offset_dims == tuple(range(len(slice_sizes))):
+            return self.window_gather(x, dict(zip(starts, points)), slice_sizes, params["mode"])
+        if windowed:
+            raise ModelImportError(
+                f"gather {dn}: only point gathers (slice size 1 on every indexed axis) and single windows are supported"
+            )
         out = b.gather(x, points, starts, slice_sizes)
         offsets = [size for axis, size in enumerate(slice_sizes) if axis not in dropped]
         out = b.reshape(out, batch_shape + tuple(offsets))
@@ -300,6 +304,19 @@ class _Importer:
             len(batch_shape) + offset_dims.index(p) if p in offset_dims else next(batch_positions) for p in range(rank)
         ]
         return b.transpose(out, perm)
+
+    def window_gather(self, x: str, starts: dict[int, str], sizes: tuple[int, ...], mode: Any) -> str:
+        """One window of ``sizes`` at ``starts`` (operand axis -> start; the others from 0), every axis kept:
+        ``lax.dynamic_slice`` (what vmap makes of one), whose clamping is mode ``CLIP``'s (``PROMISE_IN_BOUNDS``
+        promises the window fits, where the two agree). ``FILL_OR_DROP`` fills a window that does not fit
+        instead, which no IR op does: declined by name."""
+        if "FILL_OR_DROP" in str(mode):
+            raise ModelImportError(
+                f"gather of one window with mode {mode}: a window past the end is filled, not clamped as "
+                "lax.dynamic_slice clamps it; the IR has only the clamped slice (give mode='clip')"
+            )
+        zero = self.b.scalar(0, DType.int32)
+        return self.dynamic_slice(x, [starts.get(axis, zero) for axis in range(len(sizes))], sizes)
 
     def dot_general(self, lhs: str, rhs: str, params: dict) -> str:
         """``dot_general`` as transpose + reshape to ``[batch, M, K] @ [batch, K, N]`` + reshape back."""
@@ -382,10 +399,20 @@ IMPORTERS.update({name: _inline for name in _CALLS})
 
 @importer("div")
 def _div(imp: "_Importer", params: dict, x: list[str], eqn: Any) -> list[str]:
+    """``lax.div``; of integers it rounds toward zero: the floor quotient plus one where the remainder is
+    nonzero and the operands' signs differ (``jnp.floor_divide`` then rounds it back down)."""
+    b = imp.b
     x = _promoted(imp, x, eqn)
-    if not imp.b.type(x[0]).dtype.is_float:
-        raise ModelImportError("integer div (rounds toward zero) is not in the IR")
-    return [imp.b.op("div", x)]
+    dtype = b.type(x[0]).dtype
+    if dtype.is_float:
+        return [b.op("div", x)]
+    zero = b.scalar(0, dtype)
+    floor = b.op("floor_divide", x)
+    inexact = b.op("logical_not", [b.op("equal", [b.op("remainder", x), zero])])
+    y_negative = b.op("less", [x[1], zero])
+    differ = b.op("where", [b.op("less", [x[0], zero]), b.op("logical_not", [y_negative]), y_negative])
+    up = b.op("logical_and", [inexact, differ])
+    return [b.op("where", [up, b.op("add", [floor, b.scalar(1, dtype)]), floor])]
 
 
 @importer("square")
@@ -409,17 +436,39 @@ def _pow(imp: "_Importer", params: dict, x: list[str], eqn: Any) -> list[str]:
 @importer("rem")
 def _rem(imp: "_Importer", params: dict, x: list[str], eqn: Any) -> list[str]:
     """``lax.rem`` (C's fmod: the dividend's sign) as the ``remainder`` of the magnitudes, exact, negated
-    where the dividend is negative."""
+    where the dividend is negative (a float's sign read from ``1 / x``, so that ``-0.0`` keeps its sign)."""
     b = imp.b
     x = _promoted(imp, x, eqn)
+    dtype = b.type(x[0]).dtype
     magnitude = b.op("remainder", [b.op("abs", [x[0]]), b.op("abs", [x[1]])])
-    negative = b.op("less", [x[0], b.scalar(0, b.type(x[0]).dtype)])
+    signed = b.op("div", [b.scalar(1.0, dtype), x[0]]) if dtype.is_float else x[0]
+    negative = b.op("less", [signed, b.scalar(0, dtype)])
     return [b.op("where", [negative, b.op("neg", [magnitude]), magnitude])]
 
 
-@importer("ne")
-def _ne(imp: "_Importer", params: dict, x: list[str], eqn: Any) -> list[str]:
-    return [imp.b.op("logical_not", [imp.b.op("equal", _promoted(imp, x, eqn))])]
+@importer("eq", "ne")
+def _equality(imp: "_Importer", params: dict, x: list[str], eqn: Any) -> list[str]:
+    """``x == y`` / ``x != y``; of bools (``jnp.remainder``'s sign test) a select: ``where(x, y, not y)``."""
+    b, negate = imp.b, eqn.primitive.name == "ne"
+    x = _promoted(imp, x, eqn)
+    if b.type(x[0]).dtype is DType.bool:
+        other = b.op("logical_not", [x[1]])
+        return [b.op("where", [x[0], other, x[1]] if negate else [x[0], x[1], other])]
+    equal = b.op("equal", x)
+    return [b.op("logical_not", [equal]) if negate else equal]
+
+
+@importer("and", "or")
+def _logical(imp: "_Importer", params: dict, x: list[str], eqn: Any) -> list[str]:
+    name = eqn.primitive.name
+    x = _promoted(imp, x, eqn)
+    if imp.b.type(x[0]).dtype is not DType.bool:
+        raise ModelImportError(
+            f"bitwise {name} of integers is not in the IR (only the logical {name} of bools is); jnp.power of an "
+            "integer base by an integer array exponent computes with it over the exponent's bits: cast the base to "
+            "a float, or give the exponent as a Python int"
+        )
+    return [imp.b.op(f"logical_{name}", x)]
 
 
 @importer("not")
@@ -481,6 +530,18 @@ def _transpose(imp: "_Importer", params: dict, x: list[str], eqn: Any) -> list[s
 def _reduce(imp: "_Importer", params: dict, x: list[str], eqn: Any) -> list[str]:
     attrs = {"axes": tuple(int(a) for a in params["axes"]), "keepdims": False}
     return [imp.b.op(_REDUCE[eqn.primitive.name], x, attrs)]
+
+
+@importer("reduce_and", "reduce_or")
+def _reduce_logical(imp: "_Importer", params: dict, x: list[str], eqn: Any) -> list[str]:
+    """``jnp.all`` / ``jnp.any`` of bools: how many are False (True) over the axes, compared with 0 (exact in int32)."""
+    b, every = imp.b, eqn.primitive.name == "reduce_and"
+    if b.type(x[0]).dtype is not DType.bool:
+        raise ModelImportError(f"{eqn.primitive.name} of integers (bitwise) is not in the IR (only of bools)")
+    counted = b.op("logical_not", x) if every else x[0]
+    attrs = {"axes": tuple(int(a) for a in params["axes"]), "keepdims": False}
+    none = b.op("equal", [b.op("sum", [b.cast(counted, DType.int32)], attrs), b.scalar(0, DType.int32)])
+    return [none if every else b.op("logical_not", [none])]
 
 
 @importer(*_SCANS)
@@ -561,10 +622,21 @@ def _pytree_leaves(root: Any) -> list[tuple[str, Any]]:
     return [(jax.tree_util.keystr(path), leaf) for path, leaf in flat]
 
 
+def _named_variables(root: Any) -> list[tuple[str, Any]]:
+    """``(variable path, array)`` of an object whose ``variables`` each carry a ``path`` and an array ``value``
+    (a Keras 3 layer or model on the JAX backend: ``llama_backbone/token_embedding/embeddings``); else ``[]``."""
+    if not type(root).__module__.startswith("keras"):
+        return []
+    variables = getattr(root, "variables", None)
+    named = [(getattr(v, "path", None), getattr(v, "value", None)) for v in variables or ()]
+    return [(path, value) for path, value in named if isinstance(path, str) and _is_array(value)]
+
+
 def _leaves(root: Any) -> list[tuple[str, Any]]:
-    """``(path, array)`` of the JAX and numpy arrays in ``root``: by pytree path, and inside a leaf that is
-    not an array (a plain object such as a KV cache class) by attribute path (``['layer0'].keys``)."""
-    found = []
+    """``(path, array)`` of the JAX and numpy arrays in ``root``: a Keras object's variables by their own paths,
+    then by pytree path, and inside a leaf that is not an array (a plain object such as a KV cache class) by
+    attribute path (``['layer0'].keys``)."""
+    found = _named_variables(root)
     for path, leaf in _pytree_leaves(root):
         if _is_array(leaf):
             found.append((path, leaf))
@@ -593,7 +665,8 @@ def _array_key(array: Any) -> Any:
 def from_jax(
     fn: Callable, *example_args: Any, name: str | None = None, inline_limit: int = INLINE_LIMIT
 ) -> ImportedGraph:
-    """Import the JAX function ``fn`` traced on ``example_args`` (arrays, ``jax.ShapeDtypeStruct`` or pytrees of them).
+    """Import the JAX function ``fn`` traced on ``example_args`` (arrays, ``jax.ShapeDtypeStruct`` or pytrees of them;
+    a Python scalar is traced, as ``jax.jit`` traces it: :mod:`~attnpass.ir.frontends.example_args`).
 
     Arguments become streamed inputs named after ``fn``'s parameters; the leaves
     of a pytree argument after their pytree path too (``params['wq']`` ->
@@ -605,6 +678,8 @@ def from_jax(
     """
     import jax
 
+    require_callable("from_jax", fn, example_args)
+    require_jax_leaves(fn, example_args)
     reachable = captured_paths(fn, _leaves, _is_module)  # holds the arrays: their ids stay theirs
     paths = {_array_key(array): path for path, array in reversed(reachable)}
     closed = jax.make_jaxpr(fn)(*example_args)

@@ -47,6 +47,7 @@ from .importing import (
     roots,
     walk,
 )
+from .example_args import mlx_static_scalars, require_callable
 from .mlx_slices import point_scatter, slice_update, strided_slice, wrapped_indices
 from .mlx_source import LineRecorder, locate, raised_at
 
@@ -588,7 +589,9 @@ def from_mlx(
 ) -> ImportedGraph:
     """Import the MLX function ``fn`` traced on ``example_args`` (MLX arrays) as a verified graph.
 
-    Arguments become streamed inputs named after ``fn``'s parameters; captured
+    Arguments become streamed inputs named after ``fn``'s parameters; a Python bool, int or float argument is
+    static, as ``mx.compile`` treats it (its value is in the graph, which has no input for it:
+    :mod:`~attnpass.ir.frontends.example_args`); captured
     arrays become constants (at most ``inline_limit`` elements, or splats) or
     resident inputs whose values are in ``params``, named after where ``fn``
     reaches them (a module path such as ``model.layers.0.self_attn.q_proj.weight``,
@@ -599,10 +602,12 @@ def from_mlx(
     """
     import mlx.core as mx
 
+    require_callable("from_mlx", fn, example_args)
+    traced, example_args, arg_names = mlx_static_scalars(fn, example_args)
     reachable = _handles(captured_paths(fn, lambda root: walk(root, lambda a: isinstance(a, mx.array)), _is_module))
     recorder = LineRecorder()
     try:
-        records, compile_off = _export(fn, example_args, recorder)
+        records, compile_off = _export(traced, example_args, recorder)
     except ValueError as exc:
         if _NO_STATE in str(exc):
             raise _unexportable_error(fn, exc) from None
@@ -613,7 +618,7 @@ def from_mlx(
     b = GraphBuilder(graph_name(fn, name), inline_limit)
     by_type = {r["type"]: r for r in records if r["type"] != "primitive"}
     inputs = by_type["inputs"]["inputs"]
-    for (key, shape, dtype), pname in zip(inputs, parameter_names(fn, len(inputs))):
+    for (key, shape, dtype), pname in zip(inputs, arg_names):
         name = native_dtype_name(dtype)  # uint32 arguments: packed words, an int32 input of their bits (pass .view)
         dt = DType.int32 if name == "uint32" else dtype_of(name, f"input {pname}")
         b.input(key, pname, TensorType(tuple(shape), dt))
@@ -622,7 +627,7 @@ def from_mlx(
     live, needed = _live(primitives, outputs)
     kernel = next((i for i in live if primitives[i]["name"] == "CustomKernel"), None)
     if kernel is not None:  # before the constants: its operands may be packed weights of no IR dtype
-        loc = lines.get(kernel) or locate(fn, example_args, primitives[kernel], compile_off=compile_off)
+        loc = lines.get(kernel) or locate(traced, example_args, primitives[kernel], compile_off=compile_off)
         raise _custom_kernel_error(primitives[kernel], f"at {loc}" if loc else f"at primitive #{kernel} of the export")
     constants = [(key, array) for key, array in by_type.get("constants", {}).get("constants", ()) if key in needed]
     names = _captured_names(reachable, constants)
@@ -644,7 +649,7 @@ def from_mlx(
                 b.bind(key, value)
         except Exception as exc:  # say where: the user's line that made the primitive
             message = str(exc) if isinstance(exc, ModelImportError) else f"cannot import {r.where()}: {exc}"
-            loc = lines.get(index) or locate(fn, example_args, record, compile_off=compile_off)
+            loc = lines.get(index) or locate(traced, example_args, record, compile_off=compile_off)
             at = f"at {loc}" if loc else f"at primitive #{index} of the export (its source line was not found)"
             raise ModelImportError(f"{message}\n  {at}") from None
     b.graph.set_outputs([b.read(key) for key, _s, _d in outputs])

@@ -8,7 +8,10 @@ pipeline, so the same crash always maps to the same file. A crash under the
 ``attnpass`` command also records the modules it imported with ``--load``
 (the CLI hands them to ``PassManager(plugin_loads=...)``; none are recorded
 for attnpass's own passes), and the printed replay command
-loads them again: ``attnpass --load plugin.py run --reproducer FILE``. Loading
+loads them again: ``attnpass --load plugin.py run --reproducer FILE``. Without
+``plugin_loads`` (a pass defined in a script that runs the PassManager itself)
+the reproducer records the module that defines the pass: its ``.py`` file for a
+script or a top-level module, its name for a module of a package. Loading
 a reproducer never imports them itself. Replay it with
 ``attnpass run --reproducer FILE`` or, in Python::
 
@@ -19,6 +22,7 @@ a reproducer never imports them itself. Replay it with
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import os
 import shlex
@@ -45,9 +49,24 @@ def replay_command(path: str | os.PathLike, load: Sequence[str] = ()) -> str:
 
 
 def needed_loads(pass_: Pass, loads: Sequence[str]) -> tuple[str, ...]:
-    """The ``--load`` specs a replay of ``pass_`` needs: none for attnpass's own passes, else ``loads``."""
+    """The ``--load`` specs a replay of ``pass_`` needs: none for attnpass's own passes, else ``loads``, else
+    the module that defines it (:func:`defining_load`)."""
     module = type(pass_).__module__
-    return () if module == "attnpass" or module.startswith("attnpass.") else tuple(loads)
+    if module == "attnpass" or module.startswith("attnpass."):
+        return ()
+    return tuple(loads) or defining_load(type(pass_))
+
+
+def defining_load(cls: type) -> tuple[str, ...]:
+    """The ``--load`` spec of the module defining ``cls``: a package module by name, a script (``__main__``)
+    or top-level module by its absolute ``.py`` path; none when it has no source file (a notebook cell)."""
+    if "." in cls.__module__:
+        return (cls.__module__,)
+    try:
+        source = inspect.getsourcefile(cls)
+    except TypeError:
+        return ()
+    return (str(Path(source).resolve()),) if source and source.endswith(".py") else ()
 
 
 @dataclass(frozen=True)

@@ -488,3 +488,23 @@ def test_mlx_matmul_copies_a_small_transposed_operand_row_major_with_the_same_bi
         TensorSpec((1, 2, 300, 64)),
     )
     assert "reshape" not in lower(big, "mlx").source  # the transposed operand is the large one: read as a view
+
+
+@pytest.mark.parametrize("target", ALL_TARGETS)
+@pytest.mark.parametrize("dtype", [BF16, F32, I32, BOOL], ids=lambda d: d.short)
+def test_an_empty_constant_lowers_on_every_target(target, dtype):
+    """A constant with a zero-size axis (what an import of a flax nnx decode step held) has no values to write:
+    every target makes it with its shape and dtype (the array emitters read ``values[0]`` and raised IndexError)."""
+    empty = np.zeros((2, 0), dtype.numpy)
+    graph = trace(lambda x: ops.concat([x, ops.constant(empty, dtype)], 1), TensorSpec((2, 3), dtype))
+    x = random_array(np.random.default_rng(0), (2, 3), dtype)
+    assert_bits_equal(run(lower(graph, target), x), x)
+
+
+@pytest.mark.parametrize("target", ALL_TARGETS)
+def test_a_numpy_scalar_argument_is_converted_like_an_array(target):
+    """``np.int32(7)`` for an ``i32[]`` input (a cache index from JAX code): the MLX program received the numpy
+    scalar itself and failed in ``astype``; every target now converts it as it converts numpy arrays."""
+    graph = trace(lambda i, x: ops.add(ops.cast(i, F32), x), TensorSpec((), I32), TensorSpec((2,), F32))
+    x = np.array([0.5, 1.5], np.float32)
+    assert_bits_equal(run(lower(graph, target), np.int32(7), x), np.array([7.5, 8.5], np.float32))

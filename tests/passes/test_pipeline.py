@@ -279,8 +279,10 @@ def test_a_crash_writes_a_reproducer_that_replays_it(tmp_path):
     assert message.startswith("pass 'test-explode' failed (after: dce): RuntimeError: kaboom")
     (path,) = tmp_path.iterdir()
     assert re.fullmatch(r"attnpass-crash-[0-9a-f]{8}\.json", path.name)
-    assert f"crash reproducer: {path}\nreplay with: attnpass run --reproducer {path}" in message
+    # a pass defined outside attnpass: the replay loads the module that defines it (this one, a package module)
+    assert f"crash reproducer: {path}\nreplay with: attnpass --load {__name__} run --reproducer {path}" in message
     rep = load_reproducer(path)
+    assert rep.load == (__name__,)
     assert rep.pipeline == "test-explode{message=kaboom}" and rep.after == ("dce",)
     assert rep.graph == DeadCodeElimination()(graph).graph  # the graph the failing pass received
     assert rep.error == message.split("\ncrash reproducer")[0]
@@ -313,7 +315,7 @@ def test_a_pass_that_lies_about_changed_is_a_crash_too(tmp_path):
 
     with pytest.raises(PassError, match="reported changed=True but left the graph unchanged") as info:
         PassManager([Liar()], reproducer_dir=tmp_path).run(small_graph())
-    assert "replay with: attnpass run --reproducer" in str(info.value)
+    assert f"replay with: attnpass --load {__name__} run --reproducer" in str(info.value)
     assert load_reproducer(next(tmp_path.iterdir())).pipeline == "test-liar"
 
 

@@ -14,6 +14,7 @@ import math
 
 import numpy as np
 
+from attnpass.ir import DType
 from attnpass.ir.dialects.attention import visible
 
 # ``ref.*`` in generated code:
@@ -41,7 +42,13 @@ def _scores(
     q, k, mask, scale: float, causal: str, softcap: float | None = None, window: tuple | None = None
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """float64 ``q k^T * scale`` (soft-capped: ``c tanh(s / c)``) plus an additive mask, and the bool
-    ``[.., S, T]`` of allowed keys (None: all)."""
+    ``[.., S, T]`` of allowed keys (None: all).
+
+    The sum with an additive mask is rounded once to float32, the precision of the logits a float32 source and
+    the fused kernels add it in: a finite fill such as ``-1e9`` then absorbs the scores of a row it covers
+    entirely, which softmaxes to the mean of V as in the source, where float64 would keep the scores'
+    differences (docs/semantics.md §1.3). A float64 q (an oracle's own input) keeps the float64 sum."""
+    widened = np.asarray(q).dtype == np.float64
     q, k = wide(q), wide(k)
     (b, hq, s, _), (hkv, t) = q.shape, k.shape[1:3]
     folded = q.reshape(b, hkv, (hq // hkv) * s, q.shape[3])
@@ -55,6 +62,9 @@ def _scores(
             allowed = mask if allowed is None else np.logical_and(mask, allowed)
         else:
             scores = scores + wide(mask)
+            if not widened:
+                with np.errstate(over="ignore"):  # past float32's max: -inf, as the source's add gives
+                    scores = wide(rounded(scores, DType.float32))
     return scores, allowed
 
 
@@ -77,7 +87,8 @@ def sdpa(
     per KV head, so K/V are never copied per query head. A bool mask and
     ``causal`` exclude keys; a row they leave without any key weighs all ``T``
     keys equally (the mean of V), as MLX's and JAX's fused calls do. An
-    additive mask is arithmetic: a row it sets to -inf everywhere is NaN.
+    additive mask is arithmetic, added to the logits in float32: a row it sets to -inf everywhere is NaN, and a
+    row a finite fill such as -1e9 covers entirely rounds to equal scores (the mean of V), as in the source.
     ``softcap`` c: the scaled scores become ``c tanh(s / c)`` before the mask.
     ``window`` (left, right, chunk) excludes keys as :func:`~attnpass.ir.dialects.attention.visible` says.
     ``sinks`` ``[Hq]``: head h's logit joins each of its rows' softmax as one

@@ -297,10 +297,20 @@ def test_jax_gathers_embedding_take_and_take_along_axis(rng):
 
 
 @requires("jax")
-def test_jax_window_gathers_are_refused(rng):
+def test_jax_gathers_of_one_window_import_and_of_several_are_refused(rng):
+    """One window is a dynamic slice, its start clamped as JAX's gather clamps it; several are refused by name."""
     import jax
 
     x = random_array(rng, (6, 4), "float32")
     window = jax.lax.GatherDimensionNumbers(offset_dims=(0, 1), collapsed_slice_dims=(), start_index_map=(0,))
-    with pytest.raises(ModelImportError, match=r"only point gathers"):
-        from_jax(lambda x, i: jax.lax.gather(x, i.reshape(1), window, slice_sizes=(2, 4)), x, np.int32(1))
+
+    def one(x, i):
+        return jax.lax.gather(x, i.reshape(1), window, slice_sizes=(2, 4))
+
+    imported = from_jax(one, x, np.int32(1))
+    for start in (1, 5):
+        got = run(lower(imported.graph, "numpy"), x, np.int32(start))
+        np.testing.assert_array_equal(got, np.asarray(jax.jit(one)(x, np.int32(start))))
+    several = jax.lax.GatherDimensionNumbers(offset_dims=(1, 2), collapsed_slice_dims=(), start_index_map=(0,))
+    with pytest.raises(ModelImportError, match=r"only point gathers \(slice size 1 on every indexed axis\) and single"):
+        from_jax(lambda x, i: jax.lax.gather(x, i[:, None], several, slice_sizes=(2, 4)), x, np.array([0, 3], np.int32))

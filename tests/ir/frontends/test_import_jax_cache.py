@@ -212,3 +212,34 @@ def test_equinox_state_cache_writes_import_raise_and_match_the_module(write):
         assert len(got) == len(expected)
         for a, e in zip(got, expected):
             assert_close(a, e)
+
+
+@requires("flax")
+def test_the_issues_flax_decode_step_lowers_to_jax_and_mlx_after_import_and_canonicalize():
+    """Issue 32's repro: nnx.MultiHeadAttention(decode=True), 8 heads of 256 features, a 64-slot cache with 40
+    filled. Lowering the import to JAX or MLX raised IndexError in the constant emitter (an empty constant; the
+    emitter's own test is tests/lowering/test_codegen.py's); every output matches the module's jitted step,
+    imported as it is and after canonicalize."""
+    from flax import nnx
+
+    module = nnx.MultiHeadAttention(num_heads=8, in_features=256, qkv_features=256, decode=True, rngs=nnx.Rngs(0))
+    module.init_cache((1, 64, 256))
+    graphdef, state = nnx.split(module)
+    prefill = jax.jit(lambda s, x: _step(graphdef, s, x))
+    for token in np.random.default_rng(3).standard_normal((40, 1, 1, 256)).astype(np.float32):
+        _y, state = prefill(state, token)
+    x = np.random.default_rng(4).standard_normal((1, 1, 256)).astype(np.float32)
+
+    def step(state, x):
+        return _step(graphdef, state, x)
+
+    imported = from_jax(step, state, x)
+    canonical = PassManager(parse_pipeline("canonicalize")).run(imported.graph).graph
+    leaves = [np.asarray(leaf) for leaf in jax.tree_util.tree_leaves((state, x))]
+    expected = [np.asarray(leaf) for leaf in jax.tree_util.tree_leaves(jax.jit(step)(state, x))]
+    for graph in (imported.graph, canonical):
+        for target in ("jax", "mlx"):
+            got = run(lower(graph, target), *leaves, **imported.params)
+            assert len(got) == len(expected)
+            for a, e in zip(got, expected):
+                assert_close(a, e)

@@ -258,6 +258,20 @@ def test_uninitialised_parameters_get_a_hint():
         from_mlx(lambda x: layer(x), mx.ones((1, 4)))
 
 
+@requires("mlx.core")
+def test_a_model_left_in_training_mode_gets_the_model_eval_hint():
+    """MLX modules start in training mode: a dropout layer draws random bits. The import says to call
+    model.eval() (not mx.eval(model.parameters()), the hint for unevaluated weights), and after it imports."""
+    model = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.1), nn.Linear(4, 2))
+    mx.eval(model.parameters())
+    x = mx.ones((1, 4))
+    with pytest.raises(ModelImportError, match=r"RandomBits.*training mode.*call model\.eval\(\) first") as info:
+        from_mlx(lambda x: model(x), x)
+    assert "mx.eval(model.parameters())" not in str(info.value)
+    model.eval()
+    _check_targets(from_mlx(lambda x: model(x), x), lambda x: model(x), x)
+
+
 # ----------------------------------------------------------------------------- the ops importers added
 
 
