@@ -32,17 +32,6 @@ SUMMARY = re.compile(
 TIMINGS = re.compile(r"[\d.]+ (tokens-per-sec|GB|tok/s)")
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    """(model, draft model) directories: a 2-layer float32 llama and a 1-layer one of another seed."""
-    from attnpass.models import save_tiny_lm
-
-    root = tmp_path_factory.mktemp("launch")
-    return save_tiny_lm(root / "model", dtype="float32"), save_tiny_lm(
-        root / "draft", dtype="float32", layers=1, seed=1
-    )
-
-
 def plain(monkeypatch, capsys, main: str, argv: list[str]) -> str:
     """The library's own ``main`` (``"module:main"``) with ``argv``: its stdout."""
     monkeypatch.setattr(sys, "argv", [main, *argv])
@@ -72,8 +61,8 @@ def assert_restored() -> None:
     [[], ["--draft-model", "DRAFT", "--num-draft-tokens", "3"], ["--kv-bits", "8", "--quantized-kv-start", "0"]],
     ids=["greedy", "speculative", "kv-bits-8"],
 )
-def test_generate_prints_mlx_lms_text_and_a_summary_of_routed_calls(models, cli, monkeypatch, capsys, extra):
-    model, draft = models
+def test_generate_prints_mlx_lms_text_and_a_summary_of_routed_calls(saved_lm, cli, monkeypatch, capsys, extra):
+    model, draft = saved_lm
     flags = ["--model", str(model), "--prompt", PROMPT, "--max-tokens", "12", "--ignore-chat-template"]
     flags += [str(draft) if f == "DRAFT" else f for f in extra]
     expected = plain(monkeypatch, capsys, "mlx_lm.generate:main", flags)
@@ -88,8 +77,8 @@ def test_generate_prints_mlx_lms_text_and_a_summary_of_routed_calls(models, cli,
     assert_restored()
 
 
-def test_chat_answers_as_mlx_lms_chat(models, cli, monkeypatch, capsys):
-    model, _ = models
+def test_chat_answers_as_mlx_lms_chat(saved_lm, cli, monkeypatch, capsys):
+    model, _ = saved_lm
     flags = ["--model", str(model), "--max-tokens", "6", "--temp", "0"]
     monkeypatch.setattr(sys, "stdin", io.StringIO(CHAT))
     expected = plain(monkeypatch, capsys, "mlx_lm.chat:main", flags)
@@ -120,17 +109,17 @@ def test_mlx_vlm_generate_prints_its_text_with_the_qsa_calls_routed(tmp_path, cl
     assert language.dispatch_qsa_attention is qsa_kernel.dispatch_qsa_attention
 
 
-def test_explain_prints_optimizes_report_and_no_summary_prints_nothing(models, cli):
-    flags = ["--model", str(models[0]), "--prompt", PROMPT, "--max-tokens", "3", "--verbose", "False"]
+def test_explain_prints_optimizes_report_and_no_summary_prints_nothing(saved_lm, cli):
+    flags = ["--model", str(saved_lm[0]), "--prompt", PROMPT, "--max-tokens", "3", "--verbose", "False"]
     status, out, err = cli("mlx-lm", "--min-keys", "0", "--explain", "generate", *flags)
     assert status == 0 and out.strip(), err
-    assert f"attnpass: {models[0]}:" in err and "signature(s) cached" in err and "decompose-sdpa" in err, err
+    assert f"attnpass: {saved_lm[0]}:" in err and "signature(s) cached" in err and "decompose-sdpa" in err, err
     status, _, err = cli("mlx-lm", "--min-keys", "0", "--no-summary", "generate", *flags)
     assert status == 0 and err == "", err
 
 
-def test_the_pipeline_and_min_keys_reach_optimize(models, cli):
-    flags = ["--model", str(models[0]), "--prompt", PROMPT, "--max-tokens", "3", "--verbose", "False"]
+def test_the_pipeline_and_min_keys_reach_optimize(saved_lm, cli):
+    flags = ["--model", str(saved_lm[0]), "--prompt", PROMPT, "--max-tokens", "3", "--verbose", "False"]
     # the default bound on CPU (float32: 192 key rows) declines these short contexts by name
     status, _, err = cli("mlx-lm", "generate", *flags)
     [(_, _, routed, _, declined)] = summaries(err)
@@ -149,7 +138,7 @@ def one_line_error(result, *fragments: str) -> None:
         assert fragment in err, err
 
 
-def test_bad_input_is_one_line(models, cli, tmp_path):
+def test_bad_input_is_one_line(saved_lm, cli, tmp_path):
     missing = tmp_path / "no-such-model"
     one_line_error(
         cli("mlx-lm", "generate", "--model", missing, "--prompt", "t1"),
@@ -161,7 +150,7 @@ def test_bad_input_is_one_line(models, cli, tmp_path):
         "mlx-lm: no command 'convert'; its commands: generate, chat, server",
     )
     one_line_error(
-        cli("mlx-lm", "-p", "head-chunk{budget=x}", "generate", "--model", models[0]), "head-chunk", "budget"
+        cli("mlx-lm", "-p", "head-chunk{budget=x}", "generate", "--model", saved_lm[0]), "head-chunk", "budget"
     )
     # mlx-lm's own flags are its parser's: its usage, under our name, and its exit status
     status, _, err = cli("mlx-lm", "generate", "--max-tokens", "many")
@@ -181,8 +170,8 @@ def test_a_model_that_cannot_be_optimized_runs_plain_with_a_warning_or_fails_whe
         strict.optimize("somewhere", object())
 
 
-def test_sigterm_stops_a_generation_with_the_summary(models):
-    flags = ["--model", str(models[0]), "--prompt", PROMPT, "--max-tokens", "100000", "--ignore-chat-template"]
+def test_sigterm_stops_a_generation_with_the_summary(saved_lm):
+    flags = ["--model", str(saved_lm[0]), "--prompt", PROMPT, "--max-tokens", "100000", "--ignore-chat-template"]
     command = [sys.executable, "-m", "attnpass.cli", "mlx-lm", "--min-keys", "0", "generate", *flags]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
