@@ -5,7 +5,7 @@ draft llama, a Qwen4-Exp with its QSA indexer) run through mlx-lm's ``generate``
 ``generate``, plainly (the library's ``main`` with the same flags) and through the launcher with
 ``--min-keys 0`` (tiny contexts route): stdout must be the plain command's (its timing figures aside), the
 summary on stderr must count routed calls and no declined ones, and every patch must be undone afterwards.
-Bad input is one line on stderr; SIGTERM stops a generation with the summary and status 143.
+Bad input is one line on stderr; SIGTERM and SIGINT stop a generation with the summary and status 143 and 130.
 """
 
 from __future__ import annotations
@@ -170,18 +170,19 @@ def test_a_model_that_cannot_be_optimized_runs_plain_with_a_warning_or_fails_whe
         strict.optimize("somewhere", object())
 
 
-def test_sigterm_stops_a_generation_with_the_summary(saved_lm):
+@pytest.mark.parametrize(("signum", "said"), [(signal.SIGTERM, "terminated"), (signal.SIGINT, "interrupted")])
+def test_a_signal_stops_a_generation_with_the_summary(saved_lm, signum, said):
     flags = ["--model", str(saved_lm[0]), "--prompt", PROMPT, "--max-tokens", "100000", "--ignore-chat-template"]
     command = [sys.executable, "-m", "attnpass.cli", "mlx-lm", "--min-keys", "0", "generate", *flags]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert process.stdout.read(12).startswith("=========="), "generation never started"
         time.sleep(1.0)  # decoding tokens
-        process.send_signal(signal.SIGTERM)
+        process.send_signal(signum)
         _, err = process.communicate(timeout=60)
     finally:
         process.kill()
-    assert process.returncode == 128 + signal.SIGTERM, err
+    assert process.returncode == 128 + signum, err
     [(_, _, routed, _, declined)] = summaries(err)
     assert routed > 0 and declined == "none", err
-    assert err.rstrip().endswith("attnpass: error: terminated") and "Traceback" not in err, err
+    assert err.rstrip().endswith(f"attnpass: error: {said}") and "Traceback" not in err, err
