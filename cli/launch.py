@@ -12,8 +12,9 @@ Contract: stdout stays the entry point's; attnpass writes to stderr only. When t
 fails, or is stopped by SIGINT or SIGTERM: both raise :class:`Stopped`, a ``KeyboardInterrupt``, so that
 mlx-lm's server shuts down as on Ctrl-C) the :class:`Session` prints one line per optimized model, or
 optimize's whole report (``explain``); a stopped command then raises :class:`Stopped` again. While mlx-lm's
-server runs, ``GET /attnpass/summary`` answers with the same as JSON. Everything is undone when the command
-ends: the loaders, the server's handler, the signal handlers, ``sys.argv``, and every optimize. The session
+server runs, ``GET /attnpass/summary`` answers with the same as JSON, and its generation thread clears its MLX
+streams when it ends (:func:`_clearing_streams`). Everything is undone when the command ends: the loaders, the
+server's handler and thread function, the signal handlers, ``sys.argv``, and every optimize. The session
 holds each model it optimized until then (a server that switches models keeps the earlier ones loaded).
 
 Imports only the standard library: ``attnpass --help`` lists the commands from :data:`ENTRY_POINTS` cheaply.
@@ -42,12 +43,14 @@ SUMMARY_PATH = "/attnpass/summary"
 @dataclass(frozen=True)
 class EntryPoint:
     """A command of a model library: its ``main`` and the loaders it calls (``"module:name"`` each; a loader
-    returns the model, or a tuple whose first item is the model), and the HTTP handler class, if any, that
-    answers :data:`SUMMARY_PATH`."""
+    returns the model, or a tuple whose first item is the model), the HTTP handler class, if any, that
+    answers :data:`SUMMARY_PATH`, and the functions it runs as threads that use MLX (``"module:Class.name"``),
+    which then clear their MLX streams when they end (:func:`_clearing_streams`)."""
 
     main: str
     loaders: tuple[str, ...]
     handler: str | None = None
+    threads: tuple[str, ...] = ()
 
 
 ENTRY_POINTS: dict[str, dict[str, EntryPoint]] = {
@@ -55,7 +58,10 @@ ENTRY_POINTS: dict[str, dict[str, EntryPoint]] = {
         "generate": EntryPoint("mlx_lm.generate:main", ("mlx_lm.generate:load",)),
         "chat": EntryPoint("mlx_lm.chat:main", ("mlx_lm.chat:load", "mlx_lm.chat:sharded_load")),
         "server": EntryPoint(
-            "mlx_lm.server:main", ("mlx_lm.server:load", "mlx_lm.server:sharded_load"), "mlx_lm.server:APIHandler"
+            "mlx_lm.server:main",
+            ("mlx_lm.server:load", "mlx_lm.server:sharded_load"),
+            "mlx_lm.server:APIHandler",
+            ("mlx_lm.server:ResponseGenerator._run_generate",),
         ),
     },
     "mlx-vlm": {
@@ -206,6 +212,9 @@ def run(library: str, command: str, argv: Sequence[str], options: Options, *, er
     if entry.handler is not None:
         handler = _resolve(entry.handler)
         patches.append((handler, "do_GET", _summary_endpoint(session, handler.do_GET)))
+    for target in entry.threads:
+        owner, name = _owner(target)
+        patches.append((owner, name, _clearing_streams(getattr(owner, name))))
     stopped: list[int] = []
     status = 1  # when a signal stops main()
     try:
@@ -246,9 +255,13 @@ def _resolve(dotted: str) -> Any:
 
 
 def _owner(dotted: str) -> tuple[Any, str]:
-    """``"module:name"`` -> (the imported module, name)."""
+    """``"module:name"`` -> (the imported module, name); ``"module:Class.name"`` -> (the class, name)."""
     module, name = dotted.split(":")
-    return importlib.import_module(module), name
+    owner: Any = importlib.import_module(module)
+    *classes, name = name.split(".")
+    for cls in classes:
+        owner = getattr(owner, cls)
+    return owner, name
 
 
 @contextmanager
@@ -293,6 +306,27 @@ def _argv(argv: list[str]) -> Iterator[None]:
         yield
     finally:
         sys.argv = saved
+
+
+def _clearing_streams(target: Callable[..., Any]) -> Callable[..., Any]:
+    """``target`` (a thread's function), then ``mx.clear_streams()`` in that thread when it ends.
+
+    MLX tears a thread's streams down when the thread exits, or at process exit; a server's generation thread
+    that leaves them to process exit makes MLX abort there now and then ("terminate called without an active
+    exception", status -6: plain mlx-lm's server too, after Ctrl-C). MLX's ``clear_streams`` is the cleanup it
+    asks threads for.
+    """
+
+    @functools.wraps(target)
+    def clearing(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return target(*args, **kwargs)
+        finally:
+            import mlx.core as mx
+
+            mx.clear_streams()
+
+    return clearing
 
 
 def _summary_endpoint(session: Session, do_get: Callable[[Any], None]) -> Callable[[Any], None]:
