@@ -331,3 +331,11 @@ __all__ = [
     "diff", "example", "explain", "export", "load_graph", "lower_command", "passes", "render_command", "run",
     "save_graph", "show",
 ]  # fmt: skip
+
+
+def launch(args: argparse.Namespace) -> int:
+    """``attnpass mlx-lm|mlx-vlm COMMAND ARGS...``: the library's own command, the models it loads optimized."""
+    from .launch import Options, run
+
+    options = Options(args.pipeline, args.min_keys, args.strict, args.summary, args.explain)
+    return run(args.library, args.entry, args.entry_args, options)

@@ -23,6 +23,8 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
+from .launch import ENTRY_POINTS
+
 PIPELINE_HELP = "textual pipeline, e.g. 'dce,head-chunk{budget=16},qsa-gather{pad_multiple=256}' (see: attnpass passes)"
 MESH_HELP = "device mesh axes in order, e.g. data=2,model=4"
 GRAPH_HELP = "graph file: JSON (Graph.to_json) or the printed text form (print(graph)); - for stdin"
@@ -106,6 +108,45 @@ def _pipeline_options(sub: argparse.ArgumentParser) -> None:
         help="where a crashing pass writes attnpass-crash-<hash>.json (default: the system temp directory)",
     )
     _remark_options(sub)
+
+
+LAUNCH_EPILOG = """\
+Everything after COMMAND is {library}'s own command line, passed through untouched
+(attnpass {library} COMMAND --help shows its flags); attnpass's options go before COMMAND.
+stdout stays {library}'s; at exit (SIGINT and SIGTERM included) attnpass prints one line
+per optimized model on stderr: attention calls routed, traces, calls declined by reason.
+mlx-lm's server also answers GET /attnpass/summary (JSON). Commands: {commands}.
+
+example: attnpass {library} --min-keys 0 generate --model DIR --prompt "hello" --max-tokens 16"""
+
+
+def _launcher_options(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument(
+        "--pipeline", "-p", metavar="TEXT", help=f"optimize's pipeline (default: the device's); {PIPELINE_HELP}"
+    )
+    sub.add_argument(
+        "--min-keys",
+        type=non_negative,
+        metavar="N",
+        help="route calls over at least N key rows (default: optimize's per-dtype bound on CPU; 0 routes every call)",
+    )
+    sub.add_argument(
+        "--strict",
+        action="store_true",
+        help="a signature that cannot be compiled, or a model that cannot be optimized, is an error (default: "
+        "it runs plain, with a warning)",
+    )
+    sub.add_argument(
+        "--summary",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="at exit, one line per optimized model on stderr (default: on)",
+    )
+    sub.add_argument(
+        "--explain", action="store_true", help="at exit, optimize's whole report instead (signatures, remarks)"
+    )
+    sub.add_argument("entry", metavar="COMMAND", help="the library's command")
+    sub.add_argument("entry_args", nargs=argparse.REMAINDER, metavar="ARGS", help="its own command line")
 
 
 class Parser(argparse.ArgumentParser):
@@ -218,6 +259,11 @@ def build_parser() -> Parser:
     )
 
     add("passes", "passes", "list the registered passes and their options")
+    for library, commands in ENTRY_POINTS.items():
+        _launcher_options(add(library, "launch", f"run {library}'s own command line, the models it loads optimized"))
+        subs.choices[library].epilog = LAUNCH_EPILOG.format(library=library, commands=", ".join(commands))
+        subs.choices[library].formatter_class = argparse.RawDescriptionHelpFormatter
+        subs.choices[library].set_defaults(library=library)
     parser.commands = tuple(subs.choices)
     return parser
 
@@ -286,8 +332,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # e.g. `attnpass show big.json | head`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except KeyboardInterrupt:
-        return _fail("interrupted", 130)
+    except KeyboardInterrupt as exc:  # Ctrl-C; attnpass mlx-lm's launch.Stopped also says which signal
+        return _fail(str(exc) or "interrupted", getattr(exc, "status", 130))
     except Exception as exc:
         if args.traceback:
             raise

@@ -30,10 +30,10 @@ from .qwen38 import (
     verify_specs,
     verify_step,
 )
-from .tiny_lm import tiny_lm, tiny_tokenizer
+from .tiny_lm import save_tiny_lm, tiny_lm, tiny_tokenizer
 
 __all__ = [
     "EXAMPLES", "Example", "LAYER_QSA_INPUTS", "N_LAYERS", "SHARED_QSA_INPUTS", "QSAConfig", "build_example", "build_layer", "build_model",
     "gather_pipeline", "is_qsa_layer", "layer_specs", "make_inputs", "model_specs", "narrowed_inputs",
-    "padded_mask", "qsa_attention", "rms_norm", "rope", "tiny_lm", "tiny_tokenizer", "verify_specs", "verify_step",
+    "padded_mask", "qsa_attention", "rms_norm", "rope", "save_tiny_lm", "tiny_lm", "tiny_tokenizer", "verify_specs", "verify_step",
 ]  # fmt: skip

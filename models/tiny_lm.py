@@ -6,60 +6,100 @@ heads (GQA 12), head dim 128; a small hidden size, few layers, a 512-token
 vocabulary and untied embeddings (tied ones make a random model repeat its
 input token), so greedy decoding produces varied tokens. :func:`tiny_tokenizer`
 is the matching tokenizer (token ``i`` is the word ``t{i}``) for
-``mlx_lm.generate`` / ``stream_generate``. Needs ``mlx-lm`` (the ``zoo`` extra).
+``mlx_lm.generate`` / ``stream_generate``. :func:`save_tiny_lm` writes a model
+and its tokenizer to a directory in mlx-lm's format (``config.json``,
+safetensors, a tokenizer that loads offline), which ``mlx_lm.load`` and
+mlx-lm's command line read. Needs ``mlx-lm`` (the ``zoo`` extra).
 """
 
 from __future__ import annotations
 
 import importlib
+import json
+from pathlib import Path
 from typing import Any
 
 FAMILIES = ("llama", "qwen3")
 VOCAB = 512
 
 
-def tiny_lm(
+def tiny_config(
     family: str = "llama",
     *,
-    dtype: str = "bfloat16",
     layers: int = 2,
     hidden: int = 256,
     heads: int = 24,
     kv_heads: int = 2,
     head_dim: int = 128,
     vocab: int = VOCAB,
-    seed: int = 0,
-) -> Any:
-    """A random ``mlx_lm.models.<family>.Model`` in ``dtype``, parameters evaluated; same seed, same weights."""
-    import mlx.core as mx
-
+) -> dict[str, Any]:
+    """The ``config.json`` of a tiny model of ``family`` (what its ``ModelArgs.from_dict`` reads)."""
     if family not in FAMILIES:
         raise ValueError(f"tiny_lm: unknown family {family!r}; families: {', '.join(FAMILIES)}")
+    return {
+        "model_type": family, "hidden_size": hidden, "num_hidden_layers": layers, "intermediate_size": 2 * hidden,
+        "num_attention_heads": heads, "num_key_value_heads": kv_heads, "head_dim": head_dim, "rms_norm_eps": 1e-5,
+        "vocab_size": vocab, "max_position_embeddings": 65536, "rope_theta": 10000.0, "tie_word_embeddings": False,
+    }  # fmt: skip
+
+
+def tiny_lm(family: str = "llama", *, dtype: str = "bfloat16", seed: int = 0, **shape: int) -> Any:
+    """A random ``mlx_lm.models.<family>.Model`` in ``dtype``, parameters evaluated; same seed, same weights.
+
+    ``shape``: :func:`tiny_config`'s sizes (``layers``, ``hidden``, ``heads``, ``kv_heads``, ``head_dim``, ``vocab``).
+    """
+    import mlx.core as mx
+
+    config = tiny_config(family, **shape)
     module = importlib.import_module(f"mlx_lm.models.{family}")
-    args = module.ModelArgs.from_dict(
-        {
-            "model_type": family, "hidden_size": hidden, "num_hidden_layers": layers, "intermediate_size": 2 * hidden,
-            "num_attention_heads": heads, "num_key_value_heads": kv_heads, "head_dim": head_dim, "rms_norm_eps": 1e-5,
-            "vocab_size": vocab, "max_position_embeddings": 65536, "rope_theta": 10000.0, "tie_word_embeddings": False,
-        }
-    )  # fmt: skip
     mx.random.seed(seed)
-    model = module.Model(args)
+    model = module.Model(module.ModelArgs.from_dict(config))
     model.set_dtype(getattr(mx, dtype))
     mx.eval(model.parameters())
     return model
 
 
-def tiny_tokenizer(vocab: int = VOCAB) -> Any:
-    """An ``mlx_lm`` TokenizerWrapper over the words ``t0 .. t{vocab-1}`` (whitespace-separated, no EOS)."""
-    from mlx_lm.tokenizer_utils import TokenizerWrapper
+def save_tiny_lm(
+    directory: str | Path, family: str = "llama", *, dtype: str = "bfloat16", seed: int = 0, **shape: int
+) -> Path:
+    """:func:`tiny_lm` with its :func:`tiny_tokenizer`, saved in mlx-lm's format to ``directory`` (created).
+
+    ``hidden`` defaults to 384 here: transformers' tokenizer loader validates ``config.json`` and requires the
+    hidden size to be a multiple of the query heads. The tokenizer has a chat template that joins the messages'
+    contents (``mlx_lm.chat`` and the server's chat endpoint need one). Returns the directory.
+    """
+    from mlx_lm.utils import save_model
+
+    shape.setdefault("hidden", 384)
+    path = Path(directory)
+    path.mkdir(parents=True, exist_ok=True)
+    save_model(path, tiny_lm(family, dtype=dtype, seed=seed, **shape))
+    (path / "config.json").write_text(json.dumps(tiny_config(family, **shape), indent=1) + "\n")
+    words = _words(shape.get("vocab", VOCAB))
+    words.chat_template = CHAT_TEMPLATE
+    words.save_pretrained(path)
+    return path
+
+
+CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }} {% endfor %}"
+
+
+def _words(vocab: int) -> Any:
+    """A transformers fast tokenizer over the words ``t0 .. t{vocab-1}``."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     words = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab)}, unk_token="t0"))
     words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     words.decoder = decoders.WordPiece()  # joins words with spaces
-    return TokenizerWrapper(PreTrainedTokenizerFast(tokenizer_object=words))
+    return PreTrainedTokenizerFast(tokenizer_object=words)
 
 
-__all__ = ["FAMILIES", "VOCAB", "tiny_lm", "tiny_tokenizer"]
+def tiny_tokenizer(vocab: int = VOCAB) -> Any:
+    """An ``mlx_lm`` TokenizerWrapper over the words ``t0 .. t{vocab-1}`` (whitespace-separated, no EOS)."""
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+    return TokenizerWrapper(_words(vocab))
+
+
+__all__ = ["CHAT_TEMPLATE", "FAMILIES", "VOCAB", "save_tiny_lm", "tiny_config", "tiny_lm", "tiny_tokenizer"]
