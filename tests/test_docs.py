@@ -70,6 +70,7 @@ PAGES = {
         ),
     ),
     "docs/semantics.md": Page(5),
+    "docs/mla.md": Page(1, prints=("mla-absorb applied {'rows': 3, 'crossover': 43.5}",)),
 }
 
 
