@@ -56,6 +56,14 @@ class TokenSelection:
         }  # fmt: skip
 
 
+def check_promises(owner: str, selection_input: object, rows_have_keys: object) -> None:
+    """A ValueError naming ``owner`` unless the promise options are a graph input's name (or None) and a bool."""
+    if selection_input is not None and not (isinstance(selection_input, str) and selection_input.isidentifier()):
+        raise ValueError(f"{owner}: selection_input must be a graph input's name or None, got {selection_input!r}")
+    if not isinstance(rows_have_keys, bool):
+        raise ValueError(f"{owner}: rows_have_keys must be True or False, got {rows_have_keys!r}")
+
+
 def _splat(node: Node, value: object) -> bool:
     return node.op == "constant" and len(node.attrs["value"]) == 1 and node.attrs["value"][0] == value
 
@@ -147,4 +155,4 @@ def match_token_selection(
     return TokenSelection(idx.name, values, fill, top_k, kv_len, distinct, keys)
 
 
-__all__ = ["TokenSelection", "match_token_selection"]
+__all__ = ["TokenSelection", "check_promises", "match_token_selection"]

@@ -27,7 +27,7 @@ import numpy as np
 from attnpass.ir import Graph, Node, require_int
 
 from ..analysis.row_gather import batch_to_rows, gather_source, gather_values, rows_to_batch
-from ..analysis.token_selection import TokenSelection, match_token_selection
+from ..analysis.token_selection import TokenSelection, check_promises, match_token_selection
 from ..infra.base import Remarks
 from ..infra.policy import SwitchedPass
 from ..infra.registry import register_pass
@@ -57,14 +57,7 @@ class DSAGather(SwitchedPass):
     def __post_init__(self) -> None:
         super().__post_init__()
         require_int("DSAGather", "tile_bytes", self.tile_bytes, minimum=0, meaning="0 gathers all rows at once")
-        if self.selection_input is not None and not (
-            isinstance(self.selection_input, str) and self.selection_input.isidentifier()
-        ):
-            raise ValueError(
-                f"DSAGather: selection_input must be a graph input's name or None, got {self.selection_input!r}"
-            )
-        if not isinstance(self.rows_have_keys, bool):
-            raise ValueError(f"DSAGather: rows_have_keys must be True or False, got {self.rows_have_keys!r}")
+        check_promises("DSAGather", self.selection_input, self.rows_have_keys)
 
     def run(self, graph: Graph, remarks: Remarks) -> bool:
         rule = Rule("dsa-gather", "sdpa", self._match, _rewrite, _describe)

@@ -24,7 +24,7 @@ from typing import ClassVar
 
 from attnpass.ir import Graph, Node
 
-from ..analysis.token_selection import TokenSelection, match_token_selection
+from ..analysis.token_selection import TokenSelection, check_promises, match_token_selection
 from ..infra.base import Remarks
 from ..infra.policy import SwitchedPass
 from ..infra.registry import register_pass
@@ -92,14 +92,7 @@ class MLAAbsorb(SwitchedPass):
         f = self.crossover_factor
         if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f < math.inf:
             raise ValueError(f"MLAAbsorb: crossover_factor must be a finite number > 0, got {f!r}")
-        if self.selection_input is not None and not (
-            isinstance(self.selection_input, str) and self.selection_input.isidentifier()
-        ):
-            raise ValueError(
-                f"MLAAbsorb: selection_input must be a graph input's name or None, got {self.selection_input!r}"
-            )
-        if not isinstance(self.rows_have_keys, bool):
-            raise ValueError(f"MLAAbsorb: rows_have_keys must be True or False, got {self.rows_have_keys!r}")
+        check_promises("MLAAbsorb", self.selection_input, self.rows_have_keys)
 
     def run(self, graph: Graph, remarks: Remarks) -> bool:
         rule = Rule("mla-absorb", "sdpa", self._match, _rewrite, _describe)

@@ -47,6 +47,25 @@ class Geometry:
         return tuple(specs + ([TensorSpec((self.b, 1, self.rows, self.top_k), "int32")] if self.top_k else []))
 
 
+def draw_geometry(data, dtype: DType, *, rows: tuple[int, int], t: list[int], top_k) -> Geometry:
+    """A hypothesis-drawn small geometry; ``top_k(t)`` draws K (or None) for the drawn cache length."""
+    from hypothesis import strategies as st
+
+    cache = data.draw(st.sampled_from(t), "t")
+    return Geometry(
+        b=data.draw(st.integers(1, 2), "b"),
+        h=data.draw(st.sampled_from([1, 2, 4]), "h"),
+        rows=data.draw(st.integers(*rows), "rows"),
+        t=cache,
+        r=data.draw(st.sampled_from([8, 32, 64]), "r"),
+        dn=data.draw(st.sampled_from([4, 16]), "dn"),
+        dv=data.draw(st.sampled_from([4, 8, 16]), "dv"),
+        top_k=data.draw(top_k(cache), "top_k"),
+        dtype=dtype,
+        scale=data.draw(st.sampled_from([None, 0.2]), "scale"),
+    )
+
+
 def lowest(dtype: DType) -> float:
     return float(dtype.finfo.min)
 

@@ -20,7 +20,7 @@ from attnpass.ir import DType, TensorSpec, ops, parse_graph, trace
 from attnpass.lowering import lower
 from attnpass.passes import DeadCodeElimination, DSAGather, MLAAbsorb, PassManager
 from tests.passes.claims import audit, fuzzed
-from tests.passes.rewrites.mla_graphs import Geometry, lowest, mla_graph, mla_inputs
+from tests.passes.rewrites.mla_graphs import Geometry, draw_geometry, lowest, mla_graph, mla_inputs
 from tests.passes.rewrites.test_mla_absorb import BOUND, PROMISED, relative
 from tests.util import target_params
 
@@ -223,19 +223,7 @@ def test_bad_options_are_refused_by_name(options, message):
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_gathered_agrees_with_the_selected_cells_within_the_bound(target, dtype, data):
-    t = data.draw(st.sampled_from([12, 24, 40]), "t")
-    g = Geometry(
-        b=data.draw(st.integers(1, 2), "b"),
-        h=data.draw(st.sampled_from([1, 2, 4]), "h"),
-        rows=data.draw(st.integers(2, 9), "rows"),
-        t=t,
-        r=data.draw(st.sampled_from([8, 32]), "r"),
-        dn=data.draw(st.sampled_from([4, 16]), "dn"),
-        dv=data.draw(st.sampled_from([4, 8]), "dv"),
-        top_k=data.draw(st.integers(1, t - 1), "top_k"),
-        dtype=dtype,
-        scale=data.draw(st.sampled_from([None, 0.2]), "scale"),
-    )
+    g = draw_geometry(data, dtype, rows=(2, 9), t=[12, 24, 40], top_k=lambda t: st.integers(1, t - 1))
     absorb = data.draw(st.booleans(), "absorb")
     tile_bytes = data.draw(st.sampled_from([0, 1, 4096]), "tile_bytes")
     graph = mla_graph(g)
