@@ -2,7 +2,8 @@
 
 Pattern (docs/mla.md): ``sdpa(q, k, v)`` with ``k = matmul(c, W_uk)`` and ``v = matmul(c, W_uv')`` for one
 latent ``c`` ``[B, 1, T, R]`` (or ``broadcast_to`` of it to the heads), ``q`` ``[B, H, L, Dn]``, ``k``/``v``
-``[B, H, T, Dn|Dv]``, read by nothing else. Rewrite: ``q_lat = matmul(q, W_ukᵀ)`` ``[B, H, L, R]``,
+``[B, H, T, Dn|Dv]``, read by nothing else; either projection may be a ``quantized_matmul`` of packed weights
+(mlx-lm's ``QuantizedMultiLinear``), whose transposed use is the same op with ``transpose`` flipped. Rewrite: ``q_lat = matmul(q, W_ukᵀ)`` ``[B, H, L, R]``,
 ``o = sdpa(q_lat, c, c)`` (one KV head, the same mask, sinks, causal kind, window, soft-cap and the scale
 written out: ``None`` was ``1/sqrt(Dn)``), ``out = matmul(o, W_uv')`` ``[B, H, L, Dv]``. The scores
 ``q·W_uk·c_t`` and the output ``W_uv'·Σ p_t c_t`` are the same sums in another order: the same function,
@@ -46,11 +47,14 @@ def mla_crossover(kv_len: int, attended: int, rank: int, dn: int, dv: int) -> fl
     return math.inf if per_row <= 0 else kv_len * rank * (dn + dv) / per_row
 
 
+PROJECTIONS = ("matmul", "quantized_matmul")  # c @ W, and c @ W (or Wᵀ) from packed words, scales and biases
+
+
 @dataclass(frozen=True)
 class _Match:
     latent: str
-    w_uk: str
-    w_uv: str
+    k: Node  # the projection to K, applied transposed to q
+    v: Node  # the projection to V, applied as is to the attention output
     scale: float
     figures: dict
 
@@ -101,10 +105,11 @@ class MLAAbsorb(SwitchedPass):
     def _match(self, graph: Graph, node: Node) -> _Match | Decline:
         """The latent and weights, or why K and V are kept expanded (with the figures)."""
         q, k, v = (graph.node(i) for i in node.inputs[:3])
-        if k.op != "matmul" or v.op != "matmul":
+        if k.op not in PROJECTIONS or v.op not in PROJECTIONS:
             return Decline(
                 "not_latent",
-                f"k is {k.op} {k.name} and v is {v.op} {v.name}: not matmul(latent, W_uk) and matmul(latent, W_uv)",
+                f"k is {k.op} {k.name} and v is {v.op} {v.name}: not matmul(latent, W_uk) and matmul(latent, W_uv) "
+                "(or quantized_matmul)",
             )
         latent_k, latent_v = _latent(graph, k.inputs[0]), _latent(graph, v.inputs[0])
         if latent_k != latent_v:
@@ -148,7 +153,7 @@ class MLAAbsorb(SwitchedPass):
             )
         scale = node.attrs["scale"]
         scale = 1.0 / math.sqrt(dn) if scale is None else scale
-        return _Match(latent_k, k.inputs[1], v.inputs[1], scale, figures)
+        return _Match(latent_k, k, v, scale, figures)
 
 
 def _describe(m: _Match) -> tuple[str, dict]:
@@ -163,14 +168,22 @@ def _describe(m: _Match) -> tuple[str, dict]:
     ), f
 
 
+def _project(rw: Rewriter, x: str, by: Node, *, transposed: bool, hint: str) -> str:
+    """``x`` through the weights of projection ``by`` (``c @ W``), or through their transpose."""
+    if by.op == "quantized_matmul":
+        attrs = {**by.attrs, "transpose": by.attrs["transpose"] != transposed}
+        return rw.op("quantized_matmul", [x, *by.inputs[1:]], attrs, hint)
+    return rw.op("matmul", [x, _swap_last(rw, by.inputs[1]) if transposed else by.inputs[1]], hint=hint)
+
+
 def _rewrite(rw: Rewriter, m: _Match) -> None:
     """q into the latent space, one sdpa over the latent, the output up-projected."""
     node = rw.anchor
-    q_lat = rw.op("matmul", [node.inputs[0], _swap_last(rw, m.w_uk)], hint="q_latent")
+    q_lat = _project(rw, node.inputs[0], m.k, transposed=True, hint="q_latent")
     operands = {"q": q_lat, "k": m.latent, "v": m.latent, "mask": node.mask, "sinks": node.sinks}
     attrs = {**node.attrs, "scale": m.scale}
     out = rw.op("sdpa", {k: x for k, x in operands.items() if x is not None}, attrs, "sdpa_latent")
-    rw.replace_matched(rw.op("matmul", [out, m.w_uv], hint="mla_out"))
+    rw.replace_matched(_project(rw, out, m.v, transposed=False, hint="mla_out"))
 
 
 __all__ = ["ENV_VAR", "MLAAbsorb", "mla_crossover", "mla_flops"]

@@ -23,6 +23,7 @@ from attnpass.ir import DType, Graph, Node, TensorType
 from attnpass.lowering import lower
 from attnpass.passes import Pass, PassManager, Remark
 from attnpass.passes.rewrites.dce import MAX_LISTED
+from attnpass.passes.rewrites.mla_absorb import PROJECTIONS
 from attnpass.passes.rewrites.qsa_pool_cache import XLA_ROW_REDUCTION_ELEMENTS
 from tests.fuzz.choices import Choices
 from tests.fuzz.families import FAMILIES, Case
@@ -346,7 +347,7 @@ def _absorbed(before: Graph, after: Graph, r: Remark, ctx: _Context) -> None:
     (call,) = [n for n in _new(before, after, "sdpa") if n.name.startswith("sdpa_latent")]
     q_lat, latent = after.node(call.inputs[0]), after.node(call.inputs[1])
     assert call.inputs[1] == call.inputs[2] and latent.type.shape[1] == fig["latent_heads"]
-    assert latent.type.shape[3] == fig["rank"] and q_lat.op == "matmul" and q_lat.inputs[0] == anchor.inputs[0]
+    assert latent.type.shape[3] == fig["rank"] and q_lat.op in PROJECTIONS and q_lat.inputs[0] == anchor.inputs[0]
     assert q_lat.type.shape == (*after.node(anchor.inputs[0]).type.shape[:3], fig["rank"])
     assert (call.mask, call.sinks) == (anchor.mask, anchor.sinks)
     scale = anchor.attrs["scale"]
@@ -361,7 +362,7 @@ def _absorb_kept(before: Graph, after: Graph, r: Remark, ctx: _Context) -> None:
 
 def _not_latent(before: Graph, after: Graph, r: Remark, ctx: _Context) -> None:
     k, v = (before.node(i) for i in before.node(r.node).inputs[1:3])
-    if k.op == "matmul" and v.op == "matmul":  # then they project different latents (a broadcast aside)
+    if k.op in PROJECTIONS and v.op in PROJECTIONS:  # then they project different latents (a broadcast aside)
         sources = [before.node(x.inputs[0]) for x in (k, v)]
         roots = {s.inputs[0] if s.op == "broadcast_to" else s.name for s in sources}
         assert len(roots) == 2

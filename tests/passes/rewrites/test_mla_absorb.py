@@ -152,6 +152,28 @@ def test_a_latent_broadcast_to_the_heads_is_attended_as_one_head():
     np.testing.assert_allclose(run(lower(result.graph, "numpy"), **xs), run(lower(graph, "numpy"), **xs), rtol=1e-6)
 
 
+@pytest.mark.parametrize("target", target_params("numpy", "mlx", "jax"))
+def test_packed_projections_stay_packed_and_are_used_transposed(target):
+    """mlx-lm's QuantizedMultiLinear: k = quantized_matmul(c, W_uk, transpose=False), v = ...(c, W_uv,
+    transpose=True); absorbed, q meets W_uk with transpose=True and the output W_uv with transpose=True."""
+    packed = {"group_size": 32, "bits": 4}
+
+    def f(q, latent, w_uk, w_uv, mask):
+        k = ops.quantized_matmul(latent, *ops.quantize(w_uk, **packed), transpose=False, **packed)
+        v = ops.quantized_matmul(latent, *ops.quantize(w_uv, **packed), transpose=True, **packed)
+        return ops.sdpa(q, k, v, mask=mask, scale=0.2)
+
+    g = Geometry(b=1, h=2, rows=3, t=24, r=32, dn=32, dv=8, top_k=None)
+    graph = trace(f, *g.specs)
+    result = absorb(graph)
+    remark(result, "applied")
+    projections = [n for n in result.graph.nodes() if n.op == "quantized_matmul"]
+    assert [(n.inputs[0], n.attrs["transpose"]) for n in projections] == [("q", True), ("sdpa_latent", True)]
+    assert not [n for n in result.graph.nodes() if n.op in ("matmul", "dequantize")]
+    x = mla_inputs(g, 2)
+    assert relative(run(lower(result.graph, target), **x), run(lower(graph, "numpy"), **x)) <= BOUND[g.dtype]
+
+
 VARIANTS = {
     "causal": {"causal": "bottom_right"},
     "window": {"window": (5, None, None), "causal": "bottom_right"},
