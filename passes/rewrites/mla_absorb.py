@@ -3,9 +3,10 @@
 Pattern (docs/mla.md): ``sdpa(q, k, v)`` with ``k = matmul(c, W_uk)`` and ``v = matmul(c, W_uv')`` for one
 latent ``c`` ``[B, 1, T, R]`` (or ``broadcast_to`` of it to the heads), ``q`` ``[B, H, L, Dn]``, ``k``/``v``
 ``[B, H, T, Dn|Dv]``, read by nothing else; either projection may be a ``quantized_matmul`` of packed weights
-(mlx-lm's ``QuantizedMultiLinear``), whose transposed use is the same op with ``transpose`` flipped. Rewrite: ``q_lat = matmul(q, W_ukᵀ)`` ``[B, H, L, R]``,
-``o = sdpa(q_lat, c, c)`` (one KV head, the same mask, sinks, causal kind, window, soft-cap and the scale
-written out: ``None`` was ``1/sqrt(Dn)``), ``out = matmul(o, W_uv')`` ``[B, H, L, Dv]``. The scores
+(mlx-lm's ``QuantizedMultiLinear``), whose transposed use is the same op with ``transpose`` flipped.
+Rewrite: ``q_lat = matmul(q, W_ukᵀ)`` ``[B, H, L, R]``, ``o = sdpa(q_lat, c, c)`` (one KV head, the same
+mask, sinks, causal kind, window, soft-cap and the scale written out: ``None`` was ``1/sqrt(Dn)``),
+``out = matmul(o, W_uv')`` ``[B, H, L, Dv]``. The scores
 ``q·W_uk·c_t`` and the output ``W_uv'·Σ p_t c_t`` are the same sums in another order: the same function,
 not bit-exact (measured bound: docs/mla.md, "Numerics").
 
