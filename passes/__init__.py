@@ -19,7 +19,9 @@ from .rewrites.block_sparse import BlockSparse
 from .rewrites.canonicalize import Canonicalize
 from .rewrites.dce import DeadCodeElimination
 from .rewrites.decompose_sdpa import DecomposeSDPA
+from .rewrites.dsa_gather import DSAGather
 from .rewrites.head_chunk import HeadChunkSDPA, head_chunk_plan
+from .rewrites.mla_absorb import MLAAbsorb, mla_crossover, mla_flops
 from .rewrites.narrow_inputs import NarrowInputs
 from .rewrites.qsa_gather import QSAGather
 from .rewrites.qsa_pool_cache import QSAPoolCache
@@ -28,10 +30,10 @@ from .rewrites.shard_attention import ShardAttention
 from .rewrites.split_kv import SplitKV
 
 __all__ = [
-    "ANY", "BlockSparse", "Canonicalize", "DeadCodeElimination", "Decline", "DecomposeSDPA", "HeadChunkSDPA", "Instrumentation",
-    "NarrowInputs", "Pass", "PassError", "PassManager", "PassResult", "PassTimings", "PipelineError",
+    "ANY", "BlockSparse", "Canonicalize", "DSAGather", "DeadCodeElimination", "Decline", "DecomposeSDPA", "HeadChunkSDPA",
+    "Instrumentation", "MLAAbsorb", "NarrowInputs", "Pass", "PassError", "PassManager", "PassResult", "PassTimings", "PipelineError",
     "PrintAfterChange", "QSAGather", "QSAPoolCache", "REASONS", "RaiseAttention", "Remark", "Remarks", "Reproducer",
     "Rewriter",
     "Rule", "ShardAttention", "SplitKV", "SwitchedPass", "apply_rules", "available_passes", "default_pipeline",
-    "format_pipeline", "get_pass", "head_chunk_plan", "load_reproducer", "parse_pipeline", "register_pass",
+    "format_pipeline", "get_pass", "head_chunk_plan", "load_reproducer", "mla_crossover", "mla_flops", "parse_pipeline", "register_pass",
 ]  # fmt: skip

@@ -1,10 +1,12 @@
-"""Default pipelines per device: which rewrites a QSA decode or verify step gets where it runs.
+"""Default pipelines per device: which rewrites an attention step (QSA, MLA, DSA) gets where it runs.
 
 ``default_pipeline(device)`` returns the passes, in order (``PassManager(...)`` runs them):
 
-- every device: ``qsa-pool-cache`` (a resident f32 block-key cache instead of re-pooling the raw key
-  cache; the graph gains a state pair) and ``qsa-gather`` (attention over the selected cells only; a
-  prefill cut into tiles of the device's ``prefill_tile`` rows, :data:`.analysis.devices.DEVICES`);
+- every device: ``mla-absorb`` (MLA attention in the latent space below the device's crossover,
+  ``mla_crossover_factor``), ``qsa-pool-cache`` (a resident f32 block-key cache instead of re-pooling the
+  raw key cache; the graph gains a state pair), ``qsa-gather`` (attention over the selected cells only; a
+  prefill cut into tiles of the device's ``prefill_tile`` rows) and ``dsa-gather`` (each row over its
+  indexed tokens only, in tiles of ``dsa_tile_bytes``), all read from :data:`.analysis.devices.DEVICES`;
 - ``"cpu"``: ``block-sparse`` (causal calls tiled over the keys each tile sees, the device's ``block_q``
   rows per tile; measured on CPU only, docs/semantics.md §1.4);
 - ``"metal"``: ``head-chunk``, so GQA calls fit MLX's fused vector kernel;
@@ -23,7 +25,9 @@ from .infra.base import Pass
 from .rewrites.block_sparse import BlockSparse
 from .rewrites.dce import DeadCodeElimination
 from .rewrites.decompose_sdpa import DecomposeSDPA
+from .rewrites.dsa_gather import DSAGather
 from .rewrites.head_chunk import HeadChunkSDPA
+from .rewrites.mla_absorb import MLAAbsorb
 from .rewrites.narrow_inputs import NarrowInputs
 from .rewrites.qsa_gather import QSAGather
 from .rewrites.qsa_pool_cache import QSAPoolCache
@@ -38,12 +42,15 @@ def default_pipeline(device: str, *, keep_signature: bool = False, target: str |
     if device not in DEVICES:
         raise ValueError(f"default_pipeline: device must be one of {', '.join(DEVICES)}, got {device!r}")
     own: list[Pass] = {"cpu": [BlockSparse(device=device)], "metal": [HeadChunkSDPA()]}.get(device, [])
-    gather = QSAGather(prefill_tile=DEVICES[device].prefill_tile)
+    facts = DEVICES[device]
+    absorb = MLAAbsorb(crossover_factor=facts.mla_crossover_factor)
+    gathers = [QSAGather(prefill_tile=facts.prefill_tile), DSAGather(tile_bytes=facts.dsa_tile_bytes)]
     if keep_signature:
-        return [gather, *own, DecomposeSDPA(device=device, target=target), DeadCodeElimination()]
+        return [absorb, *gathers, *own, DecomposeSDPA(device=device, target=target), DeadCodeElimination()]
     return [
+        absorb,
         QSAPoolCache(),
-        gather,
+        *gathers,
         *own,
         DecomposeSDPA(device=device, target=target),
         DeadCodeElimination(),

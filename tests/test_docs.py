@@ -71,6 +71,7 @@ PAGES = {
     ),
     "docs/semantics.md": Page(5),
     "docs/numerics.md": Page(1, ("jax",)),
+    "docs/mla.md": Page(1, prints=("mla-absorb applied {'rows': 3, 'crossover': 43.5}",)),
 }
 
 

@@ -23,18 +23,23 @@ class Device:
 
     block_q: int  # block-sparse: query rows per tile
     prefill_tile: int  # qsa-gather under default_pipeline: query rows per prefill tile
+    mla_crossover_factor: float  # mla-absorb: measured crossover rows / the FLOP model's crossover rows
+    dsa_tile_bytes: int  # dsa-gather: the most bytes of gathered K/V one tile of query rows may hold
 
 
 DEVICES: dict[str, Device] = {
     # block_q 512: measured on MLX and JAX CPU (docs/semantics.md §1.4, benchmarks/block_sparse.py);
-    # prefill_tile 16: measured (docs/qsa.md, "Prefill")
-    "cpu": Device(block_q=512, prefill_tile=16),
-    # block_q: the CPU's size, not measured; prefill_tile: the CPU's, not measured (docs/qsa.md, "Prefill")
-    "metal": Device(block_q=512, prefill_tile=16),
+    # prefill_tile 16: measured (docs/qsa.md, "Prefill"); mla_crossover_factor and dsa_tile_bytes: measured
+    # on MLX CPU (docs/mla.md, "Crossover" and "Tiles", benchmarks/mla_absorb.py)
+    "cpu": Device(block_q=512, prefill_tile=16, mla_crossover_factor=0.85, dsa_tile_bytes=8 << 20),
+    # block_q: the CPU's size, not measured; prefill_tile: the CPU's, not measured (docs/qsa.md, "Prefill");
+    # mla_crossover_factor 1 (the FLOP model) and dsa_tile_bytes: not measured (docs/mla.md, "Crossover")
+    "metal": Device(block_q=512, prefill_tile=16, mla_crossover_factor=1.0, dsa_tile_bytes=32 << 20),
     # block_q: the CPU's size, not measured; prefill_tile 64 bounds the gathered K/V per tile, not tuned
-    # (docs/qsa.md, "Prefill")
-    "gpu": Device(block_q=512, prefill_tile=64),
-    "tpu": Device(block_q=512, prefill_tile=64),  # as "gpu": neither measured on a TPU
+    # (docs/qsa.md, "Prefill"); mla_crossover_factor 1 (the FLOP model) and dsa_tile_bytes: not measured
+    # (docs/mla.md, "Crossover")
+    "gpu": Device(block_q=512, prefill_tile=64, mla_crossover_factor=1.0, dsa_tile_bytes=256 << 20),
+    "tpu": Device(block_q=512, prefill_tile=64, mla_crossover_factor=1.0, dsa_tile_bytes=256 << 20),  # as "gpu"
 }
 
 METAL_VECTOR_MAX_ROWS = 8  # q_len of the vector (decode) kernel family; longer calls go to the full kernel

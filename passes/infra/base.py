@@ -58,12 +58,16 @@ REASONS: dict[str, str] = {
     "mask_form": "the mask is not written as sdpa masks (inverted, or its fill is not a constant)",
     "mask_not_static": "the mask's values are not known from positions alone",
     "mask_not_structured": "the mask is not exactly a causal kind and window (bool, or additive 0 and -inf)",
-    "mask_not_selection": "the mask is not qsa_mask or where(qsa_mask, visibility, -inf)",
+    "mask_not_selection": "the mask is not a selection: qsa_mask, put_along_axis of token indices, or where(either, "
+    "values, fill)",
     # quantized sparse attention, gathers and sharding
     "qsa_form": "the QSA selection, pooling or positions are not in the form the rewrite reads",
     "other_readers": "a value the rewrite replaces is also read elsewhere",
     "not_row_wise": "an op between the raw and the block keys is not row-wise",
     "gather_form": "K or V are not gathered by qsa_gather of the same cells",
+    "indices_not_distinct": "a token selection's indices are neither proven nor promised distinct per row",
+    # multi-head latent attention
+    "not_latent": "K and V are not per-head up-projections (matmul) of one shared latent",
     "sharding_conflict": "the values are already sharded otherwise, or two mesh axes claim one dimension",
     "sharding_blocked": "an op on K's or V's path cannot carry the sharding back to the bytes",
     "mesh_axis_missing": "the named mesh axis is not declared on the graph",

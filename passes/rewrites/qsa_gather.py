@@ -33,6 +33,7 @@ from attnpass.ir import DType, Graph, Node, require_int
 from attnpass.ir.dialects import min_width
 from attnpass.ir.dialects.attention import sdpa_variants
 
+from ..analysis.row_gather import batch_to_rows, gather_source, gather_values, rows_to_batch
 from ..infra.base import Remarks
 from ..infra.policy import SwitchedPass
 from ..infra.registry import register_pass
@@ -276,7 +277,7 @@ def _rewrite(rw: Rewriter, m: _Match) -> None:
     attrs = {"ratio": m.ratio, "width": m.width, "kv_len": t}
     cells = rw.op("qsa_cells", [sel, positions], attrs)
     valid = rw.op("qsa_cell_valid", [sel, positions], attrs)
-    vis = _gather_source(rw, m.vis)
+    vis = gather_source(rw, m.vis)
     outs = [_attend(rw, m, cells, valid, vis, r0, min(r0 + m.tile, m.rows)) for r0 in range(0, m.rows, m.tile)]
     rw.replace_matched(outs[0] if len(outs) == 1 else rw.concat(outs, 2, "sdpa_tiled"))
 
@@ -300,55 +301,17 @@ def _attend(
     if vis is not None:
         if s < m.rows and rw.type(vis).shape[2] != 1:
             vis = rw.slice_axis(vis, 2, r0, r1, hint="vis_tile")
-        vis = _gather_visibility(rw, vis, cells, b, s)
+        vis = gather_values(rw, vis, cells, b, s)
         if vis_cast is not None:
             vis = rw.op("cast", [vis], {"dtype": vis_cast}, "vis_gathered")
         mask = rw.op("where", [valid, vis, rw.scalar(-math.inf, rw.type(vis).dtype, "neg_inf")], hint="gather_mask")
-    operands = {**dict(zip(rw.anchor.opdef.required, [_rows_to_batch(rw, q), *kv])), "mask": mask}
+    operands = {**dict(zip(rw.anchor.opdef.required, [rows_to_batch(rw, q), *kv])), "mask": mask}
     if m.quantized:  # the same attributes: scale, group size, bits, precision
         out = rw.op("quantized_sdpa", operands, dict(rw.anchor.attrs), "sdpa_gather")
     else:
         sdpa_attrs = {"scale": rw.anchor.attrs["scale"], "causal": "none"}
         out = rw.op("sdpa", operands, sdpa_attrs, "sdpa_gather")
-    return _batch_to_rows(rw, out, b, s)
-
-
-def _gather_visibility(rw: Rewriter, vis: str, cells: str, b: int, s: int) -> str:
-    """Visibility ``[b', h', s', T or 1]`` at each row's cells (``[B, S, W]``): ``[B*S, h', 1, W or 1]``."""
-    vb, vh, vs, vt = rw.type(vis).shape
-    # [b', s', h', T']: streams and rows outermost, as in the sdpa's batch
-    vis = rw.reshape(vis, (vb, vs, vh, vt)) if 1 in (vh, vs) else rw.transpose(vis, (0, 2, 1, 3))
-    if vt == 1:
-        return rw.reshape(rw.broadcast(vis, (b, s, vh, 1)), (b * s, vh, 1, 1), "vis_rows")
-    width = rw.type(cells).shape[-1]
-    index = rw.reshape(cells, (b, s, 1, width), "vis_cells")
-    gathered = rw.op("take_along_axis", [vis, index], {"axis": 3}, "vis_gathered")  # [B, S, h', W]
-    return rw.reshape(gathered, (b * s, vh, 1, width), "vis_gathered")
-
-
-def _rows_to_batch(rw: Rewriter, x: str) -> str:
-    """``[B, H, S, D]`` -> ``[B*S, H, 1, D]`` (row-major: stream outer, row inner)."""
-    b, h, s, d = rw.type(x).shape
-    return rw.reshape(rw.transpose(x, (0, 2, 1, 3)) if s > 1 else x, (b * s, h, 1, d), f"{x}_rows")
-
-
-def _batch_to_rows(rw: Rewriter, x: str, b: int, s: int) -> str:
-    """Inverse of :func:`_rows_to_batch`: ``[B*S, H, 1, D]`` -> ``[B, H, S, D]``."""
-    _bs, h, _one, d = rw.type(x).shape
-    if s == 1:
-        return rw.reshape(x, (b, h, 1, d), "sdpa_gather")
-    return rw.transpose(rw.reshape(x, (b, s, h, d)), (0, 2, 1, 3), "sdpa_gather")
-
-
-def _gather_source(rw: Rewriter, vis: str | None) -> tuple[str | None, DType | None]:
-    """(rank-4 value to gather visibility from, dtype to cast to after the gather or None)."""
-    if vis is None:
-        return None, None
-    node, cast_to = rw.graph.node(vis), None
-    if node.op == "cast" and rw.type(node.inputs[0]).shape == node.type.shape:
-        node, cast_to = rw.graph.node(node.inputs[0]), node.attrs["dtype"]
-    shape = node.type.shape
-    return rw.reshape(node.name, (1,) * (4 - len(shape)) + shape, "vis4"), cast_to
+    return batch_to_rows(rw, out, b, s, "sdpa_gather")
 
 
 __all__ = ["ENV_VAR", "QSAGather"]

@@ -23,10 +23,12 @@ FUSED = "raise-attention,dce"  # leaves the attention one fused call: the wrappe
 def test_wrapper_pipeline_raises_attention_first_then_the_device_pipeline_that_keeps_the_signature():
     assert (
         format_pipeline(wrapper_pipeline("cpu"))
-        == "raise-attention,qsa-gather{prefill_tile=16},block-sparse,decompose-sdpa,dce"
+        == "raise-attention,mla-absorb{crossover_factor=0.85},qsa-gather{prefill_tile=16},dsa-gather{tile_bytes=8388608},"
+        "block-sparse,decompose-sdpa,dce"
     )
     assert format_pipeline(wrapper_pipeline("metal", "mlx")) == (
-        "raise-attention,qsa-gather{prefill_tile=16},head-chunk,decompose-sdpa{device=metal,target=mlx},dce"
+        "raise-attention,mla-absorb,qsa-gather{prefill_tile=16},dsa-gather{tile_bytes=33554432},head-chunk,"
+        "decompose-sdpa{device=metal,target=mlx},dce"
     )
     for device, target in (("cpu", "mlx"), ("cpu", "jax"), ("metal", "mlx"), ("gpu", "jax"), ("tpu", None)):
         rest = wrapper_pipeline(device, target)[1:]
@@ -120,7 +122,9 @@ class TestMLXCompile:
         fast.explain(file=short)
         assert len(full.getvalue().splitlines()) == 2 + len(entry.remarks) >= 18  # the flood: every remark whole
         summary = short.getvalue().splitlines()
-        assert len(summary) <= 8 and summary[:2] == full.getvalue().splitlines()[:2]
+        assert (
+            len(summary) <= 10 and summary[:2] == full.getvalue().splitlines()[:2]
+        )  # one line per pass: 8 before mla-absorb and dsa-gather joined
         assert not re.search(r"\b0, |rule hits", short.getvalue())  # no zero-hit rule lists
         # each rule the pass counted a hit for is one line with that count
         (hits,) = [r.message for r in entry.remarks if r.reason == "rule_hits"]
@@ -163,7 +167,9 @@ class TestMLXCompile:
         assert_close(to_numpy(fast(q, k, v, SCALE, mask=mask)), to_numpy(self.attention(q, k, v, SCALE, mask)))
         (entry,) = fast.specializations
         assert entry.pipeline == fast.pipeline
-        assert fast.pipeline.startswith("raise-attention,qsa-gather{prefill_tile=16},")
+        assert fast.pipeline.startswith(
+            "raise-attention,mla-absorb{crossover_factor=0.85},qsa-gather{prefill_tile=16},"
+        )
         # one decision per attention call, on the sdpa raise-attention made: on CPU, GQA-folded into f32 matmuls
         (raised,) = [r.node for r in entry.remarks if r.pass_name == "raise-attention" and r.node == "matmul_1"]
         (strategy,) = [r for r in entry.remarks if r.pass_name == "decompose-sdpa"]

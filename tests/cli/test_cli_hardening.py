@@ -197,7 +197,7 @@ def test_summary_prints_one_line_per_pass(cli, model_json, tmp_path):
         "// dce: 1 applied, 1 declined",  # both runs of dce
         "// narrow-inputs: 1 applied, 28 declined",
     ]
-    assert out.splitlines() == [*summary, f"// wrote {tmp_path / 'out.json'}: changed, 151 -> 245 nodes"]
+    assert out.splitlines() == [*summary, f"// wrote {tmp_path / 'out.json'}: changed, 151 -> 243 nodes"]
     assert cli("explain", "--summary", "-p", MODEL_PIPELINE, model_json) == (0, "\n".join(summary) + "\n", "")
     assert len(cli("run", "-p", MODEL_PIPELINE, model_json, "-o", tmp_path / "out.json")[1].splitlines()) == 48
 

@@ -21,7 +21,16 @@ draw is the simplest):
   scores given or computed by ``qsa_pool``/``qsa_block_scores`` from a
   resident or streamed raw-key cache) with tied
   scores, every tail length, depths around ``min_depth_factor * W``, every
-  visibility form, and padded visibility masks read through a slice.
+  visibility form, and padded visibility masks read through a slice;
+- ``mla``: MLA attention as mlx-lm computes more than one query row (K and V
+  up-projected from one latent, possibly broadcast to the heads, a second
+  latent or another reader of K as near misses), with no mask, an additive
+  one, or DSA's token selection (``where(put_along_axis(False, idx, True),
+  scores, fill)`` or the bool selection) whose indices are the input ``idx``
+  (distinct, every row keeping a cell above the fill: what the option pools'
+  ``selection_input=idx`` and ``rows_have_keys`` promise), ``idx_dup`` (repeats,
+  never promised) or an ``argpartition`` of scores; fills at ``finfo.min``,
+  ``-inf`` or above (a near miss); causal kinds the gather cannot carry.
 """
 
 from __future__ import annotations
@@ -330,9 +339,68 @@ def qsa_family(c: Choices) -> Case:
     return m.case("qsa", [out])
 
 
+# ----------------------------------------------------------------------------- MLA and DSA
+
+
+def _selection(m: _Maker, bsz: int, rows: int, t: int, top_k: int, visible: np.ndarray) -> str:
+    """i32 ``[B, 1, L, K]`` token indices: ``idx`` (distinct, one visible cell first), ``idx_dup`` or argpartition."""
+    c, rng = m.c, m.rng
+    kind = c.pick(["idx", "argpartition", "idx_dup"], (6, 2, 1))
+    if kind == "argpartition":  # mlx-lm's indexer: argpartition(scores)[..., -K:]
+        scores = m.input("index_scores", (bsz, 1, rows, t), F32)
+        order = m.b.op("argpartition", [scores], {"kth": t - top_k, "axis": -1})
+        return m.b.slice_axis(order, 3, t - top_k, t, hint="top_k")
+    picks = np.empty((bsz, 1, rows, top_k), np.int32)
+    for i in np.ndindex(bsz, rows):
+        first = rng.choice(np.flatnonzero(visible[i[1]]))
+        row = np.concatenate([[first], rng.permutation(np.setdiff1d(np.arange(t), [first]))[: top_k - 1]])
+        if kind == "idx_dup":
+            row[-1] = first  # a repeat of the visible cell: the row keeps its key
+        picks[i[0], 0, i[1]] = rng.permutation(row)
+    return m.input(kind, picks.shape, I32, picks)
+
+
+def mla_family(c: Choices) -> Case:
+    """Expanded MLA attention over one latent, plain or with DSA's token selection; see the module docstring."""
+    m = _Maker(c, "mla")
+    b, rng = m.b, m.rng
+    dtype = c.pick(FLOATS, (4, 1, 1))
+    bsz, h, rows, t = c.int(1, 2), c.pick([2, 1, 4]), c.pick([3, 1, 2, 5, 9]), c.pick([16, 8, 24])
+    r, dn, dv = c.pick([8, 4, 16]), c.pick([4, 8]), c.pick([4, 8])
+    latent = m.input("latent", (bsz, 1, t, r), dtype, role="resident")
+    q = m.input("q", (bsz, h, rows, dn), dtype)
+    w_uk = m.input("w_uk", (h, r, dn), dtype, rng.uniform(-1, 1, (h, r, dn)) / np.sqrt(dn))
+    w_uv = m.input("w_uv", (h, dv, r), dtype, rng.uniform(-1, 1, (h, dv, r)) / np.sqrt(r))
+    c_k = c_v = b.broadcast(latent, (bsz, h, t, r), "latent_heads") if c.flag(0.2) else latent
+    if c.flag(0.1):  # near miss: V from another latent
+        c_v = m.input("latent_v", (bsz, 1, t, r), dtype)
+    k = b.op("matmul", [c_k, w_uk], hint="k")
+    v = b.op("matmul", [c_v, b.transpose(w_uv, (0, 2, 1), "w_uv_t")], hint="v")
+    operands = {"q": q, "k": k, "v": v}
+    visible = np.arange(t)[None, :] <= max(0, t - rows) + np.arange(rows)[:, None]  # [L, T]: causal, last rows
+    lowest = float(dtype.finfo.min)
+    form = c.pick(["dsa", "none", "additive", "bool"], (5, 2, 2, 1))
+    scores = rng.normal(0.0, 0.5, (bsz, h, rows, t))
+    if form == "additive":
+        operands["mask"] = m.input("mask", scores.shape, dtype, np.where(visible, scores, lowest))
+    elif form != "none":
+        idx = _selection(m, bsz, rows, t, c.pick([4, 2, t - 1, t]), visible)
+        base = b.op("constant", [], {"value": (False,), "shape": (bsz, 1, rows, t), "dtype": BOOL})
+        mask = b.op("put_along_axis", [base, idx, b.scalar(True, BOOL, "true")], {"axis": -1}, "selection")
+        if form == "dsa":  # an argpartition may pick hidden cells only: then every cell keeps its score
+            values = scores if m.graph.node(idx).op != "input" else np.where(visible, scores, lowest)
+            fill = m.const(c.pick([lowest, -math.inf, -1e4]), dtype)
+            mask = b.op("where", [mask, m.input("mask", scores.shape, dtype, values), fill], hint="sparse_mask")
+        operands["mask"] = mask
+    attrs = {"scale": c.pick([0.25, None]), "causal": c.pick(["none", "bottom_right"], (9, 1))}
+    out = b.op("sdpa", operands, attrs, "attn")
+    return m.case("mla", [out, k] if c.flag(0.1) else [out])
+
+
 FAMILIES: dict[str, Callable[[Choices], Case]] = {
     "sdpa": sdpa_family,
     "chain": chain_family,
     "decomposed": decomposed_family,
     "qsa": qsa_family,
+    "mla": mla_family,
 }

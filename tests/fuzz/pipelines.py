@@ -29,9 +29,11 @@ POOLS: dict[type, tuple[Any, ...]] = {
     float: (2.0, 1.0, 0.0, 0.5, 3.0, 1.5),
     str: (),
 }
-# Options that take names, by (pass, option): shard-attention's mesh axes (those of families.MESH).
+# Options that take names, by (pass, option): shard-attention's mesh axes (those of families.MESH); the token
+# selection the mla family promises (families.mla_family: its input ``idx`` is distinct, every row keeps a key).
 OPTION_POOLS: dict[tuple[str, str], tuple[Any, ...]] = {
-    ("shard-attention", axis): (*MESH, None) for axis in ("heads", "batch", "seq")
+    **{("shard-attention", axis): (*MESH, None) for axis in ("heads", "batch", "seq")},
+    **{(name, "selection_input"): ("idx", None) for name in ("mla-absorb", "dsa-gather")},
 }
 # What a pass needs to be built at all, used as its defaults (it has none that construct).
 REQUIRED: dict[str, dict[str, Any]] = {"shard-attention": {"heads": next(iter(MESH))}}

@@ -38,6 +38,7 @@ FAVOURITES = {
     "chain": ("head-chunk", "dce"),
     "decomposed": ("raise-attention",),
     "qsa": ("qsa-gather", "qsa-pool-cache", "dce", "narrow-inputs"),
+    "mla": ("mla-absorb", "dsa-gather", "dce"),
 }
 
 

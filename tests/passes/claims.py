@@ -23,6 +23,7 @@ from attnpass.ir import DType, Graph, Node, TensorType
 from attnpass.lowering import lower
 from attnpass.passes import Pass, PassManager, Remark
 from attnpass.passes.rewrites.dce import MAX_LISTED
+from attnpass.passes.rewrites.mla_absorb import PROJECTIONS
 from attnpass.passes.rewrites.qsa_pool_cache import XLA_ROW_REDUCTION_ELEMENTS
 from tests.fuzz.choices import Choices
 from tests.fuzz.families import FAMILIES, Case
@@ -310,6 +311,106 @@ def _constants(graph: Graph, node: Node) -> list[float]:
     return [float(graph.node(i).attrs["value"][0]) for i in node.inputs if graph.node(i).op == "constant"]
 
 
+# ---------------------------------------------------------------------- mla-absorb
+
+
+def _selection_width(before: Graph, anchor: Node) -> int | None:
+    """K of the anchor's token selection (the put_along_axis its mask reads), None when it has none."""
+    if anchor.mask is None:
+        return None
+    puts = [before.node(n) for n in before.ancestors([anchor.mask]) if before.node(n).op == "put_along_axis"]
+    return before.node(puts[0].inputs[1]).type.shape[-1] if len(puts) == 1 else None
+
+
+def _mla_figures(before: Graph, r: Remark, ctx: _Context) -> None:
+    """The shapes, the multiply-add counts and the crossover the remark states, recomputed from the graph."""
+    fig, anchor = r.data, before.node(r.node)
+    (_b, h, rows, dn), (_b2, _hk, t, _dk), (_b3, _hv, _tv, dv), *_ = _shapes(before, r.node)
+    assert (fig["rows"], fig["heads"], fig["kv_len"], fig["dn"], fig["dv"]) == (rows, h, t, dn, dv)
+    latent = before.node(before.node(anchor.inputs[1]).inputs[0]).type  # k = matmul(latent, w_uk)
+    assert fig["rank"] == latent.shape[-1]
+    k_cells = _selection_width(before, anchor)
+    assert fig["attended"] == (k_cells if fig["selection"] else t) and (k_cells is not None or not fig["selection"])
+    r_, a = fig["rank"], fig["attended"]
+    assert fig["absorbed_flops"] == h * rows * a * 2 * r_ + h * rows * r_ * (dn + dv)
+    assert fig["expanded_flops"] == h * t * r_ * (dn + dv) + h * rows * a * (dn + dv)
+    per_row = a * (2 * r_ - dn - dv) + r_ * (dn + dv)
+    model = math.inf if per_row <= 0 else t * r_ * (dn + dv) / per_row
+    assert fig["crossover_model"] == model and fig["crossover_factor"] == ctx.option("crossover_factor")
+    assert fig["crossover"] == model * fig["crossover_factor"]
+
+
+def _absorbed(before: Graph, after: Graph, r: Remark, ctx: _Context) -> None:
+    _mla_figures(before, r, ctx)
+    fig, anchor = r.data, before.node(r.node)
+    assert fig["rows"] < fig["crossover"]
+    (call,) = [n for n in _new(before, after, "sdpa") if n.name.startswith("sdpa_latent")]
+    q_lat, latent = after.node(call.inputs[0]), after.node(call.inputs[1])
+    assert call.inputs[1] == call.inputs[2] and latent.type.shape[1] == fig["latent_heads"]
+    assert latent.type.shape[3] == fig["rank"] and q_lat.op in PROJECTIONS and q_lat.inputs[0] == anchor.inputs[0]
+    assert q_lat.type.shape == (*after.node(anchor.inputs[0]).type.shape[:3], fig["rank"])
+    assert (call.mask, call.sinks) == (anchor.mask, anchor.sinks)
+    scale = anchor.attrs["scale"]
+    assert call.attrs == {**anchor.attrs, "scale": 1 / math.sqrt(fig["dn"]) if scale is None else scale}
+    assert r.node not in _live(after) and not {anchor.inputs[1], anchor.inputs[2]} & _live(after)
+
+
+def _absorb_kept(before: Graph, after: Graph, r: Remark, ctx: _Context) -> None:
+    _mla_figures(before, r, ctx)
+    assert r.data["rows"] >= r.data["crossover"] and r.node in _live(after)
+
+
+def _not_latent(before: Graph, after: Graph, r: Remark, ctx: _Context) -> None:
+    k, v = (before.node(i) for i in before.node(r.node).inputs[1:3])
+    if k.op in PROJECTIONS and v.op in PROJECTIONS:  # then they project different latents (a broadcast aside)
+        sources = [before.node(x.inputs[0]) for x in (k, v)]
+        roots = {s.inputs[0] if s.op == "broadcast_to" else s.name for s in sources}
+        assert len(roots) == 2
+
+
+def _other_readers(before: Graph, after: Graph, r: Remark, ctx: _Context) -> None:
+    k, v = before.node(r.node).inputs[1:3]
+    assert any({u.name for u in before.users(x)} - {r.node} or x in before.outputs for x in (k, v))
+
+
+# ---------------------------------------------------------------------- dsa-gather
+
+
+def _dsa_gathered(before: Graph, after: Graph, r: Remark, ctx: _Context) -> None:
+    fig, anchor = r.data, before.node(r.node)
+    (b, h, rows, _d), (_b, hk, t, _dk), *_ = _shapes(before, r.node)
+    top_k = _selection_width(before, anchor)
+    assert (fig["streams"], fig["rows"], fig["heads"], fig["kv_heads"]) == (b, rows, h, hk)
+    assert (fig["top_k"], fig["kv_len"], fig["flop_ratio"]) == (top_k, t, top_k / t) and top_k < t
+    arrays = [before.node(anchor.inputs[1])] + (
+        [] if anchor.inputs[1] == anchor.inputs[2] else [before.node(anchor.inputs[2])]
+    )
+    assert fig["gathered_arrays"] == len(arrays)
+    assert fig["row_bytes"] == b * top_k * sum(x.type.shape[1] * x.type.shape[3] * np.dtype(x.type.dtype.numpy).itemsize
+                                               for x in arrays)  # fmt: skip
+    tile, tiles = fig["tile"], fig["tiles"]
+    assert fig["tile_bytes"] == ctx.option("tile_bytes") and tiles == -(-rows // tile)
+    assert fig["gathered_bytes"] == tile * fig["row_bytes"]
+    assert not fig["tile_bytes"] or tile == 1 or fig["gathered_bytes"] <= fig["tile_bytes"]
+    gathers, calls = _new(before, after, "qsa_gather"), _new(before, after, "sdpa")
+    assert len(gathers) == tiles * len(arrays) and len(calls) == tiles
+    sizes = [min(tile, rows - i * tile) for i in range(tiles)]
+    assert sorted(g.type.shape for g in gathers) == sorted(
+        (b * n, hk, top_k, x.type.shape[3]) for n in sizes for x in arrays
+    )
+    assert {g.inputs[0] for g in gathers} == {x.name for x in arrays}
+    assert all(c.attrs == anchor.attrs and c.sinks == anchor.sinks for c in calls)
+    assert r.node not in _live(after), "the masked sdpa is still live"
+    if ctx.arrays is not None:  # each row: K distinct cells, and a key where the remark says so
+        (put,) = [before.node(n) for n in before.ancestors([anchor.mask]) if before.node(n).op == "put_along_axis"]
+        selected = _evaluate(before, put.name, ctx.arrays).reshape(b, rows, t)
+        assert (selected.sum(-1) == top_k).all(), "a row's indices repeat"
+        if fig["keys"] == "promised":
+            mask = np.broadcast_to(_evaluate(before, anchor.mask, ctx.arrays), (b, h, rows, t))
+            best = np.where(selected[:, None], mask, -np.inf).max(-1)
+            assert (best > fig["fill"]).all(), "a row has no key above the fill"
+
+
 # ---------------------------------------------------------------------- dispatch
 
 Check = Callable[[Graph, Graph, Remark, _Context], None]
@@ -323,10 +424,17 @@ CHECKED: dict[tuple[str, str], Check | dict[str, Check]] = {
     ("qsa-gather", "applied"): _gathered,
     ("qsa-pool-cache", "applied"): _pool_cache,
     ("raise-attention", "applied"): _raised,
+    ("mla-absorb", "applied"): _absorbed,
+    ("mla-absorb", "declined"): {
+        "little_gain": _absorb_kept,
+        "not_latent": _not_latent,
+        "other_readers": _other_readers,
+    },
+    ("dsa-gather", "applied"): _dsa_gathered,
 }
 AFTER: dict[str, Callable[[Graph, Graph, _Context], None]] = {"dce": _dce_after, "narrow-inputs": _narrow_after}
 # the reason codes of declines whose figures are not checked here (each precondition's decline is tested where it is)
-UNCHECKED_DECLINES = frozenset({"interface", "unused", "too_many_rows", "no_candidates"})
+UNCHECKED_DECLINES = frozenset({"interface", "unused", "too_many_rows", "no_candidates", "shape_mismatch", "disabled"})
 
 
 def check_remarks(

@@ -157,22 +157,27 @@ def test_options_and_pipeline_text():
             DecomposeSDPA(**bad)
     assert (
         format_pipeline(default_pipeline("cpu"))
-        == "qsa-pool-cache,qsa-gather{prefill_tile=16},block-sparse,decompose-sdpa,dce,narrow-inputs,dce"
+        == "mla-absorb{crossover_factor=0.85},qsa-pool-cache,qsa-gather{prefill_tile=16},dsa-gather{tile_bytes=8388608},"
+        "block-sparse,decompose-sdpa,dce,narrow-inputs,dce"
     )
     assert format_pipeline(default_pipeline("metal")) == (
-        "qsa-pool-cache,qsa-gather{prefill_tile=16},head-chunk,decompose-sdpa{device=metal},dce,narrow-inputs,dce"
+        "mla-absorb,qsa-pool-cache,qsa-gather{prefill_tile=16},dsa-gather{tile_bytes=33554432},head-chunk,"
+        "decompose-sdpa{device=metal},dce,narrow-inputs,dce"
     )
     assert (
         format_pipeline(default_pipeline("gpu"))
-        == "qsa-pool-cache,qsa-gather{prefill_tile=64},decompose-sdpa{device=gpu},dce,narrow-inputs,dce"
+        == "mla-absorb,qsa-pool-cache,qsa-gather{prefill_tile=64},dsa-gather{tile_bytes=268435456},"
+        "decompose-sdpa{device=gpu},dce,narrow-inputs,dce"
     )
     assert (
         format_pipeline(default_pipeline("tpu"))
-        == "qsa-pool-cache,qsa-gather{prefill_tile=64},decompose-sdpa{device=tpu},dce,narrow-inputs,dce"
+        == "mla-absorb,qsa-pool-cache,qsa-gather{prefill_tile=64},dsa-gather{tile_bytes=268435456},"
+        "decompose-sdpa{device=tpu},dce,narrow-inputs,dce"
     )
     assert (
         format_pipeline(default_pipeline("cpu", keep_signature=True))
-        == "qsa-gather{prefill_tile=16},block-sparse,decompose-sdpa,dce"
+        == "mla-absorb{crossover_factor=0.85},qsa-gather{prefill_tile=16},dsa-gather{tile_bytes=8388608},block-sparse,"
+        "decompose-sdpa,dce"
     )
     with pytest.raises(ValueError, match="device must be one of cpu, metal, gpu, tpu"):
         default_pipeline("npu")

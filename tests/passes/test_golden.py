@@ -15,7 +15,7 @@ GOLDEN = Path(__file__).parent / "golden"
 CASES = [case for path in sorted(GOLDEN.glob("*.mlir")) for case in cases(path)]
 REWRITES = (
     "canonicalize", "raise-attention", "head-chunk", "qsa-gather", "qsa-pool-cache", "split-kv", "decompose-sdpa",
-    "shard-attention", "block-sparse", "narrow-inputs", "dce",
+    "shard-attention", "block-sparse", "narrow-inputs", "dce", "mla-absorb", "dsa-gather",
 )  # fmt: skip
 
 

@@ -126,7 +126,7 @@ def test_round_trip_for_any_option_values(budget, enabled, pad, rows, depth):
     "text, message",
     [
         ("dce,fuse-everything", "unknown pass 'fuse-everything'; available passes: block-sparse, canonicalize, dce, "
-                                "decompose-sdpa, head-chunk, narrow-inputs"),
+                                "decompose-sdpa, dsa-gather, head-chunk, mla-absorb, narrow-inputs"),
         ("head-chunk{bugdet=16}", "pass head-chunk has no option 'bugdet'; its options: enabled: bool | None = none; "
                                   "budget: int = 32"),
         ("head-chunk{budget=16.5}", "pass head-chunk: option budget: expected int, got '16.5'"),

@@ -1,0 +1,158 @@
+"""DSA's token selection read from an sdpa mask: which ``K`` of the ``T`` cells each query row attends.
+
+mlx-lm's ``deepseek_v32`` (and ``glm_moe_dsa``) call with more than one
+query row builds its mask from the indexer's top-k positions ``idx``
+(``i32 [B, 1, L, K]``, docs/mla.md)::
+
+    sel  = put_along_axis(constant False [B, 1, L, T], idx, constant True, axis=-1)
+    mask = where(sel, m, fill)        # or the bool sel itself
+
+:func:`match_token_selection` reads that form off an ``sdpa`` and says
+whether attention over each row's ``K`` indexed cells computes what the
+masked call computes (up to summation order), or why not, as a
+:class:`~..infra.rewrite.Decline`:
+
+- the selection is head-shared (``[B, 1, L, T]``) and ``K < T``;
+- ``fill`` is a constant at or below ``finfo(dtype).min`` (or ``-inf``): an
+  unselected cell weighs exactly 0 once the row has a key;
+- the indices of a row are distinct and in ``[0, T)``: proven when ``idx`` is
+  an ``argpartition`` along the keys (or a contiguous slice of one), or
+  promised by the caller for the graph input ``selection_input``;
+- every row has a key: always for the bool form and for a ``-inf`` fill (a
+  row whose selected cells are all ``-inf`` is NaN on both paths); for a
+  finite fill only where the caller promises ``rows_have_keys`` (a row whose
+  selected cells all hold the fill would weigh all ``T`` cells equally
+  masked, and only its ``K`` cells gathered).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from attnpass.ir import DType, Graph, Node
+
+from ..infra.rewrite import Decline
+
+
+@dataclass(frozen=True)
+class TokenSelection:
+    """A proven token selection: the indices, the per-cell values (None: the bool form) and why it is exact."""
+
+    indices: str  # i32 [B, 1, L, K]
+    values: str | None  # m of where(sel, m, fill); None when the mask is sel itself
+    fill: float | None  # the where's fill; None for the bool form
+    top_k: int
+    kv_len: int
+    distinct: str  # "argpartition" (proven) or "promised" (selection_input)
+    keys: str  # why every row has a key: "bool", "neg_inf" or "promised" (rows_have_keys)
+
+    @property
+    def figures(self) -> dict:
+        """The selection's figures by name (a remark's data)."""
+        return {
+            "top_k": self.top_k, "kv_len": self.kv_len, "form": "bool" if self.values is None else "where",
+            "fill": self.fill, "distinct": self.distinct, "keys": self.keys,
+        }  # fmt: skip
+
+
+def check_promises(owner: str, selection_input: object, rows_have_keys: object) -> None:
+    """A ValueError naming ``owner`` unless the promise options are a graph input's name (or None) and a bool."""
+    if selection_input is not None and not (isinstance(selection_input, str) and selection_input.isidentifier()):
+        raise ValueError(f"{owner}: selection_input must be a graph input's name or None, got {selection_input!r}")
+    if not isinstance(rows_have_keys, bool):
+        raise ValueError(f"{owner}: rows_have_keys must be True or False, got {rows_have_keys!r}")
+
+
+def _splat(node: Node, value: object) -> bool:
+    return node.op == "constant" and len(node.attrs["value"]) == 1 and node.attrs["value"][0] == value
+
+
+def _distinct(graph: Graph, idx: Node, kv_len: int, selection_input: str | None) -> str | None:
+    """How the indices are known distinct per row and in ``[0, T)``; None when they are not."""
+    if idx.op == "input":
+        return "promised" if idx.name == selection_input else None
+    if idx.op == "slice":  # mlx-lm keeps the last K of an argpartition: [..., -K:]
+        last = idx.type.rank - 1
+        whole = all(
+            (a, b, c) == (0, n, 1)
+            for axis, (a, b, c, n) in enumerate(zip(*(idx.attrs[k] for k in ("start", "stop", "step")), idx.type.shape))
+            if axis != last
+        )
+        if not whole or idx.attrs["step"][last] != 1:
+            return None
+        idx = graph.node(idx.inputs[0])
+    if idx.op != "argpartition" or idx.attrs["axis"] % idx.type.rank != idx.type.rank - 1:
+        return None
+    return "argpartition" if idx.type.shape[-1] == kv_len else None
+
+
+def match_token_selection(
+    graph: Graph, sdpa: Node, *, selection_input: str | None = None, rows_have_keys: bool = False
+) -> TokenSelection | Decline:
+    """The token selection of ``sdpa``'s mask (see the module docstring), or why it is not one we can gather."""
+    mask = None if sdpa.mask is None else graph.node(sdpa.mask)
+    if mask is None:
+        return Decline("mask_not_selection", f"{sdpa.name} has no mask, so it attends no token selection")
+    (b, _h, rows, _d), kv_len = graph.node(sdpa.inputs[0]).type.shape, graph.node(sdpa.inputs[1]).type.shape[2]
+    cond, values, fill = mask, None, None
+    if mask.op == "where":
+        cond, value, other = (graph.node(i) for i in mask.inputs)
+        if not mask.type.dtype.is_float:
+            return Decline("mask_form", f"mask {mask.name} is a bool where: write it as where(sel, scores, fill)")
+        lowest = float(mask.type.dtype.finfo.min)
+        if other.op != "constant" or len(set(other.attrs["value"])) != 1 or not other.attrs["value"][0] <= lowest:
+            what = f"constant {other.attrs['value'][0]!r}" if other.op == "constant" else f"{other.op} {other.name}"
+            return Decline(
+                "mask_form",
+                f"mask {mask.name} fills unselected cells with {what}, not one constant <= finfo("
+                f"{mask.type.dtype.value}).min = {lowest:g} (or -inf): they would not weigh exactly 0",
+                data={"lowest": lowest},
+            )
+        values, fill = value.name, float(other.attrs["value"][0])
+    what = f"graph input {cond.name}" if cond.op == "input" else f"{cond.op} {cond.name}"
+    if cond.op != "put_along_axis":
+        return Decline("mask_not_selection", f"the selection is {what}, not put_along_axis(false, idx, true)")
+    base, idx, written = (graph.node(i) for i in cond.inputs)
+    if cond.type.dtype is not DType.bool or not (_splat(base, False) and _splat(written, True)):
+        return Decline(
+            "mask_not_selection",
+            f"{cond.name} writes {written.op} {written.name} into {base.op} {base.name}: "
+            "not constant True into constant False",
+        )
+    if cond.attrs["axis"] % cond.type.rank != cond.type.rank - 1:
+        return Decline("mask_layout", f"{cond.name} writes along axis {cond.attrs['axis']}, not the keys (-1)")
+    top_k = idx.type.shape[-1]
+    want = (b, 1, rows, kv_len)
+    if cond.type.shape != want or idx.type.shape != (b, 1, rows, top_k):
+        return Decline(
+            "mask_layout",
+            f"{cond.name} is {cond.type} with indices {idx.type}; a head-shared token selection is "
+            f"[B, 1, L, T] = {list(want)} with indices [B, 1, L, K]",
+        )
+    if top_k >= kv_len:
+        return Decline(
+            "little_gain",
+            f"the selection keeps K={top_k} of T={kv_len} cells: a gather would read every cell",
+            data={"top_k": top_k, "kv_len": kv_len},
+        )
+    distinct = _distinct(graph, idx, kv_len, selection_input)
+    if distinct is None:
+        promise = f"the promised selection_input {selection_input}" if selection_input else "no selection_input"
+        return Decline(
+            "indices_not_distinct",
+            f"indices {idx.name} ({idx.op}) are neither an argpartition along the keys nor {promise}: "
+            "a repeated index is one masked cell but two gathered ones",
+        )
+    keys = "bool" if fill is None else "neg_inf" if fill == -math.inf else "promised" if rows_have_keys else None
+    if keys is None:
+        return Decline(
+            "rows_without_keys",
+            f"fill {fill:g} is finite: a row whose selected cells all hold it weighs all T={kv_len} cells equally "
+            f"masked but only its K={top_k} gathered (promise rows_have_keys where every row has a key)",
+            data={"fill": fill},
+        )
+    return TokenSelection(idx.name, values, fill, top_k, kv_len, distinct, keys)
+
+
+__all__ = ["TokenSelection", "check_promises", "match_token_selection"]
