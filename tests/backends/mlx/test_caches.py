@@ -44,7 +44,9 @@ def test_every_cache_class_mlx_lm_and_mlx_vlm_ship_has_an_adapter():
     from attnpass.backends.mlx.caches import ADAPTERS
 
     missing = sorted(shipped_caches() - set(ADAPTERS))
-    assert not missing, f"a new cache class: add an adapter module in backends/mlx/caches/ (or a row in declined.py): {missing}"
+    assert not missing, (
+        f"a new cache class: add an adapter module in backends/mlx/caches/ (or a row in declined.py): {missing}"
+    )
 
 
 def test_every_adapter_names_a_class_that_exists():
