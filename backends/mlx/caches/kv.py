@@ -15,6 +15,7 @@ from typing import Any
 from attnpass.passes import Decline
 
 from ..routing import Patch, buffer_rows, classes, fetch_decline, fetch_recorder, first_rows, offset
+from .mla import LatentHolder
 from .base import (
     MLX_LM, CacheAdapter, HelperCall, Routed, mask_keys_decline, masked, own_keys, register, string_mask_decline,
 )  # fmt: skip
@@ -64,7 +65,9 @@ class Buffered(CacheAdapter):
 
 
 @register
-class KVCache(Buffered):
+class KVCache(LatentHolder, Buffered):
+    """mlx-lm's plain cache; it may hold an MLA latent (:mod:`.mla`)."""
+
     module, name = MLX_LM, "KVCache"
 
 
