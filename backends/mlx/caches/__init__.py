@@ -2,9 +2,9 @@
 
 :func:`adapter_for` finds a cache's adapter by its exact class; :data:`ADAPTERS` holds them all, keyed by the
 class's module and name. Importing this package registers every built-in adapter: mlx-lm's ``KVCache``,
-``QuantizedKVCache``, ``RotatingKVCache``, ``ChunkedKVCache``, ``BatchKVCache`` and ``CacheList`` (MLA calls), calls without a cache,
-mlx-vlm Qwen4-Exp's ``QSAKVCache``, ``QSAQuantizedKVCache`` and ``BatchQSAKVCache``, and the classes no route reads
-(:mod:`.declined`).
+``QuantizedKVCache``, ``RotatingKVCache``, ``ChunkedKVCache``, ``BatchKVCache`` and ``CacheList`` (its MLA
+calls), calls without a cache, mlx-vlm Qwen4-Exp's ``QSAKVCache``, ``QSAQuantizedKVCache`` and
+``BatchQSAKVCache``, and the classes no route reads (:mod:`.declined`).
 """
 
 from . import batch, cache_list, chunked, declined, kv, qsa, qsa_batch, qsa_quantized, quantized, rotating, uncached  # noqa: F401
