@@ -112,9 +112,10 @@ def decline(call: HelperCall, cache: Any) -> Decline | None:
     fetch = last_fetch(cache, recorded)
     if fetch is None or keys[2] is not fetch.keys:
         return Decline("not_fetched", "the latent the projections read is not the cache's last fetch in this call")
-    if not fetch.keys.shape[2] == fetch.position <= fetch.buffer[0].shape[2]:
-        message = f"the latent ({fetch.keys.shape[2]} rows) is not the buffer's first {fetch.position} rows"
-        return Decline("not_prefix", message, data={"rows": fetch.keys.shape[2], "buffer_rows": fetch.position})
+    rows, length = fetch.keys.shape[2], fetch.buffer[0].shape[2]
+    if not rows == fetch.position <= length:
+        message = f"the latent ({rows} rows) is not the first {fetch.position} rows of the buffer ({length} rows)"
+        return Decline("not_prefix", message, data={"rows": rows, "offset": fetch.position, "buffer_rows": length})
     if cache.offset != fetch.position:
         return Decline("cache_changed", "the latent cache's write position changed since its fetch")
     return _operands_decline(call, fetch.position)
@@ -170,9 +171,9 @@ def selection_holds(mask: Any, idx: Any, n: int) -> bool:
     gathered softmax then weighs the same cells)."""
     import mlx.core as mx
 
-    b, _, rows, k = idx.shape
-    if idx.ndim != 4 or idx.shape[:3] != (mask.shape[0], 1, mask.shape[2]) or k >= n:
+    if idx.ndim != 4 or idx.shape[:3] != (mask.shape[0], 1, mask.shape[2]) or idx.shape[3] >= n:
         return False
+    b, _, rows, k = idx.shape
     low = mx.array(mx.finfo(mask.dtype).min, mask.dtype)
     selected = mx.put_along_axis(mx.zeros((b, 1, rows, n), mx.bool_), idx, mx.array(True), axis=-1)
     outside = mx.any(mx.logical_and(mx.logical_not(selected), mask > low))
