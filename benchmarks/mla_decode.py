@@ -14,11 +14,12 @@ decodes). A plain and an optimized model with the same weights run in paired bur
 tokens/s for ``speculative``), optimize / plain (ratio of medians, and the paired median) and the issue-31
 target of that kind: DSA verify >= 15x, speculative >= 5x, dense-MLA verify >= 8x, chunk >= 1.8x (at 32K),
 decode >= 0.95x; then the routing counts. The load average is printed before and after (2 shared cores:
-compare ratios, not rates).
+compare ratios, not rates). ``--control`` leaves the second model plain too: its ratios are the method's noise
+at the same settings.
 
     python benchmarks/mla_decode.py [--contexts 8192 32768] [--dtype float32 bfloat16] [--heads 4] [--layers 1]
         [--families deepseek_v32 deepseek_v3] [--parts decode verify chunk speculative] [--bursts 3]
-        [--spec-tokens 4] [--quick]
+        [--spec-tokens 4] [--quick] [--control]
 """
 
 from __future__ import annotations
@@ -148,6 +149,7 @@ def main() -> None:
     parser.add_argument("--bursts", type=int, default=3)
     parser.add_argument("--spec-tokens", type=int, default=4)
     parser.add_argument("--quick", action="store_true", help="float32, 32K, 2 bursts, no chunk")
+    parser.add_argument("--control", action="store_true", help="leave the second model plain too")
     args = parser.parse_args()
     if args.quick:
         args.dtype, args.contexts, args.bursts = ["float32"], [32768], 2
@@ -159,13 +161,16 @@ def main() -> None:
     for dtype in (getattr(mx, d) for d in args.dtype):
         for family in args.families:
             fast = model(family, args.heads, args.layers, dtype)
-            pairs[family, str(dtype)] = (model(family, args.heads, args.layers, dtype), fast, optimize(fast))
+            opt = None if args.control else optimize(fast)
+            pairs[family, str(dtype)] = (model(family, args.heads, args.layers, dtype), fast, opt)
             for context in args.contexts:
                 for kind in args.parts:
                     if kind == "speculative" and family != "deepseek_v32":
                         continue  # the issue's speculative target is DSA's
                     print(row(pairs[family, str(dtype)], family, kind, context, dtype, args)[0], flush=True)
     for (family, dtype), (_, _, opt) in pairs.items():
+        if opt is None:
+            continue
         declined = ", ".join(f"{n} x {code}" for code, n in opt.declined.most_common()) or "none"
         print(f"{family} {dtype}: routed {opt.routed}, declined {declined}, {opt.traces} trace(s)")
     print(f"load average {os.getloadavg()}")
