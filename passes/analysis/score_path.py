@@ -1,40 +1,15 @@
 """The scores of an attention, from the q·kᵀ matmul to the softmax, as algebra sdpa can or cannot express.
 
-``sdpa`` computes ``softmax(q·kᵀ·scale + mask)``: one scale, then one mask.
-A source may interleave layout ops, float casts, scalar scales, additive masks
-(``add``, ``sub``) and bool masks (``where(cond, scores, fill)``) in any
-order. :func:`score_steps` reads them off; :func:`score_algebra` decides what
-moves where, exactly:
+``sdpa`` computes ``softmax(q·kᵀ·scale + mask)``: one scale, then one mask. A source may interleave layout ops,
+float casts, scalar scales, additive and bool masks and a soft-cap in any order. :func:`score_steps` reads them
+off; :func:`score_algebra` decides what moves where, exactly: a scale before a mask is sdpa's scale; one after an
+additive mask moves onto it only for a power of two; a bool mask's fill must stay a mask after the scales that
+follow; several bool masks combine with ``logical_and``, a bool and an additive one with ``where``; two additive
+masks, and anything else inexact, are declined.
 
-- a scale ``c`` applied *before* a mask is part of sdpa's scale;
-- a scale applied *after* an additive mask ``m`` scales the mask too:
-  ``(s + m)·c = s·c + m·c``. sdpa can take ``m·c`` as its mask only when
-  forming it is exact: ``|c|`` a power of two (exact barring overflow and
-  subnormals); any other ``c`` is declined;
-- a scale on the mask itself (``s + m·2``) is part of the mask value the
-  source computes, and stays there (the mask's root is that product);
-- a bool mask's fill must stay a mask after the scales that follow it: a
-  negative scale or one that shrinks a finite fill above half the dtype's
-  min is declined; a finite fill followed by an additive mask is declined
-  (their sum is no longer a fill);
-- a soft-cap ``tanh(s / c) · c`` (gemma2) is sdpa's ``logit_softcap`` when it
-  follows every scale and precedes every mask (sdpa caps the scaled scores,
-  then masks); one after a mask or before a further scale is declined;
-- several bool masks combine with ``logical_and``, a bool and an additive
-  mask with ``where(bool, additive, -inf)`` (both exact); two additive masks
-  are declined (their sum would round).
-
-A finite fill is exactly a mask under one stated assumption (docs/semantics.md §1.2):
-the highest unmasked entry of every row of the softmax input is at least
-``-SCORE_BOUND`` (2^24). A fill ``f`` (as the source rounds it and the scales
-after it) at most ``-(SCORE_BOUND + 1024)`` then leaves ``f - row max <= -1024``,
-and ``exp`` of that is exactly 0 in float64 and every narrower format: the
-masked entries weigh exactly nothing, as in sdpa. float16 cannot hold that
-fill; there the limit is half its max (the dtype's min, as MLX and JAX fill,
-qualifies). A row every entry of which is the fill softmaxes to equal weights,
-the mean of V: sdpa's bool-mask rule for a row without keys. A fill that
-reaches ``-inf`` (written so, or overflowing in a later scale) makes that row
-0/0 = NaN, and the raised sdpa keeps it NaN.
+A finite fill is exactly a mask under one stated assumption (docs/semantics.md §1.2): every row's highest
+unmasked score is at least ``-SCORE_BOUND`` (2^24), so a fill at most ``-(SCORE_BOUND + 1024)`` weighs exactly
+nothing. In full: docs/passes.md, "Score algebra".
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ class PassError(AttnpassError):
 
 
 # Every reason code the built-in passes give, with its meaning: the one table of why a pass did or did not
-# rewrite (tests/passes/test_remark_reasons.py checks that the passes give no other code and use every one).
+# rewrite (tests/passes/infra/test_remark_reasons.py checks that the passes give no other code and use every one).
 # A remark's message adds the numbers and names in words, its ``data`` the same figures by name; its ``reason``
 # and ``data`` are what tools and tests compare.
 REASONS: dict[str, str] = {

@@ -1,41 +1,16 @@
 """The shared rewrite layer: rules as data, one walker, one rewriter; no pass writes remark plumbing.
 
-A :class:`Rule` is an anchor op (or :data:`ANY`, every node but the graph
-inputs: constant folding, common subexpressions) plus two functions:
+A :class:`Rule` is an anchor op (or :data:`ANY`) plus ``match(graph, node) -> M | Decline | None`` (``None``:
+not a candidate; :class:`Decline`: a candidate whose precondition failed, with a reason code of
+:data:`~.base.REASONS`, the words, their figures and the failing node) and ``rewrite(rw, match)``, which builds
+the replacement with the :class:`Rewriter` and ends with ``rw.replace_matched(value)``. ``describe(match)`` words
+the applied remark. Rules compose as lists.
 
-- ``match(graph, node) -> M | Decline | None``: ``None`` means "not a
-  candidate" (silent, e.g. an ``sdpa`` without a mask for a mask rule);
-  :class:`Decline` means "a candidate, but a precondition failed", with the
-  reason code (:data:`~.base.REASONS`), the words, their figures and the node
-  where it failed; anything else is the match, handed to
-- ``rewrite(rw, match)``, which builds the replacement with the
-  :class:`Rewriter` (new nodes carry the anchor's location and readable names)
-  and ends with ``rw.replace_matched(value)``.
-
-``describe(match)`` words the applied remark: its message, or the message and
-its figures (the remark's ``data``). Rules compose as lists
-(``RULES + MORE_RULES``) and carry where they were defined.
-
-**Driver order** (:func:`apply_rules`), the one documented order for every
-rule-based pass: a sweep visits a snapshot of the graph's nodes in
-topological order (graph inputs in signature order when the anchor op is
-``input``); nodes created by a rewrite are not visited in the sweep that
-created them. At each node the rules anchored at its op are tried in list
-order; the first that matches rewrites and the rest are skipped. With
-``max_sweeps > 1`` sweeps repeat until one changes nothing, at most
-``max_sweeps`` times (a bounded fixed point). ``decline_all`` (a switched-off
-policy) declines every node of the anchor op with the given reason, without
-matching, and rewrites nothing.
-
-**Remarks**: exactly one per (rule, candidate node) that is still in the
-graph at the end, with the rule's name in its ``rule`` field: ``applied``
-(reason ``applied``) with ``describe(match)``, or ``declined`` with the
-Decline's reason code and message (plus ``[at node]`` when the failing node
-is not the anchor). A decline that a later sweep turns into a rewrite is
-replaced by the applied remark. Multi-rule sets end with one ``analysis``
-remark (reason ``rule_hits``) of per-rule hit counts. A single rule with no
-candidate at all leaves one ``declined`` remark ``no <op> nodes`` (reason
-``no_candidates``); ``decline_all`` declines with reason ``disabled``.
+Driver order (:func:`apply_rules`): a sweep visits a snapshot of the nodes in topological order; at each node the
+rules anchored at its op are tried in list order and the first match rewrites; sweeps repeat until one changes
+nothing, at most ``max_sweeps`` times. Remarks: exactly one per (rule, candidate still in the graph), applied or
+declined, plus one ``rule_hits`` analysis remark for multi-rule sets. In full: docs/passes.md, "The rewrite
+layer".
 """
 
 from __future__ import annotations

@@ -1,45 +1,15 @@
 """Canonicalization: fold constants, layout chains, identities, exact casts and common subexpressions.
 
-Imported graphs spell one value many ways (a scale computed from constants,
-``reshape(reshape(x))``, a transpose that only moves unit axes, a cast there
-and back, the same transpose taken twice); these rules give each value one
-spelling, so the raising rules see through them. Every rule is exact: the
-graph computes bit for bit the same function afterwards.
+Imported graphs spell one value many ways; these rules give each value one spelling, so the raising rules see
+through them. Every rule is exact: the graph computes bit for bit the same function afterwards.
 
-- ``fold``: an op whose operands are all constants becomes a constant,
-  evaluated with the reference semantics of
-  :mod:`attnpass.ir.dialects.evaluate` in the op's dtype. By default only
-  ops that MLX and JAX compute bit for bit as the reference does are folded
-  (correctly rounded arithmetic ``+ - * /`` and ``sqrt``, comparisons,
-  selection, moves, floor/ceil/round and argmax/argmin), so the lowered program keeps its bits on every target;
-  where IEEE leaves the bits to the target the fold is declined: a subnormal
-  operand or result (XLA on CPU flushes them to zero), a NaN result, ``+0.0``
-  and ``-0.0`` meeting in a max. ``fold="reference"`` folds
-  exp, sin, cos, rsqrt, sigmoid, softmax, sum and matmul of constants too
-  (exact under the IR's semantics, not bit for bit what MLX or JAX compute). An elementwise op
-  is evaluated on the shape its operands vary over (looking through
-  ``broadcast_to`` of a constant; a splat is one value) and broadcast back;
-  folded arrays hold at most :data:`FOLD_LIMIT` elements unless they are
-  splats. Larger ones, ``broadcast_to`` of a non-splat (it would only store
-  repeated values) and ops whose result a target chooses are declined with
-  the reason.
-- layout chains and identities: ``reshape``/``transpose``/``broadcast_to``
-  of themselves, to the same shape, or only moving unit axes; a chain of
-  three or more reshapes and transposes that one reshape, transpose, reshape
-  (proven on coordinates with :mod:`.layout_algebra`) does in fewer ops; a whole
-  ``slice``; a one-operand ``concat``;
-- casts: to the operand's own dtype; a cast of a cast whose inner cast keeps
-  every value (bool or a half float widened) is one cast;
-- elementwise identities: ``x*1``, ``x/1``, ``x-0``, ``x+(-0.0)`` (``x+0.0``
-  is not one: it turns ``-0.0`` into ``0.0``), ``x+0`` on integers,
-  ``x and True``, ``x or False``, ``where`` on a splatted condition;
-- ``cse``: a node computing what an earlier node computes (same op, operands,
-  attributes, bit for bit) is replaced by it.
+- ``fold``: an op of constants becomes a constant (by default only ops MLX and JAX compute bit for bit as the
+  reference does; ``fold="reference"`` folds transcendental ops too), at most :data:`FOLD_LIMIT` elements;
+- layout chains and identities (reshape/transpose/broadcast chains proven on coordinates), exact casts,
+  elementwise identities (``x*1``, ``x-0``, ... but not ``x+0.0``), and ``cse``.
 
-Driver: the shared walker (:mod:`attnpass.passes.infra.rewrite`), up to
-:data:`MAX_SWEEPS` sweeps; values a rewrite leaves dead are pruned at once.
-:func:`canonicalize_rules` gives a fresh rule list per run (``cse`` numbers the
-values it has seen); ``raise-attention`` runs the same list before its own rules.
+Driver: the shared walker, up to :data:`MAX_SWEEPS` sweeps; :func:`canonicalize_rules` gives a fresh rule list
+per run. In full (which folds are declined and why): docs/passes.md, "canonicalize".
 """
 
 from __future__ import annotations

@@ -1,59 +1,16 @@
 """Raise decomposed attention (as MLX, JAX and hand-written code spell it) to ``softmax`` and ``sdpa``.
 
-Rules on the shared layer (:mod:`attnpass.passes.infra.rewrite`; :data:`RULES`
-composes with ``+``), each a ``match`` that proves the rewrite or declines
-with the reason and node, and a ``rewrite``. In order:
+Rules on the shared layer (:mod:`attnpass.passes.infra.rewrite`; :data:`RULES` composes with ``+``), run after
+the ``canonicalize`` rules in the same sweeps (``raise-attention{canonicalize=false}``: the raising rules alone):
+``softmax`` (proven on coordinates, :mod:`.softmax_match`), ``attention`` (``softmax(q·kᵀ·scale + mask)·v ->
+sdpa`` with GQA and any q/k/v layout, :mod:`.attention_match`, scores read as algebra by :mod:`.score_path`),
+``quantized-attention`` (mlx-lm's quantized-cache attention -> ``quantized_sdpa``) and ``structured-mask`` (a bool
+mask built from positions alone -> sdpa's ``causal`` and ``window``, proven on every pair).
 
-- ``softmax``    ``exp(x - max(x, a)) / sum(exp(...), a) -> softmax(x, a)``,
-  proven on coordinates (:mod:`.softmax_match`);
-- ``attention``  ``softmax(q·kᵀ·scale + mask)·v -> sdpa`` with GQA
-  (repeated K/V, broadcast K/V or a grouped 5-d einsum), each of q, k, v in
-  its own layout, proven on coordinates (:mod:`.attention_match`) with the
-  scores read as algebra (:mod:`.score_path`);
-- ``quantized-attention``  mlx-lm's attention over a quantized KV cache
-  (``quantized_matmul``, softmax, ``quantized_matmul``) -> ``quantized_sdpa``,
-  checked op by op (:mod:`.quantized_attention`);
-- ``structured-mask``  an sdpa's bool mask built from positions alone
-  (aranges, iotas, offsets, a window: mlx-lm's ``create_causal_mask``) ->
-  sdpa's ``causal`` and ``window``, proven on every pair (:mod:`.mask_structure`).
-
-The rules run after the ``canonicalize`` rules (:mod:`.canonicalize`, in the
-same sweeps), so a pipeline naming only ``raise-attention`` still sees
-imported graphs with constants folded and layout chains collapsed;
-``raise-attention{canonicalize=false}`` runs the raising rules alone. Driver:
-the shared walker with up to :data:`MAX_SWEEPS` sweeps; values left dead by a
-rewrite are pruned at once (graph inputs are kept). Remarks: one ``applied``
-or ``declined`` per candidate (a ``div`` of an exp; a ``matmul`` with a
-softmax, or one op applied to a softmax, on one side), one ``analysis`` with
-the per-rule hit counts.
-
-Exactness: the raised ``sdpa`` computes the same real function as the source;
-where the two round differently the applied remark says so:
-
-- scales on q or k move into sdpa's scale (exact for a power of two);
-- float casts are roundings. A half-precision attention whose softmax the
-  source accumulates in float32 (JAX's cast up, sum, cast down; MLX
-  ``precise``) is raised, and the remark lists the dtypes the source computes
-  the scores, the softmax and P·V in; sdpa runs in P·V's dtype and rounds as
-  its target does (MLX and JAX compute it in at least float32);
-- scales after an additive mask and scales on the mask are moved only where
-  the algebra is exact (:mod:`.score_path`); everything else is declined;
-- a bool mask filled with a finite negative (the dtype's min, ``-1e30``,
-  ``-1e9``) becomes sdpa's bool mask where that is exact: a fill at most
-  ``-(2^24 + 1024)`` (half the max in float16), given that every row's
-  highest unmasked score is at least ``-2^24``; a row without keys is the
-  mean of V in both (docs/semantics.md §1.2, :mod:`.score_path`).
-
-Decisions on what ``sdpa`` does not express (declined with a remark naming it):
-
-- **attention sinks** (gpt_oss, MLX's ``sinks=``: the softmax also
-  normalizes over one extra column per head that P·V drops) and **logit
-  soft-capping** (gemma2: ``tanh(s / cap) * cap`` before the mask) are not
-  raised: MLX's fused kernel has sinks but JAX's has neither, and every pass
-  that reads sdpa's operands (head-chunk, qsa-gather) would need to carry
-  them, for kernels that then fall back to the same decomposed form;
-- an additive mask in a lower precision than q (a bf16 mask with float32 q)
-  is expressed: sdpa promotes a half-float mask to float32 exactly, as MLX does.
+Contract: the raised ``sdpa`` computes the same real function as the source; where the two round differently the
+applied remark says so (scales moved into sdpa's scale, float casts, finite fills that are exactly masks).
+Sinks, soft-caps after a mask and what sdpa cannot express are declined with a remark naming it. One remark per
+candidate and one ``analysis`` remark of per-rule hits. In full: docs/passes.md, "raise-attention".
 """
 
 from __future__ import annotations

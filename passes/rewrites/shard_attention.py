@@ -1,62 +1,17 @@
 """shard-attention: annotate attention so that a device mesh runs it without moving K/V.
 
-Options name mesh axes declared on the graph (``Graph.set_mesh``, ``attnpass
-run --mesh``): ``heads`` splits the KV heads, ``batch`` the streams, ``seq``
-the keys (T). For each attention, one remark: applied, with what each device
-holds, or declined, with the precondition that failed:
+Options name mesh axes declared on the graph (``Graph.set_mesh``, ``attnpass run --mesh``): ``heads`` splits
+the KV heads (the axis size must divide the KV-head count, so every device holds whole KV groups), ``batch`` the
+streams, ``seq`` the keys (via split-kv, one shard per device; not combined with ``batch``). One remark per
+attention: applied, with what each device holds (KV heads, streams, keys, and the bytes per device of each
+K/V root that is a graph input), or declined with the precondition that failed.
 
-- ``heads``: the axis size divides the KV-head count, so every device holds
-  whole KV groups: ``Hkv / h`` KV heads with their ``Hq / h`` query heads (query
-  head ``i`` reads KV head ``i // G``, so the contiguous head blocks line up).
-  With 2 KV heads (Qwen3.8) only axes of size 1 or 2 qualify; a larger axis is
-  declined (it would split a KV head's query heads from their K/V, or replicate
-  K/V): use ``seq`` for it.
-- ``batch``: the axis size divides the stream count.
-- ``seq``: the axis size divides T; the attention is rewritten by split-kv
-  (:mod:`attnpass.passes.rewrites.split_kv`) with one shard per device along the axis,
-  so each device holds ``T / s`` keys and only the combine crosses devices.
-  ``seq`` and ``batch`` (of size > 1) cannot be combined: the T-shards share the
-  leading dimension with the streams, and an annotation names one axis per
-  dimension.
-
-Which forms (the annotated values keep every sharded dimension an array
-dimension, so XLA's partitioner needs no communication except the combine):
-
-- a plain ``sdpa``: its operands and its result, and what the operands read
-  through layout ops back to the values that hold the bytes (graph inputs and
-  state, or the computed value where the chain ends): slices, gathers and
-  casts that keep the sharded dimensions whole, transposes, reshapes where a
-  sharded dimension has the row-major stride of an operand dimension (a
-  merged dimension carries the sharding on its outer part: ``repeat_kv``'s
-  ``[B, Hkv * G, T, D]``), broadcasts that do not repeat a sharded dimension,
-  and a ``dynamic_update_slice``'s buffer (a cache written by the step). So
-  rows-first ``[B, T, H, D]`` K/V (``jax.nn.dot_product_attention``, flax)
-  are sharded on the inputs themselves. Any other layout op on the way
-  declines the attention, naming it and the dimension it breaks;
-- a head-chunked attention (``head-chunk``'s concat of per-KV-group subcalls)
-  under ``heads``: regrouped first into one sdpa per chunk position over all
-  KV groups (``q`` reshaped to ``[B, Hkv, G, S, D]``, chunk ``[a, b)`` of every
-  group at once, K/V whole), since a one-head slice of a head-sharded K cannot
-  stay on its device in an SPMD program. Every call keeps ``q_len *
-  heads-per-KV-head`` of the original chunks (MLX's fused-kernel budget);
-- a gathered QSA attention (``qsa-gather``'s ``qsa_gather`` of every row's
-  cells, ``[B*S, Hkv, W, D]``): the gather keeps the streams (the outer part
-  of its batch) and the KV heads array axes, so its K/V and the caches it
-  reads are annotated as they are. A QSA gather of another form (a ``take`` or
-  ``take_along_axis`` of the ``qsa_cells``) is declined.
-
-The indexer's values stay unannotated: each device computes the selection
-itself from replicated inputs, and no K/V row moves.
-
-The remark's per-device counts (KV heads, streams, keys) are divided only by
-the axes the placement put on K's and V's roots, and it states each root's
-bytes per device when it is a graph input (a computed root: what was
-annotated, and no input bytes).
-
-Values that read annotated ones elementwise, by concatenation or through a
-transpose or a reshape that keeps each sharded dimension whole inherit their
-sharding afterwards (one ``analysis`` remark), so residual adds and outputs are
-annotated too.
+Forms: a plain ``sdpa`` (annotated on its operands and, through layout ops that keep every sharded dimension
+whole, on the values that hold the bytes; any other layout op declines, naming the dimension it breaks), a
+head-chunked attention under ``heads`` (regrouped into one sdpa per chunk position over all KV groups) and a
+gathered QSA attention. The indexer stays unannotated: each device computes the selection itself. Values that
+read annotated ones elementwise or through whole-dimension layout ops inherit their sharding (one ``analysis``
+remark). In full: docs/passes.md, "shard-attention".
 """
 
 from __future__ import annotations

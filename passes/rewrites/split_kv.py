@@ -1,50 +1,18 @@
 """Split-KV attention (flash-decoding): attend T-shards of the keys separately, combine them exactly.
 
-``sdpa(q, k, v, mask)`` over ``T`` keys becomes, for ``n`` shards of ``Tn = T / n``
-keys, one batched partial attention whose leading axis enumerates
-``(shard, stream)`` pairs, its ``sdpa_lse`` companion, and a float32 combine::
+``sdpa(q, k, v, mask)`` over ``T`` keys becomes, for ``n`` shards of ``T / n`` keys, one batched partial
+attention whose leading axis enumerates ``(shard, stream)`` pairs, its ``sdpa_lse`` companion, and a float32
+combine ``out = sum_i w_i o_i / sum_i w_i`` with ``w_i = exp(l_i - max_j l_j)``: exactly softmax over all keys.
+The shard axis is outermost, so a mesh axis over it gives each device whole shards and only the combine crosses
+devices.
 
-    o_i, l_i = sdpa(q, k_i, v_i, m_i), sdpa_lse(q, k_i, v_i, m_i)     # shard i, [n*B, ...]
-    w_i = exp(l_i - max_j l_j);  out = sum_i w_i * o_i / sum_i w_i
+Forms: dense (``k``/``v`` read whole; a causal attribute becomes an explicit mask with each shard's key offsets)
+and gathered (``qsa-gather``'s ``qsa_gather`` form: the gather *source* is split, each shard attends the slots
+it owns). Any other gather of the QSA cells is declined.
 
-which is exactly softmax over all keys (each key lies in one shard). The K/V
-reshapes keep the shard axis outermost, so a mesh axis over it gives each
-device whole shards and the only cross-shard traffic is the combine (a max
-and two sums over ``[B, Hq, S(, Dv)]``).
-
-Forms:
-
-- dense: ``k``/``v`` are read whole (``[B, Hkv, T, D]``); a causal attribute
-  becomes an explicit bool mask compared from iotas (the shards need their own
-  key offsets; each device computes only its part);
-- gathered (QSA, ``qsa-gather``'s form): ``k = qsa_gather(K, cells)`` and
-  ``v = qsa_gather(V, cells)`` with the same ``cells`` ``[B, S, W]``; the
-  gather *source* is split. Every shard gathers ``cells % Tn`` from its own
-  slice (one ``qsa_gather`` from ``K`` split as ``[n*B, Hkv, Tn, D]``, the
-  cells repeated per shard, so the sdpa batch is (shard, stream, row)) and
-  masks the slots whose cell it does not own, so each slot is attended by
-  exactly the shard holding it (compute per shard stays O(W); only K/V
-  storage is split). A ``k``/``v`` gathered any other way from the QSA cells
-  (a ``take`` or ``take_along_axis`` of ``qsa_cells``) is declined, not split
-  densely (every device would then gather from all of K).
-
-Numerics: partials are rounded to the sdpa's dtype before the float32 combine
-(rounding-class vs the unsplit call). A shard whose keys are all masked has
-``l_i = -inf`` (``sdpa_lse`` of a row without keys), so ``w_i = 0`` and its
-partial is discarded. A row that attends no key at all stays the mean of V
-over all keys (docs/semantics.md §4), as the unsplit sdpa gives it:
-
-- dense, bool mask or causal: every shard's partial is the mean of its own V
-  and every ``l_i`` is -inf; the combine then weighs the shards equally (they
-  all hold ``T / n`` keys);
-- dense, an additive mask with causal rows that see no key (bottom-right,
-  ``S > T``): those rows get a zero query and a zero mask, as the lowering
-  gives them, so every shard weighs its keys equally and ``l_i = log(T / n)``;
-- gathered, a bool mask: rows it leaves without any slot get a zero query and
-  attend every slot they own, so each shard averages the slots it owns and
-  weighs that by their number (``l_i = log(owned)``).
-
-An additive mask that is -inf on a whole row is NaN there, split or not.
+Numerics: partials are rounded to the sdpa's dtype before the float32 combine (rounding-class vs the unsplit
+call); a row without keys stays the mean of V as the unsplit sdpa gives it (docs/semantics.md §4). In full:
+docs/passes.md, "split-kv".
 """
 
 from __future__ import annotations

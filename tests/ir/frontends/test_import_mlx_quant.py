@@ -122,7 +122,7 @@ def test_traced_dequantize_then_matmul_equals_quantized_matmul(rng):
 @requires("mlx.core", "mlx_lm")
 @pytest.mark.parametrize("device", ["cpu", "gpu"])
 def test_default_pipeline_keeps_the_quantized_sdpa_bits(rng, device):
-    """Without raise-attention (which raises them to quantized_sdpa: tests/passes/test_quantized_attention.py)
+    """Without raise-attention (which raises them to quantized_sdpa: tests/passes/analysis/test_quantized_attention.py)
     the device pipeline leaves the two quantized_matmuls in place and the MLX program keeps mlx-lm's bits."""
     from mlx_lm.models.base import quantized_scaled_dot_product_attention
 

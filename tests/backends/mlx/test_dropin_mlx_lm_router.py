@@ -1,7 +1,7 @@
 """What ``optimize``'s router substitutes (backends/mlx/caches/): the cache's buffer only when provably the helper's k/v.
 
 Every cache class mlx-lm ships goes through a one-attention probe module
-(``tests/backends/lm_probe.py``) under ``optimize``: a routed call must have
+(``tests/backends/mlx/lm_probe.py``) under ``optimize``: a routed call must have
 been given a buffer whose valid prefix is, bit for bit, what the helper
 received, and compute what mlx-lm's helper computes on it; any other call is
 declined with a named reason and is mlx-lm's helper, bit for bit. MLA models
@@ -71,7 +71,7 @@ def test_a_cache_class_is_routed_with_the_helpers_own_arrays_or_declined_by_name
 
     from attnpass.backends.mlx import optimize
     from attnpass.backends.mlx import OptimizedModel
-    from tests.backends.lm_probe import SCALE, Probe
+    from tests.backends.mlx.lm_probe import SCALE, Probe
 
     substituted = []
     run = OptimizedModel._run
@@ -169,7 +169,7 @@ def test_the_array_mask_branch_pads_the_mask_over_the_buffer():
     from mlx_lm.models.cache import KVCache
 
     from attnpass.backends.mlx import optimize
-    from tests.backends.lm_probe import SCALE, Probe
+    from tests.backends.mlx.lm_probe import SCALE, Probe
 
     mx.random.seed(1)
     probe, kv = Probe(), KVCache()
@@ -192,7 +192,7 @@ def test_keys_not_fetched_in_this_call_or_a_changed_cache_are_declined():
     from mlx_lm.models.cache import KVCache
 
     from attnpass.backends.mlx import optimize
-    from tests.backends.lm_probe import Probe
+    from tests.backends.mlx.lm_probe import Probe
 
     mx.random.seed(2)
     probe, kv = Probe(), KVCache()
@@ -212,7 +212,7 @@ def test_sinks_on_a_quantized_cache_are_declined_and_mlx_lms_helper_refuses_them
     from mlx_lm.models.cache import QuantizedKVCache
 
     from attnpass.backends.mlx import optimize
-    from tests.backends.lm_probe import Probe
+    from tests.backends.mlx.lm_probe import Probe
 
     mx.random.seed(3)
     probe, kv = Probe(), QuantizedKVCache(group_size=64, bits=8)
@@ -236,7 +236,7 @@ def test_a_half_float_quantized_call_is_declined_on_cpu_at_any_depth_as_a_tie_wi
     from attnpass.backends.mlx import optimize
     from attnpass.backends.mlx.policy import MIN_KEYS
     from attnpass.ir import DType
-    from tests.backends.lm_probe import SCALE, Probe
+    from tests.backends.mlx.lm_probe import SCALE, Probe
 
     widened = "raise-attention,decompose-sdpa{device=cpu,widen_quantized=true},dce"
 
@@ -288,7 +288,7 @@ def test_a_short_context_call_is_declined_on_cpu_below_min_keys_and_routed_from_
     from attnpass.backends.mlx.policy import MIN_KEYS
     from attnpass.backends.mlx.routing import buffer_rows
     from attnpass.ir import DType
-    from tests.backends.lm_probe import SCALE, Probe
+    from tests.backends.mlx.lm_probe import SCALE, Probe
 
     def raw(a):  # the raw bits (bfloat16 as uint16)
         return np.array(a.view(mx.uint16) if a.dtype == mx.bfloat16 else a)
@@ -350,7 +350,7 @@ def test_a_call_under_its_kinds_known_bound_is_declined_before_its_arguments_are
     from attnpass.backends.mlx.policy import MIN_KEYS
     from attnpass.backends.mlx.routing import buffer_rows
     from attnpass.ir import DType
-    from tests.backends.lm_probe import SCALE, Probe
+    from tests.backends.mlx.lm_probe import SCALE, Probe
 
     least = MIN_KEYS["float", DType.float32]
     assert MIN_KEYS["float", DType.bfloat16] <= least - 32 == buffer_rows(least - 39, 1 << 20)
@@ -527,7 +527,7 @@ def test_attend_outside_the_model_routes_only_inside_active():
     from mlx_lm.models.cache import KVCache
 
     from attnpass.backends.mlx import optimize
-    from tests.backends.lm_probe import SCALE, Probe
+    from tests.backends.mlx.lm_probe import SCALE, Probe
 
     mx.random.seed(3)
     q = mx.random.normal((1, HEADS, 1, DIM))

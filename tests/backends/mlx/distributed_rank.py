@@ -1,6 +1,6 @@
-"""One rank of the 2-rank ``mx.distributed`` run of tests/backends/test_mlx_distributed.py (started by mlx.launch).
+"""One rank of the 2-rank ``mx.distributed`` run of tests/backends/mlx/test_distributed.py (started by mlx.launch).
 
-``python mlx_distributed_rank.py MODEL_DIR CASE...``: each case builds a tensor-parallel sharded tiny model
+``python distributed_rank.py MODEL_DIR CASE...``: each case builds a tensor-parallel sharded tiny model
 on this rank, decodes greedily plainly, then under ``optimize(model, min_keys=0)``, and prints one JSON line:
 ``{"rank", "size", "case", "plain", "optimized", "routed", "declined", "traces", "caches"}`` (the token lists,
 the counts of the optimized run, the classes of its caches after it). Cases (:data:`CASES`):

@@ -82,7 +82,7 @@ def test_the_router_substitutes_the_buffer_with_each_streams_padding_or_declines
 
     from attnpass.backends.mlx import OptimizedModel, optimize
     from attnpass.backends.mlx.caches import batch as batched
-    from tests.backends.lm_probe import SCALE, Probe
+    from tests.backends.mlx.lm_probe import SCALE, Probe
 
     substituted = []
     monkeypatch.setattr(OptimizedModel, "_run", _spy(OptimizedModel._run, substituted))
@@ -147,7 +147,7 @@ def test_a_mask_the_cache_made_is_decided_as_evaluating_it_would_without_evaluat
     from attnpass.backends.mlx import optimize
     from attnpass.backends.mlx.caches import batch as batched
     from attnpass.backends.mlx.routing import ACTIVE
-    from tests.backends.lm_probe import Probe
+    from tests.backends.mlx.lm_probe import Probe
 
     decided = []
     with optimize(Probe(), PIPELINE, min_keys=0) as opt, opt.active():

@@ -1,6 +1,6 @@
 """``optimize`` on tensor-parallel sharded models over 2 ranks of ``mx.distributed`` (ring backend, localhost).
 
-``mlx.launch --backend ring --hosts 127.0.0.1 -n 2`` runs tests/backends/mlx_distributed_rank.py on two local
+``mlx.launch --backend ring --hosts 127.0.0.1 -n 2`` runs tests/backends/mlx/distributed_rank.py on two local
 processes (free ports, bounded time): a tiny llama loaded by mlx-lm's ``sharded_load`` (``model.shard``), a
 tiny qwen3 given ``model.shard(group)``, the sharded llama over a quantized KV cache (``kv_bits=8``), and
 mlx-vlm's tiny Qwen4-Exp with its QSA layers' heads sharded by hand (it has no ``shard()``). On every rank the
@@ -25,7 +25,7 @@ from tests.util import requires
 pytestmark = requires("mlx.core", "mlx_lm", "mlx_vlm")
 
 TIMEOUT = 300  # seconds for all four cases on both ranks (about 30 s on 2 shared cores)
-RANK = Path(__file__).resolve().parent / "mlx_distributed_rank.py"
+RANK = Path(__file__).resolve().parent / "distributed_rank.py"
 LAUNCH = "import sys; from mlx._distributed_utils.launch import main; sys.exit(main())"  # mlx.launch
 CASES = {  # case -> the cache classes its optimized run decodes over (per layer)
     "llama-sharded-load": {"KVCache"},

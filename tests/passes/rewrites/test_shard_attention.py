@@ -146,7 +146,7 @@ def test_seq_and_batch_cannot_share_the_leading_dimension():
 
 
 def test_a_qsa_gather_of_another_form_is_declined():
-    from tests.passes.test_split_kv import qsa_take_graph
+    from tests.passes.rewrites.test_split_kv import qsa_take_graph
 
     graph = qsa_take_graph()
     sharded, remarks = shard_result(graph, "shard-attention{heads=model}", {"model": 2})

@@ -197,7 +197,7 @@ def test_other_passes_decline_a_window_by_name():
 @requires("jax")
 def test_the_benchmarks_quick_run_reports_each_mask(capsys):
     """benchmarks/block_sparse.py --quick on JAX (seconds): one row per mask and dtype, the plan's FLOP ratio."""
-    bench = runpy.run_path(str(Path(__file__).resolve().parents[2] / "benchmarks" / "block_sparse.py"))
+    bench = runpy.run_path(str(Path(__file__).resolve().parents[3] / "benchmarks" / "block_sparse.py"))
     bench["main"](["--quick", "--reps", "1", "--backends", "jax"])
     lines = capsys.readouterr().out.splitlines()
     rows = [line.split() for line in lines if line.split()[:1] in (["window"], ["causal"], ["chunked"])]

@@ -20,7 +20,7 @@ from attnpass.lowering import lower
 from attnpass.models import QSAConfig, build_layer, make_inputs
 from attnpass.passes import DeadCodeElimination, PassManager, QSAGather, default_pipeline, parse_pipeline
 from attnpass.passes.analysis.devices import DEVICES
-from tests.passes.test_qsa_gather import reason_of, remark_of
+from tests.passes.rewrites.test_qsa_gather import reason_of, remark_of
 from tests.util import requires
 
 CFG = QSAConfig(n_q_heads=4, n_kv_heads=2, head_dim=16, idx_dim=16, budget=32, mask_rows=32, rotary_dim=8)
