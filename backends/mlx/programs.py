@@ -3,8 +3,9 @@
 A row names the function (imported from MLX, or written with :mod:`attnpass.ir.ops` and traced), the
 :data:`~.policy.MIN_KEYS` kind that bounds its key rows, and the decisions taken on its rewritten graph
 before it is lowered: a graph still one fused ``sdpa`` is declined (the client computes the same over the valid
-keys, without a buffer's padding), and a QSA program whose ``qsa-gather`` kept the masked form is declined with
-``qsa-gather``'s own reason. :func:`compile_program` makes a row's :class:`~attnpass.backends.specialize.
+keys, without a buffer's padding), a QSA program whose ``qsa-gather`` kept the masked form is declined with
+``qsa-gather``'s own reason, and an MLA program neither absorbed nor gathered (mlx-lm's own expansion) with
+``mla-absorb``'s. :func:`compile_program` makes a row's :class:`~attnpass.backends.specialize.
 CompiledFunction`; an :class:`~.optimized.OptimizedModel` makes each one the first time a call needs it.
 """
 
