@@ -198,7 +198,7 @@ def main() -> None:
         print(f"{line} {paired[-1]:>6.2f} {attention:>17} {traces:>7}")
     print(f"\n{floor_lines(paired, ratios)}\n")
     for name, opt in handles:
-        print(f"{name}: pipeline {opt.compiled.pipeline}")
+        print(f"{name}: pipeline {opt.pipeline}")
         opt.explain()
 
 

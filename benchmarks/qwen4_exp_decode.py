@@ -238,7 +238,7 @@ def run(dtype_name: str, args: argparse.Namespace) -> None:
         opt = optimize(models["optimize"])
         qsa = sum(not layer.is_linear for layer in models["plain"].layers)
         print(f"\n== {dtype_name}: mlx {mx.__version__}, device {mx.default_device()}, {args.layers} layers "
-              f"({qsa} QSA), pipeline {opt.qsa.pipeline}")  # fmt: skip
+              f"({qsa} QSA), pipeline {opt.pipeline}")  # fmt: skip
         print(f"load average before: {load()}")
         for model in models.values():  # mlx-vlm's compiled helpers are traced on first use: not in a timed run
             decoder(model, filled_cache(model, snapshot(model, 64, dtype)))()

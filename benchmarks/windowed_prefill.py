@@ -82,7 +82,7 @@ def main() -> None:
     args.optimize_step = args.optimize_step or args.plain_step
     net, fast = model(args.window), model(args.window)  # same seed, same weights: only the attention route differs
     opt = optimize(fast)  # one handle for the run: the second prefill of a length reuses the first's signatures
-    print(f"mlx {mx.__version__}, device {mx.default_device()}, float32, pipeline {opt.compiled.pipeline}")
+    print(f"mlx {mx.__version__}, device {mx.default_device()}, float32, pipeline {opt.pipeline}")
     print(f"gemma3_text: 4 layers (3 sliding, window {args.window}), 8/4 heads of dim 64; load before: {load()}")
     rows = []
     for length in args.lengths:

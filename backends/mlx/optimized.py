@@ -73,6 +73,11 @@ class OptimizedModel:
     def traces(self) -> int:
         return sum(c.traces for c in list(self.programs.values()))
 
+    @property
+    def pipeline(self) -> str:
+        """The pipeline the programs compile with, as text (the device's wrapper pipeline unless one was given)."""
+        return self.program("attention").pipeline
+
     def program(self, name: str) -> CompiledFunction:
         """The compiled function of program ``name``, made the first time it is asked for."""
         found = self.programs.get(name)
