@@ -3,8 +3,9 @@
 A row names the function (imported from MLX, or written with :mod:`attnpass.ir.ops` and traced), the
 :data:`~.policy.MIN_KEYS` kind that bounds its key rows, and the decisions taken on its rewritten graph
 before it is lowered: a graph still one fused ``sdpa`` is declined (the client computes the same over the valid
-keys, without a buffer's padding), and a QSA program whose ``qsa-gather`` kept the masked form is declined with
-``qsa-gather``'s own reason. :func:`compile_program` makes a row's :class:`~attnpass.backends.specialize.
+keys, without a buffer's padding), a QSA program whose ``qsa-gather`` kept the masked form is declined with
+``qsa-gather``'s own reason, and an MLA program neither absorbed nor gathered (mlx-lm's own expansion) with
+``mla-absorb``'s. :func:`compile_program` makes a row's :class:`~attnpass.backends.specialize.
 CompiledFunction`; an :class:`~.optimized.OptimizedModel` makes each one the first time a call needs it.
 """
 
@@ -18,7 +19,7 @@ from typing import Any
 
 from attnpass.ir import DType, ImportedGraph, TensorSpec, ops, trace
 from attnpass.ir.core.types import native_dtype_name
-from attnpass.passes import Decline, Pass, PassResult, QSAGather
+from attnpass.passes import Decline, DSAGather, MLAAbsorb, Pass, PassResult, QSAGather
 
 from ..specialize import CompiledFunction, Traceable, as_passes, wrapper_pipeline
 from .compiled import MLXFrontend
@@ -26,6 +27,7 @@ from .masks import Structure
 from .policy import MIN_KEYS, Bounds, too_short
 
 SELECTION = "selection"  # the QSA programs' selection input, promised to qsa-gather
+TOKENS = "idx"  # the DSA program's top-k input, promised to mla-absorb and dsa-gather
 
 
 def attention(queries: Any, keys: Any, values: Any, mask: Any, sinks: Any, scale: float) -> Any:
@@ -77,18 +79,40 @@ def qsa_quantized_attention(
     return ops.quantized_sdpa(queries, (kq, ks, kb), (vq, vs, vb), mask=keep, **options)
 
 
+def mla_attention(q: Any, latent: Any, w_uk: Any, w_uv: Any, mask: Any, scale: float) -> Any:
+    """mlx-lm's MLA call of more than one query row: keys and values the latent's per-head up-projections,
+    the rope scores as the additive mask (docs/mla.md, "The traced form")."""
+    k = ops.matmul(latent, w_uk)
+    v = ops.matmul(latent, ops.transpose(w_uv, (0, 2, 1)))
+    return ops.sdpa(q, k, v, mask=mask, scale=scale)
+
+
+def dsa_attention(q: Any, latent: Any, w_uk: Any, w_uv: Any, mask: Any, idx: Any, scale: float) -> Any:
+    """:func:`mla_attention` with the mask kept only on each row's top-k cells ``idx`` (the rest finfo.min)."""
+    import numpy as np
+
+    b, _, rows, _ = idx.shape
+    hidden = ops.constant(np.zeros((b, 1, rows, latent.shape[2]), bool))
+    selected = ops.put_along_axis(hidden, idx, ops.constant(True), axis=-1)
+    mask = ops.where(selected, mask, float(mask.dtype.finfo.min))
+    return mla_attention(q, latent, w_uk, w_uv, mask, scale)
+
+
 @dataclass(frozen=True)
 class ProgramSpec:
     """One program: its function, whether it is traced (:mod:`attnpass.ir.ops`) rather than exported from MLX,
     the :data:`~.policy.MIN_KEYS` kind bounding its key rows (None: no bound), whether a graph still one fused
-    ``sdpa`` is declined, and whether it attends a QSA selection (``qsa-gather`` is told the selection input is
-    promised, and a graph left masked is declined)."""
+    ``sdpa`` is declined, whether it attends a QSA selection (``qsa-gather`` is told the selection input is
+    promised, and a graph left masked is declined), and whether it is an MLA program (a graph left expanded is
+    declined; ``tokens``: mla-absorb and dsa-gather are told the top-k input and that every row has a key)."""
 
     fn: Callable[..., Any]
     traced: bool = False
     bound: str | None = None
     declines_fused: bool = False
     selection: bool = False
+    latent: bool = False
+    tokens: bool = False
 
 
 PROGRAMS: dict[str, ProgramSpec] = {
@@ -97,6 +121,8 @@ PROGRAMS: dict[str, ProgramSpec] = {
     "quantized_attention": ProgramSpec(quantized_attention, bound="quantized"),
     "qsa_attention": ProgramSpec(qsa_attention, traced=True, selection=True),
     "qsa_quantized_attention": ProgramSpec(qsa_quantized_attention, traced=True, selection=True),
+    "mla_attention": ProgramSpec(mla_attention, traced=True, bound="mla", latent=True),
+    "dsa_attention": ProgramSpec(dsa_attention, traced=True, bound="mla", latent=True, tokens=True),
 }
 
 
@@ -128,6 +154,17 @@ def kept_masked(result: PassResult) -> Decline | None:
     return Decline("no_gather_pass", "the pipeline has no qsa-gather: the masked form is the client's own")
 
 
+def kept_expanded(result: PassResult) -> Decline | None:
+    """The decline of an MLA graph neither absorbed nor gathered (the client's own expansion), with
+    mla-absorb's own reason."""
+    if any(r.kind == "applied" and r.pass_name in ("mla-absorb", "dsa-gather") for r in result.remarks):
+        return None
+    kept = [r for r in result.remarks if r.pass_name == "mla-absorb" and r.kind == "declined"]
+    if kept:
+        return Decline(kept[0].reason, f"mla-absorb kept the expansion: {kept[0].message}", data=kept[0].data)
+    return Decline("no_absorb_pass", "the pipeline has no mla-absorb: the expansion it would keep is the client's own")
+
+
 def compile_program(
     spec: ProgramSpec, pipeline: str | Sequence[Pass] | None, *, strict: bool, max_signatures: int,
     min_keys: int | None, bounds: Bounds,
@@ -138,12 +175,16 @@ def compile_program(
     passes = wrapper_pipeline(frontend.device(), frontend.target) if pipeline is None else as_passes(pipeline)
     if spec.selection:
         passes = [_promised(p) for p in passes]
+    if spec.tokens:
+        passes = [_tokens_promised(p) for p in passes]
     hooks: list[Callable[[PassResult], Decline | None]] = [kept_fused] if spec.declines_fused else []
     if spec.bound is not None:
         table = MIN_KEYS if frontend.device() == "cpu" else {}
         hooks.append(too_short(spec.bound, min_keys, table, bounds))
     if spec.selection:
         hooks.append(kept_masked)
+    if spec.latent:
+        hooks.append(kept_expanded)
 
     def decline(result: PassResult) -> Decline | None:
         return next((found for found in (hook(result) for hook in hooks) if found is not None), None)
@@ -161,7 +202,16 @@ def _promised(p: Pass) -> Pass:
     return p
 
 
+def _tokens_promised(p: Pass) -> Pass:
+    """An ``mla-absorb`` or ``dsa-gather`` not told of a selection input, told the DSA program's top-k input and
+    that its every row has a key (what the route proved); any other pass as it is."""
+    if isinstance(p, (MLAAbsorb, DSAGather)) and p.selection_input is None:
+        return dataclasses.replace(p, selection_input=TOKENS, rows_have_keys=True)
+    return p
+
+
 __all__ = [
-    "PROGRAMS", "OpsFrontend", "ProgramSpec", "attention", "compile_program", "kept_fused", "kept_masked",
-    "qsa_attention", "qsa_quantized_attention", "quantized_attention", "structured_attention",
+    "PROGRAMS", "OpsFrontend", "ProgramSpec", "attention", "compile_program", "dsa_attention", "kept_expanded",
+    "kept_fused", "kept_masked", "mla_attention", "qsa_attention", "qsa_quantized_attention", "quantized_attention",
+    "structured_attention",
 ]  # fmt: skip

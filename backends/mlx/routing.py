@@ -43,13 +43,15 @@ class Fetch:
 @dataclass
 class Call:
     """One call of an optimized model: the model, each cache's last fetch and last QSA selection (by cache id), the
-    masks a batched cache made (by mask id), what the up-projections of MLA layers returned (by output id)."""
+    masks a batched cache made (by mask id), what the up-projections of MLA layers returned (by output id) and
+    what each DSA indexer returned (by its cache's id)."""
 
     model: Any
     fetched: dict[int, tuple[Any, Fetch]] = field(default_factory=dict)
     selections: dict[int, tuple[Any, Any, int]] = field(default_factory=dict)  # cache, selection, ratio
     masks: dict[int, tuple[Any, bool]] = field(default_factory=dict)  # a made mask, every query row sees a key
     projections: dict[int, tuple[Any, Any, Any, bool]] = field(default_factory=dict)  # out, layer, input, transpose
+    indexed: dict[int, tuple[Any, Any]] = field(default_factory=dict)  # indexer cache, top-k (None: attends all)
 
 
 ACTIVE: ContextVar[Call | None] = ContextVar("attnpass_optimized_call", default=None)

@@ -2,12 +2,12 @@
 
 :func:`adapter_for` finds a cache's adapter by its exact class; :data:`ADAPTERS` holds them all, keyed by the
 class's module and name. Importing this package registers every built-in adapter: mlx-lm's ``KVCache``,
-``QuantizedKVCache``, ``RotatingKVCache``, ``ChunkedKVCache`` and ``BatchKVCache``, calls without a cache,
-mlx-vlm Qwen4-Exp's ``QSAKVCache``, ``QSAQuantizedKVCache`` and ``BatchQSAKVCache``, and the classes no route reads
-(:mod:`.declined`).
+``QuantizedKVCache``, ``RotatingKVCache``, ``ChunkedKVCache``, ``BatchKVCache`` and ``CacheList`` (its MLA
+calls), calls without a cache, mlx-vlm Qwen4-Exp's ``QSAKVCache``, ``QSAQuantizedKVCache`` and
+``BatchQSAKVCache``, and the classes no route reads (:mod:`.declined`).
 """
 
-from . import batch, chunked, declined, kv, qsa, qsa_batch, qsa_quantized, quantized, rotating, uncached  # noqa: F401
+from . import batch, cache_list, chunked, declined, kv, qsa, qsa_batch, qsa_quantized, quantized, rotating, uncached  # noqa: F401
 from .base import ADAPTERS, CacheAdapter, HelperCall, QSACall, Routed, adapter_for, register
 
 __all__ = ["ADAPTERS", "CacheAdapter", "HelperCall", "QSACall", "Routed", "adapter_for", "register"]

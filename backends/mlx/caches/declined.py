@@ -18,7 +18,6 @@ LIST = "a container of caches: the client's keys come from one of them, or are b
 ROWS: dict[tuple[str, str], str] = {
     (MLX_LM, "ConcatenateKVCache"): "its keys are a fresh concatenation every step: no buffer to key signatures on",
     (MLX_LM, "BatchRotatingKVCache"): f"per-stream rings of a batched sliding window: {NO_PREFIX}",
-    (MLX_LM, "CacheList"): LIST,
     (MLX_LM, "ArraysCache"): "state arrays of a recurrent layer (no keys and values)",
     **{
         (MLX_VLM, name): f"mlx-vlm's {name} reaches only QSA calls through a QSA cache: {NO_PREFIX}"

@@ -6,6 +6,7 @@ buffer's first ``offset`` rows. A call whose keys and values *are* what that fet
 ``keys == cache.keys[..., :offset, :]`` by the cache's own code: its program gets the buffer cut to
 :func:`~..routing.buffer_rows` rows and a mask of the valid rows (one signature per cut length, not per token).
 A prefill (more than :data:`PREFILL_ROWS` query rows) attends its own keys instead (:func:`~.base.own_keys`).
+A ``KVCache`` may hold an MLA latent: its MLA calls are :mod:`.mla`'s.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from ..routing import Patch, buffer_rows, classes, fetch_decline, fetch_recorder
 from .base import (
     MLX_LM, CacheAdapter, HelperCall, Routed, mask_keys_decline, masked, own_keys, register, string_mask_decline,
 )  # fmt: skip
+from .mla import LatentHolder
 
 PREFILL_ROWS = 64  # more query rows on a KVCache: a prefill, given its own keys (one signature per length)
 
@@ -64,7 +66,9 @@ class Buffered(CacheAdapter):
 
 
 @register
-class KVCache(Buffered):
+class KVCache(LatentHolder, Buffered):
+    """mlx-lm's plain cache; it may hold an MLA latent (:mod:`.mla`)."""
+
     module, name = MLX_LM, "KVCache"
 
 

@@ -1,0 +1,219 @@
+"""MLA calls: what mlx-lm's multi-head latent attention layers hand its helper, proven and routed (docs/mla.md).
+
+mlx-lm's MLA layers (deepseek_v3, deepseek_v32, glm_moe_dsa, glm4_moe_lite, kimi_*, longcat_flash) cache a latent
+per token and its rope key in a ``KVCache`` (keys: the latent, values: the rope key); a call of more than one
+query row gives the helper ``embed_q(latent, transpose=False)`` as keys, ``unembed_out(latent)`` as values and
+the rope scores as an additive mask. The patches of :func:`patches` record, in the active call, what every
+``MultiLinear`` and ``QuantizedMultiLinear`` returns and each DSA ``Indexer``'s top-k (per indexer cache). A
+call is an MLA call of a cache (:func:`involved`) when its queries or keys are a recorded output or a recorded
+projection read the cache's last fetch. :func:`decline` routes it only when it proves that the keys ARE a float
+``MultiLinear``'s untransposed output and the values one's transposed output of one input, that input IS the
+cache's last fetch, the fetch its buffer's first rows and the write position unchanged (a cache that replaced its
+buffer since, as deepseek_v32's ``mx.depends`` does, no longer writes the fetched one, which the program reads),
+and the mask an additive float array over those keys, without sinks. One query row is declined (``mla_absorbed``:
+mlx-lm attends in the latent form already), as are quantized projections and keys built otherwise (mistral4
+concatenates the rope part).
+
+:func:`route` gives the ``mla_attention`` program the buffer's cut (:func:`~..routing.buffer_rows`: one signature
+per cut) and the mask padded by -inf (padded cells weigh exactly 0). When the layer's indexer returned a top-k
+in this call and the mask is, on its values, that selection of itself (every unselected cell at or below
+finfo.min, every row a selected cell above it: checked on the arrays, :func:`selection_holds`), the
+``dsa_attention`` program gets the indices too, with dsa-gather's promises; otherwise the mask goes as it is.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from attnpass.passes import Decline
+
+from ..masks import pad_last
+from ..routing import ACTIVE, Call, Patch, buffer_rows, classes, first_rows, last_fetch, words
+from .base import CacheAdapter, HelperCall, Routed
+
+MLA = "mlx_lm.models.mla"
+DSA = "mlx_lm.models.deepseek_v32"
+
+
+def record_projection(call_method: Any) -> Any:
+    """A patch of a ``MultiLinear``'s ``__call__`` that records its output in the active call, if any."""
+
+    def recording(layer: Any, x: Any, transpose: bool = True) -> Any:
+        out = call_method(layer, x, transpose)
+        call = ACTIVE.get()
+        if call is not None:
+            call.projections[id(out)] = (out, layer, x, transpose)
+        return out
+
+    recording.__wrapped__ = call_method  # type: ignore[attr-defined]
+    return recording
+
+
+def record_selection(call_method: Any) -> Any:
+    """A patch of a DSA ``Indexer``'s ``__call__`` that records its top-k (None: every key) by its cache."""
+
+    def recording(indexer: Any, x: Any, qr: Any, mask: Any, cache: Any = None) -> Any:
+        out = call_method(indexer, x, qr, mask, cache=cache)
+        call = ACTIVE.get()
+        if call is not None and cache is not None:
+            call.indexed[id(cache)] = (cache, out)
+        return out
+
+    recording.__wrapped__ = call_method  # type: ignore[attr-defined]
+    return recording
+
+
+def patches() -> list[Patch]:
+    """The recorders of the MLA proofs: the projections' outputs and the DSA indexer's top-k."""
+    linear, quantized = classes(MLA, "MultiLinear", "QuantizedMultiLinear")
+    indexer = classes(DSA, "Indexer")[0]
+    return [
+        (linear, "__call__", record_projection), (quantized, "__call__", record_projection),
+        (indexer, "__call__", record_selection),
+    ]  # fmt: skip
+
+
+def involved(call: HelperCall, cache: Any) -> bool:
+    """Whether ``call`` is an MLA call of ``cache``: its queries or keys a recorded projection's output, or a
+    recorded projection read ``cache``'s last fetch."""
+    found = call.recorded.projections
+    if not found:
+        return False
+    if id(call.queries) in found or id(call.keys) in found:
+        return True
+    fetch = last_fetch(cache, call.recorded)
+    return fetch is not None and any(p[2] is fetch.keys for p in found.values())
+
+
+def _projection(recorded: Call, out: Any) -> tuple[Any, Any, Any, bool] | None:
+    found = recorded.projections.get(id(out))
+    return found if found is not None and found[0] is out else None
+
+
+def decline(call: HelperCall, cache: Any) -> Decline | None:
+    """Why the MLA call ``call`` over the latent ``cache`` cannot take an MLA program (None when it can)."""
+    recorded = call.recorded
+    if _projection(recorded, call.queries) is not None:
+        return Decline(
+            "mla_absorbed", f"{call.rows} query row(s): mlx-lm attends in the latent form already (the queries are "
+            "embed_q's output, keys and values the latent)", data={"rows": call.rows},
+        )  # fmt: skip
+    keys, values = _projection(recorded, call.keys), _projection(recorded, call.values)
+    if keys is None or values is None or keys[3] or not values[3] or keys[2] is not values[2]:
+        return Decline(
+            "mla_not_projections", "the keys and values are not embed_q(latent, transpose=False) and "
+            "unembed_out(latent) of one latent (mistral4 concatenates the rope keys to them)",
+        )  # fmt: skip
+    linear = classes(MLA, "MultiLinear")[0]
+    quantized = [type(p[1]).__name__ for p in (keys, values) if type(p[1]) is not linear]
+    if quantized:
+        message = f"the keys or values are a {quantized[0]}'s output: only float MultiLinear projections are routed"
+        return Decline("mla_quantized", message, data={"projection": quantized[0]})
+    fetch = last_fetch(cache, recorded)
+    if fetch is None or keys[2] is not fetch.keys:
+        return Decline("not_fetched", "the latent the projections read is not the cache's last fetch in this call")
+    rows, length = fetch.keys.shape[2], fetch.buffer[0].shape[2]
+    if not rows == fetch.position <= length:
+        message = f"the latent ({rows} rows) is not the first {fetch.position} rows of the buffer ({length} rows)"
+        return Decline("not_prefix", message, data={"rows": rows, "offset": fetch.position, "buffer_rows": length})
+    if cache.offset != fetch.position:
+        return Decline("cache_changed", "the latent cache's write position changed since its fetch")
+    return _operands_decline(call, fetch.position)
+
+
+def _operands_decline(call: HelperCall, n: int) -> Decline | None:
+    """The mask must be an additive float ``[B, H|1, L, n]`` array, and no sinks given."""
+    import mlx.core as mx
+
+    mask = call.mask
+    floating = mask is not None and not isinstance(mask, str) and mx.issubdtype(mask.dtype, mx.floating)
+    if not floating or mask.ndim != 4 or mask.shape[2:] != (call.rows, n) or call.sinks is not None:
+        got = "sinks" if call.sinks is not None else f"mask {mask if isinstance(mask, str) else _spelled(mask)}"
+        message = f"an MLA call takes an additive float mask over its {n} keys and no sinks; got {got}"
+        return Decline("mla_operands", message, data={"keys": n})
+    return None
+
+
+def _spelled(mask: Any) -> str:
+    return "None" if mask is None else f"{mask.dtype} {tuple(mask.shape)}"
+
+
+def route(call: HelperCall, cache: Any, companions: tuple = ()) -> Routed:
+    """The program of an MLA call :func:`decline` accepted: ``dsa_attention`` when an indexer cache among
+    ``companions`` recorded a top-k the mask is proven to select, else ``mla_attention``."""
+    fetch = last_fetch(cache, call.recorded)
+    assert fetch is not None  # proven by decline
+    n = fetch.position
+    length = buffer_rows(n, fetch.buffer[0].shape[2])
+    keys, values = _projection(call.recorded, call.keys), _projection(call.recorded, call.values)
+    arrays = [call.queries, first_rows(fetch.buffer[0], length), keys[1]["weight"], values[1]["weight"]]
+    arrays.append(pad_last(call.mask, length - n) if length > n else call.mask)
+    selection = _selection(call, companions, n)
+    if selection is None:
+        return Routed("mla_attention", (*arrays, call.scale), arrays)
+    arrays.append(words(selection))
+    return Routed("dsa_attention", (*arrays, call.scale), arrays)
+
+
+def _selection(call: HelperCall, companions: tuple, n: int) -> Any:
+    """The top-k an indexer cache among ``companions`` recorded in this call, when the mask selects it."""
+    for companion in companions:
+        held, idx = call.recorded.indexed.get(id(companion), (None, None))
+        if held is companion and idx is not None and selection_holds(call.mask, idx, n):
+            return idx
+    return None
+
+
+def selection_holds(mask: Any, idx: Any, n: int) -> bool:
+    """Whether the additive ``mask`` ``[B, H|1, L, n]`` is, on its values, the head-shared selection ``idx``
+    ``[B, 1, L, K]`` (K < n) of itself: every cell outside the selection at or below ``finfo.min`` (so
+    ``where(selected, mask, finfo.min)`` attends as ``mask`` does) and in every row a selected cell above it (the
+    gathered softmax then weighs the same cells)."""
+    import mlx.core as mx
+
+    if idx.ndim != 4 or idx.shape[:3] != (mask.shape[0], 1, mask.shape[2]) or idx.shape[3] >= n:
+        return False
+    b, _, rows, k = idx.shape
+    low = mx.array(mx.finfo(mask.dtype).min, mask.dtype)
+    selected = mx.put_along_axis(mx.zeros((b, 1, rows, n), mx.bool_), idx, mx.array(True), axis=-1)
+    outside = mx.any(mx.logical_and(mx.logical_not(selected), mask > low))
+    kept = mx.take_along_axis(mask, mx.broadcast_to(idx, (*mask.shape[:3], k)), axis=-1)
+    every_row = mx.all(kept.max(axis=-1) > low)
+    mx.eval(outside, every_row)
+    return not outside.item() and every_row.item()
+
+
+def most_rows(cache: Any, call: HelperCall) -> int:
+    """The key rows of the MLA program of ``call``: the latent buffer's cut."""
+    fetch = last_fetch(cache, call.recorded)
+    return 0 if fetch is None else buffer_rows(fetch.position, fetch.buffer[0].shape[2])
+
+
+class LatentHolder(CacheAdapter):
+    """An adapter whose cache may hold an MLA latent: its MLA calls (:meth:`latent`) go through this module, the
+    others to the next adapter class in the method order."""
+
+    def latent(self, call: HelperCall) -> tuple[Any, tuple] | None:
+        """``(latent cache, companion caches)`` when ``call`` is an MLA call, else None."""
+        return (call.cache, ()) if involved(call, call.cache) else None
+
+    def patches(self) -> list[Patch]:
+        return super().patches() + patches()
+
+    def decline(self, call: HelperCall) -> Decline | None:
+        held = self.latent(call)
+        return super().decline(call) if held is None else decline(call, held[0])
+
+    def route(self, call: HelperCall) -> Routed:
+        held = self.latent(call)
+        return super().route(call) if held is None else route(call, *held)
+
+    def most_rows(self, call: HelperCall) -> int:
+        held = self.latent(call)
+        return super().most_rows(call) if held is None else most_rows(held[0], call)
+
+    def policy(self, call: HelperCall) -> str:
+        return super().policy(call) if self.latent(call) is None else "mla"
+
+
+__all__ = ["LatentHolder", "decline", "involved", "most_rows", "patches", "route", "selection_holds"]
