@@ -27,7 +27,19 @@ Per ``--lengths`` L (the optimized model's first call, which traces and compiles
   ``--union-rows`` rows for each of ``--union-tiles`` (scaled to ms per row,
   exact: its difference to the dispatch is in the printed max);
 - *whole* (``--whole``): the whole L-token prompt prefilled as ``mlx_vlm.generate``
-  does, in chunks of ``--chunk`` tokens, plain vs optimized, tokens/s.
+  does, in chunks of ``--chunk`` tokens, from fresh caches, three runs in turn:
+  optimized first (each chunk's new signature traced and compiled: the host
+  seconds spent inside its QSA calls are printed, the compile), plain, optimized
+  again (steady). Each chunk's seconds print as it ends, beside the estimate for
+  that chunk; then tokens/s, the measured ratios and the estimate's, and the
+  greedy next token of each run (asserted identical) with the largest
+  difference of the last row's logits. The estimate is docs/qsa.md's per-chunk
+  model with this run's constants from the *chunk* and *QSA layer* rows at L
+  (ms per row at depth ``L``): the parts common to both paths ``c = optimize -
+  select - routed``; a chunk of ``n`` rows ending at depth ``d`` costs plain
+  ``n (c + (select + dispatch) d / L)`` and optimized ``n (c + select d / L +
+  routed)`` where the run routed it (``n (c + (select + dispatch) d / L)``
+  where it declined it).
 
     python benchmarks/qwen4_exp_prefill.py [--lengths 8192 32768] [--rows 256] [--layers 4] [--reps 1]
         [--dtype float32] [--union-rows 32] [--union-tiles 2 4 16] [--whole] [--chunk 2048]
@@ -38,6 +50,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from dataclasses import dataclass, field
 
 import mlx.core as mx
 import numpy as np
@@ -56,16 +69,103 @@ def timed(fn) -> tuple[float, object]:
     return time.perf_counter() - start, out
 
 
-def chunked_prefill(model, prompt, chunk: int) -> float:
-    """Seconds of ``prompt`` prefilled as ``mlx_vlm.generate`` does: chunks of ``chunk`` tokens, caches evaluated."""
+@dataclass
+class Prefill:
+    """One whole chunked prefill: per chunk its seconds, QSA calls routed, new signatures traced and host seconds
+    inside the QSA calls; the last row's logits."""
+
+    seconds: list[float] = field(default_factory=list)
+    routed: list[int] = field(default_factory=list)
+    traces: list[int] = field(default_factory=list)
+    host: list[float] = field(default_factory=list)
+    logits: mx.array | None = None
+
+
+def chunked_prefill(model, prompt, chunk: int, opt=None, report=None) -> Prefill:
+    """``prompt`` prefilled as ``mlx_vlm.generate`` does: chunks of ``chunk`` tokens, caches evaluated after each.
+
+    With ``opt`` (the model's optimizer), the QSA calls are counted and their host time summed (the trace and
+    compile of a new signature happen there; the arithmetic is lazy). ``report(i, run)`` after each chunk."""
+    run, host = Prefill(), [0.0]
+    if opt is not None:
+        attend = opt.attend_qsa
+
+        def timed_attend(*args, **options):
+            start = time.perf_counter()
+            out = attend(*args, **options)
+            host[0] += time.perf_counter() - start
+            return out
+
+        opt.attend_qsa = timed_attend
     cache = model.make_cache()
-    start = time.perf_counter()
-    for s in range(0, prompt.shape[1], chunk):
-        logits = model(prompt[:, s : s + chunk], cache=cache).logits
-        mx.eval([c.state for c in cache])
-        mx.clear_cache()
-    mx.eval(logits[:, -1])
-    return time.perf_counter() - start
+    try:
+        for i, s in enumerate(range(0, prompt.shape[1], chunk)):
+            counts = (opt.routed, opt.traces) if opt is not None else (0, 0)
+            host[0], start = 0.0, time.perf_counter()
+            logits = model(prompt[:, s : s + chunk], cache=cache).logits
+            mx.eval([c.state for c in cache], logits[:, -1])
+            run.seconds.append(time.perf_counter() - start)
+            run.routed.append(opt.routed - counts[0] if opt is not None else 0)
+            run.traces.append(opt.traces - counts[1] if opt is not None else 0)
+            run.host.append(host[0])
+            mx.clear_cache()
+            if report is not None:
+                report(i, run)
+    finally:
+        if opt is not None:
+            del opt.attend_qsa  # the instance attribute; the class's method again
+    run.logits = logits[0, -1].astype(mx.float32)
+    return run
+
+
+def estimate(length: int, chunk: int, i: int, per_row: dict[str, float], routed: bool) -> tuple[float, float]:
+    """(plain, optimized) seconds of chunk ``i`` of a whole ``length`` prefill in chunks of ``chunk`` by the
+    per-chunk model of the module docstring, from ``per_row`` (ms per row at depth ``length``: ``optimize``,
+    ``select``, ``plain`` the dispatch, ``routed``) and whether the run routed the chunk's QSA calls."""
+    rows = min(chunk, length - i * chunk)
+    scale = (i * chunk + rows) / length
+    common = per_row["optimize"] - per_row["select"] - per_row["routed"]
+    plain = common + (per_row["select"] + per_row["plain"]) * scale
+    fast = common + per_row["select"] * scale + (per_row["routed"] if routed else per_row["plain"] * scale)
+    return rows * plain / 1e3, rows * fast / 1e3
+
+
+def whole_prefill(models: dict, opt, length: int, chunk: int, per_row: dict[str, float]) -> None:
+    """The ``--whole`` runs of the module docstring, printed chunk by chunk, then the totals beside the estimate."""
+    prompt = mx.array(np.random.default_rng(0).integers(0, 512, (1, length)), dtype=mx.int32)
+    runs: dict[str, Prefill] = {}
+    print(f"whole prompt of {length} in chunks of {chunk}, load {load()}; per chunk: end depth, seconds "
+          f"(estimate), QSA calls routed, signatures traced, host s in QSA calls", flush=True)  # fmt: skip
+
+    def report(name: str):
+        def line(i: int, run: Prefill) -> None:
+            depth = min((i + 1) * chunk, length)
+            est = estimate(length, chunk, i, per_row, runs.get("first", run).routed[i] > 0)
+            est = est[0 if name == "plain" else 1]
+            print(f"  {name:6s} chunk {i}: depth {depth:6d}  {run.seconds[i]:8.1f} s ({est:7.1f})  routed "
+                  f"{run.routed[i]}, traced {run.traces[i]}, host {run.host[i]:.2f} s, load {load()}", flush=True)  # fmt: skip
+
+        return line
+
+    runs["first"] = chunked_prefill(models["optimize"], prompt, chunk, opt, report("first"))
+    runs["plain"] = chunked_prefill(models["plain"], prompt, chunk, None, report("plain"))
+    runs["steady"] = chunked_prefill(models["optimize"], prompt, chunk, opt, report("steady"))
+    guess = [estimate(length, chunk, i, per_row, n > 0) for i, n in enumerate(runs["steady"].routed)]
+    total = {k: sum(r.seconds) for k, r in runs.items()}
+    plain_est, fast_est = (sum(g[j] for g in guess) for j in (0, 1))
+    host = {k: sum(r.host) for k, r in runs.items()}
+    print(f"whole {length}: tok/s plain {length / total['plain']:.2f}, optimize {length / total['steady']:.2f}, "
+          f"optimize's first run {length / total['first']:.2f}\n"
+          f"  measured: plain {total['plain']:.0f} s, optimize {total['steady']:.0f} s, x{total['plain'] / total['steady']:.2f}; "
+          f"against the first run (compile included) x{total['plain'] / total['first']:.2f}\n"
+          f"  estimate: plain {plain_est:.0f} s, optimize {fast_est:.0f} s, x{plain_est / fast_est:.2f}\n"
+          f"  first run - steady run {total['first'] - total['steady']:.1f} s (compile and load drift), "
+          f"of which host s in QSA calls {host['first']:.1f} (trace, passes, mx.compile) vs {host['steady']:.1f} steady",
+          flush=True)  # fmt: skip
+    tokens = {k: int(mx.argmax(r.logits).item()) for k, r in runs.items()}
+    diff = max(float(mx.max(mx.abs(r.logits - runs["plain"].logits)).item()) for r in runs.values())
+    print(f"  greedy next token: {tokens} (max |logits - plain| {diff:.2e}), load {load()}", flush=True)
+    assert len(set(tokens.values())) == 1, f"greedy next tokens differ: {tokens}"
 
 
 def chunk_call(model, states: list, rows) -> float:
@@ -158,7 +258,7 @@ def main() -> None:
     models = {"plain": make_model(args.layers, dtype), "optimize": make_model(args.layers, dtype)}
     opt = optimize(models["optimize"])
     print(f"qwen4-exp prefill, {args.layers} layers, {args.dtype}, mlx {mx.__version__}, {mx.default_device()}, "
-          f"{args.rows} rows per measured chunk, pipeline {opt.qsa.pipeline}")  # fmt: skip
+          f"{args.rows} rows per measured chunk")  # fmt: skip
     try:
         for length in args.lengths:
             print(f"\n== L = {length}, load {load()}", flush=True)
@@ -176,13 +276,10 @@ def main() -> None:
                   f"max |diff| {parts['diff']:.2e}", flush=True)  # fmt: skip
             del states
             if args.whole:
-                prompt = mx.array(np.random.default_rng(0).integers(0, 512, (1, length)), dtype=mx.int32)
-                chunked_prefill(models["optimize"], prompt, args.chunk)  # each chunk depth traced once
-                whole = {v: statistics.median([chunked_prefill(models[v], prompt, args.chunk) for _ in range(args.reps)])
-                         for v in models}  # fmt: skip
-                print(f"whole prompt, chunks of {args.chunk}: tok/s plain {length / whole['plain']:.1f}, optimize "
-                      f"{length / whole['optimize']:.1f} (x{whole['plain'] / whole['optimize']:.2f})", flush=True)  # fmt: skip
+                whole_prefill(models, opt, length, args.chunk, per_row | {"optimize": fast})
         print(f"\nrouted {opt.routed}, declined {dict(opt.declined)}, traces {opt.traces}, load {load()}")
+        for name, program in opt.programs.items():
+            print(f"program {name}: pipeline {program.pipeline}")
     finally:
         opt.restore()
         undo()
