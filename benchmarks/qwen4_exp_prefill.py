@@ -27,13 +27,15 @@ Per ``--lengths`` L (the optimized model's first call, which traces and compiles
   ``--union-rows`` rows for each of ``--union-tiles`` (scaled to ms per row,
   exact: its difference to the dispatch is in the printed max);
 - *whole* (``--whole``): the whole L-token prompt prefilled as ``mlx_vlm.generate``
-  does, in chunks of ``--chunk`` tokens, from fresh caches, three runs in turn:
+  does, in chunks of ``--chunk`` tokens, by three runs from fresh caches taking
+  each chunk in turn (so a change of the machine's load falls on all three):
   optimized first (each chunk's new signature traced and compiled: the host
-  seconds spent inside its QSA calls are printed, the compile), plain, optimized
-  again (steady). Each chunk's seconds print as it ends, beside the estimate for
-  that chunk; then tokens/s, the measured ratios and the estimate's, and the
-  greedy next token of each run (asserted identical) with the largest
-  difference of the last row's logits. The estimate is docs/qsa.md's per-chunk
+  seconds inside its QSA calls are printed), plain, optimized again on its own
+  caches (the signature compiled: steady). Each chunk's seconds print beside the
+  estimate for that chunk, then the prefix so far, itself a whole prefill:
+  tokens/s, the measured ratios and the estimate's, and each run's greedy next
+  token (asserted identical) with the largest difference of the last row's
+  logits. The estimate is docs/qsa.md's per-chunk
   model with this run's constants from the *chunk* and *QSA layer* rows at L
   (ms per row at depth ``L``): the parts common to both paths ``c = optimize -
   select - routed``; a chunk of ``n`` rows ending at depth ``d`` costs plain
@@ -51,6 +53,7 @@ import argparse
 import statistics
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
@@ -71,51 +74,52 @@ def timed(fn) -> tuple[float, object]:
 
 @dataclass
 class Prefill:
-    """One whole chunked prefill: per chunk its seconds, QSA calls routed, new signatures traced and host seconds
-    inside the QSA calls; the last row's logits."""
+    """One model's whole chunked prefill, advanced a chunk at a time: its caches, and per chunk its seconds, QSA calls
+    routed, new signatures traced, host seconds inside the QSA calls and greedy next token; the last row's logits."""
 
+    model: Any
+    opt: Any = None
+    cache: list = field(default_factory=list)
     seconds: list[float] = field(default_factory=list)
     routed: list[int] = field(default_factory=list)
     traces: list[int] = field(default_factory=list)
     host: list[float] = field(default_factory=list)
-    logits: mx.array | None = None
+    tokens: list[int] = field(default_factory=list)
+    logits: Any = None
 
+    def step(self, rows) -> None:
+        """One chunk as ``mlx_vlm.generate`` runs it: the model call, the caches evaluated, ``mx.clear_cache()``.
 
-def chunked_prefill(model, prompt, chunk: int, opt=None, report=None) -> Prefill:
-    """``prompt`` prefilled as ``mlx_vlm.generate`` does: chunks of ``chunk`` tokens, caches evaluated after each.
-
-    With ``opt`` (the model's optimizer), the QSA calls are counted and their host time summed (the trace and
-    compile of a new signature happen there; the arithmetic is lazy). ``report(i, run)`` after each chunk."""
-    run, host = Prefill(), [0.0]
-    if opt is not None:
-        attend = opt.attend_qsa
-
-        def timed_attend(*args, **options):
-            start = time.perf_counter()
-            out = attend(*args, **options)
-            host[0] += time.perf_counter() - start
-            return out
-
-        opt.attend_qsa = timed_attend
-    cache = model.make_cache()
-    try:
-        for i, s in enumerate(range(0, prompt.shape[1], chunk)):
-            counts = (opt.routed, opt.traces) if opt is not None else (0, 0)
-            host[0], start = 0.0, time.perf_counter()
-            logits = model(prompt[:, s : s + chunk], cache=cache).logits
-            mx.eval([c.state for c in cache], logits[:, -1])
-            run.seconds.append(time.perf_counter() - start)
-            run.routed.append(opt.routed - counts[0] if opt is not None else 0)
-            run.traces.append(opt.traces - counts[1] if opt is not None else 0)
-            run.host.append(host[0])
-            mx.clear_cache()
-            if report is not None:
-                report(i, run)
-    finally:
+        With ``opt`` (the model's optimizer) the QSA calls are counted and their host time summed: a new
+        signature's trace, passes and ``mx.compile`` happen there (the arithmetic is lazy)."""
+        opt, host = self.opt, [0.0]
+        if not self.cache:
+            self.cache = self.model.make_cache()
         if opt is not None:
-            del opt.attend_qsa  # the instance attribute; the class's method again
-    run.logits = logits[0, -1].astype(mx.float32)
-    return run
+            attend = opt.attend_qsa
+
+            def timed_attend(*args, **options):
+                start = time.perf_counter()
+                out = attend(*args, **options)
+                host[0] += time.perf_counter() - start
+                return out
+
+            opt.attend_qsa = timed_attend
+        counts = (opt.routed, opt.traces) if opt is not None else (0, 0)
+        try:
+            start = time.perf_counter()
+            logits = self.model(rows, cache=self.cache).logits
+            mx.eval([c.state for c in self.cache], logits[:, -1])
+            self.seconds.append(time.perf_counter() - start)
+        finally:
+            if opt is not None:
+                del opt.attend_qsa  # the instance attribute; the class's method again
+        self.routed.append(opt.routed - counts[0] if opt is not None else 0)
+        self.traces.append(opt.traces - counts[1] if opt is not None else 0)
+        self.host.append(host[0])
+        self.logits = logits[0, -1].astype(mx.float32)
+        self.tokens.append(int(mx.argmax(self.logits).item()))
+        mx.clear_cache()
 
 
 def estimate(length: int, chunk: int, i: int, per_row: dict[str, float], routed: bool) -> tuple[float, float]:
@@ -131,41 +135,36 @@ def estimate(length: int, chunk: int, i: int, per_row: dict[str, float], routed:
 
 
 def whole_prefill(models: dict, opt, length: int, chunk: int, per_row: dict[str, float]) -> None:
-    """The ``--whole`` runs of the module docstring, printed chunk by chunk, then the totals beside the estimate."""
+    """The ``--whole`` runs of the module docstring, chunk by chunk in turn; after each chunk the prefix so far
+    (itself a whole prefill of that many tokens) measured beside its estimate."""
     prompt = mx.array(np.random.default_rng(0).integers(0, 512, (1, length)), dtype=mx.int32)
-    runs: dict[str, Prefill] = {}
-    print(f"whole prompt of {length} in chunks of {chunk}, load {load()}; per chunk: end depth, seconds "
-          f"(estimate), QSA calls routed, signatures traced, host s in QSA calls", flush=True)  # fmt: skip
-
-    def report(name: str):
-        def line(i: int, run: Prefill) -> None:
-            depth = min((i + 1) * chunk, length)
-            est = estimate(length, chunk, i, per_row, runs.get("first", run).routed[i] > 0)
-            est = est[0 if name == "plain" else 1]
-            print(f"  {name:6s} chunk {i}: depth {depth:6d}  {run.seconds[i]:8.1f} s ({est:7.1f})  routed "
-                  f"{run.routed[i]}, traced {run.traces[i]}, host {run.host[i]:.2f} s, load {load()}", flush=True)  # fmt: skip
-
-        return line
-
-    runs["first"] = chunked_prefill(models["optimize"], prompt, chunk, opt, report("first"))
-    runs["plain"] = chunked_prefill(models["plain"], prompt, chunk, None, report("plain"))
-    runs["steady"] = chunked_prefill(models["optimize"], prompt, chunk, opt, report("steady"))
-    guess = [estimate(length, chunk, i, per_row, n > 0) for i, n in enumerate(runs["steady"].routed)]
-    total = {k: sum(r.seconds) for k, r in runs.items()}
-    plain_est, fast_est = (sum(g[j] for g in guess) for j in (0, 1))
-    host = {k: sum(r.host) for k, r in runs.items()}
-    print(f"whole {length}: tok/s plain {length / total['plain']:.2f}, optimize {length / total['steady']:.2f}, "
-          f"optimize's first run {length / total['first']:.2f}\n"
-          f"  measured: plain {total['plain']:.0f} s, optimize {total['steady']:.0f} s, x{total['plain'] / total['steady']:.2f}; "
-          f"against the first run (compile included) x{total['plain'] / total['first']:.2f}\n"
-          f"  estimate: plain {plain_est:.0f} s, optimize {fast_est:.0f} s, x{plain_est / fast_est:.2f}\n"
-          f"  first run - steady run {total['first'] - total['steady']:.1f} s (compile and load drift), "
-          f"of which host s in QSA calls {host['first']:.1f} (trace, passes, mx.compile) vs {host['steady']:.1f} steady",
-          flush=True)  # fmt: skip
-    tokens = {k: int(mx.argmax(r.logits).item()) for k, r in runs.items()}
-    diff = max(float(mx.max(mx.abs(r.logits - runs["plain"].logits)).item()) for r in runs.values())
-    print(f"  greedy next token: {tokens} (max |logits - plain| {diff:.2e}), load {load()}", flush=True)
-    assert len(set(tokens.values())) == 1, f"greedy next tokens differ: {tokens}"
+    runs = {"first": Prefill(models["optimize"], opt), "plain": Prefill(models["plain"]),
+            "steady": Prefill(models["optimize"], opt)}  # fmt: skip
+    print(f"whole prompt of {length} in chunks of {chunk}, load {load()}; per chunk and run: seconds (estimate), "
+          f"QSA calls routed, signatures traced, host s in QSA calls, greedy next token", flush=True)  # fmt: skip
+    guess = []
+    for i, s in enumerate(range(0, length, chunk)):
+        for run in runs.values():
+            run.step(prompt[:, s : s + chunk])
+        depth = min(s + chunk, length)
+        guess.append(estimate(length, chunk, i, per_row, runs["steady"].routed[i] > 0))
+        for name, run in runs.items():
+            est = guess[i][0 if name == "plain" else 1]
+            print(f"  chunk {i} to depth {depth:6d}, {name:6s} {run.seconds[i]:8.1f} s ({est:7.1f})  routed "
+                  f"{run.routed[i]}, traced {run.traces[i]}, host {run.host[i]:.2f} s, token {run.tokens[i]}")  # fmt: skip
+        total = {k: sum(r.seconds) for k, r in runs.items()}
+        host = {k: sum(r.host) for k, r in runs.items()}
+        plain_est, fast_est = (sum(g[j] for g in guess) for j in (0, 1))
+        tokens = {k: r.tokens[i] for k, r in runs.items()}
+        diff = max(float(mx.max(mx.abs(r.logits - runs["plain"].logits)).item()) for r in runs.values())
+        print(f"  whole {depth}: tok/s plain {depth / total['plain']:.2f}, optimize {depth / total['steady']:.2f}, "
+              f"optimize's first run {depth / total['first']:.2f}; measured x{total['plain'] / total['steady']:.2f} "
+              f"(first run, compile included, x{total['plain'] / total['first']:.2f}), estimate "
+              f"x{plain_est / fast_est:.2f} (plain {plain_est:.0f} s, optimize {fast_est:.0f} s); first - steady "
+              f"{total['first'] - total['steady']:.1f} s, of which host s in QSA calls {host['first']:.1f} "
+              f"(trace, passes, mx.compile) vs {host['steady']:.1f}; greedy next token {tokens} "
+              f"(max |logits - plain| {diff:.2e}), load {load()}", flush=True)  # fmt: skip
+        assert len(set(tokens.values())) == 1, f"greedy next tokens differ after {depth} tokens: {tokens}"
 
 
 def chunk_call(model, states: list, rows) -> float:
