@@ -27,7 +27,21 @@ Per ``--lengths`` L (the optimized model's first call, which traces and compiles
   ``--union-rows`` rows for each of ``--union-tiles`` (scaled to ms per row,
   exact: its difference to the dispatch is in the printed max);
 - *whole* (``--whole``): the whole L-token prompt prefilled as ``mlx_vlm.generate``
-  does, in chunks of ``--chunk`` tokens, plain vs optimized, tokens/s.
+  does, in chunks of ``--chunk`` tokens, by three runs from fresh caches taking
+  each chunk in turn (so a change of the machine's load falls on all three):
+  optimized first (each chunk's new signature traced and compiled: the host
+  seconds inside its QSA calls are printed), plain, optimized again on its own
+  caches (the signature compiled: steady). Each chunk's seconds print beside the
+  estimate for that chunk, then the prefix so far, itself a whole prefill:
+  tokens/s, the measured ratios and the estimate's, and each run's greedy next
+  token (asserted identical) with the largest difference of the last row's
+  logits. The estimate is docs/qsa.md's per-chunk
+  model with this run's constants from the *chunk* and *QSA layer* rows at L
+  (ms per row at depth ``L``): the parts common to both paths ``c = optimize -
+  select - routed``; a chunk of ``n`` rows ending at depth ``d`` costs plain
+  ``n (c + (select + dispatch) d / L)`` and optimized ``n (c + select d / L +
+  routed)`` where the run routed it (``n (c + (select + dispatch) d / L)``
+  where it declined it).
 
     python benchmarks/qwen4_exp_prefill.py [--lengths 8192 32768] [--rows 256] [--layers 4] [--reps 1]
         [--dtype float32] [--union-rows 32] [--union-tiles 2 4 16] [--whole] [--chunk 2048]
@@ -38,6 +52,8 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from dataclasses import dataclass, field
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
@@ -56,16 +72,99 @@ def timed(fn) -> tuple[float, object]:
     return time.perf_counter() - start, out
 
 
-def chunked_prefill(model, prompt, chunk: int) -> float:
-    """Seconds of ``prompt`` prefilled as ``mlx_vlm.generate`` does: chunks of ``chunk`` tokens, caches evaluated."""
-    cache = model.make_cache()
-    start = time.perf_counter()
-    for s in range(0, prompt.shape[1], chunk):
-        logits = model(prompt[:, s : s + chunk], cache=cache).logits
-        mx.eval([c.state for c in cache])
+@dataclass
+class Prefill:
+    """One model's whole chunked prefill, advanced a chunk at a time: its caches, and per chunk its seconds, QSA calls
+    routed, new signatures traced, host seconds inside the QSA calls and greedy next token; the last row's logits."""
+
+    model: Any
+    opt: Any = None
+    cache: list = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+    routed: list[int] = field(default_factory=list)
+    traces: list[int] = field(default_factory=list)
+    host: list[float] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    logits: Any = None
+
+    def step(self, rows) -> None:
+        """One chunk as ``mlx_vlm.generate`` runs it: the model call, the caches evaluated, ``mx.clear_cache()``.
+
+        With ``opt`` (the model's optimizer) the QSA calls are counted and their host time summed: a new
+        signature's trace, passes and ``mx.compile`` happen there (the arithmetic is lazy)."""
+        opt, host = self.opt, [0.0]
+        if not self.cache:
+            self.cache = self.model.make_cache()
+        if opt is not None:
+            attend = opt.attend_qsa
+
+            def timed_attend(*args, **options):
+                start = time.perf_counter()
+                out = attend(*args, **options)
+                host[0] += time.perf_counter() - start
+                return out
+
+            opt.attend_qsa = timed_attend
+        counts = (opt.routed, opt.traces) if opt is not None else (0, 0)
+        try:
+            start = time.perf_counter()
+            logits = self.model(rows, cache=self.cache).logits
+            mx.eval([c.state for c in self.cache], logits[:, -1])
+            self.seconds.append(time.perf_counter() - start)
+        finally:
+            if opt is not None:
+                del opt.attend_qsa  # the instance attribute; the class's method again
+        self.routed.append(opt.routed - counts[0] if opt is not None else 0)
+        self.traces.append(opt.traces - counts[1] if opt is not None else 0)
+        self.host.append(host[0])
+        self.logits = logits[0, -1].astype(mx.float32)
+        self.tokens.append(int(mx.argmax(self.logits).item()))
         mx.clear_cache()
-    mx.eval(logits[:, -1])
-    return time.perf_counter() - start
+
+
+def estimate(length: int, chunk: int, i: int, per_row: dict[str, float], routed: bool) -> tuple[float, float]:
+    """(plain, optimized) seconds of chunk ``i`` of a whole ``length`` prefill in chunks of ``chunk`` by the
+    per-chunk model of the module docstring, from ``per_row`` (ms per row at depth ``length``: ``optimize``,
+    ``select``, ``plain`` the dispatch, ``routed``) and whether the run routed the chunk's QSA calls."""
+    rows = min(chunk, length - i * chunk)
+    scale = (i * chunk + rows) / length
+    common = per_row["optimize"] - per_row["select"] - per_row["routed"]
+    plain = common + (per_row["select"] + per_row["plain"]) * scale
+    fast = common + per_row["select"] * scale + (per_row["routed"] if routed else per_row["plain"] * scale)
+    return rows * plain / 1e3, rows * fast / 1e3
+
+
+def whole_prefill(models: dict, opt, length: int, chunk: int, per_row: dict[str, float]) -> None:
+    """The ``--whole`` runs of the module docstring, chunk by chunk in turn; after each chunk the prefix so far
+    (itself a whole prefill of that many tokens) measured beside its estimate."""
+    prompt = mx.array(np.random.default_rng(0).integers(0, 512, (1, length)), dtype=mx.int32)
+    runs = {"first": Prefill(models["optimize"], opt), "plain": Prefill(models["plain"]),
+            "steady": Prefill(models["optimize"], opt)}  # fmt: skip
+    print(f"whole prompt of {length} in chunks of {chunk}, load {load()}; per chunk and run: seconds (estimate), "
+          f"QSA calls routed, signatures traced, host s in QSA calls, greedy next token", flush=True)  # fmt: skip
+    guess = []
+    for i, s in enumerate(range(0, length, chunk)):
+        for run in runs.values():
+            run.step(prompt[:, s : s + chunk])
+        depth = min(s + chunk, length)
+        guess.append(estimate(length, chunk, i, per_row, runs["steady"].routed[i] > 0))
+        for name, run in runs.items():
+            est = guess[i][0 if name == "plain" else 1]
+            print(f"  chunk {i} to depth {depth:6d}, {name:6s} {run.seconds[i]:8.1f} s ({est:7.1f})  routed "
+                  f"{run.routed[i]}, traced {run.traces[i]}, host {run.host[i]:.2f} s, token {run.tokens[i]}")  # fmt: skip
+        total = {k: sum(r.seconds) for k, r in runs.items()}
+        host = {k: sum(r.host) for k, r in runs.items()}
+        plain_est, fast_est = (sum(g[j] for g in guess) for j in (0, 1))
+        tokens = {k: r.tokens[i] for k, r in runs.items()}
+        diff = max(float(mx.max(mx.abs(r.logits - runs["plain"].logits)).item()) for r in runs.values())
+        print(f"  whole {depth}: tok/s plain {depth / total['plain']:.2f}, optimize {depth / total['steady']:.2f}, "
+              f"optimize's first run {depth / total['first']:.2f}; measured x{total['plain'] / total['steady']:.2f} "
+              f"(first run, compile included, x{total['plain'] / total['first']:.2f}), estimate "
+              f"x{plain_est / fast_est:.2f} (plain {plain_est:.0f} s, optimize {fast_est:.0f} s); first - steady "
+              f"{total['first'] - total['steady']:.1f} s, of which host s in QSA calls {host['first']:.1f} "
+              f"(trace, passes, mx.compile) vs {host['steady']:.1f}; greedy next token {tokens} "
+              f"(max |logits - plain| {diff:.2e}), load {load()}", flush=True)  # fmt: skip
+        assert len(set(tokens.values())) == 1, f"greedy next tokens differ after {depth} tokens: {tokens}"
 
 
 def chunk_call(model, states: list, rows) -> float:
@@ -158,7 +257,7 @@ def main() -> None:
     models = {"plain": make_model(args.layers, dtype), "optimize": make_model(args.layers, dtype)}
     opt = optimize(models["optimize"])
     print(f"qwen4-exp prefill, {args.layers} layers, {args.dtype}, mlx {mx.__version__}, {mx.default_device()}, "
-          f"{args.rows} rows per measured chunk, pipeline {opt.qsa.pipeline}")  # fmt: skip
+          f"{args.rows} rows per measured chunk")  # fmt: skip
     try:
         for length in args.lengths:
             print(f"\n== L = {length}, load {load()}", flush=True)
@@ -176,13 +275,10 @@ def main() -> None:
                   f"max |diff| {parts['diff']:.2e}", flush=True)  # fmt: skip
             del states
             if args.whole:
-                prompt = mx.array(np.random.default_rng(0).integers(0, 512, (1, length)), dtype=mx.int32)
-                chunked_prefill(models["optimize"], prompt, args.chunk)  # each chunk depth traced once
-                whole = {v: statistics.median([chunked_prefill(models[v], prompt, args.chunk) for _ in range(args.reps)])
-                         for v in models}  # fmt: skip
-                print(f"whole prompt, chunks of {args.chunk}: tok/s plain {length / whole['plain']:.1f}, optimize "
-                      f"{length / whole['optimize']:.1f} (x{whole['plain'] / whole['optimize']:.2f})", flush=True)  # fmt: skip
+                whole_prefill(models, opt, length, args.chunk, per_row | {"optimize": fast})
         print(f"\nrouted {opt.routed}, declined {dict(opt.declined)}, traces {opt.traces}, load {load()}")
+        for name, program in opt.programs.items():
+            print(f"program {name}: pipeline {program.pipeline}")
     finally:
         opt.restore()
         undo()
