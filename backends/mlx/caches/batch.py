@@ -9,7 +9,8 @@ that sees none, the padding rows of a left-padded prefill, gets a device-defined
 the padded buffer would change: ``rows_without_keys``). Whether a mask that ``make_mask`` returned in this model
 call has such a row is read from the padding and write position recorded when it was made (no evaluation: a host
 sync would stall MLX's asynchronous decode); any other bool mask is evaluated. The program gets the buffer's cut
-and the model's mask padded over the unwritten rows of the cut.
+and the model's mask padded over the unwritten rows of the cut (a buffer shorter than the cut grown to it first,
+:func:`~..routing.grow`, as :class:`~.kv.KVCache`'s).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 from attnpass.passes import Decline
 
 from ..masks import pad_last
-from ..routing import ACTIVE, Patch, buffer_rows, classes, fetch_decline, fetch_recorder, first_rows
+from ..routing import ACTIVE, Patch, buffer_rows, classes, fetch_decline, fetch_recorder, first_rows, grow
 from .base import MLX_LM, CacheAdapter, HelperCall, Routed, masked, register, string_mask_decline
 
 
@@ -99,13 +100,14 @@ class BatchKVCache(CacheAdapter):
 
     def route(self, call: HelperCall) -> Routed:
         cache = call.cache
-        length = buffer_rows(cache._idx, cache.keys.shape[2])
+        length = buffer_rows(cache._idx)
+        grow(cache, length, call.recorded)
         extra = length - cache._idx
         keys, values = (first_rows(a, length) for a in (cache.keys, cache.values))
         return masked(call, keys, values, pad_last(call.mask, extra) if extra else call.mask)
 
     def most_rows(self, call: HelperCall) -> int:
-        return buffer_rows(call.cache._idx, call.cache.keys.shape[2])
+        return buffer_rows(call.cache._idx)
 
 
 __all__ = ["BatchKVCache", "evaluated_blind_row", "has_blind_row", "record_mask", "sees_every_row", "written"]
