@@ -138,3 +138,28 @@ def test_a_generating_model_traces_once_per_cut_and_then_stops():
     assert opt.traces == held == most and not opt.declined
     last = next(i for i, c in enumerate(contexts) if buffer_rows(c + 1) == buffer_rows(prompt + count))
     assert len(set(traces[last + 1 :])) == 1
+
+
+@requires("mlx.core", "mlx_lm")
+def test_batches_of_any_size_share_the_signatures():
+    """Batched generation (BatchKVCache, as mlx-lm's server runs it) in bursts of 4, 1, 2 and 3 streams of the same
+    prompt length: the tokens are plain mlx-lm's, and after the first burst no burst traces again (the program
+    runs once per stream: no signature names a batch size)."""
+    from mlx_lm.generate import batch_generate
+
+    from attnpass.backends.mlx import optimize
+    from attnpass.models import tiny_lm, tiny_tokenizer
+
+    shape = {"heads": 4, "kv_heads": 1, "head_dim": 64}
+    plain, model, tokenizer = tiny_lm(dtype="float32", **shape), tiny_lm(dtype="float32", **shape), tiny_tokenizer()
+
+    def burst(generating, streams: int) -> list[list[int]]:
+        prompts = [[(11 * s + j) % 500 + 1 for j in range(6)] for s in range(streams)]
+        return batch_generate(generating, tokenizer, prompts, max_tokens=40, return_token_ids=True).token_ids
+
+    traces = []
+    with optimize(model, min_keys=0) as opt:
+        for streams in (4, 1, 2, 3):
+            assert burst(model, streams) == burst(plain, streams)
+            traces.append(opt.traces)
+    assert opt.routed > 0 and len(set(traces)) == 1
