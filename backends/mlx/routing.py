@@ -126,7 +126,7 @@ def buffer_rows(offset: int, length: int | None = None) -> int:
     A CPU program costs in proportion to the rows, padded ones too: the padding is under 32 rows or under a
     quarter of the offset (:func:`padding_bound`), and the offsets up to ``T`` have at most
     :func:`cuts_bound` ``(T)`` distinct cuts, whatever the context length: a single stream never evicts one."""
-    step = max(CUT_ROWS, (1 << max(offset, 1).bit_length() - 1) // CUTS_PER_OCTAVE)
+    step = padding_bound(offset) + 1
     rows = -(-offset // step) * step
     return rows if length is None else min(length, rows)
 

@@ -2,9 +2,9 @@
 
 The proof is :class:`~.kv.KVCache`'s, array by array (the fetch is three tuples' first ``offset`` rows). The
 program is mlx-lm's own quantized helper over the buffer's six arrays cut to :func:`~..routing.buffer_rows`
-rows (grown to them first, as :class:`~.kv.KVCache`'s; the words viewed as int32 of the same bits), raised to ``quantized_sdpa`` and lowered GQA-folded; the
-group size and bits are part of its signature. Attention sinks are declined: mlx-lm's quantized helper refuses
-them.
+rows (grown to them first, as :class:`~.kv.KVCache`'s; the words viewed as int32 of the same bits), raised to
+``quantized_sdpa`` and lowered GQA-folded; the group size and bits are part of its signature. Attention sinks
+are declined: mlx-lm's quantized helper refuses them.
 """
 
 from __future__ import annotations
