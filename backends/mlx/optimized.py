@@ -131,7 +131,11 @@ class OptimizedModel:
         if entry.compiled:
             with self._lock:
                 self.routed += 1
-            return entry.call(routed.given)
+            if routed.streams is None:
+                return entry.call(routed.given)
+            import mlx.core as mx
+
+            return mx.concatenate([entry.call(given) for given in routed.streams], axis=0)
         found = entry.declined or Decline("no_program", f"no compiled program: {entry.reason.splitlines()[0]}")
         return self._decline(found, original)
 

@@ -10,6 +10,7 @@ optimized models share one patched class and the original comes back with the la
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import threading
@@ -115,14 +116,60 @@ def unchanged_decline(cache: Any, fetch: Fetch, position: Callable[[Any], int] =
     return None
 
 
-def buffer_rows(offset: int, length: int) -> int:
-    """The rows of a cache's buffer (``length``) a decode program is given for ``offset`` valid ones: the
-    offset rounded up to a multiple of ``max(32, 2^floor(log2(offset)) / 32)``, at most the buffer.
+CUT_ROWS = 32  # the finest step of a buffer cut: the cuts of offsets up to 128 are multiples of 32
+CUTS_PER_OCTAVE = 4  # past 128 rows, a cut is 2^k times 1, 1.25, 1.5 or 1.75: four cuts per doubling
 
-    A CPU program costs in proportion to the rows, padded ones too: the padding stays under 32 rows or under
-    1/32 of the offset, for one signature per 32 rows up to 2048 keys, then 32 per doubling."""
-    step = max(32, (1 << max(offset, 1).bit_length() - 1) // 32)
-    return min(length, -(-offset // step) * step)
+
+def buffer_rows(offset: int, length: int | None = None) -> int:
+    """The rows of a cache's buffer a decode program is given for ``offset`` valid ones (one program signature
+    per cut): the offset rounded up to a multiple of ``max(CUT_ROWS, 2^floor(log2(offset)) / CUTS_PER_OCTAVE)``,
+    at most ``length`` (a buffer that cannot grow; None: no limit).
+
+    A CPU program costs in proportion to the rows, padded ones too: the padding is under 32 rows or under a
+    quarter of the offset (:func:`padding_bound`), and the offsets up to ``T`` have at most
+    :func:`cuts_bound` ``(T)`` distinct cuts, whatever the context length: a single stream never evicts one."""
+    step = padding_bound(offset) + 1
+    rows = -(-offset // step) * step
+    return rows if length is None else min(length, rows)
+
+
+def padding_bound(offset: int) -> int:
+    """The most padding rows :func:`buffer_rows` adds to ``offset``: its step, less one."""
+    return max(CUT_ROWS, (1 << max(offset, 1).bit_length() - 1) // CUTS_PER_OCTAVE) - 1
+
+
+def cuts_bound(most: int) -> int:
+    """How many distinct cuts :func:`buffer_rows` gives the offsets 1 to ``most``: the multiples of ``CUT_ROWS``
+    up to ``CUT_ROWS * CUTS_PER_OCTAVE`` (128), then ``CUTS_PER_OCTAVE`` per doubling (44 up to 131072)."""
+    cut, first = buffer_rows(most), CUT_ROWS * CUTS_PER_OCTAVE
+    if cut <= first:
+        return cut // CUT_ROWS
+    octave = (cut - 1).bit_length() - 1  # cut in (2^octave, 2^(octave + 1)]
+    below = CUTS_PER_OCTAVE * (octave - first.bit_length() + 2)  # every cut up to 2^octave
+    return below + (cut - (1 << octave)) // ((1 << octave) // CUTS_PER_OCTAVE)
+
+
+def grow(cache: Any, rows: int, call: Call) -> None:
+    """Give ``cache``'s buffer (``keys`` and ``values``: arrays, or tuples of a quantized cache's arrays) ``rows``
+    rows (axis 2) when it holds fewer, zeros appended as its own ``update_and_fetch`` appends them; the fetch
+    ``call`` recorded of it then holds the grown buffer (the cache is unchanged for the proofs that follow)."""
+    import mlx.core as mx
+
+    def grown(a: Any) -> Any:
+        extra = mx.zeros((*a.shape[:2], rows - a.shape[2], *a.shape[3:]), a.dtype)
+        return mx.concatenate([a, extra], axis=2)
+
+    quantized = isinstance(cache.keys, (tuple, list))
+    if (cache.keys[0] if quantized else cache.keys).shape[2] >= rows:
+        return
+    if quantized:
+        kind = type(cache.keys)
+        cache.keys, cache.values = kind(map(grown, cache.keys)), kind(map(grown, cache.values))
+    else:
+        cache.keys, cache.values = grown(cache.keys), grown(cache.values)
+    fetch = last_fetch(cache, call)
+    if fetch is not None:
+        call.fetched[id(cache)] = (cache, dataclasses.replace(fetch, buffer=(cache.keys, cache.values)))
 
 
 def first_rows(array: Any, length: int) -> Any:
@@ -158,7 +205,7 @@ def unpatch(owner: Any, name: str) -> None:
 
 
 __all__ = [
-    "ACTIVE", "LOCK", "NOT_FETCHED", "Call", "Fetch", "Patch", "buffer_rows", "classes", "fetch_decline",
-    "fetch_recorder", "first_rows", "last_fetch", "offset", "patch", "recorded", "unchanged_decline", "unpatch",
-    "words",
+    "ACTIVE", "CUTS_PER_OCTAVE", "CUT_ROWS", "LOCK", "NOT_FETCHED", "Call", "Fetch", "Patch", "buffer_rows",
+    "classes", "cuts_bound", "fetch_decline", "fetch_recorder", "first_rows", "grow", "last_fetch", "offset",
+    "padding_bound", "patch", "recorded", "unchanged_decline", "unpatch", "words",
 ]  # fmt: skip

@@ -69,11 +69,13 @@ class QSACall:
 class Routed:
     """A call's program: ``program`` names a row of :data:`~attnpass.backends.mlx.programs.PROGRAMS`, ``args``
     are its arguments (arrays and statics, what its signature is keyed on) and ``given`` the arrays its compiled
-    program is called with, in order."""
+    program is called with, in order; ``streams``, when given, replaces ``given``: one such list per stream of a
+    batch, the program called on each and the outputs joined on axis 0 (``args`` are then the first stream's)."""
 
     program: str
     args: tuple
     given: list
+    streams: list[list] | None = None
 
 
 class CacheAdapter:

@@ -8,19 +8,22 @@ the model's mask, so a call without one is declined, ``no_array_mask``); and eve
 that sees none, the padding rows of a left-padded prefill, gets a device-defined value from mlx-lm's helper which
 the padded buffer would change: ``rows_without_keys``). Whether a mask that ``make_mask`` returned in this model
 call has such a row is read from the padding and write position recorded when it was made (no evaluation: a host
-sync would stall MLX's asynchronous decode); any other bool mask is evaluated. The program gets the buffer's cut
-and the model's mask padded over the unwritten rows of the cut.
+sync would stall MLX's asynchronous decode); any other bool mask is evaluated. Each stream's program gets its
+rows of the buffer's cut (a buffer shorter than the cut grown to it first, :func:`~..routing.grow`, as
+:class:`~.kv.KVCache`'s) and of the model's mask padded over the unwritten rows of the cut: one signature per cut,
+whatever the batch size (:func:`per_stream`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 from attnpass.passes import Decline
 
 from ..masks import pad_last
-from ..routing import ACTIVE, Patch, buffer_rows, classes, fetch_decline, fetch_recorder, first_rows
+from ..routing import ACTIVE, Patch, buffer_rows, classes, fetch_decline, fetch_recorder, first_rows, grow
 from .base import MLX_LM, CacheAdapter, HelperCall, Routed, masked, register, string_mask_decline
 
 
@@ -68,6 +71,24 @@ def evaluated_blind_row(mask: Any) -> bool:
     return mask.dtype == mx.bool_ and not mx.all(mx.any(mask, axis=-1)).item()
 
 
+def per_stream(call: HelperCall, keys: Any, values: Any, mask: Any) -> Routed:
+    """The attention program over ``keys``/``values`` with ``mask``, once per stream (batch 1 each, outputs joined):
+    the signature names no batch size, so a server's changing batches share the cuts' signatures. Each stream's
+    rows are computed as in the batched call (attention has no term across the batch axis)."""
+    streams = call.queries.shape[0]
+
+    def stream(b: int) -> Routed:
+        rows = mask[b : b + 1] if mask.shape[0] == streams else mask
+        return masked(
+            dataclasses.replace(call, queries=call.queries[b : b + 1]), keys[b : b + 1], values[b : b + 1], rows
+        )
+
+    if streams == 1:
+        return masked(call, keys, values, mask)
+    given = [stream(b) for b in range(streams)]
+    return Routed(given[0].program, given[0].args, given[0].given, [routed.given for routed in given])
+
+
 @register
 class BatchKVCache(CacheAdapter):
     module, name = MLX_LM, "BatchKVCache"
@@ -99,13 +120,14 @@ class BatchKVCache(CacheAdapter):
 
     def route(self, call: HelperCall) -> Routed:
         cache = call.cache
-        length = buffer_rows(cache._idx, cache.keys.shape[2])
+        length = buffer_rows(cache._idx)
+        grow(cache, length, call.recorded)
         extra = length - cache._idx
         keys, values = (first_rows(a, length) for a in (cache.keys, cache.values))
-        return masked(call, keys, values, pad_last(call.mask, extra) if extra else call.mask)
+        return per_stream(call, keys, values, pad_last(call.mask, extra) if extra else call.mask)
 
     def most_rows(self, call: HelperCall) -> int:
-        return buffer_rows(call.cache._idx, call.cache.keys.shape[2])
+        return buffer_rows(call.cache._idx)
 
 
 __all__ = ["BatchKVCache", "evaluated_blind_row", "has_blind_row", "record_mask", "sees_every_row", "written"]

@@ -5,6 +5,8 @@ buffer's first ``offset`` rows. A call whose keys and values *are* what that fet
 (recorded by the patch this adapter installs), with the cache still holding that buffer and offset, has
 ``keys == cache.keys[..., :offset, :]`` by the cache's own code: its program gets the buffer cut to
 :func:`~..routing.buffer_rows` rows and a mask of the valid rows (one signature per cut length, not per token).
+A buffer shorter than its cut is first grown to it (:func:`~..routing.grow`: zero rows, as the cache grows it),
+so the cuts, and the signatures, stay :func:`~..routing.cuts_bound`'s few per doubling of the context.
 A prefill (more than :data:`PREFILL_ROWS` query rows) attends its own keys instead (:func:`~.base.own_keys`).
 A ``KVCache`` may hold an MLA latent: its MLA calls are :mod:`.mla`'s.
 """
@@ -15,7 +17,7 @@ from typing import Any
 
 from attnpass.passes import Decline
 
-from ..routing import Patch, buffer_rows, classes, fetch_decline, fetch_recorder, first_rows, offset
+from ..routing import Patch, buffer_rows, classes, fetch_decline, fetch_recorder, first_rows, grow, offset
 from .base import (
     MLX_LM, CacheAdapter, HelperCall, Routed, mask_keys_decline, masked, own_keys, register, string_mask_decline,
 )  # fmt: skip
@@ -30,7 +32,11 @@ def key_rows(keys: Any) -> int:
 
 
 class Buffered(CacheAdapter):
-    """A cache whose fetch is its buffer's first rows (:meth:`holds` says which), routed over the buffer's cut."""
+    """A cache whose fetch is its buffer's first rows (:meth:`holds` says which), routed over the buffer's cut;
+    ``grows``: a buffer shorter than the cut is grown to it (else the cut is at most the buffer: a ring's, a
+    chunk's, bounded by the model)."""
+
+    grows = False
 
     def patches(self) -> list[Patch]:
         return [(classes(self.module, self.name)[0], "update_and_fetch", fetch_recorder(offset))]
@@ -57,12 +63,18 @@ class Buffered(CacheAdapter):
         if self.own_keys(call):
             return own_keys(call)
         cache, n = call.cache, key_rows(call.keys)
-        length = buffer_rows(n, cache.keys.shape[2])
+        length = self.cut(call)
+        if self.grows:
+            grow(cache, length, call.recorded)
         mask = call.masks.over_buffer(call.mask, call.rows, n, length)
         return masked(call, first_rows(cache.keys, length), first_rows(cache.values, length), mask)
 
     def most_rows(self, call: HelperCall) -> int:
-        return buffer_rows(key_rows(call.keys), key_rows(call.cache.keys))
+        return self.cut(call)
+
+    def cut(self, call: HelperCall) -> int:
+        """The rows of the buffer's cut a decode call's program is given."""
+        return buffer_rows(key_rows(call.keys), None if self.grows else key_rows(call.cache.keys))
 
 
 @register
@@ -70,6 +82,7 @@ class KVCache(LatentHolder, Buffered):
     """mlx-lm's plain cache; it may hold an MLA latent (:mod:`.mla`)."""
 
     module, name = MLX_LM, "KVCache"
+    grows = True
 
 
 __all__ = ["PREFILL_ROWS", "Buffered", "KVCache", "key_rows"]

@@ -153,7 +153,8 @@ def test_speculative_decoding_is_identical_with_the_verify_steps_routed(tokenize
 
 
 def test_one_trace_per_cache_buffer_length(monkeypatch):
-    """With a 16-row KVCache step, 64 decode steps cross 4 buffer lengths: one trace each, never one per step."""
+    """With a 16-row KVCache step (a buffer shorter than its cut, grown to it by the router), 64 decode steps cross
+    3 cuts (buffer_rows): one trace each, never one per step."""
     import mlx.core as mx
     from mlx_lm.generate import generate_step
     from mlx_lm.models.cache import KVCache
@@ -172,13 +173,13 @@ def test_one_trace_per_cache_buffer_length(monkeypatch):
     with optimize(model, CHUNKED, strict=True, min_keys=0) as opt:
         optimized, logprobs = greedy()
     assert optimized == plain
-    assert_bits_equal(logprobs, plain_logprobs)  # across every buffer growth (and its stale rows, masked)
+    assert_bits_equal(logprobs, plain_logprobs)  # across every buffer growth, the cache's and the router's
     lengths = sorted(
         {int(e.signature.split("keys:bf16[1,2,")[1].split(",")[0]) for e in opt.programs["attention"].specializations}
     )
-    # 11 prompt rows fill a 16-row buffer; decode reaches 12 + 63 = 75 rows: buffers 16, 32, 48, 64, 80
-    assert lengths == [16, 32, 48, 64, 80]
-    assert opt.traces == len(lengths) + 1  # + the 11-row prefill over the first buffer
+    # 11 prompt rows fill a 16-row buffer, grown to the 32-row cut; decode reaches 12 + 63 = 75 rows: cuts 32, 64, 96
+    assert lengths == [32, 64, 96]
+    assert opt.traces == len(lengths) + 1  # + the 11-row prefill over the first cut
 
 
 def test_caches_without_a_buffer_are_declined_and_counted(tokenizer):

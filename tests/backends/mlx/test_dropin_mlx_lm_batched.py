@@ -62,8 +62,9 @@ def generate(family: str, monkeypatch, **kwargs):
 def test_batch_generate_is_identical_with_the_prefill_and_every_decode_step_routed(family, monkeypatch):
     opt = generate(family, monkeypatch)
     shapes = {e.signature.split(", ")[0] for e in opt.programs["attention"].specializations}
-    # the 3 streams' prefill (8 rows, right-padded), then decode steps of 3, 2 and 1 streams
-    assert shapes == {"queries:f32[3,24,8,128]"} | {f"queries:f32[{b},24,1,128]" for b in (3, 2, 1)}
+    # the 3 streams' prefill (8 rows, right-padded), then decode steps of 3, 2 and 1 streams: the program runs once
+    # per stream (caches/batch.py, per_stream), so its signatures name no batch size
+    assert shapes == {"queries:f32[1,24,8,128]", "queries:f32[1,24,1,128]"}
     out = io.StringIO()
     opt.explain(file=out)
     assert f"routed {opt.routed} attention call(s)" in out.getvalue() and "declined: none" in out.getvalue()
@@ -73,7 +74,8 @@ def test_continuous_batching_extends_the_running_batch_and_stays_identical(monke
     # one prompt prefilled at a time, each joining the decoding batch (BatchKVCache.extend: buffers re-padded)
     opt = generate("llama", monkeypatch, prefill_batch_size=1)
     shapes = {e.signature.split(", ")[0] for e in opt.programs["attention"].specializations}
-    assert {"queries:f32[1,24,8,128]", "queries:f32[1,24,3,128]", "queries:f32[3,24,1,128]"} <= shapes
+    assert {"queries:f32[1,24,8,128]", "queries:f32[1,24,3,128]", "queries:f32[1,24,1,128]"} <= shapes
+    assert not any(shape.startswith(("queries:f32[2,", "queries:f32[3,")) for shape in shapes)  # one stream a call
 
 
 def test_the_router_substitutes_the_buffer_with_each_streams_padding_or_declines_by_name(monkeypatch):
@@ -116,14 +118,14 @@ def test_the_router_substitutes_the_buffer_with_each_streams_padding_or_declines
             out, expected = run(rows, model_mask(rows))
             assert_bits_equal(np.array(out), np.array(expected))
             routed = substituted[-1]
-            _, buffer_k, _, program_mask, _, _ = routed.args
-            assert routed.program == "attention"
+            assert routed.program == "attention" and len(routed.streams) == 3  # one program call per stream
             n = kv._idx
-            assert_bits_equal(np.array(buffer_k[..., :n, :]), np.array(probe.received[0]))
-            visible = np.array(program_mask)
-            assert not visible[..., n:].any()  # the unwritten rows, for every stream and query row
-            for stream, pad in enumerate(padding):  # each stream's left padding stays masked out
-                assert not visible[stream, ..., :pad].any() and visible[stream, ..., pad:n].any()
+            for stream, pad in enumerate(padding):
+                _, buffer_k, _, program_mask = routed.streams[stream]
+                assert_bits_equal(np.array(buffer_k[..., :n, :]), np.array(probe.received[0][stream : stream + 1]))
+                visible = np.array(program_mask)
+                assert not visible[..., n:].any()  # the unwritten rows, for every query row
+                assert not visible[..., :pad].any() and visible[..., pad:n].any()  # the left padding stays masked
         assert opt.routed == 1 + 3 and opt.declined == {"rows_without_keys": 1}
         for mask, kwargs, reason in [
             (None, {}, "no_array_mask"),  # mlx-lm's helper would attend the padding: not the streams' attention

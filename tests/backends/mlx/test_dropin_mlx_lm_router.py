@@ -312,13 +312,14 @@ def test_a_short_context_call_is_declined_on_cpu_below_min_keys_and_routed_from_
     for dtype, name, quantized in [(mx.float32, DType.float32, False), (mx.bfloat16, DType.bfloat16, False),
                                    (mx.float32, DType.float32, True)]:  # fmt: skip
         least = MIN_KEYS["quantized" if quantized else "float", name]
-        below, at = least - 32, least - 31  # cut to least - 32 and to least rows
-        assert buffer_rows(below, 1 << 20) < least == buffer_rows(at, 1 << 20)
+        below = max(o for o in range(1, least) if buffer_rows(o) < least)  # the last offset cut under the bound
+        at = below + 1  # cut to least rows
+        assert buffer_rows(below) < least == buffer_rows(at)
         out, expected, opt, entry = decode(below, dtype, quantized)
         assert_bits_equal(raw(out), raw(expected))  # mlx-lm's helper itself
         assert opt.routed == 0 and opt.declined == {"short_context": 1}
         assert entry.declined.reason == "short_context" and entry.program is None and not entry.compiled
-        assert entry.declined.data == {"rows": least - 32, "min_keys": least, "dtype": name.value}
+        assert entry.declined.data == {"rows": buffer_rows(below), "min_keys": least, "dtype": name.value}
         text = io.StringIO()
         opt.explain(file=text)
         assert "declined: 1 x short_context" in text.getvalue()
@@ -546,14 +547,15 @@ def test_attend_outside_the_model_routes_only_inside_active():
 
 
 def test_a_buffer_is_cut_to_a_few_rows_past_its_offset():
-    """buffer_rows: at least the offset, at most the buffer; the padding under 32 rows or under 1/32 of the
-    offset; 32 distinct cuts per doubling of the offset past 2048 (one signature each)."""
+    """buffer_rows: at least the offset, at most a buffer that cannot grow; the padding under 32 rows or under a
+    quarter of the offset; 4 distinct cuts per doubling of the offset past 128 (one signature each; the policy's
+    own tests: tests/backends/mlx/test_trace_policy.py)."""
     from attnpass.backends.mlx.routing import buffer_rows
 
     for offset in range(1, 70000, 7):
         length = -(-offset // 256) * 256 + 256 * (offset % 3)  # a 256-row buffer, sometimes grown further
         rows = buffer_rows(offset, length)
         assert offset <= rows <= length
-        assert rows - offset < max(32, offset / 32)
-    assert len({buffer_rows(o, 1 << 20) for o in range(4097, 8193)}) == 32
-    assert len({buffer_rows(o, 1 << 20) for o in range(1, 2049)}) == 64
+        assert buffer_rows(offset) - offset < max(32, offset / 4)
+    assert len({buffer_rows(o) for o in range(4097, 8193)}) == 4
+    assert len({buffer_rows(o) for o in range(1, 2049)}) == 20
