@@ -148,10 +148,7 @@ def kept_masked(result: PassResult) -> Decline | None:
     """The decline of a QSA graph ``qsa-gather`` left in the masked form, with ``qsa-gather``'s own reason."""
     if not any(n.op == "qsa_mask" for n in result.graph.nodes()):
         return None
-    kept = [r for r in result.remarks if r.pass_name == "qsa-gather" and r.kind == "declined"]
-    if kept:
-        return Decline(kept[0].reason, f"qsa-gather kept the masked form: {kept[0].message}", data=kept[0].data)
-    return Decline("no_gather_pass", "the pipeline has no qsa-gather: the masked form is the client's own")
+    return _kept_by("qsa-gather", result, "the masked form", "no_gather_pass")
 
 
 def kept_expanded(result: PassResult) -> Decline | None:
@@ -159,10 +156,16 @@ def kept_expanded(result: PassResult) -> Decline | None:
     mla-absorb's own reason."""
     if any(r.kind == "applied" and r.pass_name in ("mla-absorb", "dsa-gather") for r in result.remarks):
         return None
-    kept = [r for r in result.remarks if r.pass_name == "mla-absorb" and r.kind == "declined"]
-    if kept:
-        return Decline(kept[0].reason, f"mla-absorb kept the expansion: {kept[0].message}", data=kept[0].data)
-    return Decline("no_absorb_pass", "the pipeline has no mla-absorb: the expansion it would keep is the client's own")
+    return _kept_by("mla-absorb", result, "the expansion", "no_absorb_pass")
+
+
+def _kept_by(pass_name: str, result: PassResult, form: str, missing: str) -> Decline:
+    """The decline of a graph ``pass_name`` left in the client's ``form``: the pass's own first decline, or
+    ``missing`` when the pipeline has no such pass."""
+    kept = next((r for r in result.remarks if r.pass_name == pass_name and r.kind == "declined"), None)
+    if kept is not None:
+        return Decline(kept.reason, f"{pass_name} kept {form}: {kept.message}", data=kept.data)
+    return Decline(missing, f"the pipeline has no {pass_name}: {form} is the client's own")
 
 
 def compile_program(
