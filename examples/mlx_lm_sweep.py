@@ -7,16 +7,20 @@ fields filled by name from :data:`TINY` and :data:`FILL`, the model zoo's
 sizes; :data:`OVERRIDES` only where generation cannot work), then the model
 zoo's cases (``examples/model_zoo.py``): prefill, verify and decode, float32
 and bfloat16, through ``from_mlx`` -> ``raise-attention`` -> ``head-chunk`` ->
-MLX, compared with the module; and the drop-in: ``optimize(model, min_keys=0)``'s greedy
-tokens (float32, 8 tokens, ``generate_step``) against the plain model's.
+MLX, compared with the module; and two drop-in checks (:data:`DROP_INS`) against the
+plain model's greedy tokens (float32, 8 tokens, ``generate_step``), each under its own
+``optimize(model, min_keys=0)``: its greedy tokens, and mlx-lm's
+``speculative_generate_step`` with a plain draft of the same weights (its multi-row
+verify calls on a warm cache: ``n/a`` where mlx-lm refuses it, caches not trimmable).
 
 A family ends as **handled** (every case imports, raises all its attention
-layers and matches; greedy tokens identical), **declined** (a case's import
+layers and matches; the drop-in checks' tokens identical), **declined** (a case's import
 raised ``ModelImportError``, or raise-attention declined a layer with a
 remark, or the module itself needs Metal (:func:`needs_metal`): the reason,
 quoted) or **failed** (any other exception, a mismatch
 beyond the zoo's tolerance, a layer left unraised without a remark,
-different greedy tokens, a timeout, or a configuration that does not build).
+different tokens from a drop-in check, a timeout, or a configuration that
+does not build).
 Each family runs in its own process, each case under :data:`CASE_TIMEOUT`.
 Its softmax-attention layers are counted by structure, by raise-attention's
 own matcher on the float32 prefill's import (:func:`attention_layers`): a
@@ -33,6 +37,7 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import datetime
+import functools
 import importlib
 import importlib.util
 import json
@@ -64,7 +69,9 @@ zoo = _sibling("model_zoo")  # the zoo's machinery: configurations, cases, toler
 
 CASE_TIMEOUT = 60  # seconds per case; the family's process gets one per case and one for the drop-in
 OPTIMIZE_TOKENS = 8
+DRAFT_TOKENS = 3  # drafted per speculative verify step: 4-row verify calls
 STATUSES = ("handled", "declined", "failed")
+DROP_INS = ("optimize", "speculative")  # the drop-in checks of a family, in its record and the table's columns
 
 # Sizes: set on every family that has the field, whatever its default (the zoo's COMMON and a few MoE/MLA/hybrid
 # sizes, small).
@@ -378,10 +385,42 @@ def greedy(model: Any, count: int = OPTIMIZE_TOKENS) -> list[int]:
         return [int(token) for token, _ in steps]
 
 
-def run_optimize(family: str) -> dict[str, Any]:
-    """The drop-in: ``optimize(model, min_keys=0)``'s greedy tokens against the plain model's (float32),
-    routed/declined calls. ``min_keys=0`` routes the tiny contexts too (by default on CPU their calls are under
-    ``MIN_KEYS`` and run mlx-lm's helper): the route itself is what each family tests."""
+def speculative(model: Any, draft: Any, count: int = OPTIMIZE_TOKENS) -> list[int]:
+    """``count`` greedy tokens after the zoo's prompt by speculative decoding
+    (``mlx_lm.generate.speculative_generate_step``, :data:`DRAFT_TOKENS` drafted per verify step)."""
+    import mlx.core as mx
+    from mlx_lm.generate import speculative_generate_step
+
+    prompt = mx.array(zoo.TOKENS[: zoo.PROMPT])
+    with zoo.bf16_gather_mm():
+        steps = speculative_generate_step(prompt, model, draft, num_draft_tokens=DRAFT_TOKENS, max_tokens=count)
+        return [int(token) for token, _, _ in steps]
+
+
+def untrimmable(model: Any) -> str:
+    """Why mlx-lm refuses speculative decoding on ``model`` (its caches cannot be trimmed back after a rejected
+    draft: ``can_trim_prompt_cache``), or ``""``."""
+    from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
+
+    cache = make_prompt_cache(model)
+    if can_trim_prompt_cache(cache):
+        return ""
+    return f"{', '.join(sorted({type(c).__name__ for c in cache if not c.is_trimmable()}))} not trimmable"
+
+
+Part = dict[str, Any]  # a drop-in check: status, reason, identical (None: not run), routed, declined {code: calls}
+
+
+def _part(status: str, reason: str) -> Part:
+    """A drop-in check that did not run the model to the end."""
+    return dict(status=status, reason=reason, identical=None, routed=0, declined={})
+
+
+def drop_in(family: str, generate: Callable[[Any], list[int]], refusal: Callable[[Any], str] | None = None) -> Part:
+    """``generate(model)``'s tokens under ``optimize(model, min_keys=0)`` (a fresh handle: its own routed/declined
+    calls) against the plain model's greedy tokens (float32). ``min_keys=0`` routes the tiny contexts too (by
+    default on CPU their calls are under ``MIN_KEYS`` and run mlx-lm's helper): the route itself is what each
+    family tests. ``refusal(model)``, when given and not empty, is why mlx-lm cannot run ``generate``: ``n/a``."""
     from attnpass.backends.mlx import optimize
 
     model = zoo.mlx_model(family, "f32", tiny_args)
@@ -392,25 +431,41 @@ def run_optimize(family: str) -> dict[str, Any]:
             except RuntimeError as exc:
                 if not needs_metal(exc):
                     raise
-                return dict(status="declined", reason=_failure(exc), identical=None, routed=0, declined={})
+                return _part("declined", _failure(exc))
+            reason = refusal(model) if refusal else ""
+            if reason:
+                return _part("n/a", reason)
             try:
                 opt = optimize(model, min_keys=0)
             except ValueError as exc:  # no module calls mlx-lm's helper: nothing to route, said by name
-                return dict(status="declined", reason=_short(exc, 120), identical=None, routed=0, declined={})
+                return _part("declined", _short(exc, 120))
             with opt:
-                optimized = greedy(model)
+                tokens = generate(model)
     except Exception as exc:  # noqa: BLE001
-        return dict(status="failed", reason=_failure(exc), identical=None, routed=0, declined={})
-    identical = optimized == plain
+        return _part("failed", _failure(exc))
+    identical = tokens == plain
     result = dict(identical=identical, routed=opt.routed, declined=dict(opt.declined), reason="")
     if not identical:
-        return {**result, "status": "failed", "reason": f"greedy tokens differ: {optimized} vs {plain}"}
+        return {**result, "status": "failed", "reason": f"tokens differ from greedy: {tokens} vs {plain}"}
     return {**result, "status": "handled"}
 
 
+def run_optimize(family: str) -> Part:
+    """The drop-in: ``optimize``'s greedy tokens (``generate_step``) against the plain model's (:func:`drop_in`)."""
+    return drop_in(family, greedy)
+
+
+def run_speculative(family: str) -> Part:
+    """Speculative decoding under ``optimize`` (:func:`speculative`), its draft a second plain instance of the
+    same weights (built again with the same seed), against the plain model's greedy tokens; its verify steps are
+    multi-row calls on a warm cache. ``n/a`` where mlx-lm refuses it (:func:`untrimmable`)."""
+    draft = functools.partial(zoo.mlx_model.__wrapped__, family, "f32", tiny_args)  # not the cached instance
+    return drop_in(family, lambda model: speculative(model, draft()), untrimmable)
+
+
 def run_family(family: str, emit: Callable[[dict[str, Any]], None] = lambda record: None) -> dict[str, Any]:
-    """Every case of ``family`` and its drop-in, each record also given to ``emit`` as it completes."""
-    record: dict[str, Any] = dict(family=family, cases=[], optimize=None, layers=None, config="")
+    """Every case of ``family`` and its drop-in checks, each record also given to ``emit`` as it completes."""
+    record: dict[str, Any] = dict(family=family, cases=[], optimize=None, speculative=None, layers=None, config="")
     try:
         with time_box(CASE_TIMEOUT):
             record["layers"] = attention_layers(family)
@@ -426,6 +481,8 @@ def run_family(family: str, emit: Callable[[dict[str, Any]], None] = lambda reco
             emit(dict(case=case))
     record["optimize"] = run_optimize(family)
     emit(dict(optimize=record["optimize"]))
+    record["speculative"] = run_speculative(family)
+    emit(dict(speculative=record["speculative"]))
     return record
 
 
@@ -437,9 +494,9 @@ def _child(family: str) -> int:
 
 def family_in_process(family: str) -> dict[str, Any]:
     """``run_family`` in a fresh process, killed after every case's time box is spent: a hang is a timeout."""
-    budget = CASE_TIMEOUT * (len(zoo.STEPS) * len(zoo.DTYPES) + 2) + 30
+    budget = CASE_TIMEOUT * (len(zoo.STEPS) * len(zoo.DTYPES) + 3) + 30
     command = [sys.executable, "-X", "faulthandler", __file__, "--child", family]  # a crash prints its Python stack
-    record: dict[str, Any] = dict(family=family, cases=[], optimize=None, layers=None, config="")
+    record: dict[str, Any] = dict(family=family, cases=[], optimize=None, speculative=None, layers=None, config="")
     start = time.monotonic()
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=budget)
@@ -456,7 +513,7 @@ def family_in_process(family: str) -> dict[str, Any]:
                 record.update(item)
     if not record.get("counted") and not record["config"]:
         record["config"] = f"process ended: {ended}"
-    elif record["optimize"] is None:
+    elif record["speculative"] is None:
         record["crash"] = ended
     return record
 
@@ -481,18 +538,19 @@ def _text(value: bytes | str | None) -> str:
 
 def verdict(record: dict[str, Any]) -> tuple[str, str]:
     """``(status, reason)`` of a family: failed before declined before handled, the first such reason; a family
-    without softmax attention is declined (nothing to raise) unless a part failed."""
+    without softmax attention is declined (nothing to raise) unless a part failed. A drop-in check that is
+    ``n/a`` (mlx-lm cannot run it) is neither."""
     if record["config"]:
         return "failed", f"config: {record['config']}"
     if record.get("crash"):
         return "failed", f"{record['crash']} after {len(record['cases'])} cases"
-    parts = [*record["cases"], *([record["optimize"]] if record["optimize"] else [])]
+    parts = [(case["case"].split("/", 1)[-1], case) for case in record["cases"]]
+    parts += [(name, record[name]) for name in DROP_INS if record.get(name)]
     for status in ("failed", "declined"):
         if status == "declined" and record["layers"] == 0:
             return "declined", "no softmax-attention layer: nothing to raise"
-        for part in parts:
+        for name, part in parts:
             if part["status"] == status:
-                name = part.get("case", "optimize").split("/", 1)[-1]
                 return status, f"{name}: {part['reason']}"
     return "handled", ""
 
@@ -511,14 +569,16 @@ def _raised(record: dict[str, Any]) -> str:
     return f"{low}/{record['layers']}" if low == high else f"{low}-{high}/{record['layers']}"
 
 
-def _optimize_cell(record: dict[str, Any]) -> str:
-    opt = record["optimize"]
-    if opt is None:
+def _drop_in_cell(record: dict[str, Any], name: str) -> str:
+    """A drop-in check's cell: ``identical R/D`` (or ``**DIFFER** R/D``: calls routed/declined), else its status,
+    ``n/a`` with the reason."""
+    part = record.get(name)
+    if part is None:
         return "-"
-    if opt["identical"] is None:
-        return opt["status"]
-    declined = sum(opt["declined"].values())
-    return f"{'identical' if opt['identical'] else '**DIFFER**'} {opt['routed']}/{declined}"
+    if part["identical"] is None:
+        return f"n/a ({part['reason']})" if part["status"] == "n/a" else part["status"]
+    declined = sum(part["declined"].values())
+    return f"{'identical' if part['identical'] else '**DIFFER**'} {part['routed']}/{declined}"
 
 
 def _escape(text: str) -> str:
@@ -534,7 +594,7 @@ def table(
 
     verdicts = [verdict(r) for r in records]
     counts = {s: sum(v[0] == s for v in verdicts) for s in STATUSES}
-    head = ["family", "status", *[f"{s} {d}" for s in zoo.STEPS for d in zoo.DTYPES], "raised", "optimize", "reason"]
+    head = ["family", "status", *[f"{s} {d}" for s in zoo.STEPS for d in zoo.DTYPES], "raised", *DROP_INS, "reason"]
     lines = [
         "# mlx-lm families",
         "",
@@ -552,7 +612,12 @@ def table(
         "prefill's import: softmaxes a matmul contracts with V, at least the module's fused attention calls; a "
         "range over the six cases). `optimize`: greedy tokens of `optimize(model, min_keys=0)` (every depth "
         "routed, as the tiny contexts would not be by default on CPU) vs the plain model (float32, "
-        f"{OPTIMIZE_TOKENS} tokens), then attention calls routed/declined. `reason`: the first failed part, "
+        f"{OPTIMIZE_TOKENS} tokens), then attention calls routed/declined (the prompt's prefill and one-row decode "
+        "steps). `speculative`: mlx-lm's `speculative_generate_step` under a fresh `optimize(model, min_keys=0)`, "
+        f"{DRAFT_TOKENS} tokens drafted per step by a plain copy of the model (same weights), vs the plain "
+        "model's greedy tokens, then its calls routed/declined (the prefill and the "
+        f"{DRAFT_TOKENS + 1}-row verify steps on the warm cache: what MLA/DSA routes); `n/a` where mlx-lm "
+        "refuses speculative decoding (a cache it cannot trim), with the reason. `reason`: the first failed part, "
         "else the first declined one; `module:` when the model itself raised outside attnpass (an mlx-lm bug or a "
         "configuration it rejects), `config:` when the tiny configuration did not build or run.",
         "",
@@ -566,7 +631,8 @@ def table(
     for record, (status, reason) in zip(records, verdicts):
         cells = [_cell(record, s, d) for s in zoo.STEPS for d in zoo.DTYPES]
         reason = reason if len(reason) <= 200 else reason[:199] + "…"
-        row = [f"`{record['family']}`", status, *cells, _raised(record), _optimize_cell(record), _escape(reason)]
+        drop_ins = [_drop_in_cell(record, name) for name in DROP_INS]
+        row = [f"`{record['family']}`", status, *cells, _raised(record), *drop_ins, _escape(reason)]
         lines.append("| " + " | ".join(row) + " |")
     lines += ["", "Modules of `mlx_lm.models` without a row:", ""]
     lines += [f"- `{name}`: {reason}" for name, reason in sorted(skipped.items())]

@@ -46,10 +46,11 @@ def test_a_family_reaches_the_status_the_table_records(family):
     record = sweep.run_family(family)
     status, reason = sweep.verdict(record)
     assert status == sweep.committed(TABLE)[family], f"{family}: {status}: {reason}"
-    assert len(record["cases"]) == 6 and record["optimize"] is not None
+    assert len(record["cases"]) == 6 and record["optimize"] is not None and record["speculative"] is not None
     if status == "handled":
         assert all(c["raised"] == record["layers"] > 0 for c in record["cases"])
         assert record["optimize"]["identical"]
+        assert record["speculative"]["identical"] or record["speculative"]["status"] == "n/a"
 
 
 @mlx_lm_only
@@ -102,14 +103,17 @@ def test_the_structural_count_takes_a_softmax_for_attention_only_when_a_matmul_c
     assert sweep.candidates(from_mlx(block, *args).graph) == 1
 
 
-def _record(family, *statuses, optimize="handled", config=""):
+def _record(family, *statuses, optimize="handled", speculative="handled", config=""):
     cases = [
         dict(case=f"{family}/{step}/{dtype}", status=s, raised=2, reason=f"r{i}")
         for i, ((step, dtype), s) in enumerate(zip([(s, d) for s in ("prefill", "verify", "decode")
                                                      for d in ("f32", "bf16")], statuses))
     ]  # fmt: skip
     opt = dict(status=optimize, identical=optimize == "handled", routed=3, declined={"x": 1}, reason="o")
-    return dict(family=family, cases=cases, optimize=opt, layers=2, config=config)
+    ran = speculative in ("handled", "failed")  # n/a: mlx-lm refused it, nothing ran
+    spec = dict(status=speculative, identical=speculative == "handled" if ran else None, routed=4 * ran,
+                declined={"y": 2 * ran}, reason="s")  # fmt: skip
+    return dict(family=family, cases=cases, optimize=opt, speculative=spec, layers=2, config=config)
 
 
 def test_the_verdict_is_failed_before_declined_before_handled_with_the_first_reason():
@@ -118,6 +122,13 @@ def test_the_verdict_is_failed_before_declined_before_handled_with_the_first_rea
         "failed", "verify/f32: r2")  # fmt: skip
     assert sweep.verdict(_record("a", "handled", "declined", *["handled"] * 4)) == ("declined", "prefill/bf16: r1")
     assert sweep.verdict(_record("a", *["handled"] * 6, optimize="failed")) == ("failed", "optimize: o")
+    assert sweep.verdict(_record("a", *["handled"] * 6, speculative="failed")) == ("failed", "speculative: s")
+    assert sweep.verdict(_record("a", *["handled"] * 6, speculative="n/a")) == ("handled", "")
+    assert sweep.verdict(_record("a", "declined", *["handled"] * 5, speculative="n/a")) == (
+        "declined",
+        "prefill/f32: r0",
+    )
+    assert sweep.verdict({**_record("a", *["handled"] * 6), "speculative": None}) == ("handled", "")  # older records
     assert sweep.verdict(_record("a", config="TypeError: x")) == ("failed", "config: TypeError: x")
     no_attention = {**_record("a", *["handled"] * 6), "layers": 0}
     assert sweep.verdict(no_attention) == ("declined", "no softmax-attention layer: nothing to raise")
@@ -128,13 +139,15 @@ def test_the_verdict_is_failed_before_declined_before_handled_with_the_first_rea
 
 @mlx_lm_only
 def test_the_table_round_trips_each_family_status_and_counts_them(tmp_path):
-    records = [_record("a", *["handled"] * 6), _record("b", "declined", *["handled"] * 5),
-               _record("d", "failed", *["handled"] * 5)]  # fmt: skip
+    records = [_record("a", *["handled"] * 6), _record("b", "declined", *["handled"] * 5, speculative="n/a"),
+               _record("d", "failed", *["handled"] * 5, speculative="failed")]  # fmt: skip
     text = sweep.table(records, {"base": sweep.HELPER_REASON}, "make zoo", 60.0)
     (tmp_path / "t.md").write_text(text)
     assert sweep.committed(tmp_path / "t.md") == {"a": "handled", "b": "declined", "d": "failed"}
     assert "3 families: 1 handled, 1 declined by name, 1 failed." in text
-    assert "| `a` | handled | ok | ok | ok | ok | ok | ok | 2/2 | identical 3/1 |  |" in text
+    assert "| `a` | handled | ok | ok | ok | ok | ok | ok | 2/2 | identical 3/1 | identical 4/2 |  |" in text
+    assert "| 2/2 | identical 3/1 | n/a (s) | prefill/f32: r0 |" in text
+    assert "| 2/2 | identical 3/1 | **DIFFER** 4/2 | prefill/f32: r0 |" in text
     assert "- `base`: no Model and ModelArgs" in text
 
 
@@ -148,3 +161,39 @@ def test_a_crash_names_its_signal_and_the_innermost_frame_of_the_sweep_or_mlx_lm
     assert sweep._ending(-11, dump) == "killed by SIGSEGV in __call__ (phi3small.py:298)"
     assert sweep._ending(-9, "") == "killed by SIGKILL"
     assert sweep._ending(1, "Traceback...\nValueError: bad") == "ValueError: bad"
+
+
+@mlx_lm_only
+@pytest.mark.parametrize("family, reason", [("llama", ""), ("nemotron_h", "ArraysCache not trimmable"), ("gemma2", "")])
+def test_speculative_decoding_is_refused_only_where_mlx_lm_cannot_trim_a_cache(family, reason):
+    from mlx_lm.models.cache import make_prompt_cache
+
+    model = sweep.zoo.mlx_model(family, "f32", sweep.tiny_args)
+    assert sweep.untrimmable(model) == reason
+    if reason:  # mlx-lm itself refuses it: the check is n/a, and nothing ran
+        with pytest.raises(ValueError, match="trimmable"):
+            sweep.speculative(model, model)
+        assert sweep.run_speculative(family) == dict(status="n/a", reason=reason, identical=None, routed=0, declined={})
+    else:
+        assert all(c.is_trimmable() for c in make_prompt_cache(model))
+
+
+@mlx_lm_only
+def test_a_drop_in_check_whose_tokens_differ_from_greedy_fails_the_family():
+    plain = sweep.greedy(sweep.zoo.mlx_model("llama", "f32", sweep.tiny_args))
+    other = [(token + 1) % 128 for token in plain]
+    part = sweep.drop_in("llama", lambda model: other)
+    assert part["status"] == "failed" and part["identical"] is False
+    assert part["reason"] == f"tokens differ from greedy: {other} vs {plain}"
+    record = {**_record("llama", *["handled"] * 6), "speculative": part}
+    assert sweep.verdict(record) == ("failed", f"speculative: {part['reason']}")
+    assert sweep._drop_in_cell(record, "speculative") == "**DIFFER** 0/0"
+
+
+@mlx_lm_only
+def test_speculative_verify_calls_are_counted_apart_from_the_greedy_run():
+    """deepseek_v3 (dense MLA): the greedy run's prefill and one-row decodes are declined, the speculative run's
+    4-row verify calls routed (2 verify steps x 2 layers), each under its own handle."""
+    greedy, speculative = sweep.run_optimize("deepseek_v3"), sweep.run_speculative("deepseek_v3")
+    assert greedy["identical"] and greedy["routed"] == 0 and greedy["declined"]["mla_absorbed"] == 18
+    assert speculative["identical"] and speculative["routed"] == 4 and "mla_absorbed" not in speculative["declined"]
