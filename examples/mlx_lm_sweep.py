@@ -67,7 +67,7 @@ def _sibling(name: str) -> Any:
 
 zoo = _sibling("model_zoo")  # the zoo's machinery: configurations, cases, tolerance
 
-CASE_TIMEOUT = 60  # seconds per case; the family's process gets one per case and one for the drop-in
+CASE_TIMEOUT = 60  # seconds per case; the family's process gets one per case, layer count and drop-in check
 OPTIMIZE_TOKENS = 8
 DRAFT_TOKENS = 3  # drafted per speculative verify step: 4-row verify calls
 STATUSES = ("handled", "declined", "failed")
@@ -494,7 +494,7 @@ def _child(family: str) -> int:
 
 def family_in_process(family: str) -> dict[str, Any]:
     """``run_family`` in a fresh process, killed after every case's time box is spent: a hang is a timeout."""
-    budget = CASE_TIMEOUT * (len(zoo.STEPS) * len(zoo.DTYPES) + 3) + 30
+    budget = CASE_TIMEOUT * (len(zoo.STEPS) * len(zoo.DTYPES) + 1 + len(DROP_INS)) + 30
     command = [sys.executable, "-X", "faulthandler", __file__, "--child", family]  # a crash prints its Python stack
     record: dict[str, Any] = dict(family=family, cases=[], optimize=None, speculative=None, layers=None, config="")
     start = time.monotonic()
