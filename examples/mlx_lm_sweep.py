@@ -11,7 +11,8 @@ MLX, compared with the module; and two drop-in checks (:data:`DROP_INS`) against
 plain model's greedy tokens (float32, 8 tokens, ``generate_step``), each under its own
 ``optimize(model, min_keys=0)``: its greedy tokens, and mlx-lm's
 ``speculative_generate_step`` with a plain draft of the same weights (its multi-row
-verify calls on a warm cache: ``n/a`` where mlx-lm refuses it, caches not trimmable).
+verify calls on a warm cache; ``n/a`` where mlx-lm refuses it, a cache not trimmable, or
+gives other tokens than greedy itself).
 
 A family ends as **handled** (every case imports, raises all its attention
 layers and matches; the drop-in checks' tokens identical), **declined** (a case's import
@@ -408,6 +409,17 @@ def untrimmable(model: Any) -> str:
     return f"{', '.join(sorted({type(c).__name__ for c in cache if not c.is_trimmable()}))} not trimmable"
 
 
+def unspeculative(model: Any, draft: Any, plain: list[int]) -> str:
+    """Why mlx-lm's speculative decoding of the plain ``model`` is not a check of ``optimize``, or ``""``: mlx-lm
+    refuses it (:func:`untrimmable`), or its own tokens are not the ``plain`` greedy ones (plamo3: on its
+    ``RotatingKVCache`` past the window, a verify step after another one attends otherwise than one-row steps)."""
+    refused = untrimmable(model)
+    if refused:
+        return refused
+    own = speculative(model, draft)
+    return "" if own == plain else f"mlx-lm's own speculative tokens differ from greedy: {own} vs {plain}"
+
+
 Part = dict[str, Any]  # a drop-in check: status, reason, identical (None: not run), routed, declined {code: calls}
 
 
@@ -416,11 +428,14 @@ def _part(status: str, reason: str) -> Part:
     return dict(status=status, reason=reason, identical=None, routed=0, declined={})
 
 
-def drop_in(family: str, generate: Callable[[Any], list[int]], refusal: Callable[[Any], str] | None = None) -> Part:
+def drop_in(
+    family: str, generate: Callable[[Any], list[int]], refusal: Callable[[Any, list[int]], str] | None = None
+) -> Part:
     """``generate(model)``'s tokens under ``optimize(model, min_keys=0)`` (a fresh handle: its own routed/declined
     calls) against the plain model's greedy tokens (float32). ``min_keys=0`` routes the tiny contexts too (by
     default on CPU their calls are under ``MIN_KEYS`` and run mlx-lm's helper): the route itself is what each
-    family tests. ``refusal(model)``, when given and not empty, is why mlx-lm cannot run ``generate``: ``n/a``."""
+    family tests. ``refusal(model, plain tokens)``, when given and not empty, is why ``generate`` on the plain model
+    is no check: ``n/a``."""
     from attnpass.backends.mlx import optimize
 
     model = zoo.mlx_model(family, "f32", tiny_args)
@@ -432,7 +447,7 @@ def drop_in(family: str, generate: Callable[[Any], list[int]], refusal: Callable
                 if not needs_metal(exc):
                     raise
                 return _part("declined", _failure(exc))
-            reason = refusal(model) if refusal else ""
+            reason = refusal(model, plain) if refusal else ""
             if reason:
                 return _part("n/a", reason)
             try:
@@ -458,9 +473,11 @@ def run_optimize(family: str) -> Part:
 def run_speculative(family: str) -> Part:
     """Speculative decoding under ``optimize`` (:func:`speculative`), its draft a second plain instance of the
     same weights (built again with the same seed), against the plain model's greedy tokens; its verify steps are
-    multi-row calls on a warm cache. ``n/a`` where mlx-lm refuses it (:func:`untrimmable`)."""
-    draft = functools.partial(zoo.mlx_model.__wrapped__, family, "f32", tiny_args)  # not the cached instance
-    return drop_in(family, lambda model: speculative(model, draft()), untrimmable)
+    multi-row calls on a warm cache. ``n/a`` where mlx-lm's own is no check (:func:`unspeculative`)."""
+    draft = functools.cache(functools.partial(zoo.mlx_model.__wrapped__, family, "f32", tiny_args))  # not cached one
+    return drop_in(
+        family, lambda model: speculative(model, draft()), lambda model, plain: unspeculative(model, draft(), plain)
+    )
 
 
 def run_family(family: str, emit: Callable[[dict[str, Any]], None] = lambda record: None) -> dict[str, Any]:
@@ -617,7 +634,8 @@ def table(
         f"{DRAFT_TOKENS} tokens drafted per step by a plain copy of the model (same weights), vs the plain "
         "model's greedy tokens, then its calls routed/declined (the prefill and the "
         f"{DRAFT_TOKENS + 1}-row verify steps on the warm cache: what MLA/DSA routes); `n/a` where mlx-lm "
-        "refuses speculative decoding (a cache it cannot trim), with the reason. `reason`: the first failed part, "
+        "refuses speculative decoding (a cache it cannot trim) or its own tokens differ from greedy decoding's "
+        "(plain, no attnpass), with the reason. `reason`: the first failed part, "
         "else the first declined one; `module:` when the model itself raised outside attnpass (an mlx-lm bug or a "
         "configuration it rejects), `config:` when the tiny configuration did not build or run.",
         "",

@@ -197,3 +197,19 @@ def test_speculative_verify_calls_are_counted_apart_from_the_greedy_run():
     greedy, speculative = sweep.run_optimize("deepseek_v3"), sweep.run_speculative("deepseek_v3")
     assert greedy["identical"] and greedy["routed"] == 0 and greedy["declined"]["mla_absorbed"] == 18
     assert speculative["identical"] and speculative["routed"] == 4 and "mla_absorbed" not in speculative["declined"]
+
+
+@mlx_lm_only
+def test_speculative_decoding_is_no_check_where_mlx_lm_s_own_tokens_differ_from_greedy():
+    """plamo3 (two sliding-window layers, window 8, an 11-token prompt): plain mlx-lm's speculative tokens are not
+    its greedy ones, so the check is n/a (with both), not a failure of optimize; llama's are its greedy ones."""
+    for family, differs in (("llama", False), ("plamo3", True)):  # plamo3 last: its reason is checked below
+        model = sweep.zoo.mlx_model(family, "f32", sweep.tiny_args)
+        draft = sweep.zoo.mlx_model.__wrapped__(family, "f32", sweep.tiny_args)
+        plain, own = sweep.greedy(model), sweep.speculative(model, draft)
+        assert (own != plain) == differs
+        reason = sweep.unspeculative(model, draft, plain)
+        assert reason == (f"mlx-lm's own speculative tokens differ from greedy: {own} vs {plain}" if differs else "")
+    part = sweep.run_speculative("plamo3")
+    assert part["status"] == "n/a" and part["reason"] == reason and part["identical"] is None
+    assert sweep.verdict({**_record("plamo3", *["handled"] * 6), "speculative": part}) == ("handled", "")
