@@ -1,27 +1,20 @@
 """The sweep: every model family of the installed mlx-lm, imported, raised, lowered and checked, one row each.
 
-Every module of ``mlx_lm.models`` that defines ``Model`` and ``ModelArgs`` is a
-family (helper modules are listed with why they are skipped). Each gets a tiny
-random configuration generated from its ``ModelArgs`` (:func:`tiny_args`:
-fields filled by name from :data:`TINY` and :data:`FILL`, the model zoo's
-sizes; :data:`OVERRIDES` only where generation cannot work), then the model
-zoo's cases (``examples/model_zoo.py``): prefill, verify and decode, float32
-and bfloat16, through ``from_mlx`` -> ``raise-attention`` -> ``head-chunk`` ->
-MLX, compared with the module; and two drop-in checks (:data:`DROP_INS`) against the
-plain model's greedy tokens (float32, 8 tokens, ``generate_step``), each under its own
-``optimize(model, min_keys=0)``: its greedy tokens, and mlx-lm's
-``speculative_generate_step`` with a plain draft of the same weights (its multi-row
-verify calls on a warm cache; ``n/a`` where mlx-lm refuses it, a cache not trimmable, or
-gives other tokens than greedy itself).
+Every module of ``mlx_lm.models`` that defines ``Model`` and ``ModelArgs`` is a family (helper modules are listed
+with why they are skipped). Each gets a tiny random configuration generated from its ``ModelArgs``
+(:func:`tiny_args`: fields filled by name from :data:`TINY` and :data:`FILL`, the model zoo's sizes;
+:data:`OVERRIDES` only where generation cannot work), then the model zoo's cases (``examples/model_zoo.py``):
+prefill, verify and decode, float32 and bfloat16, through ``from_mlx`` -> ``raise-attention`` -> ``head-chunk`` ->
+MLX, compared with the module; and two drop-in checks (:data:`DROP_INS`), each under its own ``optimize(model,
+min_keys=0)``, against the plain model's greedy tokens (float32, 8 tokens, ``generate_step``): its greedy tokens,
+and mlx-lm's ``speculative_generate_step`` with a plain draft of the same weights (multi-row verify calls on a
+warm cache; ``n/a`` where mlx-lm refuses it, a cache not trimmable, or itself gives other tokens than greedy).
 
-A family ends as **handled** (every case imports, raises all its attention
-layers and matches; the drop-in checks' tokens identical), **declined** (a case's import
-raised ``ModelImportError``, or raise-attention declined a layer with a
-remark, or the module itself needs Metal (:func:`needs_metal`): the reason,
-quoted) or **failed** (any other exception, a mismatch
-beyond the zoo's tolerance, a layer left unraised without a remark,
-different tokens from a drop-in check, a timeout, or a configuration that
-does not build).
+A family ends as **handled** (every case imports, raises all its attention layers and matches; the drop-in
+checks' tokens identical), **declined** (a case's import raised ``ModelImportError``, or raise-attention declined
+a layer with a remark, or the module itself needs Metal (:func:`needs_metal`): the reason, quoted) or **failed**
+(any other exception, a mismatch beyond the zoo's tolerance, a layer left unraised without a remark, different
+tokens from a drop-in check, a timeout, or a configuration that does not build).
 Each family runs in its own process, each case under :data:`CASE_TIMEOUT`.
 Its softmax-attention layers are counted by structure, by raise-attention's
 own matcher on the float32 prefill's import (:func:`attention_layers`): a
