@@ -134,18 +134,35 @@ def array_text(name: str, shape: Sequence[int], dtype: str) -> str:
 
 
 @dataclass
+class Rebuild:
+    """Turns a program's outputs into the traced function's output structure, which ``structure`` is set to
+    when the function runs (until then the outputs as they are).
+
+    A frontend's traced function writes here rather than into its :class:`Traceable`: a closure that held its
+    Traceable would make a reference cycle, and the arrays of each trace would outlive it until Python's
+    cycle collector ran (a decode loop tracing a new cut kept every earlier cut's buffers alive).
+    """
+
+    structure: Callable[[Any], Any] | None = None
+
+    def __call__(self, out: Any) -> Any:
+        return out if self.structure is None else self.structure(out)
+
+
+@dataclass
 class Traceable:
-    """One signature, ready to import: ``fn`` takes only the dynamic arrays (named), static values are bound.
+    """One signature, ready to import: ``fn`` takes only the dynamic arrays (named), static values are bound
+    (``fn`` holds no dynamic array of its own).
 
     ``text`` spells the signature; ``unstatic`` names an argument that cannot be static (unhashable),
-    and ``rebuild`` turns the program's outputs into the function's output structure (set when ``fn`` runs).
+    and ``rebuild`` turns the program's outputs into the function's output structure (learnt when ``fn`` runs).
     """
 
     text: str
     fn: Callable[..., Any]
     arrays: list
     unstatic: str | None = None
-    rebuild: Callable[[Any], Any] = lambda out: out
+    rebuild: Rebuild = field(default_factory=Rebuild)
 
 
 def name_parameters(call: Callable, names: Sequence[str], like: Callable) -> None:
@@ -550,7 +567,7 @@ class CompiledFunction:
 
 __all__ = [
     "CompiledFunction", "FallbackWarning", "Frontend", "MAX_SIGNATURES", "Specialization", "SpecializationError",
-    "NUMERICS", "SOURCE_EXACT", "SUMMARY_AFTER", "Traceable", "array_text", "as_passes", "check_callable",
+    "NUMERICS", "Rebuild", "SOURCE_EXACT", "SUMMARY_AFTER", "Traceable", "array_text", "as_passes", "check_callable",
     "check_calling_convention", "decision", "name_parameters", "numerics_note", "numerics_passes", "remark_summary",
     "signatures_summary", "static_spec", "static_text", "wrapper_pipeline",
 ]  # fmt: skip

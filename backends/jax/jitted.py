@@ -23,6 +23,7 @@ from ..specialize import (
     MAX_SIGNATURES,
     CompiledFunction,
     Frontend,
+    Rebuild,
     Traceable,
     array_text,
     check_callable,
@@ -101,18 +102,21 @@ class JAXFrontend(Frontend):
         unhashable = [k for k, spec in statics if spec[0] == "unhashable"]
         unstatic = f"static argument {unhashable[0]} is not hashable" if unhashable else None
 
+        static_args = {i: args[i] for i in self.static_positions if i < len(args)}  # fn holds no argument array
+        static_kwargs = {k: v for k, v in kwargs.items() if k in self.static_names}
+        rebuild = Rebuild()
+
         def call(*leaves: Any) -> Any:
             dyn_args, dyn_kwargs = tree.tree_unflatten(treedef, leaves)
-            full_args = [args[i] if i in self.static_positions else a for i, a in enumerate(dyn_args)]
-            out = fn(*full_args, **{**{k: v for k, v in kwargs.items() if k in self.static_names}, **dyn_kwargs})
+            full_args = [static_args[i] if i in static_args else a for i, a in enumerate(dyn_args)]
+            out = fn(*full_args, **{**static_kwargs, **dyn_kwargs})
             out_leaves, out_tree = tree.tree_flatten(out)
             single = len(out_leaves) == 1
-            t.rebuild = lambda o: tree.tree_unflatten(out_tree, [o] if single else list(o))
+            rebuild.structure = lambda o: tree.tree_unflatten(out_tree, [o] if single else list(o))
             return out
 
         name_parameters(call, names, fn)
-        t = Traceable(", ".join(parts), call, [leaf for _path, leaf in paths], unstatic)
-        return t
+        return Traceable(", ".join(parts), call, [leaf for _path, leaf in paths], unstatic, rebuild)
 
     def import_graph(self, t: Traceable) -> ImportedGraph:
         return from_jax(t.fn, *t.arrays)

@@ -25,6 +25,7 @@ from ..specialize import (
     MAX_SIGNATURES,
     CompiledFunction,
     Frontend,
+    Rebuild,
     Traceable,
     array_text,
     check_callable,
@@ -94,20 +95,22 @@ class MLXFrontend(Frontend):
                 if unstatic is None and static_spec(value)[0] == "unhashable":
                     unstatic = f"argument {name} is a {type(value).__name__}: not an array and not hashable"
 
+        statics = [None if i in dynamic else v for i, v in enumerate(values)]  # fn holds no argument array
+        rebuild = Rebuild()
+
         def call(*arrays: Any) -> Any:
-            filled = list(values)
+            filled = list(statics)
             for i, a in zip(dynamic, arrays):
                 filled[i] = a
             out = fn(*filled[: len(args)], **dict(zip(sorted(kwargs), filled[len(args) :])))
             if not isinstance(out, (list, tuple)):
                 return out
             kind = list if isinstance(out, list) else tuple
-            t.rebuild = lambda o: kind(o if isinstance(o, tuple) else (o,))  # one output: the program returns it bare
+            rebuild.structure = lambda o: kind(o if isinstance(o, tuple) else (o,))  # one output: returned bare
             return tuple(out)
 
         name_parameters(call, [names[i] for i in dynamic], fn)
-        t = Traceable(", ".join(parts), call, [values[i] for i in dynamic], unstatic)
-        return t
+        return Traceable(", ".join(parts), call, [values[i] for i in dynamic], unstatic, rebuild)
 
     def import_graph(self, t: Traceable) -> ImportedGraph:
         return from_mlx(t.fn, *t.arrays)

@@ -12,7 +12,13 @@ import pytest
 
 from attnpass import passes
 from attnpass.backends import assert_primitive_counts, to_numpy
-from attnpass.backends.specialize import CompiledFunction, FallbackWarning, SpecializationError, wrapper_pipeline
+from attnpass.backends.specialize import (
+    CompiledFunction,
+    FallbackWarning,
+    SpecializationError,
+    Traceable,
+    wrapper_pipeline,
+)
 from attnpass.passes import format_pipeline
 from tests.util import assert_bits_equal, assert_close, requires
 
@@ -389,3 +395,54 @@ class TestJAXJit:
 
         with pytest.raises(ValueError, match="unsupported jax.jit option.*donate_argnums"):
             jit(self.attention, donate_argnums=0)
+
+
+def garbage_after(calls) -> list:
+    """The objects only Python's cycle collector would free after ``calls()``: what a trace left in a cycle."""
+    import gc
+
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        calls()
+        gc.collect()
+        return list(gc.garbage)
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+
+
+@requires("mlx.core")
+def test_an_mlx_trace_leaves_no_reference_cycle_holding_its_arrays():
+    import mlx.core as mx
+
+    from attnpass.backends.mlx import compile
+
+    fast = compile(TestMLXCompile.attention)
+
+    def calls():
+        for t in (64, 96, 128):  # three signatures, three traces
+            q, k, v, mask = TestMLXCompile.inputs(t)
+            mx.eval(fast(q, k, v, SCALE, mask=mask))
+
+    garbage = garbage_after(calls)
+    assert fast.traces == 3
+    assert not [o for o in garbage if isinstance(o, mx.array | Traceable)]
+
+
+@requires("jax")
+def test_a_jax_trace_leaves_no_reference_cycle_holding_its_arrays():
+    import jax
+
+    from attnpass.backends.jax import jit
+
+    fast = jit(TestJAXJit.attention, static_argnames="scale")
+
+    def calls():
+        q, k, v = TestJAXJit.inputs()
+        for scale in (0.125, 0.25, 0.5):
+            jax.block_until_ready(fast(q, k, v, scale=scale))
+
+    garbage = garbage_after(calls)
+    assert fast.traces == 3
+    assert not [o for o in garbage if isinstance(o, jax.Array | np.ndarray | Traceable)]
