@@ -346,8 +346,9 @@ def numerics_note(entries: Sequence[Specialization], numerics: str | None) -> st
     option = "; numerics='source' keeps the function's own" if numerics is not None else ""
     return (
         f"attention raised to sdpa in {raised} of {len(entries)} signature(s) is computed by the target's attention "
-        "call or decompose-sdpa's float32 form, not in the function's op order: float32 within 1e-5 of the function, "
-        "bfloat16 within two bf16 steps of the output's largest value and closer to float32 (docs/numerics.md)" + option
+        "call or decompose-sdpa (on MLX's CPU that call's own ops, elsewhere in float32), not in the function's op "
+        "order: float32 within 1e-5 of the function, bfloat16 within two bf16 steps of the output's largest value "
+        "(on JAX closer to float32; docs/numerics.md)" + option
     )
 
 

@@ -10,10 +10,10 @@ through attnpass programs or declined to mlx-lm's helper (and why), and the
 remarks of each signature. ``--pipeline`` picks the rewrites (default: the
 device's; on CPU its decompose-sdpa rewrites the calls of at most 8 query rows,
 decode and verify steps, and the 11-row prefill keeps MLX's fused call and is
-declined; try ``raise-attention,head-chunk{budget=8},dce``). In float32, and
-with head-chunk, the texts are identical; in bfloat16 decompose-sdpa rounds
-differently than MLX's fused call (log-probabilities within two bf16 steps), so
-a near-tie can make the texts part, printed as DIFFERENT. On CPU, ``optimize``
+declined; try ``raise-attention,head-chunk{budget=8},dce``). Either way the
+texts are identical: on MLX's CPU decompose-sdpa runs the fused call's own ops
+(log-probabilities bit for bit in every dtype), head-chunk the fused call per
+chunk of heads; a text that parted would print as DIFFERENT. On CPU, ``optimize``
 keeps mlx-lm's helper for calls over fewer cache rows than its measured bound
 (``MIN_KEYS``: 192 in float32, 128 in bfloat16), where the helper is faster:
 these tiny contexts are all shorter, so by default nothing is routed and

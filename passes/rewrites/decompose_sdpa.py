@@ -12,6 +12,12 @@ It is the fused call's math with each KV group's query heads folded into the row
 are never repeated per query head; a bool mask fills with float32's lowest finite value as the fused
 kernels do (a row without keys is the mean of V), an additive one is added (docs/semantics.md §4).
 
+On MLX's CPU (``device="cpu"``, ``target="mlx"``) the fused call is MLX's fallback, whose ops the
+decomposition then repeats in the inputs' dtype (``q * scale`` with the scale in that dtype, ``q @ k^T``, the
+dtype's lowest as the fill, a precise softmax, ``@ v``; no cast), GQA-folded: the fused call's bits, and no
+float32 copy of K and V. A call with a softcap or sinks, or an additive mask of another dtype, keeps the
+float32 form.
+
 Per ``device`` (the remark of every ``sdpa`` says which strategy and why; it names the backend when
 ``target`` is ``"mlx"`` or ``"jax"``): ``"cpu"`` decomposes calls with at most ``max_q_len`` rows (no
 fused CPU kernel; MLX's CPU fallback repeats K/V per query head, docs/semantics.md §4); ``"metal"`` keeps
@@ -52,6 +58,16 @@ CPU_UNFUSED = {
 @dataclass(frozen=True)
 class _Plan:
     reason: str
+    fused_rounding: bool  # each step as MLX's CPU fallback rounds it, in the inputs' dtype (else in float32)
+
+
+def _fused_rounding(graph: Graph, node: Node) -> bool:
+    """Whether the decomposition can round as MLX's CPU fallback does: no variant it writes out (softcap,
+    sinks) and a mask of no dtype of its own (bool, or the queries' dtype, so the scores keep theirs)."""
+    if sdpa_variants(node):
+        return False
+    mask = node.mask
+    return mask is None or graph.node(mask).type.dtype in (DType.bool, graph.node(node.inputs[0]).type.dtype)
 
 
 def _metal_vector_kernel(q_len: int, gqa: int, d: int, dv: int, kv_len: int) -> str | None:
@@ -78,7 +94,8 @@ QUANTIZED_FLOAT32 = (
 @register_pass
 @dataclass(frozen=True)
 class DecomposeSDPA(Pass):
-    """Per ``device``, rewrite decode-shaped ``sdpa`` into GQA-folded f32 matmul/softmax, or keep it fused."""
+    """Per ``device``, rewrite decode-shaped ``sdpa`` into GQA-folded matmul/softmax, or keep it fused: on MLX's
+    CPU (``device="cpu"``, ``target="mlx"``) in the fused call's own rounding, elsewhere in float32."""
 
     name: ClassVar[str] = "decompose-sdpa"
     device: str = "cpu"
@@ -151,10 +168,13 @@ class DecomposeSDPA(Pass):
                 "too_many_rows",
                 head + f"q_len {s} > max_q_len={self.max_q_len}: prefill-shaped, the score plane dominates",
             )
-        folded = (
-            f"GQA-folded: the {gqa}*{s} query rows of each of {hkv} KV heads in one matmul over its {t} keys "
-            "(k @ q^T), softmax, @ v, in float32"
-        )
+        fused_rounding = self.device == "cpu" and self.target == "mlx" and _fused_rounding(graph, node)
+        rows = f"GQA-folded: the {gqa}*{s} query rows of each of {hkv} KV heads in one matmul over its {t} keys "
+        if fused_rounding:
+            dtype = graph.node(node.inputs[0]).type.dtype.value
+            folded = rows + f"(q @ k^T), precise softmax, @ v, in {dtype}: MLX's CPU fallback's own ops, bit for bit"
+        else:
+            folded = rows + "(k @ q^T), softmax, @ v, in float32"
         if self.device == "metal":
             served = _metal_vector_kernel(s, gqa, d, dv, t)
             if served is not None:
@@ -164,10 +184,13 @@ class DecomposeSDPA(Pass):
             why = CPU_UNFUSED[self.target]
         variants = sdpa_variants(node)
         extra = f"; {variants} written out (a sink: one more softmax column, dropped before @ v)" if variants else ""
-        return _Plan(f"strategy decomposed ({on}): {why}; {folded}{extra}")
+        return _Plan(f"strategy decomposed ({on}): {why}; {folded}{extra}", fused_rounding)
 
 
 def _rewrite(rw: Rewriter, plan: _Plan) -> None:
+    if plan.fused_rounding:
+        _rewrite_as_fallback(rw)
+        return
     node = rw.anchor
     q, k, v = (rw.cast(x, DType.float32, f"{x}_f32") for x in node.inputs[:3])
     (b, hq, s, d), (_bk, hkv, t, _dk) = rw.type(q).shape, rw.type(k).shape
@@ -197,16 +220,37 @@ def _rewrite(rw: Rewriter, plan: _Plan) -> None:
     rw.replace_matched(rw.cast(rw.reshape(out, (b, hq, s, dv), "attended"), node.type.dtype, f"{node.name}_out"))
 
 
-def _masked(rw: Rewriter, scores: str, mask: str, hkv: int, g: int) -> str:
-    """Scores ``[B, Hkv, G, S, T]`` with the sdpa mask applied (bool: float32's lowest where False; additive: added)."""
+def _rewrite_as_fallback(rw: Rewriter) -> None:
+    """The GQA-folded form in the inputs' dtype, each op the one MLX's CPU fallback of the fused call runs
+    (``q * scale`` with the scale in that dtype, ``q @ k^T``, the mask, a precise softmax, ``@ v``): the fold
+    only makes the query heads of a KV head rows of one matmul, and MLX's CPU matmul computes each row alone,
+    so the result is the fused call's, bit for bit (tests/passes/rewrites/test_decompose_sdpa.py), without
+    a float32 copy of K and V."""
+    node = rw.anchor
+    q, k, v = node.inputs[:3]
+    (b, hq, s, d), (_bk, hkv, t, _dk) = rw.type(q).shape, rw.type(k).shape
+    g, dv, dtype = hq // hkv, rw.type(v).shape[3], rw.type(q).dtype
+    scale = node.attrs["scale"] if node.attrs["scale"] is not None else 1.0 / math.sqrt(d)
+    folded = rw.reshape(rw.op("mul", [q, rw.scalar(scale, dtype, "scale")], hint="q_scaled"), (b, hkv, g * s, d), "q")
+    scores = rw.op("matmul", [folded, rw.transpose(k, (0, 1, 3, 2), "k_t")], hint="scores")
+    if node.mask is not None:
+        scores = _masked(rw, rw.reshape(scores, (b, hkv, g, s, t), "scores"), node.mask, hkv, g, dtype)
+    probs = rw.op("softmax", [scores], {"axis": -1, "precise": True}, "probs")
+    out = rw.op("matmul", [rw.reshape(probs, (b, hkv, g * s, t), "probs"), v], hint="attended")
+    rw.replace_matched(rw.reshape(out, (b, hq, s, dv), f"{node.name}_out"))
+
+
+def _masked(rw: Rewriter, scores: str, mask: str, hkv: int, g: int, dtype: DType = DType.float32) -> str:
+    """Scores ``[B, Hkv, G, S, T]`` of ``dtype`` with the sdpa mask applied (bool: the dtype's lowest where False;
+    additive: added, cast to the dtype)."""
     shape = rw.type(mask).shape
     mb, mh, ms, mt = (1,) * (4 - len(shape)) + shape
     mask = rw.reshape(mask, (mb, 1, 1, ms, mt) if mh == 1 else (mb, hkv, g, ms, mt), "mask_folded")
     if rw.type(mask).dtype is DType.bool:
         # finite, as the fused kernels fill: a row with no key is the mean of V, not NaN
-        lowest = rw.scalar(float(DType.float32.finfo.min), DType.float32, "lowest")
+        lowest = rw.scalar(float(dtype.finfo.min), dtype, "lowest")
         return rw.op("where", [mask, scores, lowest], hint="scores")
-    return rw.op("add", [scores, rw.cast(mask, DType.float32)], hint="scores")
+    return rw.op("add", [scores, mask if rw.type(mask).dtype is dtype else rw.cast(mask, dtype)], hint="scores")
 
 
 __all__ = ["DecomposeSDPA", "TARGETS"]

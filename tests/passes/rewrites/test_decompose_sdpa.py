@@ -7,6 +7,8 @@ import re
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from attnpass.backends import assert_primitive_counts, run
 from attnpass.backends.mlx import sdpa_route
@@ -16,7 +18,7 @@ from attnpass.models import QSAConfig, build_layer, make_inputs, narrowed_inputs
 from attnpass.passes import DecomposeSDPA, PassManager, QSAPoolCache, default_pipeline, format_pipeline, parse_pipeline
 from attnpass.passes.analysis.devices import DEVICES
 from attnpass.passes.rewrites.decompose_sdpa import TARGETS, _metal_vector_kernel
-from tests.util import assert_close, random_array, requires
+from tests.util import assert_bits_equal, assert_close, random_array, requires
 
 SMALL = QSAConfig(n_q_heads=4, n_kv_heads=2, head_dim=16, idx_dim=16, budget=32, mask_rows=8, rotary_dim=8)
 
@@ -65,6 +67,39 @@ def test_decomposed_matches_the_fused_call_within_rounding(dtype, mask, s):
         fused, decomposed = run(lower(g, target), *args), run(lower(result.graph, target), *args)
         assert_close(decomposed, reference)
         assert_close(decomposed, fused, rtol=4e-2 if dtype == "bfloat16" else None)
+
+
+@requires("mlx.core")
+@settings(max_examples=40, deadline=None)
+@given(
+    hkv=st.sampled_from([1, 2, 4]),
+    group=st.sampled_from([1, 2, 3, 6]),
+    s=st.integers(1, 8),
+    t=st.integers(1, 300),
+    d=st.sampled_from([16, 64, 80]),
+    dtype=st.sampled_from(["float32", "float16", "bfloat16"]),
+    mask=st.sampled_from([None, "bool", "additive", "bool-per-head"]),
+    seed=st.integers(0, 2**16),
+)
+def test_on_mlx_cpu_the_decomposition_is_the_fused_call_bit_for_bit(hkv, group, s, t, d, dtype, mask, seed):
+    g = attention(hq=hkv * group, hkv=hkv, s=s, t=t, d=d, dtype=dtype, mask=mask)
+    result = DecomposeSDPA(device="cpu", target="mlx")(g)
+    (remark,) = result.remarks
+    assert remark.kind == "applied" and f"in {dtype}: MLX's CPU fallback's own ops, bit for bit" in remark.message
+    assert (DType.float32 in {n.type.dtype for n in result.graph.nodes()}) == (dtype == "float32")  # no cast
+    args = arrays(g, seed=seed)
+    assert_bits_equal(run(lower(result.graph, "mlx"), *args), run(lower(g, "mlx"), *args))
+
+
+@requires("mlx.core")
+def test_a_softcap_or_a_mask_of_another_dtype_keeps_the_float32_form_on_mlx_cpu():
+    q, kv = TensorSpec((1, 4, 2, 16), "float32"), TensorSpec((1, 2, 30, 16), "float32")
+    foreign = trace(lambda q, k, v, m: ops.sdpa(q, k, v, mask=m), q, kv, kv, TensorSpec((1, 1, 2, 30), "bfloat16"))
+    bf16 = TensorSpec((1, 4, 2, 16), "bfloat16"), TensorSpec((1, 2, 30, 16), "bfloat16")
+    capped = trace(lambda q, k, v: ops.sdpa(q, k, v, logit_softcap=30.0), bf16[0], bf16[1], bf16[1])
+    for graph in (foreign, capped):
+        (remark,) = DecomposeSDPA(device="cpu", target="mlx")(graph).remarks
+        assert remark.kind == "applied" and "in float32" in remark.message and "bit for bit" not in remark.message
 
 
 @requires("mlx.core", "jax")
