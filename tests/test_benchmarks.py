@@ -1,5 +1,5 @@
-"""The decode benchmark runs end to end on its quick settings (a benchmark that breaks at its summary measures
-nothing): its table, the floor line and the optimized model's explanation are printed."""
+"""Benchmarks run end to end on small settings (a benchmark that breaks at its summary measures nothing): the
+decode benchmark prints its table, floor line and explanation; the indexer benchmark its bit-for-bit verdict."""
 
 from __future__ import annotations
 
@@ -21,3 +21,14 @@ def test_the_decode_benchmark_runs_to_its_summary():
     assert found.returncode == 0, found.stderr[-3000:]
     assert "minimum paired ratio" in found.stdout
     assert "float32: pipeline raise-attention," in found.stdout and "optimize(Model): routed" in found.stdout
+
+
+@requires("mlx.core")
+def test_the_indexer_benchmark_finds_the_tiled_form_bit_for_bit():
+    found = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "dsa_indexer.py"), "--rows", "4", "--context", "4100",
+         "--tile", "1024", "--reps", "1"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert found.returncode == 0, found.stderr[-3000:]
+    assert "tiled scores bit for bit the model form's: True; top-2048 identical: True" in found.stdout
