@@ -188,59 +188,44 @@ class DecomposeSDPA(Pass):
 
 
 def _rewrite(rw: Rewriter, plan: _Plan) -> None:
-    if plan.fused_rounding:
-        _rewrite_as_fallback(rw)
-        return
+    """The GQA-folded form: in float32, or with ``plan.fused_rounding`` in the inputs' dtype with each op the one
+    MLX's CPU fallback of the fused call runs (``q * scale`` with the scale in that dtype, ``q @ k^T``, the mask,
+    a precise softmax, ``@ v``). The fold only makes the query heads of a KV head rows of one matmul, and MLX's
+    CPU matmul computes each row alone, so that form is the fused call's, bit for bit
+    (tests/passes/rewrites/test_decompose_sdpa.py), without a float32 copy of K and V."""
     node = rw.anchor
-    q, k, v = (rw.cast(x, DType.float32, f"{x}_f32") for x in node.inputs[:3])
+    dtype = rw.type(node.inputs[0]).dtype if plan.fused_rounding else DType.float32
+    q, k, v = (rw.cast(x, dtype, f"{x}_f32") for x in node.inputs[:3])
     (b, hq, s, d), (_bk, hkv, t, _dk) = rw.type(q).shape, rw.type(k).shape
     g, dv = hq // hkv, rw.type(v).shape[3]
     scale = node.attrs["scale"] if node.attrs["scale"] is not None else 1.0 / math.sqrt(d)
-    folded = rw.op("mul", [rw.reshape(q, (b, hkv, g * s, d), "q_folded"), rw.scalar(scale, DType.float32, "scale")])
-    # k @ q^T, then the small [T, G*S] result transposed: K is read in its own layout (q @ k^T made XLA
-    # transpose all of K first, twice as slow at decode)
-    scores_t = rw.op("matmul", [k, rw.transpose(folded, (0, 1, 3, 2), "q_t")], hint="scores_t")
-    scores = rw.transpose(scores_t, (0, 1, 3, 2), "scores")
+    folded = rw.op("mul", [rw.reshape(q, (b, hkv, g * s, d), "q_folded"), rw.scalar(scale, dtype, "scale")])
+    if plan.fused_rounding:  # MLX's fallback's product
+        scores = rw.op("matmul", [folded, rw.transpose(k, (0, 1, 3, 2), "k_t")], hint="scores")
+    else:  # k @ q^T, then the small [T, G*S] result transposed: K is read in its own layout (q @ k^T made XLA
+        # transpose all of K first, twice as slow at decode)
+        scores_t = rw.op("matmul", [k, rw.transpose(folded, (0, 1, 3, 2), "q_t")], hint="scores_t")
+        scores = rw.transpose(scores_t, (0, 1, 3, 2), "scores")
     cap = node.attrs["logit_softcap"]
     if cap is not None:
-        c = rw.scalar(cap, DType.float32, "cap")
+        c = rw.scalar(cap, dtype, "cap")
         capped = rw.op("tanh", [rw.op("div", [scores, c], hint="scores")], hint="scores")
         scores = rw.op("mul", [capped, c], hint="scores")
     mask, sinks = node.mask, node.sinks
     if mask is not None:
-        scores = _masked(rw, rw.reshape(scores, (b, hkv, g, s, t), "scores"), mask, hkv, g)
+        scores = _masked(rw, rw.reshape(scores, (b, hkv, g, s, t), "scores"), mask, hkv, g, dtype)
     if sinks is not None:  # one more softmax column per query head, dropped before @ v
-        sink = rw.reshape(rw.cast(sinks, DType.float32, "sinks"), (1, hkv, g, 1, 1), "sinks")
+        sink = rw.reshape(rw.cast(sinks, dtype, "sinks"), (1, hkv, g, 1, 1), "sinks")
         column = rw.broadcast(sink, (b, hkv, g, s, 1), "sinks")
         scores = rw.concat([rw.reshape(scores, (b, hkv, g, s, t), "scores"), column], 4, "scores")
-    probs = rw.op("softmax", [scores], {"axis": -1}, "probs")
+    probs = rw.op("softmax", [scores], {"axis": -1, "precise": plan.fused_rounding}, "probs")
     if sinks is not None:
         probs = rw.slice_axis(probs, 4, 0, t, hint="probs")
     out = rw.op("matmul", [rw.reshape(probs, (b, hkv, g * s, t), "probs"), v], hint="attended")
     rw.replace_matched(rw.cast(rw.reshape(out, (b, hq, s, dv), "attended"), node.type.dtype, f"{node.name}_out"))
 
 
-def _rewrite_as_fallback(rw: Rewriter) -> None:
-    """The GQA-folded form in the inputs' dtype, each op the one MLX's CPU fallback of the fused call runs
-    (``q * scale`` with the scale in that dtype, ``q @ k^T``, the mask, a precise softmax, ``@ v``): the fold
-    only makes the query heads of a KV head rows of one matmul, and MLX's CPU matmul computes each row alone,
-    so the result is the fused call's, bit for bit (tests/passes/rewrites/test_decompose_sdpa.py), without
-    a float32 copy of K and V."""
-    node = rw.anchor
-    q, k, v = node.inputs[:3]
-    (b, hq, s, d), (_bk, hkv, t, _dk) = rw.type(q).shape, rw.type(k).shape
-    g, dv, dtype = hq // hkv, rw.type(v).shape[3], rw.type(q).dtype
-    scale = node.attrs["scale"] if node.attrs["scale"] is not None else 1.0 / math.sqrt(d)
-    folded = rw.reshape(rw.op("mul", [q, rw.scalar(scale, dtype, "scale")], hint="q_scaled"), (b, hkv, g * s, d), "q")
-    scores = rw.op("matmul", [folded, rw.transpose(k, (0, 1, 3, 2), "k_t")], hint="scores")
-    if node.mask is not None:
-        scores = _masked(rw, rw.reshape(scores, (b, hkv, g, s, t), "scores"), node.mask, hkv, g, dtype)
-    probs = rw.op("softmax", [scores], {"axis": -1, "precise": True}, "probs")
-    out = rw.op("matmul", [rw.reshape(probs, (b, hkv, g * s, t), "probs"), v], hint="attended")
-    rw.replace_matched(rw.reshape(out, (b, hq, s, dv), f"{node.name}_out"))
-
-
-def _masked(rw: Rewriter, scores: str, mask: str, hkv: int, g: int, dtype: DType = DType.float32) -> str:
+def _masked(rw: Rewriter, scores: str, mask: str, hkv: int, g: int, dtype: DType) -> str:
     """Scores ``[B, Hkv, G, S, T]`` of ``dtype`` with the sdpa mask applied (bool: the dtype's lowest where False;
     additive: added, cast to the dtype)."""
     shape = rw.type(mask).shape

@@ -5,17 +5,17 @@ graph decode(q:bf16[1,4,1,8], k:bf16[1,2,6,8], v:bf16[1,2,6,8], m:bool[1,1,1,6])
   return sdpa
 }
 // CHECK-NOT: cast
-// CHECK: scale:bf16[] = constant[value=(0.25,), shape=(), dtype='bfloat16']
-// CHECK-NEXT: q_scaled:bf16[1,4,1,8] = mul q scale
-// CHECK-NEXT: q_1:bf16[1,2,2,8] = reshape[shape=(1, 2, 2, 8)] q_scaled
+// CHECK: q_folded:bf16[1,2,2,8] = reshape[shape=(1, 2, 2, 8)] q
+// CHECK-NEXT: scale:bf16[] = constant[value=(0.25,), shape=(), dtype='bfloat16']
+// CHECK-NEXT: mul:bf16[1,2,2,8] = mul q_folded scale
 // CHECK-NEXT: k_t:bf16[1,2,8,6] = transpose[perm=(0, 1, 3, 2)] k
-// CHECK-NEXT: scores:bf16[1,2,2,6] = matmul q_1 k_t
+// CHECK-NEXT: scores:bf16[1,2,2,6] = matmul mul k_t
 // CHECK: lowest:bf16[] = constant[value=(-3.3895313892515355e+38,), shape=(), dtype='bfloat16']
 // CHECK-NEXT: scores_2:bf16[1,2,2,1,6] = where mask_folded scores_1 lowest
 // CHECK-NEXT: probs:bf16[1,2,2,1,6] = softmax[axis=-1, precise=True] scores_2
 // CHECK: attended:bf16[1,2,2,8] = matmul probs_1 v
-// CHECK-NEXT: sdpa_out:bf16[1,4,1,8] = reshape[shape=(1, 4, 1, 8)] attended
-// CHECK-NEXT: return sdpa_out
+// CHECK-NEXT: attended_1:bf16[1,4,1,8] = reshape[shape=(1, 4, 1, 8)] attended
+// CHECK-NEXT: return attended_1
 // REMARK: decompose-sdpa applied sdpa - applied
 // -----
 // RUN: decompose-sdpa{device=cpu,target=jax}
