@@ -29,6 +29,10 @@ GLM_DSA = {
     "rms_norm_eps": 1e-5, "rope_parameters": {"rope_theta": 10000.0}, "attention_bias": False,
 }  # fmt: skip
 TWO = {"num_hidden_layers": 2}
+KIMI_K3 = {
+    **KIMI_LINEAR, "hidden_act": "situ",
+    "linear_attn_config": {**KIMI_LINEAR["linear_attn_config"], "short_conv_kernel_size": 4},
+}  # fmt: skip
 FAMILIES = {  # family -> (config, MLA attention calls per model call)
     "deepseek_v3": (TWO, 2),
     "deepseek_v32": ({**TWO, **DSA}, 2),
@@ -36,6 +40,7 @@ FAMILIES = {  # family -> (config, MLA attention calls per model call)
     "glm4_moe_lite": (TWO, 2),
     "kimi_k25": (TWO, 2),
     "kimi_linear": (KIMI_LINEAR, 1),  # layer 1 linear attention, layer 2 MLA
+    "kimi_k3": (KIMI_K3, 1),  # the same layout, SiTU activations
     "longcat_flash": (LONGCAT_FLASH, 2),  # two attentions in its one layer
     "longcat_flash_ngram": (LONGCAT_FLASH, 2),
 }
