@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from attnpass.ir import DType, Node, format_slice
-from attnpass.ir.dialects.attention import key_ranges
+from attnpass.ir.dialects.attention import effective_scale, key_ranges
 from attnpass.ir.dialects.evaluate import rounded
 
 from .codegen import py_float, py_literal
@@ -20,10 +18,7 @@ def slice_expr(node: Node, x: str) -> str:
 
 
 def sdpa_scale(node: Node, env: EmitEnv) -> str:
-    scale = node.attrs["scale"]
-    if scale is None:
-        scale = 1.0 / math.sqrt(env.type_of(node.inputs[0]).shape[-1])
-    return py_float(scale)
+    return py_float(effective_scale(node.attrs["scale"], env.type_of(node.inputs[0]).shape[-1]))
 
 
 def sdpa_lengths(node: Node, env: EmitEnv) -> tuple[int, int]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -97,6 +98,11 @@ def visible(s: int, t: int, causal: str, window: Window | tuple | None, xp: Any 
     lo, hi = key_ranges(s, t, causal, Window(*window) if window is not None else None, xp)
     j = xp.arange(t)[None, :]
     return (j >= lo[:, None]) & (j < hi[:, None])
+
+
+def effective_scale(scale: float | None, head_dim: int) -> float:
+    """The scale an sdpa applies to its scores: ``scale``, or ``1/sqrt(head_dim)`` (q's head dim) when None."""
+    return 1.0 / math.sqrt(head_dim) if scale is None else scale
 
 
 def sdpa_variants(node) -> str | None:

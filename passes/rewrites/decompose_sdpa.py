@@ -28,12 +28,11 @@ or more than ``max_q_len`` rows stay fused on every device.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import ClassVar
 
 from attnpass.ir import DType, Graph, Node, require_int
-from attnpass.ir.dialects.attention import sdpa_variants
+from attnpass.ir.dialects.attention import effective_scale, sdpa_variants
 
 from ..analysis.devices import DEVICES, METAL_VECTOR_BUDGET, METAL_VECTOR_MAX_ROWS, metal_vector_serves
 from ..infra.base import Pass, Remarks
@@ -61,11 +60,10 @@ class _Plan:
     fused_rounding: bool  # each step as MLX's CPU fallback rounds it, in the inputs' dtype (else in float32)
 
 
-def _fused_rounding(graph: Graph, node: Node) -> bool:
-    """Whether the decomposition can round as MLX's CPU fallback does: no variant it writes out (softcap,
-    sinks) and a mask of no dtype of its own (bool, or the queries' dtype, so the scores keep theirs)."""
-    if sdpa_variants(node):
-        return False
+def _mask_keeps_dtype(graph: Graph, node: Node) -> bool:
+    """Whether ``node``'s mask has no dtype of its own (none, bool, or the queries' dtype), so the scores keep
+    theirs: with no variant written out (softcap, sinks), the decomposition can then round as MLX's CPU
+    fallback does."""
     mask = node.mask
     return mask is None or graph.node(mask).type.dtype in (DType.bool, graph.node(node.inputs[0]).type.dtype)
 
@@ -168,7 +166,10 @@ class DecomposeSDPA(Pass):
                 "too_many_rows",
                 head + f"q_len {s} > max_q_len={self.max_q_len}: prefill-shaped, the score plane dominates",
             )
-        fused_rounding = self.device == "cpu" and self.target == "mlx" and _fused_rounding(graph, node)
+        variants = sdpa_variants(node)
+        fused_rounding = (
+            self.device == "cpu" and self.target == "mlx" and variants is None and _mask_keeps_dtype(graph, node)
+        )
         rows = f"GQA-folded: the {gqa}*{s} query rows of each of {hkv} KV heads in one matmul over its {t} keys "
         if fused_rounding:
             dtype = graph.node(node.inputs[0]).type.dtype.value
@@ -182,7 +183,6 @@ class DecomposeSDPA(Pass):
             why = f"q_len {s}, gqa {gqa}, head dims {d}/{dv}: MLX's Metal vector kernel does not serve it"
         else:
             why = CPU_UNFUSED[self.target]
-        variants = sdpa_variants(node)
         extra = f"; {variants} written out (a sink: one more softmax column, dropped before @ v)" if variants else ""
         return _Plan(f"strategy decomposed ({on}): {why}; {folded}{extra}", fused_rounding)
 
@@ -198,7 +198,7 @@ def _rewrite(rw: Rewriter, plan: _Plan) -> None:
     q, k, v = (rw.cast(x, dtype, f"{x}_f32") for x in node.inputs[:3])
     (b, hq, s, d), (_bk, hkv, t, _dk) = rw.type(q).shape, rw.type(k).shape
     g, dv = hq // hkv, rw.type(v).shape[3]
-    scale = node.attrs["scale"] if node.attrs["scale"] is not None else 1.0 / math.sqrt(d)
+    scale = effective_scale(node.attrs["scale"], d)
     folded = rw.op("mul", [rw.reshape(q, (b, hkv, g * s, d), "q_folded"), rw.scalar(scale, dtype, "scale")])
     if plan.fused_rounding:  # MLX's fallback's product
         scores = rw.op("matmul", [folded, rw.transpose(k, (0, 1, 3, 2), "k_t")], hint="scores")

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from attnpass.ir import Graph, Node
+from attnpass.ir.dialects.attention import effective_scale
 
 from ..analysis.token_selection import TokenSelection, check_promises, match_token_selection
 from ..infra.base import Remarks
@@ -152,9 +153,7 @@ class MLAAbsorb(SwitchedPass):
                 f"absorbed {absorbed} vs expanded {expanded} multiply-adds",
                 data=figures,
             )
-        scale = node.attrs["scale"]
-        scale = 1.0 / math.sqrt(dn) if scale is None else scale
-        return _Match(latent_k, k, v, scale, figures)
+        return _Match(latent_k, k, v, effective_scale(node.attrs["scale"], dn), figures)
 
 
 def _describe(m: _Match) -> tuple[str, dict]:

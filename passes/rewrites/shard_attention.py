@@ -278,7 +278,7 @@ class ShardAttention(Pass):
             h = split_over[self.heads]
             parts.append(
                 f"KV heads over {self.heads}: {hkv}/{h} = {hkv // h} KV head(s) per device with their "
-                f"{hq // h} query heads (whole GQA groups)"
+                f"{hq // h} query head(s) (whole GQA groups)"
             )
             sharded = values[roots[0]] if roots else ()
             if self.heads in sharded:  # fewer heads on K's root than the sdpa reads: repeated (repeat_kv)

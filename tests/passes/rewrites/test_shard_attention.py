@@ -56,7 +56,8 @@ def test_a_head_chunked_attention_is_regrouped_over_all_kv_groups():
     graph, remarks = shard(verify_step(q_len=4, kv_len=256), "head-chunk,shard-attention{heads=model}", {"model": 2})
     assert remarks[0].startswith("[shard-attention] applied sdpa_heads (head-chunked): regrouped 4 head-chunk subcalls")
     assert (
-        "KV heads over model: 2/2 = 1 KV head(s) per device with their 12 query heads (whole GQA groups)" in remarks[0]
+        "KV heads over model: 2/2 = 1 KV head(s) per device with their 12 query head(s) (whole GQA groups)"
+        in remarks[0]
     )
     calls = [n for n in graph.nodes() if n.op == "sdpa"]
     assert [graph.node(c.inputs[0]).type.shape[1] for c in calls] == [16, 8]  # chunks 8 and 4, both KV groups at once
@@ -82,7 +83,8 @@ def test_a_plain_sdpa_is_annotated_in_place_and_a_second_run_changes_nothing():
         verify_graph(QSAConfig(n_q_heads=32, n_kv_heads=8)), "shard-attention{heads=model}", {"model": 8}
     )
     assert (
-        "applied sdpa (sdpa): KV heads over model: 8/8 = 1 KV head(s) per device with their 4 query heads" in remarks[0]
+        "applied sdpa (sdpa): KV heads over model: 8/8 = 1 KV head(s) per device with their 4 query head(s)"
+        in remarks[0]
     )
     assert graph.node("sdpa").sharding == HEADS and graph.node("mask").sharding is None
     again = PassManager(parse_pipeline("shard-attention{heads=model}")).run(graph)
