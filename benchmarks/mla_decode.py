@@ -2,22 +2,26 @@
 
 Models: tiny random ``deepseek_v32`` (DSA) and ``deepseek_v3`` (dense MLA) with the real per-head geometry
 (kv_lora_rank 512, rope 64, nope 128, value 128; DSA: index_topk 2048, indexer 64 heads x 128), ``--heads``
-query heads and ``--layers`` layers (dense MLPs: the attention is what is measured), hidden size 256. Each
-cache is filled directly to each ``--contexts`` depth (random latent, rope keys and indexer keys through the
-cache's ``state``, in a buffer 256 rows longer) and trimmed back after every call, so every call of a kind runs
-at the same depth. Kinds (``--parts``): ``decode`` (one row), ``verify`` (4 rows: a speculative
+query heads (default 16: the geometry of issue 31's headroom table, from which its targets come; DeepSeek-V3.2
+has 128 heads over the same 64 indexer heads, and with 4 the indexer, which does not shrink with the heads, is
+most of a routed DSA call) and ``--layers`` layers (dense MLPs: the attention is what is measured), hidden size
+256. Each cache is filled directly to each ``--contexts`` depth (random latent, rope keys and indexer keys through
+the cache's ``state``, in a buffer 256 rows longer) and trimmed back after every call, so every call of a kind
+runs at the same depth. Kinds (``--parts``): ``decode`` (one row), ``verify`` (4 rows: a speculative
 verify step), ``chunk`` (256 rows: a prefill chunk on a warm cache), ``speculative`` (mlx-lm's
 ``speculative_generate_step`` with a 1-layer, 2-head draft model of the same geometry, 3 draft tokens,
 ``--spec-tokens`` tokens per burst; random models accept few drafts, so a step is one verify and 3 draft
 decodes). A plain and an optimized model with the same weights run in paired bursts (benchmarks/paired.py),
 ``--bursts`` per kind (of 4 calls for ``decode``, else one), the first call of each (the trace) untimed. Each row prints the medians (calls/s, or
 tokens/s for ``speculative``), optimize / plain (ratio of medians, and the paired median) and the issue-31
-target of that kind: DSA verify >= 15x, speculative >= 5x, dense-MLA verify >= 8x, chunk >= 1.8x (at 32K),
-decode >= 0.95x; then the routing counts. The load average is printed before and after (2 shared cores:
+target of that kind: DSA verify >= 15x, speculative >= 5x, dense-MLA verify >= 8x, DSA chunk >= 1.8x (at 32K),
+decode >= 0.95x; then the routing counts. A dense-MLA chunk has no target: 256 rows are past mla-absorb's
+crossover (about 170 rows), where the issue's item 2 keeps mlx-lm's expansion, and its 1.8x comes from the
+headroom table's DSA row (1.84x at 32K). The load average is printed before and after (2 shared cores:
 compare ratios, not rates). ``--control`` leaves the second model plain too: its ratios are the method's noise
 at the same settings.
 
-    python benchmarks/mla_decode.py [--contexts 8192 32768] [--dtype float32 bfloat16] [--heads 4] [--layers 1]
+    python benchmarks/mla_decode.py [--contexts 8192 32768] [--dtype float32 bfloat16] [--heads 16] [--layers 1]
         [--families deepseek_v32 deepseek_v3] [--parts decode verify chunk speculative] [--bursts 3]
         [--spec-tokens 4] [--quick] [--control]
 """
@@ -47,7 +51,7 @@ ROWS = {"decode": 1, "verify": 4, "chunk": 256}
 CALLS = {"decode": 4}  # calls per burst (one for the other kinds): a decode call is short, and the load moves it
 TARGETS = {  # (family, kind) -> the issue-31 target of optimize / plain (at 32K for all but decode)
     ("deepseek_v32", "verify"): 15.0, ("deepseek_v32", "speculative"): 5.0, ("deepseek_v3", "verify"): 8.0,
-    ("deepseek_v32", "chunk"): 1.8, ("deepseek_v3", "chunk"): 1.8,
+    ("deepseek_v32", "chunk"): 1.8,
 }  # fmt: skip
 
 
@@ -127,6 +131,8 @@ def row(pair: tuple, family: str, kind: str, context: int, dtype, args) -> tuple
     ratio, paired = medians_ratio(rates), paired_ratio(rates)
     target = TARGETS.get((family, kind), 0.95 if kind == "decode" else None)
     judged = "" if target is None else f"  target >= {target:g}x: {'met' if paired >= target else 'MISSED'}"
+    if (family, kind) == ("deepseek_v3", "chunk"):
+        judged = "  no target (past mla-absorb's crossover: mlx-lm's expansion is kept)"
     if target is not None and kind != "decode" and context < 32768:
         judged += " (the target is at 32K)"
     unit = "tokens/s" if kind == "speculative" else "calls/s"
@@ -144,7 +150,7 @@ def main() -> None:
     parser.add_argument("--dtype", nargs="+", default=["float32", "bfloat16"])
     parser.add_argument("--families", nargs="+", default=["deepseek_v32", "deepseek_v3"])
     parser.add_argument("--parts", nargs="+", default=["decode", "verify", "chunk", "speculative"])
-    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--layers", type=int, default=1)
     parser.add_argument("--bursts", type=int, default=3)
     parser.add_argument("--spec-tokens", type=int, default=4)
