@@ -5,7 +5,8 @@ Grammar: passes separated by ``,``; each is a registered name
 Keys are the pass's dataclass fields; values are converted from the field's
 type: ``int``, ``float``, ``bool`` (true/false, on/off, yes/no, 1/0, any
 case), ``str``, and any of them ``| None`` (``none``). Whitespace around
-names, keys and values is ignored; an empty text is the empty pipeline.
+names, keys and values is ignored; an empty text is an error (the empty
+pipeline is the empty list, ``[]``).
 ``parse_pipeline(format_pipeline(passes)) == passes`` for registered passes.
 """
 
@@ -20,7 +21,7 @@ from attnpass.ir.core.arguments import argument_error
 from attnpass.ir.core.switches import parse_switch
 
 from .base import Pass
-from .registry import PipelineError, get_pass
+from .registry import PipelineError, available_passes, get_pass
 
 _SCALARS = (bool, int, float, str)
 _RESERVED = frozenset("{},=")
@@ -135,14 +136,15 @@ def parse_pipeline(pipeline: str | Iterable[str | Pass]) -> list[Pass]:
     """The passes of a pipeline, constructed with their options: its text (``"head-chunk{budget=16},dce"``) or
     a sequence of pass texts and Pass objects (``["head-chunk", DeadCodeElimination()]``), in order.
 
-    Raises PipelineError for a bad text, ArgumentError for anything else."""
+    Raises PipelineError for a bad text (an empty one too: the empty pipeline is ``[]``), ArgumentError for
+    anything else."""
     return pipeline_passes(pipeline, "parse_pipeline")
 
 
 def pipeline_passes(pipeline: str | Iterable[str | Pass], where: str) -> list[Pass]:
     """:func:`parse_pipeline` for the entry point ``where`` (``PassManager``), which its errors name."""
     if isinstance(pipeline, str):
-        return _parse_text(pipeline)
+        return _parse_text(pipeline, where, "the pipeline")
     valid = "pipeline text ('head-chunk,dce') or a sequence of pass names and Pass objects"
     if isinstance(pipeline, (bytes, Mapping)) or not isinstance(pipeline, Iterable):
         hint = "a single pass goes in a list: [pass]" if isinstance(pipeline, Pass) else ""
@@ -152,15 +154,21 @@ def pipeline_passes(pipeline: str | Iterable[str | Pass], where: str) -> list[Pa
         if isinstance(item, Pass):
             passes.append(item)
         elif isinstance(item, str):
-            passes += _parse_text(item)
+            passes += _parse_text(item, where, f"pipeline item {i}")
         else:
             raise argument_error(where, f"pipeline item {i}", item, "a pass name (or text) or a Pass")
     return passes
 
 
-def _parse_text(text: str) -> list[Pass]:
+def _parse_text(text: str, where: str, what: str) -> list[Pass]:
+    """The passes of one pipeline text; ``where`` and ``what`` (``the pipeline``) name it when it is empty."""
+    if not text.strip():
+        raise PipelineError(
+            f"{where}: {what} is the empty text {text!r}; give pass names separated by ',' ('raise-attention,dce'; "
+            f"available passes: {', '.join(available_passes())}), or the empty list [] for no passes"
+        )
     passes: list[Pass] = []
-    i, n = 0, len(text) if text.strip() else 0
+    i, n = 0, len(text)
     while i < n:
         j = i
         while j < n and text[j] not in "{,":

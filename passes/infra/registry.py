@@ -15,6 +15,7 @@ without importing anything, and :func:`get_pass` loads only the one asked for.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib.metadata
 import re
 from typing import TypeVar
@@ -58,6 +59,17 @@ def register_pass(cls: P) -> P:
     return cls
 
 
+def _suggestion(name: str, names: list[str]) -> str:
+    """What an unknown pass name was likely meant to be: passes joined by spaces (``dce head-chunk``) are
+    comma-separated, a misspelt name has a close registered one; ``''`` when nothing is close."""
+    words = name.split()
+    if len(words) > 1:
+        meant = [w if w in names else next(iter(difflib.get_close_matches(w, names, n=1)), w) for w in words]
+        return f"; passes are separated by ',', not spaces: did you mean {','.join(meant)!r}?"
+    close = difflib.get_close_matches(name, names, n=3)
+    return f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
+
+
 def _qualified(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
@@ -77,7 +89,8 @@ def get_pass(name: str) -> type[Pass]:
         return _REGISTRY[name]
     ep = _entry_points().get(name)
     if ep is None:
-        raise PipelineError(f"unknown pass {name!r}; available passes: {', '.join(available_passes())}")
+        names = available_passes()
+        raise PipelineError(f"unknown pass {name!r}; available passes: {', '.join(names)}{_suggestion(name, names)}")
     try:
         cls = ep.load()
     except Exception as exc:

@@ -91,7 +91,7 @@ def test_options_are_converted_from_the_dataclass_field_types():
     assert parse_pipeline("head-chunk{enabled=none}")[0].enabled is None
     assert parse_pipeline("qsa-gather{min_depth_factor=0.5}")[0].min_depth_factor == 0.5
     assert parse_pipeline("dce,dce{}") == [DeadCodeElimination(), DeadCodeElimination()]
-    assert parse_pipeline("") == [] and parse_pipeline("  ") == []
+    assert parse_pipeline([]) == []  # the empty pipeline; the empty text is an error (test_bad_pipelines_...)
 
 
 def test_format_then_parse_round_trips_the_builtin_pipeline():
@@ -137,6 +137,13 @@ def test_round_trip_for_any_option_values(budget, enabled, pad, rows, depth):
         ("head-chunk{budget=16}dce", "expected ',' after the options of head-chunk"),
         ("dce,", "trailing ','"),
         ("dce,,dce", "empty pass name at offset 4"),
+        ("", "parse_pipeline: the pipeline is the empty text ''; give pass names separated by ',' ('raise-attention,"
+             "dce'; available passes: block-sparse, canonicalize, dce, "),
+        ("  ", "the pipeline is the empty text '  '; give pass names separated by ','"),
+        ("dce head-chunk", "unknown pass 'dce head-chunk'; available passes: block-sparse, canonicalize, dce, "),
+        ("dce head-chunk", "; passes are separated by ',', not spaces: did you mean 'dce,head-chunk'?"),
+        ("dce,head-chunck{budget=4}", "unknown pass 'head-chunck'; available passes: block-sparse, "),
+        ("dce,head-chunck{budget=4}", "; did you mean 'head-chunk'?"),
         ("qsa-gather{pad_multiple=0}", "pass qsa-gather: QSAGather: pad_multiple must be an int >= 1, got 0"),
         ("raise-attention{rules=x}", "option rules has type"),
     ],
