@@ -33,8 +33,8 @@ import os
 import time
 from typing import Iterable, Sequence
 
-from attnpass.ir import Graph, VerifyError, require_int
-from attnpass.ir.core.arguments import require_bool
+from attnpass.ir import Graph, ImportedGraph, VerifyError, require_int
+from attnpass.ir.core.arguments import argument_error, require_bool
 
 from .base import Pass, PassError, PassResult, Remark, Remarks
 from .instrument import Instrumentation
@@ -74,11 +74,19 @@ class PassManager:
         fp = f", fixed_point=True, max_iterations={self.max_iterations}" if self.fixed_point else ""
         return f"PassManager([{names}]{fp})"
 
-    def run(self, graph: Graph) -> PassResult:
-        """Verify ``graph``, run the pipeline on copies and return the result; ``graph`` is untouched.
+    def run(self, graph: Graph | ImportedGraph) -> PassResult:
+        """Verify ``graph``, run the pipeline on copies and return the result; ``graph`` is untouched. An
+        ImportedGraph (``from_mlx``, ``from_jax``) is its ``.graph``, as ``lower`` takes it.
 
-        Raises VerifyError when ``graph`` itself is invalid and PassError when a pass fails.
+        Raises VerifyError when ``graph`` itself is invalid, PassError when a pass fails, ArgumentError when
+        ``graph`` is neither.
         """
+        if isinstance(graph, ImportedGraph):
+            graph = graph.graph
+        elif not isinstance(graph, Graph):
+            valid = "a Graph or an ImportedGraph (from_mlx, from_jax)"
+            hint = "read a saved graph first: Graph.from_json(text) or ImportedGraph.load(path)"
+            raise argument_error("PassManager.run", "graph", graph, valid, hint if isinstance(graph, str) else "")
         graph.verify()
         current = graph  # never mutated: every pass runs on a copy of it
         remarks: list[Remark] = []
