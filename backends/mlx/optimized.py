@@ -146,17 +146,102 @@ class OptimizedModel:
             self.declines[found.reason] = found
         return original()
 
-    def explain(self, *, graphs: bool = False, file: TextIO | None = None) -> None:
-        """Print the routing counts, the declines by reason code, then every program's signatures and remarks."""
+    NOT_THEIRS = frozenset({"no_candidates", "not_latent", "mask_not_selection", "qsa_form", "gather_form",
+                            "not_head_chunked", "no_structured_mask"})  # fmt: skip
+    """Decline codes saying a graph holds nothing a pass rewrites: :meth:`explain`'s short form names such a pass
+    on one line instead of listing its declines (mla-absorb, qsa-gather and dsa-gather on a llama)."""
+    REPORT_WIDTH = 120  # :meth:`explain`'s short form cuts longer lines (``full=True`` prints them whole)
+
+    def explain(self, *, full: bool = False, graphs: bool = False, file: TextIO | None = None) -> None:
+        """Print the routing counts, the declines by reason code (with the bound behind each and the option that
+        moves it), then per program its signatures' decisions grouped by kind, one line each, leaving out the
+        passes that found nothing of theirs in any signature (named on one line). ``full=True`` (or ``graphs``)
+        prints every signature with its remarks, whole, instead (:meth:`CompiledFunction.explain`)."""
         out = file if file is not None else sys.stdout
         through = [f"{m} ({HELPER})" for m in self.modules] + [f"{m} ({QSA_DISPATCH})" for m in self.qsa_modules]
-        declined = ", ".join(f"{n} x {code}" for code, n in self.declined.most_common()) or "none"
+        declined = Counter(dict(self.declined))  # a copy: a server's generation thread may be counting
+        counts = ", ".join(f"{n} x {code}" for code, n in declined.most_common()) or "none"
         print(f"optimize({self._original_class.__name__}): routed {self.routed} attention call(s) through "
-              f"{', '.join(through)}; declined: {declined}", file=out)  # fmt: skip
-        for code, _ in self.declined.most_common():
-            print(f"  declined {code}: {self.declines[code].message}", file=out)
-        for compiled in list(self.programs.values()):
-            compiled.explain(graphs=graphs, file=out)
+              f"{', '.join(through)}; {self.traces} trace(s) in {self.trace_seconds:.2f} s; declined: {counts}",
+              file=out)  # fmt: skip
+        full = full or graphs
+        for code, n in declined.most_common():
+            bound = self.decline_bound(code)
+            line = f"  declined {code} x{n}: " + (self.declines[code].message if full or bound is None else bound)
+            if bound is not None:
+                line += ("" if not full else f" ({bound})") + "; optimize(min_keys=N) moves the bound, 0 routes all"
+            print(line if full else self._cut(line), file=out)
+        for name, compiled in list(self.programs.items()):
+            if full:
+                compiled.explain(graphs=graphs, verbose=False, summary=False, file=out)
+            else:
+                for line in self._program_lines(name, compiled):
+                    print(line, file=out)
+        if not full and self.programs:
+            print("  (explain(full=True): every signature and its remarks, whole)", file=out)
+
+    @property
+    def trace_seconds(self) -> float:
+        """The seconds the held signatures took to build (import, pipeline, lowering, compile, first call)."""
+        return sum(e.seconds for c in list(self.programs.values()) for e in c.specializations)
+
+    def decline_bound(self, code: str) -> str | None:
+        """The bound behind the declines of ``code`` in words (``under 128 key rows in bfloat16``); None for a code
+        that no bound decides (only ``short_context`` and ``quantized_tie`` have one: :mod:`.policy`)."""
+        found = self.declines.get(code)
+        if found is None or code not in ("short_context", "quantized_tie"):
+            return None
+        if code == "quantized_tie":
+            return f"a {found.data.get('dtype', 'half-float')} call over a quantized cache, which only ties on CPU"
+        bounds = sorted((kind, least, precision.value) for (kind, _), (least, precision) in list(self.bounds.items())
+                        if least)  # fmt: skip
+        if not bounds:
+            bounds = [("float", found.data.get("min_keys"), found.data.get("dtype"))]
+        return ", ".join(
+            f"under {least} key rows in {dtype}" + ("" if kind == "float" else f" over a {kind} cache")
+            for kind, least, dtype in bounds
+        )
+
+    @staticmethod
+    def _program_lines(name: str, compiled: CompiledFunction) -> list[str]:
+        """Program ``name``'s short report: its signatures by outcome, then one line per (pass, kind, decision)
+        over all of them (cut to :attr:`REPORT_WIDTH`); the passes that applied nothing and only declined with a
+        code of :attr:`NOT_THEIRS` are named on the last line instead of listed."""
+        from ..specialize import decision
+
+        entries = compiled.specializations
+        outcomes = Counter(
+            "compiled" if e.compiled else f"declined ({e.declined.reason})" if e.declined else "failed" for e in entries
+        )
+        seconds = sum(e.seconds for e in entries)
+        lines = [
+            f"  program {name}: {len(entries)} signature(s), "
+            + ", ".join(f"{n} {outcome}" for outcome, n in outcomes.most_common())
+            + f"; built in {seconds:.2f} s; pipeline {compiled.pipeline}"
+        ]
+        for reason, n in Counter(str(e.reason) for e in entries if not e.compiled and not e.declined).items():
+            lines.append(OptimizedModel._cut(f"    failed x{n}: {reason}"))
+        groups: dict[tuple[str, str, str], list[int]] = {}
+        codes: dict[str, set[str]] = {}  # pass -> its codes
+        for index, e in enumerate(entries):
+            for r in e.remarks:
+                if r.reason != "rule_hits":
+                    groups.setdefault((r.pass_name, r.kind, decision(r)), []).append(index)
+                    codes.setdefault(r.pass_name, set()).add(r.reason if r.kind == "declined" else r.kind)
+        idle = [p for p, found in codes.items() if found <= OptimizedModel.NOT_THEIRS]
+        for (pass_name, kind, what), made in groups.items():
+            if pass_name not in idle:
+                where = f" (in {len(set(made))} of {len(entries)} signatures)" if len(entries) > 1 else ""
+                lines.append(OptimizedModel._cut(f"    [{pass_name}] {kind} x{len(made)} {what}{where}"))
+        if idle:
+            found = ", ".join(sorted(set().union(*(codes[p] for p in idle))))
+            lines.append(OptimizedModel._cut(f"    nothing to rewrite for {', '.join(idle)} ({found})"))
+        return lines
+
+    @classmethod
+    def _cut(cls, line: str) -> str:
+        """``line`` cut to :attr:`REPORT_WIDTH` characters, ``...`` marking the cut."""
+        return line if len(line) <= cls.REPORT_WIDTH else line[: cls.REPORT_WIDTH - 3] + "..."
 
     def restore(self) -> None:
         """Undo :func:`optimize`: the model's own class, the clients' functions where no other model still routes."""

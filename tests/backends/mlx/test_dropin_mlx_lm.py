@@ -116,7 +116,7 @@ def test_a_quantized_kv_cache_is_routed_with_plain_mlx_lms_tokens_bit_for_bit(fa
         assert entry.signature.startswith("queries:f32[1,24,1,128], ") and entry.signature.endswith(f"bits={bits}")
         assert [n.op for n in entry.graph if n.op != "input"] == ["quantized_sdpa"]
     text = io.StringIO()
-    opt.explain(file=text)
+    opt.explain(file=text, full=True)  # the whole report: every remark's message
     assert f"routed {2 * (TOKENS + 1)} attention call(s)" in text.getvalue()
     assert "quantized_sdpa: 24 query heads on 2 kv heads" in text.getvalue()
 

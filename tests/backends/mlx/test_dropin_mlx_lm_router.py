@@ -321,7 +321,7 @@ def test_a_short_context_call_is_declined_on_cpu_below_min_keys_and_routed_from_
         assert entry.declined.reason == "short_context" and entry.program is None and not entry.compiled
         assert entry.declined.data == {"rows": buffer_rows(below), "min_keys": least, "dtype": name.value}
         text = io.StringIO()
-        opt.explain(file=text)
+        opt.explain(file=text, full=True)  # the whole report: each signature's decline message
         assert "declined: 1 x short_context" in text.getvalue()
         assert f"runs the original function: {entry.declined.message}" in text.getvalue()
         out, expected, opt, entry = decode(at, dtype, quantized)
