@@ -9,18 +9,23 @@ is the matching tokenizer (token ``i`` is the word ``t{i}``) for
 ``mlx_lm.generate`` / ``stream_generate``. :func:`save_tiny_lm` writes a model
 and its tokenizer to a directory in mlx-lm's format (``config.json``,
 safetensors, a tokenizer that loads offline), which ``mlx_lm.load`` and
-mlx-lm's command line read. Needs ``mlx-lm`` (the ``zoo`` extra).
+mlx-lm's command line read. Needs MLX and ``mlx-lm`` (the ``mlx`` and ``zoo`` extras: without them each
+function raises a :class:`~attnpass.ir.core.extras.MissingExtraError` saying so).
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 from pathlib import Path
 from typing import Any
 
+from attnpass.ir.core.arguments import require_choice
+from attnpass.ir.core.extras import import_extra
+
 FAMILIES = ("llama", "qwen3")
 VOCAB = 512
+DTYPES = ("float32", "float16", "bfloat16")
+EXTRAS = "mlx,zoo"  # pyproject's extras that install MLX and mlx-lm
 
 
 def tiny_config(
@@ -34,8 +39,7 @@ def tiny_config(
     vocab: int = VOCAB,
 ) -> dict[str, Any]:
     """The ``config.json`` of a tiny model of ``family`` (what its ``ModelArgs.from_dict`` reads)."""
-    if family not in FAMILIES:
-        raise ValueError(f"tiny_lm: unknown family {family!r}; families: {', '.join(FAMILIES)}")
+    require_choice("tiny_lm", "family", family, FAMILIES)
     return {
         "model_type": family, "hidden_size": hidden, "num_hidden_layers": layers, "intermediate_size": 2 * hidden,
         "num_attention_heads": heads, "num_key_value_heads": kv_heads, "head_dim": head_dim, "rms_norm_eps": 1e-5,
@@ -48,10 +52,11 @@ def tiny_lm(family: str = "llama", *, dtype: str = "bfloat16", seed: int = 0, **
 
     ``shape``: :func:`tiny_config`'s sizes (``layers``, ``hidden``, ``heads``, ``kv_heads``, ``head_dim``, ``vocab``).
     """
-    import mlx.core as mx
-
     config = tiny_config(family, **shape)
-    module = importlib.import_module(f"mlx_lm.models.{family}")
+    require_choice("tiny_lm", "dtype", dtype, DTYPES)
+    module = import_extra(f"mlx_lm.models.{family}", "tiny_lm", EXTRAS)
+    import mlx.core as mx  # mlx-lm's own dependency
+
     mx.random.seed(seed)
     model = module.Model(module.ModelArgs.from_dict(config))
     model.set_dtype(getattr(mx, dtype))
@@ -68,8 +73,7 @@ def save_tiny_lm(
     hidden size to be a multiple of the query heads. The tokenizer has a chat template that joins the messages'
     contents (``mlx_lm.chat`` and the server's chat endpoint need one). Returns the directory.
     """
-    from mlx_lm.utils import save_model
-
+    save_model = import_extra("mlx_lm.utils", "save_tiny_lm", EXTRAS).save_model
     shape.setdefault("hidden", 384)
     path = Path(directory)
     path.mkdir(parents=True, exist_ok=True)
@@ -97,9 +101,8 @@ def _words(vocab: int) -> Any:
 
 def tiny_tokenizer(vocab: int = VOCAB) -> Any:
     """An ``mlx_lm`` TokenizerWrapper over the words ``t0 .. t{vocab-1}`` (whitespace-separated, no EOS)."""
-    from mlx_lm.tokenizer_utils import TokenizerWrapper
-
-    return TokenizerWrapper(_words(vocab))
+    wrapper = import_extra("mlx_lm.tokenizer_utils", "tiny_tokenizer", EXTRAS).TokenizerWrapper
+    return wrapper(_words(vocab))
 
 
 __all__ = ["CHAT_TEMPLATE", "FAMILIES", "VOCAB", "save_tiny_lm", "tiny_config", "tiny_lm", "tiny_tokenizer"]

@@ -298,10 +298,19 @@ def optimize(
     elsewhere; 0 routes every depth. Returns an :class:`OptimizedModel`; its ``restore()``, or leaving
     ``with optimize(model):``, undoes the change. Raises ``TypeError`` when ``model`` is not an
     ``mlx.nn.Module``, ``ValueError`` when it is already optimized, none of its modules calls either function,
-    or ``min_keys`` is not an int >= 0 or None.
+    or ``min_keys`` is not an int >= 0 or None, ``PipelineError`` for a bad ``pipeline`` (at once, as ``compile``
+    raises it), ``MissingExtraError`` without MLX or mlx-lm.
     """
-    from mlx import nn
+    from attnpass.ir.core.extras import import_extra
+    from attnpass.passes import PipelineError
+    from attnpass.passes.infra.pipeline_text import pipeline_passes
 
+    nn = import_extra("mlx.nn", "optimize", "mlx,zoo")
+    if pipeline is not None:  # parsed now, not at the first generation that compiles a program
+        try:
+            pipeline = pipeline_passes(pipeline, "optimize")
+        except PipelineError as exc:
+            raise PipelineError(f"optimize: pipeline: {exc}") from None
     if not isinstance(model, nn.Module):
         hint = " (mlx_lm.load returns (model, tokenizer): pass the model)" if isinstance(model, tuple) else ""
         raise TypeError(

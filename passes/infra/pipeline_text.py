@@ -144,7 +144,7 @@ def parse_pipeline(pipeline: str | Iterable[str | Pass]) -> list[Pass]:
 def pipeline_passes(pipeline: str | Iterable[str | Pass], where: str) -> list[Pass]:
     """:func:`parse_pipeline` for the entry point ``where`` (``PassManager``), which its errors name."""
     if isinstance(pipeline, str):
-        return _parse_text(pipeline, where, "the pipeline")
+        return _parse_text(pipeline, "the pipeline")
     valid = "pipeline text ('head-chunk,dce') or a sequence of pass names and Pass objects"
     if isinstance(pipeline, (bytes, Mapping)) or not isinstance(pipeline, Iterable):
         hint = "a single pass goes in a list: [pass]" if isinstance(pipeline, Pass) else ""
@@ -154,17 +154,17 @@ def pipeline_passes(pipeline: str | Iterable[str | Pass], where: str) -> list[Pa
         if isinstance(item, Pass):
             passes.append(item)
         elif isinstance(item, str):
-            passes += _parse_text(item, where, f"pipeline item {i}")
+            passes += _parse_text(item, f"pipeline item {i}")
         else:
             raise argument_error(where, f"pipeline item {i}", item, "a pass name (or text) or a Pass")
     return passes
 
 
-def _parse_text(text: str, where: str, what: str) -> list[Pass]:
-    """The passes of one pipeline text; ``where`` and ``what`` (``the pipeline``) name it when it is empty."""
+def _parse_text(text: str, what: str) -> list[Pass]:
+    """The passes of one pipeline text; ``what`` (``the pipeline``) names it when it is empty."""
     if not text.strip():
         raise PipelineError(
-            f"{where}: {what} is the empty text {text!r}; give pass names separated by ',' ('raise-attention,dce'; "
+            f"{what} is the empty text {text!r}; give pass names separated by ',' ('raise-attention,dce'; "
             f"available passes: {', '.join(available_passes())}), or the empty list [] for no passes"
         )
     passes: list[Pass] = []

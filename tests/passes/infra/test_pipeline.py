@@ -137,7 +137,7 @@ def test_round_trip_for_any_option_values(budget, enabled, pad, rows, depth):
         ("head-chunk{budget=16}dce", "expected ',' after the options of head-chunk"),
         ("dce,", "trailing ','"),
         ("dce,,dce", "empty pass name at offset 4"),
-        ("", "parse_pipeline: the pipeline is the empty text ''; give pass names separated by ',' ('raise-attention,"
+        ("", "the pipeline is the empty text ''; give pass names separated by ',' ('raise-attention,"
              "dce'; available passes: block-sparse, canonicalize, dce, "),
         ("  ", "the pipeline is the empty text '  '; give pass names separated by ','"),
         ("dce head-chunk", "unknown pass 'dce head-chunk'; available passes: block-sparse, canonicalize, dce, "),
