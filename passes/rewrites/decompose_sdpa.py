@@ -6,7 +6,7 @@ computed in float32 (half operands cast first, the result cast back)::
     scores = (k @ (q.reshape(B, Hkv, G*S, D) * scale)^T)^T  # one matmul per KV head, K read once
     scores = c * tanh(scores / c)                           # logit_softcap c, when set
     scores = where(mask, scores, lowest) | scores + mask     # viewed as [B, Hkv, G, S, T]
-    out    = softmax(scores) @ v -> reshape(B, Hq, S, Dv)   # sinks: softmax(concat([scores, sink]))[..., :T]
+    out    = softmax(scores) @ v -> reshape(B, Hq, S, Dv)   # sinks: softmax(concat([sink, scores]))[..., 1:]
 
 It is the fused call's math with each KV group's query heads folded into the rows of one matmul, so K/V
 are never repeated per query head; a bool mask fills with float32's lowest finite value as the fused
@@ -14,9 +14,11 @@ kernels do (a row without keys is the mean of V), an additive one is added (docs
 
 On MLX's CPU (``device="cpu"``, ``target="mlx"``) the fused call is MLX's fallback, whose ops the
 decomposition then repeats in the inputs' dtype (``q * scale`` with the scale in that dtype, ``q @ k^T``, the
-dtype's lowest as the fill, a precise softmax, ``@ v``; no cast), GQA-folded: the fused call's bits, and no
-float32 copy of K and V. A call with a softcap or sinks, or an additive mask of another dtype, keeps the
-float32 form.
+dtype's lowest as the fill, the sinks cast to that dtype as the softmax's first column, a precise softmax,
+``@ v``; no other cast), GQA-folded: the fused call's bits, and no float32 copy of K and V. A call with a
+softcap (MLX's call has none), or an additive mask of another dtype, keeps the float32 form. The sink column
+comes first in every form, as in MLX's fallback: MLX's CPU softmax sums the row's exponentials in order, so a
+sink appended last rounds the denominator differently (1-4 steps in float32, issue 44).
 
 Per ``device`` (the remark of every ``sdpa`` says which strategy and why; it names the backend when
 ``target`` is ``"mlx"`` or ``"jax"``): ``"cpu"`` decomposes calls with at most ``max_q_len`` rows (no
@@ -62,8 +64,7 @@ class _Plan:
 
 def _mask_keeps_dtype(graph: Graph, node: Node) -> bool:
     """Whether ``node``'s mask has no dtype of its own (none, bool, or the queries' dtype), so the scores keep
-    theirs: with no variant written out (softcap, sinks), the decomposition can then round as MLX's CPU
-    fallback does."""
+    theirs: without a softcap, the decomposition can then round as MLX's CPU fallback does."""
     mask = node.mask
     return mask is None or graph.node(mask).type.dtype in (DType.bool, graph.node(node.inputs[0]).type.dtype)
 
@@ -168,12 +169,18 @@ class DecomposeSDPA(Pass):
             )
         variants = sdpa_variants(node)
         fused_rounding = (
-            self.device == "cpu" and self.target == "mlx" and variants is None and _mask_keeps_dtype(graph, node)
+            self.device == "cpu"
+            and self.target == "mlx"
+            and node.attrs["logit_softcap"] is None  # MLX's fused call has no softcap: nothing to repeat
+            and _mask_keeps_dtype(graph, node)
         )
         rows = f"GQA-folded: the {gqa}*{s} query rows of each of {hkv} KV heads in one matmul over its {t} keys "
         if fused_rounding:
             dtype = graph.node(node.inputs[0]).type.dtype.value
-            folded = rows + f"(q @ k^T), precise softmax, @ v, in {dtype}: MLX's CPU fallback's own ops, bit for bit"
+            sink = ", the sink column first" if node.sinks is not None else ""
+            folded = rows + (
+                f"(q @ k^T){sink}, precise softmax, @ v, in {dtype}: MLX's CPU fallback's own ops, bit for bit"
+            )
         else:
             folded = rows + "(k @ q^T), softmax, @ v, in float32"
         if self.device == "metal":
@@ -190,9 +197,9 @@ class DecomposeSDPA(Pass):
 def _rewrite(rw: Rewriter, plan: _Plan) -> None:
     """The GQA-folded form: in float32, or with ``plan.fused_rounding`` in the inputs' dtype with each op the one
     MLX's CPU fallback of the fused call runs (``q * scale`` with the scale in that dtype, ``q @ k^T``, the mask,
-    a precise softmax, ``@ v``). The fold only makes the query heads of a KV head rows of one matmul, and MLX's
-    CPU matmul computes each row alone, so that form is the fused call's, bit for bit
-    (tests/passes/rewrites/test_decompose_sdpa.py), without a float32 copy of K and V."""
+    the sinks as the first column, a precise softmax, ``@ v``). The fold only makes the query heads of a KV head
+    rows of one matmul, and MLX's CPU matmul computes each row alone, so that form is the fused call's, bit for
+    bit (tests/passes/rewrites/test_decompose_sdpa.py), without a float32 copy of K and V."""
     node = rw.anchor
     dtype = rw.type(node.inputs[0]).dtype if plan.fused_rounding else DType.float32
     q, k, v = (rw.cast(x, dtype, f"{x}_f32") for x in node.inputs[:3])
@@ -214,13 +221,13 @@ def _rewrite(rw: Rewriter, plan: _Plan) -> None:
     mask, sinks = node.mask, node.sinks
     if mask is not None:
         scores = _masked(rw, rw.reshape(scores, (b, hkv, g, s, t), "scores"), mask, hkv, g, dtype)
-    if sinks is not None:  # one more softmax column per query head, dropped before @ v
+    if sinks is not None:  # one more softmax column per query head, first as in MLX's fallback, dropped before @ v
         sink = rw.reshape(rw.cast(sinks, dtype, "sinks"), (1, hkv, g, 1, 1), "sinks")
         column = rw.broadcast(sink, (b, hkv, g, s, 1), "sinks")
-        scores = rw.concat([rw.reshape(scores, (b, hkv, g, s, t), "scores"), column], 4, "scores")
+        scores = rw.concat([column, rw.reshape(scores, (b, hkv, g, s, t), "scores")], 4, "scores")
     probs = rw.op("softmax", [scores], {"axis": -1, "precise": plan.fused_rounding}, "probs")
     if sinks is not None:
-        probs = rw.slice_axis(probs, 4, 0, t, hint="probs")
+        probs = rw.slice_axis(probs, 4, 1, t + 1, hint="probs")
     out = rw.op("matmul", [rw.reshape(probs, (b, hkv, g * s, t), "probs"), v], hint="attended")
     rw.replace_matched(rw.cast(rw.reshape(out, (b, hq, s, dv), "attended"), node.type.dtype, f"{node.name}_out"))
 

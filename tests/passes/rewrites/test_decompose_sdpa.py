@@ -23,8 +23,11 @@ from tests.util import assert_bits_equal, assert_close, random_array, requires
 SMALL = QSAConfig(n_q_heads=4, n_kv_heads=2, head_dim=16, idx_dim=16, budget=32, mask_rows=8, rotary_dim=8)
 
 
-def attention(hq=12, hkv=2, s=1, t=40, d=16, dv=None, dtype="float32", mask=None, causal=None):
-    """A bare sdpa graph; ``mask`` is None, "bool", "additive" or "bool-per-head"."""
+def attention(
+    hq=12, hkv=2, s=1, t=40, d=16, dv=None, dtype="float32", mask=None, causal=None, sinks=None, softcap=None
+):
+    """A bare sdpa graph; ``mask`` is None, "bool", "additive" or "bool-per-head"; ``sinks`` the dtype of a sinks
+    operand (None: none); ``softcap`` its logit soft-cap."""
     specs = [
         TensorSpec((2, hq, s, d), dtype),
         TensorSpec((2, hkv, t, d), dtype),
@@ -33,14 +36,22 @@ def attention(hq=12, hkv=2, s=1, t=40, d=16, dv=None, dtype="float32", mask=None
     if mask is not None:
         heads = hq if mask.endswith("per-head") else 1
         specs.append(TensorSpec((2, heads, s, t), "bool" if mask.startswith("bool") else dtype))
+    if sinks is not None:
+        specs.append(TensorSpec((hq,), sinks))
 
     def unmasked(q, k, v):
-        return ops.sdpa(q, k, v, scale=0.3, causal=causal)
+        return ops.sdpa(q, k, v, scale=0.3, causal=causal, logit_softcap=softcap)
 
     def masked(q, k, v, m):
-        return ops.sdpa(q, k, v, mask=m, scale=0.3, causal=causal)
+        return ops.sdpa(q, k, v, mask=m, scale=0.3, causal=causal, logit_softcap=softcap)
 
-    return trace(masked if mask else unmasked, *specs)
+    def sunk(q, k, v, sk):
+        return ops.sdpa(q, k, v, sinks=sk, scale=0.3, causal=causal, logit_softcap=softcap)
+
+    def masked_sunk(q, k, v, m, sk):
+        return ops.sdpa(q, k, v, mask=m, sinks=sk, scale=0.3, causal=causal, logit_softcap=softcap)
+
+    return trace(((unmasked, sunk), (masked, masked_sunk))[mask is not None][sinks is not None], *specs)
 
 
 def arrays(graph, seed=0):
@@ -52,13 +63,17 @@ def arrays(graph, seed=0):
 
 
 @requires("mlx.core", "jax")
+@pytest.mark.parametrize("variant", [None, "sinks", "softcap"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("mask", [None, "bool", "additive", "bool-per-head"])
 @pytest.mark.parametrize("s", [1, 5])
-def test_decomposed_matches_the_fused_call_within_rounding(dtype, mask, s):
-    g = attention(s=s, dtype=dtype, mask=mask, dv=24)
+def test_decomposed_matches_the_fused_call_within_rounding(dtype, mask, s, variant):
+    """The float32 form (no ``target``), sinks and a softcap written out, against the fused call on each target."""
+    sinks, softcap = (dtype, None) if variant == "sinks" else (None, 2.0 if variant else None)
+    g = attention(s=s, dtype=dtype, mask=mask, dv=24, sinks=sinks, softcap=softcap)
     result = DecomposeSDPA()(g)
     assert [(r.kind, r.node) for r in result.remarks] == [("applied", "sdpa")]
+    assert (" written out" in result.remarks[0].message) == (variant is not None)
     assert "sdpa" not in {n.op for n in result.graph.nodes()}
     args = arrays(g, seed=s)
     reference = run(lower(g, "numpy"), *args)
@@ -89,6 +104,47 @@ def test_on_mlx_cpu_the_decomposition_is_the_fused_call_bit_for_bit(hkv, group, 
     assert (DType.float32 in {n.type.dtype for n in result.graph.nodes()}) == (dtype == "float32")  # no cast
     args = arrays(g, seed=seed)
     assert_bits_equal(run(lower(result.graph, "mlx"), *args), run(lower(g, "mlx"), *args))
+
+
+@requires("mlx.core")
+@settings(max_examples=40, deadline=None)
+@given(
+    hkv=st.sampled_from([1, 2, 4]),
+    group=st.sampled_from([1, 2, 3, 6]),
+    s=st.integers(1, 8),
+    t=st.integers(1, 300),
+    d=st.sampled_from([16, 64, 128]),
+    dv=st.sampled_from([None, 64]),  # mimo_v2_flash: head dim 128 over value dim 64
+    dtype=st.sampled_from(["float32", "float16", "bfloat16"]),
+    half_sinks=st.booleans(),  # float32 queries with half-float sinks (MLX casts them to float32, exactly)
+    mask=st.sampled_from([None, "bool", "additive", "bool-per-head"]),
+    empty_row=st.booleans(),  # a bool mask's row without keys: it weighs only its sink, 0
+    sink_scale=st.sampled_from([1.0, 16.0]),  # sinks beside the scores, or dominating them
+    seed=st.integers(0, 2**16),
+)
+def test_on_mlx_cpu_the_decomposition_with_sinks_is_the_fused_call_bit_for_bit(
+    hkv, group, s, t, d, dv, dtype, half_sinks, mask, empty_row, sink_scale, seed
+):
+    """Issue 44: MLX's fallback puts the sink column first and its CPU softmax sums a row in order, so the
+    decomposition does too (appended last, the float32 probabilities moved by 1-4 steps)."""
+    sinks = "bfloat16" if half_sinks and dtype == "float32" else dtype
+    g = attention(hq=hkv * group, hkv=hkv, s=s, t=t, d=d, dv=dv, dtype=dtype, mask=mask, sinks=sinks)
+    result = DecomposeSDPA(device="cpu", target="mlx")(g)
+    (remark,) = result.remarks
+    assert remark.kind == "applied"
+    assert f"the sink column first, precise softmax, @ v, in {dtype}: MLX's CPU fallback's own ops, bit for bit" in (
+        remark.message
+    )
+    assert (DType.float32 in {n.type.dtype for n in result.graph.nodes()}) == (dtype == "float32")  # no cast
+    args = arrays(g, seed=seed)  # with sinks a bool mask's rows may be empty anyway
+    args[-1] = (args[-1].astype(np.float32) * sink_scale).astype(args[-1].dtype)
+    emptied = empty_row and mask in ("bool", "bool-per-head")
+    if emptied:
+        args[3][0, -1, s - 1] = False  # batch 0, the last query row: of every head ("bool"), of the last one
+    got, fused = run(lower(result.graph, "mlx"), *args), run(lower(g, "mlx"), *args)
+    assert_bits_equal(got, fused)
+    if emptied:
+        assert not fused[0, slice(None) if mask == "bool" else -1, s - 1].any()
 
 
 @requires("mlx.core")
