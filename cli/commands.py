@@ -310,7 +310,92 @@ def first_sentence(doc: str) -> str:
     return text if end < 0 else text[: end + 1]
 
 
+PROMISE = (
+    "the name of a graph input holding each row's selected key indices, which the caller promises distinct per row, "
+    "or none: proven from the graph"
+)
+OPTION_HELP: dict[tuple[str, str], str] = {
+    # (pass, option) -> what it does and what is valid; "{choices}" is filled by option_choices(); an option of
+    # every pass with an on/off switch is under ("*", name)
+    ("*", "enabled"): "true runs the pass, false declines every candidate; none: the environment variable {env_var} "
+    "decides when the pass runs (off when false/off/no/0)",
+    ("block-sparse", "device"): "the device whose tile size (query rows per tile) is used: one of {choices}",
+    ("block-sparse", "block_q"): "query rows per tile, an int >= 1; none: the device's",
+    ("canonicalize", "fold"): "which ops of constants fold: one of {choices} (exact: only the ops every target "
+    "computes bit for bit as the reference does; reference: transcendental ops too)",
+    ("decompose-sdpa", "device"): "the device whose strategy is taken (fused call, or GQA-folded matmul/softmax): "
+    "one of {choices}",
+    ("decompose-sdpa", "max_q_len"): "the most query rows of a call it decomposes (decode-shaped), an int >= 1",
+    ("decompose-sdpa", "target"): "the backend the program is lowered to (mlx on cpu: the fused call's own rounding): "
+    "one of {choices}, or none",
+    ("decompose-sdpa", "widen_quantized"): "true computes a half-float quantized_sdpa on CPU in float32 (faster "
+    "there, not the model's bits); false keeps its dtype",
+    ("dsa-gather", "tile_bytes"): "gathered K/V bytes per tile of query rows, an int >= 0; 0 gathers all rows at once",
+    ("dsa-gather", "selection_input"): PROMISE,
+    ("dsa-gather", "rows_have_keys"): "true promises that every query row selects at least one key",
+    (
+        "head-chunk",
+        "budget",
+    ): "the most q_len * query heads a subcall may have (the fused kernel's budget), an int >= 1",
+    ("mla-absorb", "crossover_factor"): "attend in the latent form below this factor times the model's crossover "
+    "depth, a finite number > 0",
+    ("mla-absorb", "selection_input"): PROMISE,
+    ("mla-absorb", "rows_have_keys"): "true promises that every query row selects at least one key",
+    ("qsa-gather", "max_rows"): "the most query rows of a decode-shaped call (more: a prefill, see prefill_tile), an "
+    "int >= 1",
+    ("qsa-gather", "min_depth_factor"): "gather only when the cache holds at least this many times the gathered "
+    "cells, a number",
+    ("qsa-gather", "pad_multiple"): "the gathered cells are padded to a multiple of this, an int >= 1",
+    ("qsa-gather", "selection_input"): "the name of a graph input holding the indexer's selected blocks, or none: "
+    "the graph's qsa_select",
+    ("qsa-gather", "prefill_tile"): "query rows per gathered tile of a prefill, an int >= 0; 0 keeps a prefill masked",
+    ("qsa-pool-cache", "max_rows"): "the most query rows of a call it rewrites, an int >= 1",
+    ("qsa-pool-cache", "store"): "what the resident cache holds: one of {choices} (keys: the block keys, pooled only "
+    "for the newest block; pooled: the pooled keys)",
+    ("raise-attention", "canonicalize"): "true canonicalizes the graph first (layout chains, constants); false "
+    "raises the graph as it is",
+    ("shard-attention", "heads"): "the mesh axis the KV heads (with their query heads) are sharded over, or none",
+    ("shard-attention", "batch"): "the mesh axis the streams are sharded over, or none",
+    ("shard-attention", "seq"): "the mesh axis the keys are sharded over (combined by log-sum-exp), or none; at least "
+    "one of heads, batch, seq is given",
+    ("split-kv", "shards"): "the number of key shards, combined exactly by log-sum-exp, an int >= 2",
+}
+
+
+def option_choices(pass_name: str, option: str) -> list[str] | None:
+    """The values a text option of a built-in pass may take, read from the pass's own table; None when any
+    value of its type is valid."""
+    if option == "device" and pass_name in ("block-sparse", "decompose-sdpa"):
+        from attnpass.passes.analysis.devices import DEVICES
+
+        return list(DEVICES)
+    if (pass_name, option) == ("decompose-sdpa", "target"):
+        from attnpass.passes.rewrites.decompose_sdpa import TARGETS
+
+        return list(TARGETS)
+    if (pass_name, option) == ("canonicalize", "fold"):
+        from attnpass.passes.rewrites.canonicalize import FOLD_MODES
+
+        return list(FOLD_MODES)
+    if (pass_name, option) == ("qsa-pool-cache", "store"):
+        from attnpass.passes.rewrites.qsa_pool_cache import STORES
+
+        return list(STORES)
+    return None
+
+
+def option_help(cls: type, option: str) -> str | None:
+    """What ``cls``'s ``option`` does and what is valid (:data:`OPTION_HELP`), None when it has no entry."""
+    text = OPTION_HELP.get((cls.name, option)) or OPTION_HELP.get(("*", option))
+    if text is None:
+        return None
+    choices = option_choices(cls.name, option) or []
+    return text.format(choices=", ".join(choices), env_var=getattr(cls, "env_var", None) or "of the pass")
+
+
 def passes(args: argparse.Namespace) -> int:
+    """Every registered pass: its class, its docstring's first sentence, and its options with their type, default,
+    what each does and what is valid."""
     from attnpass.passes import PipelineError, available_passes, get_pass
     from attnpass.passes.infra.pipeline_text import pass_options
 
@@ -324,6 +409,9 @@ def passes(args: argparse.Namespace) -> int:
         print(f"{name}  ({cls.__module__}.{cls.__qualname__})\n    {summary}")
         for option in pass_options(cls):
             print(f"    option {option}")
+            described = option_help(cls, option.name) if option.kinds else None
+            if described is not None:
+                print(f"        {described}")
     return 0
 
 
@@ -337,5 +425,7 @@ def launch(args: argparse.Namespace) -> int:
     """``attnpass mlx-lm|mlx-vlm COMMAND ARGS...``: the library's own command, the models it loads optimized."""
     from .launch import Options, run
 
-    options = Options(args.pipeline, args.min_keys, args.strict, args.summary, args.explain)
+    options = Options(
+        args.pipeline, args.min_keys, args.strict, args.summary, args.explain, args.explain_full, args.summary_every
+    )
     return run(args.library, args.entry, args.entry_args, options)

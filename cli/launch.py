@@ -10,10 +10,16 @@ runs plain, with one warning (``strict``: an error). A loader that fails raises 
 
 Contract: stdout stays the entry point's; attnpass writes to stderr only. When the command ends (it returns,
 fails, or is stopped by SIGINT or SIGTERM: both raise :class:`Stopped`, a ``KeyboardInterrupt``, so that
-mlx-lm's server shuts down as on Ctrl-C) the :class:`Session` prints one line per optimized model, or
-optimize's whole report (``explain``); a stopped command then raises :class:`Stopped` again. While mlx-lm's
-server runs, ``GET /attnpass/summary`` answers with the same as JSON, and its generation thread clears its MLX
-streams when it ends (:func:`_clearing_streams`). Everything is undone when the command ends: the loaders, the
+mlx-lm's server shuts down as on Ctrl-C) the :class:`Session` prints one line per optimized model (a failed
+command: per model that ran an attention call), or optimize's report (``explain``); a stopped command then
+raises :class:`Stopped` again. An exception of the command is one :class:`~attnpass.ir.AttnpassError` naming
+it; attnpass's own options given after the command are named with where they go (:func:`_misplaced`).
+
+mlx-lm's server (:class:`ServerHooks`) checks that it can listen on ``--host``/``--port`` before its generation
+thread starts, and listens only once that thread has loaded the command line's model: a used port and a model
+that cannot be loaded each end the command with one line, before it listens. While it runs, ``GET
+/attnpass/summary`` answers with the summary as JSON, and its generation thread clears its MLX streams when it
+ends (:func:`_clearing_streams`). Everything is undone when the command ends: the loaders, the
 server's handler and thread function, the signal handlers, ``sys.argv``, and every optimize. The session
 holds each model it optimized until then (a server that switches models keeps the earlier ones loaded).
 
@@ -22,11 +28,14 @@ Imports only the standard library: ``attnpass --help`` lists the commands from :
 
 from __future__ import annotations
 
+import argparse
+import errno
 import functools
 import importlib
 import io
 import json
 import signal
+import socket
 import sys
 import threading
 import warnings
@@ -41,27 +50,50 @@ SUMMARY_PATH = "/attnpass/summary"
 
 
 @dataclass(frozen=True)
+class ServerHooks:
+    """Where a server command is held to fail before it listens (``"module:name"`` or ``"module:Class.name"``):
+    ``run(host, port, provider)`` starts the generation thread and serves (the port is checked before it),
+    ``serve(host, port, generator, server_class=...)`` listens (it waits for the first load, and binds through a
+    server class whose failure names the address), ``first_load`` is the method that thread calls first to load
+    the command line's model."""
+
+    run: str
+    serve: str
+    first_load: str
+
+
+@dataclass(frozen=True)
 class EntryPoint:
     """A command of a model library: its ``main`` and the loaders it calls (``"module:name"`` each; a loader
     returns the model, or a tuple whose first item is the model), the HTTP handler class, if any, that
-    answers :data:`SUMMARY_PATH`, and the functions it runs as threads that use MLX (``"module:Class.name"``),
-    which then clear their MLX streams when they end (:func:`_clearing_streams`)."""
+    answers :data:`SUMMARY_PATH`, the functions it runs as threads that use MLX (``"module:Class.name"``),
+    which then clear their MLX streams when they end (:func:`_clearing_streams`), its server's hooks, and its
+    options that name a file it reads (checked before it runs, with what makes one)."""
 
     main: str
     loaders: tuple[str, ...]
     handler: str | None = None
     threads: tuple[str, ...] = ()
+    server: ServerHooks | None = None
+    reads: tuple[tuple[str, str], ...] = ()
 
 
 ENTRY_POINTS: dict[str, dict[str, EntryPoint]] = {
     "mlx-lm": {
-        "generate": EntryPoint("mlx_lm.generate:main", ("mlx_lm.generate:load",)),
+        "generate": EntryPoint(
+            "mlx_lm.generate:main",
+            ("mlx_lm.generate:load",),
+            reads=(("--prompt-cache-file", "a prompt cache .safetensors file written by mlx_lm.cache_prompt"),),
+        ),
         "chat": EntryPoint("mlx_lm.chat:main", ("mlx_lm.chat:load", "mlx_lm.chat:sharded_load")),
         "server": EntryPoint(
             "mlx_lm.server:main",
             ("mlx_lm.server:load", "mlx_lm.server:sharded_load"),
             "mlx_lm.server:APIHandler",
             ("mlx_lm.server:ResponseGenerator._run_generate",),
+            ServerHooks(
+                "mlx_lm.server:run", "mlx_lm.server:_run_http_server", "mlx_lm.server:ModelProvider.load_default"
+            ),
         ),
     },
     "mlx-vlm": {
@@ -76,13 +108,23 @@ ENTRY_POINTS: dict[str, dict[str, EntryPoint]] = {
 @dataclass(frozen=True)
 class Options:
     """attnpass's options: ``optimize``'s (``pipeline`` text, ``min_keys``, ``strict``), and what the session prints
-    at the end: one line per model (``summary``), optimize's whole report (``explain``), or nothing."""
+    at the end: one line per model (``summary``), optimize's report (``explain``; ``explain_full``: its whole
+    form, every signature and remark), or nothing; ``summary_every``: also print the summary every so many
+    seconds while the command runs (when it changed), as a server's log line."""
 
     pipeline: str | None = None
     min_keys: int | None = None
     strict: bool = False
     summary: bool = True
     explain: bool = False
+    explain_full: bool = False
+    summary_every: float | None = None
+
+
+LAUNCHER_OPTIONS = {  # attnpass's options of `attnpass mlx-lm|mlx-vlm` -> whether each takes a value
+    "--pipeline": True, "-p": True, "--min-keys": True, "--strict": False, "--summary": False, "--no-summary": False,
+    "--explain": False, "--explain-full": False, "--summary-every": True,
+}  # fmt: skip
 
 
 class Stopped(KeyboardInterrupt):
@@ -144,23 +186,27 @@ class Session:
         """One line per optimized model: its calls routed, traces and calls declined by reason."""
         return [f"attnpass: {summary_line(source, optimized)}" for source, optimized in self.models()]
 
-    def report(self) -> str:
-        """optimize's whole report (``OptimizedModel.explain``) of every model, one after the other."""
+    def report(self, full: bool = False, models: list[tuple[str, Any]] | None = None) -> str:
+        """optimize's report (``OptimizedModel.explain``; ``full``: its whole form) of every model (or of
+        ``models``), in turn."""
         out = io.StringIO()
-        for source, optimized in self.models():
+        for source, optimized in self.models() if models is None else models:
             print(f"attnpass: {source}:", file=out)
-            optimized.explain(file=out)
-        return out.getvalue()
+            optimized.explain(file=out, full=full)
+        return _as_options(out.getvalue())
 
-    def as_json(self) -> dict[str, Any]:
-        """What ``GET /attnpass/summary`` answers: per model its counts and optimize's report."""
+    def as_json(self, full: bool = False) -> dict[str, Any]:
+        """What ``GET /attnpass/summary`` answers: per model its counts, its summary line and optimize's report
+        (``full``, ``?full=1``: the whole form)."""
         models = []
         for source, optimized in self.models():
             report = io.StringIO()
-            optimized.explain(file=report)
+            optimized.explain(file=report, full=full)
             models.append(
                 {"model": source, "class": optimized.model.__class__.__name__, "routed": optimized.routed,
-                 "traces": optimized.traces, "declined": dict(optimized.declined), "report": report.getvalue()}
+                 "traces": optimized.traces, "trace_seconds": round(optimized.trace_seconds, 3),
+                 "declined": dict(optimized.declined), "summary": summary_line(source, optimized),
+                 "report": report.getvalue()}
             )  # fmt: skip
         return {"command": self.label, "models": models}
 
@@ -169,24 +215,63 @@ class Session:
         for _, optimized in self.models():
             optimized.restore()
 
-    def print(self, file: TextIO) -> None:
-        """What the options ask for at the end of the command."""
-        if self.options.explain:
-            file.write(self.report())
-        elif self.options.summary:
-            for line in self.lines():
-                print(line, file=file)
+    def print(self, file: TextIO, *, failed: bool = False) -> None:
+        """What the options ask for at the end of the command; after a failure (``failed``) only the models that
+        ran an attention call are reported (a model loaded before the failure ran nothing to report)."""
+        models = self.models()
+        if failed:
+            models = [(source, o) for source, o in models if o.routed or sum(dict(o.declined).values())]
+        if models and (self.options.explain or self.options.explain_full):
+            file.write(self.report(self.options.explain_full, models))
+        elif models and self.options.summary:
+            for source, optimized in models:
+                print(f"attnpass: {summary_line(source, optimized)}", file=file)
         file.flush()
+
+    @contextmanager
+    def every(self, seconds: float | None, file: TextIO) -> Iterator[None]:
+        """While the block runs, print :meth:`lines` to ``file`` every ``seconds`` when they changed (a server's
+        periodic log line); None prints nothing."""
+        if seconds is None:
+            yield
+            return
+        stop = threading.Event()
+
+        def report() -> None:
+            last: list[str] = []
+            while not stop.wait(seconds):
+                lines = self.lines()
+                if lines and lines != last:
+                    file.write("".join(f"{line}\n" for line in lines))
+                    file.flush()
+                    last = lines
+
+        thread = threading.Thread(target=report, name="attnpass-summary", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+
+
+def _as_options(report: str) -> str:
+    """optimize's report with its Python hints said as this command's options (``--min-keys``, ``--explain-full``)."""
+    return report.replace("optimize(min_keys=N)", "--min-keys N").replace("explain(full=True)", "--explain-full")
 
 
 def summary_line(source: str, optimized: Any) -> str:
-    """``optimize(Model) SOURCE: routed N attention call(s), T trace(s); declined: n x reason, ...``."""
+    """``optimize(Model) SOURCE: routed N attention call(s), T trace(s) in S s; declined: n x reason (its bound;
+    the option that moves it), ...``: the trace time is in the command's own timings (mlx-lm's prompt tok/s)."""
     declined = Counter(dict(optimized.declined))  # a copy: the server's generation thread may be counting
-    reasons = ", ".join(f"{n} x {reason}" for reason, n in declined.most_common()) or "none"
+    reasons = []
+    for reason, n in declined.most_common():
+        bound = optimized.decline_bound(reason)
+        reasons.append(f"{n} x {reason}" + (f" ({bound}; --min-keys 0 routes them)" if bound else ""))
     name = optimized.model.__class__.__name__
     return (
-        f"optimize({name}) {source}: routed {optimized.routed} attention call(s), {optimized.traces} trace(s); "
-        f"declined: {reasons}"
+        f"optimize({name}) {source}: routed {optimized.routed} attention call(s), {optimized.traces} trace(s) in "
+        f"{optimized.trace_seconds:.2f} s (counted in the command's timings); declined: {', '.join(reasons) or 'none'}"
     )
 
 
@@ -202,34 +287,52 @@ def run(library: str, command: str, argv: Sequence[str], options: Options, *, er
         known = ", ".join(commands) or f"none ({library!r} is not one of {', '.join(ENTRY_POINTS)})"
         raise ArgumentError(f"{library}: no command {command!r}; its commands: {known}")
     entry = commands[command]
+    label = f"{library} {command}"
+    if options.summary_every is not None and not options.summary_every > 0:
+        raise ArgumentError(f"--summary-every must be a number of seconds > 0, got {options.summary_every!r}")
     if options.pipeline is not None:
         from attnpass.passes import parse_pipeline
 
         parse_pipeline(options.pipeline)  # a mistake in it is one line now, not an error inside mlx-lm's load
-    session = Session(f"{library} {command}", options)
+    _check_reads(label, entry, argv)
+    session = Session(label, options)
     main = _resolve(entry.main)
     patches = [(owner, name, session.wrap(getattr(owner, name))) for owner, name in map(_owner, entry.loaders)]
+    patches.append((argparse.ArgumentParser, "error", _misplaced(label, library, command, argv)))
     if entry.handler is not None:
         handler = _resolve(entry.handler)
         patches.append((handler, "do_GET", _summary_endpoint(session, handler.do_GET)))
     for target in entry.threads:
         owner, name = _owner(target)
         patches.append((owner, name, _clearing_streams(getattr(owner, name))))
+    if entry.server is not None:
+        patches += _server_patches(label, entry.server)
     stopped: list[int] = []
-    status = 1  # when a signal stops main()
+    status, failed = 1, True  # when a signal stops main(), or it fails
+    out = err if err is not None else sys.stderr
     try:
-        with _patched(patches), _stopping(stopped), _argv([f"attnpass {library} {command}", *argv]):
-            status = _status(main)
+        with (
+            _patched(patches),
+            _stopping(stopped),
+            _argv([f"attnpass {label}", *argv]),
+            session.every(options.summary_every, out),
+        ):
+            status = _status(label, main)
+            failed = False
     finally:
-        session.print(err if err is not None else sys.stderr)
+        session.print(out, failed=failed and not stopped)
         session.restore()
     if stopped:  # the command caught the interrupt (mlx-lm's server shuts down): report it
         raise Stopped(stopped[0])
     return status
 
 
-def _status(main: Callable[[], Any]) -> int:
-    """``main()``'s exit status: 0 when it returns, the code of a ``SystemExit`` it raises (argparse's)."""
+def _status(label: str, main: Callable[[], Any]) -> int:
+    """``main()``'s exit status: 0 when it returns, the code of a ``SystemExit`` it raises (argparse's). Its
+    other exceptions are raised as one :class:`~attnpass.ir.AttnpassError` naming the command (the library's
+    error, not an unexpected one of attnpass's; the original is its ``__cause__``)."""
+    from attnpass.ir import AttnpassError
+
     try:
         main()
     except SystemExit as exc:
@@ -237,7 +340,159 @@ def _status(main: Callable[[], Any]) -> int:
             return exc.code or 0
         print(exc.code, file=sys.stderr)
         return 1
+    except (AttnpassError, BrokenPipeError):
+        raise
+    except Exception as exc:
+        text = str(exc).strip().splitlines()
+        raise AttnpassError(f"{label} failed: {type(exc).__name__}: {text[0] if text else 'no message'}") from exc
     return 0
+
+
+def _check_reads(label: str, entry: EntryPoint, argv: Sequence[str]) -> None:
+    """Each of ``entry``'s options naming a file it reads, when given, must name an existing file."""
+    from attnpass.ir import AttnpassError
+
+    for option, what in entry.reads:
+        for value in _values(argv, option):
+            if not Path(value).is_file():
+                found = "it is a directory" if Path(value).is_dir() else "no such file"
+                raise AttnpassError(f"{label}: {option} {value!r}: {found}; give {what}")
+
+
+def _values(argv: Sequence[str], option: str) -> list[str]:
+    """The values ``option`` is given in ``argv`` (``--option VALUE`` or ``--option=VALUE``)."""
+    found = []
+    for i, token in enumerate(argv):
+        if token == option and i + 1 < len(argv):
+            found.append(argv[i + 1])
+        elif token.startswith(option + "="):
+            found.append(token[len(option) + 1 :])
+    return found
+
+
+def _misplaced(label: str, library: str, command: str, argv: Sequence[str]) -> Callable[..., Any]:
+    """argparse's ``ArgumentParser.error`` while the command parses ``argv``: when the library's parser does not
+    know one of attnpass's own options given after the command (:data:`LAUNCHER_OPTIONS`), one line says where
+    it goes instead of the library's usage; any other error is argparse's."""
+    original = argparse.ArgumentParser.error
+
+    def error(parser: argparse.ArgumentParser, message: str) -> Any:
+        prefix = "unrecognized arguments: "
+        unknown = message[len(prefix) :].split() if message.startswith(prefix) else []
+        ours = [t for t in unknown if t.split("=")[0] in LAUNCHER_OPTIONS and t.split("=")[0] != "-p"]
+        if not ours:
+            return original(parser, message)
+        from attnpass.ir.core.arguments import ArgumentError
+
+        moved: list[str] = []
+        for option in ours:
+            moved.append(option)
+            name = option.split("=")[0]
+            if LAUNCHER_OPTIONS[name] and "=" not in option and option in argv:
+                at = list(argv).index(option)
+                moved += list(argv[at + 1 : at + 2])
+        names = ", ".join(dict.fromkeys(o.split("=")[0] for o in ours))
+        raise ArgumentError(
+            f"{label}: {names} is an option of attnpass, not of {label}: give it before the command, as in "
+            f"attnpass {library} {' '.join(moved)} {command} ..."
+        )
+
+    return error
+
+
+def _server_patches(label: str, hooks: ServerHooks) -> list[tuple[Any, str, Any]]:
+    """The patches that make a server fail before it listens: its address checked before its generation thread
+    starts (``run``), the command line's model loaded before it listens (``first_load``, ``serve``)."""
+    loaded = threading.Event()
+    failure: list[BaseException] = []
+    run_owner, run_name = _owner(hooks.run)
+    serve_owner, serve_name = _owner(hooks.serve)
+    load_owner, load_name = _owner(hooks.first_load)
+    run, serve, first_load = (getattr(o, n) for o, n in ((run_owner, run_name), (serve_owner, serve_name),
+                                                         (load_owner, load_name)))  # fmt: skip
+
+    @functools.wraps(run)
+    def running(host: str, port: int, *args: Any, **kwargs: Any) -> Any:
+        _check_address(label, host, port)
+        return run(host, port, *args, **kwargs)
+
+    @functools.wraps(first_load)
+    def loading(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return first_load(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001  (the thread goes on without a model: serving() raises it)
+            failure.append(exc)
+            return None
+        finally:
+            loaded.set()
+
+    @functools.wraps(serve)
+    def serving(host: str, port: int, generator: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            thread = getattr(generator, "_generation_thread", None)
+            while not loaded.wait(0.1):  # a timed wait: SIGINT and SIGTERM stop it
+                if thread is not None and not thread.is_alive():
+                    break
+            if failure:
+                raise failure[0]
+            kwargs["server_class"] = _listening(label, host, port, kwargs.get("server_class"))
+            return serve(host, port, generator, *args, **kwargs)
+        except BaseException:
+            generator.stop_and_join()
+            raise
+
+    return [(run_owner, run_name, running), (serve_owner, serve_name, serving), (load_owner, load_name, loading)]
+
+
+def _check_address(label: str, host: str, port: int) -> None:
+    """``host``:``port`` can be listened on (bound as ``http.server`` binds, with ``SO_REUSEADDR``), or one
+    :class:`~attnpass.ir.AttnpassError` naming it."""
+    from attnpass.ir import AttnpassError
+
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]  # fmt: skip
+    except (OSError, OverflowError, UnicodeError) as exc:
+        raise AttnpassError(f"{label}: cannot listen on {host}:{port}: --host {host!r}: {_reason(exc)}") from None
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except (OSError, OverflowError) as exc:
+            raise AttnpassError(_listen_error(label, host, port, exc)) from None
+
+
+def _listening(label: str, host: str, port: int, server_class: type | None) -> type:
+    """``server_class`` (http.server's ``ThreadingHTTPServer`` when None) whose failure to bind is one
+    :class:`~attnpass.ir.AttnpassError` naming the address (the port may be taken after :func:`_check_address`)."""
+    from http.server import ThreadingHTTPServer
+
+    from attnpass.ir import AttnpassError
+
+    base: Any = server_class or ThreadingHTTPServer
+
+    def server_bind(self: Any) -> None:
+        try:
+            base.server_bind(self)
+        except (OSError, OverflowError) as exc:
+            raise AttnpassError(_listen_error(label, host, port, exc)) from None
+
+    return type(base.__name__, (base,), {"server_bind": server_bind})
+
+
+def _listen_error(label: str, host: str, port: int, exc: BaseException) -> str:
+    hints = {
+        errno.EADDRINUSE: f"another process listens on port {port}: give --port a free one",
+        errno.EACCES: "ports below 1024 need privileges: give --port 1024 or above",
+        errno.EADDRNOTAVAIL: f"{host} is no address of this machine: give --host one of its own, e.g. 127.0.0.1",
+    }
+    hint = hints.get(getattr(exc, "errno", None), "--port must be 0 to 65535" if isinstance(exc, OverflowError) else "")
+    return f"{label}: cannot listen on {host}:{port}: {_reason(exc)}" + (f" ({hint})" if hint else "")
+
+
+def _reason(exc: BaseException) -> str:
+    text = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+    return text[:1].lower() + text[1:]
 
 
 def _load_error(label: str, source: str, exc: Exception) -> Exception:
@@ -245,7 +500,13 @@ def _load_error(label: str, source: str, exc: Exception) -> Exception:
 
     text = str(exc).strip().splitlines()
     first = f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
-    where = "" if Path(source).exists() else " (no such local path, so it was read as a Hugging Face repo id)"
+    path = Path(source)
+    if path.is_dir() and not (path / "config.json").is_file():
+        return AttnpassError(
+            f"{label}: cannot load {source!r}: the folder has no config.json; a model folder holds config.json, "
+            "its *.safetensors weights and its tokenizer files (as mlx_lm.convert writes them)"
+        )
+    where = "" if path.exists() else " (no such local path, so it was read as a Hugging Face repo id)"
     return AttnpassError(f"{label}: cannot load {source!r}{where}: {first}")
 
 
@@ -330,13 +591,16 @@ def _clearing_streams(target: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _summary_endpoint(session: Session, do_get: Callable[[Any], None]) -> Callable[[Any], None]:
-    """The handler's ``do_GET``, answering :data:`SUMMARY_PATH` with :meth:`Session.as_json`."""
+    """The handler's ``do_GET``, answering :data:`SUMMARY_PATH` with :meth:`Session.as_json` (``?full=1``: the
+    reports' whole form)."""
 
     @functools.wraps(do_get)
     def answering(handler: Any) -> None:
-        if handler.path.split("?")[0] != SUMMARY_PATH:
+        path, _, query = handler.path.partition("?")
+        if path != SUMMARY_PATH:
             return do_get(handler)
-        body = json.dumps(session.as_json()).encode()
+        full = "full=1" in query.split("&") or "full=true" in query.split("&")
+        body = json.dumps(session.as_json(full)).encode()
         handler.send_response(200)
         handler.send_header("Content-Type", "application/json")
         handler.send_header("Content-Length", str(len(body)))
@@ -346,4 +610,7 @@ def _summary_endpoint(session: Session, do_get: Callable[[Any], None]) -> Callab
     return answering
 
 
-__all__ = ["ENTRY_POINTS", "SUMMARY_PATH", "EntryPoint", "Options", "Session", "Stopped", "run", "summary_line"]
+__all__ = [
+    "ENTRY_POINTS", "LAUNCHER_OPTIONS", "SUMMARY_PATH", "EntryPoint", "Options", "ServerHooks", "Session", "Stopped",
+    "run", "summary_line",
+]  # fmt: skip

@@ -4,7 +4,9 @@ Every subcommand has ``--help``. Every failure ends with one line on stderr
 (``attnpass: error: ...``) and exit status 2 (usage) or 1, backend errors
 included (``--traceback`` shows the Python traceback of an unexpected one);
 a crashing pass prints its PassError, the crash reproducer it wrote and the
-command that replays it. Warnings are one line too (``attnpass: warning: ...``).
+command that replays it. Warnings are one line too, named by where they come from (``attnpass: warning:
+...``; a library's, e.g. mlx-lm's while ``attnpass mlx-lm`` runs its command: ``mlx-lm: warning: ...``). A
+command stopped by SIGINT or SIGTERM says so on one line, without ``error``.
 
 Startup stays cheap (``benchmarks/startup.py``): this module imports only the
 standard library; a subcommand imports what it needs when it runs
@@ -18,6 +20,7 @@ import argparse
 import importlib
 import importlib.util
 import os
+import signal
 import sys
 import warnings
 from pathlib import Path
@@ -73,6 +76,17 @@ class LazyVersion(argparse.Action):
         parser.exit()
 
 
+def positive_seconds(text: str) -> float:
+    """``--summary-every SECONDS``: a finite number > 0 (argparse's usage error otherwise)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text!r}")
+    return value
+
+
 def non_negative(text: str) -> int:
     """``--width N``: an int >= 0 (argparse's usage error otherwise)."""
     try:
@@ -114,8 +128,10 @@ LAUNCH_EPILOG = """\
 Everything after COMMAND is {library}'s own command line, passed through untouched
 (attnpass {library} COMMAND --help shows its flags); attnpass's options go before COMMAND.
 stdout stays {library}'s; at exit (SIGINT and SIGTERM included) attnpass prints one line
-per optimized model on stderr: attention calls routed, traces, calls declined by reason.
-mlx-lm's server also answers GET /attnpass/summary (JSON). Commands: {commands}.
+per optimized model on stderr: attention calls routed, traces and their time, calls
+declined by reason with the bound behind each and the option that moves it. mlx-lm's
+server checks its --host/--port and loads its --model before it listens, and answers
+GET /attnpass/summary (JSON; ?full=1: the whole report). Commands: {commands}.
 
 example: attnpass {library} --min-keys 0 generate --model DIR --prompt "hello" --max-tokens 16"""
 
@@ -143,7 +159,19 @@ def _launcher_options(sub: argparse.ArgumentParser) -> None:
         help="at exit, one line per optimized model on stderr (default: on)",
     )
     sub.add_argument(
-        "--explain", action="store_true", help="at exit, optimize's whole report instead (signatures, remarks)"
+        "--explain",
+        action="store_true",
+        help="at exit, optimize's report instead: declines with their bounds, each program's decisions by kind",
+    )
+    sub.add_argument(
+        "--explain-full", action="store_true", help="at exit, optimize's whole report: every signature and remark"
+    )
+    sub.add_argument(
+        "--summary-every",
+        type=positive_seconds,
+        metavar="SECONDS",
+        help="also print the summary line every SECONDS while the command runs, when it changed (a server's log; "
+        "default: only at exit)",
     )
     sub.add_argument("entry", metavar="COMMAND", help="the library's command")
     sub.add_argument("entry_args", nargs=argparse.REMAINDER, metavar="ARGS", help="its own command line")
@@ -307,7 +335,21 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
-    print(f"attnpass: warning: {_first_line(message) if isinstance(message, Warning) else message}", file=sys.stderr)
+    text = _first_line(message) if isinstance(message, Warning) else str(message).strip().splitlines()[0]
+    print(f"{warning_source(category, filename)}: warning: {text}", file=sys.stderr)
+
+
+def warning_source(category: type, filename: str) -> str:
+    """Who a warning is from: ``attnpass`` for its own categories and files, else the top package of the module
+    that warned (``mlx_lm/server.py`` -> ``mlx-lm``), else the file's name."""
+    if getattr(category, "__module__", "").split(".")[0] == "attnpass":
+        return "attnpass"
+    from .output import module_path
+
+    module = module_path(filename) if filename else None
+    if module is None:
+        return os.path.basename(filename or "") or "python"
+    return module.split("/")[0].removesuffix(".py").replace("_", "-")
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -332,8 +374,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # e.g. `attnpass show big.json | head`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except KeyboardInterrupt as exc:  # Ctrl-C; attnpass mlx-lm's launch.Stopped also says which signal
-        return _fail(str(exc) or "interrupted", getattr(exc, "status", 130))
+    except KeyboardInterrupt as exc:  # Ctrl-C; attnpass mlx-lm's launch.Stopped: how it ends (no error)
+        status = getattr(exc, "status", None)
+        if status is None:
+            return _fail(str(exc) or "interrupted", 130)
+        print(f"attnpass: {exc} by {signal.Signals(status - 128).name}", file=sys.stderr)
+        return status
     except Exception as exc:
         if args.traceback:
             raise

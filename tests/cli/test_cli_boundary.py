@@ -39,8 +39,10 @@ def test_a_negative_width_is_a_usage_error(tmp_path, capsys):
 def test_passes_prints_whole_first_sentences(cli):
     status, out, _ = cli("passes")
     assert status == 0
-    summaries = [
-        line.strip() for line in out.splitlines() if line.startswith("    ") and not line.startswith("    option")
+    summaries = [  # an option's description is indented further, under its "    option" line
+        line.strip()
+        for line in out.splitlines()
+        if line.startswith("    ") and not line.startswith(("    option", "        "))
     ]
     assert len(summaries) == len(available_passes())
     assert all(s.endswith(".") for s in summaries), summaries
