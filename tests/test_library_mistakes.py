@@ -8,13 +8,25 @@ import sys
 import tomllib
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from attnpass.ir import AttnpassError, ImportedGraph, TensorSpec, ops, trace
+from attnpass.ir import (
+    AttnpassError,
+    ImportedGraph,
+    ModelImportError,
+    TensorSpec,
+    from_jax,
+    from_mlx,
+    ops,
+    trace,
+)
 from attnpass.ir.core.arguments import ArgumentError
 from attnpass.ir.core.extras import MissingExtraError
 from attnpass.passes import DeadCodeElimination, PassManager, PipelineError
-from tests.util import requires
+from tests.util import lazy_import, requires, target_params
+
+mx = lazy_import("mlx.core")
 
 
 def one_line(error: pytest.ExceptionInfo) -> str:
@@ -90,7 +102,73 @@ def test_tiny_lm_names_the_extras_it_needs_and_checks_its_choices(monkeypatch):
         with pytest.raises(MissingExtraError) as error:
             call()
         assert one_line(error).startswith(f'{needs}, from the extras mlx,zoo: pip install "attnpass[mlx,zoo]"')
-    extras = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"][
-        "optional-dependencies"
-    ]
+    pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    extras = pyproject["project"]["optional-dependencies"]  # what the message tells to install installs them
     assert any(d.startswith("mlx-lm") for d in extras["zoo"]) and any(d.startswith("mlx") for d in extras["mlx"])
+
+
+def project(q, k):
+    return q @ k
+
+
+@requires("jax", "mlx.core")
+def test_from_jax_names_an_mlx_array_and_how_to_convert_it():
+    """Was JAX's TypeError about jax.jit's static_argnums."""
+    with pytest.raises(ArgumentError) as error:
+        from_jax(project, np.ones((2, 3), np.float32), mx.ones((3, 4)))
+    assert one_line(error) == (
+        "from_jax: example argument k (position 2 after fn) must be arrays (JAX, numpy, jax.ShapeDtypeStruct), "
+        "Python scalars (traced, as jax.jit traces them) or pytrees of them, got mlx.array f32[3,4]; convert it "
+        "with np.array(x), or import MLX code with from_mlx"
+    )
+
+
+@pytest.mark.parametrize("backend", target_params("mlx", "jax"))
+def test_importers_name_the_parameters_of_fn_for_wrong_example_arguments(backend):
+    """Was Python's TypeError from calling fn (too few, too many) or from the importer itself (a keyword)."""
+    importer, array = (from_mlx, mx.ones) if backend == "mlx" else (from_jax, np.ones)
+    q = array((2, 3))
+    where = f"from_{backend}"
+    for args, got in (((q,), "1 argument(s): missing a required argument: 'k'"),
+                      ((q, q, q), "3 argument(s): too many positional arguments")):  # fmt: skip
+        with pytest.raises(ArgumentError) as error:
+            importer(project, *args)
+        assert one_line(error) == (
+            f"{where}: example_args must be what project(q, k) takes, got {got}; {where}(fn, *example_args) traces "
+            "fn(*example_args)"
+        )
+    with pytest.raises(ArgumentError) as error:
+        importer(project, q, k=q)
+    message = one_line(error)
+    assert message.startswith(f"{where}: its keywords are name and inline_limit, got k=")
+    assert message.endswith(
+        f"; example arguments are positional, in the order of project(q, k): {where}(fn, *example_args)"
+    )
+
+    def attend(q, k, *, mask):
+        return q
+
+    with pytest.raises(
+        ArgumentError, match=r"attend\(q, k, \*, mask\) takes, .* \(bind keyword-only mask with functools.partial\)$"
+    ):
+        importer(attend, q, q)
+
+
+@pytest.mark.parametrize("backend", target_params("mlx", "jax"))
+def test_an_error_fn_raises_while_traced_names_fn_its_line_and_the_backends_message(backend):
+    """Was MLX's (or JAX's) own exception from inside the trace: the user's function itself is wrong."""
+    importer, array = (from_mlx, mx.ones) if backend == "mlx" else (from_jax, np.ones)
+    q = array((2, 3), dtype=mx.float32 if backend == "mlx" else np.float32)
+    with pytest.raises(ModelImportError) as error:
+        importer(project, q, q)
+    message = one_line(error)
+    line = project.__code__.co_firstlineno + 1
+    assert message.startswith(f"from_{backend}: fn project raised ")
+    assert f"on its example arguments ({backend if backend == 'mlx' else 'numpy'}." in message
+    assert f" f32[2,3]) at {__file__}:{line} in project: " in message
+    native = {
+        "mlx": "[matmul] Last dimension of first input with shape (2,3) must match second to last dimension",
+        "jax": "dot_general requires contracting dimensions to have the same shape, got (3,) and (2,)",
+    }
+    assert native[backend] in message
+    assert isinstance(error.value.__cause__, (ValueError, TypeError))  # the backend's own error, chained

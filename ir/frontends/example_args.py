@@ -11,18 +11,26 @@ A Python ``bool``, ``int`` or ``float`` argument follows the backend's own compi
   them.
 
 Anything else is an :class:`~attnpass.ir.core.arguments.ArgumentError` naming the argument, what it got and
-what is valid, before the backend's own tracer sees it.
+what is valid, before the backend's own tracer sees it; so are example arguments ``fn``'s signature cannot take
+(too few, too many) and keywords other than the importer's own (example arguments are positional). An error
+``fn`` itself raises while it is traced is a :class:`~attnpass.ir.frontends.importing.ModelImportError` naming
+``fn``, the example arguments' types and the backend's message (:func:`traced_error`).
 """
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable
 
-from attnpass.ir.core.arguments import argument_error
+import numpy as np
 
-from .importing import parameter_names
+from attnpass.ir.core.arguments import ArgumentError, argument_error, describe
+from attnpass.ir.core.types import SourceLoc, printable
+
+from .importing import ModelImportError, parameter_names
 
 STATIC = (bool, int, float)
+OPTIONS = ("name", "inline_limit")  # the keywords from_mlx and from_jax take themselves
 
 
 def require_callable(where: str, fn: Any, example_args: tuple) -> None:
@@ -32,6 +40,64 @@ def require_callable(where: str, fn: Any, example_args: tuple) -> None:
     swapped = any(callable(a) for a in example_args)
     hint = "the arguments look swapped" if swapped else "the function comes first"
     raise argument_error(where, "fn", fn, "the function to import (a callable)", f"{hint}: {where}(fn, *example_args)")
+
+
+def _parameters(fn: Callable) -> tuple[inspect.Signature | None, str]:
+    """``fn``'s signature (None when it has none, a builtin) and its parameters as text, without annotations:
+    ``(q, k, v, *, mask=None)``."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None, "(...)"
+    bare = [p.replace(annotation=inspect.Parameter.empty) for p in signature.parameters.values()]
+    return signature, str(signature.replace(parameters=bare, return_annotation=inspect.Signature.empty))
+
+
+def require_call(where: str, fn: Callable, example_args: tuple, keywords: dict[str, Any]) -> None:
+    """An ArgumentError for ``keywords`` (anything but the importer's :data:`OPTIONS`: example arguments are
+    positional) and for example arguments ``fn`` cannot be called with, naming ``fn``'s parameters."""
+    signature, parameters = _parameters(fn)
+    name = _name(fn)
+    required = [] if signature is None else [p.name for p in signature.parameters.values() if _keyword_only(p)]
+    hint = f" (bind keyword-only {', '.join(required)} with functools.partial)" if required else ""
+    if keywords:
+        given = ", ".join(f"{k}={describe(v)}" for k, v in keywords.items())
+        raise ArgumentError(
+            f"{where}: its keywords are {' and '.join(OPTIONS)}, got {given}; example arguments are positional, in "
+            f"the order of {name}{parameters}: {where}(fn, *example_args){hint}"
+        )
+    if signature is None:
+        return
+    try:
+        signature.bind(*example_args)
+    except TypeError as exc:
+        raise ArgumentError(
+            f"{where}: example_args must be what {name}{parameters} takes, got {len(example_args)} argument(s): "
+            f"{exc}; {where}(fn, *example_args) traces fn(*example_args){hint}"
+        ) from None
+
+
+def _keyword_only(parameter: inspect.Parameter) -> bool:
+    """A keyword-only parameter without a default: one the importer cannot fill."""
+    return parameter.kind is inspect.Parameter.KEYWORD_ONLY and parameter.default is inspect.Parameter.empty
+
+
+def _name(fn: Callable) -> str:
+    return getattr(fn, "__qualname__", None) or type(fn).__name__
+
+
+def traced_error(
+    where: str, fn: Callable, example_args: tuple, exc: Exception, at: SourceLoc | None
+) -> ModelImportError:
+    """``fn`` raised ``exc`` while ``where`` traced it (its own mistake, such as a matmul of mismatched shapes):
+    one line naming ``fn``, the example arguments' types, the line ``at`` and the backend's message."""
+    message = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
+    types = ", ".join(describe(a) for a in example_args)
+    line = f" at {at}" if at is not None else ""
+    return ModelImportError(
+        f"{where}: fn {_name(fn)} raised {type(exc).__name__} on its example arguments ({types}){line}: "
+        f"{printable(message)}"
+    )
 
 
 def _argument(names: list[str], index: int) -> str:
@@ -67,16 +133,24 @@ def mlx_static_scalars(fn: Callable, example_args: tuple) -> tuple[Callable, tup
 
 
 def require_jax_leaves(fn: Callable, example_args: tuple) -> None:
-    """An ArgumentError for a pytree leaf of ``example_args`` that is neither an array (anything with a shape
-    and a dtype, ``jax.ShapeDtypeStruct`` too) nor a Python scalar."""
+    """An ArgumentError for a pytree leaf of ``example_args`` that JAX does not trace: neither a JAX or numpy
+    array (a numpy scalar, ``jax.ShapeDtypeStruct``, an object with ``__jax_array__`` too) nor a Python scalar.
+    An array of another framework (an ``mx.array``, a torch tensor) is named, with how to convert it."""
     import jax
 
+    arrays = (np.ndarray, np.generic, jax.Array, jax.ShapeDtypeStruct)
     names = parameter_names(fn, len(example_args))
     for i, arg in enumerate(example_args):
         for leaf in jax.tree_util.tree_leaves(arg):
-            if not (isinstance(leaf, STATIC) or (hasattr(leaf, "shape") and hasattr(leaf, "dtype"))):
-                valid = "arrays, jax.ShapeDtypeStruct, Python scalars (traced, as jax.jit traces them) or pytrees"
-                raise argument_error("from_jax", _argument(names, i), leaf, valid)
+            if not (isinstance(leaf, (*STATIC, *arrays)) or hasattr(leaf, "__jax_array__")):
+                hint = "convert it with np.asarray(x) or jnp.asarray(x)" if hasattr(leaf, "shape") else ""
+                if type(leaf).__module__.startswith("mlx"):
+                    hint = "convert it with np.array(x), or import MLX code with from_mlx"
+                valid = (
+                    "arrays (JAX, numpy, jax.ShapeDtypeStruct), Python scalars (traced, as jax.jit traces them) "
+                    "or pytrees of them"
+                )
+                raise argument_error("from_jax", _argument(names, i), leaf, valid, hint)
 
 
-__all__ = ["mlx_static_scalars", "require_callable", "require_jax_leaves"]
+__all__ = ["OPTIONS", "mlx_static_scalars", "require_call", "require_callable", "require_jax_leaves", "traced_error"]

@@ -17,13 +17,15 @@ whose results nothing reads are left out.
 from __future__ import annotations
 
 import math
+import os
+import sysconfig
 from typing import Any, Callable
 
 import numpy as np
 
 from attnpass.ir.core.types import DType, SourceLoc, TensorType
 
-from .example_args import require_callable, require_jax_leaves
+from .example_args import require_call, require_callable, require_jax_leaves, traced_error
 from .importing import (
     INLINE_LIMIT,
     GraphBuilder,
@@ -662,8 +664,26 @@ def _array_key(array: Any) -> Any:
     return id(array)
 
 
+def _raised_at(exc: BaseException) -> SourceLoc | None:
+    """The innermost line of ``exc``'s traceback outside JAX, attnpass's IR and the standard library: the line of
+    the user's function that made JAX raise."""
+    import jax
+    import jaxlib
+
+    ir_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    dirs = (*jax.__path__, *jaxlib.__path__, ir_dir, sysconfig.get_paths()["stdlib"])
+    library = tuple(os.path.join(os.path.abspath(d), "") for d in dirs)
+    loc, tb = None, exc.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if not code.co_filename.startswith("<") and not os.path.abspath(code.co_filename).startswith(library):
+            loc = SourceLoc(code.co_filename, tb.tb_lineno, code.co_name)
+        tb = tb.tb_next
+    return loc
+
+
 def from_jax(
-    fn: Callable, *example_args: Any, name: str | None = None, inline_limit: int = INLINE_LIMIT
+    fn: Callable, *example_args: Any, name: str | None = None, inline_limit: int = INLINE_LIMIT, **keywords: Any
 ) -> ImportedGraph:
     """Import the JAX function ``fn`` traced on ``example_args`` (arrays, ``jax.ShapeDtypeStruct`` or pytrees of them;
     a Python scalar is traced, as ``jax.jit`` traces it: :mod:`~attnpass.ir.frontends.example_args`).
@@ -674,15 +694,21 @@ def from_jax(
     become constants (at most ``inline_limit`` elements, or splats) or resident
     inputs whose values are in ``params``, named after their pytree path in the
     module or variable ``fn`` reads them through. Node locations are the user's
-    source lines where JAX recorded them.
+    source lines where JAX recorded them. Example arguments ``fn`` cannot take and ``keywords`` (any but
+    ``name`` and ``inline_limit``) are an ArgumentError naming ``fn``'s parameters; an error ``fn`` raises while
+    JAX traces it (a matmul of mismatched shapes) a ModelImportError naming ``fn``, its line and JAX's message.
     """
     import jax
 
     require_callable("from_jax", fn, example_args)
+    require_call("from_jax", fn, example_args, keywords)
     require_jax_leaves(fn, example_args)
     reachable = captured_paths(fn, _leaves, _is_module)  # holds the arrays: their ids stay theirs
     paths = {_array_key(array): path for path, array in reversed(reachable)}
-    closed = jax.make_jaxpr(fn)(*example_args)
+    try:
+        closed = jax.make_jaxpr(fn)(*example_args)
+    except Exception as exc:  # whatever fn raises is named, with its line and JAX's message
+        raise traced_error("from_jax", fn, example_args, exc, _raised_at(exc)) from exc
     b = GraphBuilder(graph_name(fn, name), inline_limit)
     arg_names = parameter_names(fn, len(example_args))
     args = []

@@ -47,7 +47,7 @@ from .importing import (
     roots,
     walk,
 )
-from .example_args import mlx_static_scalars, require_callable
+from .example_args import mlx_static_scalars, require_call, require_callable, traced_error
 from .mlx_slices import point_scatter, slice_update, strided_slice, wrapped_indices
 from .mlx_source import LineRecorder, locate, raised_at
 
@@ -481,7 +481,7 @@ def _export_traced(fn: Callable, example_args: tuple, recorder: LineRecorder) ->
     return _export_records(fn, example_args)
 
 
-def _unexportable_error(fn: Callable, exc: ValueError) -> ModelImportError:
+def _unexportable_error(fn: Callable, exc: Exception) -> ModelImportError:
     """MLX's export has no state for a primitive the function's outputs need: name it and what to do."""
     primitive = str(exc).split(_NO_STATE, 1)[1].strip()
     hint = _COMPILED_HINT if primitive.startswith("Compiled") else _NO_STATE_HINTS.get(primitive, _NO_STATE_HINT)
@@ -548,7 +548,7 @@ def _same_values(a: Any, allow_col_major: bool = False) -> Any:
 _HOST_READ = "[eval] Attempting to eval an array during function transformations"
 
 
-def _host_read_error(fn: Callable, exc: ValueError) -> ModelImportError:
+def _host_read_error(fn: Callable, exc: Exception) -> ModelImportError:
     """What MLX's refusal to evaluate during the export means: ``fn`` reads an array's value on the host."""
     loc = raised_at(exc)
     at = f"at {loc}" if loc else "(its source line was not found)"
@@ -585,7 +585,7 @@ def _live(primitives: list[dict], outputs: list) -> tuple[list[int], set]:
 
 
 def from_mlx(
-    fn: Callable, *example_args: Any, name: str | None = None, inline_limit: int = INLINE_LIMIT
+    fn: Callable, *example_args: Any, name: str | None = None, inline_limit: int = INLINE_LIMIT, **keywords: Any
 ) -> ImportedGraph:
     """Import the MLX function ``fn`` traced on ``example_args`` (MLX arrays) as a verified graph.
 
@@ -598,22 +598,27 @@ def from_mlx(
     or ``cache.0.keys``; see :func:`~attnpass.ir.frontends.importing.captured_paths`).
     Node locations are the user's source lines that made each primitive (found while the export
     traces ``fn``, :class:`~attnpass.ir.frontends.mlx_source.LineRecorder`), else
-    ``mlx:<fn>:<primitive index>``; an error names that line too.
+    ``mlx:<fn>:<primitive index>``; an error names that line too. Example arguments ``fn`` cannot take and
+    ``keywords`` (any but ``name`` and ``inline_limit``) are an ArgumentError naming ``fn``'s parameters; an
+    error ``fn`` raises while it is traced (a matmul of mismatched shapes) a ModelImportError naming ``fn``,
+    its line and MLX's message.
     """
     import mlx.core as mx
 
     require_callable("from_mlx", fn, example_args)
+    require_call("from_mlx", fn, example_args, keywords)
+    given = example_args
     traced, example_args, arg_names = mlx_static_scalars(fn, example_args)
     reachable = _handles(captured_paths(fn, lambda root: walk(root, lambda a: isinstance(a, mx.array)), _is_module))
     recorder = LineRecorder()
     try:
         records, compile_off = _export(traced, example_args, recorder)
-    except ValueError as exc:
+    except Exception as exc:  # whatever fn raises is named, with its line and MLX's message
         if _NO_STATE in str(exc):
             raise _unexportable_error(fn, exc) from None
-        if _HOST_READ not in str(exc):
-            raise
-        raise _host_read_error(fn, exc) from None
+        if _HOST_READ in str(exc):
+            raise _host_read_error(fn, exc) from None
+        raise traced_error("from_mlx", fn, given, exc, raised_at(exc)) from exc
     lines = recorder.lines(records)
     b = GraphBuilder(graph_name(fn, name), inline_limit)
     by_type = {r["type"]: r for r in records if r["type"] != "primitive"}
