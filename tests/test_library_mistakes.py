@@ -13,12 +13,16 @@ import pytest
 
 from attnpass.ir import (
     AttnpassError,
+    GraphFormatError,
     ImportedGraph,
     ModelImportError,
+    PrintSettings,
     TensorSpec,
+    format_graph,
     from_jax,
     from_mlx,
     ops,
+    parse_graph,
     trace,
 )
 from attnpass.ir.core.arguments import ArgumentError
@@ -172,3 +176,23 @@ def test_an_error_fn_raises_while_traced_names_fn_its_line_and_the_backends_mess
     }
     assert native[backend] in message
     assert isinstance(error.value.__cause__, (ValueError, TypeError))  # the backend's own error, chained
+
+
+def test_print_summarises_a_large_constant_numpy_style():
+    """Was one 23,531-character line for ``jnp.arange(4096)``: now its shape, dtype and ends around '...'."""
+    graph = trace(lambda x: x + ops.constant(np.arange(4096, dtype=np.int32)), TensorSpec((4096,), "int32"))
+    printed = str(graph)
+    assert max(map(len, printed.splitlines())) < 120, printed
+    assert (
+        "constant:i32[4096] = constant[value=(0, 1, 2, ..., 4093, 4094, 4095), shape=(4096,), dtype='int32']" in printed
+    )
+    with pytest.raises(GraphFormatError) as error:
+        parse_graph(printed)  # elided text cannot read back, and says how to get text that does
+    assert one_line(error) == (
+        "line 2: the value of constant was elided when printed (more than 64 values by default): read the graph "
+        "from its JSON (graph.to_json()) or from format_graph(graph, PrintSettings(max_values=None))"
+    )
+    full = format_graph(graph, PrintSettings(max_values=None))
+    assert "4093, 4094, 4095)" in full and "..." not in full and parse_graph(full) == graph
+    small = trace(lambda x: x + ops.constant(np.arange(64, dtype=np.int32)), TensorSpec((64,), "int32"))
+    assert "..." not in str(small) and parse_graph(str(small)) == small  # up to 64 values print whole

@@ -14,6 +14,12 @@ ones as ``name=value`` (``sdpa ... q k v sinks=s``). An output that is the
 next value of a state input reads ``return out, cache_next -> cache``. A graph with a mesh
 prints it after the inputs (``... ) mesh(data=2, model=4) {``) and a sharded
 value writes its mesh axis after the dimension it splits: ``bf16[1,24@model,5,256]``.
+
+An attribute tuple of more than ``PrintSettings.max_values`` values (a large constant) prints numpy-style, its
+first and last three around ``...``, beside the constant's shape and dtype
+(``constant[value=(0, 1, 2, ..., 4093, 4094, 4095), shape=(4096,), dtype='int32']``), so no line is absurdly
+long; such text does not read back (:func:`parse_graph` says so): ``PrintSettings(max_values=None)`` prints every
+value, as does ``graph.to_json()``.
 """
 
 from __future__ import annotations
@@ -32,12 +38,17 @@ if TYPE_CHECKING:
     from .graph import Graph, Node
 
 
+MAX_VALUES = 64  # the most values an attribute tuple prints in full (the importers' constant inline limit)
+EDGE_VALUES = 3  # an elided tuple's values shown at each end, as numpy summarises
+
+
 @dataclass(frozen=True)
 class PrintSettings:
     """Printer options in one record."""
 
     show_locs: bool = False  # append '# file:line' to nodes with a source location
     indent: str = "  "
+    max_values: int | None = MAX_VALUES  # a longer attribute tuple prints its ends around '...'; None: all of it
 
 
 def format_type(t: TensorType, sharding: Sharding | None = None) -> str:
@@ -58,10 +69,19 @@ def _format_value(v: Any) -> str:
         return repr(v.value)
     if isinstance(v, float):
         return repr(v) if math.isfinite(v) else ("nan" if math.isnan(v) else ("inf" if v > 0 else "-inf"))
+    if v is Ellipsis:
+        return "..."
     if isinstance(v, tuple):
         inner = ", ".join(_format_value(x) for x in v)
         return f"({inner},)" if len(v) == 1 else f"({inner})"
     return repr(v)
+
+
+def _summary(value: Any, max_values: int | None) -> Any:
+    """``value``, or a tuple of more than ``max_values`` values as its ends around ``...`` (numpy's summary)."""
+    if max_values is None or not isinstance(value, tuple) or len(value) <= max(max_values, 2 * EDGE_VALUES):
+        return value
+    return (*value[:EDGE_VALUES], ..., *value[-EDGE_VALUES:])
 
 
 def format_slice(node: "Node") -> str:
@@ -75,7 +95,7 @@ def format_node(node: "Node", settings: PrintSettings = PrintSettings()) -> str:
     op = registered_ops().get(node.op)
     specs = op.attrs if op is not None else {}
     shown = {k: v for k, v in node.attrs.items() if not (k in specs and specs[k].quiet and v == specs[k].default)}
-    attrs = ", ".join(f"{k}={_format_value(v)}" for k, v in shown.items())
+    attrs = ", ".join(f"{k}={_format_value(_summary(v, settings.max_values))}" for k, v in shown.items())
     head = f"{node.name}:{format_type(node.type, node.sharding)} = {node.op}{f'[{attrs}]' if attrs else ''}"
     split = max(len(node.inputs) - len(node.optionals), 0)  # the required operands, then the named optional ones
     named = (f"{o}={v}" for o, v in zip(node.optionals, node.inputs[split:]))
@@ -206,7 +226,15 @@ def parse_graph(text: str) -> "Graph":
             graph.set_sharding(m.group(1), sharding)
         for lineno, line in enumerate(lines[1:-2], start=2):
             name, type_, op, attrs, args = _parse_node(lineno, line.strip())
-            norm = get_op(op).normalize_attrs(_parse_attrs(attrs), name)
+            values = _parse_attrs(attrs)
+            elided = next((k for k, v in values.items() if isinstance(v, tuple) and Ellipsis in v), None)
+            if elided is not None:
+                raise GraphFormatError(
+                    f"line {lineno}: the {elided} of {name} was elided when printed (more than {MAX_VALUES} values "
+                    "by default): read the graph from its JSON (graph.to_json()) or from "
+                    "format_graph(graph, PrintSettings(max_values=None))"
+                )
+            norm = get_op(op).normalize_attrs(values, name)
             type_, sharding = parse_sharded_type(type_)
             named = [a.partition("=")[::2] for a in args if "=" in a]
             inputs = tuple(a for a in args if "=" not in a) + tuple(value for _, value in named)

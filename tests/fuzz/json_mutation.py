@@ -17,7 +17,7 @@ import copy
 import json
 from typing import Any
 
-from attnpass.ir import AttnpassError, DType, Graph, TensorType, parse_graph
+from attnpass.ir import AttnpassError, DType, Graph, PrintSettings, TensorType, format_graph, parse_graph
 
 from .choices import Choices
 from .differential import Failure
@@ -162,7 +162,7 @@ def check_loader(text: str) -> Failure | None:
         return Failure("loader", f"Graph.from_json raised {type(exc).__name__}: {str(exc)[:300]}")
     try:
         again = Graph.from_json(graph.to_json())
-        printed = parse_graph(str(graph))
+        printed = parse_graph(format_graph(graph, PrintSettings(max_values=None)))  # every value: text that reads back
     except Exception as exc:  # noqa: BLE001
         return Failure("round-trip", f"a loaded graph does not round-trip: {type(exc).__name__}: {str(exc)[:300]}")
     if again != graph or printed != graph:
