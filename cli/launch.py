@@ -328,9 +328,10 @@ def run(library: str, command: str, argv: Sequence[str], options: Options, *, er
 
 
 def _status(label: str, main: Callable[[], Any]) -> int:
-    """``main()``'s exit status: 0 when it returns, the code of a ``SystemExit`` it raises (argparse's). Its
-    other exceptions are raised as one :class:`~attnpass.ir.AttnpassError` naming the command (the library's
-    error, not an unexpected one of attnpass's; the original is its ``__cause__``)."""
+    """``main()``'s exit status: 0 when it returns, the code of a ``SystemExit`` it raises (argparse's). An
+    exception raised in the library's own code is raised as one :class:`~attnpass.ir.AttnpassError` naming the
+    command (the library's error, not an unexpected one of attnpass's; the original is its ``__cause__``); one
+    raised in attnpass's code (its innermost frame) stays what it is."""
     from attnpass.ir import AttnpassError
 
     try:
@@ -343,6 +344,11 @@ def _status(label: str, main: Callable[[], Any]) -> int:
     except (AttnpassError, BrokenPipeError):
         raise
     except Exception as exc:
+        innermost = exc.__traceback__
+        while innermost is not None and innermost.tb_next is not None:
+            innermost = innermost.tb_next
+        if innermost is not None and innermost.tb_frame.f_globals.get("__name__", "").startswith("attnpass."):
+            raise
         text = str(exc).strip().splitlines()
         raise AttnpassError(f"{label} failed: {type(exc).__name__}: {text[0] if text else 'no message'}") from exc
     return 0

@@ -335,7 +335,7 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
-    text = _first_line(message) if isinstance(message, Warning) else str(message).strip().splitlines()[0]
+    text = _first_line(message) if isinstance(message, Warning) else (str(message).strip().splitlines() or [""])[0]
     print(f"{warning_source(category, filename)}: warning: {text}", file=sys.stderr)
 
 

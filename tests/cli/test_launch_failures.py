@@ -206,3 +206,14 @@ def test_passes_describes_every_option_of_the_built_in_passes(cli):
             assert described.startswith("        ") and len(described.split()) >= 5, (name, option.name, described)
     assert f"one of {', '.join(DEVICES)}" in out and "ATTNPASS_SDPA_HEAD_CHUNK" in out
     assert "one of mlx, jax, or none" in out and "one of exact, reference" in out and "one of pooled, keys" in out
+
+
+def test_an_exception_of_the_library_is_named_as_its_own_and_one_of_attnpass_stays_unexpected():
+    from attnpass.cli import commands, launch
+    from attnpass.ir import AttnpassError
+
+    with pytest.raises(AttnpassError, match=r"^mlx-lm generate failed: ValueError: invalid literal for int"):
+        launch._status("mlx-lm generate", lambda: int("x"))  # raised outside attnpass: the library's
+    with pytest.raises(AttributeError) as raised:  # raised in attnpass's own code: a bug, shown as unexpected
+        launch._status("mlx-lm generate", lambda: commands.first_sentence(None))
+    assert not isinstance(raised.value, AttnpassError)
