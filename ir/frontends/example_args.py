@@ -83,6 +83,7 @@ def _keyword_only(parameter: inspect.Parameter) -> bool:
 
 
 def _name(fn: Callable) -> str:
+    """How a message names ``fn``: its qualified name (``attend``), else its type's name (a module: ``Model``)."""
     return getattr(fn, "__qualname__", None) or type(fn).__name__
 
 
