@@ -18,7 +18,7 @@ dtype's lowest as the fill, the sinks cast to that dtype as the softmax's first 
 ``@ v``; no other cast), GQA-folded: the fused call's bits, and no float32 copy of K and V. A call with a
 softcap (MLX's call has none), or an additive mask of another dtype, keeps the float32 form. The sink column
 comes first in every form, as in MLX's fallback: MLX's CPU softmax sums the row's exponentials in order, so a
-sink appended last rounds the denominator differently (1-4 steps in float32, issue 44).
+sink appended last rounds the denominator differently (its float32 probabilities 1-4 steps off).
 
 Per ``device`` (the remark of every ``sdpa`` says which strategy and why; it names the backend when
 ``target`` is ``"mlx"`` or ``"jax"``): ``"cpu"`` decomposes calls with at most ``max_q_len`` rows (no
