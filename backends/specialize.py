@@ -435,7 +435,10 @@ class CompiledFunction:
     so the program computes every bit as the function does. ``decline``, given the
     pipeline's result, may return a :class:`~attnpass.passes.infra.rewrite.Decline` to run the original
     function instead: the signature is then neither lowered nor compiled (a decision, not a
-    failure: no warning, even with ``strict``).
+    failure: no warning, even with ``strict``). ``fallback=False`` is for a function that is not
+    the user's (``optimize``'s programs, written by attnpass): a signature that cannot be compiled
+    never runs it, its caller runs its own original (the client's function), and calling the
+    wrapper on such a signature raises :class:`SpecializationError`.
     """
 
     def __init__(
@@ -449,12 +452,13 @@ class CompiledFunction:
         name: str,
         decline: Callable[[PassResult], Decline | None] | None = None,
         numerics: str | None = None,
+        fallback: bool = True,
     ) -> None:
         require_int(name, "max_signatures", max_signatures)
         functools.update_wrapper(self, fn)
         self._fn = fn
         self._frontend = frontend
-        self._fallback = frontend.fallback(fn)
+        self._fallback = frontend.fallback(fn) if fallback else None
         passes = numerics_passes(name, numerics, pipeline) if numerics is not None else None
         if passes is None:
             passes = wrapper_pipeline(frontend.device(), frontend.target) if pipeline is None else as_passes(pipeline)
@@ -475,6 +479,8 @@ class CompiledFunction:
         if first:
             return first[0]
         if entry.call is None:
+            if self._fallback is None:
+                raise SpecializationError(f"{self._wrapper_name}({self._fn_name}) on {entry.signature}: {entry.reason}")
             return self._fallback(*args, **kwargs)
         return entry.call(arrays)
 
@@ -546,12 +552,14 @@ class CompiledFunction:
         if failure is not None:
             # a failed import may be the caller's own mistake: the function run plainly (outside the handler,
             # so its error carries no import failure) raises it, and that error is the one the caller sees
-            first = (self._fallback(*args, **kwargs),) if stage == "import" else ()
+            runs_here = self._fallback is not None
+            first = (self._fallback(*args, **kwargs),) if stage == "import" and runs_here else ()
             reason = f"{stage} failed: {type(failure).__name__}: {failure}"
             where = f"{self._wrapper_name}({self._fn_name}) on {text}"
             if self.strict:
                 raise SpecializationError(f"{where}: {reason}") from failure
-            warnings.warn(f"{where} runs the original function: {reason}", FallbackWarning, stacklevel=5)
+            runs = "runs the original function" if runs_here else "is not compiled: its caller runs its own function"
+            warnings.warn(f"{where} {runs}: {reason}", FallbackWarning, stacklevel=5)
             seconds = time.perf_counter() - start
             return Specialization(text, self.pipeline, imported, result, program, reason, seconds), first
         rebuild, seconds = t.rebuild, time.perf_counter() - start

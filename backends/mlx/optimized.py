@@ -14,6 +14,7 @@ cache kind proves and the numerics of a routed call.
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 from collections import Counter
@@ -22,13 +23,16 @@ from contextlib import contextmanager
 from typing import Any, TextIO
 
 from attnpass.ir import require_int
+from attnpass.ir.core.switches import env_switch
 from attnpass.ir.core.types import native_dtype_name
 from attnpass.passes import Decline, Pass
 
 from ..specialize import MAX_SIGNATURES, CompiledFunction
 from .caches import ADAPTERS, HelperCall, QSACall, Routed, adapter_for
 from .caches.base import CacheAdapter
+from .check import CHECK_ENV, REWRITTEN, CheckError, difference, loosest, where
 from .clients import HELPER, QSA_DISPATCH, helper, helper_modules, qsa_dispatch, qsa_modules, route, route_qsa
+from .compiled import MLXFrontend
 from .masks import Masks
 from .policy import Bounds, known_short
 from .programs import PROGRAMS, compile_program
@@ -50,9 +54,10 @@ class OptimizedModel:
 
     def __init__(
         self, model: Any, modules: Sequence[str], qsa_modules: Sequence[str], *, pipeline: str | Sequence[Pass] | None,
-        strict: bool, max_signatures: int, min_keys: int | None,
+        strict: bool, max_signatures: int, min_keys: int | None, check: bool = False,
     ) -> None:  # fmt: skip
         self.model = model
+        self.check = check
         self.modules = tuple(modules)
         self.qsa_modules = tuple(qsa_modules)
         self.routed = 0
@@ -68,6 +73,7 @@ class OptimizedModel:
         self._lock = threading.Lock()
         self._masks = Masks()
         self._restored = False
+        self._layers: dict[int, str] = {}  # module id -> its path in the model (check=True names the layer)
 
     @property
     def traces(self) -> int:
@@ -122,22 +128,41 @@ class OptimizedModel:
             found = known_short(self.bounds, adapter.policy(call), native_dtype_name(call.queries.dtype),
                                 adapter.most_rows(call))  # fmt: skip
         if found is None:
-            return self._run(adapter.route(call), original)
+            return self._run(adapter.route(call), original, call.cache)
         return self._decline(found, original)
 
-    def _run(self, routed: Routed, original: Callable[[], Any]) -> Any:
-        """The compiled program of ``routed``'s signature on its arrays, or ``original()`` when it is declined."""
+    def _run(self, routed: Routed, original: Callable[[], Any], cache: Any) -> Any:
+        """The compiled program of ``routed``'s signature on its arrays, or ``original()`` when it is declined (a
+        signature that failed to import, rewrite or lower is declined ``no_program``: the client's function runs,
+        never attnpass's own program on real arrays)."""
         entry = self.program(routed.program).specialization(*routed.args)
         if entry.compiled:
             with self._lock:
                 self.routed += 1
             if routed.streams is None:
-                return entry.call(routed.given)
-            import mlx.core as mx
+                out = entry.call(routed.given)
+            else:
+                import mlx.core as mx
 
-            return mx.concatenate([entry.call(given) for given in routed.streams], axis=0)
+                out = mx.concatenate([entry.call(given) for given in routed.streams], axis=0)
+            if self.check:
+                self._check(routed, entry.signature, out, original(), cache)
+            return out
         found = entry.declined or Decline("no_program", f"no compiled program: {entry.reason.splitlines()[0]}")
         return self._decline(found, original)
+
+    def _check(self, routed: Routed, signature: str, out: Any, expected: Any, cache: Any) -> None:
+        """``check=True``: raise :class:`~.check.CheckError` when ``out`` is not the client's ``expected`` as the
+        program states (:mod:`.check`), naming the layer, the cache and the signature."""
+        numerics = PROGRAMS[routed.program].numerics
+        if self._pipeline is not None or MLXFrontend().device() != "cpu":
+            numerics = loosest(numerics, REWRITTEN)
+        found = difference(out, expected, numerics)
+        if found is not None:
+            raise CheckError(
+                f"optimize(check=True): the attention call of {where(self.model, self._layers)} "
+                f"(cache {type(cache).__name__}, program {routed.program} on {signature}): {found}"
+            )
 
     def _decline(self, found: Decline, original: Callable[[], Any]) -> Any:
         """``original()``, the decline counted by its code."""
@@ -286,6 +311,7 @@ def optimize(
     strict: bool = False,
     max_signatures: int = MAX_SIGNATURES,
     min_keys: int | None = None,
+    check: bool | None = None,
 ) -> OptimizedModel:
     """Run ``model``'s attention (an mlx-lm model, or mlx-vlm's Qwen4-Exp) through attnpass programs.
 
@@ -295,7 +321,11 @@ def optimize(
     are as for :func:`attnpass.backends.mlx.compile` (for QSA calls every ``qsa-gather`` of the pipeline is given
     the selection input). A call whose program would get fewer key rows than ``min_keys`` runs the client's
     function (``short_context``, or ``quantized_tie``); None is :data:`~.policy.MIN_KEYS` on CPU and 0
-    elsewhere; 0 routes every depth. Returns an :class:`OptimizedModel`; its ``restore()``, or leaving
+    elsewhere; 0 routes every depth. ``check=True`` (a shadow mode, for tests and for trying a model) also runs
+    the client's function on every routed call and raises :class:`~.check.CheckError` on the first output that
+    differs beyond the program's stated numerics (bit for bit under the CPU default pipeline; docs/dropin.md),
+    naming the layer, the cache and the signature; None reads the switch :data:`~.check.CHECK_ENV` at this
+    call (off when unset). Returns an :class:`OptimizedModel`; its ``restore()``, or leaving
     ``with optimize(model):``, undoes the change. Raises ``TypeError`` when ``model`` is not an
     ``mlx.nn.Module``, ``ValueError`` when it is already optimized, none of its modules calls either function,
     or ``min_keys`` is not an int >= 0 or None, ``PipelineError`` for a bad ``pipeline`` (at once, as ``compile``
@@ -333,7 +363,7 @@ def optimize(
         require_int("optimize", "min_keys", min_keys, minimum=0, meaning="or None: MIN_KEYS on CPU")
     optimized = OptimizedModel(
         model, routed, qsa_routed, pipeline=pipeline, strict=strict, max_signatures=max_signatures,
-        min_keys=min_keys,
+        min_keys=min_keys, check=env_switch(CHECK_ENV, check, default=False, subject="optimize's check")[0],
     )  # fmt: skip
     with LOCK:
         for owner, name, replace in _patches(optimized):
@@ -354,11 +384,11 @@ def optimize(
 def _entered(optimized: OptimizedModel, method: Any) -> Any:
     """``method`` run with ``optimized`` active (its attention routed, its caches' fetches recorded)."""
 
+    @functools.wraps(method)  # its signature too: mlx-lm inspects __call__ for input_embeddings
     def entered(self: Any, *args: Any, **kwargs: Any) -> Any:
         with optimized.active():
             return method(self, *args, **kwargs)
 
-    entered.__name__ = entered.__qualname__ = method.__name__
     return entered
 
 

@@ -22,6 +22,7 @@ from attnpass.ir.core.types import native_dtype_name
 from attnpass.passes import Decline, DSAGather, MLAAbsorb, Pass, PassResult, QSAGather
 
 from ..specialize import CompiledFunction, Traceable, as_passes, wrapper_pipeline
+from .check import Numerics
 from .compiled import MLXFrontend
 from .masks import Structure
 from .policy import MIN_KEYS, Bounds, too_short
@@ -38,10 +39,25 @@ def attention(queries: Any, keys: Any, values: Any, mask: Any, sinks: Any, scale
 
 
 def structured_attention(queries: Any, keys: Any, values: Any, sinks: Any, scale: float, structure: Structure) -> Any:
-    """The attention of a mask proven a structure: ``sdpa`` with the causal kind and window as attributes."""
+    """The attention of a mask proven a structure: ``sdpa`` with the causal kind and window as attributes.
+    Operands of mixed float dtypes (phi-2 and stablelm call the helper with float32 queries over float16 keys)
+    are cast to their promoted dtype first, as MLX's fused call casts them."""
     causal, left, right, chunk = structure
     window = (left, right, chunk) if (left, right, chunk) != (None, None, None) else None
+    wide = promoted(queries.dtype, keys.dtype, values.dtype)
+    queries, keys, values = (widened(x, wide) for x in (queries, keys, values))
     return ops.sdpa(queries, keys, values, scale=scale, causal=causal, window=window, sinks=sinks)
+
+
+def promoted(*dtypes: DType) -> DType:
+    """MLX's promotion of float dtypes: one dtype stays itself, any two different ones (float16 with bfloat16
+    too) give float32."""
+    return dtypes[0] if len(set(dtypes)) == 1 else DType.float32
+
+
+def widened(x: Any, dtype: DType) -> Any:
+    """``x`` cast to ``dtype`` unless it has it."""
+    return x if x.dtype is dtype else ops.cast(x, dtype)
 
 
 def quantized_attention(
@@ -72,8 +88,8 @@ def qsa_quantized_attention(
     """The masked form of one QSA call on a quantized cache: ``quantized_sdpa`` over the (words, scales, biases)
     K and V, masked as :func:`qsa_attention`. Queries of another float dtype than the scales are computed as
     MLX's ``quantized_matmul`` computes them: queries, scales and biases cast to their promoted float dtype."""
-    wide = queries.dtype if queries.dtype is ks.dtype else DType.float32  # MLX: float16 with bfloat16 -> float32
-    queries, ks, kb, vs, vb = (x if x.dtype is wide else ops.cast(x, wide) for x in (queries, ks, kb, vs, vb))
+    wide = promoted(queries.dtype, ks.dtype)
+    queries, ks, kb, vs, vb = (widened(x, wide) for x in (queries, ks, kb, vs, vb))
     keep = ops.qsa_mask(selection, query_ends - 1, ratio=ratio, kv_len=kq.shape[2])
     options = {"scale": scale, "group_size": group_size, "bits": bits}
     return ops.quantized_sdpa(queries, (kq, ks, kb), (vq, vs, vb), mask=keep, **options)
@@ -104,7 +120,9 @@ class ProgramSpec:
     the :data:`~.policy.MIN_KEYS` kind bounding its key rows (None: no bound), whether a graph still one fused
     ``sdpa`` is declined, whether it attends a QSA selection (``qsa-gather`` is told the selection input is
     promised, and a graph left masked is declined), and whether it is an MLA program (a graph left expanded is
-    declined; ``tokens``: mla-absorb and dsa-gather are told the top-k input and that every row has a key)."""
+    declined; ``tokens``: mla-absorb and dsa-gather are told the top-k input and that every row has a key).
+    ``numerics`` is what its output states against the client's function under the CPU default pipeline
+    (:mod:`.check`: bit for bit, or a bound per dtype)."""
 
     fn: Callable[..., Any]
     traced: bool = False
@@ -113,16 +131,21 @@ class ProgramSpec:
     selection: bool = False
     latent: bool = False
     tokens: bool = False
+    numerics: Numerics = dataclasses.field(default_factory=dict)
+
+
+LATENT: Numerics = {"float32": 1e-5, "bfloat16": 2e-2, "float16": 2e-2}  # the latent form sums in another order
+GATHERED: Numerics = {"float32": 1e-5, "bfloat16": 2e-2, "float16": 2e-2}  # softmax and P @ V over the cells only
 
 
 PROGRAMS: dict[str, ProgramSpec] = {
     "attention": ProgramSpec(attention, bound="float", declines_fused=True),
     "structured_attention": ProgramSpec(structured_attention, traced=True, bound="float", declines_fused=True),
     "quantized_attention": ProgramSpec(quantized_attention, bound="quantized"),
-    "qsa_attention": ProgramSpec(qsa_attention, traced=True, selection=True),
-    "qsa_quantized_attention": ProgramSpec(qsa_quantized_attention, traced=True, selection=True),
-    "mla_attention": ProgramSpec(mla_attention, traced=True, bound="mla", latent=True),
-    "dsa_attention": ProgramSpec(dsa_attention, traced=True, bound="mla", latent=True, tokens=True),
+    "qsa_attention": ProgramSpec(qsa_attention, traced=True, selection=True, numerics=GATHERED),
+    "qsa_quantized_attention": ProgramSpec(qsa_quantized_attention, traced=True, selection=True, numerics=GATHERED),
+    "mla_attention": ProgramSpec(mla_attention, traced=True, bound="mla", latent=True, numerics=LATENT),
+    "dsa_attention": ProgramSpec(dsa_attention, traced=True, bound="mla", latent=True, tokens=True, numerics=LATENT),
 }
 
 
@@ -135,8 +158,9 @@ class OpsFrontend(MLXFrontend):
 
 
 def kept_fused(result: PassResult) -> Decline | None:
-    """The decline of a rewritten graph still one MLX fused call (reshapes aside): never lowered."""
-    if Counter(n.op for n in result.graph.nodes() if n.op not in ("input", "reshape")) == {"sdpa": 1}:
+    """The decline of a rewritten graph still one MLX fused call (reshapes, and the casts of mixed operands that
+    the fused call makes itself, aside): never lowered."""
+    if Counter(n.op for n in result.graph.nodes() if n.op not in ("input", "reshape", "cast")) == {"sdpa": 1}:
         return Decline(
             "fused_kernel_serves",
             "the pipeline kept MLX's fused call: the client computes it on the valid keys, without a buffer's padding",
@@ -194,7 +218,7 @@ def compile_program(
 
     return CompiledFunction(
         spec.fn, frontend, pipeline=passes, strict=strict, max_signatures=max_signatures,
-        name="attnpass.backends.mlx.optimize", decline=decline,
+        name="attnpass.backends.mlx.optimize", decline=decline, fallback=False,
     )  # fmt: skip
 
 
