@@ -460,11 +460,26 @@ def test_constant_bf16_once_rounded_value_is_pinned(target):
     assert_bits_equal(run(lower(graph, target)), np.asarray(1.0078125, BF16.numpy))
 
 
-@pytest.mark.parametrize("dtype", [BF16, F16], ids=lambda d: d.short)
+@pytest.mark.parametrize("dtype", [BF16, F16, F32], ids=lambda d: d.short)
 def test_reference_rounds_float64_once_to_nearest_even(dtype):
     """``rounded`` against a nearest-even search over every finite value of the dtype, built from bit patterns
     alone (no float64 -> 16-bit conversion of numpy or ml_dtypes): grid values, every midpoint, a float64 ulp
-    either side of it, midpoints moved by less than a float32 ulp, random float64s, overflow, subnormals, signs."""
+    either side of it, midpoints moved by less than a float32 ulp, random float64s, overflow, subnormals, signs.
+    float32 (too many values to list): random neighbours' midpoints and a float64 ulp either side, each decided
+    by its distances to the two neighbours, ties to the even bit pattern."""
+    if dtype is F32:
+        rng = np.random.default_rng(0)
+        patterns = rng.integers(0, 0x7F7FFFFF, 200_000, dtype=np.uint32)  # finite, below the largest
+        lo, hi = patterns.view(np.float32).astype(np.float64), (patterns + 1).view(np.float32).astype(np.float64)
+        mid = (lo + hi) / 2  # exact in float64
+        x = np.concatenate([mid, np.nextafter(mid, 0), np.nextafter(mid, np.inf)])
+        low, high = np.tile(lo, 3), np.tile(hi, 3)
+        even_low = np.tile(patterns % 2 == 0, 3)
+        down = (x - low < high - x) | ((x - low == high - x) & even_low)
+        expected = np.where(down, low, high).astype(np.float32)  # exact: both are float32 values
+        assert_bits_equal(rounded(x, dtype), expected)
+        assert_bits_equal(rounded(-x, dtype), -expected)
+        return
     full = _nonnegative_grid(dtype)
     grid, mid = full[:-1], (full[:-1] + full[1:]) / 2  # the last midpoint: the overflow tie
     rng = np.random.default_rng(0)
