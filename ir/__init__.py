@@ -19,6 +19,7 @@ from .core import (
     GraphFormatError,
     Node,
     OpDef,
+    Operand,
     PrintSettings,
     ShapeError,
     SourceLoc,
@@ -30,20 +31,23 @@ from .core import (
     format_node,
     format_slice,
     get_op,
+    operand,
+    opt_operand,
     parse_graph,
     register,
     registered_ops,
     render,
     require_int,
     to_dot,
+    var_operand,
     verify,
 )
 from .frontends import ImportedGraph, ModelImportError, Tensor, TensorSpec, from_jax, from_mlx, ops, trace
 
 __all__ = [
     "FLOAT_DTYPES", "ROLES", "AttnpassError", "AttrSpec", "DType", "Graph", "GraphDiff", "GraphFormatError",
-    "ImportedGraph", "ModelImportError", "Node", "OpDef", "PrintSettings", "ShapeError", "SourceLoc", "Tensor",
-    "TensorSpec", "TensorType", "VerifyError", "attr", "dialects", "diff_graphs", "format_graph", "format_node",
-    "format_slice", "from_jax", "from_mlx", "get_op", "ops", "parse_graph", "register", "registered_ops", "render",
-    "require_int", "to_dot", "trace", "verify",
+    "ImportedGraph", "ModelImportError", "Node", "OpDef", "Operand", "PrintSettings", "ShapeError", "SourceLoc",
+    "Tensor", "TensorSpec", "TensorType", "VerifyError", "attr", "dialects", "diff_graphs", "format_graph",
+    "format_node", "format_slice", "from_jax", "from_mlx", "get_op", "operand", "opt_operand", "ops",
+    "parse_graph", "register", "registered_ops", "render", "require_int", "to_dot", "trace", "var_operand", "verify",
 ]  # fmt: skip

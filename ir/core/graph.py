@@ -38,8 +38,14 @@ class Node:
     ``sharding``: the value's layout over the graph's mesh, one mesh axis or None per
     dimension (:mod:`attnpass.ir.core.sharding`); None when unannotated. ``optionals``: the
     optional operands the node has, by name in its op record's order; ``inputs`` holds the
-    required operands, then those. Read operands by name: ``node.mask`` (None when absent),
-    ``node.operand("mask")``, ``node.operands``; change them with :meth:`with_operands`.
+    required operands, then those.
+
+    Passes and emitters read operands by the names the op record declares, never an optional one by
+    position (``tests/passes/test_operand_reads.py`` checks): ``node.mask``, ``node.q`` (the attribute form,
+    :meth:`__getattr__`) is :meth:`operand`, which type checkers see as ``str | None`` (None only for an
+    absent optional operand) and which raises AttributeError naming the op's operands for a name it does not
+    declare; ``node.operands`` maps every name. Change operands with :meth:`with_operands`. A variadic op's
+    operands (``concat``) are read by position.
     """
 
     name: str
@@ -74,11 +80,12 @@ class Node:
         return self.opdef.bind(values, self.optionals)
 
     def operand(self, name: str) -> str | None:
-        """The value operand ``name`` reads; None when that optional operand is absent."""
-        operands = self.operands
-        if name not in operands:
-            raise AttributeError(f"{self.op} {self.name}: no operand {name!r}; operands: {', '.join(operands)}")
-        return operands[name]
+        """The value operand ``name`` reads; None when that optional operand is absent. AttributeError for a name
+        the op record does not declare (or any name of a variadic op, whose operands are read by position)."""
+        opdef = self.opdef
+        if opdef.variadic or name not in opdef.operand_names:
+            raise AttributeError(f"{self.op} {self.name}: no operand {name!r}; operands: {opdef.signature}")
+        return self.operands[name]
 
     def __getattr__(self, name: str) -> str | None:
         """``node.q``, ``node.mask``, ...: :meth:`operand` for each operand its op record declares."""
@@ -91,7 +98,7 @@ class Node:
             raise AttributeError(name) from None
         if opdef.variadic or name not in opdef.operand_names:
             raise AttributeError(
-                f"{op} {self.__dict__.get('name')}: no attribute or operand {name!r}; operands: {', '.join(opdef.operands)}"
+                f"{op} {self.__dict__.get('name')}: no attribute or operand {name!r}; operands: {opdef.signature}"
             )
         return self.operand(name)
 

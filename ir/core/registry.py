@@ -1,6 +1,7 @@
 """The op registry: each op is a small declarative record with one pure shape rule.
 
-An :class:`OpDef` names its operands, its typed attributes and an ``infer`` rule
+An :class:`OpDef` declares its operands (:class:`Operand` records: :func:`operand`, :func:`opt_operand`,
+:func:`var_operand`), its typed attributes and an ``infer`` rule
 ``infer(operand_types, **attrs) -> TensorType`` that raises :class:`ShapeError`
 quoting the operands and the offending attribute. Graphs, the verifier, the
 tracer and JSON loading all go through :func:`get_op`, so an op that is not
@@ -130,8 +131,43 @@ def attr(kind: str, default: Any = _REQUIRED, *, quiet: bool = False) -> AttrSpe
 
 
 @dataclass(frozen=True)
+class Operand:
+    """One declared operand of an op (xDSL's ``operand_def``): its name, and whether a node may leave it out
+    (``optional``, read as None when absent) or takes any number of values in its place (``variadic``).
+    Build it with :func:`operand`, :func:`opt_operand` or :func:`var_operand`; it prints as it is written in
+    messages: ``q``, ``mask?``, ``*xs``."""
+
+    name: str
+    optional: bool = False
+    variadic: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.name.isidentifier() or (self.optional and self.variadic):
+            raise ValueError(f"operand {self.name!r}: an identifier, either optional or variadic")
+
+    def __str__(self) -> str:
+        return f"*{self.name}" if self.variadic else f"{self.name}?" if self.optional else self.name
+
+
+def operand(name: str) -> Operand:
+    """A required operand: every node of the op has it."""
+    return Operand(name)
+
+
+def opt_operand(name: str) -> Operand:
+    """An optional operand (xDSL's ``opt_operand_def``): a node has it or not, and says which by name."""
+    return Operand(name, optional=True)
+
+
+def var_operand(name: str) -> Operand:
+    """A variadic operand (the op's last): one or more values, read by position."""
+    return Operand(name, variadic=True)
+
+
+@dataclass(frozen=True)
 class OpDef:
-    """One op: operand names (``"mask?"`` optional, ``"*xs"`` variadic), attributes, shape rule.
+    """One op: its operands (:class:`Operand` records, required ones first, then optional ones or one variadic
+    one), attributes, shape rule.
 
     Optional operands are named, as xDSL's ``opt_operand_def``: a node records which it has
     (``Node.optionals``, in this record's order) and its inputs hold the required operands, then those.
@@ -139,38 +175,53 @@ class OpDef:
     """
 
     name: str
-    operands: tuple[str, ...]
+    operands: tuple[Operand, ...]
     infer: Callable[..., TensorType]
     attrs: Mapping[str, AttrSpec] = field(default_factory=dict)
     family: str = "misc"
     doc: str = ""
 
     def __post_init__(self) -> None:
-        kinds = ["*" if o.startswith("*") else "?" if o.endswith("?") else "" for o in self.operands]
+        object.__setattr__(self, "operands", tuple(self.operands))
+        loose = [o for o in self.operands if not isinstance(o, Operand)]
+        if loose:
+            raise TypeError(
+                f"op {self.name}: operand {loose[0]!r} is not an Operand; declare operands with operand(name), "
+                "opt_operand(name) or var_operand(name)"
+            )
+        kinds = ["*" if o.variadic else "?" if o.optional else "" for o in self.operands]
+        names = [o.name for o in self.operands]
         if "*" in kinds[:-1] or ("*" in kinds and "?" in kinds) or kinds != sorted(kinds, key=bool):
             raise ValueError(
-                f"op {self.name}: operands {self.operands}: required ones first, then optional ones (name?) or "
-                "one variadic (*name) last"
+                f"op {self.name}: operands {self.signature}: required ones first, then optional "
+                "ones (opt_operand) or one variadic (var_operand) last"
             )
+        if len(set(names)) != len(names):
+            raise ValueError(f"op {self.name}: operands {', '.join(names)}: each name once")
 
     @property
     def variadic(self) -> bool:
-        return bool(self.operands) and self.operands[-1].startswith("*")
+        return bool(self.operands) and self.operands[-1].variadic
 
     @functools.cached_property
     def operand_names(self) -> tuple[str, ...]:
-        """Every declared operand's name, without its ``?`` or ``*``."""
-        return tuple(o.strip("*?") for o in self.operands)
+        """Every declared operand's name."""
+        return tuple(o.name for o in self.operands)
 
     @functools.cached_property
     def required(self) -> tuple[str, ...]:
         """The names of the operands every node has (the variadic one aside)."""
-        return tuple(o for o in self.operands if not o.endswith("?") and not o.startswith("*"))
+        return tuple(o.name for o in self.operands if not o.optional and not o.variadic)
 
     @functools.cached_property
     def optional(self) -> tuple[str, ...]:
         """The names of the optional operands, in declared order."""
-        return tuple(o[:-1] for o in self.operands if o.endswith("?"))
+        return tuple(o.name for o in self.operands if o.optional)
+
+    @property
+    def signature(self) -> str:
+        """The operands as messages write them: ``q, k, v, mask?, sinks?``."""
+        return ", ".join(map(str, self.operands))
 
     def check_operands(self, n: int, optionals: Sequence[str] = ()) -> None:
         """Raise ShapeError unless ``n`` inputs are the required operands then the named ``optionals``."""
@@ -189,7 +240,7 @@ class OpDef:
         want = len(self.required) + len(optionals)
         if (n >= max(want, 1)) if self.variadic else n == want:
             return
-        names = ", ".join(self.required + optionals + ((self.operands[-1],) if self.variadic else ()))
+        names = ", ".join(self.required + optionals + ((str(self.operands[-1]),) if self.variadic else ()))
         count = f"at least {max(want, 1)}" if self.variadic else str(want)
         absent = [o + "?" for o in self.optional if o not in optionals]
         hint = (
@@ -203,7 +254,7 @@ class OpDef:
         """Operand name -> value for ``values`` (a node's inputs, or what stands for them: types, arrays,
         emitted names) given its ``optionals``; None for an absent optional operand. Not for variadic ops."""
         if self.variadic:
-            raise ShapeError(f"{self.name}: a variadic op's operands ({', '.join(self.operands)}) are read by position")
+            raise ShapeError(f"{self.name}: a variadic op's operands ({self.signature}) are read by position")
         self.check_operands(len(values), optionals)
         named = dict(zip(self.required + tuple(optionals), values))
         return {name: named.get(name) for name in self.operand_names}
@@ -213,14 +264,10 @@ class OpDef:
         an absent optional operand)."""
         unknown = [k for k in named if k not in self.operand_names or self.variadic]
         if unknown:
-            raise ShapeError(
-                f"{self.name}: unknown operand {short_repr(unknown[0])}; operands: {', '.join(self.operands)}"
-            )
+            raise ShapeError(f"{self.name}: unknown operand {short_repr(unknown[0])}; operands: {self.signature}")
         missing = [r for r in self.required if named.get(r) is None]
         if missing:
-            raise ShapeError(
-                f"{self.name}: missing required operand {missing[0]} (operands: {', '.join(self.operands)})"
-            )
+            raise ShapeError(f"{self.name}: missing required operand {missing[0]} (operands: {self.signature})")
         optionals = tuple(o for o in self.optional if named.get(o) is not None)
         return tuple(named[o] for o in self.required + optionals), optionals
 

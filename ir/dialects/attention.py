@@ -7,7 +7,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from attnpass.ir.core.registry import AttrSpec, OpDef, attr, get_op, register
+from attnpass.ir.core.registry import AttrSpec, OpDef, attr, get_op, operand, opt_operand, register
 from attnpass.ir.core.types import DType, ShapeError, TensorType
 
 from .rules import FLOATS, NUMERIC, broadcast_shapes, normalize_axis, require_dtype, same_dtype
@@ -176,11 +176,20 @@ def _infer_sdpa_lse(ts, *, scale, causal, logit_softcap=None, window=None):
     return TensorType((b, hq, s), DType.float32)
 
 
-register(OpDef("matmul", ("a", "b"), _infer_matmul, {}, "attention", "Batched a @ b with broadcast batch dims."))
+register(
+    OpDef(
+        "matmul",
+        (operand("a"), operand("b")),
+        _infer_matmul,
+        {},
+        "attention",
+        "Batched a @ b with broadcast batch dims.",
+    )
+)
 register(
     OpDef(
         "softmax",
-        ("x",),
+        (operand("x"),),
         _infer_softmax,
         {"axis": attr("int", -1), "precise": attr("bool", False)},
         "attention",
@@ -190,7 +199,7 @@ register(
 register(
     OpDef(
         "sdpa",
-        ("q", "k", "v", "mask?", "sinks?"),
+        (operand("q"), operand("k"), operand("v"), opt_operand("mask"), opt_operand("sinks")),
         _infer_sdpa,
         {
             "scale": attr("float?", None),
@@ -231,7 +240,7 @@ def _infer_addmm(ts, *, alpha, beta):
 register(
     OpDef(
         "addmm",
-        ("c", "a", "b"),
+        (operand("c"), operand("a"), operand("b")),
         _infer_addmm,
         {"alpha": attr("float", 1.0), "beta": attr("float", 1.0)},
         "attention",

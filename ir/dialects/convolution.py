@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from attnpass.ir.core.registry import OpDef, attr, register
+from attnpass.ir.core.registry import OpDef, attr, operand, register
 from attnpass.ir.core.types import ShapeError, TensorType
 
 from .rules import FLOATS, require_dtype, same_dtype
@@ -35,7 +35,7 @@ def _infer_conv1d(ts, *, stride, padding, dilation, groups):
 register(
     OpDef(
         "conv1d",
-        ("x", "w"),
+        (operand("x"), operand("w")),
         _infer_conv1d,
         {
             "stride": attr("int", 1),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from attnpass.ir.core.registry import OpDef, register
+from attnpass.ir.core.registry import OpDef, operand, register
 from attnpass.ir.core.types import DType, TensorType
 
 from .rules import FLOATS, NUMERIC, broadcast_shapes, require_dtype, same_dtype
@@ -14,7 +14,7 @@ def _binary(name: str, allowed: tuple[DType, ...], doc: str) -> None:
         require_dtype(name, ts[0], allowed)
         return TensorType(broadcast_shapes(name, ts[0].shape, ts[1].shape), dtype)
 
-    register(OpDef(name, ("x", "y"), infer, {}, "elementwise", doc))
+    register(OpDef(name, (operand("x"), operand("y")), infer, {}, "elementwise", doc))
 
 
 def _unary(name: str, allowed: tuple[DType, ...], doc: str) -> None:
@@ -22,7 +22,7 @@ def _unary(name: str, allowed: tuple[DType, ...], doc: str) -> None:
         require_dtype(name, ts[0], allowed)
         return ts[0]
 
-    register(OpDef(name, ("x",), infer, {}, "elementwise", doc))
+    register(OpDef(name, (operand("x"),), infer, {}, "elementwise", doc))
 
 
 _binary("add", NUMERIC, "x + y with numpy broadcasting.")
@@ -42,7 +42,16 @@ def _infer_where(ts):
     return TensorType(broadcast_shapes("where", cond.shape, a.shape, b.shape), dtype)
 
 
-register(OpDef("where", ("cond", "x", "y"), _infer_where, {}, "elementwise", "cond ? x : y, broadcast."))
+register(
+    OpDef(
+        "where",
+        (operand("cond"), operand("x"), operand("y")),
+        _infer_where,
+        {},
+        "elementwise",
+        "cond ? x : y, broadcast.",
+    )
+)
 
 
 def _logical(name: str, doc: str) -> None:
@@ -51,7 +60,7 @@ def _logical(name: str, doc: str) -> None:
             require_dtype(name, t, (DType.bool,))
         return TensorType(broadcast_shapes(name, ts[0].shape, ts[1].shape), DType.bool)
 
-    register(OpDef(name, ("x", "y"), infer, {}, "elementwise", doc))
+    register(OpDef(name, (operand("x"), operand("y")), infer, {}, "elementwise", doc))
 
 
 def _compare(name: str, doc: str) -> None:
@@ -60,7 +69,7 @@ def _compare(name: str, doc: str) -> None:
         require_dtype(name, ts[0], NUMERIC)
         return TensorType(broadcast_shapes(name, ts[0].shape, ts[1].shape), DType.bool)
 
-    register(OpDef(name, ("x", "y"), infer, {}, "elementwise", doc))
+    register(OpDef(name, (operand("x"), operand("y")), infer, {}, "elementwise", doc))
 
 
 _logical("logical_and", "x & y on bool tensors, numpy broadcasting.")

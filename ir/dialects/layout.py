@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from math import prod
 
-from attnpass.ir.core.registry import OpDef, attr, register
+from attnpass.ir.core.registry import OpDef, attr, operand, register, var_operand
 from attnpass.ir.core.types import DType, ShapeError, TensorType
 
 from .rules import broadcast_shapes, describe_types, normalize_axis, require_dtype, same_dtype
@@ -70,24 +70,26 @@ def _infer_take(ts, *, axis):
     return TensorType(x.shape[:ax] + idx.shape + x.shape[ax + 1 :], x.dtype)
 
 
-register(OpDef("cast", ("x",), _infer_cast, {"dtype": attr("dtype")}, "layout", "Convert to dtype."))
-register(OpDef("reshape", ("x",), _infer_reshape, {"shape": attr("ints")}, "layout", "Row-major reshape."))
-register(OpDef("transpose", ("x",), _infer_transpose, {"perm": attr("ints")}, "layout", "Permute axes."))
+register(OpDef("cast", (operand("x"),), _infer_cast, {"dtype": attr("dtype")}, "layout", "Convert to dtype."))
+register(OpDef("reshape", (operand("x"),), _infer_reshape, {"shape": attr("ints")}, "layout", "Row-major reshape."))
+register(OpDef("transpose", (operand("x"),), _infer_transpose, {"perm": attr("ints")}, "layout", "Permute axes."))
 register(
     OpDef(
         "slice",
-        ("x",),
+        (operand("x"),),
         _infer_slice,
         {"start": attr("ints"), "stop": attr("ints"), "step": attr("ints")},
         "layout",
         "Static strided slice x[start:stop:step] per axis (positive steps, bounds already clamped).",
     )
 )
-register(OpDef("concat", ("*xs",), _infer_concat, {"axis": attr("int")}, "layout", "Concatenate along axis."))
+register(
+    OpDef("concat", (var_operand("xs"),), _infer_concat, {"axis": attr("int")}, "layout", "Concatenate along axis.")
+)
 register(
     OpDef(
         "take",
-        ("x", "indices"),
+        (operand("x"), operand("indices")),
         _infer_take,
         {"axis": attr("int")},
         "layout",
@@ -123,7 +125,7 @@ def _infer_put_along_axis(ts, *, axis):
 register(
     OpDef(
         "broadcast_to",
-        ("x",),
+        (operand("x"),),
         _infer_broadcast_to,
         {"shape": attr("ints")},
         "layout",
@@ -133,7 +135,7 @@ register(
 register(
     OpDef(
         "put_along_axis",
-        ("x", "indices", "values"),
+        (operand("x"), operand("indices"), operand("values")),
         _infer_put_along_axis,
         {"axis": attr("int")},
         "layout",
@@ -169,7 +171,7 @@ def _infer_dynamic_update_slice(ts):
 register(
     OpDef(
         "take_along_axis",
-        ("x", "indices"),
+        (operand("x"), operand("indices")),
         _infer_take_along_axis,
         {"axis": attr("int")},
         "layout",
@@ -180,7 +182,7 @@ register(
 register(
     OpDef(
         "dynamic_update_slice",
-        ("buffer", "update", "start"),
+        (operand("buffer"), operand("update"), operand("start")),
         _infer_dynamic_update_slice,
         {},
         "layout",

@@ -26,7 +26,7 @@ lowerings never read out of bounds and drop such ids and cells instead.
 
 from __future__ import annotations
 
-from attnpass.ir.core.registry import OpDef, attr, register
+from attnpass.ir.core.registry import OpDef, attr, operand, register
 from attnpass.ir.core.types import DType, ShapeError, TensorType
 
 from .rules import FLOATS
@@ -131,7 +131,7 @@ def _infer_gather(ts):
 register(
     OpDef(
         "qsa_pool",
-        ("raw_keys",),
+        (operand("raw_keys"),),
         _infer_pool,
         {"ratio": attr("int")},
         "qsa",
@@ -142,7 +142,7 @@ register(
 register(
     OpDef(
         "qsa_block_scores",
-        ("idx_q", "block_keys"),
+        (operand("idx_q"), operand("block_keys")),
         _infer_block_scores,
         {},
         "qsa",
@@ -153,7 +153,7 @@ register(
 register(
     OpDef(
         "qsa_select",
-        ("block_scores", "positions"),
+        (operand("block_scores"), operand("positions")),
         _infer_select,
         {"ratio": attr("int"), "top_k_blocks": attr("int")},
         "qsa",
@@ -164,7 +164,7 @@ register(
 register(
     OpDef(
         "qsa_mask",
-        ("selection", "positions"),
+        (operand("selection"), operand("positions")),
         _infer_mask,
         {"ratio": attr("int"), "kv_len": attr("int")},
         "qsa",
@@ -174,7 +174,7 @@ register(
 register(
     OpDef(
         "qsa_cells",
-        ("selection", "positions"),
+        (operand("selection"), operand("positions")),
         _gather_rule("qsa_cells", DType.int32),
         {"ratio": attr("int"), "width": attr("int"), "kv_len": attr("int")},
         "qsa",
@@ -185,7 +185,7 @@ register(
 register(
     OpDef(
         "qsa_cell_valid",
-        ("selection", "positions"),
+        (operand("selection"), operand("positions")),
         _gather_rule("qsa_cell_valid", DType.bool),
         {"ratio": attr("int"), "width": attr("int"), "kv_len": attr("int")},
         "qsa",
@@ -196,7 +196,7 @@ register(
 register(
     OpDef(
         "qsa_gather",
-        ("x", "cells"),
+        (operand("x"), operand("cells")),
         _infer_gather,
         {},
         "qsa",

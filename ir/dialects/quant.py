@@ -22,7 +22,7 @@ share their operand and attributes, and each is computed alone.
 
 from __future__ import annotations
 
-from attnpass.ir.core.registry import OpDef, attr, register
+from attnpass.ir.core.registry import OpDef, attr, operand, opt_operand, register
 from attnpass.ir.core.types import DType, ShapeError, TensorType
 
 from .rules import FLOATS, broadcast_shapes, describe_types, require_dtype
@@ -148,7 +148,7 @@ _QUANT_ATTRS = {"group_size": attr("int", 64), "bits": attr("int", 4)}
 register(
     OpDef(
         "dequantize",
-        ("wq", "scales", "biases"),
+        (operand("wq"), operand("scales"), operand("biases")),
         _infer_dequantize,
         {**_QUANT_ATTRS, "dtype": attr("dtype")},
         "quant",
@@ -160,7 +160,7 @@ register(
 register(
     OpDef(
         "quantize",
-        ("w",),
+        (operand("w"),),
         _infer_quantize,
         {**_QUANT_ATTRS, "output": attr("choice:wq|scales|biases")},
         "quant",
@@ -174,7 +174,7 @@ register(
 register(
     OpDef(
         "quantized_matmul",
-        ("x", "wq", "scales", "biases"),
+        (operand("x"), operand("wq"), operand("scales"), operand("biases")),
         _infer_quantized_matmul,
         {"transpose": attr("bool", True), **_QUANT_ATTRS},
         "quant",
@@ -186,7 +186,16 @@ register(
 register(
     OpDef(
         "quantized_sdpa",
-        ("q", "kq", "ks", "kb", "vq", "vs", "vb", "mask?"),
+        (
+            operand("q"),
+            operand("kq"),
+            operand("ks"),
+            operand("kb"),
+            operand("vq"),
+            operand("vs"),
+            operand("vb"),
+            opt_operand("mask"),
+        ),
         _infer_quantized_sdpa,
         {"scale": attr("float"), **_QUANT_ATTRS, "precision": attr("choice:dtype|float32", "dtype")},
         "quant",

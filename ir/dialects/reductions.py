@@ -3,7 +3,7 @@ min, logsumexp)."""
 
 from __future__ import annotations
 
-from attnpass.ir.core.registry import OpDef, attr, register
+from attnpass.ir.core.registry import OpDef, attr, operand, register
 from attnpass.ir.core.types import DType, ShapeError, TensorType
 
 from .rules import FLOATS, NUMERIC, normalize_axis, require_dtype
@@ -25,7 +25,7 @@ def _reduction(name: str) -> None:
     register(
         OpDef(
             name,
-            ("x",),
+            (operand("x"),),
             infer,
             {"axes": attr("ints"), "keepdims": attr("bool", False)},
             "reduction",
@@ -52,7 +52,7 @@ def _infer_argpartition(ts, *, kth, axis):
 register(
     OpDef(
         "argpartition",
-        ("x",),
+        (operand("x"),),
         _infer_argpartition,
         {"kth": attr("int"), "axis": attr("int", -1)},
         "reduction",
@@ -77,7 +77,7 @@ def _arg_reduction(name: str, which: str) -> None:
     register(
         OpDef(
             name,
-            ("x",),
+            (operand("x"),),
             infer,
             {"axis": attr("int"), "keepdims": attr("bool", False)},
             "reduction",
@@ -105,7 +105,7 @@ def _infer_scan(ts, *, kind, axis, reverse, inclusive):
 register(
     OpDef(
         "scan",
-        ("x",),
+        (operand("x"),),
         _infer_scan,
         {
             "kind": attr("choice:" + "|".join(SCAN_KINDS)),

@@ -15,7 +15,19 @@ import numpy as np
 import pytest
 
 from attnpass.backends import run, to_numpy
-from attnpass.ir import AttnpassError, DType, Graph, OpDef, SourceLoc, TensorSpec, TensorType, ops, register, trace
+from attnpass.ir import (
+    AttnpassError,
+    DType,
+    Graph,
+    OpDef,
+    SourceLoc,
+    TensorSpec,
+    TensorType,
+    operand,
+    ops,
+    register,
+    trace,
+)
 from attnpass.ir.core import registry as ir_registry
 from attnpass.lowering import LoweringError, get_target, lower
 from tests.util import assert_bits_equal, assert_close, lazy_import, random_array, requires, target_params
@@ -239,7 +251,7 @@ def test_source_location_cannot_inject_code(target, filename):
 def op_without_emitter():
     """A throwaway op registered for one test, then removed so the registry stays as it was."""
     name = f"test_no_emitter_{uuid.uuid4().hex[:8]}"
-    register(OpDef(name, ("x",), lambda ts: ts[0], {}, "elementwise", "test only"))
+    register(OpDef(name, (operand("x"),), lambda ts: ts[0], {}, "elementwise", "test only"))
     try:
         yield name
     finally:

@@ -1,4 +1,4 @@
-"""Named optional operands (``OpDef`` ``"mask?"``, ``Node.optionals``): accessors, building, printing, JSON."""
+"""Named optional operands (``opt_operand("mask")`` in an ``OpDef``, ``Node.optionals``): accessors, building, printing, JSON."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import pytest
 
 from attnpass.ir import DType, Graph, ShapeError, TensorType, get_op, parse_graph
-from attnpass.ir.core.registry import OpDef
+from attnpass.ir.core.registry import OpDef, Operand, operand, opt_operand, var_operand
 from attnpass.ir.core.types import GraphFormatError
 
 F32 = DType.float32
@@ -88,9 +88,30 @@ def test_the_verifier_checks_a_node_built_with_the_wrong_optionals():
 
 def test_an_op_record_lists_required_operands_first():
     with pytest.raises(ValueError, match="required ones first"):
-        OpDef("bad", ("mask?", "x"), lambda ts: ts[1])
+        OpDef("bad", (opt_operand("mask"), operand("x")), lambda ts: ts[1])
     with pytest.raises(ValueError, match="required ones first"):
-        OpDef("bad", ("x", "mask?", "*xs"), lambda ts: ts[0])
+        OpDef("bad", (operand("x"), opt_operand("mask"), var_operand("xs")), lambda ts: ts[0])
+    with pytest.raises(ValueError, match="each name once"):
+        OpDef("bad", (operand("x"), opt_operand("x")), lambda ts: ts[0])
+
+
+def test_operands_are_declared_as_records_not_strings():
+    assert get_op("sdpa").operands == tuple(map(Operand, "qkv")) + (opt_operand("mask"), opt_operand("sinks"))
+    assert get_op("sdpa").signature == "q, k, v, mask?, sinks?" and get_op("concat").signature == "*xs"
+    with pytest.raises(TypeError, match=r"operand 'mask\?' is not an Operand; declare operands with operand\(name\)"):
+        OpDef("bad", (operand("x"), "mask?"), lambda ts: ts[0])
+    with pytest.raises(ValueError, match="an identifier"):
+        opt_operand("mask?")
+
+
+def test_a_variadic_op_has_no_named_operand():
+    g = Graph("c")
+    x = g.add_input("x", TensorType((2,), F32))
+    node = g.node(g.add_node("concat", [x, x], {"axis": 0}))
+    with pytest.raises(AttributeError, match=r"concat concat: no operand 'xs'; operands: \*xs"):
+        node.operand("xs")
+    with pytest.raises(AttributeError, match="no attribute or operand 'xs'"):
+        node.xs  # noqa: B018
 
 
 def _version_1(g: Graph, has_sinks: bool) -> str:
