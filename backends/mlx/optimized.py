@@ -6,7 +6,7 @@ installs the recorders the cache adapters' proofs read (:mod:`.caches`), and giv
 directly) marks it active, per thread. Each attention call of an active model goes to :meth:`OptimizedModel.
 attend` (or ``attend_qsa``): its cache's adapter either declines it, with a reason code of
 :data:`attnpass.passes.REASONS`, or names the program and arguments, whose signature is then compiled once
-(:mod:`.programs`) and may itself be declined on its rewritten graph (:mod:`.policy`, fused calls, masked QSA).
+(:mod:`.programs`) and may itself be declined on its rewritten graph (:mod:`.bounds`, fused calls, masked QSA).
 A declined call runs the client's own function, bit for bit. :meth:`OptimizedModel.restore` (or leaving a
 ``with`` block) undoes everything. The router holds no per-cache-class knowledge; docs/dropin.md says what each
 cache kind proves and the numerics of a routed call.
@@ -28,13 +28,13 @@ from attnpass.ir.core.types import native_dtype_name
 from attnpass.passes import Decline, Pass
 
 from ..specialize import MAX_SIGNATURES, CompiledFunction
+from .bounds import Bounds, known_short
 from .caches import ADAPTERS, HelperCall, QSACall, Routed, adapter_for
 from .caches.base import CacheAdapter
 from .check import CHECK_ENV, REWRITTEN, CheckError, difference, loosest, where
 from .clients import HELPER, QSA_DISPATCH, helper, helper_modules, qsa_dispatch, qsa_modules, route, route_qsa
 from .compiled import MLXFrontend
 from .masks import Masks
-from .policy import Bounds, known_short
 from .programs import PROGRAMS, compile_program
 from .routing import ACTIVE, LOCK, Call, Patch, patch, recorded, unpatch
 
@@ -212,7 +212,7 @@ class OptimizedModel:
 
     def decline_bound(self, code: str) -> str | None:
         """The bound behind the declines of ``code`` in words (``under 128 key rows in bfloat16``); None for a code
-        that no bound decides (only ``short_context`` and ``quantized_tie`` have one: :mod:`.policy`)."""
+        that no bound decides (only ``short_context`` and ``quantized_tie`` have one: :mod:`.bounds`)."""
         found = self.declines.get(code)
         if found is None or code not in ("short_context", "quantized_tie"):
             return None
@@ -320,7 +320,7 @@ def optimize(
     ``batch_generate`` and speculative decoding work unchanged. ``pipeline``, ``strict`` and ``max_signatures``
     are as for :func:`attnpass.backends.mlx.compile` (for QSA calls every ``qsa-gather`` of the pipeline is given
     the selection input). A call whose program would get fewer key rows than ``min_keys`` runs the client's
-    function (``short_context``, or ``quantized_tie``); None is :data:`~.policy.MIN_KEYS` on CPU and 0
+    function (``short_context``, or ``quantized_tie``); None is :data:`~.bounds.MIN_KEYS` on CPU and 0
     elsewhere; 0 routes every depth. ``check=True`` (a shadow mode, for tests and for trying a model) also runs
     the client's function on every routed call and raises :class:`~.check.CheckError` on the first output that
     differs beyond the program's stated numerics (bit for bit under the CPU default pipeline; docs/dropin.md),

@@ -1,7 +1,7 @@
 """The programs ``optimize`` compiles per signature: one row of :data:`PROGRAMS` each.
 
 A row names the function (imported from MLX, or written with :mod:`attnpass.ir.ops` and traced), the
-:data:`~.policy.MIN_KEYS` kind that bounds its key rows, and the decisions taken on its rewritten graph
+:data:`~.bounds.MIN_KEYS` kind that bounds its key rows, and the decisions taken on its rewritten graph
 before it is lowered: a graph still one fused ``sdpa`` is declined (the client computes the same over the valid
 keys, without a buffer's padding), a QSA program whose ``qsa-gather`` kept the masked form is declined with
 ``qsa-gather``'s own reason, and an MLA program neither absorbed nor gathered (mlx-lm's own expansion) with
@@ -22,10 +22,10 @@ from attnpass.ir.core.types import native_dtype_name
 from attnpass.passes import Decline, DSAGather, MLAAbsorb, Pass, PassResult, QSAGather
 
 from ..specialize import CompiledFunction, Traceable, as_passes, wrapper_pipeline
+from .bounds import MIN_KEYS, Bounds, too_short
 from .check import Numerics
 from .compiled import MLXFrontend
 from .masks import Structure
-from .policy import MIN_KEYS, Bounds, too_short
 
 SELECTION = "selection"  # the QSA programs' selection input, promised to qsa-gather
 TOKENS = "idx"  # the DSA program's top-k input, promised to mla-absorb and dsa-gather
@@ -117,7 +117,7 @@ def dsa_attention(q: Any, latent: Any, w_uk: Any, w_uv: Any, mask: Any, idx: Any
 @dataclass(frozen=True)
 class ProgramSpec:
     """One program: its function, whether it is traced (:mod:`attnpass.ir.ops`) rather than exported from MLX,
-    the :data:`~.policy.MIN_KEYS` kind bounding its key rows (None: no bound), whether a graph still one fused
+    the :data:`~.bounds.MIN_KEYS` kind bounding its key rows (None: no bound), whether a graph still one fused
     ``sdpa`` is declined, whether it attends a QSA selection (``qsa-gather`` is told the selection input is
     promised, and a graph left masked is declined), and whether it is an MLA program (a graph left expanded is
     declined; ``tokens``: mla-absorb and dsa-gather are told the top-k input and that every row has a key).

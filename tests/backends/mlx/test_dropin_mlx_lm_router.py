@@ -234,7 +234,7 @@ def test_a_half_float_quantized_call_is_declined_on_cpu_at_any_depth_as_a_tie_wi
     from mlx_lm.models.cache import QuantizedKVCache
 
     from attnpass.backends.mlx import optimize
-    from attnpass.backends.mlx.policy import MIN_KEYS
+    from attnpass.backends.mlx.bounds import MIN_KEYS
     from attnpass.ir import DType
     from tests.backends.mlx.lm_probe import SCALE, Probe
 
@@ -285,7 +285,7 @@ def test_a_short_context_call_is_declined_on_cpu_below_min_keys_and_routed_from_
     from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
     from attnpass.backends.mlx import optimize
-    from attnpass.backends.mlx.policy import MIN_KEYS
+    from attnpass.backends.mlx.bounds import MIN_KEYS
     from attnpass.backends.mlx.routing import buffer_rows
     from attnpass.ir import DType
     from tests.backends.mlx.lm_probe import SCALE, Probe
@@ -348,7 +348,7 @@ def test_a_call_under_its_kinds_known_bound_is_declined_before_its_arguments_are
 
     from attnpass.backends.mlx import optimize
     from attnpass.backends.mlx.caches.kv import KVCache as KVCacheAdapter
-    from attnpass.backends.mlx.policy import MIN_KEYS
+    from attnpass.backends.mlx.bounds import MIN_KEYS
     from attnpass.backends.mlx.routing import buffer_rows
     from attnpass.ir import DType
     from tests.backends.mlx.lm_probe import SCALE, Probe

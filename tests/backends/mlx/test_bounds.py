@@ -1,4 +1,4 @@
-"""backends/mlx/policy.py: the fewest key rows routed, as data; each decision a reason code with its figures."""
+"""backends/mlx/bounds.py: the fewest key rows routed, as data; each decision a reason code with its figures."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from attnpass.backends.mlx.policy import MIN_KEYS, bound_decline, known_short, precision, too_short
+from attnpass.backends.mlx.bounds import MIN_KEYS, bound_decline, known_short, precision, too_short
 from attnpass.ir import DType, TensorSpec, ops, trace
 from attnpass.passes import REASONS
 

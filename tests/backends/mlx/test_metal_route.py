@@ -1,4 +1,4 @@
-"""Predicted Metal routing of MLX 0.32 SDPA calls (backends/mlx/route.py), before and after head chunking."""
+"""Predicted Metal routing of MLX 0.32 SDPA calls (backends/mlx/metal_route.py), before and after head chunking."""
 
 from __future__ import annotations
 
