@@ -7,9 +7,9 @@
   raw key cache; the graph gains a state pair), ``qsa-gather`` (attention over the selected cells only; a
   prefill cut into tiles of the device's ``prefill_tile`` rows) and ``dsa-gather`` (each row over its
   indexed tokens only, in tiles of ``dsa_tile_bytes``), all read from :data:`.analysis.devices.DEVICES`;
-- ``"cpu"``: ``block-sparse`` (causal calls tiled over the keys each tile sees, the device's ``block_q``
-  rows per tile; measured on CPU only, docs/semantics.md §1.4);
-- ``"metal"``: ``head-chunk``, so GQA calls fit MLX's fused vector kernel;
+- the device's ``own_passes`` from the same row: ``block-sparse`` on ``"cpu"`` (causal calls tiled over the keys
+  each tile sees, the device's ``block_q`` rows per tile), ``head-chunk`` on ``"metal"`` (GQA calls fit MLX's
+  fused vector kernel);
 - every device: ``decompose-sdpa{device=...}`` (fused where the device has a kernel for the call, GQA
   folded into f32 matmuls where not), then ``dce``, ``narrow-inputs``, ``dce``.
 
@@ -22,11 +22,10 @@ from __future__ import annotations
 
 from .analysis.devices import DEVICES
 from .infra.base import Pass
-from .rewrites.block_sparse import BlockSparse
+from .infra.pipeline_text import parse_pipeline
 from .rewrites.dce import DeadCodeElimination
 from .rewrites.decompose_sdpa import DecomposeSDPA
 from .rewrites.dsa_gather import DSAGather
-from .rewrites.head_chunk import HeadChunkSDPA
 from .rewrites.mla_absorb import MLAAbsorb
 from .rewrites.narrow_inputs import NarrowInputs
 from .rewrites.qsa_gather import QSAGather
@@ -41,8 +40,8 @@ def default_pipeline(device: str, *, keep_signature: bool = False, target: str |
     """
     if device not in DEVICES:
         raise ValueError(f"default_pipeline: device must be one of {', '.join(DEVICES)}, got {device!r}")
-    own: list[Pass] = {"cpu": [BlockSparse(device=device)], "metal": [HeadChunkSDPA()]}.get(device, [])
     facts = DEVICES[device]
+    own = parse_pipeline(list(facts.own_passes))
     absorb = MLAAbsorb(crossover_factor=facts.mla_crossover_factor)
     gathers = [QSAGather(prefill_tile=facts.prefill_tile), DSAGather(tile_bytes=facts.dsa_tile_bytes)]
     if keep_signature:

@@ -1,29 +1,24 @@
-"""When a routed call is worth its program: the fewest key rows routed, per program kind and precision, as data.
+"""When a routed call is worth its program: the fewest key rows routed, per device, program kind and precision.
 
-:data:`MIN_KEYS` maps ``(kind, dtype)`` (``kind`` is ``"float"`` for the attention programs, ``"quantized"`` for
-the one over a quantized cache; ``dtype`` the precision the rewritten graph computes in) to the fewest key rows
-of the program's cut that are routed on CPU; ``None`` routes none (``quantized_tie``). The measurements behind
-each number are in docs/benchmarks.md ("Short contexts" and "Quantized caches on CPU"). ``optimize(min_keys=)``
-replaces the table (0 routes every depth); off CPU the table is empty. A signature's decision is taken once, on its
+``DEVICES[device].min_keys`` (:mod:`attnpass.passes.analysis.devices`) maps ``(kind, dtype)`` (``kind`` is ``"float"``
+for the attention programs, ``"quantized"`` for the one over a quantized cache; ``dtype`` the precision the rewritten
+graph computes in) to the fewest key rows of the program's cut that are routed; ``None`` routes none
+(``quantized_tie``). Only the CPU row has bounds (:data:`MIN_KEYS`; the measurements behind each number are in
+docs/benchmarks.md, "Short contexts" and "Quantized caches on CPU"); the other devices' are empty.
+``optimize(min_keys=)`` replaces the table (0 routes every depth). A signature's decision is taken once, on its
 rewritten graph (:func:`too_short`), and recorded in a :data:`Bounds` so that later calls of the same kind and dtype
 whose cut is shorter are declined before their arguments are built (:func:`known_short`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from attnpass.ir import DType, Graph
 from attnpass.passes import Decline, PassResult
+from attnpass.passes.analysis.devices import DEVICES
 
-MIN_KEYS: dict[tuple[str, DType], int | None] = {
-    ("float", DType.float32): 192,
-    ("float", DType.bfloat16): 128,
-    ("float", DType.float16): 128,
-    ("quantized", DType.float32): 512,
-    ("quantized", DType.bfloat16): None,
-    ("quantized", DType.float16): None,
-}
+MIN_KEYS = DEVICES["cpu"].min_keys  # the CPU row's bounds, the only device with any
 Bounds = dict[tuple[str, str], tuple["int | None", DType]]  # (kind, queries' dtype) -> (bound, precision)
 
 
@@ -59,7 +54,7 @@ def bound_decline(kind: str, dtype: DType, least: int | None, rows: int) -> Decl
 
 
 def too_short(
-    kind: str, min_keys: int | None, table: dict[tuple[str, DType], int | None], bounds: Bounds
+    kind: str, min_keys: int | None, table: Mapping[tuple[str, DType], int | None], bounds: Bounds
 ) -> Callable[[PassResult], Decline | None]:
     """The decline hook of a ``kind`` program: a signature whose keys (the second input: the cut's rows, or a
     quantized cache's words) are fewer rows than ``min_keys`` (None: what ``table`` gives its precision) is

@@ -20,9 +20,10 @@ from typing import Any
 from attnpass.ir import DType, ImportedGraph, TensorSpec, ops, trace
 from attnpass.ir.core.types import native_dtype_name
 from attnpass.passes import Decline, DSAGather, MLAAbsorb, Pass, PassResult, QSAGather
+from attnpass.passes.analysis.devices import DEVICES
 
 from ..specialize import CompiledFunction, Traceable, as_passes, wrapper_pipeline
-from .bounds import MIN_KEYS, Bounds, too_short
+from .bounds import Bounds, too_short
 from .check import Numerics
 from .compiled import MLXFrontend
 from .masks import Structure
@@ -206,8 +207,7 @@ def compile_program(
         passes = [_tokens_promised(p) for p in passes]
     hooks: list[Callable[[PassResult], Decline | None]] = [kept_fused] if spec.declines_fused else []
     if spec.bound is not None:
-        table = MIN_KEYS if frontend.device() == "cpu" else {}
-        hooks.append(too_short(spec.bound, min_keys, table, bounds))
+        hooks.append(too_short(spec.bound, min_keys, DEVICES[frontend.device()].min_keys, bounds))
     if spec.selection:
         hooks.append(kept_masked)
     if spec.latent:

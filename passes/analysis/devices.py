@@ -1,45 +1,93 @@
-"""What the passes know of each device: one keyed table, :data:`DEVICES`, and the Metal kernel gates.
+"""What the passes and the MLX router know of each device: one keyed table, :data:`DEVICES`, and the Metal kernel gates.
 
 :data:`DEVICES` maps a device name (the ``device`` option of ``decompose-sdpa``,
-``block-sparse`` and :func:`~attnpass.passes.default_pipeline`) to its
-:class:`Device`, every per-device number a pass reads; each value cites where
-it was measured in docs/ (or says it was not). A new fact is a new field, a new
-device a new row. The Metal constants below are MLX 0.32's Metal SDPA gates,
-read from ``mlx/backend/metal/scaled_dot_product_attention.cpp`` (ml-explore/mlx
-at commit 00703ea6; docs/semantics.md §2.6): ``decompose-sdpa`` keeps the calls
-the vector kernel serves, ``head-chunk`` splits wider GQA calls under its
+``block-sparse`` and :func:`~attnpass.passes.default_pipeline`; an MLX frontend's
+``device()``) to its :class:`Device`, every per-device fact a pass, a default
+pipeline or the MLX router's bounds (:mod:`attnpass.backends.mlx.bounds`) read;
+each value cites where it was measured in docs/ (or says it was not). A new fact
+is a new field, a new device a new row. The Metal constants below are MLX 0.32's
+Metal SDPA gates, read from ``mlx/backend/metal/scaled_dot_product_attention.cpp``
+(ml-explore/mlx at commit 00703ea6; docs/semantics.md §2.6): ``decompose-sdpa`` keeps
+the calls the vector kernel serves, ``head-chunk`` splits wider GQA calls under its
 budget and :func:`attnpass.backends.mlx.sdpa_route` is the full route model.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from attnpass.ir import DType
 
 
 @dataclass(frozen=True)
 class Device:
-    """The per-device facts the passes read. A routing policy keyed by ``(quantized, dtype)`` (the MLX
-    router's fewest keys worth routing) joins as one more field, a mapping from that pair to its number."""
+    """The per-device facts the passes, the default pipelines and the MLX router read."""
 
     block_q: int  # block-sparse: query rows per tile
     prefill_tile: int  # qsa-gather under default_pipeline: query rows per prefill tile
     mla_crossover_factor: float  # mla-absorb: measured crossover rows / the FLOP model's crossover rows
     dsa_tile_bytes: int  # dsa-gather: the most bytes of gathered K/V one tile of query rows may hold
+    own_passes: tuple[str, ...]  # default_pipeline: the device's own passes before decompose-sdpa, as pipeline text
+    # the MLX router: the fewest key rows of a program's cut worth routing, per (program kind, the dtype it computes
+    # in); None routes none (quantized_tie), a missing pair every depth
+    min_keys: Mapping[tuple[str, DType], int | None] = field(hash=False)
 
 
 DEVICES: dict[str, Device] = {
     # block_q 512: measured on MLX and JAX CPU (docs/semantics.md §1.4, benchmarks/block_sparse.py);
     # prefill_tile 16: measured (docs/qsa.md, "Prefill"); mla_crossover_factor and dsa_tile_bytes: measured
-    # on MLX CPU (docs/mla.md, "Crossover" and "Tiles", benchmarks/mla_absorb.py)
-    "cpu": Device(block_q=512, prefill_tile=16, mla_crossover_factor=0.85, dsa_tile_bytes=8 << 20),
+    # on MLX CPU (docs/mla.md, "Crossover" and "Tiles", benchmarks/mla_absorb.py); block-sparse: measured on CPU
+    # only (docs/semantics.md §1.4); min_keys: measured on MLX CPU (docs/benchmarks.md, "Short contexts" and
+    # "Quantized caches on CPU")
+    "cpu": Device(
+        block_q=512,
+        prefill_tile=16,
+        mla_crossover_factor=0.85,
+        dsa_tile_bytes=8 << 20,
+        own_passes=("block-sparse{device=cpu}",),
+        min_keys=MappingProxyType(
+            {
+                ("float", DType.float32): 192,
+                ("float", DType.bfloat16): 128,
+                ("float", DType.float16): 128,
+                ("quantized", DType.float32): 512,
+                ("quantized", DType.bfloat16): None,
+                ("quantized", DType.float16): None,
+            }
+        ),
+    ),
     # block_q: the CPU's size, not measured; prefill_tile: the CPU's, not measured (docs/qsa.md, "Prefill");
-    # mla_crossover_factor 1 (the FLOP model) and dsa_tile_bytes: not measured (docs/mla.md, "Crossover")
-    "metal": Device(block_q=512, prefill_tile=16, mla_crossover_factor=1.0, dsa_tile_bytes=32 << 20),
+    # mla_crossover_factor 1 (the FLOP model) and dsa_tile_bytes: not measured (docs/mla.md, "Crossover");
+    # head-chunk: GQA calls fit MLX's fused vector kernel (METAL_VECTOR_BUDGET); min_keys: none measured
+    "metal": Device(
+        block_q=512,
+        prefill_tile=16,
+        mla_crossover_factor=1.0,
+        dsa_tile_bytes=32 << 20,
+        own_passes=("head-chunk",),
+        min_keys=MappingProxyType({}),
+    ),
     # block_q: the CPU's size, not measured; prefill_tile 64 bounds the gathered K/V per tile, not tuned
     # (docs/qsa.md, "Prefill"); mla_crossover_factor 1 (the FLOP model) and dsa_tile_bytes: not measured
-    # (docs/mla.md, "Crossover")
-    "gpu": Device(block_q=512, prefill_tile=64, mla_crossover_factor=1.0, dsa_tile_bytes=256 << 20),
-    "tpu": Device(block_q=512, prefill_tile=64, mla_crossover_factor=1.0, dsa_tile_bytes=256 << 20),  # as "gpu"
+    # (docs/mla.md, "Crossover"); min_keys: none measured
+    "gpu": Device(
+        block_q=512,
+        prefill_tile=64,
+        mla_crossover_factor=1.0,
+        dsa_tile_bytes=256 << 20,
+        own_passes=(),
+        min_keys=MappingProxyType({}),
+    ),
+    "tpu": Device(
+        block_q=512,
+        prefill_tile=64,
+        mla_crossover_factor=1.0,
+        dsa_tile_bytes=256 << 20,
+        own_passes=(),
+        min_keys=MappingProxyType({}),
+    ),  # as "gpu"
 }
 
 METAL_VECTOR_MAX_ROWS = 8  # q_len of the vector (decode) kernel family; longer calls go to the full kernel

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from attnpass.backends.mlx.bounds import MIN_KEYS, bound_decline, known_short, precision, too_short
 from attnpass.ir import DType, TensorSpec, ops, trace
 from attnpass.passes import REASONS
+from attnpass.passes.analysis.devices import DEVICES
 
 FLOATS = (DType.float32, DType.bfloat16, DType.float16)
 
@@ -24,6 +25,13 @@ def attention(dtype: DType, keys: int):
 
 def test_every_program_kind_and_float_precision_has_a_row():
     assert set(MIN_KEYS) == {(kind, dtype) for kind in ("float", "quantized") for dtype in FLOATS}
+
+
+def test_the_bounds_are_the_cpu_rows_and_every_other_device_routes_every_depth():
+    assert MIN_KEYS is DEVICES["cpu"].min_keys
+    assert {name: dict(facts.min_keys) for name, facts in DEVICES.items() if name != "cpu"} == {
+        "metal": {}, "gpu": {}, "tpu": {}
+    }  # fmt: skip
 
 
 @given(st.sampled_from(sorted(MIN_KEYS, key=str)), st.integers(0, 4096))
