@@ -3,18 +3,19 @@
 The model follows ``mlx/backend/metal/scaled_dot_product_attention.cpp``
 (ml-explore/mlx; read at commit 00703ea6, the stored version closest to 0.32):
 ``has_fused_kernel`` and ``use_fallback`` pick fused or unfused, and
-``eval_gpu`` picks the vector kernel's one- or two-pass form (the gates' numbers
-live in :mod:`attnpass.passes.analysis.devices`):
+``eval_gpu`` picks the vector kernel's one- or two-pass form. The gates and
+their numbers live in :mod:`attnpass.passes.analysis.devices`:
 
 - CPU streams always take the unfused fallback.
-- ``q_len <= 8`` (vector family): needs ``D == Dv`` in {64, 96, 128, 192, 256}
-  (or D 192 with Dv 128), ``q_len <= k_len`` and ``q_len * gqa <= 32``. The
-  default heuristic still sends ``D == Dv == 192`` to the fallback. The
-  two-pass form runs when ``k_len >= 4096`` with GQA (``Hkv < Hq``), or when
-  ``k_len >= 1024`` on a large GPU (architecture suffix ``s`` or ``d``).
-- ``q_len > 8`` (full "steel" kernel): needs ``D == Dv`` in {64, 72, 80, 96,
-  128, 192, 256}, and for a ``"causal"`` string mask ``q_len <= k_len``; the
-  default heuristic sends head dims 192 and 256 to the fallback.
+- ``q_len <= METAL_VECTOR_MAX_ROWS`` (vector family): the calls
+  :func:`~attnpass.passes.analysis.devices.metal_vector_gate` lets through (head
+  dims, ``q_len <= k_len``, ``q_len * gqa <= METAL_VECTOR_BUDGET``, not a head
+  dim the default heuristic sends to the fallback). The two-pass form runs from
+  ``METAL_TWO_PASS_MIN_KEYS_GQA`` keys with GQA (``Hkv < Hq``), or from
+  ``METAL_TWO_PASS_MIN_KEYS_LARGE_GPU`` on a large GPU (``METAL_LARGE_GPU_ARCH``).
+- longer calls (full "steel" kernel): need ``D == Dv`` in ``METAL_FULL_HEAD_DIMS``,
+  and for a ``"causal"`` string mask ``q_len <= k_len``; the default heuristic
+  sends ``METAL_FULL_UNFUSED_FASTER`` to the fallback.
 
 Assumptions, stated because 0.32.4's own source was not available: its gates
 match the read commit for the cases above; the NAX (M5) full-kernel route for
@@ -39,8 +40,7 @@ from attnpass.passes.analysis.devices import (
     METAL_TWO_PASS_MIN_KEYS_LARGE_GPU,
     METAL_VECTOR_BUDGET,
     METAL_VECTOR_MAX_ROWS,
-    METAL_VECTOR_UNFUSED_FASTER,
-    metal_vector_head_dims,
+    metal_vector_gate,
 )
 
 Kernel = Literal["vector", "vector_2pass", "full", "fallback", "explicit"]  # explicit: no fused call at all
@@ -86,24 +86,28 @@ def sdpa_route(
     _, hq, s, d = q_shape
     _, hkv, t, _ = k_shape
     dv = d if v_head_dim is None else v_head_dim
-    if s > METAL_VECTOR_MAX_ROWS:
+    rows = METAL_VECTOR_MAX_ROWS
+    if s > rows:
         if d != dv or d not in METAL_FULL_HEAD_DIMS:
-            return Route("fallback", f"q_len {s} > 8: the full kernel has no head dims D={d}, Dv={dv}")
+            return Route("fallback", f"q_len {s} > {rows}: the full kernel has no head dims D={d}, Dv={dv}")
         if mask == "causal" and s > t:
             return Route("fallback", f"q_len {s} > k_len {t}: the full kernel's causal mask needs q_len <= k_len")
         if d in METAL_FULL_UNFUSED_FASTER:
-            return Route("fallback", f"q_len {s} > 8 with head dim {d}: the default heuristic prefers the unfused path")
-        return Route("full", f"q_len {s} > 8, head dim {d}: full (steel) attention kernel")
+            return Route(
+                "fallback", f"q_len {s} > {rows} with head dim {d}: the default heuristic prefers the unfused path"
+            )
+        return Route("full", f"q_len {s} > {rows}, head dim {d}: full (steel) attention kernel")
     gqa = hq // hkv
-    if not metal_vector_head_dims(d, dv):
-        return Route("fallback", f"q_len {s} <= 8: the vector kernel has no head dims D={d}, Dv={dv}")
-    if s > t:
-        return Route("fallback", f"q_len {s} > k_len {t}: the vector kernel needs q_len <= k_len")
     budget = METAL_VECTOR_BUDGET
-    if s * gqa > budget:
-        return Route("fallback", f"q_len*gqa = {s * gqa} > {budget} (q_len {s}, gqa {gqa}): no vector kernel")
-    if d == dv and d in METAL_VECTOR_UNFUSED_FASTER:
-        return Route("fallback", f"head dim {d} with q_len <= 8: the default heuristic prefers the unfused path")
+    refused = metal_vector_gate(s, gqa, d, dv, t)
+    if refused is not None:
+        reasons = {
+            "head_dims": f"q_len {s} <= {rows}: the vector kernel has no head dims D={d}, Dv={dv}",
+            "keys": f"q_len {s} > k_len {t}: the vector kernel needs q_len <= k_len",
+            "budget": f"q_len*gqa = {s * gqa} > {budget} (q_len {s}, gqa {gqa}): no vector kernel",
+            "unfused_faster": f"head dim {d} with q_len <= {rows}: the default heuristic prefers the unfused path",
+        }
+        return Route("fallback", reasons[refused])
     large = arch in METAL_LARGE_GPU_ARCH and t >= METAL_TWO_PASS_MIN_KEYS_LARGE_GPU
     if large or (hkv < hq and t >= METAL_TWO_PASS_MIN_KEYS_GQA):
         return Route("vector_2pass", f"q_len*gqa = {s * gqa} <= {budget}, k_len {t}: two-pass vector kernel")

@@ -7,9 +7,10 @@ pipeline or the MLX router's bounds (:mod:`attnpass.backends.mlx.bounds`) read;
 each value cites where it was measured in docs/ (or says it was not). A new fact
 is a new field, a new device a new row. The Metal constants below are MLX 0.32's
 Metal SDPA gates, read from ``mlx/backend/metal/scaled_dot_product_attention.cpp``
-(ml-explore/mlx at commit 00703ea6; docs/semantics.md §2.6): ``decompose-sdpa`` keeps
-the calls the vector kernel serves, ``head-chunk`` splits wider GQA calls under its
-budget and :func:`attnpass.backends.mlx.sdpa_route` is the full route model.
+(ml-explore/mlx at commit 00703ea6; docs/semantics.md §2.6): :func:`metal_vector_gate`
+is the vector kernel's gate, which ``decompose-sdpa`` (through :func:`metal_vector_serves`:
+the calls it keeps fused) and :func:`attnpass.backends.mlx.sdpa_route` (the full route
+model) both read; ``head-chunk`` splits wider GQA calls under its budget.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Literal
 
 from attnpass.ir import DType
 
@@ -101,24 +103,40 @@ METAL_TWO_PASS_MIN_KEYS_LARGE_GPU = 1024  # the same on a large GPU (architectur
 METAL_LARGE_GPU_ARCH = frozenset({"s", "d"})  # last letter of device_info()["architecture"]: Pro/Max, Ultra
 
 
+MetalVectorGate = Literal["rows", "head_dims", "keys", "budget", "unfused_faster"]
+
+
 def metal_vector_head_dims(d: int, dv: int) -> bool:
     """Whether the Metal vector kernel has head dims ``d``/``dv`` (before the default heuristic's choice)."""
     return (d == dv and d in METAL_VECTOR_HEAD_DIMS) or (d, dv) == (192, 128)
 
 
+def metal_vector_gate(q_len: int, gqa: int, d: int, dv: int, kv_len: int) -> MetalVectorGate | None:
+    """The first gate of MLX's Metal vector kernel (one- or two-pass) this call fails, in MLX's order, or None when
+    the kernel serves it by default: ``rows`` (``q_len`` over :data:`METAL_VECTOR_MAX_ROWS`), ``head_dims`` (no
+    kernel for ``d``/``dv``), ``keys`` (``q_len > kv_len``), ``budget`` (``q_len * gqa`` over
+    :data:`METAL_VECTOR_BUDGET`), ``unfused_faster`` (the default heuristic prefers the fallback)."""
+    if q_len > METAL_VECTOR_MAX_ROWS:
+        return "rows"
+    if not metal_vector_head_dims(d, dv):
+        return "head_dims"
+    if q_len > kv_len:
+        return "keys"
+    if q_len * gqa > METAL_VECTOR_BUDGET:
+        return "budget"
+    if d == dv and d in METAL_VECTOR_UNFUSED_FASTER:
+        return "unfused_faster"
+    return None
+
+
 def metal_vector_serves(q_len: int, gqa: int, d: int, dv: int, kv_len: int) -> bool:
     """Whether MLX's Metal vector kernel (one- or two-pass) serves this call by default."""
-    return (
-        q_len <= METAL_VECTOR_MAX_ROWS
-        and q_len <= kv_len
-        and q_len * gqa <= METAL_VECTOR_BUDGET
-        and metal_vector_head_dims(d, dv)
-        and not (d == dv and d in METAL_VECTOR_UNFUSED_FASTER)
-    )
+    return metal_vector_gate(q_len, gqa, d, dv, kv_len) is None
 
 
 __all__ = [
     "DEVICES", "Device", "METAL_FULL_HEAD_DIMS", "METAL_FULL_UNFUSED_FASTER", "METAL_LARGE_GPU_ARCH",
-    "METAL_TWO_PASS_MIN_KEYS_GQA", "METAL_TWO_PASS_MIN_KEYS_LARGE_GPU", "METAL_VECTOR_BUDGET", "METAL_VECTOR_HEAD_DIMS", "METAL_VECTOR_MAX_ROWS",
-    "METAL_VECTOR_UNFUSED_FASTER", "metal_vector_head_dims", "metal_vector_serves",
+    "METAL_TWO_PASS_MIN_KEYS_GQA", "METAL_TWO_PASS_MIN_KEYS_LARGE_GPU", "METAL_VECTOR_BUDGET", "METAL_VECTOR_HEAD_DIMS",
+    "METAL_VECTOR_MAX_ROWS", "METAL_VECTOR_UNFUSED_FASTER", "MetalVectorGate", "metal_vector_gate",
+    "metal_vector_head_dims", "metal_vector_serves",
 ]  # fmt: skip

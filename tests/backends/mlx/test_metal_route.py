@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from attnpass.backends.mlx import Route, sdpa_route, sdpa_routes
 from attnpass.ir import TensorSpec, ops, trace
@@ -157,3 +159,45 @@ def test_a_soft_capped_sdpa_is_predicted_explicit_and_calls_no_fused_attention()
     assert sdpa_routes(plain)[0][1].kernel == "vector"
     fused = "mx.fast.scaled_dot_product_attention("
     assert fused not in capped.source and fused in plain.source
+
+
+def _route_before_the_shared_gate(q_shape, k_shape, mask, dv, arch) -> Route:
+    """sdpa_route's Metal branch as written before it read metal_vector_gate (issue 42), numbers and all."""
+    _, hq, s, d = q_shape
+    _, hkv, t, _ = k_shape
+    if s > 8:
+        if d != dv or d not in (64, 72, 80, 96, 128, 192, 256):
+            return Route("fallback", f"q_len {s} > 8: the full kernel has no head dims D={d}, Dv={dv}")
+        if mask == "causal" and s > t:
+            return Route("fallback", f"q_len {s} > k_len {t}: the full kernel's causal mask needs q_len <= k_len")
+        if d in (192, 256):
+            return Route("fallback", f"q_len {s} > 8 with head dim {d}: the default heuristic prefers the unfused path")
+        return Route("full", f"q_len {s} > 8, head dim {d}: full (steel) attention kernel")
+    gqa = hq // hkv
+    if not ((d == dv and d in (64, 96, 128, 192, 256)) or (d, dv) == (192, 128)):
+        return Route("fallback", f"q_len {s} <= 8: the vector kernel has no head dims D={d}, Dv={dv}")
+    if s > t:
+        return Route("fallback", f"q_len {s} > k_len {t}: the vector kernel needs q_len <= k_len")
+    if s * gqa > 32:
+        return Route("fallback", f"q_len*gqa = {s * gqa} > 32 (q_len {s}, gqa {gqa}): no vector kernel")
+    if d == dv == 192:
+        return Route("fallback", f"head dim {d} with q_len <= 8: the default heuristic prefers the unfused path")
+    if (arch in ("s", "d") and t >= 1024) or (hkv < hq and t >= 4096):
+        return Route("vector_2pass", f"q_len*gqa = {s * gqa} <= 32, k_len {t}: two-pass vector kernel")
+    return Route("vector", f"q_len*gqa = {s * gqa} <= 32, k_len {t}: vector kernel")
+
+
+HEAD_DIMS = (32, 64, 72, 80, 96, 128, 192, 256, 512)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    s=st.integers(1, 40), gqa=st.sampled_from((1, 2, 3, 4, 6, 8, 12, 16, 33)), hkv=st.integers(1, 4),
+    d=st.sampled_from(HEAD_DIMS), dv=st.sampled_from((None, *HEAD_DIMS)),
+    t=st.one_of(st.integers(1, 48), st.sampled_from((1023, 1024, 4095, 4096, 8192))),
+    mask=st.sampled_from((None, "causal", "array")), arch=st.sampled_from("gsd"),
+)  # fmt: skip
+def test_the_shared_vector_gate_predicts_every_route_and_reason_as_before(s, gqa, hkv, d, dv, t, mask, arch):
+    q, k = (1, gqa * hkv, s, d), (1, hkv, t, d)
+    expected = _route_before_the_shared_gate(q, k, mask, d if dv is None else dv, arch)
+    assert route(q, k, mask=mask, v_head_dim=dv, arch=arch) == expected
