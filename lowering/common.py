@@ -18,11 +18,11 @@ def slice_expr(node: Node, x: str) -> str:
 
 
 def sdpa_scale(node: Node, env: EmitEnv) -> str:
-    return py_float(effective_scale(node.attrs["scale"], env.type_of(node.inputs[0]).shape[-1]))
+    return py_float(effective_scale(node.attrs["scale"], env.type_of(node.q).shape[-1]))
 
 
 def sdpa_lengths(node: Node, env: EmitEnv) -> tuple[int, int]:
-    return env.type_of(node.inputs[0]).shape[2], env.type_of(node.inputs[1]).shape[2]
+    return env.type_of(node.q).shape[2], env.type_of(node.k).shape[2]
 
 
 def causal_offset(node: Node, env: EmitEnv) -> int | None:
@@ -131,7 +131,7 @@ def zero_dead_rows(node: Node, env: EmitEnv, xp: str, q: str) -> str:
 
 def update_start(node: Node, start: str, env: EmitEnv, xp: str) -> str:
     """The clamped start of a ``dynamic_update_slice``: ``xp.clip(start, 0, dim - update_dim)``."""
-    buffer, update = env.type_of(node.inputs[0]).shape, env.type_of(node.inputs[1]).shape
+    buffer, update = env.type_of(node.buffer).shape, env.type_of(node.update).shape
     limit = py_literal(tuple(n - u for n, u in zip(buffer, update)))
     return f"{xp}.clip({start}, 0, {xp}.array({limit}, dtype={xp}.int32))"
 

@@ -320,7 +320,7 @@ def _probability_change(graph: Graph, value: str, depth: int = 3) -> Decline | N
                 return found
             continue
         if node.op == "slice":
-            source = graph.node(walk(graph, softmax.inputs[0]).root)
+            source = graph.node(walk(graph, softmax.x).root)
             if source.op == "concat":
                 return Decline(
                     "probabilities_changed",
@@ -357,7 +357,7 @@ def _sink_form(graph: Graph, node: Node) -> tuple[Node, str, str] | None:
     if node.op != "slice":
         return None
     softmax = graph.node(node.inputs[0])
-    concat = graph.node(softmax.inputs[0]) if softmax.op == "softmax" else None
+    concat = graph.node(softmax.x) if softmax.op == "softmax" else None
     if concat is None or concat.op != "concat" or len(concat.inputs) != 2:
         return None
     rank = softmax.type.rank
@@ -415,7 +415,7 @@ class _Matcher:
         softmax = g.node(p_chain.root) if sink_form is None else sink_form[0]
         self.sink = None if sink_form is None else sink_form[1:]
         v_chain = walk(g, pv.inputs[0 if flip_pv else 1], scales=True)
-        found = score_steps(g, softmax.inputs[0] if sink_form is None else sink_form[2])
+        found = score_steps(g, softmax.x if sink_form is None else sink_form[2])
         if isinstance(found, Decline):
             return replace(found, node=found.node or softmax.name, stage=1)
         steps, qk = found

@@ -112,7 +112,7 @@ def match_structure(graph: Graph, node: Node) -> Structure | Decline | None:
         if other.size:
             return Decline("mask_not_structured", f"{what}: it adds {float(other.flat[0])!r}, not only 0 and -inf")
         value = value == 0
-    s, t = graph.node(node.inputs[0]).type.shape[2], graph.node(node.inputs[1]).type.shape[2]
+    s, t = graph.node(node.q).type.shape[2], graph.node(node.k).type.shape[2]
     plane = np.broadcast_to(value, value.shape[:-2] + (s, t)).reshape(-1, s, t)
     if not (plane == plane[:1]).all():
         return Decline("mask_not_structured", f"{what}: it differs across batch or heads")

@@ -91,9 +91,9 @@ def _kv_root(graph: Graph, value: str, lead: tuple[int, int], groups: int, folde
 
 def match_quantized_attention(graph: Graph, pv: Node) -> QuantizedAttention | Decline | None:
     """``quantized_matmul(softmax(scores), V)`` proven mlx-lm's quantized attention, or why not (None: no softmax)."""
-    if pv.attrs["transpose"] or graph.node(pv.inputs[0]).op != "softmax":
+    if pv.attrs["transpose"] or graph.node(pv.x).op != "softmax":
         return None
-    soft = graph.node(pv.inputs[0])
+    soft = graph.node(pv.x)
     dtype = soft.type.dtype
     if soft.attrs["axis"] not in (-1, soft.type.rank - 1):
         return Decline(
@@ -103,7 +103,7 @@ def match_quantized_attention(graph: Graph, pv: Node) -> QuantizedAttention | De
         return Decline(
             "inexact", f"a {dtype.value} softmax without precise=True (quantized_sdpa's runs in float32)", soft.name
         )
-    x = graph.node(soft.inputs[0])
+    x = graph.node(soft.x)
     mask = None
     if x.op == "where":
         cond, scores_name, fill = x.inputs
@@ -129,7 +129,7 @@ def match_quantized_attention(graph: Graph, pv: Node) -> QuantizedAttention | De
             "shape_mismatch", f"the scores' quantization {x.attrs} differs from the values' {pv.attrs}", x.name
         )
     folded = x.type.rank == 5
-    qv = graph.node(x.inputs[0])
+    qv = graph.node(x.x)
     if folded:
         if qv.op != "reshape":
             return Decline("shape_mismatch", "the grouped queries are not a reshape of [B, Hq, S, D]", qv.name)
@@ -151,7 +151,7 @@ def match_quantized_attention(graph: Graph, pv: Node) -> QuantizedAttention | De
             x.name,
         )
     kv = []
-    for value in (*x.inputs[1:], *pv.inputs[1:]):
+    for value in (x.wq, x.scales, x.biases, pv.wq, pv.scales, pv.biases):
         root = _kv_root(graph, value, (b, hkv), groups, folded)
         if isinstance(root, Decline):
             return root

@@ -87,7 +87,8 @@ class _ScorePath:
         elif depth > 8 or node.op not in ("add", "sub", "where"):
             found = False
         else:
-            found = any(self.reaches_matmul(i, depth + 1) for i in node.inputs[(1 if node.op == "where" else 0) :])
+            sides = (node.x, node.y)  # add, sub, where: where's condition is not a side
+            found = any(self.reaches_matmul(i, depth + 1) for i in sides)
         self.memo[value] = found
         return found
 
@@ -119,23 +120,23 @@ class _ScorePath:
                     node, "add", node.inputs[i], factor=-1.0 if node.op == "sub" else 1.0, mask=node.inputs[1 - i]
                 )
         if node.op == "where":
-            if not self.reaches_matmul(node.inputs[1]):
-                if self.reaches_matmul(node.inputs[2]):
+            if not self.reaches_matmul(node.x):
+                if self.reaches_matmul(node.y):
                     return Decline(
                         "mask_form",
-                        f"where {node.name} keeps the scores where {node.inputs[0]} is False; "
+                        f"where {node.name} keeps the scores where {node.cond} is False; "
                         "sdpa's bool mask keeps them where it is True",
                         node.name,
                     )
             else:
-                fill = scalar_constant(g, node.inputs[2])
+                fill = scalar_constant(g, node.y)
                 if fill is None:
                     return Decline(
                         "mask_form",
-                        f"where {node.name} fills masked scores with {node.inputs[2]}, not a constant",
+                        f"where {node.name} fills masked scores with {node.y}, not a constant",
                         node.name,
                     )
-                return Step(node, "where", node.inputs[1], mask=node.inputs[0], fill=fill)
+                return Step(node, "where", node.x, mask=node.cond, fill=fill)
         if node.op in ("add", "sub", "where"):
             return Decline(
                 "not_attention",

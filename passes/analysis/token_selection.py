@@ -94,7 +94,7 @@ def match_token_selection(
     mask = None if sdpa.mask is None else graph.node(sdpa.mask)
     if mask is None:
         return Decline("mask_not_selection", f"{sdpa.name} has no mask, so it attends no token selection")
-    (b, _h, rows, _d), kv_len = graph.node(sdpa.inputs[0]).type.shape, graph.node(sdpa.inputs[1]).type.shape[2]
+    (b, _h, rows, _d), kv_len = graph.node(sdpa.q).type.shape, graph.node(sdpa.k).type.shape[2]
     cond, values, fill = mask, None, None
     if mask.op == "where":
         cond, value, other = (graph.node(i) for i in mask.inputs)

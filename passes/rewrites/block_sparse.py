@@ -86,7 +86,7 @@ def _describe(tiles: list[Tile], s: int, t: int, visited: int) -> str:
 def _match(block_q: int, plan_of: str):
     def match(graph: Graph, node: Node) -> _Plan | Decline:
         causal, window = node.attrs["causal"], node.attrs["window"]
-        (s, t) = graph.node(node.inputs[0]).type.shape[2], graph.node(node.inputs[1]).type.shape[2]
+        (s, t) = graph.node(node.q).type.shape[2], graph.node(node.k).type.shape[2]
         if causal == "none":
             what = f"window={tuple(window)} without causality" if window else "no structured mask (causal='none')"
             return Decline("no_structured_mask", f"{what}: nothing says which key blocks are hidden")

@@ -427,11 +427,11 @@ def _add_zero(graph: Graph, node: Node) -> _Forward | None:
 
 
 def _where_splat(graph: Graph, node: Node) -> _Forward | None:
-    cond = splat(graph, node.inputs[0])
+    cond = splat(graph, node.cond)
     if cond is None:
         return None
-    chosen = node.inputs[1] if bool(cond) else node.inputs[2]
-    return _Forward(node, chosen, why=f"where({node.inputs[0]} = {bool(cond)}, ...)")
+    chosen = node.x if bool(cond) else node.y
+    return _Forward(node, chosen, why=f"where({node.cond} = {bool(cond)}, ...)")
 
 
 # ----------------------------------------------------------------------------- common subexpressions

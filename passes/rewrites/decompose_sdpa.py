@@ -66,7 +66,7 @@ def _mask_keeps_dtype(graph: Graph, node: Node) -> bool:
     """Whether ``node``'s mask has no dtype of its own (none, bool, or the queries' dtype), so the scores keep
     theirs: without a softcap, the decomposition can then round as MLX's CPU fallback does."""
     mask = node.mask
-    return mask is None or graph.node(mask).type.dtype in (DType.bool, graph.node(node.inputs[0]).type.dtype)
+    return mask is None or graph.node(mask).type.dtype in (DType.bool, graph.node(node.q).type.dtype)
 
 
 def _metal_vector_kernel(q_len: int, gqa: int, d: int, dv: int, kv_len: int) -> str | None:
@@ -143,7 +143,7 @@ class DecomposeSDPA(Pass):
         return frozenset(changed)
 
     def _match(self, graph: Graph, node: Node) -> _Plan | Decline:
-        q, k, v = (graph.node(name).type.shape for name in node.inputs[:3])
+        q, k, v = (graph.node(name).type.shape for name in (node.q, node.k, node.v))
         (_b, hq, s, d), (_bk, hkv, t, _dk), dv = q, k, v[3]
         gqa = hq // hkv
         on = f"device {self.device}" + (f", target {self.target}" if self.target else "")
@@ -176,7 +176,7 @@ class DecomposeSDPA(Pass):
         )
         rows = f"GQA-folded: the {gqa}*{s} query rows of each of {hkv} KV heads in one matmul over its {t} keys "
         if fused_rounding:
-            dtype = graph.node(node.inputs[0]).type.dtype.value
+            dtype = graph.node(node.q).type.dtype.value
             sink = ", the sink column first" if node.sinks is not None else ""
             folded = rows + (
                 f"(q @ k^T){sink}, precise softmax, @ v, in {dtype}: MLX's CPU fallback's own ops, bit for bit"
@@ -201,8 +201,8 @@ def _rewrite(rw: Rewriter, plan: _Plan) -> None:
     rows of one matmul, and MLX's CPU matmul computes each row alone, so that form is the fused call's, bit for
     bit (tests/passes/rewrites/test_decompose_sdpa.py), without a float32 copy of K and V."""
     node = rw.anchor
-    dtype = rw.type(node.inputs[0]).dtype if plan.fused_rounding else DType.float32
-    q, k, v = (rw.cast(x, dtype, f"{x}_f32") for x in node.inputs[:3])
+    dtype = rw.type(node.q).dtype if plan.fused_rounding else DType.float32
+    q, k, v = (rw.cast(x, dtype, f"{x}_f32") for x in (node.q, node.k, node.v))
     (b, hq, s, d), (_bk, hkv, t, _dk) = rw.type(q).shape, rw.type(k).shape
     g, dv = hq // hkv, rw.type(v).shape[3]
     scale = effective_scale(node.attrs["scale"], d)

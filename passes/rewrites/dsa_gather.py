@@ -76,7 +76,7 @@ class DSAGather(SwitchedPass):
         )
         if isinstance(found, Decline):
             return found
-        (b, h, rows, _d), k, v = graph.node(node.inputs[0]).type.shape, *(graph.node(i) for i in node.inputs[1:3])
+        (b, h, rows, _d), k, v = graph.node(node.q).type.shape, graph.node(node.k), graph.node(node.v)
         arrays = [k] if k.name == v.name else [k, v]
         row_bytes = sum(found.top_k * x.type.shape[1] * x.type.shape[3] * np.dtype(x.type.dtype.numpy).itemsize
                         for x in arrays) * b  # fmt: skip
@@ -108,7 +108,7 @@ def _describe(m: _Match) -> tuple[str, dict]:
 
 def _rewrite(rw: Rewriter, m: _Match) -> None:
     """One gather per K/V array and one sdpa per tile of rows, concatenated along the rows."""
-    b, _h, rows, _d = rw.type(rw.anchor.inputs[0]).shape
+    b, _h, rows, _d = rw.type(rw.anchor.q).shape
     cells = rw.reshape(m.selection.indices, (b, rows, m.selection.top_k), "cells")
     values = gather_source(rw, m.selection.values)
     outs = [_attend(rw, m, cells, values, r0, min(r0 + m.tile, rows)) for r0 in range(0, rows, m.tile)]
@@ -118,7 +118,7 @@ def _rewrite(rw: Rewriter, m: _Match) -> None:
 def _attend(rw: Rewriter, m: _Match, cells: str, values: tuple, r0: int, r1: int) -> str:
     """Rows ``[r0, r1)`` attended over their own cells."""
     node = rw.anchor
-    q, k, v = node.inputs[:3]
+    q, k, v = node.q, node.k, node.v
     b, rows = rw.type(q).shape[0], rw.type(q).shape[2]
     s = r1 - r0
     if s < rows:

@@ -74,8 +74,8 @@ def _match(budget: int):
     """The rule's ``match`` for a ``budget``: the plan and its remark, or why the call stays whole."""
 
     def match(graph: Graph, node: Node) -> _Plan | Decline:
-        hq, s = graph.node(node.inputs[0]).type.shape[1:3]
-        hkv = graph.node(node.inputs[1]).type.shape[1]
+        hq, s = graph.node(node.q).type.shape[1:3]
+        hkv = graph.node(node.k).type.shape[1]
         gqa = hq // hkv
         plan = head_chunk_plan(s, hq, hkv, budget)
         if plan is None:

@@ -106,7 +106,7 @@ class MLAAbsorb(SwitchedPass):
 
     def _match(self, graph: Graph, node: Node) -> _Match | Decline:
         """The latent and weights, or why K and V are kept expanded (with the figures)."""
-        q, k, v = (graph.node(i) for i in node.inputs[:3])
+        q, k, v = graph.node(node.q), graph.node(node.k), graph.node(node.v)
         if k.op not in PROJECTIONS or v.op not in PROJECTIONS:
             return Decline(
                 "not_latent",
@@ -172,17 +172,16 @@ def _project(rw: Rewriter, x: str, by: Node, *, transposed: bool, hint: str) -> 
     """``x`` through the weights of projection ``by`` (``c @ W``), or through their transpose."""
     if by.op == "quantized_matmul":
         attrs = {**by.attrs, "transpose": by.attrs["transpose"] != transposed}
-        return rw.op("quantized_matmul", [x, *by.inputs[1:]], attrs, hint)
-    return rw.op("matmul", [x, _swap_last(rw, by.inputs[1]) if transposed else by.inputs[1]], hint=hint)
+        return rw.op("quantized_matmul", {**by.operands, "x": x}, attrs, hint)
+    return rw.op("matmul", [x, _swap_last(rw, by.b) if transposed else by.b], hint=hint)
 
 
 def _rewrite(rw: Rewriter, m: _Match) -> None:
     """q into the latent space, one sdpa over the latent, the output up-projected."""
     node = rw.anchor
-    q_lat = _project(rw, node.inputs[0], m.k, transposed=True, hint="q_latent")
-    operands = {"q": q_lat, "k": m.latent, "v": m.latent, "mask": node.mask, "sinks": node.sinks}
-    attrs = {**node.attrs, "scale": m.scale}
-    out = rw.op("sdpa", {k: x for k, x in operands.items() if x is not None}, attrs, "sdpa_latent")
+    q_lat = _project(rw, node.q, m.k, transposed=True, hint="q_latent")
+    operands = {**node.operands, "q": q_lat, "k": m.latent, "v": m.latent}
+    out = rw.op("sdpa", operands, {**node.attrs, "scale": m.scale}, "sdpa_latent")
     rw.replace_matched(_project(rw, out, m.v, transposed=False, hint="mla_out"))
 
 

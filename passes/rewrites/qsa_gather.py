@@ -124,13 +124,13 @@ class QSAGather(SwitchedPass):
         kv, mask = _kv_and_mask(node)
         if mask is None:
             return _kept("mask_not_selection", f"{node.op} has no mask, so it is not a masked QSA attention")
-        q, k = graph.node(node.inputs[0]).type, graph.node(kv[0]).type
+        q, k = graph.node(node.q).type, graph.node(kv[0]).type
         (b, _hq, s, _d), t = q.shape, k.shape[2]
         found = _split_mask(graph, graph.node(mask))
         if isinstance(found, Decline):
             return found
         form, qmask, vis = found
-        selection = graph.node(qmask.inputs[0])
+        selection = graph.node(qmask.selection)
         ratio = qmask.attrs["ratio"]
         given = selection.op == "input" and selection.name == self.selection_input
         if not given and selection.op != "qsa_select":
@@ -145,11 +145,11 @@ class QSAGather(SwitchedPass):
                     "qsa_form",
                     f"ratio differs: {selection.name} has ratio={selection.attrs['ratio']}, {qmask.name} ratio={ratio}",
                 )
-            if selection.inputs[1] != qmask.inputs[1]:
+            if selection.positions != qmask.positions:
                 return _kept(
                     "qsa_form",
-                    f"positions differ: {selection.name} reads {selection.inputs[1]}, "
-                    f"{qmask.name} reads {qmask.inputs[1]}",
+                    f"positions differ: {selection.name} reads {selection.positions}, "
+                    f"{qmask.name} reads {qmask.positions}",
                 )
         top_k = selection.type.shape[-1]
         if qmask.attrs["kv_len"] != t:
@@ -163,7 +163,7 @@ class QSAGather(SwitchedPass):
                 "shape_mismatch",
                 f"{qmask.name} is {qmask.type}, expected [B, 1, S, n_kv] = {[b, 1, s, t]} from q and k",
             )
-        n_blocks = graph.node(selection.inputs[0]).type.shape[-1] if not given else 0
+        n_blocks = graph.node(selection.block_scores).type.shape[-1] if not given else 0
         if n_blocks * ratio > t:
             return _kept(
                 "shape_mismatch",
@@ -190,7 +190,7 @@ class QSAGather(SwitchedPass):
             )
         tile = s if s <= self.max_rows else min(s, self.prefill_tile)
         quantized = node.op == "quantized_sdpa"
-        return _Match(selection, form, vis, ratio, top_k, width, t, b, s, given, qmask.inputs[1], tile, quantized)
+        return _Match(selection, form, vis, ratio, top_k, width, t, b, s, given, qmask.positions, tile, quantized)
 
     def _figures(self, top_k: int, ratio: int, width: int, n_kv: int) -> dict:
         """The figures of the width ``W`` and the depth check, by name."""
@@ -287,7 +287,7 @@ def _attend(
 ) -> str:
     """Rows ``[r0, r1)`` attended over their own cells: one ``qsa_gather`` per K/V array and one sdpa (or
     quantized_sdpa)."""
-    q, kv_arrays = rw.anchor.inputs[0], _kv_and_mask(rw.anchor)[0]
+    q, kv_arrays = rw.anchor.q, _kv_and_mask(rw.anchor)[0]
     b, s = rw.type(q).shape[0], r1 - r0
     if s < m.rows:  # a prefill tile: its rows of q, cells, validity and visibility
         q = rw.slice_axis(q, 2, r0, r1, hint="q_tile")

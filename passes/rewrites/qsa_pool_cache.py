@@ -124,13 +124,13 @@ class QSAPoolCache(SwitchedPass):
     # ------------------------------------------------------------------ check
 
     def _match(self, graph: Graph, anchor: Node) -> _Match | Decline:
-        keys = graph.node(anchor.inputs[1])
+        keys = graph.node(anchor.block_keys)
         pools = [graph.node(n) for n in graph.ancestors([keys.name]) if graph.node(n).op == "qsa_pool"]
         if len(pools) != 1:
             found = "no qsa_pool" if not pools else f"{len(pools)} qsa_pool nodes"
             return _kept("qsa_form", f"the block keys {keys.name} derive from {found} (need exactly one)")
         pool = pools[0]
-        raw = graph.node(pool.inputs[0])
+        raw = graph.node(pool.raw_keys)
         ratio = pool.attrs["ratio"]
         if raw.op != "input" or raw.attrs["role"] != "resident":
             what = f"a {raw.attrs['role']} input" if raw.op == "input" else f"computed by {raw.op}"
@@ -167,7 +167,7 @@ class QSAPoolCache(SwitchedPass):
                 return _kept("not_row_wise", why)
         selects = graph.users(anchor.name)
         readers = {s.op for s in selects} | ({"the graph outputs"} if anchor.name in graph.outputs else set())
-        if readers != {"qsa_select"} or any(s.inputs[0] != anchor.name for s in selects):
+        if readers != {"qsa_select"} or any(s.block_scores != anchor.name for s in selects):
             listed = ", ".join(sorted(readers)) or "nothing"
             return _kept(
                 "other_readers",
@@ -175,7 +175,7 @@ class QSAPoolCache(SwitchedPass):
             )
         if any(s.attrs["ratio"] != ratio for s in selects):
             return _kept("qsa_form", f"a qsa_select reading the scores has a ratio other than the pool's {ratio}")
-        positions = {s.inputs[1] for s in selects}
+        positions = {s.positions for s in selects}
         if len(positions) > 1:
             return _kept("qsa_form", f"the qsa_select nodes read different positions: {', '.join(sorted(positions))}")
         (pos,) = positions

@@ -163,7 +163,7 @@ class ShardAttention(Pass):
                 "caches it reads cannot keep streams and KV heads on their devices",
             )
         gathered = graph.node(k).op == "qsa_gather"
-        streams = graph.node(graph.node(k).inputs[0]).type.shape[0] if gathered else b  # gathered: [B*S, ...]
+        streams = graph.node(graph.node(k).x).type.shape[0] if gathered else b  # gathered: [B*S, ...]
         split = None
         if ns > 1:
             if nb > 1:
@@ -390,14 +390,14 @@ def _head_chunk_group(
     sources, offsets = set(), {}
     position = 0
     for call in calls:
-        if call.attrs != first.attrs or (call.inputs[3:], call.optionals) != (first.inputs[3:], first.optionals):
+        if call.attrs != first.attrs or (call.mask, call.sinks) != (first.mask, first.sinks):
             return Decline(
                 "not_head_chunked",
                 f"not one head-chunked attention: {call.name} and {first.name} differ in scale, causal or mask "
                 "(a per-head mask sliced per chunk is not regrouped)",
             )
-        q, h0, h1 = _head_range(graph, call.inputs[0])
-        (k, j0, j1), (v, v0, v1) = (_head_range(graph, x) for x in call.inputs[1:3])
+        q, h0, h1 = _head_range(graph, call.q)
+        (k, j0, j1), (v, v0, v1) = (_head_range(graph, x) for x in (call.k, call.v))
         if (j0, j1) != (v0, v1) or j1 - j0 != 1 or h0 != position:
             return Decline(
                 "not_head_chunked",

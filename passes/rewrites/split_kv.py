@@ -68,7 +68,7 @@ class SplitPlan:
 def is_split_partial(graph: Graph, node: Node) -> bool:
     """Whether ``node`` (an sdpa) already has its ``sdpa_lse`` companion: a split-KV partial."""
     return any(
-        u.op == "sdpa_lse" and u.inputs == node.inputs and u.attrs == node.attrs for u in graph.users(node.inputs[0])
+        u.op == "sdpa_lse" and u.operands == node.operands and u.attrs == node.attrs for u in graph.users(node.q)
     )
 
 
@@ -77,7 +77,7 @@ def gathers_qsa_cells(graph: Graph, node: Node) -> bool:
     not in the ``qsa_gather`` form."""
     if node.op not in ("take", "take_along_axis"):
         return False
-    return any(graph.node(n).op == "qsa_cells" for n in graph.ancestors([node.inputs[1]]))
+    return any(graph.node(n).op == "qsa_cells" for n in graph.ancestors([node.indices]))
 
 
 def match_split(graph: Graph, node: Node, shards: int) -> SplitPlan | Decline:
@@ -89,10 +89,10 @@ def match_split(graph: Graph, node: Node, shards: int) -> SplitPlan | Decline:
             "unsupported_variant",
             f"window={tuple(node.attrs['window'])}: split-kv does not carry a structured mask to its shards",
         )
-    k, v = graph.node(node.inputs[1]), graph.node(node.inputs[2])
+    k, v = graph.node(node.k), graph.node(node.v)
     gathered = k.op == "qsa_gather" or v.op == "qsa_gather"
     if gathered:
-        if k.op != v.op or k.inputs[1] != v.inputs[1]:
+        if k.op != v.op or k.cells != v.cells:
             return Decline(
                 "gather_form", f"k {k.name} ({k.op}) and v {v.name} ({v.op}) are not both qsa_gather of the same cells"
             )
@@ -101,7 +101,7 @@ def match_split(graph: Graph, node: Node, shards: int) -> SplitPlan | Decline:
                 "unsupported_variant",
                 f"gathered attention with causal={node.attrs['causal']!r}: key positions are gathered",
             )
-        k_source, v_source = k.inputs[0], v.inputs[0]
+        k_source, v_source = k.x, v.x
     else:
         stray = next((x for x in (k, v) if gathers_qsa_cells(graph, x)), None)
         if stray is not None:
@@ -123,15 +123,15 @@ def match_split(graph: Graph, node: Node, shards: int) -> SplitPlan | Decline:
     if kv_len % shards:
         return Decline("not_divisible", f"kv_len {kv_len} of {k_source} is not divisible by {shards} shards")
     variants = {"sinks": sinks is not None, "softcap": node.attrs["logit_softcap"]}
-    return SplitPlan(shards, k_source, v_source, k.inputs[1] if gathered else None, kv_len, **variants)
+    return SplitPlan(shards, k_source, v_source, k.cells if gathered else None, kv_len, **variants)
 
 
 def rewrite_split(rw: Rewriter, plan: SplitPlan, place: Place) -> str:
     """Build the split attention for the anchor sdpa; returns the combined output (not yet replacing it)."""
     node, n = rw.anchor, plan.shards
-    q = node.inputs[0]
+    q = node.q
     b, hq, s, d = rw.type(q).shape
-    dv = rw.type(node.inputs[2]).shape[3]
+    dv = rw.type(node.v).shape[3]
     tn = plan.kv_len // n
     name = node.name
     mask, sinks = node.mask, node.sinks
@@ -145,7 +145,7 @@ def rewrite_split(rw: Rewriter, plan: SplitPlan, place: Place) -> str:
         assert mask is not None
         mask, no_slot = _no_slot_rows(rw, mask)  # rows without slots: zero query, every owned slot
         q = rw.op("where", [no_slot, rw.scalar(0.0, rw.type(q).dtype, "zero"), q], hint=f"{name}_q_live")
-    if q != node.inputs[0]:
+    if q != node.q:
         place(q, ("batch", "heads", None, None))
     q_rep = rw.broadcast(q, (n, b, hq, s, d), f"{name}_q_rep")
     place(q_rep, ("shard", "batch", "heads", None, None))

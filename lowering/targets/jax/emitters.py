@@ -32,7 +32,7 @@ def _sdpa(n: Node, a: list[str], env: EmitEnv) -> str:
     offset = causal_offset(n, env)
     # jax.nn.dot_product_attention asks for float32 logits from float16 operands (F16_F16_F32), which
     # XLA:CPU rejects under jit; float16 and unequal value head dims take the explicit form.
-    explicit = n.type.dtype is DType.float16 or env.type_of(n.inputs[2]).shape[3] != env.type_of(n.inputs[0]).shape[3]
+    explicit = n.type.dtype is DType.float16 or env.type_of(n.v).shape[3] != env.type_of(n.q).shape[3]
     is_causal = offset == 0 and not explicit  # JAX's is_causal is top-left aligned
     mask, mask_is_bool = with_causal(n, env, "jnp", n.bind(a)["mask"], None if is_causal else offset)
     scale = sdpa_scale(n, env)
