@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 
-from attnpass.ir import DType, Graph, ShapeError, TensorType, get_op, parse_graph
+from attnpass.ir import DType, Graph, Node, ShapeError, TensorType, get_op, parse_graph, registered_ops
 from attnpass.ir.core.registry import OpDef, Operand, operand, opt_operand, var_operand
 from attnpass.ir.core.types import GraphFormatError
 
@@ -102,6 +103,13 @@ def test_operands_are_declared_as_records_not_strings():
         OpDef("bad", (operand("x"), "mask?"), lambda ts: ts[0])
     with pytest.raises(ValueError, match="an identifier"):
         opt_operand("mask?")
+
+
+def test_no_operand_name_is_hidden_by_a_node_attribute():
+    """``node.<operand>`` reaches ``__getattr__`` only when Node has no attribute of that name."""
+    taken = set(dir(Node)) | {f.name for f in dataclasses.fields(Node)}
+    assert "type" in taken
+    assert not {(op.name, o) for op in registered_ops().values() for o in op.operand_names if o in taken}
 
 
 def test_a_variadic_op_has_no_named_operand():
