@@ -133,7 +133,7 @@ def attr(kind: str, default: Any = _REQUIRED, *, quiet: bool = False) -> AttrSpe
 @dataclass(frozen=True)
 class Operand:
     """One declared operand of an op (xDSL's ``operand_def``): its name, and whether a node may leave it out
-    (``optional``, read as None when absent) or takes any number of values in its place (``variadic``).
+    (``optional``, read as None when absent) or takes one or more values in its place (``variadic``).
     Build it with :func:`operand`, :func:`opt_operand` or :func:`var_operand`; it prints as it is written in
     messages: ``q``, ``mask?``, ``*xs``."""
 
@@ -142,8 +142,10 @@ class Operand:
     variadic: bool = False
 
     def __post_init__(self) -> None:
-        if not self.name.isidentifier() or (self.optional and self.variadic):
-            raise ValueError(f"operand {self.name!r}: an identifier, either optional or variadic")
+        if not self.name.isidentifier():
+            raise ValueError(f"operand {self.name!r}: the name is not an identifier (say optional=True, not 'name?')")
+        if self.optional and self.variadic:
+            raise ValueError(f"operand {self.name}: optional or variadic, not both")
 
     def __str__(self) -> str:
         return f"*{self.name}" if self.variadic else f"{self.name}?" if self.optional else self.name

@@ -101,8 +101,10 @@ def test_operands_are_declared_as_records_not_strings():
     assert get_op("sdpa").signature == "q, k, v, mask?, sinks?" and get_op("concat").signature == "*xs"
     with pytest.raises(TypeError, match=r"operand 'mask\?' is not an Operand; declare operands with operand\(name\)"):
         OpDef("bad", (operand("x"), "mask?"), lambda ts: ts[0])
-    with pytest.raises(ValueError, match="an identifier"):
+    with pytest.raises(ValueError, match="operand 'mask\\?': the name is not an identifier"):
         opt_operand("mask?")
+    with pytest.raises(ValueError, match="operand xs: optional or variadic, not both"):
+        Operand("xs", optional=True, variadic=True)
 
 
 def test_no_operand_name_is_hidden_by_a_node_attribute():
