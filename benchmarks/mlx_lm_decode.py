@@ -52,6 +52,7 @@ from mlx_lm.sample_utils import make_sampler
 from paired import floor_lines, medians_ratio, paired_bursts, paired_ratio
 
 from attnpass.backends.mlx import optimize
+from attnpass.backends.mlx.clients import MLX_LM_HELPER
 from attnpass.models import tiny_lm
 
 BATCH = "batch"  # the --batched rows' cache kind
@@ -113,7 +114,7 @@ def attention_ms(model, opt, context: int, dtype, kind: int | str = 0, repeats: 
     q = mx.random.normal((streams, attn.n_heads, 1, attn.head_dim)).astype(dtype)
     calls = {
         "plain": lambda: base.scaled_dot_product_attention(q, keys, values, cache=cache, scale=attn.scale, mask=mask),
-        "optimize": lambda: opt.attend(q, keys, values, cache, attn.scale, mask, None),
+        "optimize": lambda: opt.attend(MLX_LM_HELPER, q, keys, values, cache, attn.scale, mask),
     }
     times: dict[str, list[float]] = {name: [] for name in calls}
     with opt.active():  # as in a model call: the router substitutes the buffer only for k/v it saw the cache return

@@ -96,15 +96,15 @@ class Prefill:
         if not self.cache:
             self.cache = self.model.make_cache()
         if opt is not None:
-            attend = opt.attend_qsa
+            attend = opt.attend
 
-            def timed_attend(*args, **options):
+            def timed_attend(client, *args, **options):
                 start = time.perf_counter()
-                out = attend(*args, **options)
+                out = attend(client, *args, **options)
                 host[0] += time.perf_counter() - start
                 return out
 
-            opt.attend_qsa = timed_attend
+            opt.attend = timed_attend
         counts = (opt.routed, opt.traces) if opt is not None else (0, 0)
         try:
             start = time.perf_counter()
@@ -113,7 +113,7 @@ class Prefill:
             self.seconds.append(time.perf_counter() - start)
         finally:
             if opt is not None:
-                del opt.attend_qsa  # the instance attribute; the class's method again
+                del opt.attend  # the instance attribute; the class's method again
         self.routed.append(opt.routed - counts[0] if opt is not None else 0)
         self.traces.append(opt.traces - counts[1] if opt is not None else 0)
         self.host.append(host[0])
@@ -178,7 +178,9 @@ def qsa_layer(model, opt, states: list, rows: int, dtype, union_rows: int, union
     """Seconds of the first QSA layer's parts for ``rows`` new rows on the filled cache (module docstring)."""
     from mlx_vlm.models.qwen4_exp.qsa_kernel import dispatch_qsa_attention
 
-    from attnpass.backends.mlx.clients import route_qsa
+    from attnpass.backends.mlx.clients import QSA_DISPATCH
+
+    route_qsa = QSA_DISPATCH.trampoline()
 
     index = next(i for i, s in enumerate(states) if s is not None)
     attention = model.layers[index].self_attn

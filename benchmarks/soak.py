@@ -7,7 +7,7 @@ heads of dim ``--head-dim``, by default tiny_lm's 24 / 2 of dim 128) in ``--dtyp
 the order alternating per block, so each pair of blocks covers the same positions moments apart. Per block the
 table prints the context reached, each model's tokens/s and their ratio, the optimized model's traces (signatures
 built), the signatures it holds (fewer than the traces only if one was evicted and rebuilt), the bound on the
-cuts of the contexts so far (:func:`~attnpass.backends.mlx.routing.cuts_bound`) and the process's RSS. RSS is
+cuts of the contexts so far (:func:`~attnpass.backends.mlx.buffers.cuts_bound`) and the process's RSS. RSS is
 the process's, so the paired run cannot tell the two models' memory apart: with ``--alone`` (the default) each
 model then generates the same tokens alone in a fresh process, and the table gives each one's RSS growth per
 block and per 1,000 tokens after the first block (the warm-up), the optimized model's against the plain one's
@@ -32,7 +32,7 @@ from mlx_lm.generate import generate_step, generation_stream
 from mlx_lm.models.cache import make_prompt_cache
 
 from attnpass.backends.mlx import optimize
-from attnpass.backends.mlx.routing import cuts_bound
+from attnpass.backends.mlx.buffers import cuts_bound
 from attnpass.models import tiny_lm
 
 VARIANTS = ("plain", "optimize")

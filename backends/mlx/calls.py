@@ -1,16 +1,18 @@
-"""What every route of ``optimize`` shares: the active call, the fetch recorder and its proof, the buffer cut, patches.
+"""The record of one optimized model call, the recorders that fill it, the fetch proof, and the patches.
 
 While an optimized model runs, :data:`ACTIVE` holds its :class:`Call`: what each cache's ``update_and_fetch``
-returned and left (a :class:`Fetch`, recorded by :func:`fetch_recorder`), the masks a batched cache made and the
-selections an indexer returned. A cache adapter substitutes a cache's buffer for the arrays a client function
-received only after :func:`fetch_decline` found them to be that cache's last fetch in this model call and the
-cache unchanged since. :func:`patch` and :func:`unpatch` count the models that need a patch, so that several
-optimized models share one patched class and the original comes back with the last.
+returned and left (a :class:`Fetch`), and the notes each adapter module keeps (:meth:`Call.notes`: a table per
+owner, such as the masks a batched cache made or the selections an indexer returned; the call record has no field
+of its own for any cache kind). :func:`recorder` makes every recording patch: the original method, then a note
+in the active call. A cache adapter substitutes a cache's buffer for the arrays a client function received only
+after :func:`fetch_decline` found them to be that cache's last fetch in this model call and the cache unchanged
+since (:func:`received_decline`: that, and the mask's, for a helper call); what it then runs is a :class:`Plan`
+of :class:`Routed` arguments. :func:`patch` and :func:`unpatch` count the models that need a patch, so that several optimized models
+share one patched class and the original comes back with the last.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import importlib
 import threading
@@ -22,6 +24,7 @@ from typing import Any
 from attnpass.passes import Decline
 
 Patch = tuple[Any, str, Callable[[Any], Any]]  # (class or module, attribute, original -> replacement)
+Note = Callable[..., None]  # (call, result, *the method's arguments) -> None: what a recorder keeps
 
 
 @functools.cache  # imported once: a decode step asks per call
@@ -43,16 +46,16 @@ class Fetch:
 
 @dataclass
 class Call:
-    """One call of an optimized model: the model, each cache's last fetch and last QSA selection (by cache id), the
-    masks a batched cache made (by mask id), what the up-projections of MLA layers returned (by output id) and
-    what each DSA indexer returned (by its cache's id)."""
+    """One call of an optimized model: the model, each cache's last fetch (by cache id) and the notes of each
+    adapter module (:meth:`notes`)."""
 
     model: Any
     fetched: dict[int, tuple[Any, Fetch]] = field(default_factory=dict)
-    selections: dict[int, tuple[Any, Any, int]] = field(default_factory=dict)  # cache, selection, ratio
-    masks: dict[int, tuple[Any, bool]] = field(default_factory=dict)  # a made mask, every query row sees a key
-    projections: dict[int, tuple[Any, Any, Any, bool]] = field(default_factory=dict)  # out, layer, input, transpose
-    indexed: dict[int, tuple[Any, Any]] = field(default_factory=dict)  # indexer cache, top-k (None: attends all)
+    _notes: dict[str, dict[int, Any]] = field(default_factory=dict)
+
+    def notes(self, owner: str) -> dict[int, Any]:
+        """The table ``owner`` (an adapter module's name for what it records) keeps in this call, by object id."""
+        return self._notes.setdefault(owner, {})
 
 
 ACTIVE: ContextVar[Call | None] = ContextVar("attnpass_optimized_call", default=None)
@@ -66,6 +69,24 @@ def recorded(model: Any) -> Call:
     return call if call is not None and call.model is model else Call(model)
 
 
+def recorder(note: Note) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A patch of a method that runs it, then, in an active optimized call, ``note(call, result, *args,
+    **kwargs)``; the original stays reachable as ``__wrapped__``."""
+
+    def patch(method: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(method)
+        def recording(*args: Any, **kwargs: Any) -> Any:
+            result = method(*args, **kwargs)
+            call = ACTIVE.get()
+            if call is not None:
+                note(call, result, *args, **kwargs)
+            return result
+
+        return recording
+
+    return patch
+
+
 def offset(cache: Any) -> int:
     """The write position of a cache with one offset for every stream (KVCache and its kin)."""
     return cache.offset
@@ -73,20 +94,12 @@ def offset(cache: Any) -> int:
 
 def fetch_recorder(position: Callable[[Any], int]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """A patch of a cache class's ``update_and_fetch`` that also records its :class:`Fetch` (the write position
-    read by ``position``) in the active optimized call, if any."""
+    read by ``position``) in the active optimized call."""
 
-    def patch(update_and_fetch: Callable[..., Any]) -> Callable[..., Any]:
-        def recording(cache: Any, keys: Any, values: Any) -> Any:
-            result = update_and_fetch(cache, keys, values)
-            call = ACTIVE.get()
-            if call is not None:
-                call.fetched[id(cache)] = (cache, Fetch(*result, (cache.keys, cache.values), position(cache)))
-            return result
+    def note(call: Call, result: Any, cache: Any, *_: Any) -> None:
+        call.fetched[id(cache)] = (cache, Fetch(*result, (cache.keys, cache.values), position(cache)))
 
-        recording.__wrapped__ = update_and_fetch  # type: ignore[attr-defined]
-        return recording
-
-    return patch
+    return recorder(note)
 
 
 NOT_FETCHED = "keys/values are not the arrays this cache's update_and_fetch returned in this model call"
@@ -116,72 +129,65 @@ def unchanged_decline(cache: Any, fetch: Fetch, position: Callable[[Any], int] =
     return None
 
 
-CUT_ROWS = 32  # the finest step of a buffer cut: the cuts of offsets up to 128 are multiples of 32
-CUTS_PER_OCTAVE = 4  # past 128 rows, a cut is 2^k times 1, 1.25, 1.5 or 1.75: four cuts per doubling
+def key_rows(keys: Any) -> int:
+    """The rows of a cache's keys: an array's, or a quantized cache's (words, scales, biases)."""
+    return (keys[0] if isinstance(keys, (tuple, list)) else keys).shape[2]
 
 
-def buffer_rows(offset: int, length: int | None = None) -> int:
-    """The rows of a cache's buffer a decode program is given for ``offset`` valid ones (one program signature
-    per cut): the offset rounded up to a multiple of ``max(CUT_ROWS, 2^floor(log2(offset)) / CUTS_PER_OCTAVE)``,
-    at most ``length`` (a buffer that cannot grow; None: no limit).
-
-    A CPU program costs in proportion to the rows, padded ones too: the padding is under 32 rows or under a
-    quarter of the offset (:func:`padding_bound`), and the offsets up to ``T`` have at most
-    :func:`cuts_bound` ``(T)`` distinct cuts, whatever the context length: a single stream never evicts one."""
-    step = padding_bound(offset) + 1
-    rows = -(-offset // step) * step
-    return rows if length is None else min(length, rows)
+def string_mask_decline(call: Any) -> Decline | None:
+    """A string mask other than ``"causal"`` (MLX's only one)."""
+    if isinstance(call.mask, str) and call.mask != "causal":
+        return Decline("string_mask", f"string mask {call.mask!r} (only 'causal' is one)", data={"mask": call.mask})
+    return None
 
 
-def padding_bound(offset: int) -> int:
-    """The most padding rows :func:`buffer_rows` adds to ``offset``: its step, less one."""
-    return max(CUT_ROWS, (1 << max(offset, 1).bit_length() - 1) // CUTS_PER_OCTAVE) - 1
+def mask_keys_decline(call: Any, keys: int) -> Decline | None:
+    """An array mask over another number of keys than the call's ``keys``."""
+    mask = call.mask
+    if mask is not None and not isinstance(mask, str) and mask.shape[-1] != keys:
+        message = f"the mask covers {mask.shape[-1]} keys, the helper has {keys}"
+        return Decline("mask_keys_mismatch", message, data={"mask_keys": mask.shape[-1], "keys": keys})
+    return None
 
 
-def cuts_bound(most: int) -> int:
-    """How many distinct cuts :func:`buffer_rows` gives the offsets 1 to ``most``: the multiples of ``CUT_ROWS``
-    up to ``CUT_ROWS * CUTS_PER_OCTAVE`` (128), then ``CUTS_PER_OCTAVE`` per doubling (44 up to 131072)."""
-    cut, first = buffer_rows(most), CUT_ROWS * CUTS_PER_OCTAVE
-    if cut <= first:
-        return cut // CUT_ROWS
-    octave = (cut - 1).bit_length() - 1  # cut in (2^octave, 2^(octave + 1)]
-    below = CUTS_PER_OCTAVE * (octave - first.bit_length() + 2)  # every cut up to 2^octave
-    return below + (cut - (1 << octave)) // ((1 << octave) // CUTS_PER_OCTAVE)
+def received_decline(call: Any, holds: bool, position: Callable[[Any], int] = offset) -> Decline | None:
+    """Why what a helper call received is not its cache's valid prefix (None when it is): a string mask MLX
+    lacks, keys/values that are not the cache's last fetch (:func:`fetch_decline`), a mask over other keys, or
+    a fetch that is not the buffer's first rows (``holds``, the cache kind's own reading)."""
+    n, cache = key_rows(call.keys), call.cache
+    found = string_mask_decline(call) or fetch_decline(call.keys, call.values, cache, call.recorded, position)
+    found = found or mask_keys_decline(call, n)
+    if found is None and not holds:
+        length = key_rows(cache.keys)
+        message = f"{type(cache).__name__}: the keys ({n} rows) are not the buffer's valid prefix ({length} rows)"
+        found = Decline("not_prefix", message, data={"rows": n, "buffer_rows": length})
+    return found
 
 
-def grow(cache: Any, rows: int, call: Call) -> None:
-    """Give ``cache``'s buffer (``keys`` and ``values``: arrays, or tuples of a quantized cache's arrays) ``rows``
-    rows (axis 2) when it holds fewer, zeros appended as its own ``update_and_fetch`` appends them; the fetch
-    ``call`` recorded of it then holds the grown buffer (the cache is unchanged for the proofs that follow)."""
-    import mlx.core as mx
+@dataclass(frozen=True)
+class Routed:
+    """A call's program: ``program`` names a row of :data:`~.programs.PROGRAMS`, ``args``
+    are its arguments (arrays and statics, what its signature is keyed on) and ``given`` the arrays its compiled
+    program is called with, in order; ``streams``, when given, replaces ``given``: one such list per stream of a
+    batch, the program called on each and the outputs joined on axis 0 (``args`` are then the first stream's)."""
 
-    def grown(a: Any) -> Any:
-        extra = mx.zeros((*a.shape[:2], rows - a.shape[2], *a.shape[3:]), a.dtype)
-        return mx.concatenate([a, extra], axis=2)
-
-    quantized = isinstance(cache.keys, (tuple, list))
-    if (cache.keys[0] if quantized else cache.keys).shape[2] >= rows:
-        return
-    if quantized:
-        kind = type(cache.keys)
-        cache.keys, cache.values = kind(map(grown, cache.keys)), kind(map(grown, cache.values))
-    else:
-        cache.keys, cache.values = grown(cache.keys), grown(cache.values)
-    fetch = last_fetch(cache, call)
-    if fetch is not None:
-        call.fetched[id(cache)] = (cache, dataclasses.replace(fetch, buffer=(cache.keys, cache.values)))
+    program: str
+    args: tuple
+    given: list
+    streams: list[list] | None = None
 
 
-def first_rows(array: Any, length: int) -> Any:
-    """A buffer's first ``length`` rows (axis 2): the buffer itself when it has no more."""
-    return array if array.shape[2] == length else array[:, :, :length]
+@dataclass(frozen=True)
+class Plan:
+    """What a call would run: ``program`` (a row of :data:`~.programs.PROGRAMS`, whose ``bound`` is the plan's
+    kind for :data:`~.bounds.MIN_KEYS`), the key ``rows`` its program would get (the bound's early decline reads
+    them), and ``build``, which makes its :class:`Routed` arguments only when it runs; the routed program may be a
+    sibling of the same bound that ``build``'s proof picks (``structured_attention`` for a mask proven a
+    structure, ``dsa_attention`` for a mask proven a top-k selection)."""
 
-
-def words(array: Any) -> Any:
-    """A program argument: packed uint32 words as int32 of the same bits (the IR's type), the rest as they are."""
-    import mlx.core as mx
-
-    return array.view(mx.int32) if array.dtype == mx.uint32 else array
+    program: str
+    rows: int
+    build: Callable[[], Routed]
 
 
 def patch(owner: Any, name: str, replace: Callable[[Any], Any]) -> None:
@@ -205,7 +211,7 @@ def unpatch(owner: Any, name: str) -> None:
 
 
 __all__ = [
-    "ACTIVE", "CUTS_PER_OCTAVE", "CUT_ROWS", "LOCK", "NOT_FETCHED", "Call", "Fetch", "Patch", "buffer_rows",
-    "classes", "cuts_bound", "fetch_decline", "fetch_recorder", "first_rows", "grow", "last_fetch", "offset",
-    "padding_bound", "patch", "recorded", "unchanged_decline", "unpatch", "words",
+    "ACTIVE", "LOCK", "NOT_FETCHED", "Call", "Fetch", "Note", "Patch", "Plan", "Routed", "classes", "fetch_decline",
+    "fetch_recorder", "key_rows", "last_fetch", "mask_keys_decline", "offset", "patch", "received_decline",
+    "recorded", "recorder", "string_mask_decline", "unchanged_decline", "unpatch",
 ]  # fmt: skip

@@ -4,7 +4,8 @@
 rows of a buffer cut (:meth:`Masks.valid`), a client's mask extended over the cut's padding rows
 (:meth:`Masks.over_buffer`) and the proof that a bool mask is, on every one of its pairs, a causal kind with a
 window or chunk (:meth:`Masks.structure`), which the program then takes as ``sdpa``'s ``causal`` and ``window``
-attributes instead of the array.
+attributes instead of the array. :func:`own_keys` plans a call over its own keys that way, :func:`masked` and
+:func:`structured` make the attention programs' arguments.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from typing import Any
 import numpy as np
 
 from attnpass.passes.analysis.mask_structure import interval_structure
+
+from .calls import Plan, Routed
 
 Structure = tuple[str, "int | None", "int | None", "int | None"]  # (causal, left, right, chunk) of a sdpa
 CAUSAL: Structure = ("bottom_right", None, None, None)  # MLX's "causal" string mask
@@ -87,4 +90,42 @@ class Masks:
         return found
 
 
-__all__ = ["CAUSAL", "Masks", "Structure", "pad_last"]
+def own_keys(call: Any) -> Plan:
+    """The plan over the helper's own keys (a prefill, a windowed cache's step of several rows, a call without a
+    cache): a ``"causal"`` mask, or a bool mask proven a causal kind with a window or chunk (:meth:`Masks.
+    structure`), goes to the program as its structure; the keys before the first one any row sees are left out.
+    Any other mask is passed as it is."""
+    return Plan("attention", call.keys.shape[2], lambda: own_keys_routed(call))
+
+
+def own_keys_routed(call: Any) -> Routed:
+    """The arguments of :func:`own_keys`' plan."""
+    import mlx.core as mx
+
+    q, k, v, mask = call.queries, call.keys, call.values, call.mask
+    if isinstance(mask, str):
+        return structured(call, k, v, CAUSAL)
+    if mask is None or mask.dtype != mx.bool_:
+        return masked(call, k, v, mask)
+    found = call.masks.structure(mask, q.shape[2], k.shape[2])
+    if found is None:
+        return masked(call, k, v, mask)
+    first, structure = found
+    if first:  # keys before the first one any row sees: hidden from every row, left out
+        k, v = k[:, :, first:], v[:, :, first:]
+    return structured(call, k, v, structure)
+
+
+def structured(call: Any, keys: Any, values: Any, structure: Structure) -> Routed:
+    """The structured attention program over ``keys``/``values``: the mask as ``sdpa``'s causal kind and window."""
+    args = (call.queries, keys, values, call.sinks, call.scale, structure)
+    return Routed("structured_attention", args, [a for a in args[:4] if a is not None])
+
+
+def masked(call: Any, keys: Any, values: Any, mask: Any) -> Routed:
+    """The attention program over ``keys``/``values`` with an array mask (or none)."""
+    args = (call.queries, keys, values, mask, call.sinks, call.scale)
+    return Routed("attention", args, [a for a in args[:5] if a is not None])
+
+
+__all__ = ["CAUSAL", "Masks", "Structure", "masked", "own_keys", "own_keys_routed", "pad_last", "structured"]

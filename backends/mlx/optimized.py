@@ -1,15 +1,16 @@
-"""``optimize(model)``: an mlx-lm model's (or mlx-vlm Qwen4-Exp's) attention through attnpass programs.
+"""``optimize(model)``: a model's attention (every registered client function it calls) through attnpass programs.
 
-``optimize`` replaces the client functions in the modules defining the model's layers (:mod:`.clients`),
-installs the recorders the cache adapters' proofs read (:mod:`.caches`), and gives the model a subclass whose
-``__call__`` (and mlx-vlm's ``_speculative_verify``; a ``language_model``'s too, which mlx-vlm's generate calls
-directly) marks it active, per thread. Each attention call of an active model goes to :meth:`OptimizedModel.
-attend` (or ``attend_qsa``): its cache's adapter either declines it, with a reason code of
-:data:`attnpass.passes.REASONS`, or names the program and arguments, whose signature is then compiled once
-(:mod:`.programs`) and may itself be declined on its rewritten graph (:mod:`.bounds`, fused calls, masked QSA).
-A declined call runs the client's own function, bit for bit. :meth:`OptimizedModel.restore` (or leaving a
-``with`` block) undoes everything. The router holds no per-cache-class knowledge; docs/dropin.md says what each
-cache kind proves and the numerics of a routed call.
+``optimize`` replaces the client functions (:mod:`.clients`: mlx-lm's and mlx-vlm's attention helpers, mlx-vlm
+Qwen4-Exp's QSA dispatch) in the modules defining the model's layers, installs the recorders the cache adapters'
+proofs read (:mod:`.caches`), and gives the model a subclass whose ``__call__`` (and mlx-vlm's
+``_speculative_verify``; a ``language_model``'s too, which mlx-vlm's generate calls directly) marks it active, per
+thread. Each attention call of an active model goes to :meth:`OptimizedModel.attend`, which asks its cache's
+adapter one question (:meth:`~.caches.CacheAdapter.plan`): a decline, with a reason code of
+:data:`~.reasons.ROUTER_REASONS`, or a plan, whose bound (:mod:`.bounds`) may still decline it before its
+arguments are built; a planned call's signature is then compiled once (:mod:`.programs`) and may itself be declined
+on its rewritten graph (fused calls, masked QSA, short contexts). A declined call runs the client's own function,
+bit for bit. :meth:`OptimizedModel.restore` (or leaving a ``with`` block) undoes everything. The router holds no
+per-cache-class knowledge; docs/dropin.md says what each cache kind proves and the numerics of a routed call.
 """
 
 from __future__ import annotations
@@ -22,21 +23,21 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TextIO
 
-from attnpass.ir import require_int
+from attnpass.ir import AttnpassError, require_int
 from attnpass.ir.core.switches import env_switch
-from attnpass.ir.core.types import native_dtype_name
+from attnpass.ir.core.types import native_dtype_name as dtype_name
 from attnpass.passes import Decline, Pass
 
 from ..specialize import MAX_SIGNATURES, CompiledFunction
 from .bounds import Bounds, known_short
-from .caches import ADAPTERS, HelperCall, QSACall, Routed, adapter_for
+from .caches import ADAPTERS, Plan, Routed, adapter_for
 from .caches.base import CacheAdapter
+from .calls import ACTIVE, LOCK, Call, Patch, patch, recorded, unpatch
 from .check import CHECK_ENV, REWRITTEN, CheckError, difference, loosest, where
-from .clients import HELPER, QSA_DISPATCH, helper, helper_modules, qsa_dispatch, qsa_modules, route, route_qsa
+from .clients import CLIENTS, Client, client_of
 from .compiled import MLXFrontend
 from .masks import Masks
 from .programs import PROGRAMS, compile_program
-from .routing import ACTIVE, LOCK, Call, Patch, patch, recorded, unpatch
 
 ENTRY_POINTS = ("__call__", "_speculative_verify")  # the model's methods that run its layers (MTP verify: mlx-vlm)
 
@@ -49,22 +50,22 @@ class OptimizedModel:
     ``programs`` maps a program name (:data:`~.programs.PROGRAMS`) to its
     :class:`~attnpass.backends.specialize.CompiledFunction` once a call has needed it, whose
     ``specializations`` hold each signature's rewritten graph and remarks; ``traces`` counts the signatures
-    built.
+    built; ``modules`` maps each module of the model's layers that calls a client to that
+    :class:`~.clients.Client`.
     """
 
     def __init__(
-        self, model: Any, modules: Sequence[str], qsa_modules: Sequence[str], *, pipeline: str | Sequence[Pass] | None,
-        strict: bool, max_signatures: int, min_keys: int | None, check: bool = False,
+        self, model: Any, modules: dict[str, Client], *, pipeline: str | Sequence[Pass] | None, strict: bool,
+        max_signatures: int, min_keys: int | None, check: bool = False,
     ) -> None:  # fmt: skip
         self.model = model
         self.check = check
-        self.modules = tuple(modules)
-        self.qsa_modules = tuple(qsa_modules)
+        self.modules = dict(modules)  # module name -> the client it calls
         self.routed = 0
         self.declined: Counter[str] = Counter()
         self.declines: dict[str, Decline] = {}
         self.programs: dict[str, CompiledFunction] = {}
-        self.bounds: Bounds = {}  # filled by the programs' policy declines
+        self.bounds: Bounds = {}  # filled by the programs' bound declines
         self._options = {"strict": strict, "max_signatures": max_signatures, "min_keys": min_keys}
         self._pipeline = pipeline
         self._original_class = type(model)
@@ -108,27 +109,24 @@ class OptimizedModel:
         finally:
             ACTIVE.reset(token)
 
-    def attend(self, queries: Any, keys: Any, values: Any, cache: Any, scale: float, mask: Any, sinks: Any) -> Any:
-        """One call of mlx-lm's helper: its compiled program, or the helper when declined."""
-        call = HelperCall(queries, keys, values, cache, scale, mask, sinks, recorded(self), self._masks)
-        return self._dispatch(
-            "lm", call, lambda: helper()(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
-        )
+    def attend(self, client: Client, *args: Any, **kwargs: Any) -> Any:
+        """One call of ``client`` with its arguments: its compiled program, or the client's function when declined."""
+        call = client.call(recorded(self), self._masks, *args, **kwargs)
+        original = client.function()
+        return self._dispatch(client, call, lambda: original(*args, **kwargs))
 
-    def attend_qsa(self, queries: Any, keys: Any, values: Any, blocks: Any, query_ends: Any, **options: Any) -> Any:
-        """One call of mlx-vlm's QSA dispatch: the gather program over its own selection, or the dispatch."""
-        call = QSACall(queries, keys, values, blocks, query_ends, options, recorded(self))
-        return self._dispatch("qsa", call, lambda: qsa_dispatch()(queries, keys, values, blocks, query_ends, **options))
-
-    def _dispatch(self, client: str, call: HelperCall | QSACall, original: Callable[[], Any]) -> Any:
-        """``call`` through its cache adapter's program, or ``original()`` with the decline counted."""
-        adapter = adapter_for(call.cache)
-        found = _adapter_decline(client, adapter, call) or adapter.decline(call)
-        if found is None and client == "lm":
-            found = known_short(self.bounds, adapter.policy(call), native_dtype_name(call.queries.dtype),
-                                adapter.most_rows(call))  # fmt: skip
-        if found is None:
-            return self._run(adapter.route(call), original, call.cache)
+    def _dispatch(self, client: Client, call: Any, original: Callable[[], Any]) -> Any:
+        """``call`` through its cache adapter's plan, or ``original()`` with the decline counted."""
+        adapter = adapter_for(client, call.cache)
+        found = adapter.plan(call) if isinstance(adapter, CacheAdapter) else adapter
+        if isinstance(found, Plan):
+            bound = PROGRAMS[found.program].bound
+            short = (
+                None if bound is None else known_short(self.bounds, bound, dtype_name(call.queries.dtype), found.rows)
+            )
+            if short is None:
+                return self._run(found.build(), original, call.cache)
+            found = short
         return self._decline(found, original)
 
     def _run(self, routed: Routed, original: Callable[[], Any], cache: Any) -> Any:
@@ -183,7 +181,7 @@ class OptimizedModel:
         passes that found nothing of theirs in any signature (named on one line). ``full=True`` (or ``graphs``)
         prints every signature with its remarks, whole, instead (:meth:`CompiledFunction.explain`)."""
         out = file if file is not None else sys.stdout
-        through = [f"{m} ({HELPER})" for m in self.modules] + [f"{m} ({QSA_DISPATCH})" for m in self.qsa_modules]
+        through = [f"{m} ({client.attribute})" for m, client in self.modules.items()]
         declined = Counter(dict(self.declined))  # a copy: a server's generation thread may be counting
         counts = ", ".join(f"{n} x {code}" for code, n in declined.most_common()) or "none"
         print(f"optimize({self._original_class.__name__}): routed {self.routed} attention call(s) through "
@@ -291,17 +289,10 @@ class OptimizedModel:
         return f"<OptimizedModel {name} ({state}): {self.traces} trace(s), {self.routed} routed>"
 
 
-def _adapter_decline(client: str, adapter: CacheAdapter | None, call: HelperCall | QSACall) -> Decline | None:
-    """A cache with no adapter, or whose adapter does not serve this client function."""
-    name = type(call.cache).__name__
-    if adapter is None:
-        return Decline(
-            "unknown_cache", f"{type(call.cache).__module__}.{name} has no cache adapter", data={"cache": name}
-        )
-    if client not in adapter.clients:
-        message = f"{name} is not a cache the {HELPER if client == 'lm' else QSA_DISPATCH} route reads"
-        return Decline("cache_unrouted", message, data={"cache": name})
-    return None
+class NoClientError(AttnpassError, ValueError):
+    """``optimize``: no module of the model calls a registered client function (code ``no_client``)."""
+
+    code = "no_client"
 
 
 def optimize(
@@ -313,11 +304,12 @@ def optimize(
     min_keys: int | None = None,
     check: bool | None = None,
 ) -> OptimizedModel:
-    """Run ``model``'s attention (an mlx-lm model, or mlx-vlm's Qwen4-Exp) through attnpass programs.
+    """Run ``model``'s attention (an mlx-lm or mlx-vlm model) through attnpass programs.
 
-    Modules calling mlx-lm's ``scaled_dot_product_attention`` get the attention programs, modules calling
-    mlx-vlm's ``dispatch_qsa_attention`` the QSA gather programs. ``mlx_lm.generate``, ``stream_generate``,
-    ``batch_generate`` and speculative decoding work unchanged. ``pipeline``, ``strict`` and ``max_signatures``
+    Modules calling a registered client (:data:`~.clients.CLIENTS`: mlx-lm's or mlx-vlm's
+    ``scaled_dot_product_attention``, mlx-vlm Qwen4-Exp's ``dispatch_qsa_attention``) get its programs (the
+    attention programs; the QSA gather programs). ``mlx_lm.generate``, ``stream_generate``, ``batch_generate``,
+    mlx-vlm's ``generate`` and speculative decoding work unchanged. ``pipeline``, ``strict`` and ``max_signatures``
     are as for :func:`attnpass.backends.mlx.compile` (for QSA calls every ``qsa-gather`` of the pipeline is given
     the selection input). A call whose program would get fewer key rows than ``min_keys`` runs the client's
     function (``short_context``, or ``quantized_tie``); None is :data:`~.bounds.MIN_KEYS` on CPU and 0
@@ -327,8 +319,8 @@ def optimize(
     naming the layer, the cache and the signature; None reads the switch :data:`~.check.CHECK_ENV` at this
     call (off when unset). Returns an :class:`OptimizedModel`; its ``restore()``, or leaving
     ``with optimize(model):``, undoes the change. Raises ``TypeError`` when ``model`` is not an
-    ``mlx.nn.Module``, ``ValueError`` when it is already optimized, none of its modules calls either function,
-    or ``min_keys`` is not an int >= 0 or None, ``PipelineError`` for a bad ``pipeline`` (at once, as ``compile``
+    ``mlx.nn.Module``, ``ValueError`` when it is already optimized or ``min_keys`` is not an int >= 0 or None,
+    :class:`NoClientError` (a ``ValueError``, code ``no_client``) when none of its modules calls a client, ``PipelineError`` for a bad ``pipeline`` (at once, as ``compile``
     raises it), ``MissingExtraError`` without MLX or mlx-lm.
     """
     from attnpass.ir.core.extras import import_extra
@@ -353,16 +345,16 @@ def optimize(
         if getattr(type(module), "_attnpass_optimized", None) is not None:
             raise ValueError(f"{type(module).__name__} is already optimized; restore() it first")
     names = sorted({type(m).__module__ for m in model.modules()})
-    routed, qsa_routed = helper_modules(names), qsa_modules(names)
-    if not routed and not qsa_routed:
-        raise ValueError(
-            f"optimize: no module of {type(model).__name__} ({', '.join(names)}) calls "
-            f"mlx_lm.models.base.{HELPER} or mlx-vlm's {QSA_DISPATCH}; its attention cannot be routed"
+    modules = {n: client for n in names if (client := client_of(sys.modules.get(n))) is not None}
+    if not modules:
+        raise NoClientError(
+            f"optimize: no_client: no module of {type(model).__name__} ({', '.join(names)}) calls a registered "
+            f"client function ({', '.join(str(c) for c in CLIENTS.values())}); {_attention_functions(names)}"
         )
     if min_keys is not None:
         require_int("optimize", "min_keys", min_keys, minimum=0, meaning="or None: MIN_KEYS on CPU")
     optimized = OptimizedModel(
-        model, routed, qsa_routed, pipeline=pipeline, strict=strict, max_signatures=max_signatures,
+        model, modules, pipeline=pipeline, strict=strict, max_signatures=max_signatures,
         min_keys=min_keys, check=env_switch(CHECK_ENV, check, default=False, subject="optimize's check")[0],
     )  # fmt: skip
     with LOCK:
@@ -393,18 +385,35 @@ def _entered(optimized: OptimizedModel, method: Any) -> Any:
 
 
 def _patches(optimized: OptimizedModel) -> list[Patch]:
-    """Every client function and recorder ``optimized`` needs, each ``(owner, attribute)`` once."""
-    found: list[Patch] = [(sys.modules[n], HELPER, lambda _: route) for n in optimized.modules]
-    found += [(sys.modules[n], QSA_DISPATCH, lambda _: route_qsa) for n in optimized.qsa_modules]
-    clients = {"lm"} if optimized.modules else set()
-    clients |= {"qsa"} if optimized.qsa_modules else set()
+    """Every client function and recorder ``optimized`` needs, each ``(owner, attribute)`` once: the recorders of
+    the adapters serving its clients whose cache module is imported (a cache of a module not imported is never
+    made)."""
+    found: list[Patch] = [
+        (sys.modules[n], client.attribute, lambda _, client=client: client.trampoline())
+        for n, client in optimized.modules.items()
+    ]
+    clients = {client.name for client in optimized.modules.values()}
     for adapter in ADAPTERS.values():
-        if adapter.clients & clients:
+        if adapter.clients & clients and adapter.module in sys.modules:
             found += adapter.patches()
     unique: dict[tuple[Any, str], Patch] = {}
     for owner, name, replace in found:
         unique.setdefault((owner, name), (owner, name, replace))
     return list(unique.values())
+
+
+def _attention_functions(names: Sequence[str]) -> str:
+    """What the modules ``names`` call for attention, as far as their own names tell: functions named like
+    attention that they define or import."""
+    found = sorted(
+        {
+            f"{getattr(value, '__module__', '?')}.{attribute}"
+            for n in names
+            for attribute, value in vars(sys.modules.get(n, sys)).items()
+            if "attention" in attribute.lower() and callable(value) and not isinstance(value, type)
+        }
+    )
+    return f"its modules' attention functions: {', '.join(found)}" if found else "no attention function is imported"
 
 
 def _short(value: Any) -> str:
@@ -413,4 +422,4 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-__all__ = ["OptimizedModel", "optimize"]
+__all__ = ["NoClientError", "OptimizedModel", "optimize"]

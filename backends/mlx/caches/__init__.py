@@ -4,10 +4,24 @@
 class's module and name. Importing this package registers every built-in adapter: mlx-lm's ``KVCache``,
 ``QuantizedKVCache``, ``RotatingKVCache``, ``ChunkedKVCache``, ``BatchKVCache`` and ``CacheList`` (its MLA
 calls), calls without a cache, mlx-vlm Qwen4-Exp's ``QSAKVCache``, ``QSAQuantizedKVCache`` and
-``BatchQSAKVCache``, and the classes no route reads (:mod:`.declined`).
+``BatchQSAKVCache``, mlx-vlm's own ``KVCache``, ``RotatingKVCache``, ``ChunkedKVCache`` and ``BatchKVCache``
+(:mod:`.vlm`), and the classes no route reads (:mod:`.declined`).
 """
 
-from . import batch, cache_list, chunked, declined, kv, qsa, qsa_batch, qsa_quantized, quantized, rotating, uncached  # noqa: F401
-from .base import ADAPTERS, CacheAdapter, HelperCall, QSACall, Routed, adapter_for, register
+from . import (  # noqa: F401
+    batch,
+    cache_list,
+    chunked,
+    declined,
+    kv,
+    qsa,
+    qsa_batch,
+    qsa_quantized,
+    quantized,
+    rotating,
+    uncached,
+    vlm,
+)
+from .base import ADAPTERS, CacheAdapter, HelperCall, Plan, QSACall, Routed, adapter_for, register
 
-__all__ = ["ADAPTERS", "CacheAdapter", "HelperCall", "QSACall", "Routed", "adapter_for", "register"]
+__all__ = ["ADAPTERS", "CacheAdapter", "HelperCall", "Plan", "QSACall", "Routed", "adapter_for", "register"]

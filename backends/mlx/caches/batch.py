@@ -17,14 +17,16 @@ whatever the batch size (:func:`per_stream`).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from typing import Any
 
 from attnpass.passes import Decline
 
+from ..buffers import buffer_rows, first_rows, grow
+from ..calls import Call, Patch, classes, fetch_decline, fetch_recorder, recorder
 from ..masks import pad_last
-from ..routing import ACTIVE, Patch, buffer_rows, classes, fetch_decline, fetch_recorder, first_rows, grow
-from .base import MLX_LM, CacheAdapter, HelperCall, Routed, masked, register, string_mask_decline
+from ..calls import string_mask_decline
+from ..masks import masked
+from .base import MLX_LM, CacheAdapter, HelperCall, Plan, Routed, register
 
 
 def written(cache: Any) -> int:
@@ -32,21 +34,16 @@ def written(cache: Any) -> int:
     return cache._idx
 
 
-def record_mask(make_mask: Callable[..., Any]) -> Callable[..., Any]:
-    """A patch of ``BatchKVCache.make_mask`` that also records, in the active optimized call, whether every query
-    row of the mask it returned sees a key (:func:`sees_every_row`, from the cache's padding read now)."""
+MADE_MASKS = "batch masks"  # the notes of the masks make_mask returned: id -> (mask, every query row sees a key)
 
-    def recording(cache: Any, N: int, return_array: bool = False, **kwargs: Any) -> Any:
-        mask = make_mask(cache, N, return_array=return_array, **kwargs)
-        call = ACTIVE.get()
-        if call is not None and set(kwargs) <= {"window_size"}:
-            window = kwargs.get("window_size")
-            if window is None or window >= 1:  # a row's own position is in its window
-                call.masks[id(mask)] = (mask, sees_every_row(cache._idx, cache.left_padding.tolist()))
-        return mask
 
-    recording.__wrapped__ = make_mask  # type: ignore[attr-defined]
-    return recording
+def note_mask(call: Call, mask: Any, cache: Any, N: int, return_array: bool = False, **kwargs: Any) -> None:
+    """What ``BatchKVCache.make_mask`` returned, and whether every query row of it sees a key
+    (:func:`sees_every_row`, from the cache's padding read now)."""
+    if set(kwargs) <= {"window_size"}:
+        window = kwargs.get("window_size")
+        if window is None or window >= 1:  # a row's own position is in its window
+            call.notes(MADE_MASKS)[id(mask)] = (mask, sees_every_row(cache._idx, cache.left_padding.tolist()))
 
 
 def sees_every_row(written: int, left_padding: list[int]) -> bool:
@@ -55,10 +52,10 @@ def sees_every_row(written: int, left_padding: list[int]) -> bool:
     return max(left_padding, default=0) <= written
 
 
-def has_blind_row(mask: Any, masks: dict) -> bool:
-    """Whether a bool mask has a query row with no visible key: as recorded when ``make_mask`` made it, else
-    :func:`evaluated_blind_row`."""
-    made, sees = masks.get(id(mask), (None, False))
+def has_blind_row(mask: Any, call: Call) -> bool:
+    """Whether a bool mask has a query row with no visible key: as noted in ``call`` when ``make_mask`` made it,
+    else :func:`evaluated_blind_row`."""
+    made, sees = call.notes(MADE_MASKS).get(id(mask), (None, False))
     if made is mask:
         return not sees
     return evaluated_blind_row(mask)
@@ -95,9 +92,9 @@ class BatchKVCache(CacheAdapter):
 
     def patches(self) -> list[Patch]:
         cls = classes(self.module, self.name)[0]
-        return [(cls, "update_and_fetch", fetch_recorder(written)), (cls, "make_mask", record_mask)]
+        return [(cls, "update_and_fetch", fetch_recorder(written)), (cls, "make_mask", recorder(note_mask))]
 
-    def decline(self, call: HelperCall) -> Decline | None:
+    def plan(self, call: HelperCall) -> Decline | Plan:
         cache, mask = call.cache, call.mask
         found = string_mask_decline(call) or fetch_decline(call.keys, call.values, cache, call.recorded, written)
         if found is not None:
@@ -110,24 +107,24 @@ class BatchKVCache(CacheAdapter):
         if mask.shape[-1] != cache._idx:
             message = f"the mask covers {mask.shape[-1]} keys, the BatchKVCache holds {cache._idx} rows"
             return Decline("mask_keys_mismatch", message, data={"mask_keys": mask.shape[-1], "keys": cache._idx})
-        if has_blind_row(mask, call.recorded.masks):
+        if has_blind_row(mask, call.recorded):
             message = (
                 "a query row of the bool mask sees no key (a left-padded prefill's padding rows): mlx-lm's helper "
                 "gives such a row a value of its own, the padded buffer would average its unwritten rows too"
             )
             return Decline("rows_without_keys", message)
-        return None
-
-    def route(self, call: HelperCall) -> Routed:
-        cache = call.cache
         length = buffer_rows(cache._idx)
+        return Plan("attention", length, lambda: self.over_cut(call, length))
+
+    def over_cut(self, call: HelperCall, length: int) -> Routed:
+        """Each stream's arguments over the buffer cut to ``length`` rows (grown to them first)."""
+        cache = call.cache
         grow(cache, length, call.recorded)
         extra = length - cache._idx
         keys, values = (first_rows(a, length) for a in (cache.keys, cache.values))
         return per_stream(call, keys, values, pad_last(call.mask, extra) if extra else call.mask)
 
-    def most_rows(self, call: HelperCall) -> int:
-        return buffer_rows(call.cache._idx)
 
-
-__all__ = ["BatchKVCache", "evaluated_blind_row", "has_blind_row", "record_mask", "sees_every_row", "written"]
+__all__ = [
+    "MADE_MASKS", "BatchKVCache", "evaluated_blind_row", "has_blind_row", "note_mask", "sees_every_row", "written",
+]  # fmt: skip

@@ -13,7 +13,7 @@ from typing import Any
 
 from attnpass.passes import Decline
 
-from .base import MLX_LM, CacheAdapter, HelperCall, adapter_for, register
+from .base import MLX_LM, CacheAdapter, HelperCall, register, registered
 from .declined import LIST
 from .mla import LatentHolder, involved
 
@@ -21,7 +21,7 @@ from .mla import LatentHolder, involved
 class Entries(CacheAdapter):
     """A container whose calls no route reads."""
 
-    def decline(self, call: Any) -> Decline:
+    def plan(self, call: Any) -> Decline:
         return Decline("cache_unrouted", f"{self.name}: {LIST}", data={"cache": self.name})
 
 
@@ -31,7 +31,7 @@ class CacheList(LatentHolder, Entries):
 
     def latent(self, call: HelperCall) -> tuple[Any, tuple] | None:
         caches = tuple(call.cache.caches)
-        if caches and isinstance(adapter_for(caches[0]), LatentHolder) and involved(call, caches[0]):
+        if caches and isinstance(registered(caches[0]), LatentHolder) and involved(call, caches[0]):
             return caches[0], caches[1:]
         return None
 

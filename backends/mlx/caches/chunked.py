@@ -11,7 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from .base import MLX_LM, HelperCall, register
-from .kv import Buffered, key_rows
+from ..calls import key_rows
+from .kv import Buffered
 
 
 @register

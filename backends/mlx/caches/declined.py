@@ -11,6 +11,7 @@ from typing import Any
 
 from attnpass.passes import Decline
 
+from ..clients import CLIENTS
 from .base import MLX_LM, MLX_VLM, CacheAdapter, register
 
 NO_PREFIX = "its fetch is not a buffer's valid prefix the program could read (no proof written for it)"
@@ -20,21 +21,20 @@ ROWS: dict[tuple[str, str], str] = {
     (MLX_LM, "BatchRotatingKVCache"): f"per-stream rings of a batched sliding window: {NO_PREFIX}",
     (MLX_LM, "ArraysCache"): "state arrays of a recurrent layer (no keys and values)",
     **{
-        (MLX_VLM, name): f"mlx-vlm's {name} reaches only QSA calls through a QSA cache: {NO_PREFIX}"
-        for name in (
-            "KVCache",
-            "QuantizedKVCache",
-            "RotatingKVCache",
-            "ChunkedKVCache",
-            "ConcatenateKVCache",
-            "BatchKVCache",
-            "BatchQuantizedKVCache",
-            "BatchRotatingKVCache",
-            "BufferedRotatingKVCache",
-            "SimpleKVCache",
-            "StaticPrefixKVCache",
-        )
-    },  # fmt: skip
+        (MLX_VLM, name): f"mlx-vlm's {name}: its quantized helper aligns the mask to the scores otherwise than "
+        "mlx-lm's, whose computation the quantized program is"
+        for name in ("QuantizedKVCache", "BatchQuantizedKVCache")
+    },
+    (MLX_VLM, "ConcatenateKVCache"): "its keys are a fresh concatenation every step: no buffer to key signatures on",
+    (MLX_VLM, "BatchRotatingKVCache"): f"per-stream rings of a batched sliding window: {NO_PREFIX}",
+    (MLX_VLM, "BufferedRotatingKVCache"): f"a ring with a staging buffer: {NO_PREFIX}",
+    (MLX_VLM, "SimpleKVCache"): f"mlx-vlm's SimpleKVCache: {NO_PREFIX}",
+    (MLX_VLM, "StaticPrefixKVCache"): f"a fixed prefix beside a growing cache: {NO_PREFIX}",
+    **{
+        ("mlx_vlm.turboquant", name): f"mlx-vlm's {name}: fused TurboQuant kernels over its own packed state "
+        f"(the helper's own route): {NO_PREFIX}"
+        for name in ("TurboQuantKVCache", "BatchTurboQuantKVCache", "HybridQuantKVCache")
+    },
     (MLX_VLM, "CacheList"): LIST,
     (MLX_VLM, "ArraysCache"): "state arrays of a recurrent layer (no keys and values)",
     (MLX_VLM, "PoolingCache"): "pooled states of a compressing layer (no keys and values per position)",
@@ -52,10 +52,10 @@ ROWS: dict[tuple[str, str], str] = {
 class Unrouted(CacheAdapter):
     """A cache class no route reads: every call declined with its row's reason."""
 
-    clients = frozenset({"lm", "qsa"})
+    clients = frozenset(CLIENTS)
     why: str
 
-    def decline(self, call: Any) -> Decline:
+    def plan(self, call: Any) -> Decline:
         return Decline("cache_unrouted", f"{self.name}: {self.why}", data={"cache": self.name})
 
 

@@ -4,39 +4,38 @@
 buffer's first ``offset`` rows. A call whose keys and values *are* what that fetch returned in this model call
 (recorded by the patch this adapter installs), with the cache still holding that buffer and offset, has
 ``keys == cache.keys[..., :offset, :]`` by the cache's own code: its program gets the buffer cut to
-:func:`~..routing.buffer_rows` rows and a mask of the valid rows (one signature per cut length, not per token).
-A buffer shorter than its cut is first grown to it (:func:`~..routing.grow`: zero rows, as the cache grows it),
-so the cuts, and the signatures, stay :func:`~..routing.cuts_bound`'s few per doubling of the context.
-A prefill (more than :data:`PREFILL_ROWS` query rows) attends its own keys instead (:func:`~.base.own_keys`).
+:func:`~..buffers.buffer_rows` rows and a mask of the valid rows (one signature per cut length, not per token).
+A buffer shorter than its cut is first grown to it (:func:`~..buffers.grow`: zero rows, as the cache grows it),
+so the cuts, and the signatures, stay :func:`~..buffers.cuts_bound`'s few per doubling of the context.
+A prefill (more than :data:`PREFILL_ROWS` query rows) attends its own keys instead (:func:`~..masks.own_keys`).
 A ``KVCache`` may hold an MLA latent: its MLA calls are :mod:`.mla`'s.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from attnpass.passes import Decline
 
-from ..routing import Patch, buffer_rows, classes, fetch_decline, fetch_recorder, first_rows, grow, offset
-from .base import (
-    MLX_LM, CacheAdapter, HelperCall, Routed, mask_keys_decline, masked, own_keys, register, string_mask_decline,
-)  # fmt: skip
+from ..buffers import cut_plan
+from ..calls import Patch, Routed, classes, fetch_recorder, key_rows, offset, received_decline
+from ..masks import own_keys
+from .base import MLX_LM, CacheAdapter, HelperCall, Plan, register
 from .mla import LatentHolder
 
 PREFILL_ROWS = 64  # more query rows on a KVCache: a prefill, given its own keys (one signature per length)
 
 
-def key_rows(keys: Any) -> int:
-    """The rows of a cache's keys: an array's, or a quantized cache's (words, scales, biases)."""
-    return (keys[0] if isinstance(keys, (tuple, list)) else keys).shape[2]
-
-
 class Buffered(CacheAdapter):
     """A cache whose fetch is its buffer's first rows (:meth:`holds` says which), routed over the buffer's cut;
     ``grows``: a buffer shorter than the cut is grown to it (else the cut is at most the buffer: a ring's, a
-    chunk's, bounded by the model)."""
+    chunk's, bounded by the model); ``program`` and ``arguments``: the program over the cut and its arguments
+    (None: :func:`~..buffers.over_cut`'s)."""
 
     grows = False
+    program = "attention"
+    arguments: Callable[[Any, int, bool], Routed] | None = None
 
     def patches(self) -> list[Patch]:
         return [(classes(self.module, self.name)[0], "update_and_fetch", fetch_recorder(offset))]
@@ -49,32 +48,13 @@ class Buffered(CacheAdapter):
         """Whether the call attends its own keys rather than the buffer's cut."""
         return call.rows > PREFILL_ROWS
 
-    def decline(self, call: HelperCall) -> Decline | None:
-        n, cache = key_rows(call.keys), call.cache
-        found = string_mask_decline(call) or fetch_decline(call.keys, call.values, cache, call.recorded)
-        found = found or mask_keys_decline(call, n)
-        if found is None and not self.holds(call.keys, cache):
-            length = key_rows(cache.keys)
-            message = f"{self.name}: the keys ({n} rows) are not the buffer's valid prefix ({length} rows)"
-            found = Decline("not_prefix", message, data={"rows": n, "buffer_rows": length})
-        return found
-
-    def route(self, call: HelperCall) -> Routed:
-        if self.own_keys(call):
-            return own_keys(call)
-        cache, n = call.cache, key_rows(call.keys)
-        length = self.cut(call)
-        if self.grows:
-            grow(cache, length, call.recorded)
-        mask = call.masks.over_buffer(call.mask, call.rows, n, length)
-        return masked(call, first_rows(cache.keys, length), first_rows(cache.values, length), mask)
-
-    def most_rows(self, call: HelperCall) -> int:
-        return self.cut(call)
-
-    def cut(self, call: HelperCall) -> int:
-        """The rows of the buffer's cut a decode call's program is given."""
-        return buffer_rows(key_rows(call.keys), None if self.grows else key_rows(call.cache.keys))
+    def plan(self, call: HelperCall) -> Decline | Plan:
+        found = received_decline(call, self.holds(call.keys, call.cache))
+        if found is not None:
+            return found
+        if not self.own_keys(call):
+            return cut_plan(call, self.program, self.grows, type(self).arguments)
+        return own_keys(call)
 
 
 @register
@@ -85,4 +65,4 @@ class KVCache(LatentHolder, Buffered):
     grows = True
 
 
-__all__ = ["PREFILL_ROWS", "Buffered", "KVCache", "key_rows"]
+__all__ = ["PREFILL_ROWS", "Buffered", "KVCache"]

@@ -3,7 +3,7 @@
 mlx-lm's MLA layers (deepseek_v3, deepseek_v32, glm_moe_dsa, glm4_moe_lite, kimi_*, longcat_flash) cache a latent
 per token and its rope key in a ``KVCache`` (keys: the latent, values: the rope key); a call of more than one
 query row gives the helper ``embed_q(latent, transpose=False)`` as keys, ``unembed_out(latent)`` as values and
-the rope scores as an additive mask. The patches of :func:`patches` record, in the active call, what every
+the rope scores as an additive mask. The patches of :func:`patches` note, in the active call, what every
 ``MultiLinear`` and ``QuantizedMultiLinear`` returns and each DSA ``Indexer``'s top-k (per indexer cache). A
 call is an MLA call of a cache (:func:`involved`) when its queries or keys are a recorded output or a recorded
 projection read the cache's last fetch. :func:`decline` routes it only when it proves that the keys ARE a float
@@ -14,7 +14,7 @@ and the mask an additive float array over those keys, without sinks. One query r
 mlx-lm attends in the latent form already), as are quantized projections and keys built otherwise (mistral4
 concatenates the rope part).
 
-:func:`route` gives the ``mla_attention`` program the buffer's cut (:func:`~..routing.buffer_rows`: one signature
+:func:`route` gives the ``mla_attention`` program the buffer's cut (:func:`~..buffers.buffer_rows`: one signature
 per cut) and the mask padded by -inf (padded cells weigh exactly 0). When the layer's indexer returned a top-k
 in this call and the mask is, on its values, that selection of itself (every unselected cell at or below
 finfo.min, every row a selected cell above it: checked on the arrays, :func:`selection_holds`), the
@@ -27,40 +27,28 @@ from typing import Any
 
 from attnpass.passes import Decline
 
+from ..buffers import buffer_rows, first_rows, words
+from ..calls import Call, Patch, classes, last_fetch, recorder
 from ..masks import pad_last
-from ..routing import ACTIVE, Call, Patch, buffer_rows, classes, first_rows, last_fetch, words
-from .base import CacheAdapter, HelperCall, Routed
+from .base import CacheAdapter, HelperCall, Plan, Routed
 
 MLA = "mlx_lm.models.mla"
 DSA = "mlx_lm.models.deepseek_v32"
 
 
-def record_projection(call_method: Any) -> Any:
-    """A patch of a ``MultiLinear``'s ``__call__`` that records its output in the active call, if any."""
-
-    def recording(layer: Any, x: Any, transpose: bool = True) -> Any:
-        out = call_method(layer, x, transpose)
-        call = ACTIVE.get()
-        if call is not None:
-            call.projections[id(out)] = (out, layer, x, transpose)
-        return out
-
-    recording.__wrapped__ = call_method  # type: ignore[attr-defined]
-    return recording
+PROJECTIONS = "mla projections"  # the notes of what each MultiLinear returned: id -> (out, layer, input, transpose)
+INDEXED = "dsa top-k"  # the notes of each DSA indexer's top-k, by its cache: id -> (cache, top-k or None)
 
 
-def record_selection(call_method: Any) -> Any:
-    """A patch of a DSA ``Indexer``'s ``__call__`` that records its top-k (None: every key) by its cache."""
+def note_projection(call: Call, out: Any, layer: Any, x: Any, transpose: bool = True) -> None:
+    """What a ``MultiLinear`` (or ``QuantizedMultiLinear``) returned, and from what."""
+    call.notes(PROJECTIONS)[id(out)] = (out, layer, x, transpose)
 
-    def recording(indexer: Any, x: Any, qr: Any, mask: Any, cache: Any = None) -> Any:
-        out = call_method(indexer, x, qr, mask, cache=cache)
-        call = ACTIVE.get()
-        if call is not None and cache is not None:
-            call.indexed[id(cache)] = (cache, out)
-        return out
 
-    recording.__wrapped__ = call_method  # type: ignore[attr-defined]
-    return recording
+def note_selection(call: Call, out: Any, indexer: Any, x: Any, qr: Any, mask: Any, cache: Any = None) -> None:
+    """A DSA ``Indexer``'s top-k (None: every key), by its cache."""
+    if cache is not None:
+        call.notes(INDEXED)[id(cache)] = (cache, out)
 
 
 def patches() -> list[Patch]:
@@ -68,15 +56,15 @@ def patches() -> list[Patch]:
     linear, quantized = classes(MLA, "MultiLinear", "QuantizedMultiLinear")
     indexer = classes(DSA, "Indexer")[0]
     return [
-        (linear, "__call__", record_projection), (quantized, "__call__", record_projection),
-        (indexer, "__call__", record_selection),
+        (linear, "__call__", recorder(note_projection)), (quantized, "__call__", recorder(note_projection)),
+        (indexer, "__call__", recorder(note_selection)),
     ]  # fmt: skip
 
 
 def involved(call: HelperCall, cache: Any) -> bool:
     """Whether ``call`` is an MLA call of ``cache``: its queries or keys a recorded projection's output, or a
     recorded projection read ``cache``'s last fetch."""
-    found = call.recorded.projections
+    found = call.recorded.notes(PROJECTIONS)
     if not found:
         return False
     if id(call.queries) in found or id(call.keys) in found:
@@ -86,7 +74,7 @@ def involved(call: HelperCall, cache: Any) -> bool:
 
 
 def _projection(recorded: Call, out: Any) -> tuple[Any, Any, Any, bool] | None:
-    found = recorded.projections.get(id(out))
+    found = recorded.notes(PROJECTIONS).get(id(out))
     return found if found is not None and found[0] is out else None
 
 
@@ -158,7 +146,7 @@ def route(call: HelperCall, cache: Any, companions: tuple = ()) -> Routed:
 def _selection(call: HelperCall, companions: tuple, n: int) -> Any:
     """The top-k an indexer cache among ``companions`` recorded in this call, when the mask selects it."""
     for companion in companions:
-        held, idx = call.recorded.indexed.get(id(companion), (None, None))
+        held, idx = call.recorded.notes(INDEXED).get(id(companion), (None, None))
         if held is companion and idx is not None and selection_holds(call.mask, idx, n):
             return idx
     return None
@@ -183,10 +171,15 @@ def selection_holds(mask: Any, idx: Any, n: int) -> bool:
     return not outside.item() and every_row.item()
 
 
-def most_rows(cache: Any, call: HelperCall) -> int:
-    """The key rows of the MLA program of ``call``: the latent buffer's cut."""
+def plan(call: HelperCall, cache: Any, companions: tuple = ()) -> Decline | Plan:
+    """The plan of the MLA call ``call`` over the latent ``cache``: :func:`decline`'s reason, or the
+    ``mla_attention`` program over the latent buffer's cut (``dsa_attention`` when :func:`route` proves a top-k)."""
+    found = decline(call, cache)
+    if found is not None:
+        return found
     fetch = last_fetch(cache, call.recorded)
-    return 0 if fetch is None else buffer_rows(fetch.position, fetch.buffer[0].shape[2])
+    rows = buffer_rows(fetch.position, fetch.buffer[0].shape[2])
+    return Plan("mla_attention", rows, lambda: route(call, cache, companions))
 
 
 class LatentHolder(CacheAdapter):
@@ -200,20 +193,12 @@ class LatentHolder(CacheAdapter):
     def patches(self) -> list[Patch]:
         return super().patches() + patches()
 
-    def decline(self, call: HelperCall) -> Decline | None:
+    def plan(self, call: HelperCall) -> Decline | Plan:
         held = self.latent(call)
-        return super().decline(call) if held is None else decline(call, held[0])
-
-    def route(self, call: HelperCall) -> Routed:
-        held = self.latent(call)
-        return super().route(call) if held is None else route(call, *held)
-
-    def most_rows(self, call: HelperCall) -> int:
-        held = self.latent(call)
-        return super().most_rows(call) if held is None else most_rows(held[0], call)
-
-    def policy(self, call: HelperCall) -> str:
-        return super().policy(call) if self.latent(call) is None else "mla"
+        return super().plan(call) if held is None else plan(call, *held)
 
 
-__all__ = ["LatentHolder", "decline", "involved", "most_rows", "patches", "route", "selection_holds"]
+__all__ = [
+    "INDEXED", "PROJECTIONS", "LatentHolder", "decline", "involved", "note_projection", "note_selection", "patches",
+    "plan", "route", "selection_holds",
+]  # fmt: skip

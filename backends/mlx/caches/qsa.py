@@ -25,8 +25,9 @@ from typing import Any
 
 from attnpass.passes import Decline
 
-from ..routing import ACTIVE, Call, Patch, classes, fetch_decline, fetch_recorder, offset
-from .base import MLX_VLM, QWEN4_EXP, CacheAdapter, QSACall, Routed, register
+from ..calls import ACTIVE, Call, Patch, classes, fetch_decline, fetch_recorder, offset, recorder
+from ..clients import QSA_DISPATCH
+from .base import MLX_VLM, QWEN4_EXP, CacheAdapter, Plan, QSACall, Routed, register
 
 STEP = 256  # indexer buffer growth, as KVCache's
 
@@ -49,7 +50,7 @@ def model_keeps(call: QSACall) -> Decline | None:
 
 def selection_decline(call: QSACall, cache: Any, rows: int, recorded: Call) -> Decline | None:
     """None when the call's blocks and query ends are the indexer's last selection for ``cache`` over ``rows``."""
-    held, selection, ratio = recorded.selections.get(id(cache), (None, None, None))
+    held, selection, ratio = recorded.notes(SELECTIONS).get(id(cache), (None, None, None))
     if held is not cache or call.blocks is not selection.selected_blocks or call.query_ends is not selection.query_ends:
         message = "selected_blocks/query_ends are not the arrays this cache's indexer selection returned in this call"
         return Decline("not_selected", message)
@@ -65,18 +66,13 @@ def selection_decline(call: QSACall, cache: Any, rows: int, recorded: Call) -> D
     return None
 
 
-def record_selection(select: Callable[..., Any]) -> Callable[..., Any]:
-    """``select_from_projected`` that also records its selection, per cache, in the active optimized call."""
+SELECTIONS = "qsa selections"  # the notes of the indexer's selections, by cache: id -> (cache, selection, ratio)
 
-    def recording(indexer: Any, qk: Any, cache: Any, position_ids: Any) -> Any:
-        selection = select(indexer, qk, cache, position_ids)
-        call = ACTIVE.get()
-        if call is not None and cache is not None and selection is not None:
-            call.selections[id(cache)] = (cache, selection, indexer.compress_ratio)
-        return selection
 
-    recording.__wrapped__ = select  # type: ignore[attr-defined]
-    return recording
+def note_selection(call: Call, selection: Any, indexer: Any, qk: Any, cache: Any, position_ids: Any) -> None:
+    """What the indexer's ``select_from_projected`` returned, by cache, with its compress ratio."""
+    if cache is not None and selection is not None:
+        call.notes(SELECTIONS)[id(cache)] = (cache, selection, indexer.compress_ratio)
 
 
 @dataclass
@@ -155,13 +151,13 @@ def _rebuild(index_keys: Any, positions: Any) -> IndexBuffer:
 def selection_patch() -> Patch:
     """The recorder of the indexer's selections, which every QSA adapter's proof reads."""
     (indexer,) = classes(QWEN4_EXP, "Qwen4ExpQSAIndexer")
-    return (indexer, "select_from_projected", record_selection)
+    return (indexer, "select_from_projected", recorder(note_selection))
 
 
 @register
 class QSAKVCache(CacheAdapter):
     module, name = QWEN4_EXP, "QSAKVCache"
-    clients = frozenset({"qsa"})
+    clients = frozenset({QSA_DISPATCH.name})
     fetched_by = (MLX_VLM, "KVCache")  # the class whose update_and_fetch the cache inherits
 
     def patches(self) -> list[Patch]:
@@ -169,17 +165,22 @@ class QSAKVCache(CacheAdapter):
         recorder = (fetching, "update_and_fetch", fetch_recorder(offset))
         return [recorder, (own, "update_indexer", buffered_indexer), selection_patch()]
 
-    def decline(self, call: QSACall) -> Decline | None:
+    def plan(self, call: QSACall) -> Decline | Plan:
         cache = call.cache
-        return (
+        found = (
             model_keeps(call)
             or fetch_decline(call.keys, call.values, cache, call.recorded)
             or selection_decline(call, cache, cache.offset, call.recorded)
         )
+        return found or Plan("qsa_attention", cache.offset, lambda: self.routed(call))
 
-    def route(self, call: QSACall) -> Routed:
+    def routed(self, call: QSACall) -> Routed:
+        """The gather program over the cache's whole buffer and the model's own selection."""
         arrays = (call.queries, call.cache.keys, call.cache.values, call.blocks, call.query_ends)
         return Routed("qsa_attention", (*arrays, call.options["scale"], call.options["block_size"]), list(arrays))
 
 
-__all__ = ["IndexBuffer", "QSAKVCache", "buffered_indexer", "model_keeps", "record_selection", "selection_decline"]
+__all__ = [
+    "SELECTIONS", "IndexBuffer", "QSAKVCache", "buffered_indexer", "model_keeps", "note_selection",
+    "selection_decline",
+]  # fmt: skip

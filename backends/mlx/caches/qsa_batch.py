@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from attnpass.passes import Decline
 
-from ..routing import Patch, classes, fetch_decline, fetch_recorder
-from .base import MLX_VLM, QWEN4_EXP, CacheAdapter, QSACall, Routed, register
+from ..calls import Patch, classes, fetch_decline, fetch_recorder
+from ..clients import QSA_DISPATCH
+from .base import MLX_VLM, QWEN4_EXP, CacheAdapter, Plan, QSACall, Routed, register
 from .batch import written
 from .qsa import model_keeps, selection_decline, selection_patch
 
@@ -20,21 +21,23 @@ from .qsa import model_keeps, selection_decline, selection_patch
 @register
 class BatchQSAKVCache(CacheAdapter):
     module, name = QWEN4_EXP, "BatchQSAKVCache"
-    clients = frozenset({"qsa"})
+    clients = frozenset({QSA_DISPATCH.name})
 
     def patches(self) -> list[Patch]:
         (inner,) = classes(MLX_VLM, "BatchKVCache")
         return [(inner, "update_and_fetch", fetch_recorder(written)), selection_patch()]
 
-    def decline(self, call: QSACall) -> Decline | None:
+    def plan(self, call: QSACall) -> Decline | Plan:
         inner = call.cache.kv_cache
-        return (
+        found = (
             model_keeps(call)
             or fetch_decline(call.keys, call.values, inner, call.recorded, written)
             or selection_decline(call, call.cache, inner._idx, call.recorded)
         )
+        return found or Plan("qsa_attention", inner._idx, lambda: self.routed(call))
 
-    def route(self, call: QSACall) -> Routed:
+    def routed(self, call: QSACall) -> Routed:
+        """The gather program over the inner cache's buffer."""
         inner = call.cache.kv_cache
         arrays = (call.queries, inner.keys, inner.values, call.blocks, call.query_ends)
         return Routed("qsa_attention", (*arrays, call.options["scale"], call.options["block_size"]), list(arrays))

@@ -9,8 +9,10 @@ with one ``quantized_sdpa``: only the selected cells' packed rows are read, noth
 
 from __future__ import annotations
 
-from ..routing import words
-from .base import MLX_VLM, QWEN4_EXP, QSACall, Routed, register
+from attnpass.passes import Decline
+
+from ..buffers import words
+from .base import MLX_VLM, QWEN4_EXP, Plan, QSACall, Routed, register
 from .qsa import QSAKVCache
 
 
@@ -19,7 +21,11 @@ class QSAQuantizedKVCache(QSAKVCache):
     module, name = QWEN4_EXP, "QSAQuantizedKVCache"
     fetched_by = (MLX_VLM, "QuantizedKVCache")
 
-    def route(self, call: QSACall) -> Routed:
+    def plan(self, call: QSACall) -> Decline | Plan:
+        found = super().plan(call)
+        return found if isinstance(found, Decline) else Plan("qsa_quantized_attention", found.rows, found.build)
+
+    def routed(self, call: QSACall) -> Routed:
         cache = call.cache
         arrays = (call.queries, *[words(a) for a in (*cache.keys, *cache.values)], call.blocks, call.query_ends)
         statics = (call.options["scale"], call.options["block_size"], cache.group_size, cache.bits)

@@ -42,3 +42,13 @@ class Probe(nn.Module):
             mask = mask(key_rows(keys))
         object.__setattr__(self, "received", (keys, values, mask))  # not a parameter: outside nn.Module's dict
         return scaled_dot_product_attention(queries, keys, values, cache=cache, scale=SCALE, mask=mask, sinks=sinks)
+
+
+def spy_run(run: Callable[..., Any], substituted: list) -> Callable[..., Any]:
+    """``OptimizedModel._run`` that also keeps every routed call's program and arguments in ``substituted``."""
+
+    def spy(self: Any, routed: Any, *rest: Any) -> Any:
+        substituted.append(routed)
+        return run(self, routed, *rest)
+
+    return spy

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from attnpass.backends.mlx.bounds import MIN_KEYS, bound_decline, known_short, precision, too_short
 from attnpass.ir import DType, TensorSpec, ops, trace
-from attnpass.passes import REASONS
+from attnpass.backends.mlx.reasons import ROUTER_REASONS
 from attnpass.passes.analysis.devices import DEVICES
 
 FLOATS = (DType.float32, DType.bfloat16, DType.float16)
@@ -47,7 +47,7 @@ def test_a_bound_declines_exactly_the_calls_under_it_with_its_figures(row, rows)
         assert f"{rows} key rows, fewer than the {least}" in found.message
     else:
         assert found is None
-    assert found is None or found.reason in REASONS
+    assert found is None or found.reason in ROUTER_REASONS
 
 
 @pytest.mark.parametrize("dtype", [DType.float32, DType.bfloat16])

@@ -18,7 +18,8 @@ mx = lazy_import("mlx.core")
 
 
 def shipped_caches() -> set[tuple[str, str]]:
-    """(module, class) of every cache class mlx-lm's and mlx-vlm's model packages define: a ``_BaseCache``
+    """(module, class) of every cache class mlx-lm's and mlx-vlm's model packages (and mlx-vlm's TurboQuant
+    module) define: a ``_BaseCache``
     subclass, or a class with ``update_and_fetch`` or ``update_indexer`` of its own (mlx-vlm's batched QSA cache
     is no ``_BaseCache``)."""
     import mlx_lm.models
@@ -26,17 +27,18 @@ def shipped_caches() -> set[tuple[str, str]]:
 
     bases = tuple(importlib.import_module(f"{p}.models.cache")._BaseCache for p in ("mlx_lm", "mlx_vlm"))
     found = set()
-    for package in (mlx_lm.models, mlx_vlm.models):
-        for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
-            try:
-                module = importlib.import_module(info.name)
-            except (Exception, SystemExit):  # a model module whose optional dependency is missing (olmo exits)
-                continue
-            for name, cls in inspect.getmembers(module, inspect.isclass):
-                own = cls.__module__ == module.__name__ and not name.startswith("_")
-                cache = issubclass(cls, bases) or {"update_and_fetch", "update_indexer"} & set(vars(cls))
-                if own and cache and "Cache" in name:
-                    found.add((cls.__module__, cls.__qualname__))
+    packages = (mlx_lm.models, mlx_vlm.models)
+    names = [i.name for p in packages for i in pkgutil.walk_packages(p.__path__, p.__name__ + ".")]
+    for module_name in [*names, "mlx_vlm.turboquant"]:  # TurboQuant's caches live beside the models
+        try:
+            module = importlib.import_module(module_name)
+        except (Exception, SystemExit):  # a model module whose optional dependency is missing (olmo exits)
+            continue
+        for name, cls in inspect.getmembers(module, inspect.isclass):
+            own = cls.__module__ == module.__name__ and not name.startswith("_")
+            cache = issubclass(cls, bases) or {"update_and_fetch", "update_indexer"} & set(vars(cls))
+            if own and cache and "Cache" in name:
+                found.add((cls.__module__, cls.__qualname__))
     return found
 
 
@@ -51,7 +53,7 @@ def test_every_cache_class_mlx_lm_and_mlx_vlm_ship_has_an_adapter():
 
 def test_every_adapter_names_a_class_that_exists():
     from attnpass.backends.mlx.caches import ADAPTERS
-    from attnpass.backends.mlx.routing import classes
+    from attnpass.backends.mlx.calls import classes
 
     for module, name in ADAPTERS:
         if module != "builtins":

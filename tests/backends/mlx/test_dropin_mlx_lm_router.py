@@ -71,16 +71,10 @@ def test_a_cache_class_is_routed_with_the_helpers_own_arrays_or_declined_by_name
 
     from attnpass.backends.mlx import optimize
     from attnpass.backends.mlx import OptimizedModel
-    from tests.backends.mlx.lm_probe import SCALE, Probe
+    from tests.backends.mlx.lm_probe import SCALE, Probe, spy_run
 
     substituted = []
-    run = OptimizedModel._run
-
-    def spy(self, routed, original):
-        substituted.append(routed)
-        return run(self, routed, original)
-
-    monkeypatch.setattr(OptimizedModel, "_run", spy)
+    monkeypatch.setattr(OptimizedModel, "_run", spy_run(OptimizedModel._run, substituted))
     mx.random.seed(0)
     probe, kv = Probe(), CACHES[name](cache)
     with optimize(probe, PIPELINE, strict=True, min_keys=0) as opt:
@@ -286,7 +280,7 @@ def test_a_short_context_call_is_declined_on_cpu_below_min_keys_and_routed_from_
 
     from attnpass.backends.mlx import optimize
     from attnpass.backends.mlx.bounds import MIN_KEYS
-    from attnpass.backends.mlx.routing import buffer_rows
+    from attnpass.backends.mlx.buffers import buffer_rows
     from attnpass.ir import DType
     from tests.backends.mlx.lm_probe import SCALE, Probe
 
@@ -347,22 +341,22 @@ def test_a_call_under_its_kinds_known_bound_is_declined_before_its_arguments_are
     from mlx_lm.models.cache import KVCache
 
     from attnpass.backends.mlx import optimize
-    from attnpass.backends.mlx.caches.kv import KVCache as KVCacheAdapter
+    from attnpass.backends.mlx import buffers
     from attnpass.backends.mlx.bounds import MIN_KEYS
-    from attnpass.backends.mlx.routing import buffer_rows
+    from attnpass.backends.mlx.buffers import buffer_rows
     from attnpass.ir import DType
     from tests.backends.mlx.lm_probe import SCALE, Probe
 
     least = MIN_KEYS["float", DType.float32]
     assert MIN_KEYS["float", DType.bfloat16] <= least - 32 == buffer_rows(least - 39, 1 << 20)
     built: list[tuple[int, str]] = []  # (offset, dtype) of every call whose arguments were built
-    original = KVCacheAdapter.route
+    original = buffers.over_cut
 
-    def building(self, call):
+    def building(call, length, grows):
         built.append((call.cache.offset, str(call.queries.dtype).rsplit(".", 1)[-1]))
-        return original(self, call)
+        return original(call, length, grows)
 
-    monkeypatch.setattr(KVCacheAdapter, "route", building)
+    monkeypatch.setattr(buffers, "over_cut", building)
     probe = Probe()
 
     def cache(keys: int, dtype) -> KVCache:
@@ -528,6 +522,7 @@ def test_attend_outside_the_model_routes_only_inside_active():
     from mlx_lm.models.cache import KVCache
 
     from attnpass.backends.mlx import optimize
+    from attnpass.backends.mlx.clients import MLX_LM_HELPER
     from tests.backends.mlx.lm_probe import SCALE, Probe
 
     mx.random.seed(3)
@@ -537,10 +532,10 @@ def test_attend_outside_the_model_routes_only_inside_active():
         outside = KVCache()
         keys, values = outside.update_and_fetch(k, v)
         with opt.active():
-            opt.attend(q, keys, values, outside, SCALE, None, None)
+            opt.attend(MLX_LM_HELPER, q, keys, values, outside, SCALE, None)
             kv = KVCache()
             keys, values = kv.update_and_fetch(k, v)
-            out = opt.attend(q, keys, values, kv, SCALE, None, None)
+            out = opt.attend(MLX_LM_HELPER, q, keys, values, kv, SCALE, None)
     assert opt.routed == 1 and opt.declined == {"not_fetched": 1}
     expected = base.scaled_dot_product_attention(q, keys, values, cache=kv, scale=SCALE, mask=None)
     assert_bits_equal(np.array(out), np.array(expected))
@@ -550,7 +545,7 @@ def test_a_buffer_is_cut_to_a_few_rows_past_its_offset():
     """buffer_rows: at least the offset, at most a buffer that cannot grow; the padding under 32 rows or under a
     quarter of the offset; 4 distinct cuts per doubling of the offset past 128 (one signature each; the policy's
     own tests: tests/backends/mlx/test_trace_policy.py)."""
-    from attnpass.backends.mlx.routing import buffer_rows
+    from attnpass.backends.mlx.buffers import buffer_rows
 
     for offset in range(1, 70000, 7):
         length = -(-offset // 256) * 256 + 256 * (offset % 3)  # a 256-row buffer, sometimes grown further

@@ -77,6 +77,7 @@ def test_each_routed_call_with_sinks_is_mlx_lms_helper_bit_for_bit(full_sinks):
     from mlx_lm.models.base import scaled_dot_product_attention as helper
 
     from attnpass.backends.mlx import optimize
+    from attnpass.backends.mlx.clients import helper_call
 
     if mx.default_device() != mx.cpu:
         pytest.skip("bit-exactness is measured for CPU's default pipeline (MLX's CPU fallback of the fused call)")
@@ -86,16 +87,16 @@ def test_each_routed_call_with_sinks_is_mlx_lms_helper_bit_for_bit(full_sinks):
     with optimize(model, strict=True, min_keys=0) as opt:
         attend = opt.attend
 
-        def checked(queries, keys, values, cache, scale, mask, sinks):
+        def checked(client, *args, **kwargs):
             routed = opt.routed
-            out = attend(queries, keys, values, cache, scale, mask, sinks)
+            out = attend(client, *args, **kwargs)
             if opt.routed > routed:
-                want = helper(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
-                assert_bits_equal(np.array(out), np.array(want))
-                compared.append((queries.shape[2], keys.shape[2], sinks is not None))
+                assert_bits_equal(np.array(out), np.array(helper(*args, **kwargs)))
+                call = helper_call(None, None, *args, **kwargs)
+                compared.append((call.queries.shape[2], call.keys.shape[2], call.sinks is not None))
             return out
 
-        opt.attend = checked  # what the routed helper calls (clients.route: the active model's attend)
+        opt.attend = checked  # what the client's trampoline calls: the active model's attend
         tokens, logprobs = generate(model)
     assert len(compared) == opt.routed
     sunk = [rows for rows, _keys, sinks in compared if sinks]

@@ -356,7 +356,9 @@ def test_arrays_that_are_not_the_indexers_selection_are_declined(model):
     from mlx_vlm.models.qwen4_exp.qsa_kernel import dispatch_qsa_attention
 
     from attnpass.backends.mlx import optimize
-    from attnpass.backends.mlx.clients import route_qsa
+    from attnpass.backends.mlx.clients import QSA_DISPATCH
+
+    route_qsa = QSA_DISPATCH.trampoline()
 
     attention = model.model.layers[3].self_attn
     cache = language.QSAKVCache()
@@ -385,7 +387,9 @@ def test_two_optimized_models_share_the_patches_until_the_last_restores(model):
     from mlx_vlm.models.qwen4_exp import qsa_kernel
 
     from attnpass.backends.mlx import optimize
-    from attnpass.backends.mlx.clients import route_qsa
+    from attnpass.backends.mlx.clients import QSA_DISPATCH
+
+    route_qsa = QSA_DISPATCH.trampoline()
 
     other = language.LanguageModel(model.args, model.config)
     first, second = optimize(model), optimize(other)

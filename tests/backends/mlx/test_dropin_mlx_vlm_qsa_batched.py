@@ -81,13 +81,16 @@ def test_ragged_streams_decode_densely_in_the_model_and_only_their_prefills_are_
     assert tokens == plain
     np.testing.assert_allclose(logits, plain_logits, rtol=0, atol=1e-4)
     assert np.array(cache[3].left_padding).tolist() == [0, 7, 13]
-    # mlx-vlm's left-padded decode ("left_padded_decode") attends the streams densely: no QSA call to route
-    assert opt.routed == QSA_LAYERS * 3 and not opt.declined
+    # mlx-vlm's left-padded decode ("left_padded_decode") attends the streams densely: no QSA call to route, its
+    # calls of mlx-vlm's helper (a client too) are under CPU's bound at these depths
+    assert opt.routed == QSA_LAYERS * 3 and set(opt.declined) == {"short_context"}
 
 
 def test_each_stream_attends_its_own_selection_and_arrays_not_the_caches_are_declined_by_name(model):  # noqa: F811
     from attnpass.backends.mlx import optimize
-    from attnpass.backends.mlx.clients import route_qsa
+    from attnpass.backends.mlx.clients import QSA_DISPATCH
+
+    route_qsa = QSA_DISPATCH.trampoline()
 
     _, _, cache = _run(model, [40, 40, 40])
     batched = cache[3]

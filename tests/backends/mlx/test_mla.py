@@ -255,7 +255,9 @@ def direct_call(opt, mutate=None, mask="scores", sinks=None):
     from mlx_lm.models.cache import KVCache
     from mlx_lm.models.mla import MultiLinear
 
-    from attnpass.backends.mlx.clients import route
+    from attnpass.backends.mlx.clients import MLX_LM_HELPER
+
+    route = MLX_LM_HELPER.trampoline()
 
     mx.random.seed(3)
     embed_q, unembed_out = MultiLinear(8, 16, 2), MultiLinear(16, 8, 2)

@@ -1,4 +1,4 @@
-"""The trace policy (backends/mlx/routing.py: ``buffer_rows``, ``cuts_bound``, ``grow``): a decode call's buffer cut
+"""The trace policy (backends/mlx/buffers.py: ``buffer_rows``, ``cuts_bound``, ``grow``): a decode call's buffer cut
 covers its offset with bounded padding, the contexts up to ``T`` have ``cuts_bound(T)`` cuts (O(log T), under
 ``max_signatures`` up to 131072), a buffer shorter than its cut is grown to it with the routed call exact, and an
 optimized model generating tokens builds one signature per cut it reaches, none evicted, then no more."""
@@ -21,7 +21,7 @@ def test_every_offset_is_covered_with_bounded_padding_and_few_cuts():
     """For every offset up to 131072: the cut covers it, its padding is at most padding_bound (under 32 rows, or
     under a quarter of the offset), the cuts never shrink, and the number of distinct cuts over [1, T] is
     cuts_bound(T), at most 4 per doubling (44 at 131072, under optimize's 64 signatures)."""
-    from attnpass.backends.mlx.routing import CUTS_PER_OCTAVE, buffer_rows, cuts_bound, padding_bound
+    from attnpass.backends.mlx.buffers import CUTS_PER_OCTAVE, buffer_rows, cuts_bound, padding_bound
     from attnpass.backends.specialize import MAX_SIGNATURES
 
     seen, last = set(), 0
@@ -42,7 +42,7 @@ def test_every_offset_is_covered_with_bounded_padding_and_few_cuts():
 def test_a_cut_is_at_most_a_buffer_that_cannot_grow(offset, length):
     """Past the stated range too: a buffer that cannot grow (a ring's, a chunk's) caps the cut, else the cut is
     the offset's, with its padding under a quarter of the offset (or 32 rows)."""
-    from attnpass.backends.mlx.routing import buffer_rows
+    from attnpass.backends.mlx.buffers import buffer_rows
 
     cut = buffer_rows(offset)
     assert buffer_rows(offset, length) == min(length, cut)
@@ -74,7 +74,7 @@ def test_a_buffer_shorter_than_its_cut_is_grown_and_the_call_is_exact(kind):
     from mlx_lm.models import base
 
     from attnpass.backends.mlx import optimize
-    from attnpass.backends.mlx.routing import buffer_rows
+    from attnpass.backends.mlx.buffers import buffer_rows
     from tests.backends.mlx.shared_kv import SCALE, SharedKV
 
     mx.random.seed(0)
@@ -118,7 +118,7 @@ def test_a_generating_model_traces_once_per_cut_and_then_stops():
     is ever evicted (the traces are the signatures held), and past the last cut reached (641 keys) the traces stop
     growing."""
     from attnpass.backends.mlx import optimize
-    from attnpass.backends.mlx.routing import buffer_rows, cuts_bound
+    from attnpass.backends.mlx.buffers import buffer_rows, cuts_bound
     from attnpass.models import tiny_lm
 
     prompt, count = 8, 600

@@ -1,5 +1,6 @@
-"""Remarks as data: every reason code the passes (and the mlx router) give is in the one table (:data:`attnpass.passes.REASONS`),
-every code in the table is given somewhere, and a remark's fields reach its text and the JSON the CLI writes."""
+"""Remarks as data: every reason code the passes give is in their table (:data:`attnpass.passes.REASONS`), every
+code the mlx router gives in its own or the passes' (``ROUTER_REASONS``, backends/mlx/reasons.py), every code of
+each table is given somewhere, and a remark's fields reach its text and the JSON the CLI writes."""
 
 from __future__ import annotations
 
@@ -16,16 +17,27 @@ from attnpass.ir import SourceLoc, TensorSpec, ops, trace
 from attnpass.passes import REASONS, PassManager, Remark, Remarks
 
 PASSES_DIR = Path(attnpass.passes.__file__).parent
-# the router's declines (backends/mlx) take their codes from the same table; read as source, without mlx
+# the router's declines (backends/mlx) take their codes from its table or the passes'; read as source, without mlx
 ROUTER_DIR = Path(importlib.util.find_spec("attnpass.backends").submodule_search_locations[0]) / "mlx"
+
+
+def _router_reasons() -> dict[str, str]:
+    """backends/mlx/reasons.py's table, loaded from its file (importing the package would import MLX)."""
+    spec = importlib.util.spec_from_file_location("attnpass_router_reasons", ROUTER_DIR / "reasons.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.ROUTER_REASONS
+
+
+ROUTER_REASONS = _router_reasons()
 DECLINES = ("Decline", "_kept")  # the record of a failed precondition, and the helpers that wrap it
 SINKS = ("applied", "declined", "analysis")  # the Remarks methods
 
 
-def _modules() -> dict[str, ast.Module]:
+def _modules(*roots: Path) -> dict[str, ast.Module]:
     return {
         str(p.relative_to(root.parent)): ast.parse(p.read_text())
-        for root in (PASSES_DIR, ROUTER_DIR)
+        for root in roots or (PASSES_DIR, ROUTER_DIR)
         for p in sorted(root.rglob("*.py"))
     }
 
@@ -43,13 +55,15 @@ def _code_of(call: ast.Call) -> ast.expr | None:
 
 
 def _is_table(node: ast.AST) -> bool:
-    return isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == "REASONS"
+    names = ("REASONS", "ROUTER_REASONS")
+    return isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id in names
 
 
 def test_every_code_a_pass_gives_is_in_the_table():
     """A Decline's reason and a remark's ``reason=`` are literal codes of the table, or a decline's code passed on."""
     bad, seen = [], 0
     for path, module in _modules().items():
+        table = REASONS if path.startswith(PASSES_DIR.name) else REASONS | ROUTER_REASONS
         for call in (n for n in ast.walk(module) if isinstance(n, ast.Call)):
             name = _name(call)
             if name not in DECLINES + SINKS or (name in SINKS and not isinstance(call.func, ast.Attribute)):
@@ -65,25 +79,32 @@ def test_every_code_a_pass_gives_is_in_the_table():
             seen += 1
             if isinstance(code, ast.Attribute) and code.attr == "reason":
                 continue  # a nested decline's code, passed on unchanged
-            if not (isinstance(code, ast.Constant) and code.value in REASONS):
-                bad.append(f"{where}: {ast.unparse(code)} is not a code of REASONS")
+            if not (isinstance(code, ast.Constant) and code.value in table):
+                bad.append(f"{where}: {ast.unparse(code)} is not a code of REASONS (or, in the router, ROUTER_REASONS)")
     assert not bad, "\n".join(bad)
     assert seen > 100  # the scan found the passes' declines
 
 
-def test_every_code_in_the_table_is_given_somewhere():
+def _literals(modules: dict[str, ast.Module]) -> set[str]:
+    """Every string constant of ``modules`` outside the reason tables themselves."""
     literals: set[str] = set()
-    for module in _modules().values():
+    for module in modules.values():
         skip = {id(n) for stmt in module.body if _is_table(stmt) for n in ast.walk(stmt)}
         literals |= {
             n.value for n in ast.walk(module) if isinstance(n, ast.Constant) and isinstance(n.value, str)
             if id(n) not in skip
         }  # fmt: skip
-    assert sorted(set(REASONS) - literals) == []
+    return literals
+
+
+def test_every_code_in_the_tables_is_given_somewhere():
+    assert sorted(set(REASONS) - _literals(_modules())) == []
+    assert sorted(set(ROUTER_REASONS) - _literals(_modules(ROUTER_DIR))) == []
+    assert not set(REASONS) & set(ROUTER_REASONS)  # one table per code
 
 
 def test_codes_are_snake_case_and_a_remark_refuses_prose_as_its_code():
-    assert all(code.replace("_", "").isalpha() and code.islower() for code in REASONS)
+    assert all(code.replace("_", "").isalpha() and code.islower() for code in REASONS | ROUTER_REASONS)
     with pytest.raises(ValueError, match="reason must be a snake_case code, got 'too hot'"):
         Remark("p", "declined", "x", "too hot", "the message")
     with pytest.raises(TypeError):

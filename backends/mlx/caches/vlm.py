@@ -1,0 +1,43 @@
+"""mlx-vlm's own caches (``mlx_vlm.models.cache``) under mlx-vlm's attention helper: mlx-lm's adapters, re-keyed.
+
+mlx-vlm's ``KVCache``, ``RotatingKVCache``, ``ChunkedKVCache`` and ``BatchKVCache`` write and fetch as mlx-lm's
+classes of the same names do (the same buffer steps, offsets, rings and masks; their fetch returns the buffer's
+first valid rows as a slice where mlx-lm's returns the buffer itself when it is full, which the proofs read alike),
+so each is routed by the mlx-lm adapter of its name, with the same proofs and programs. mlx-vlm's quantized
+caches are declined (:mod:`.declined`): its quantized helper aligns the mask to the scores otherwise than
+mlx-lm's, whose computation the quantized program is.
+"""
+
+from __future__ import annotations
+
+from .base import MLX_VLM, register
+from .batch import BatchKVCache
+from .chunked import ChunkedKVCache
+from .kv import Buffered
+from .rotating import RotatingKVCache
+
+
+@register
+class VLMKVCache(Buffered):
+    """mlx-vlm's plain cache (its MLA families' latents are never a fetch the helper receives: declined there)."""
+
+    module, name = MLX_VLM, "KVCache"
+    grows = True
+
+
+@register
+class VLMRotatingKVCache(RotatingKVCache):
+    module = MLX_VLM
+
+
+@register
+class VLMChunkedKVCache(ChunkedKVCache):
+    module = MLX_VLM
+
+
+@register
+class VLMBatchKVCache(BatchKVCache):
+    module = MLX_VLM
+
+
+__all__ = ["VLMBatchKVCache", "VLMChunkedKVCache", "VLMKVCache", "VLMRotatingKVCache"]
