@@ -202,22 +202,28 @@ HELPER_REASON = "no Model and ModelArgs (a helper module)"
 
 
 def tiny_args(family: str, module: Any) -> dict[str, Any]:
-    """``ModelArgs`` keywords for a tiny ``family``: sizes from :data:`TINY` on every field that has one,
-    :data:`FILL` for the remaining required fields, :data:`OVERRIDES` last; ``text_config`` (a wrapper's inner
-    model) gets the same, as a dict its inner ``ModelArgs.from_dict`` filters."""
+    """``ModelArgs`` keywords for a tiny ``family``: :func:`tiny_fields` with its :data:`OVERRIDES`."""
+    args = tiny_fields(family, module.ModelArgs, OVERRIDES.get(family, {}))
+    args.pop("model_type", None)
+    return args
+
+
+def tiny_fields(family: str, config: type, overrides: dict[str, Any]) -> dict[str, Any]:
+    """Keywords of the dataclass ``config`` for a tiny ``family``: sizes from :data:`TINY` on every field that has
+    one, :data:`FILL` for the remaining required fields, ``overrides`` last (the fields it has); ``text_config`` (a
+    wrapper's inner model) gets the same, as a dict its inner ``ModelArgs.from_dict`` filters."""
     args: dict[str, Any] = {}
-    for field in dataclasses.fields(module.ModelArgs):
+    for field in dataclasses.fields(config):
         required = field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING
         if field.name in TINY:
             args[field.name] = TINY[field.name]
         elif field.name == "text_config":
             inner = {k: v for k, v in FILL.items() if k not in CHOICES}
-            args[field.name] = {**inner, **TINY, "model_type": family, **OVERRIDES.get(family, {})}
+            args[field.name] = {**inner, **TINY, "model_type": family, **overrides}
         elif required and field.name in FILL:
             args[field.name] = FILL[field.name]
-    names = {field.name for field in dataclasses.fields(module.ModelArgs)}
-    args.update({k: v for k, v in OVERRIDES.get(family, {}).items() if k in names})
-    args.pop("model_type", None)
+    names = {field.name for field in dataclasses.fields(config)}
+    args.update({k: v for k, v in overrides.items() if k in names})
     return args
 
 
@@ -241,6 +247,46 @@ def families() -> tuple[list[str], dict[str, str]]:
         else:
             skipped[info.name] = HELPER_REASON
     return found, skipped
+
+
+@dataclasses.dataclass(frozen=True)
+class Library:
+    """What a sweep runs over (mlx-lm's, or another library's language models through this machinery): its
+    families and their tiny models, the script run once per family, and how its page names them."""
+
+    package: str  # the Python package: its model code's frames are the library's, its version on the page
+    name: str  # as the page names it
+    script: str  # run as ``script --child FAMILY``, one process per family
+    target: str  # the make target that regenerates the page
+    families: Callable[[], tuple[list[str], dict[str, str]]]  # (families, skipped modules with why)
+    configure: Any  # zoo.Configure: (family, module) -> the tiny configuration's keywords
+    configurations: str  # the page's sentence on how configurations are made
+    unlisted: str  # what the page's list of modules without a row lists
+    build: Any = zoo.mlx_model  # zoo.Build: (family, dtype, configure) -> the model, cached (__wrapped__: fresh)
+
+    def model(self, family: str, dtype: str = "f32") -> Any:
+        """The tiny ``family`` in ``dtype`` (the same object on each call)."""
+        return self.build(family, dtype, self.configure)
+
+    def fresh(self, family: str) -> Any:
+        """A second float32 instance of ``family``: the same weights (the same seed), not the cached object."""
+        return self.build.__wrapped__(family, "f32", self.configure)
+
+    def case(self, family: str, step: str, dtype: str, layers: int = zoo.LAYERS) -> Any:
+        """The zoo's case of ``family`` (``zoo.mlx_case``) on this library's model."""
+        return zoo.mlx_case(family, step, dtype, self.configure, layers, self.build)
+
+
+MLX_LM = Library(
+    package="mlx_lm", name="mlx-lm", script=str(Path(__file__).resolve()), target="zoo", families=families,
+    configure=tiny_args,
+    configurations="Configurations are generated from each `ModelArgs` by field name (`TINY`, `FILL` in the sweep); "
+    f"`OVERRIDES` sets fields by hand for {len(set(OVERRIDES) - set(zoo.FAMILIES))} families beyond the model "
+    f"zoo's {len(zoo.FAMILIES)}, each with its reason in a comment.",
+    unlisted="Modules of `mlx_lm.models` without a row:",
+)  # fmt: skip
+LIBRARIES = ("mlx_lm", "mlx_vlm")  # model code: a frame in it is the library's (the model's), not attnpass's
+EXAMPLES = Path(__file__).resolve().parent  # the sweeps' and the zoo's own code
 
 
 def _short(exc: BaseException, limit: int = 160) -> str:
@@ -292,19 +338,19 @@ def candidates(graph: Graph) -> int:
     return sum(n.op == "sdpa" or (n.op == "matmul" and match_attention(raised, n) is not None) for n in raised.nodes())
 
 
-def attention_layers(family: str) -> int | None:
+def attention_layers(family: str, library: Library = MLX_LM) -> int | None:
     """Softmax-attention layers of the tiny ``family``: :func:`candidates` of its float32 prefill as ``from_mlx``
     imports it; None when that import declines (the prefill case then declines with the reason). At least the
     module's fused attention calls in that prefill, or ``RuntimeError`` (the structural count missed a layer)."""
     import mlx.core as mx
 
-    forward, args, _reference = zoo.mlx_case(family, "prefill", "f32", tiny_args).make()
+    forward, args, _reference = library.case(family, "prefill", "f32").make()
     try:
         imported = from_mlx(forward, *args)
     except ModelImportError:
         return None
     count = candidates(imported.graph)
-    model = zoo.mlx_model(family, "f32", tiny_args)
+    model = library.model(family)
     with counting_fused() as fused, zoo.bf16_gather_mm():
         mx.eval(model(mx.array(zoo.TOKENS[None, : zoo.PREFILL])))
     if count < fused[0]:
@@ -318,10 +364,10 @@ def attention_layers(family: str) -> int | None:
 # ----------------------------------------------------------------------------- one family (in its own process)
 
 
-def run_case(family: str, step: str, dtype: str, layers: int | None) -> dict[str, Any]:
+def run_case(family: str, step: str, dtype: str, layers: int | None, library: Library = MLX_LM) -> dict[str, Any]:
     """One zoo case: ``{"case", "status", "raised", "reason"}``; ``layers`` None: not counted (the float32 prefill's
     import declined)."""
-    case = zoo.mlx_case(family, step, dtype, tiny_args, 0 if layers is None else layers)
+    case = library.case(family, step, dtype, 0 if layers is None else layers)
     try:
         with time_box(CASE_TIMEOUT):
             row = zoo.run_case(case)
@@ -354,11 +400,12 @@ def _library(path: Path) -> bool:
 
 
 def _failure(exc: BaseException) -> str:
-    """``exc`` short, with the innermost attnpass or mlx-lm frame; ``module:`` first when no attnpass frame is on
-    the stack (the model itself raised, outside the import: an mlx-lm bug or a configuration it rejects)."""
+    """``exc`` short, with the innermost attnpass or model-library (:data:`LIBRARIES`) frame; ``module:`` first when
+    no attnpass frame is on the stack (the model itself raised, outside the import: a bug of its library or a
+    configuration it rejects)."""
     frames = traceback.extract_tb(exc.__traceback__)
     ours = [f for f in frames if _library(Path(f.filename))]
-    where = [f for f in frames if f in ours or "mlx_lm" in f.filename]
+    where = [f for f in frames if f in ours or any(name in f.filename for name in LIBRARIES)]
     at = f" (at {Path(where[-1].filename).name}:{where[-1].lineno})" if where else ""
     return f"{'' if ours else 'module: '}{_short(exc)}{at}"
 
@@ -422,7 +469,10 @@ def _part(status: str, reason: str) -> Part:
 
 
 def drop_in(
-    family: str, generate: Callable[[Any], list[int]], refusal: Callable[[Any, list[int]], str] | None = None
+    family: str,
+    generate: Callable[[Any], list[int]],
+    refusal: Callable[[Any, list[int]], str] | None = None,
+    library: Library = MLX_LM,
 ) -> Part:
     """``generate(model)``'s tokens under ``optimize(model, min_keys=0)`` (a fresh handle: its own routed/declined
     calls) against the plain model's greedy tokens (float32). ``min_keys=0`` routes the tiny contexts too (by
@@ -431,7 +481,7 @@ def drop_in(
     is no check: ``n/a``."""
     from attnpass.backends.mlx import optimize
 
-    model = zoo.mlx_model(family, "f32", tiny_args)
+    model = library.model(family)
     try:
         with time_box(CASE_TIMEOUT):
             try:
@@ -458,27 +508,32 @@ def drop_in(
     return {**result, "status": "handled"}
 
 
-def run_optimize(family: str) -> Part:
+def run_optimize(family: str, library: Library = MLX_LM) -> Part:
     """The drop-in: ``optimize``'s greedy tokens (``generate_step``) against the plain model's (:func:`drop_in`)."""
-    return drop_in(family, greedy)
+    return drop_in(family, greedy, library=library)
 
 
-def run_speculative(family: str) -> Part:
+def run_speculative(family: str, library: Library = MLX_LM) -> Part:
     """Speculative decoding under ``optimize`` (:func:`speculative`), its draft a second plain instance of the
     same weights (built again with the same seed), against the plain model's greedy tokens; its verify steps are
     multi-row calls on a warm cache. ``n/a`` where mlx-lm's own is no check (:func:`unspeculative`)."""
-    draft = functools.cache(functools.partial(zoo.mlx_model.__wrapped__, family, "f32", tiny_args))  # not cached one
+    draft = functools.cache(functools.partial(library.fresh, family))  # built once, when first needed
     return drop_in(
-        family, lambda model: speculative(model, draft()), lambda model, plain: unspeculative(model, draft(), plain)
+        family,
+        lambda model: speculative(model, draft()),
+        lambda model, plain: unspeculative(model, draft(), plain),
+        library,
     )
 
 
-def run_family(family: str, emit: Callable[[dict[str, Any]], None] = lambda record: None) -> dict[str, Any]:
+def run_family(
+    family: str, emit: Callable[[dict[str, Any]], None] = lambda record: None, library: Library = MLX_LM
+) -> dict[str, Any]:
     """Every case of ``family`` and its drop-in checks, each record also given to ``emit`` as it completes."""
     record: dict[str, Any] = dict(family=family, cases=[], optimize=None, speculative=None, layers=None, config="")
     try:
         with time_box(CASE_TIMEOUT):
-            record["layers"] = attention_layers(family)
+            record["layers"] = attention_layers(family, library)
     except Exception as exc:  # noqa: BLE001
         record["config"] = _failure(exc).removeprefix("module: ")
         emit(dict(config=record["config"]))
@@ -486,26 +541,27 @@ def run_family(family: str, emit: Callable[[dict[str, Any]], None] = lambda reco
     emit(dict(layers=record["layers"], counted=True))
     for step in zoo.STEPS:
         for dtype in zoo.DTYPES:
-            case = run_case(family, step, dtype, record["layers"])
+            case = run_case(family, step, dtype, record["layers"], library)
             record["cases"].append(case)
             emit(dict(case=case))
-    record["optimize"] = run_optimize(family)
+    record["optimize"] = run_optimize(family, library)
     emit(dict(optimize=record["optimize"]))
-    record["speculative"] = run_speculative(family)
+    record["speculative"] = run_speculative(family, library)
     emit(dict(speculative=record["speculative"]))
     return record
 
 
-def _child(family: str) -> int:
+def _child(family: str, library: Library) -> int:
     """Runs one family, one JSON line per record on stdout (the parent assembles them)."""
-    run_family(family, lambda record: print(json.dumps(record), flush=True))
+    run_family(family, lambda record: print(json.dumps(record), flush=True), library)
     return 0
 
 
-def family_in_process(family: str) -> dict[str, Any]:
-    """``run_family`` in a fresh process, killed after every case's time box is spent: a hang is a timeout."""
+def family_in_process(family: str, library: Library = MLX_LM) -> dict[str, Any]:
+    """``run_family`` in a fresh process (``library.script --child``), killed after every case's time box is
+    spent: a hang is a timeout."""
     budget = CASE_TIMEOUT * (len(zoo.STEPS) * len(zoo.DTYPES) + 1 + len(DROP_INS)) + 30
-    command = [sys.executable, "-X", "faulthandler", __file__, "--child", family]  # a crash prints its Python stack
+    command = [sys.executable, "-X", "faulthandler", library.script, "--child", family]  # a crash prints its stack
     record: dict[str, Any] = dict(family=family, cases=[], optimize=None, speculative=None, layers=None, config="")
     start = time.monotonic()
     try:
@@ -529,11 +585,12 @@ def family_in_process(family: str) -> dict[str, Any]:
 
 
 def _ending(returncode: int, stderr: str) -> str:
-    """How a family's process ended early: the signal that killed it and the sweep's or mlx-lm's innermost Python
-    frame then running (faulthandler's dump), else its last line of stderr."""
+    """How a family's process ended early: the signal that killed it and the innermost Python frame then running
+    of the sweeps (:data:`EXAMPLES`) or the model code (:data:`LIBRARIES`; faulthandler's dump), else its last line
+    of stderr."""
     if returncode < 0:
         frames = re.findall(r'File "([^"]+)", line (\d+) in (\S+)', stderr.split("most recent call first", 1)[-1])
-        ours = [f for f in frames if "mlx_lm" in f[0] or f[0] == __file__]
+        ours = [f for f in frames if any(name in f[0] for name in LIBRARIES) or Path(f[0]).parent == EXAMPLES]
         at = f" in {ours[0][2]} ({Path(ours[0][0]).name}:{ours[0][1]})" if ours else ""
         return f"killed by {signal.Signals(-returncode).name}{at}"
     return (stderr.strip().splitlines() or [f"exit status {returncode}, no output"])[-1][:160]
@@ -596,22 +653,29 @@ def _escape(text: str) -> str:
 
 
 def table(
-    records: list[dict[str, Any]], skipped: dict[str, str], command: str, seconds: float | None, note: str = ""
+    records: list[dict[str, Any]],
+    skipped: dict[str, str],
+    command: str,
+    seconds: float | None,
+    note: str = "",
+    library: Library = MLX_LM,
 ) -> str:
     """The docs page: counts, one row per family, the skipped modules."""
     import mlx.core as mx
-    import mlx_lm
+
+    version = importlib.import_module(library.package).__version__
+    script = Path(library.script).relative_to(EXAMPLES.parent)
 
     verdicts = [verdict(r) for r in records]
     counts = {s: sum(v[0] == s for v in verdicts) for s in STATUSES}
     head = ["family", "status", *[f"{s} {d}" for s in zoo.STEPS for d in zoo.DTYPES], "raised", *DROP_INS, "reason"]
     lines = [
-        "# mlx-lm families",
+        f"# {library.name} families",
         "",
         f"Generated by `{command}` on {datetime.date.today().isoformat()}"
-        f"{'' if seconds is None else f' ({seconds / 60:.0f} min)'} with mlx-lm "
-        f"{mlx_lm.__version__} and MLX {mx.__version__}; the sweep is `examples/mlx_lm_sweep.py`, described in "
-        f"its docstring. Do not edit by hand: `make zoo` regenerates it.{' ' + note if note else ''}",
+        f"{'' if seconds is None else f' ({seconds / 60:.0f} min)'} with {library.name} "
+        f"{version} and MLX {mx.__version__}; the sweep is `{script}`, described in "
+        f"its docstring. Do not edit by hand: `make {library.target}` regenerates it.{' ' + note if note else ''}",
         "",
         f"**{len(records)} families: {counts['handled']} handled, {counts['declined']} declined by name, "
         f"{counts['failed']} failed.**",
@@ -629,12 +693,10 @@ def table(
         f"{DRAFT_TOKENS + 1}-row verify steps on the warm cache: what MLA/DSA routes); `n/a` where mlx-lm "
         "refuses speculative decoding (a cache it cannot trim) or its own tokens differ from greedy decoding's "
         "(plain, no attnpass), with the reason. `reason`: the first failed part, "
-        "else the first declined one; `module:` when the model itself raised outside attnpass (an mlx-lm bug or a "
-        "configuration it rejects), `config:` when the tiny configuration did not build or run.",
+        f"else the first declined one; `module:` when the model itself raised outside attnpass (an {library.name} bug "
+        "or a configuration it rejects), `config:` when the tiny configuration did not build or run.",
         "",
-        "Configurations are generated from each `ModelArgs` by field name (`TINY`, `FILL` in the sweep); "
-        f"`OVERRIDES` sets fields by hand for {len(set(OVERRIDES) - set(zoo.FAMILIES))} families beyond the model "
-        f"zoo's {len(zoo.FAMILIES)}, each with its reason in a comment.",
+        library.configurations,
         "",
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),
@@ -645,7 +707,7 @@ def table(
         drop_ins = [_drop_in_cell(record, name) for name in DROP_INS]
         row = [f"`{record['family']}`", status, *cells, _raised(record), *drop_ins, _escape(reason)]
         lines.append("| " + " | ".join(row) + " |")
-    lines += ["", "Modules of `mlx_lm.models` without a row:", ""]
+    lines += ["", library.unlisted, ""]
     lines += [f"- `{name}`: {reason}" for name, reason in sorted(skipped.items())]
     return "\n".join(lines) + "\n"
 
@@ -660,8 +722,9 @@ def committed(path: Path) -> dict[str, str]:
     return statuses
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None, library: Library = MLX_LM) -> int:
+    about = f"Every model family of the installed {library.name}, imported, raised, lowered and checked, one row each."
+    parser = argparse.ArgumentParser(description=about)
     parser.add_argument("only", nargs="*", help="these families only (default: every family)")
     parser.add_argument("--write", type=Path, help="write the table to this markdown file")
     parser.add_argument("--jobs", type=int, default=1, help="families run at once (default 1)")
@@ -674,16 +737,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--child", help=argparse.SUPPRESS)
     options = parser.parse_args(argv)
     if options.child:
-        return _child(options.child)
-    found, skipped = families()
+        return _child(options.child, library)
+    found, skipped = library.families()
     unknown = sorted(set(options.only) - set(found))
     if unknown:
-        parser.error(f"not a family of the installed mlx-lm: {', '.join(unknown)}")
+        parser.error(f"not a family of the installed {library.name}: {', '.join(unknown)}")
     selected = [f for f in found if not options.only or f in options.only]
     kept = _read_records(options.records) if options.records else {}
     start = time.monotonic()
     with concurrent.futures.ThreadPoolExecutor(options.jobs) as pool:  # each family is its own process
-        for record in pool.map(family_in_process, [f for f in selected if options.only or f not in kept]):
+        todo = [f for f in selected if options.only or f not in kept]
+        for record in pool.map(functools.partial(family_in_process, library=library), todo):
             kept[record["family"]] = record
             if options.records:
                 with options.records.open("a") as out:
@@ -694,9 +758,9 @@ def main(argv: list[str] | None = None) -> int:
         records = [kept[f] for f in (found if options.records else selected) if f in kept]
         given = sys.argv[1:] if argv is None else argv
         shown = [a for i, a in enumerate(given) if a != "--note" and (i == 0 or given[i - 1] != "--note")]
-        command = " ".join(["python examples/mlx_lm_sweep.py", *shown])
+        command = " ".join([f"python {Path(library.script).relative_to(EXAMPLES.parent)}", *shown])
         seconds = None if options.records else time.monotonic() - start  # a run assembled from records: no one time
-        options.write.write_text(table(records, skipped, command, seconds, options.note))
+        options.write.write_text(table(records, skipped, command, seconds, options.note, library))
     return 0
 
 

@@ -139,6 +139,7 @@ def tolerance(dtype: str, expected: np.ndarray, *, elsewhere: bool = False) -> f
 
 
 Configure = Callable[[str, Any], dict[str, Any]]
+Build = Callable[[str, str, Configure], Any]  # (family, dtype, configure) -> the tiny model, cached: mlx_model
 
 
 def zoo_args(family: str, module: Any) -> dict[str, Any]:
@@ -183,15 +184,17 @@ def bf16_gather_mm() -> Iterator[None]:
         mx.gather_mm = native
 
 
-def prefilled(family: str, step: str, dtype: str, configure: Configure = zoo_args) -> list | None:
+def prefilled(
+    family: str, step: str, dtype: str, configure: Configure = zoo_args, build: Build = mlx_model
+) -> list | None:
     """The cache after the prompt, of the model's own kind (its ``make_cache()``, else mlx-lm's default);
-    None for a prefill."""
+    None for a prefill. ``build``: where the model comes from (another library's models, as mlx-lm's)."""
     import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache
 
     if step == "prefill":
         return None
-    model = mlx_model(family, dtype, configure)
+    model = build(family, dtype, configure)
     cache = make_prompt_cache(model)
     with bf16_gather_mm():
         model(mx.array(TOKENS[None, :PROMPT]), cache=cache)
@@ -199,22 +202,26 @@ def prefilled(family: str, step: str, dtype: str, configure: Configure = zoo_arg
     return cache
 
 
-def mlx_case(family: str, step: str, dtype: str, configure: Configure = zoo_args, layers: int = LAYERS) -> Case:
-    """One step of an mlx-lm family; ``layers``: its attention layers."""
+def mlx_case(
+    family: str, step: str, dtype: str, configure: Configure = zoo_args, layers: int = LAYERS, build: Build = mlx_model
+) -> Case:
+    """One step of an mlx-lm family; ``layers``: its attention layers; ``build``: as for :func:`prefilled`."""
 
     def make() -> tuple[Callable, tuple, Callable[[], np.ndarray]]:
         import mlx.core as mx
 
-        model = mlx_model(family, dtype, configure)
+        model = build(family, dtype, configure)
         tokens = mx.array(TOKENS[None, PROMPT : PROMPT + STEPS[step]])
-        cache = prefilled(family, step, dtype, configure)  # a step updates its cache: import and reference get one each
+        cache = prefilled(family, step, dtype, configure, build)  # a step updates it: import and reference get one each
 
         def forward(tokens: Any) -> Any:
             return model(tokens, cache=cache)
 
         def reference() -> np.ndarray:
             with bf16_gather_mm():
-                return np.array(model(tokens, cache=prefilled(family, step, dtype, configure)).astype(mx.float32))
+                return np.array(
+                    model(tokens, cache=prefilled(family, step, dtype, configure, build)).astype(mx.float32)
+                )
 
         return forward, (tokens,), reference
 
