@@ -295,6 +295,8 @@ def run(library: str, command: str, argv: Sequence[str], options: Options, *, er
 
         parse_pipeline(options.pipeline)  # a mistake in it is one line now, not an error inside mlx-lm's load
     _check_reads(label, entry, argv)
+    if entry.server is not None:
+        _preflight(label, argv)
     session = Session(label, options)
     main = _resolve(entry.main)
     patches = [(owner, name, session.wrap(getattr(owner, name))) for owner, name in map(_owner, entry.loaders)]
@@ -448,6 +450,27 @@ def _server_patches(label: str, hooks: ServerHooks) -> list[tuple[Any, str, Any]
             raise
 
     return [(run_owner, run_name, running), (serve_owner, serve_name, serving), (load_owner, load_name, loading)]
+
+
+def _preflight(label: str, argv: Sequence[str]) -> None:
+    """A server's address and local model folder checked before the library is imported (mlx-lm imports
+    transformers and torch: seconds): the same one-line errors :func:`_check_address` and the first load give,
+    within a second. The server's own defaults (127.0.0.1:8080) when a flag is absent; a value the server's own
+    parser would refuse is left to it."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", default="8080")
+    parser.add_argument("--model", default=None)
+    known, _ = parser.parse_known_args(list(argv))
+    try:
+        port = int(known.port)
+    except ValueError:
+        return
+    _check_address(label, known.host, port)
+    if known.model is not None:
+        path = Path(known.model)
+        if path.is_dir() and not (path / "config.json").is_file():
+            raise _load_error(label, known.model, FileNotFoundError(f"{path / 'config.json'}"))
 
 
 def _check_address(label: str, host: str, port: int) -> None:
