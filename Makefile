@@ -18,7 +18,7 @@ VENV_CORE := .venv-core
 PY_CORE := $(VENV_CORE)/bin/python
 STAMP_CORE := $(VENV_CORE)/.installed
 
-.PHONY: test test-core demo versions versions-core fuzz zoo zoo-dtypes bench clean
+.PHONY: test test-core demo versions versions-core fuzz zoo zoo-dtypes bench clean peer-mlx-lm
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -77,6 +77,12 @@ zoo: $(STAMP)
 # half an hour on 2 shared cores).
 zoo-dtypes: $(STAMP)
 	$(PY) examples/mlx_lm_dtypes.py --jobs $(JOBS) --write docs/mlx_lm_dtypes.md
+
+# mlx-lm's own tests (the installed version's, from its sdist, fetched into .peer/ once), run plain and with every
+# model they build optimized (then with check=True too), compared test by test: regenerates docs/peer_suites.md and
+# fails if an outcome changed (`make peer-mlx-lm`; about five minutes on 2 cores).
+peer-mlx-lm: $(STAMP)
+	$(PY) examples/peer_suite.py --write docs/peer_suites.md
 
 clean:
 	rm -rf $(VENV) $(VENV_CORE) build *.egg-info .pytest_cache .hypothesis
