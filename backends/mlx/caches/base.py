@@ -7,7 +7,7 @@ and valid rows are read, the proof that what a client function received is the c
 own notes in the call record), and the program of a call. The router asks it one question,
 :meth:`CacheAdapter.plan`: a :class:`~attnpass.passes.Decline` (a reason code of :data:`~..reasons.ROUTER_REASONS`)
 or a :class:`Plan`. The router core holds no per-class knowledge: a new cache class is one new adapter, and the
-coverage test (tests/backends/mlx/test_caches.py) lists every class mlx-lm and mlx-vlm ship that has none.
+coverage test (tests/backends/mlx_backend/test_caches.py) lists every class mlx-lm and mlx-vlm ship that has none.
 
 A call reaches an adapter as a :class:`~..clients.HelperCall` (an attention helper's) or a
 :class:`~..clients.QSACall` (mlx-vlm Qwen4-Exp's QSA dispatch), with what the active model call recorded.

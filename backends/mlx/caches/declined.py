@@ -1,7 +1,7 @@
 """The cache classes mlx-lm and mlx-vlm ship that no route reads: one row each, with the reason.
 
 Every call with one of them runs the client's own function, counted under ``cache_unrouted`` with the row's
-reason (tests/backends/mlx/test_caches.py checks that every shipped class has an adapter or a row here). Routing
+reason (tests/backends/mlx_backend/test_caches.py checks that every shipped class has an adapter or a row here). Routing
 one of them is a new adapter module in this package, and its row leaves this table.
 """
 

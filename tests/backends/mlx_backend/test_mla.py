@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.backends.mlx.test_dropin_mlx_lm_router import KIMI_LINEAR, LONGCAT_FLASH, MISTRAL4, mla_model
+from tests.backends.mlx_backend.test_dropin_mlx_lm_router import KIMI_LINEAR, LONGCAT_FLASH, MISTRAL4, mla_model
 from tests.util import assert_bits_equal, lazy_import, requires
 
 pytestmark = requires("mlx.core", "mlx_lm")

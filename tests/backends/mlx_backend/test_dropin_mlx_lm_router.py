@@ -1,12 +1,12 @@
 """What ``optimize``'s router substitutes (backends/mlx/caches/): the cache's buffer only when provably the helper's k/v.
 
 Every cache class mlx-lm ships goes through a one-attention probe module
-(``tests/backends/mlx/lm_probe.py``) under ``optimize``: a routed call must have
+(``tests/backends/mlx_backend/lm_probe.py``) under ``optimize``: a routed call must have
 been given a buffer whose valid prefix is, bit for bit, what the helper
 received, and compute what mlx-lm's helper computes on it; any other call is
 declined with a named reason and is mlx-lm's helper, bit for bit. MLA models
 (the cache holds a latent, the model builds k/v from it) must decode exactly
-as without ``optimize`` (their multi-row calls: tests/backends/mlx/test_mla.py).
+as without ``optimize`` (their multi-row calls: tests/backends/mlx_backend/test_mla.py).
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def test_a_cache_class_is_routed_with_the_helpers_own_arrays_or_declined_by_name
 
     from attnpass.backends.mlx import optimize
     from attnpass.backends.mlx import OptimizedModel
-    from tests.backends.mlx.lm_probe import SCALE, Probe, spy_run
+    from tests.backends.mlx_backend.lm_probe import SCALE, Probe, spy_run
 
     substituted = []
     monkeypatch.setattr(OptimizedModel, "_run", spy_run(OptimizedModel._run, substituted))
@@ -163,7 +163,7 @@ def test_the_array_mask_branch_pads_the_mask_over_the_buffer():
     from mlx_lm.models.cache import KVCache
 
     from attnpass.backends.mlx import optimize
-    from tests.backends.mlx.lm_probe import SCALE, Probe
+    from tests.backends.mlx_backend.lm_probe import SCALE, Probe
 
     mx.random.seed(1)
     probe, kv = Probe(), KVCache()
@@ -186,7 +186,7 @@ def test_keys_not_fetched_in_this_call_or_a_changed_cache_are_declined():
     from mlx_lm.models.cache import KVCache
 
     from attnpass.backends.mlx import optimize
-    from tests.backends.mlx.lm_probe import Probe
+    from tests.backends.mlx_backend.lm_probe import Probe
 
     mx.random.seed(2)
     probe, kv = Probe(), KVCache()
@@ -206,7 +206,7 @@ def test_sinks_on_a_quantized_cache_are_declined_and_mlx_lms_helper_refuses_them
     from mlx_lm.models.cache import QuantizedKVCache
 
     from attnpass.backends.mlx import optimize
-    from tests.backends.mlx.lm_probe import Probe
+    from tests.backends.mlx_backend.lm_probe import Probe
 
     mx.random.seed(3)
     probe, kv = Probe(), QuantizedKVCache(group_size=64, bits=8)
@@ -230,7 +230,7 @@ def test_a_half_float_quantized_call_is_declined_on_cpu_at_any_depth_as_a_tie_wi
     from attnpass.backends.mlx import optimize
     from attnpass.backends.mlx.bounds import MIN_KEYS
     from attnpass.ir import DType
-    from tests.backends.mlx.lm_probe import SCALE, Probe
+    from tests.backends.mlx_backend.lm_probe import SCALE, Probe
 
     widened = "raise-attention,decompose-sdpa{device=cpu,widen_quantized=true},dce"
 
@@ -282,7 +282,7 @@ def test_a_short_context_call_is_declined_on_cpu_below_min_keys_and_routed_from_
     from attnpass.backends.mlx.bounds import MIN_KEYS
     from attnpass.backends.mlx.buffers import buffer_rows
     from attnpass.ir import DType
-    from tests.backends.mlx.lm_probe import SCALE, Probe
+    from tests.backends.mlx_backend.lm_probe import SCALE, Probe
 
     def raw(a):  # the raw bits (bfloat16 as uint16)
         return np.array(a.view(mx.uint16) if a.dtype == mx.bfloat16 else a)
@@ -345,7 +345,7 @@ def test_a_call_under_its_kinds_known_bound_is_declined_before_its_arguments_are
     from attnpass.backends.mlx.bounds import MIN_KEYS
     from attnpass.backends.mlx.buffers import buffer_rows
     from attnpass.ir import DType
-    from tests.backends.mlx.lm_probe import SCALE, Probe
+    from tests.backends.mlx_backend.lm_probe import SCALE, Probe
 
     least = MIN_KEYS["float", DType.float32]
     assert MIN_KEYS["float", DType.bfloat16] <= least - 32 == buffer_rows(least - 39, 1 << 20)
@@ -458,7 +458,7 @@ def test_mla_models_decode_exactly_as_without_optimize(family, config, prefill):
         assert_bits_equal(optimized_logprobs, logprobs)
     else:
         assert np.abs(optimized_logprobs - logprobs).max() <= 1e-5 * np.abs(logprobs).max()  # test_mla.LOGIT_BOUND
-    # 10 calls: the 3-row prefill (the MLA program, tests/backends/mlx/test_mla.py), then 9 one-row steps
+    # 10 calls: the 3-row prefill (the MLA program, tests/backends/mlx_backend/test_mla.py), then 9 one-row steps
     # (generate_step computes a token ahead of the one it yields)
     declined = {"mla_absorbed": 9 * layers} | ({} if prefill == "routed" else {prefill: layers})
     assert opt.routed == (layers if prefill == "routed" else 0) and opt.declined == declined
@@ -523,7 +523,7 @@ def test_attend_outside_the_model_routes_only_inside_active():
 
     from attnpass.backends.mlx import optimize
     from attnpass.backends.mlx.clients import MLX_LM_HELPER
-    from tests.backends.mlx.lm_probe import SCALE, Probe
+    from tests.backends.mlx_backend.lm_probe import SCALE, Probe
 
     mx.random.seed(3)
     q = mx.random.normal((1, HEADS, 1, DIM))
@@ -544,7 +544,7 @@ def test_attend_outside_the_model_routes_only_inside_active():
 def test_a_buffer_is_cut_to_a_few_rows_past_its_offset():
     """buffer_rows: at least the offset, at most a buffer that cannot grow; the padding under 32 rows or under a
     quarter of the offset; 4 distinct cuts per doubling of the offset past 128 (one signature each; the policy's
-    own tests: tests/backends/mlx/test_trace_policy.py)."""
+    own tests: tests/backends/mlx_backend/test_trace_policy.py)."""
     from attnpass.backends.mlx.buffers import buffer_rows
 
     for offset in range(1, 70000, 7):

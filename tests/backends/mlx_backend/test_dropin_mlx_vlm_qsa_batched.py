@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tests.backends.mlx.test_dropin_mlx_vlm_qsa import QSA_LAYERS, VOCAB, model  # noqa: F401 (the fixture)
+from tests.backends.mlx_backend.test_dropin_mlx_vlm_qsa import QSA_LAYERS, VOCAB, model  # noqa: F401 (the fixture)
 from tests.util import lazy_import, requires
 
 pytestmark = requires("mlx.core", "mlx_vlm")

@@ -76,7 +76,7 @@ def test_a_cache_without_an_adapter_or_of_another_client_is_declined_by_code():
     from mlx_vlm.models.qwen4_exp.language import QSAKVCache
 
     from attnpass.backends.mlx import optimize
-    from tests.backends.mlx.lm_probe import SCALE, Probe
+    from tests.backends.mlx_backend.lm_probe import SCALE, Probe
 
     class MyCache(KVCache):
         pass

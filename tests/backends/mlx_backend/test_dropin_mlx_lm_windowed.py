@@ -105,7 +105,7 @@ def test_a_bool_mask_that_is_no_structure_stays_a_mask():
     from mlx_lm.models.cache import RotatingKVCache
 
     from attnpass.backends.mlx import optimize
-    from tests.backends.mlx.lm_probe import SCALE, Probe
+    from tests.backends.mlx_backend.lm_probe import SCALE, Probe
 
     mx.random.seed(3)
     probe, kv = Probe(), RotatingKVCache(max_size=8)

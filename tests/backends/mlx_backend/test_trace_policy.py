@@ -75,7 +75,7 @@ def test_a_buffer_shorter_than_its_cut_is_grown_and_the_call_is_exact(kind):
 
     from attnpass.backends.mlx import optimize
     from attnpass.backends.mlx.buffers import buffer_rows
-    from tests.backends.mlx.shared_kv import SCALE, SharedKV
+    from tests.backends.mlx_backend.shared_kv import SCALE, SharedKV
 
     mx.random.seed(0)
     streams = 3 if kind == "batch" else 1

@@ -1,4 +1,4 @@
-"""One rank of the 2-rank ``mx.distributed`` run of tests/backends/mlx/test_distributed.py (started by mlx.launch).
+"""One rank of the 2-rank ``mx.distributed`` run of tests/backends/mlx_backend/test_distributed.py (started by mlx.launch).
 
 ``python distributed_rank.py MODEL_DIR CASE...``: each case builds a tensor-parallel sharded tiny model
 on this rank, decodes greedily plainly, then under ``optimize(model, min_keys=0)``, and prints one JSON line:

@@ -84,7 +84,7 @@ def test_the_router_substitutes_the_buffer_with_each_streams_padding_or_declines
 
     from attnpass.backends.mlx import OptimizedModel, optimize
     from attnpass.backends.mlx.caches import batch as batched
-    from tests.backends.mlx.lm_probe import SCALE, Probe, spy_run
+    from tests.backends.mlx_backend.lm_probe import SCALE, Probe, spy_run
 
     substituted = []
     monkeypatch.setattr(OptimizedModel, "_run", spy_run(OptimizedModel._run, substituted))
@@ -150,7 +150,7 @@ def test_a_mask_the_cache_made_is_decided_as_evaluating_it_would_without_evaluat
     from attnpass.backends.mlx import optimize
     from attnpass.backends.mlx.caches import batch as batched
     from attnpass.backends.mlx.calls import ACTIVE
-    from tests.backends.mlx.lm_probe import Probe
+    from tests.backends.mlx_backend.lm_probe import Probe
 
     decided = []
     with optimize(Probe(), PIPELINE, min_keys=0) as opt, opt.active():

@@ -184,7 +184,7 @@ def test_check_names_the_layer_of_a_call_beyond_its_stated_numerics(monkeypatch)
     from attnpass.backends.mlx.check import CheckError
     from mlx_lm.models.cache import make_prompt_cache
 
-    from tests.backends.mlx.test_dropin_mlx_lm_router import mla_model
+    from tests.backends.mlx_backend.test_dropin_mlx_lm_router import mla_model
 
     model = mla_model("deepseek_v3", num_hidden_layers=2)
     tokens = mx.arange(24)[None] % 100

@@ -1,6 +1,6 @@
 """``optimize`` on tensor-parallel sharded models over 2 ranks of ``mx.distributed`` (ring backend, localhost).
 
-``mlx.launch --backend ring --hosts 127.0.0.1 -n 2`` runs tests/backends/mlx/distributed_rank.py on two local
+``mlx.launch --backend ring --hosts 127.0.0.1 -n 2`` runs tests/backends/mlx_backend/distributed_rank.py on two local
 processes (free ports, bounded time): a tiny llama loaded by mlx-lm's ``sharded_load`` (``model.shard``), a
 tiny qwen3 given ``model.shard(group)``, the sharded llama over a quantized KV cache (``kv_bits=8``), and
 mlx-vlm's tiny Qwen4-Exp with its QSA layers' heads sharded by hand (it has no ``shard()``). On every rank the
