@@ -18,7 +18,7 @@ VENV_CORE := .venv-core
 PY_CORE := $(VENV_CORE)/bin/python
 STAMP_CORE := $(VENV_CORE)/.installed
 
-.PHONY: test test-core demo versions versions-core fuzz zoo zoo-dtypes bench clean peer-mlx-lm
+.PHONY: test test-core demo versions versions-core fuzz zoo zoo-vlm zoo-dtypes bench clean peer-mlx-lm
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -71,6 +71,11 @@ fuzz: $(STAMP)
 # (`make zoo JOBS=2`: families run at once, each in its own process; a few tens of minutes on 2 cores).
 zoo: $(STAMP)
 	$(PY) examples/mlx_lm_sweep.py --jobs $(JOBS) --write docs/mlx_lm_families.md
+
+# The same sweep over every mlx-vlm family's language model: regenerates docs/mlx_vlm_families.md
+# (`make zoo-vlm JOBS=2`: families run at once, each in its own process; about half an hour on 2 shared cores).
+zoo-vlm: $(STAMP)
+	$(PY) examples/mlx_vlm_sweep.py --jobs $(JOBS) --write docs/mlx_vlm_families.md
 
 # Every mlx-lm family in float16, bfloat16 and float32 over the traced programs' bounds, plain and under
 # optimize(check=True), raw bits compared: regenerates docs/mlx_lm_dtypes.md (`make zoo-dtypes JOBS=2`; about
