@@ -440,13 +440,13 @@ def speculative(model: Any, draft: Any, count: int = OPTIMIZE_TOKENS) -> list[in
 
 def untrimmable(model: Any) -> str:
     """Why mlx-lm refuses speculative decoding on ``model`` (its caches cannot be trimmed back after a rejected
-    draft: ``can_trim_prompt_cache``), or ``""``."""
-    from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
+    draft: ``can_trim_prompt_cache``), or ``""``. A cache without ``is_trimmable`` (another library's: mlx-vlm's
+    ``Z1TCache``) is not trimmable."""
+    from mlx_lm.models.cache import make_prompt_cache
 
     cache = make_prompt_cache(model)
-    if can_trim_prompt_cache(cache):
-        return ""
-    return f"{', '.join(sorted({type(c).__name__ for c in cache if not c.is_trimmable()}))} not trimmable"
+    refused = sorted({type(c).__name__ for c in cache if not getattr(c, "is_trimmable", lambda: False)()})
+    return f"{', '.join(refused)} not trimmable" if refused else ""
 
 
 def unspeculative(model: Any, draft: Any, plain: list[int]) -> str:
