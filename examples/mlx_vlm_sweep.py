@@ -299,10 +299,11 @@ MLX_VLM = lm.Library(
     package="mlx_vlm", name="mlx-vlm", script=str(Path(__file__).resolve()), target="zoo-vlm", families=families,
     configure=tiny_configs, build=vlm_model,
     configurations="Configurations are generated from each language model's `TextConfig` (a text-only family's "
-    "`ModelConfig`) by field name (`TINY`, `FILL` and `OVERRIDES` of the mlx-lm sweep, which share family names); "
-    f"this sweep's `OVERRIDES` sets fields by hand for {len(OVERRIDES)} families, each with its reason in a "
-    "comment. A language model that takes the `ModelConfig` too gets one with every other sub-configuration "
-    "(vision, audio) at its defaults.",
+    "`ModelConfig`) by field name (the mlx-lm sweep's `TINY` and `FILL`, this sweep's `SIZES`), then the mlx-lm "
+    "sweep's `OVERRIDES` of the family whose language model it is and of the family (they share names); this "
+    f"sweep's `OVERRIDES` sets fields by hand for {len(OVERRIDES)} families, each with its reason in a comment. A "
+    "language model that takes the `ModelConfig` too gets one around the text configuration, its other "
+    "sub-configurations (vision, audio) generated the same way where that fills their required fields.",
     unlisted="Modules of `mlx_vlm.models` without a row:",
 )  # fmt: skip
 
