@@ -656,6 +656,7 @@ def _attn_cases():
     yield Attn(8, 2, dv=32), F32  # value head dim != key head dim: JAX's explicit form
     yield Attn(8, 2, dv=32, mask="add_2d", causal="bottom_right"), BF16
     yield Attn(8, 2, dv=32, mask="bool_full", causal="top_left", scale=0.2), F16
+    yield Attn(1, 1, s=1, t=1, b=1, mask="add_full"), BF16  # one cell: XLA:CPU refuses JAX's fused form in bf16
 
 
 ATTN_CASES = [pytest.param(case, dt, id=f"{case}-{dt.short}") for case, dt in _attn_cases()]

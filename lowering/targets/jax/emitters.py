@@ -31,8 +31,11 @@ def _sdpa(n: Node, a: list[str], env: EmitEnv) -> str:
     q, k, v = zero_dead_rows(n, env, "jnp", a[0]), a[1], a[2]
     offset = causal_offset(n, env)
     # jax.nn.dot_product_attention asks for float32 logits from float16 operands (F16_F16_F32), which
-    # XLA:CPU rejects under jit; float16 and unequal value head dims take the explicit form.
-    explicit = n.type.dtype is DType.float16 or env.type_of(n.v).shape[3] != env.type_of(n.q).shape[3]
+    # XLA:CPU rejects under jit, and from bfloat16 ones (BF16_BF16_F32) where batch, heads, query and key rows
+    # are all 1 (its elemental emitter); those, and unequal value head dims, take the explicit form.
+    (b, hq, rows, d), keys = env.type_of(n.q).shape, env.type_of(n.k).shape[2]
+    one_cell = n.type.dtype is DType.bfloat16 and (b, hq, rows, keys) == (1, 1, 1, 1)
+    explicit = n.type.dtype is DType.float16 or one_cell or env.type_of(n.v).shape[3] != d
     is_causal = offset == 0 and not explicit  # JAX's is_causal is top-left aligned
     mask, mask_is_bool = with_causal(n, env, "jnp", n.bind(a)["mask"], None if is_causal else offset)
     scale = sdpa_scale(n, env)
