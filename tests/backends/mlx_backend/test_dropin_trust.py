@@ -27,7 +27,8 @@ zoo = load_example("model_zoo")
 
 PROMPT = 80  # over the KVCache's 64 prefill rows: its calls go to the traced structured_attention program
 PROMOTING = {  # families calling the helper with queries of another dtype than the values -> ModelArgs
-    "phi": {"num_hidden_layers": 2},
+    "phi": {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 4,
+            "intermediate_size": 128, "vocab_size": 128},
     "phixtral": {"num_layers": 2, "model_dim": 64, "num_heads": 4, "num_local_experts": 2, "num_experts_per_tok": 1,
                  "vocab_size": 128, "rotary_dim": 8},
     "stablelm": {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
