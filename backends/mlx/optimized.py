@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from typing import Any, TextIO
 
 from attnpass.ir import AttnpassError, require_int
+from attnpass.ir.core.arguments import require_bool
 from attnpass.ir.core.switches import env_switch
 from attnpass.ir.core.types import native_dtype_name as dtype_name
 from attnpass.passes import Decline, Pass
@@ -353,6 +354,8 @@ def optimize(
         )
     if min_keys is not None:
         require_int("optimize", "min_keys", min_keys, minimum=0, meaning="or None: MIN_KEYS on CPU")
+    if check is not None:
+        require_bool("optimize", "check", check)
     optimized = OptimizedModel(
         model, modules, pipeline=pipeline, strict=strict, max_signatures=max_signatures,
         min_keys=min_keys, check=env_switch(CHECK_ENV, check, default=False, subject="optimize's check")[0],

@@ -203,6 +203,7 @@ def test_check_names_the_layer_of_a_call_beyond_its_stated_numerics(monkeypatch)
 
 def test_check_is_read_from_the_environment_and_an_explicit_argument_wins(monkeypatch):
     from attnpass.backends.mlx import optimize
+    from attnpass.ir import AttnpassError
     from attnpass.backends.mlx.check import CHECK_ENV
 
     model = tiny("phi", "float32")
@@ -214,3 +215,5 @@ def test_check_is_read_from_the_environment_and_an_explicit_argument_wins(monkey
     monkeypatch.delenv(CHECK_ENV)
     with optimize(model) as opt:
         assert not opt.check
+    with pytest.raises(AttnpassError, match="optimize: check must be True or False.*got 'yes'"):
+        optimize(model, check="yes")
