@@ -2,14 +2,15 @@
 
 :func:`adapter_for` finds a cache's adapter by its exact class; :data:`ADAPTERS` holds them all, keyed by the
 class's module and name. Importing this package registers every built-in adapter: mlx-lm's ``KVCache``,
-``QuantizedKVCache``, ``RotatingKVCache``, ``ChunkedKVCache``, ``BatchKVCache`` and ``CacheList`` (its MLA
-calls), calls without a cache, mlx-vlm Qwen4-Exp's ``QSAKVCache``, ``QSAQuantizedKVCache`` and
-``BatchQSAKVCache``, mlx-vlm's own ``KVCache``, ``RotatingKVCache``, ``ChunkedKVCache`` and ``BatchKVCache``
-(:mod:`.vlm`), and the classes no route reads (:mod:`.declined`).
+``QuantizedKVCache``, ``RotatingKVCache``, ``ChunkedKVCache``, ``BatchKVCache``, ``BatchRotatingKVCache`` and
+``CacheList`` (its MLA calls), calls without a cache, mlx-vlm Qwen4-Exp's ``QSAKVCache``, ``QSAQuantizedKVCache``
+and ``BatchQSAKVCache``, mlx-vlm's own ``KVCache``, ``RotatingKVCache``, ``ChunkedKVCache``, ``BatchKVCache``
+(:mod:`.vlm`) and ``BatchRotatingKVCache``, and the classes no route reads (:mod:`.declined`).
 """
 
 from . import (  # noqa: F401
     batch,
+    batch_rotating,
     cache_list,
     chunked,
     declined,

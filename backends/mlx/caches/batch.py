@@ -17,15 +17,24 @@ whatever the batch size (:func:`per_stream`).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 from attnpass.passes import Decline
 
 from ..buffers import buffer_rows, first_rows, grow
-from ..calls import Call, Patch, classes, fetch_decline, fetch_recorder, recorder
-from ..masks import pad_last
-from ..calls import string_mask_decline
-from ..masks import masked
+from ..calls import (
+    Call,
+    Note,
+    Patch,
+    classes,
+    fetch_decline,
+    fetch_recorder,
+    mask_keys_decline,
+    recorder,
+    string_mask_decline,
+)
+from ..masks import masked, pad_last
 from .base import MLX_LM, CacheAdapter, HelperCall, Plan, Routed, register
 
 
@@ -37,13 +46,20 @@ def written(cache: Any) -> int:
 MADE_MASKS = "batch masks"  # the notes of the masks make_mask returned: id -> (mask, every query row sees a key)
 
 
-def note_mask(call: Call, mask: Any, cache: Any, N: int, return_array: bool = False, **kwargs: Any) -> None:
-    """What ``BatchKVCache.make_mask`` returned, and whether every query row of it sees a key
-    (:func:`sees_every_row`, from the cache's padding read now)."""
-    if set(kwargs) <= {"window_size"}:
-        window = kwargs.get("window_size")
-        if window is None or window >= 1:  # a row's own position is in its window
-            call.notes(MADE_MASKS)[id(mask)] = (mask, sees_every_row(cache._idx, cache.left_padding.tolist()))
+def mask_note(sees: Callable[[Any, int], bool]) -> Note:
+    """A recorder's note of what a batched cache's ``make_mask(N, window_size=..., return_array=...)`` returned
+    and whether every query row of it sees a key (``sees(cache, N)``, read from the cache's padding now); a mask
+    made with other options, or options given by position, is not noted (it is evaluated when used)."""
+
+    def note(call: Call, mask: Any, cache: Any, N: int, *positional: Any, **options: Any) -> None:
+        window = options.get("window_size")
+        if not positional and set(options) <= {"window_size", "return_array"} and (window is None or window >= 1):
+            call.notes(MADE_MASKS)[id(mask)] = (mask, sees(cache, N))  # a row's own position is in its window
+
+    return note
+
+
+note_mask = mask_note(lambda cache, N: sees_every_row(cache._idx, cache.left_padding.tolist()))
 
 
 def sees_every_row(written: int, left_padding: list[int]) -> bool:
@@ -66,6 +82,27 @@ def evaluated_blind_row(mask: Any) -> bool:
     import mlx.core as mx
 
     return mask.dtype == mx.bool_ and not mx.all(mx.any(mask, axis=-1)).item()
+
+
+def array_mask_decline(call: HelperCall, keys: int) -> Decline | None:
+    """A batched cache's call without an array mask (the streams' padding is only in the model's mask), or with
+    one over another number of keys than ``keys``."""
+    if call.mask is None or isinstance(call.mask, str):
+        name = type(call.cache).__name__
+        return Decline("no_array_mask", f"a {name} call without an array mask (the streams' left padding is only "
+                       "in the model's mask)")  # fmt: skip
+    return mask_keys_decline(call, keys)
+
+
+def blind_row_decline(call: HelperCall) -> Decline | None:
+    """A call whose bool mask has a query row that sees no key (:func:`has_blind_row`)."""
+    if has_blind_row(call.mask, call.recorded):
+        message = (
+            "a query row of the bool mask sees no key (a left-padded prefill's padding rows): mlx-lm's helper "
+            "gives such a row a value of its own, the padded buffer would average its unwritten rows too"
+        )
+        return Decline("rows_without_keys", message)
+    return None
 
 
 def per_stream(call: HelperCall, keys: Any, values: Any, mask: Any) -> Routed:
@@ -95,24 +132,13 @@ class BatchKVCache(CacheAdapter):
         return [(cls, "update_and_fetch", fetch_recorder(written)), (cls, "make_mask", recorder(note_mask))]
 
     def plan(self, call: HelperCall) -> Decline | Plan:
-        cache, mask = call.cache, call.mask
+        cache = call.cache
         found = string_mask_decline(call) or fetch_decline(call.keys, call.values, cache, call.recorded, written)
         if found is not None:
             return found
-        if mask is None or isinstance(mask, str):
-            message = (
-                "a BatchKVCache call without an array mask (the streams' left padding is only in the model's mask)"
-            )
-            return Decline("no_array_mask", message)
-        if mask.shape[-1] != cache._idx:
-            message = f"the mask covers {mask.shape[-1]} keys, the BatchKVCache holds {cache._idx} rows"
-            return Decline("mask_keys_mismatch", message, data={"mask_keys": mask.shape[-1], "keys": cache._idx})
-        if has_blind_row(mask, call.recorded):
-            message = (
-                "a query row of the bool mask sees no key (a left-padded prefill's padding rows): mlx-lm's helper "
-                "gives such a row a value of its own, the padded buffer would average its unwritten rows too"
-            )
-            return Decline("rows_without_keys", message)
+        found = array_mask_decline(call, cache._idx) or blind_row_decline(call)
+        if found is not None:
+            return found
         length = buffer_rows(cache._idx)
         return Plan("attention", length, lambda: self.over_cut(call, length))
 
@@ -126,5 +152,6 @@ class BatchKVCache(CacheAdapter):
 
 
 __all__ = [
-    "MADE_MASKS", "BatchKVCache", "evaluated_blind_row", "has_blind_row", "note_mask", "sees_every_row", "written",
+    "MADE_MASKS", "BatchKVCache", "array_mask_decline", "blind_row_decline", "evaluated_blind_row", "has_blind_row",
+    "mask_note", "note_mask", "per_stream", "sees_every_row", "written",
 ]  # fmt: skip

@@ -18,7 +18,6 @@ NO_PREFIX = "its fetch is not a buffer's valid prefix the program could read (no
 LIST = "a container of caches: the client's keys come from one of them, or are built from what they hold"
 ROWS: dict[tuple[str, str], str] = {
     (MLX_LM, "ConcatenateKVCache"): "its keys are a fresh concatenation every step: no buffer to key signatures on",
-    (MLX_LM, "BatchRotatingKVCache"): f"per-stream rings of a batched sliding window: {NO_PREFIX}",
     (MLX_LM, "ArraysCache"): "state arrays of a recurrent layer (no keys and values)",
     **{
         (MLX_VLM, name): f"mlx-vlm's {name}: its quantized helper aligns the mask to the scores otherwise than "
@@ -26,7 +25,6 @@ ROWS: dict[tuple[str, str], str] = {
         for name in ("QuantizedKVCache", "BatchQuantizedKVCache")
     },
     (MLX_VLM, "ConcatenateKVCache"): "its keys are a fresh concatenation every step: no buffer to key signatures on",
-    (MLX_VLM, "BatchRotatingKVCache"): f"per-stream rings of a batched sliding window: {NO_PREFIX}",
     (MLX_VLM, "BufferedRotatingKVCache"): f"a ring with a staging buffer: {NO_PREFIX}",
     (MLX_VLM, "SimpleKVCache"): f"mlx-vlm's SimpleKVCache: {NO_PREFIX}",
     (MLX_VLM, "StaticPrefixKVCache"): f"a fixed prefix beside a growing cache: {NO_PREFIX}",

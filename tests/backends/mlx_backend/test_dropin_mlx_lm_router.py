@@ -42,7 +42,7 @@ CACHES = {
 }
 
 
-ROUTED = ("KVCache", "QuantizedKVCache", "RotatingKVCache", "ChunkedKVCache", "BatchKVCache")
+ROUTED = ("KVCache", "QuantizedKVCache", "RotatingKVCache", "ChunkedKVCache", "BatchKVCache", "BatchRotatingKVCache")
 
 
 def array_mask(kind: str, rows: int):
@@ -122,7 +122,8 @@ def test_a_cache_class_is_routed_with_the_helpers_own_arrays_or_declined_by_name
                 assert_bits_equal(np.array(out), np.array(expected))  # mlx-lm's helper, as without optimize
     if name in ("KVCache", "QuantizedKVCache"):
         assert opt.routed == len(STEPS) and not opt.declined
-    elif name == "BatchKVCache":  # the streams' padding is in the model's mask: calls without an array one declined
+    elif name in ("BatchKVCache", "BatchRotatingKVCache"):  # the streams' padding is in the model's mask: calls
+        # without an array one declined
         assert opt.routed == 2 and opt.declined == {"no_array_mask": 2}
     elif name in ROUTED:  # the steps of several rows get a causal structure, which decompose-sdpa leaves fused
         assert opt.routed == 2 and opt.declined == {"fused_kernel_serves": 2}
