@@ -17,7 +17,8 @@ a layer with a remark, or the module itself needs Metal (:func:`needs_metal`): t
 tokens from a drop-in check, a timeout, or a configuration that does not build).
 Each family runs in its own process, each case under :data:`CASE_TIMEOUT`.
 Its softmax-attention layers are counted by structure, by raise-attention's
-own matcher on the float32 prefill's import (:func:`attention_layers`): a
+own matcher on the float32 prefill's import (:func:`attention_layers`; where
+that import declines, each case that imports counts its own): a
 softmax that no matmul contracts with V (an MoE router, a mixing or pooling
 weight) is not attention; a layer left unraised must have a declined remark.
 
@@ -263,6 +264,9 @@ class Library:
     configurations: str  # the page's sentence on how configurations are made
     unlisted: str  # what the page's list of modules without a row lists
     build: Any = zoo.mlx_model  # zoo.Build: (family, dtype, configure) -> the model, cached (__wrapped__: fresh)
+    # families that generate_step cannot drive, with why (a named reason): their drop-in checks are declined with it,
+    # not run
+    undriven: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def model(self, family: str, dtype: str = "f32") -> Any:
         """The tiny ``family`` in ``dtype`` (the same object on each call)."""
@@ -338,21 +342,22 @@ def candidates(graph: Graph) -> int:
     return sum(n.op == "sdpa" or (n.op == "matmul" and match_attention(raised, n) is not None) for n in raised.nodes())
 
 
-def attention_layers(family: str, library: Library = MLX_LM) -> int | None:
-    """Softmax-attention layers of the tiny ``family``: :func:`candidates` of its float32 prefill as ``from_mlx``
-    imports it; None when that import declines (the prefill case then declines with the reason). At least the
-    module's fused attention calls in that prefill, or ``RuntimeError`` (the structural count missed a layer)."""
+def attention_layers(family: str, library: Library = MLX_LM, step: str = "prefill", dtype: str = "f32") -> int | None:
+    """Softmax-attention layers of the tiny ``family``: :func:`candidates` of a case (its float32 prefill: the
+    family's count) as ``from_mlx`` imports it; None when that import declines (the case then declines with the
+    reason). At least the module's fused attention calls in that case's step, or ``RuntimeError`` (the structural
+    count missed a layer)."""
     import mlx.core as mx
 
-    forward, args, _reference = library.case(family, "prefill", "f32").make()
+    forward, args, _reference = library.case(family, step, dtype).make()
     try:
         imported = from_mlx(forward, *args)
     except ModelImportError:
         return None
     count = candidates(imported.graph)
-    model = library.model(family)
+    forward, args, _reference = library.case(family, step, dtype).make()  # its cache as filled, not as imported
     with counting_fused() as fused, zoo.bf16_gather_mm():
-        mx.eval(model(mx.array(zoo.TOKENS[None, : zoo.PREFILL])))
+        mx.eval(forward(*args))
     if count < fused[0]:
         raise RuntimeError(
             f"the structural count found {count} attention layers, the module calls "
@@ -365,23 +370,28 @@ def attention_layers(family: str, library: Library = MLX_LM) -> int | None:
 
 
 def run_case(family: str, step: str, dtype: str, layers: int | None, library: Library = MLX_LM) -> dict[str, Any]:
-    """One zoo case: ``{"case", "status", "raised", "reason"}``; ``layers`` None: not counted (the float32 prefill's
-    import declined)."""
+    """One zoo case: ``{"case", "status", "raised", "reason"}``, and ``"layers"`` where it counted its own:
+    ``layers`` None (the float32 prefill's import declined, so the family's are not counted), this case's import
+    counts them (:func:`attention_layers`)."""
     case = library.case(family, step, dtype, 0 if layers is None else layers)
+    own = layers is None
     try:
         with time_box(CASE_TIMEOUT):
+            if own:
+                layers = attention_layers(family, library, step, dtype)
+                case = library.case(family, step, dtype, 0 if layers is None else layers)
             row = zoo.run_case(case)
     except Exception as exc:  # noqa: BLE001  (the sweep records whatever a case raises)
         status = "declined" if needs_metal(exc) else "failed"  # filling a verify/decode cache runs the model
         return dict(case=case.name, status=status, raised=None, reason=_failure(exc))
     if row.imported != "yes":  # nothing imported, nothing raised
         return dict(case=case.name, status="declined", raised=None, reason=row.imported.removeprefix("no: "))
-    result = dict(case=case.name, raised=row.raised, reason="")
+    result = dict(case=case.name, raised=row.raised, reason="", **({"layers": layers} if own else {}))
     if not row.ok:
         reason = f"MISMATCH (silently wrong): max error {row.error:.2e} > {row.bound:.1e}"
         return {**result, "status": "failed", "reason": reason}
-    if layers is None:
-        reason = "imported, but its attention layers are not counted: the prefill/f32 import declined"
+    if layers is None:  # its import for the count declined, this one did not
+        reason = "imported, but its attention layers are not counted: its import for the count declined"
         return {**result, "status": "failed", "reason": reason}
     if row.remark.startswith("raise-attention left no remark") or (row.raised < layers and not row.remark):
         return {**result, "status": "failed", "reason": row.remark or f"{row.raised}/{layers} raised, no remark"}
@@ -481,6 +491,8 @@ def drop_in(
     is no check: ``n/a``."""
     from attnpass.backends.mlx import optimize
 
+    if family in library.undriven:
+        return _part("declined", library.undriven[family])
     model = library.model(family)
     try:
         with time_box(CASE_TIMEOUT):
@@ -629,11 +641,15 @@ def _cell(record: dict[str, Any], step: str, dtype: str) -> str:
 
 
 def _raised(record: dict[str, Any]) -> str:
-    counts = [c["raised"] for c in record["cases"] if c["raised"] is not None]
-    if record["layers"] is None or not counts:
+    """Raised / counted layers over the cases: the family's count, else the cases' own (:func:`run_case`)."""
+    cases = [c for c in record["cases"] if c["raised"] is not None]
+    counts = [c["raised"] for c in cases if c.get("layers", record["layers"]) is not None]
+    totals = sorted({c.get("layers", record["layers"]) for c in cases} - {None})
+    if not counts:
         return "-"
     low, high = min(counts), max(counts)
-    return f"{low}/{record['layers']}" if low == high else f"{low}-{high}/{record['layers']}"
+    total = f"{totals[0]}" if len(totals) == 1 else f"{totals[0]}-{totals[-1]}"
+    return f"{low}/{total}" if low == high else f"{low}-{high}/{total}"
 
 
 def _drop_in_cell(record: dict[str, Any], name: str) -> str:
@@ -683,8 +699,8 @@ def table(
         "Cells: `ok` (imported, every attention layer raised, matches the module within the zoo's tolerance), "
         "`declined` (a named reason), `**FAIL**` (an error without one, a mismatch, a timeout). `raised`: "
         "attention layers raised to `sdpa` / softmax-attention layers (counted by structure in the float32 "
-        "prefill's import: softmaxes a matmul contracts with V, at least the module's fused attention calls; a "
-        "range over the six cases). `optimize`: greedy tokens of `optimize(model, min_keys=0)` (every depth "
+        "prefill's import, each case's own where that one declines: softmaxes a matmul contracts with V, at least "
+        "the module's fused attention calls; a range over the six cases). `optimize`: greedy tokens of `optimize(model, min_keys=0)` (every depth "
         "routed, as the tiny contexts would not be by default on CPU) vs the plain model (float32, "
         f"{OPTIMIZE_TOKENS} tokens), then attention calls routed/declined (the prompt's prefill and one-row decode "
         "steps). `speculative`: mlx-lm's `speculative_generate_step` under a fresh `optimize(model, min_keys=0)`, "
