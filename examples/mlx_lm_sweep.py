@@ -404,9 +404,12 @@ ATTNPASS = Path(importlib.import_module("attnpass.ir").__file__).resolve().paren
 
 
 def _library(path: Path) -> bool:
-    """Whether ``path`` is attnpass's own code (not an example or a test of its checkout)."""
+    """Whether ``path`` is attnpass's own code (not an example or a test of its checkout, nor an installed package
+    of a virtual environment inside it: the model library's code, where the checkout holds its ``.venv``)."""
     path = path.resolve()
-    return path.is_relative_to(ATTNPASS) and path.relative_to(ATTNPASS).parts[0] not in ("examples", "tests")
+    if not path.is_relative_to(ATTNPASS) or "site-packages" in path.parts:
+        return False
+    return path.relative_to(ATTNPASS).parts[0] not in ("examples", "tests")
 
 
 def _failure(exc: BaseException) -> str:
