@@ -16,9 +16,13 @@ As mlx-vlm's ``generate`` runs it (``mlx_vlm/generate/ar.py``: ``cache.make_prom
 then ``model.language_model(ids, cache=...)`` on the prompt and on each new token, the logits read from its
 ``LanguageModelOutput``), a language model is called through :func:`text_model`: token ids in, logits out, its
 own caches (its ``make_cache()``, else mlx-vlm's ``KVCache`` per layer). The prompt is text only: no image, so
-no ``inputs_embeds`` from a vision tower. mlx-lm's ``generate_step`` and ``speculative_generate_step`` then drive
-it as they drive an mlx-lm model (the drop-in checks; the speculative one where every cache trims). Each family's
-process runs with torch hidden (:func:`main`).
+no ``inputs_embeds`` from a vision tower; where the family's ``Model`` sets its language model's positions from the
+prompt in ``get_input_embeddings`` (``_set_position_state``: minicpmo, the minicpmv4 family), a sequence's first
+call sets them first, as that does. What a ``Model`` attaches to its language model when it builds it
+(:data:`ATTACHED`) is attached too. mlx-lm's ``generate_step`` and ``speculative_generate_step`` then drive it as
+they drive an mlx-lm model (the drop-in checks, declined by name for the families they cannot drive:
+:data:`UNDRIVEN`; the speculative one where every cache trims). Each family's process runs with torch hidden
+(:func:`main`).
 
 Run: ``.venv/bin/python examples/mlx_vlm_sweep.py [--write docs/mlx_vlm_families.md] [FAMILY ...]``
 (``make zoo-vlm``).
@@ -78,6 +82,7 @@ SIZES: dict[str, Any] = {
     "vocab_size_per_layer_input": zoo.VOCAB, "hidden_size_per_layer_input": 8,  # per-layer embeddings (gemma4)
     "depth": 2, "patch_size": 14,  # vision configurations' required sizes (glm4v)
     "block_ff_dim": 128, "embedding_size": zoo.VOCAB, "conv_dim": zoo.HIDDEN, "conv_dim_out": zoo.HIDDEN,
+    "block_dim": zoo.HIDDEN,  # lfm2's model width for its feed-forward blocks (lfm2_vl's default 1024, not its hidden)
 }  # fmt: skip
 
 # Where generation cannot work: each family's fields beyond SIZES, TINY, FILL and the mlx-lm sweep's overrides, each
@@ -94,7 +99,11 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "limite": dict(rope_n_pairs=2),  # rotated pairs within the head dim
     # its per-head value scales assume as many KV heads as query heads; its rotated dims (32) within the head dim
     "moondream3": dict(num_key_value_heads=zoo.HQ, rope_dim=4),
-    "jina_vlm": dict(tie_word_embeddings=False),  # its language model reads lm_head
+    # its n-gram tables (engram) are 384M rows of 256 by default (393 GB: MLX segfaults allocating them); small ones at
+    # layer 1 (the language model alone has no tokenizer, so it hashes no n-grams and never reads them), a small
+    # output rank; its FP8 fake quantization works in blocks of 32 of the last axis: head dim and query rank 32
+    "deepseek_v41": dict(engram_layer_ids=[1], engram_num_embeddings=[96], engram_vocab_size=16, engram_n_heads=2,
+                         engram_head_dim=8, engram_max_ngram_size=3, o_lora_rank=16, head_dim=32, q_lora_rank=32),
     # the text model's type: llama's, the one these support
     **{f: dict(model_type="llama") for f in ("llava", "llava_next", "multi_modality")},
     # as mlx-lm's qwen3_5 (their language models are its, in their own modules): one linear-attention layer, one
@@ -111,6 +120,28 @@ OVERRIDES: dict[str, dict[str, Any]] = {
 }  # fmt: skip
 
 HELPER_REASON = "a helper module, not a model family"
+
+
+def _jina_vlm_head(language_model: Any, text: Any) -> None:
+    import mlx.nn as nn
+
+    language_model.lm_head = nn.Linear(text.hidden_size, text.vocab_size, bias=False)
+
+
+# What a family's Model does to its language model after building it (as its __init__ does), each with where.
+ATTACHED: dict[str, Callable[[Any, Any], None]] = {
+    "jina_vlm": _jina_vlm_head,  # its lm_head: the Model attaches it (jina_vlm.py:173), its LanguageModel reads it
+}
+
+# Families that mlx-lm's generate_step cannot drive, with why: their drop-in checks are declined with it, not run.
+UNDRIVEN: dict[str, str] = {
+    # mlx-vlm's generate routes it to its diffusion path (a ModelConfig with canvas_length): never token by token
+    "diffusion_gemma": "not autoregressive: mlx-vlm generates with it by denoising a canvas "
+    "(stream_diffusion_generate); its call decodes a fresh random canvas (mx.random.randint), not the next token",
+    # mlx-lm's phi3small writes out[..., ids] (the vocabulary axis)
+    "phi3small": "module: its logits mask writes -inf at rows 100256-100351 of the batch axis (out[ids] = -inf, "
+    "language.py:263), out of bounds for any batch: MLX's CPU scatter does not check, the process segfaults",
+}
 
 
 # ----------------------------------------------------------------------------- the families
@@ -251,17 +282,23 @@ def text_model() -> type:
     cache)`` is the logits; ``make_cache()`` mlx-vlm's ``cache.make_prompt_cache(language_model)``. An
     ``mlx.nn.Module`` holding it as ``language_model`` (what ``optimize`` enters, as for a VLM). A new cache, or
     none, starts a new sequence: the mRoPE positions a language model keeps from the last one are reset first
-    (:data:`SEQUENCE_STATE`, as ``generate_step`` resets them), else they would be sliced for this one."""
+    (:data:`SEQUENCE_STATE`, as ``generate_step`` resets them), else they would be sliced for this one. ``start``:
+    the family's ``Model._set_position_state`` where it has one (its ``get_input_embeddings`` sets the language
+    model's positions from the prompt's ids, which mlx-vlm's ``generate`` runs before the prompt's call), run as
+    that does on a sequence's first call."""
     import mlx.nn as nn
 
     class TextModel(nn.Module):
-        def __init__(self, language_model: Any) -> None:
+        def __init__(self, language_model: Any, start: Callable[[Any, Any], None] | None = None) -> None:
             super().__init__()
             self.language_model = language_model
+            self.start = start
 
         def __call__(self, inputs: Any, cache: Any = None) -> Any:
             if cache is None:
                 self.reset()
+            if self.start is not None and self.language_model._position_ids is None:  # a sequence's first call
+                self.start(self, inputs)  # on a Model's behalf: it reads its language_model, as this holds it
             out = self.language_model(inputs, cache=cache)
             return getattr(out, "logits", out)  # a LanguageModelOutput; some language models return the logits
 
@@ -289,7 +326,11 @@ def vlm_model(family: str, dtype: str, configure: Callable[[str], tuple[type, li
 
     language, args = configure(family)
     mx.random.seed(0)
-    model = text_model()(language(*args))
+    language_model = language(*args)
+    if family in ATTACHED:
+        ATTACHED[family](language_model, args[0])
+    owner = getattr(importlib.import_module(f"mlx_vlm.models.{family}"), "Model", None)
+    model = text_model()(language_model, getattr(owner, "_set_position_state", None))
     model.set_dtype(mx.bfloat16 if dtype == "bf16" else mx.float32)
     mx.eval(model.parameters())
     return model
@@ -297,7 +338,7 @@ def vlm_model(family: str, dtype: str, configure: Callable[[str], tuple[type, li
 
 MLX_VLM = lm.Library(
     package="mlx_vlm", name="mlx-vlm", script=str(Path(__file__).resolve()), target="zoo-vlm", families=families,
-    configure=tiny_configs, build=vlm_model,
+    configure=tiny_configs, build=vlm_model, undriven=UNDRIVEN,
     configurations="Configurations are generated from each language model's `TextConfig` (a text-only family's "
     "`ModelConfig`) by field name (the mlx-lm sweep's `TINY` and `FILL`, this sweep's `SIZES`), then the mlx-lm "
     "sweep's `OVERRIDES` of the family whose language model it is and of the family (they share names); this "
