@@ -119,14 +119,44 @@ def fetch_decline(
     fetch = last_fetch(cache, call)
     if fetch is None or keys is not fetch.keys or values is not fetch.values:
         return Decline("not_fetched", NOT_FETCHED)
-    return unchanged_decline(cache, fetch, position)
+    return unchanged_decline(cache, fetch, position, call)
 
 
-def unchanged_decline(cache: Any, fetch: Fetch, position: Callable[[Any], int] = offset) -> Decline | None:
-    """None when ``cache`` still holds the buffer and write position ``fetch`` left; else why not."""
-    if cache.keys is not fetch.buffer[0] or cache.values is not fetch.buffer[1] or position(cache) != fetch.position:
+def unchanged_decline(
+    cache: Any, fetch: Fetch, position: Callable[[Any], int] = offset, call: Call | None = None
+) -> Decline | None:  # fmt: skip
+    """None when ``cache`` still holds the buffer and write position ``fetch`` left (a buffer array rebound to
+    ``mx.depends(buffer, ...)`` in ``call`` still holds it: :func:`depended`); else why not."""
+    held = (cache.keys, cache.values) if call is None else (depended(cache.keys, call), depended(cache.values, call))
+    if held[0] is not fetch.buffer[0] or held[1] is not fetch.buffer[1] or position(cache) != fetch.position:
         return Decline("cache_changed", "the cache changed between update_and_fetch and the attention call")
     return None
+
+
+DEPENDS = "depends"  # the notes of mx.depends in a call: id(result) -> (result, the array it returns the value of)
+
+
+def note_depends(call: Call, result: Any, inputs: Any, dependencies: Any) -> None:
+    """What ``mx.depends(inputs, dependencies)`` returned for one array: an array of the same value as
+    ``inputs`` (MLX's contract: only evaluated after ``dependencies``)."""
+    if not isinstance(inputs, (list, tuple)) and not isinstance(result, (list, tuple)):
+        call.notes(DEPENDS)[id(result)] = (result, inputs)
+
+
+def depended(array: Any, call: Call) -> Any:
+    """The array whose value ``array`` is, through the ``mx.depends`` results recorded in ``call`` (mlx-lm's
+    MiniMax-M3 rebinds its cache's keys to ``mx.depends(keys, index_cache)`` after each fetch)."""
+    notes = call.notes(DEPENDS)
+    while id(array) in notes and notes[id(array)][0] is array:
+        array = notes[id(array)][1]
+    return array
+
+
+def depends_patch() -> Patch:
+    """The recorder of ``mx.depends`` (:func:`note_depends`), which :func:`unchanged_decline` reads."""
+    import mlx.core as mx
+
+    return (mx, "depends", recorder(note_depends))
 
 
 def key_rows(keys: Any) -> int:
@@ -211,7 +241,8 @@ def unpatch(owner: Any, name: str) -> None:
 
 
 __all__ = [
-    "ACTIVE", "LOCK", "NOT_FETCHED", "Call", "Fetch", "Note", "Patch", "Plan", "Routed", "classes", "fetch_decline",
+    "ACTIVE", "DEPENDS", "LOCK", "NOT_FETCHED", "Call", "Fetch", "Note", "Patch", "Plan", "Routed", "classes",
+    "depended", "depends_patch", "fetch_decline",
     "fetch_recorder", "key_rows", "last_fetch", "mask_keys_decline", "offset", "patch", "received_decline",
     "recorded", "recorder", "string_mask_decline", "unchanged_decline", "unpatch",
 ]  # fmt: skip

@@ -19,7 +19,7 @@ from typing import Any
 from attnpass.passes import Decline
 
 from ..buffers import cut_plan
-from ..calls import Patch, Routed, classes, fetch_recorder, key_rows, offset, received_decline
+from ..calls import Patch, Routed, classes, depends_patch, fetch_recorder, key_rows, offset, received_decline
 from ..masks import own_keys
 from .base import MLX_LM, CacheAdapter, HelperCall, Plan, register
 from .mla import LatentHolder
@@ -38,7 +38,7 @@ class Buffered(CacheAdapter):
     arguments: Callable[[Any, int, bool], Routed] | None = None
 
     def patches(self) -> list[Patch]:
-        return [(classes(self.module, self.name)[0], "update_and_fetch", fetch_recorder(offset))]
+        return [(classes(self.module, self.name)[0], "update_and_fetch", fetch_recorder(offset)), depends_patch()]
 
     def holds(self, keys: Any, cache: Any) -> bool:
         """Whether ``keys``, the cache's last fetch, are its buffer's first rows."""
