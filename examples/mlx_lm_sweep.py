@@ -14,7 +14,9 @@ A family ends as **handled** (every case imports, raises all its attention layer
 checks' tokens identical), **declined** (a case's import raised ``ModelImportError``, or raise-attention declined
 a layer with a remark, or the module itself needs Metal (:func:`needs_metal`): the reason, quoted) or **failed**
 (any other exception, a mismatch beyond the zoo's tolerance, a layer left unraised without a remark, different
-tokens from a drop-in check, a timeout, or a configuration that does not build).
+tokens from a drop-in check, a timeout, or a configuration that does not build). A mismatch is the module's own
+(``module:``, :func:`mismatch`) where the case matches with ``mx.compile`` off: the module computes otherwise
+compiled than its code says, which the import follows.
 Each family runs in its own process, each case under :data:`CASE_TIMEOUT`.
 Its softmax-attention layers are counted by structure, by raise-attention's
 own matcher on the float32 prefill's import (:func:`attention_layers`; where
@@ -388,8 +390,7 @@ def run_case(family: str, step: str, dtype: str, layers: int | None, library: Li
         return dict(case=case.name, status="declined", raised=None, reason=row.imported.removeprefix("no: "))
     result = dict(case=case.name, raised=row.raised, reason="", **({"layers": layers} if own else {}))
     if not row.ok:
-        reason = f"MISMATCH (silently wrong): max error {row.error:.2e} > {row.bound:.1e}"
-        return {**result, "status": "failed", "reason": reason}
+        return {**result, "status": "failed", "reason": mismatch(case, row)}
     if layers is None:  # its import for the count declined, this one did not
         reason = "imported, but its attention layers are not counted: its import for the count declined"
         return {**result, "status": "failed", "reason": reason}
@@ -398,6 +399,48 @@ def run_case(family: str, step: str, dtype: str, layers: int | None, library: Li
     if row.raised < layers:
         return {**result, "status": "declined", "reason": row.remark}
     return {**result, "status": "handled"}
+
+
+def mismatch(case: Any, row: Any) -> str:
+    """Why ``row`` (a zoo case whose import does not match the module) failed: a ``MISMATCH``, unless the module's
+    own ``mx.compile``'d run is what differs (``module:``). The import runs the function with compilation off (its
+    compiled helpers' Python bodies, each call at its own shapes); the reference, with it on. Where the case rerun
+    with compilation off (:func:`compile_off`: the reference then uncompiled) matches, the module computes
+    something else compiled than what its code says: a ``mx.compile(shapeless=True)`` helper replays its first
+    trace at other shapes, and what that trace resolved from its shapes is stale (MLX resolves argpartition's
+    negative ``kth`` once: hy_v4's indexer, ``kth=-index_topk``, traced on the 11-token prompt, then keeps the top
+    of 8 of the verify step's 16 keys in arbitrary order, not the top 4). No graph of the function reproduces that
+    history, and the import is the function as written (its uncompiled run)."""
+    said = f"max error {row.error:.2e} > {row.bound:.1e}"
+    if case.backend == "mlx":
+        try:
+            with time_box(CASE_TIMEOUT), compile_off():
+                uncompiled = zoo.run_case(case)
+        except Exception:  # noqa: BLE001  (the rerun only refines the reason)
+            uncompiled = None
+        if uncompiled is not None and uncompiled.ok:
+            return (
+                f"module: its mx.compile'd run differs from its uncompiled run, which the import matches ({said}; "
+                f"{uncompiled.error:.2e} uncompiled)"
+            )
+    return f"MISMATCH (silently wrong): {said}"
+
+
+@contextlib.contextmanager
+def compile_off() -> Iterator[None]:
+    """``mx.compile`` off meanwhile (a compiled function runs its Python body on every call), back on after
+    where it was on (MLX has no getter: a probe compiled while on is traced once for two calls)."""
+    import mlx.core as mx
+
+    traced: list[int] = []
+    probe = mx.compile(lambda x: traced.append(1) or x)
+    probe(mx.zeros((1,))), probe(mx.zeros((1,)))
+    mx.disable_compile()
+    try:
+        yield
+    finally:
+        if len(traced) == 1:
+            mx.enable_compile()
 
 
 ATTNPASS = Path(importlib.import_module("attnpass.ir").__file__).resolve().parents[1]  # the package's root
@@ -713,7 +756,9 @@ def table(
         "refuses speculative decoding (a cache it cannot trim) or its own tokens differ from greedy decoding's "
         "(plain, no attnpass), with the reason. `reason`: the first failed part, "
         f"else the first declined one; `module:` when the model itself raised outside attnpass (an {library.name} bug "
-        "or a configuration it rejects), `config:` when the tiny configuration did not build or run.",
+        "or a configuration it rejects) or computes otherwise under `mx.compile` than uncompiled, where the import "
+        "matches its uncompiled run (its code as written), `config:` when the tiny configuration did not build or "
+        "run.",
         "",
         library.configurations,
         "",

@@ -12,7 +12,16 @@ Slices and gathers are normalised to the IR's canonical forms
 lines: :mod:`.mlx_source` records them while the export traces the function,
 and every node's location is that line, as a JAX import's is.
 ``mx.compile``'d helpers cannot be exported, so the import runs with
-compilation disabled (the same primitives, unfused).
+compilation disabled: each compiled helper's Python body, at each call's own
+shapes, its primitives unfused. That is the function as written, and what MLX
+computes uncompiled. Compiled, one kind of helper computes otherwise: an
+``mx.compile(shapeless=True)`` helper replays its first trace at later shapes,
+keeping what that trace resolved from its shapes (MLX resolves
+``mx.argpartition``'s negative ``kth`` to ``kth + n`` of the first call:
+mlx-vlm's hy_v4 indexer, ``kth=-index_topk``, traced on a prompt, then keeps
+``index_topk`` of a longer step's keys that are not its top ones). That value
+depends on which call traced the helper first; no graph of the function can
+reproduce it, and the graph stays the function as written.
 
 Captured constants are matched, by the buffer they share, with the arrays the
 function reaches through its module, closure and globals, and named after

@@ -103,6 +103,74 @@ def test_the_structural_count_takes_a_softmax_for_attention_only_when_a_matmul_c
     assert sweep.candidates(from_mlx(block, *args).graph) == 1
 
 
+def _top2(compiled_partition):
+    """A zoo case's ``make`` of hy_v4's sparse mask (``mlx_vlm/models/hy_v4``: its indexer's
+    ``mx.compile(shapeless=True)`` argpartition, ``kth=-top_k``; the mask ``put_along_axis`` of the last ``top_k``):
+    the helper first called on a 5-key prompt, then the step on 12 keys; the reference the module's own run."""
+    import mlx.core as mx
+
+    rng = np.random.default_rng(0)
+    scores = mx.array(rng.standard_normal((1, 3, 12)).astype(np.float32))
+    mask = mx.array(np.tril(np.ones((3, 12), bool), 9)[None])
+    prompt = mx.array(rng.standard_normal((1, 3, 5)).astype(np.float32))
+
+    def sparse(scores, mask):
+        top = compiled_partition(scores, mask)[..., -2:]
+        keep = mx.put_along_axis(mx.zeros(scores.shape, dtype=mx.bool_), top, mx.array(True), axis=-1)
+        return mx.where(keep & mask, scores, 0.0)
+
+    def make():
+        compiled_partition(prompt, mx.ones(prompt.shape, dtype=mx.bool_))  # as a prefill: traced at 5 keys
+        return sparse, (scores, mask), lambda: np.array(sparse(scores, mask))
+
+    return make
+
+
+@dataclasses.dataclass(frozen=True)
+class _OneCase(sweep.Library):
+    """A library of one case, whatever the family: ``make``'s."""
+
+    make: object = None
+
+    def case(self, family, step, dtype, layers=2):
+        return sweep.zoo.Case(f"{family}/{step}/{dtype}", "mlx", dtype, layers, self.make)
+
+
+def _one_case(make):
+    return _OneCase(**{f.name: getattr(sweep.MLX_LM, f.name) for f in dataclasses.fields(sweep.MLX_LM)}, make=make)
+
+
+@mlx_lm_only
+def test_a_module_that_computes_otherwise_compiled_is_its_own_mismatch_not_a_silently_wrong_import():
+    """hy_v4's verify case: MLX resolves argpartition's negative kth at a shapeless helper's first trace (5 keys: kth
+    3), and replays it on 12 keys, so the module's compiled top 2 are two of its top 9. The import is the function
+    as written (MLX's uncompiled run, the top 2); the sweep says the module computes otherwise compiled. A reference
+    that no run of the function gives stays a MISMATCH."""
+    import mlx.core as mx
+
+    def partition(scores, mask):
+        return mx.argpartition(mx.where(mask, scores, -float("inf")), kth=-2, axis=-1)
+
+    make = _top2(mx.compile(partition, shapeless=True))
+    fn, args, reference = make()
+    with sweep.compile_off():
+        uncompiled = np.array(fn(*args))
+    if np.array_equal(reference(), uncompiled):
+        pytest.skip("this MLX resolves argpartition's kth at each call of a shapeless compiled function")
+    case = sweep.run_case("sparse", "verify", "f32", 0, _one_case(make))
+    assert case["status"] == "failed"
+    assert case["reason"].startswith("module: its mx.compile'd run differs from its uncompiled run, which the import")
+    error = sweep.zoo._max_error(reference(), uncompiled)
+    assert case["reason"].endswith(f"(max error {error:.2e} > 1.0e-04; 0.00e+00 uncompiled)")
+
+    def wrong():  # the same function, its reference off by one
+        fn, args, _reference = make()
+        return fn, args, lambda: uncompiled + 1.0
+
+    case = sweep.run_case("sparse", "verify", "f32", 0, _one_case(wrong))
+    assert case["status"] == "failed" and case["reason"] == "MISMATCH (silently wrong): max error 1.00e+00 > 1.0e-04"
+
+
 def _record(family, *statuses, optimize="handled", speculative="handled", config=""):
     cases = [
         dict(case=f"{family}/{step}/{dtype}", status=s, raised=2, reason=f"r{i}")

@@ -109,6 +109,44 @@ def test_slice_update_pad_gather_and_scatter(rng):
     _check_targets(imported, indexing, x)
 
 
+@requires("mlx.core", "jax")
+def test_a_top_k_mask_of_a_shapeless_compiled_argpartition_is_the_function_as_written(rng):
+    """hy_v4's sparse attention mask (mlx_vlm/models/hy_v4: its indexer's ``mx.compile(shapeless=True)``
+    argpartition of masked scores, ``kth=-top_k``; the last ``top_k`` indices ``put_along_axis``'d into a zero mask,
+    True broadcast, and-ed with the causal mask). The helper first traced on 5 keys, then called on 12: the graph is
+    the function as written, each call at its own shapes (MLX's uncompiled run, bit for bit on MLX), keeping each
+    row's top 2 of its unmasked scores. MLX's compiled run replays kth=3 of the first trace (two of the top 9): what
+    the sweep reports as the module's, not the import's (tests/models/test_mlx_lm_sweep.py)."""
+
+    def partition(scores, mask):
+        return mx.argpartition(mx.where(mask, scores, -float("inf")), kth=-2, axis=-1)
+
+    compiled_partition = mx.compile(partition, shapeless=True)
+
+    def sparse(scores, mask):
+        top = compiled_partition(scores, mask)[..., -2:]
+        keep = mx.put_along_axis(mx.zeros(scores.shape, dtype=mx.bool_), top, mx.array(True), axis=-1)
+        return mx.where(keep & mask, scores, 0.0)
+
+    prompt = mx.array(rng.standard_normal((1, 3, 5)).astype(np.float32))
+    compiled_partition(prompt, mx.ones(prompt.shape, dtype=mx.bool_))  # traced at 5 keys
+    scores = mx.array(rng.standard_normal((1, 3, 12)).astype(np.float32))
+    mask = mx.array(np.tril(np.ones((3, 12), bool), 9)[None])
+    imported = from_mlx(sparse, scores, mask)
+    assert {"argpartition", "put_along_axis", "logical_and", "where"} <= set(_ops(imported.graph))
+    (kth,) = [n.attrs["kth"] for n in imported.graph.nodes() if n.op == "argpartition"]
+    assert kth == 10  # -2 of this call's 12 keys
+    masked = np.where(np.array(mask), np.array(scores), -np.inf)
+    second = np.sort(masked, axis=-1)[..., -2:-1]
+    top2 = np.where(masked >= second, np.array(scores), 0.0)
+    mx.disable_compile()
+    try:
+        _check_targets(imported, sparse, scores, mask)  # against MLX's uncompiled run
+    finally:
+        mx.enable_compile()
+    np.testing.assert_array_equal(run(lower(imported.graph, "numpy"), np.array(scores), np.array(mask)), top2)
+
+
 @requires("mlx.core")
 def test_compiled_helpers_import_and_compilation_is_restored(rng):
     helper = mx.compile(lambda a: mx.exp(a) * 2.0)
