@@ -12,11 +12,11 @@ warm cache; ``n/a`` where mlx-lm refuses it, a cache not trimmable, or itself gi
 
 A family ends as **handled** (every case imports, raises all its attention layers and matches; the drop-in
 checks' tokens identical), **declined** (a case's import raised ``ModelImportError``, or raise-attention declined
-a layer with a remark, or the module itself needs Metal (:func:`needs_metal`): the reason, quoted) or **failed**
-(any other exception, a mismatch beyond the zoo's tolerance, a layer left unraised without a remark, different
-tokens from a drop-in check, a timeout, or a configuration that does not build). A mismatch is the module's own
-(``module:``, :func:`mismatch`) where the case matches with ``mx.compile`` off: the module computes otherwise
-compiled than its code says, which the import follows.
+a layer with a remark, or the module itself needs Metal (:func:`needs_metal`), or a case mismatches only the
+module's compiled run (``module:``, :func:`mismatch`: with ``mx.compile`` off it matches; the module computes
+otherwise compiled than its code says, which the import follows): the reason, quoted) or **failed** (any other
+exception, a mismatch beyond the zoo's tolerance, a layer left unraised without a remark, different tokens from a
+drop-in check, a timeout, or a configuration that does not build).
 Each family runs in its own process, each case under :data:`CASE_TIMEOUT`.
 Its softmax-attention layers are counted by structure, by raise-attention's
 own matcher on the float32 prefill's import (:func:`attention_layers`; where
@@ -390,7 +390,8 @@ def run_case(family: str, step: str, dtype: str, layers: int | None, library: Li
         return dict(case=case.name, status="declined", raised=None, reason=row.imported.removeprefix("no: "))
     result = dict(case=case.name, raised=row.raised, reason="", **({"layers": layers} if own else {}))
     if not row.ok:
-        return {**result, "status": "failed", "reason": mismatch(case, row)}
+        reason = mismatch(case, row)
+        return {**result, "status": "declined" if reason.startswith("module:") else "failed", "reason": reason}
     if layers is None:  # its import for the count declined, this one did not
         reason = "imported, but its attention layers are not counted: its import for the count declined"
         return {**result, "status": "failed", "reason": reason}

@@ -158,7 +158,7 @@ def test_a_module_that_computes_otherwise_compiled_is_its_own_mismatch_not_a_sil
     if np.array_equal(reference(), uncompiled):
         pytest.skip("this MLX resolves argpartition's kth at each call of a shapeless compiled function")
     case = sweep.run_case("sparse", "verify", "f32", 0, _one_case(make))
-    assert case["status"] == "failed"
+    assert case["status"] == "declined"  # by the module's own reason: attnpass's import is the function as written
     assert case["reason"].startswith("module: its mx.compile'd run differs from its uncompiled run, which the import")
     error = sweep.zoo._max_error(reference(), uncompiled)
     assert case["reason"].endswith(f"(max error {error:.2e} > 1.0e-04; 0.00e+00 uncompiled)")
