@@ -93,9 +93,9 @@ def test_chat_answers_as_mlx_lms_chat(saved_lm, cli, monkeypatch, capsys):
 
 @requires("mlx_vlm")
 def test_mlx_vlm_generate_prints_its_text_with_the_qsa_calls_routed(tmp_path, cli, monkeypatch, capsys):
-    from attnpass.models.tiny_vlm import save_tiny_qwen4_exp
+    from attnpass.models.tiny_vlm import save_tiny_vlm
 
-    model = save_tiny_qwen4_exp(tmp_path / "qwen4")
+    model = save_tiny_vlm(tmp_path / "qwen4", "qwen4_exp")
     # 60 prompt bytes: more than 4 complete blocks of 4, so the indexer's selection is sparse from the prompt on
     prompt = "a prompt long enough to pass the QSA indexer's budget of 16 :)"
     flags = ["--model", str(model), "--prompt", prompt, "--max-tokens", "8", "--temperature", "0"]

@@ -79,9 +79,9 @@ def qwen4_exp_qsa(group: Any, model_dir: str) -> tuple:
     from mlx.nn.layers.distributed import shard_linear
 
     from attnpass.backends.mlx import optimize
-    from attnpass.models.tiny_vlm import tiny_qwen4_exp
+    from attnpass.models.tiny_vlm import tiny_vlm
 
-    lm = tiny_qwen4_exp().language_model
+    lm = tiny_vlm("qwen4_exp").language_model
     n = group.size()
     for layer in lm.model.layers:
         if not layer.is_linear:  # a QSA layer
