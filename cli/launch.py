@@ -1,8 +1,8 @@
 """``attnpass mlx-lm|mlx-vlm COMMAND ARGS...``: a model library's own entry point, the models it loads optimized.
 
 :func:`run` calls the entry point's ``main()`` (:data:`ENTRY_POINTS`: mlx-lm's ``generate``, ``chat`` and
-``server``, mlx-vlm's ``generate``) with ``ARGS`` as its command line, untouched, while the loaders it calls
-(the names its module imported: ``load``, ``sharded_load``, mlx-vlm's ``load_drafter``) are wrapped: every
+``server``, mlx-vlm's ``generate`` and ``server``) with ``ARGS`` as its command line, untouched, while the loaders
+it calls (the names its module imported: ``load``, ``sharded_load``, mlx-vlm's ``load_drafter``) are wrapped: every
 model they return goes through :func:`attnpass.backends.mlx.optimize` with attnpass's :class:`Options`
 before the command sees it (the draft model of ``--draft-model`` too). A model that optimize cannot route
 runs plain, with one warning (``strict``: an error). A loader that fails raises an
@@ -22,6 +22,12 @@ that cannot be loaded each end the command with one line, before it listens. Whi
 ends (:func:`_clearing_streams`). Everything is undone when the command ends: the loaders, the
 server's handler and thread function, the signal handlers, ``sys.argv``, and every optimize. The session
 holds each model it optimized until then (a server that switches models keeps the earlier ones loaded).
+
+mlx-vlm's server, a FastAPI app run by uvicorn (:class:`AppHooks`): its address and ``--model`` folder are
+checked before mlx-vlm is imported (a model that fails to load past that check is mlx-vlm's own failure: its
+and uvicorn's logged tracebacks, status 3), :data:`SUMMARY_PATH` is a route of its app (behind its API key),
+the summary is printed when uvicorn has shut down on SIGINT or SIGTERM, and its generation thread is stopped
+before the process exits. ``--reload`` (the app served from a new process) is refused.
 
 Imports only the standard library: ``attnpass --help`` lists the commands from :data:`ENTRY_POINTS` cheaply.
 """
@@ -63,19 +69,40 @@ class ServerHooks:
 
 
 @dataclass(frozen=True)
+class AppHooks:
+    """A server command that serves an ASGI app (FastAPI, Starlette) with uvicorn: ``app`` is where the app is
+    (``"module:name"``); :data:`SUMMARY_PATH` is a route added to it, ahead of its own, while the command runs,
+    refused as the app refuses a request when ``guard`` (``"module:name"``, a function given the request that
+    raises the app's HTTP error, e.g. a missing API key) raises. uvicorn handles SIGINT and SIGTERM itself: it
+    shuts down, restores the handlers it found (the session's) and raises the signal again, so the session prints
+    its summary and the command ends as stopped. ``stop`` (``"module:name"``), called with no arguments when the
+    command ends, stops the threads the app started that use MLX: a generation thread left to the interpreter's
+    exit holds MLX streams there, and MLX aborts ("terminate called without an active exception")."""
+
+    app: str
+    guard: str | None = None
+    stop: str | None = None
+
+
+@dataclass(frozen=True)
 class EntryPoint:
     """A command of a model library: its ``main`` and the loaders it calls (``"module:name"`` each; a loader
     returns the model, or a tuple whose first item is the model), the HTTP handler class, if any, that
     answers :data:`SUMMARY_PATH`, the functions it runs as threads that use MLX (``"module:Class.name"``),
-    which then clear their MLX streams when they end (:func:`_clearing_streams`), its server's hooks, and its
-    options that name a file it reads (checked before it runs, with what makes one)."""
+    which then clear their MLX streams when they end (:func:`_clearing_streams`), its server's hooks (an
+    ``http.server`` one's, :class:`ServerHooks`, or an ASGI app's, :class:`AppHooks`), its options that name a
+    file it reads (checked before it runs, with what makes one), a server's default ``--host`` and ``--port``
+    (checked, with its ``--model`` folder, before the library is imported: :func:`_preflight`), and its options
+    that attnpass refuses, with why."""
 
     main: str
     loaders: tuple[str, ...]
     handler: str | None = None
     threads: tuple[str, ...] = ()
-    server: ServerHooks | None = None
+    server: ServerHooks | AppHooks | None = None
     reads: tuple[tuple[str, str], ...] = ()
+    address: tuple[str, int] | None = None
+    refuses: tuple[tuple[str, str], ...] = ()
 
 
 ENTRY_POINTS: dict[str, dict[str, EntryPoint]] = {
@@ -94,12 +121,24 @@ ENTRY_POINTS: dict[str, dict[str, EntryPoint]] = {
             ServerHooks(
                 "mlx_lm.server:run", "mlx_lm.server:_run_http_server", "mlx_lm.server:ModelProvider.load_default"
             ),
+            address=("127.0.0.1", 8080),
         ),
     },
     "mlx-vlm": {
         "generate": EntryPoint(
             "mlx_vlm.generate.dispatch:main",
             ("mlx_vlm.generate.dispatch:load", "mlx_vlm.speculative.drafters:load_drafter"),
+        ),
+        "server": EntryPoint(  # the generation thread's load; the decision and realtime models' (mlx_vlm.utils:load)
+            "mlx_vlm.server.cli:main",
+            ("mlx_vlm.server.generation:load", "mlx_vlm.utils:load", "mlx_vlm.speculative.drafters:load_drafter"),
+            server=AppHooks(
+                "mlx_vlm.server.app:app",
+                guard="mlx_vlm.server.app:_require_management_api_key",
+                stop="mlx_vlm.server.app:unload_model_sync",  # the generation thread ends, clearing its streams
+            ),
+            address=("0.0.0.0", 8080),
+            refuses=(("--reload", "uvicorn then serves the app from a new process, which attnpass does not reach"),),
         ),
     },
 }
@@ -295,8 +334,11 @@ def run(library: str, command: str, argv: Sequence[str], options: Options, *, er
 
         parse_pipeline(options.pipeline)  # a mistake in it is one line now, not an error inside mlx-lm's load
     _check_reads(label, entry, argv)
-    if entry.server is not None:
-        _preflight(label, argv)
+    for option, why in entry.refuses:
+        if option in argv or any(token.startswith(option + "=") for token in argv):
+            raise ArgumentError(f"{label}: attnpass cannot run it with {option}: {why}; leave {option} out")
+    if entry.address is not None:
+        _preflight(label, argv, *entry.address)
     session = Session(label, options)
     main = _resolve(entry.main)
     patches = [(owner, name, session.wrap(getattr(owner, name))) for owner, name in map(_owner, entry.loaders)]
@@ -307,14 +349,18 @@ def run(library: str, command: str, argv: Sequence[str], options: Options, *, er
     for target in entry.threads:
         owner, name = _owner(target)
         patches.append((owner, name, _clearing_streams(getattr(owner, name))))
-    if entry.server is not None:
+    routes = []
+    if isinstance(entry.server, ServerHooks):
         patches += _server_patches(label, entry.server)
+    elif isinstance(entry.server, AppHooks):
+        routes.append((_resolve(entry.server.app), _summary_route(session, entry.server)))
     stopped: list[int] = []
     status, failed = 1, True  # when a signal stops main(), or it fails
     out = err if err is not None else sys.stderr
     try:
         with (
             _patched(patches),
+            _routed(routes),
             _stopping(stopped),
             _argv([f"attnpass {label}", *argv]),
             session.every(options.summary_every, out),
@@ -322,8 +368,12 @@ def run(library: str, command: str, argv: Sequence[str], options: Options, *, er
             status = _status(label, main)
             failed = False
     finally:
-        session.print(out, failed=failed and not stopped)
-        session.restore()
+        try:
+            if isinstance(entry.server, AppHooks) and entry.server.stop is not None:
+                _resolve(entry.server.stop)()  # its threads end before the summary is read
+        finally:
+            session.print(out, failed=failed and not stopped)
+            session.restore()
     if stopped:  # the command caught the interrupt (mlx-lm's server shuts down): report it
         raise Stopped(stopped[0])
     return status
@@ -452,14 +502,14 @@ def _server_patches(label: str, hooks: ServerHooks) -> list[tuple[Any, str, Any]
     return [(run_owner, run_name, running), (serve_owner, serve_name, serving), (load_owner, load_name, loading)]
 
 
-def _preflight(label: str, argv: Sequence[str]) -> None:
-    """A server's address and local model folder checked before the library is imported (mlx-lm imports
-    transformers and torch: seconds): the same one-line errors :func:`_check_address` and the first load give,
-    within a second. The server's own defaults (127.0.0.1:8080) when a flag is absent; a value the server's own
-    parser would refuse is left to it."""
+def _preflight(label: str, argv: Sequence[str], host: str, port: int) -> None:
+    """A server's address and local model folder checked before the library is imported (mlx-lm and mlx-vlm
+    import transformers and torch: seconds): the same one-line errors :func:`_check_address` and the first load
+    give, within a second. The server's own defaults (``host``, ``port``) when a flag is absent; a value the
+    server's own parser would refuse is left to it."""
     parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", default="8080")
+    parser.add_argument("--host", default=host)
+    parser.add_argument("--port", default=str(port))
     parser.add_argument("--model", default=None)
     known, _ = parser.parse_known_args(list(argv))
     try:
@@ -533,7 +583,8 @@ def _load_error(label: str, source: str, exc: Exception) -> Exception:
     if path.is_dir() and not (path / "config.json").is_file():
         return AttnpassError(
             f"{label}: cannot load {source!r}: the folder has no config.json; a model folder holds config.json, "
-            "its *.safetensors weights and its tokenizer files (as mlx_lm.convert writes them)"
+            f"its *.safetensors weights and its tokenizer files (as {label.split()[0].replace('-', '_')}.convert "
+            "writes them)"
         )
     where = "" if path.exists() else " (no such local path, so it was read as a Hugging Face repo id)"
     return AttnpassError(f"{label}: cannot load {source!r}{where}: {first}")
@@ -639,7 +690,36 @@ def _summary_endpoint(session: Session, do_get: Callable[[Any], None]) -> Callab
     return answering
 
 
+def _summary_route(session: Session, hooks: AppHooks) -> Any:
+    """The ASGI app's route answering :data:`SUMMARY_PATH` with :meth:`Session.as_json` (``?full=1``: the reports'
+    whole form), after ``hooks.guard``. A plain function: Starlette runs it in its thread pool, off the event loop."""
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    guard = _resolve(hooks.guard) if hooks.guard is not None else None
+
+    def summary(request: Any) -> Any:
+        if guard is not None:
+            guard(request)
+        full = request.query_params.get("full") in ("1", "true")
+        return JSONResponse(session.as_json(full))
+
+    return Route(SUMMARY_PATH, summary, methods=["GET"], name="attnpass_summary")
+
+
+@contextmanager
+def _routed(routes: list[tuple[Any, Any]]) -> Iterator[None]:
+    """Each ``(app, route)``'s route ahead of the app's own routes while the block runs."""
+    for app, route in routes:
+        app.router.routes.insert(0, route)
+    try:
+        yield
+    finally:
+        for app, route in routes:
+            app.router.routes.remove(route)
+
+
 __all__ = [
-    "ENTRY_POINTS", "LAUNCHER_OPTIONS", "SUMMARY_PATH", "EntryPoint", "Options", "ServerHooks", "Session", "Stopped",
-    "run", "summary_line",
+    "ENTRY_POINTS", "LAUNCHER_OPTIONS", "SUMMARY_PATH", "AppHooks", "EntryPoint", "Options", "ServerHooks", "Session",
+    "Stopped", "run", "summary_line",
 ]  # fmt: skip

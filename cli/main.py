@@ -129,8 +129,8 @@ Everything after COMMAND is {library}'s own command line, passed through untouch
 (attnpass {library} COMMAND --help shows its flags); attnpass's options go before COMMAND.
 stdout stays {library}'s; at exit (SIGINT and SIGTERM included) attnpass prints one line
 per optimized model on stderr: attention calls routed, traces and their time, calls
-declined by reason with the bound behind each and the option that moves it. mlx-lm's
-server checks its --host/--port and loads its --model before it listens, and answers
+declined by reason with the bound behind each and the option that moves it. A server
+command checks its --host/--port and loads its --model before it listens, and answers
 GET /attnpass/summary (JSON; ?full=1: the whole report). Commands: {commands}.
 
 example: attnpass {library} --min-keys 0 generate --model DIR --prompt "hello" --max-tokens 16"""
