@@ -114,6 +114,23 @@ def remainder(x, y, dtype: str | DType) -> np.ndarray:
     return rounded(np.where((r != 0) & ((r < 0) != (y < 0)), r + y, r), dtype)
 
 
+def total_order(x: np.ndarray) -> np.ndarray:
+    """int64 keys in the IEEE total order of ``x``'s values (-NaN < -inf < -0.0 < +0.0 < +inf < +NaN, read from
+    the bits of x's own dtype); integers are their own keys."""
+    x = np.asarray(x)
+    if x.dtype.kind in "iub":
+        return x.astype(np.int64)
+    signed = x.view(np.dtype(f"i{x.dtype.itemsize}")).astype(np.int64)
+    return np.where(signed < 0, signed ^ (2 ** (8 * x.dtype.itemsize - 1) - 1), signed)
+
+
+def argtopk(x: np.ndarray, k: int, axis: int) -> np.ndarray:
+    """The ``argtopk`` op: indices of the k largest along ``axis`` in total order, largest first, ties by index
+    (a stable sort of the complemented keys)."""
+    order = np.argsort(~total_order(x), axis=axis, kind="stable")
+    return np.take(order, np.arange(k), axis=axis).astype(np.int32)
+
+
 _SCANS = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum, "logsumexp": np.logaddexp}
 
 
@@ -275,6 +292,7 @@ EVALUATORS: dict[str, Evaluator] = {
     "round": _arith(np.round),  # halves to even
     "argmax": _arg_reduce(np.argmax),
     "argmin": _arg_reduce(np.argmin),
+    "argtopk": lambda attrs, xs, t: argtopk(xs[0], **attrs),
     "conv1d": lambda attrs, xs, t: conv1d(*xs, **attrs, dtype=t.dtype),
     "scan": lambda attrs, xs, t: scan(*xs, **attrs, dtype=t.dtype),
     "remainder": lambda attrs, xs, t: remainder(*xs, dtype=t.dtype),
@@ -297,6 +315,6 @@ def evaluate(op: str, attrs: Mapping, operands: Sequence[np.ndarray], result: Te
 
 
 __all__ = [
-    "EVALUATORS", "constant", "conv1d", "dequantize", "evaluate", "pack", "quantize", "quantized_matmul",
-    "quantized_sdpa", "remainder", "rounded", "scan", "scan_identity", "softmax", "unpack", "wide",
+    "EVALUATORS", "argtopk", "constant", "conv1d", "dequantize", "evaluate", "pack", "quantize", "quantized_matmul",
+    "quantized_sdpa", "remainder", "rounded", "scan", "scan_identity", "softmax", "total_order", "unpack", "wide",
 ]  # fmt: skip

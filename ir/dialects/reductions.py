@@ -1,4 +1,4 @@
-"""Reductions: sum, max (axes, keepdims), argpartition, argmax/argmin and scans (cumulative sum, product, max,
+"""Reductions: sum, max (axes, keepdims), argpartition, argtopk, argmax/argmin and scans (cumulative sum, product, max,
 min, logsumexp)."""
 
 from __future__ import annotations
@@ -58,6 +58,31 @@ register(
         "reduction",
         "int32 indices that partition x along axis: the element at kth is in sorted position, smaller ones "
         "before, larger ones after. The order inside each side (and among ties) is target-defined.",
+    )
+)
+
+
+def _infer_argtopk(ts, *, k, axis):
+    (x,) = ts
+    require_dtype("argtopk", x, NUMERIC)
+    if x.rank == 0:
+        raise ShapeError(f"argtopk: operand {x} is a scalar; need rank >= 1")
+    ax = normalize_axis("argtopk", axis, x.rank)
+    if not 0 <= k <= x.shape[ax]:
+        raise ShapeError(f"argtopk: k={k} out of range for axis {axis} of {x} (need 0 <= k <= {x.shape[ax]})")
+    return TensorType(x.shape[:ax] + (k,) + x.shape[ax + 1 :], DType.int32)
+
+
+register(
+    OpDef(
+        "argtopk",
+        (operand("x"),),
+        _infer_argtopk,
+        {"k": attr("int"), "axis": attr("int", -1)},
+        "reduction",
+        "int32 indices of the k largest elements along axis, largest first; equal elements lower index first; "
+        "floats in IEEE total order (-NaN < -inf < ... < -0.0 < +0.0 < ... < +inf < +NaN): the indices of "
+        "jax.lax.top_k (its values are take_along_axis of x at them).",
     )
 )
 

@@ -287,6 +287,12 @@ def argmin(x: Tensor, axis: int, keepdims: bool = False) -> Tensor:
     return emit("argmin", [x], {"axis": int(axis), "keepdims": keepdims})
 
 
+def argtopk(x: Tensor, k: int, axis: int = -1) -> Tensor:
+    """int32 indices of the ``k`` largest along ``axis``, largest first, ties to the lower index
+    (``jax.lax.top_k``'s indices; floats in IEEE total order)."""
+    return emit("argtopk", [x], {"k": int(k), "axis": int(axis)})
+
+
 def conv1d(
     x: Tensor, w: Tensor, *, stride: int = 1, padding: int | Sequence[int] = 0, dilation: int = 1, groups: int = 1
 ) -> Tensor:
@@ -296,7 +302,7 @@ def conv1d(
     return emit("conv1d", [x, w], attrs)
 
 
-__all__ += ["floor", "ceil", "round", "argmax", "argmin", "conv1d"]
+__all__ += ["floor", "ceil", "round", "argmax", "argmin", "argtopk", "conv1d"]
 
 
 def scan(x: Tensor, kind: str, axis: int, *, reverse: bool = False, inclusive: bool = True) -> Tensor:

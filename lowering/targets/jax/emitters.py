@@ -127,6 +127,17 @@ def _scan(n: Node, a: list[str], env: EmitEnv) -> str:
 EMITTERS["scan"] = _scan
 
 
+def _argtopk(n: Node, a: list[str], env: EmitEnv) -> str:
+    """``jax.lax.top_k``'s indices along the op's axis (moved last and back): the op's order is JAX's own."""
+    axis, k = n.attrs["axis"] % n.type.rank, n.attrs["k"]
+    if axis == n.type.rank - 1:
+        return f"jax.lax.top_k({a[0]}, {k})[1]"
+    return f"jnp.moveaxis(jax.lax.top_k(jnp.moveaxis({a[0]}, {axis}, -1), {k})[1], -1, {axis})"
+
+
+EMITTERS["argtopk"] = _argtopk
+
+
 def _quant(call: str, keys: tuple[str, ...]):
     """A call of the ``jrt`` quantization helper ``call`` with the op's attributes ``keys``."""
 

@@ -135,6 +135,7 @@ def _scan(n: Node, a: list[str], env: EmitEnv) -> str:
 
 
 EMITTERS["scan"] = _scan
+EMITTERS["argtopk"] = lambda n, a, env: f"{env.runtime('argtopk')}({a[0]}, {n.attrs['k']}, {n.attrs['axis']})"
 
 
 def _quant_args(n: Node, a: list[str], first: int) -> str:

@@ -1,5 +1,5 @@
-"""Runtime of the MLX target: the ``qsa`` helper (the shared QSA ops over native ``mlx.core`` primitives), ``lse``
-and ``quantized_sdpa``.
+"""Runtime of the MLX target: the ``qsa`` helper (the shared QSA ops over native ``mlx.core`` primitives), ``lse``,
+``quantized_sdpa`` and ``argtopk``.
 
 Exact top-k with ties to the lower block id, without relying on the tie
 behaviour of ``mx.topk``/``argpartition``: each score becomes a unique int64
@@ -39,6 +39,28 @@ def _top_k(score: mx.array, k: int) -> mx.array:
     key = _ordered(score).astype(mx.int64) * (2**32) + (_LOW - blocks)
     top = mx.topk(key, k, axis=-1)  # distinct keys: exact, whatever the order
     return _LOW - mx.bitwise_and(top, _LOW)
+
+
+_KEY_BITS = {mx.float32: (mx.int32, 0x7FFFFFFF), mx.float16: (mx.int16, 0x7FFF), mx.bfloat16: (mx.int16, 0x7FFF)}
+
+
+def argtopk(x: mx.array, k: int, axis: int) -> mx.array:
+    """The ``argtopk`` op (``jax.lax.top_k``'s indices): the same unique int64 keys as the QSA top-k, ``key(x) *
+    2**32 + (2**32 - 1 - index)``, but ``key`` the IEEE total order of x's own bits (a float's bits with the
+    magnitude flipped when negative: -NaN < -inf < -0.0 < +0.0 < +inf < +NaN; an int32 is its own key), so that
+    ``mx.topk`` and ``mx.sort`` of distinct keys give the largest first, ties to the lower index, exactly."""
+    x = mx.moveaxis(x, axis, -1)
+    n = x.shape[-1]
+    if k == 0:
+        return mx.moveaxis(mx.zeros((*x.shape[:-1], 0), dtype=mx.int32), -1, axis)
+    if x.dtype in _KEY_BITS:
+        width, magnitude = _KEY_BITS[x.dtype]
+        bits = x.view(width).astype(mx.int32)
+        x = mx.where(bits < 0, mx.bitwise_xor(bits, magnitude), bits)
+    key = x.astype(mx.int64) * (2**32) + (_LOW - mx.arange(n, dtype=mx.int64))
+    top = key if k == n else mx.topk(key, k, axis=-1)  # distinct keys: exact, in some order
+    top = mx.sort(top, axis=-1)[..., ::-1]
+    return mx.moveaxis((_LOW - mx.bitwise_and(top, _LOW)).astype(mx.int32), -1, axis)
 
 
 def _put(array: mx.array, indices: mx.array, values: mx.array) -> mx.array:

@@ -115,6 +115,7 @@ MLX = Target(
         "lse": "attnpass.lowering.targets.mlx.runtime.sdpa_lse",
         "attn": "attnpass.lowering.targets.mlx.runtime.explicit_sdpa",
         "qsdpa": "attnpass.lowering.targets.mlx.runtime.quantized_sdpa",
+        "argtopk": "attnpass.lowering.targets.mlx.runtime.argtopk",
         "visible": "attnpass.ir.dialects.attention.visible",
     },
     to_numpy=to_numpy,

@@ -151,6 +151,7 @@ def _scan(n: Node, a: list[str], env: EmitEnv) -> str:
 
 
 EMITTERS["scan"] = _scan
+EMITTERS["argtopk"] = lambda n, a, env: f"ref.argtopk({a[0]}, {n.attrs['k']}, {n.attrs['axis']})"
 EMITTERS["remainder"] = lambda n, a, env: f"ref.remainder({a[0]}, {a[1]}, {_dt(n)})"
 EMITTERS["dequantize"] = lambda n, a, env: (
     f"ref.dequantize({', '.join(a)}, group_size={n.attrs['group_size']}, bits={n.attrs['bits']}, dtype={_dt(n)})"

@@ -2,7 +2,7 @@
 
 This is the oracle the tests compare MLX and JAX programs with. Integer and
 boolean ops stay exact; layout ops (slice, reshape, take, ...) move values
-without arithmetic. ``wide``, ``rounded``, ``constant``, ``softmax``, ``conv1d``, ``scan``, ``remainder``,
+without arithmetic. ``wide``, ``rounded``, ``constant``, ``softmax``, ``conv1d``, ``scan``, ``remainder``, ``argtopk``,
 ``dequantize`` and ``quantized_matmul``
 are the op semantics
 of :mod:`attnpass.ir.dialects.evaluate`, which constant folding shares.
@@ -19,6 +19,7 @@ from attnpass.ir.dialects.attention import visible
 
 # ``ref.*`` in generated code:
 from attnpass.ir.dialects.evaluate import (  # noqa: F401
+    argtopk,
     constant,
     conv1d,
     dequantize,

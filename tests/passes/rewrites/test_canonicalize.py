@@ -69,6 +69,7 @@ EVALUATOR_CASES = {
     **{op: [([F32], {}), ([BF16], {}), ([F16], {})] for op in ("floor", "ceil", "round")},
     **{op: [([F32], {"axis": 1}), ([BF16], {"axis": 0, "keepdims": True}), ([I32], {"axis": -1})]
        for op in ("argmax", "argmin")},
+    "argtopk": [([F32], {"k": 2, "axis": 1}), ([BF16], {"k": 3, "axis": 0}), ([I32], {"k": 4}), ([F16], {"k": 0})],
     "scan": [([F32], {"kind": kind, "axis": 1, "reverse": rev, "inclusive": inc})
              for kind in ("sum", "prod", "max", "min") for rev in (False, True) for inc in (False, True)]
             + [([I32], {"kind": "max", "axis": 0, "inclusive": False}), ([BF16], {"kind": "sum", "axis": -1})],
