@@ -10,8 +10,23 @@ transposes, reshapes and one batched ``matmul`` (operands cast first to its
 ``preferred_element_type``); ``broadcast_in_dim`` a reshape plus an explicit
 ``broadcast_to``; ``select_n`` with a bool predicate a ``where``; the cache idioms
 (``dynamic_update_slice``, ``dynamic_slice``, ``scatter`` as ``cache.at[:, i].set(k)``
-writes) a ``dynamic_update_slice``, ``take``s or a ``put_along_axis``. Equations
-whose results nothing reads are left out.
+writes) a ``dynamic_update_slice``, ``take``s or a ``put_along_axis``.
+
+Equations whose results never reach the function's outputs (a length counter
+nobody reads, the unused half of a split) are left out before any rule sees
+them, so an unsupported primitive there costs nothing; so are the dead outputs
+of an inlined call and captured arrays only dead code reads. Equations with
+effects are always imported. Constants are not folded here (``canonicalize``
+folds them). The single-device identities ``sharding_constraint``
+(``with_sharding_constraint``), ``name`` (``checkpoint_name``), ``device_put``
+and ``optimization_barrier`` forward their operands (no node); a
+``sharding_constraint`` whose ``NamedSharding`` the IR's sharding vocabulary
+can say (one mesh axis or none per dimension, no unconstrained dimension, one
+mesh for the graph, a value not annotated yet) is kept as the value's sharding
+annotation and its mesh's axes of size > 1 as the graph's mesh
+(:mod:`attnpass.ir.core.sharding`); size-1 axes shard nothing and are left
+out, so a trace on one device keeps no hint; any other is dropped.
+A PRNG key argument (``jax.random.key``) is declined by name: the IR has no key type.
 """
 
 from __future__ import annotations
@@ -23,7 +38,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from attnpass.ir.core.types import DType, SourceLoc, TensorType
+from attnpass.ir.core.sharding import normalize_mesh, sharding_problem
+from attnpass.ir.core.types import DType, GraphFormatError, SourceLoc, TensorType
 
 from .example_args import require_call, require_callable, require_jax_leaves, traced_error
 from .importing import (
@@ -54,7 +70,7 @@ _UNARY = {
     "neg": "neg", "exp": "exp", "sin": "sin", "cos": "cos", "logistic": "sigmoid", "rsqrt": "rsqrt", "sqrt": "sqrt",
     "tanh": "tanh", "erf": "erf", "log": "log", "log1p": "log1p", "expm1": "expm1", "abs": "abs", "sign": "sign",
 }  # fmt: skip
-_ALIASES = ("stop_gradient", "copy", "copy_p", "optimization_barrier")
+_ALIASES = ("stop_gradient", "copy", "copy_p", "optimization_barrier", "name", "device_put")
 _REDUCE = {"reduce_max": "max", "reduce_sum": "sum"}
 _SCANS = {"cumsum": "sum", "cumprod": "prod", "cummax": "max", "cummin": "min", "cumlogsumexp": "logsumexp"}
 _CALLS = {"pjit": "jaxpr", "jit": "jaxpr", "closed_call": "call_jaxpr", "core_call": "call_jaxpr",
@@ -75,36 +91,91 @@ def _location(eqn: Any, fallback: SourceLoc) -> SourceLoc:
     return SourceLoc(frame.file_name, frame.start_line, frame.function_name)
 
 
+def _is_literal(atom: Any) -> bool:
+    return hasattr(atom, "val") and not hasattr(atom, "count")
+
+
+def _is_drop(var: Any) -> bool:
+    return type(var).__name__ == "DropVar"
+
+
+def _liveness(jaxpr: Any, wanted: list[bool]) -> tuple[list[bool], set]:
+    """Which equations of ``jaxpr`` to import, and the variables read: backwards from the ``wanted`` outputs,
+    an equation is kept when a kept one (or a wanted output) reads one of its results, or when it has effects."""
+    live = {v for v, w in zip(jaxpr.outvars, wanted) if w and not _is_literal(v)}
+    keep = [False] * len(jaxpr.eqns)
+    for i in range(len(jaxpr.eqns) - 1, -1, -1):
+        eqn = jaxpr.eqns[i]
+        if eqn.effects or any(not _is_drop(v) and v in live for v in eqn.outvars):
+            keep[i] = True
+            live.update(v for v in eqn.invars if not _is_literal(v))
+    return keep, live
+
+
+def _key_type(dtype: Any) -> bool:
+    """Whether ``dtype`` is a typed PRNG key's (``jax.random.key``: ``key<fry>``)."""
+    import jax
+
+    return bool(jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key))
+
+
+def _decline_key(what: str, aval: Any) -> ModelImportError:
+    return ModelImportError(
+        f"{what} is a PRNG key array ({aval}): the IR has no key type; draw the random "
+        "values outside the function and pass them in as an array, or bind the key with functools.partial where "
+        "only dead code reads it (deterministic dropout)"
+    )
+
+
+def _array_of(const: Any, what: str) -> np.ndarray:
+    """A captured array as numpy; a captured PRNG key is declined by name."""
+    aval = getattr(const, "aval", None)
+    if aval is not None and _key_type(aval.dtype):
+        raise _decline_key(what, aval)
+    return np.asarray(const)
+
+
 class _Importer:
     def __init__(self, builder: GraphBuilder, paths: dict[int, str]) -> None:
         self.b = builder
         self.paths = paths  # _array_key of a captured array -> where fn reaches it
         self.count = 0
         self.enclosing: SourceLoc | None = None  # the call being inlined: its location stands in for lost ones
+        self.used: list[bool] = []  # which outputs of the equation being imported are read
 
     def read(self, atom: Any) -> str:
-        if hasattr(atom, "val") and not hasattr(atom, "count"):  # a Literal
+        if _is_literal(atom):
             aval = atom.aval
             return self.b.constant(np.asarray(atom.val), dtype_of(str(aval.dtype), f"literal {atom}"), "lit")
         return self.b.read(atom)
 
-    def jaxpr(self, closed: Any, args: list[str]) -> list[str]:
-        """Import the body of a ClosedJaxpr with ``args`` bound to its inputs; returns its outputs."""
+    def jaxpr(self, closed: Any, args: list[str], wanted: list[bool] | None = None) -> list[str | None]:
+        """Import the body of a ClosedJaxpr with ``args`` bound to its inputs; returns its outputs (None for an
+        output ``wanted`` marks unread: what only it needs is not imported)."""
         jaxpr = getattr(closed, "jaxpr", closed)
+        wanted = [True] * len(jaxpr.outvars) if wanted is None else wanted
+        keep, live = _liveness(jaxpr, wanted)
         for var, const in zip(jaxpr.constvars, getattr(closed, "consts", ())):
-            array = np.asarray(const)
+            if var not in live:
+                continue  # a captured array only dead code reads
+            array = _array_of(const, f"captured array {var}")
             dtype = dtype_of(str(array.dtype), f"captured array {var}")
             self.b.bind(var, self.b.constant(array, dtype, path=self.paths.get(_array_key(const))))
         for var, value in zip(jaxpr.invars, args):
-            self.b.bind(var, value)
-        for eqn in jaxpr.eqns:
-            self.equation(eqn)
-        return [self.read(v) for v in jaxpr.outvars]
+            if value is not None:
+                self.b.bind(var, value)
+        for eqn, kept in zip(jaxpr.eqns, keep):
+            if kept:
+                self.equation(eqn, [not _is_drop(v) and v in live for v in eqn.outvars])
+            else:
+                self.count += 1
+        return [self.read(v) if w else None for v, w in zip(jaxpr.outvars, wanted)]
 
-    def equation(self, eqn: Any) -> None:
+    def equation(self, eqn: Any, used: list[bool] | None = None) -> None:
+        """Import ``eqn``; ``used`` marks which of its outputs later equations read (a call's dead outputs are
+        not imported)."""
         index, self.count = self.count, self.count + 1
-        if not eqn.effects and all(type(v).__name__ == "DropVar" for v in eqn.outvars):
-            return  # a pure equation whose results nothing reads (flax's writes back to a module it discards)
+        self.used = [True] * len(eqn.outvars) if used is None else used
         name = eqn.primitive.name
         self.b.loc = _location(eqn, self.enclosing or SourceLoc(f"jax:{self.b.graph.name}", index, name))
         args = [self.read(v) for v in eqn.invars]
@@ -120,6 +191,8 @@ class _Importer:
         except Exception as exc:  # a shape rule or unexpected parameters: say which equation
             raise ModelImportError(f"cannot import {self._where(index, eqn)}: {exc}") from None
         for var, value in zip(eqn.outvars, outs):
+            if value is None:
+                continue  # an output nothing reads, left out
             shape = tuple(var.aval.shape)
             if self.b.type(value).shape != shape:
                 raise ModelImportError(
@@ -131,11 +204,12 @@ class _Importer:
         operands = ", ".join(str(getattr(v, "aval", v)) for v in eqn.invars) or "none"
         return f"equation #{index} {eqn.primitive.name} (operands {operands}) at {self.b.loc}"
 
-    def inline(self, closed: Any, args: list[str]) -> list[str]:
-        """The body of a nested call imported in place; its equations without a location get the call's."""
+    def inline(self, closed: Any, args: list[str]) -> list[str | None]:
+        """The body of a nested call imported in place (only what its read outputs need); its equations without a
+        location get the call's."""
         outer, self.enclosing, loc = self.enclosing, self.b.loc, self.b.loc
         try:
-            return self.jaxpr(closed, args)
+            return self.jaxpr(closed, args, self.used)
         finally:
             self.enclosing, self.b.loc = outer, loc
 
@@ -607,6 +681,135 @@ def _iota(imp: "_Importer", params: dict, x: list[str], eqn: Any) -> list[str]:
     return [imp.b.constant(np.broadcast_to(ramp, shape).astype(dtype.numpy), dtype, "iota", inline=True)]
 
 
+@importer("sharding_constraint")
+def _sharding_constraint(imp: "_Importer", params: dict, x: list[str], eqn: Any) -> list[str]:
+    """``with_sharding_constraint``: the value forwarded; its ``NamedSharding`` kept as the value's annotation
+    where the IR can say it (:func:`_sharding_hint`)."""
+    hint = _sharding_hint(params, eqn.invars[0].aval)
+    graph = imp.b.graph
+    if hint is not None:
+        mesh, entries = hint
+        node = graph.node(x[0])
+        fits = sharding_problem(node.replace(sharding=entries), mesh) is None
+        if fits and node.sharding is None and (not graph.mesh_axes or dict(graph.mesh_axes) == mesh):
+            if not graph.mesh_axes:
+                graph.set_mesh(mesh)
+            graph.set_sharding(x[0], entries)
+    return list(x)
+
+
+def _sharding_hint(params: dict, aval: Any) -> tuple[dict[str, int], tuple[str | None, ...]] | None:
+    """``(mesh axes, one mesh axis or None per dimension)`` of a ``sharding_constraint``, or None when the IR
+    cannot say it (not a ``NamedSharding``, a dimension over several mesh axes as ``P(('data', 'fsdp'))`` or left
+    unconstrained, axis names that are not identifiers) or when it shards nothing. An axis of size 1 shards
+    nothing and is left out, of the dimensions and of the mesh: a trace on one device keeps no hint and declares
+    no mesh that would bind the graph to size-1 axes."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    sharding = params.get("sharding")
+    if not isinstance(sharding, NamedSharding) or params.get("unconstrained_dims"):
+        return None
+    rank = len(aval.shape)
+    spec = tuple(sharding.spec)
+    sizes = dict(sharding.mesh.shape)
+    if len(spec) > rank:
+        return None
+    entries: list[str | None] = []
+    for entry in spec + (None,) * (rank - len(spec)):
+        if isinstance(entry, tuple) and len(entry) <= 1:
+            entry = entry[0] if entry else None
+        if entry is PartitionSpec.UNCONSTRAINED or entry is not None and not isinstance(entry, str):
+            return None
+        entries.append(entry if entry is not None and sizes.get(entry, 1) > 1 else None)
+    if all(entry is None for entry in entries):
+        return None
+    try:
+        mesh = normalize_mesh([(axis, size) for axis, size in sizes.items() if size > 1])
+    except GraphFormatError:  # axis names the IR refuses: no hint
+        return None
+    return mesh, tuple(entries)
+
+
+@importer("unstack")
+def _unstack(imp: "_Importer", params: dict, x: list[str], eqn: Any) -> list[str | None]:
+    """``lax.unstack`` (``k, v = kv`` since JAX 0.11): one slice per index along ``axis``, the axis dropped;
+    the unread ones not imported."""
+    b, axis = imp.b, int(params["axis"])
+    shape = list(b.type(x[0]).shape)
+    axis %= len(shape)
+    rest = shape[:axis] + shape[axis + 1 :]
+    return [
+        b.reshape(b.slice_axis(x[0], axis, i, i + 1), rest) if used else None
+        for i, used in zip(range(shape[axis]), imp.used)
+    ]
+
+
+@importer("floor", "ceil")
+def _floor_ceil(imp: "_Importer", params: dict, x: list[str], eqn: Any) -> list[str]:
+    return [imp.b.op(eqn.primitive.name, x)]
+
+
+@importer("round")
+def _round(imp: "_Importer", params: dict, x: list[str], eqn: Any) -> list[str]:
+    """``lax.round``: ``TO_NEAREST_EVEN`` (``jnp.round``) is the IR's ``round``; ``AWAY_FROM_ZERO`` (lax.round's
+    default) differs only on halves, exact ones: where ``x - trunc(x)`` is +-0.5 (exact: a float's fraction is
+    representable) the result is ``trunc(x) + sign(x)``, elsewhere ``round(x)`` (signs of zero, infinities and
+    NaN as ``round`` keeps them)."""
+    b = imp.b
+    method = str(params.get("rounding_method", 0))
+    even = b.op("round", x)
+    if method in ("1", "RoundingMethod.TO_NEAREST_EVEN", "TO_NEAREST_EVEN"):
+        return [even]
+    if method not in ("0", "RoundingMethod.AWAY_FROM_ZERO", "AWAY_FROM_ZERO"):
+        raise ModelImportError(
+            f"round with rounding_method={params.get('rounding_method')!r}: the JAX importer supports "
+            "AWAY_FROM_ZERO (0) and TO_NEAREST_EVEN (1)"
+        )
+    dtype = b.type(x[0]).dtype
+    zero = b.scalar(0, dtype)
+    trunc = b.op("where", [b.op("less", [x[0], zero]), b.op("ceil", x), b.op("floor", x)])
+    half = b.op("equal", [b.op("abs", [b.op("sub", [x[0], trunc])]), b.scalar(0.5, dtype)])
+    return [b.op("where", [half, b.op("add", [trunc, b.op("sign", x)]), even])]
+
+
+@importer("pad")
+def _pad(imp: "_Importer", params: dict, x: list[str], eqn: Any) -> list[str]:
+    """``lax.pad`` per axis, as XLA applies it: ``interior`` copies of the padding value between neighbours
+    (a unit axis, a concat with the fill, a reshape, the last gap cut off), then positive ``low``/``high`` copies
+    at the ends, then a negative count cropped off its end (which may reach into the other end's padding). Moves
+    only: exact."""
+    b = imp.b
+    value, fill = x
+    for axis, (low, high, interior) in enumerate(params["padding_config"]):
+        low, high, interior = int(low), int(high), int(interior)
+        shape = list(b.type(value).shape)
+        n = shape[axis]
+        if interior < 0:
+            raise ModelImportError(f"pad with interior={interior} on axis {axis}: interior padding must be >= 0")
+        if interior and n > 1:
+            spread = shape[: axis + 1] + [1] + shape[axis + 1 :]
+            gaps = b.broadcast(b.reshape(fill, [1] * len(spread)), spread[: axis + 1] + [interior] + spread[axis + 2 :])
+            value = b.concat([b.reshape(value, spread), gaps], axis + 1)
+            value = b.reshape(value, shape[:axis] + [n * (1 + interior)] + shape[axis + 1 :])
+            value = b.slice_axis(value, axis, 0, n + (n - 1) * interior)
+        value = b.pad_axis(value, axis, max(low, 0), max(high, 0), fill)
+        size = b.type(value).shape[axis]
+        lo, hi = max(-low, 0), size - max(-high, 0)
+        if (lo, hi) != (0, size):
+            value = b.slice_axis(value, axis, lo, hi)
+    return [value]
+
+
+@importer("top_k")
+def _top_k(imp: "_Importer", params: dict, x: list[str], eqn: Any) -> list[str]:
+    """``lax.top_k``: the IR's ``argtopk`` (JAX's order: largest first, equal values lower index first, floats
+    in IEEE total order) and the values gathered at those indices."""
+    b = imp.b
+    axis = int(params.get("axis", -1)) % max(b.type(x[0]).rank, 1)
+    indices = b.op("argtopk", x, {"k": int(params["k"]), "axis": axis})
+    return [b.op("take_along_axis", [x[0], indices], {"axis": axis}), indices]
+
+
 def _is_array(value: Any) -> bool:
     import jax
 
@@ -715,8 +918,10 @@ def from_jax(
     for var, (key_path, _leaf) in zip(closed.jaxpr.invars, jax.tree_util.tree_flatten_with_path(example_args)[0]):
         inner = jax.tree_util.keystr(key_path[1:])
         path = join_path(arg_names[key_path[0].idx], inner) if inner else None
-        aval = var.aval
-        type_ = TensorType(tuple(aval.shape), dtype_of(str(aval.dtype), f"input {path or arg_names[key_path[0].idx]}"))
+        aval, where = var.aval, f"input {path or arg_names[key_path[0].idx]}"
+        if _key_type(aval.dtype):
+            raise _decline_key(where, aval)
+        type_ = TensorType(tuple(aval.shape), dtype_of(str(aval.dtype), where))
         args.append(b.input(var, sanitize(path) if path else arg_names[key_path[0].idx], type_, path))
     outs = _Importer(b, paths).jaxpr(closed, args)
     b.graph.set_outputs(outs)
