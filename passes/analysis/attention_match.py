@@ -100,6 +100,7 @@ class Attention:
     softcap: float | None = None
     sinks: tuple[str, tuple[int, ...]] | float | None = None  # (root, 4-d shape (1, Hq|1, 1, 1)) or a splat value
     figures: Mapping[str, Any] = field(default_factory=dict)  # what the summary states, by name (Remark.data)
+    scores_layout: Layout | None = None  # the softmax input's axes as roles of [B, Hq, S, T] (0..3)
 
 
 @dataclass(frozen=True)
@@ -594,6 +595,7 @@ class _Matcher:
                 8,
             )
         found = self.result(chains, orders, mask, scale, tuple(out_layout), group, sizes, d, qk, softmax)
+        found = replace(found, scores_layout=tuple(tuple(atoms) for atoms in layout))
         if algebra.softcap is not None:
             summary = found.summary + f"; logit_softcap {algebra.softcap:g}"
             figures = {**found.figures, "softcap": algebra.softcap}

@@ -83,6 +83,11 @@ REASONS: dict[str, str] = {
     "softcap_form": "the soft-cap is not the last step before the mask, once",
     "bad_scale": "the scale is zero or not finite",
     "sinks_form": "the sink column is not one logit per query head",
+    "normalizer_mismatch": "P·V of exp(s - m) is divided or weighed by something other than the sum of the same exps "
+    "over the keys (deferred normalisation), or partial attentions by other than their log-sum-exp weights",
+    "combine_mismatch": "the partial attentions of a log-sum-exp combine differ in queries, scale, soft-cap, dtype, "
+    "heads or mask fills, or one does not subtract its row max",
+    "keys_overlap": "two partial attentions of a combine read keys that are not provably disjoint",
     # constant folding
     "no_evaluator": "the op has no reference evaluator, or evaluating it fails",
     "target_defined": "the targets compute the op their own way, so folding would change the last bits",

@@ -5,7 +5,10 @@ the ``canonicalize`` rules in the same sweeps (``raise-attention{canonicalize=fa
 ``softmax`` (proven on coordinates, :mod:`.softmax_match`), ``attention`` (``softmax(q·kᵀ·scale + mask)·v ->
 sdpa`` with GQA and any q/k/v layout, :mod:`.attention_match`, scores read as algebra by :mod:`.score_path`),
 ``quantized-attention`` (mlx-lm's quantized-cache attention -> ``quantized_sdpa``) and ``structured-mask`` (a bool
-mask built from positions alone -> sdpa's ``causal`` and ``window``, proven on every pair).
+mask built from positions alone -> sdpa's ``causal`` and ``window``, proven on every pair), ``deferred-attention``
+(``(exp(s - m)·v) / sum(exp(s - m))``, the division after P·V) and ``lse-combine`` (partial attentions over
+disjoint keys combined by their log-sum-exps -> one sdpa over the concatenated keys), both read as algebra over
+partial attentions (:mod:`.partial_attention`).
 
 Contract: the raised ``sdpa`` computes the same real function as the source; where the two round differently the
 applied remark says so (scales moved into sdpa's scale, float casts, finite fills that are exactly masks).
@@ -25,11 +28,18 @@ from ..analysis import layout_algebra as la
 from ..analysis.attention_match import Attention, MaskPlan, Operand, lifted, match_attention
 from ..analysis.chains import exact_cast
 from ..analysis.mask_structure import match_structure, rewrite_structure
+from ..analysis.partial_attention import (
+    PartialAttention,
+    feeds_combine,
+    match_combine,
+    match_deferred,
+    unnormalized_product,
+)
 from ..analysis.quantized_attention import match_quantized_attention, rewrite_quantized_attention
 from ..analysis.softmax_match import Softmax, match_softmax
 from ..infra.base import Pass, Remarks
 from ..infra.registry import register_pass
-from ..infra.rewrite import Decline, Rewriter, Rule, apply_rules
+from ..infra.rewrite import ANY, Decline, Rewriter, Rule, apply_rules
 from .canonicalize import canonicalize_rules
 
 MAX_SWEEPS = 8
@@ -41,8 +51,12 @@ def _softmax_rewrite(rw: Rewriter, m: Softmax) -> None:
 
 
 def _attention_match(graph: Graph, node: Node) -> Attention | Decline | None:
-    """A matmul with a softmax (through layout ops and casts, or a few ops that change it) on a side, proven an sdpa."""
-    return match_attention(graph, node)
+    """A matmul with a softmax (through layout ops and casts, or a few ops that change it) on a side, proven an sdpa;
+    P·V of exps with no softmax is declined here when no deferred normalisation or combine raises it."""
+    found = match_attention(graph, node)
+    if found is None:
+        return unnormalized_product(graph, node)
+    return None if isinstance(found, Attention) and feeds_combine(graph, node) else found  # the combine's part
 
 
 def _operand(rw: Rewriter, x: Operand, dtype: DType, hint: str) -> str:
@@ -110,12 +124,46 @@ def _attention_rewrite(rw: Rewriter, m: Attention) -> None:
     rw.replace_matched(rw.relayout(out, split, perm, m.pv.type.shape, f"{name}_out"), prune=True)
 
 
+def _partial_rewrite(rw: Rewriter, m: PartialAttention) -> None:
+    """One sdpa over the parts' keys (one part: the deferred normalisation), laid out as the root, in its dtype."""
+    first, name = m.parts[0], m.root.name
+    dtype = first.dtype
+    q = _operand(rw, first.q, dtype, f"{name}_q")
+    k = rw.concat([_operand(rw, a.k, dtype, f"{name}_k") for a in m.parts], 2, f"{name}_k")
+    v = rw.concat([_operand(rw, a.v, dtype, f"{name}_v") for a in m.parts], 2, f"{name}_v")
+    mask = _concat_masks(rw, m, dtype, f"{name}_mask") if m.combine else _mask(rw, m.masks[0], dtype, f"{name}_mask")
+    attrs = {"scale": first.scale, "causal": "none", "logit_softcap": first.softcap}
+    out = rw.op("sdpa", {"q": q, "k": k, "v": v, "mask": mask}, attrs, f"{name}_sdpa")
+    split, perm = la.view_plan(m.out_layout, rw.type(out).shape)
+    out = rw.cast(rw.relayout(out, split, perm, m.root.type.shape, f"{name}_out"), m.root.type.dtype, f"{name}_out")
+    rw.replace_matched(out, prune=True)
+
+
+def _concat_masks(rw: Rewriter, m: PartialAttention, dtype: DType, hint: str) -> str | None:
+    """The parts' bool masks side by side along the keys (a part without one: all True); None when none has one."""
+    if not any(plan.bools for plan in m.masks):
+        return None
+    pieces = []
+    for plan, a in zip(m.masks, m.parts):
+        piece = _mask(rw, plan, dtype, hint)
+        if piece is None:
+            piece = rw.broadcast(rw.scalar(True, DType.bool, f"{hint}_all"), (1, 1, 1, a.figures["kv_len"]), hint)
+        pieces.append(rw.reshape(piece, lifted(rw.type(piece).shape), hint))
+    lead = tuple(max(rw.type(p).shape[i] for p in pieces) for i in range(3))
+    pieces = [rw.broadcast(p, (*lead, a.figures["kv_len"]), hint) for p, a in zip(pieces, m.parts)]
+    return rw.concat(pieces, 3, hint)
+
+
 RULES: list[Rule] = [
     Rule("softmax", "div", match_softmax, _softmax_rewrite,
          lambda m: (f"exp({m.x} - max) / sum -> softmax({m.x}, axis={m.axis}{', precise' if m.precise else ''}){m.rounding}",
                     {"x": m.x, "axis": m.axis, "precise": m.precise})),  # exp(x-max)/sum -> softmax
     Rule("attention", "matmul", _attention_match, _attention_rewrite,
          lambda m: (f"softmax(q·kᵀ·scale + mask)·v -> sdpa: {m.summary}", m.figures)),  # softmax(qk^T s + m) v -> sdpa
+    Rule("deferred-attention", ANY, match_deferred, _partial_rewrite,
+         lambda m: (m.summary, m.figures)),  # (exp(s - m) v) / sum(exp(s - m)) -> sdpa (at the div or mul)
+    Rule("lse-combine", ANY, match_combine, _partial_rewrite,
+         lambda m: (m.summary, m.figures)),  # sum_i exp(lse_i - lse) o_i -> sdpa over the parts' keys (its last step)
     Rule("quantized-attention", "quantized_matmul", match_quantized_attention, rewrite_quantized_attention,
          lambda m: (f"quantized_matmul·softmax·quantized_matmul -> quantized_sdpa: {m.summary}", m.figures)),
     Rule("structured-mask", "sdpa", match_structure, rewrite_structure,
