@@ -18,7 +18,7 @@ VENV_CORE := .venv-core
 PY_CORE := $(VENV_CORE)/bin/python
 STAMP_CORE := $(VENV_CORE)/.installed
 
-.PHONY: test test-core demo versions versions-core fuzz zoo zoo-vlm zoo-dtypes bench clean peer-mlx-lm
+.PHONY: test test-core demo versions versions-core fuzz zoo zoo-vlm zoo-dtypes bench clean peer-mlx-lm peer-mlx-vlm
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -85,9 +85,16 @@ zoo-dtypes: $(STAMP)
 
 # mlx-lm's own tests (the installed version's, from its sdist, fetched into .peer/ once), run plain and with every
 # model they build optimized (then with check=True too), compared test by test: regenerates docs/peer_suites.md and
-# fails if an outcome changed (`make peer-mlx-lm`; about five minutes on 2 cores).
+# fails if an outcome changed (`make peer-mlx-lm`; about five minutes on 2 cores). The peers are the records of
+# examples/peers.py.
 peer-mlx-lm: $(STAMP)
-	$(PY) examples/peer_suite.py --write docs/peer_suites.md
+	$(PY) examples/peer_suite.py --peer mlx-lm --write docs/peer_suites.md
+
+# mlx-vlm's own tests of language models, caches and generation, the same way: regenerates
+# docs/peer_suites_mlx_vlm.md. Its releases ship no tests: they come from a git clone of its repository (tag v0.6.15,
+# `git archive` into .peer/), MLX_VLM_GIT=DIR (default: examples/peers.py's mirror path, where it exists).
+peer-mlx-vlm: $(STAMP)
+	$(PY) examples/peer_suite.py --peer mlx-vlm $(if $(MLX_VLM_GIT),--git-dir $(MLX_VLM_GIT)) --write docs/peer_suites_mlx_vlm.md
 
 clean:
 	rm -rf $(VENV) $(VENV_CORE) build *.egg-info .pytest_cache .hypothesis

@@ -1,18 +1,23 @@
-"""A pytest plugin for running mlx-lm's own tests with every model they build optimized (``examples/peer_suite.py``).
+"""A pytest plugin for running a peer library's own tests with every model they build optimized (``examples/peer_suite.py``).
 
-Loaded with ``-p peer_optimize_plugin`` (``examples/`` on ``PYTHONPATH``) in each run of the peer suite:
+Loaded with ``-p peer_optimize_plugin`` (``examples/`` on ``PYTHONPATH``) in each run of a peer suite, for the peer
+``--attnpass-peer NAME`` of ``examples/peers.py``'s table (mlx-lm or mlx-vlm):
 
-- ``--attnpass-stand-in DIR``: the hub models the tests download (:data:`STAND_IN_REPOS`) resolve to ``DIR``, a
-  local tiny model, at mlx-lm's download seam (``mlx_lm.utils.snapshot_download``, which ``load``, ``convert``,
-  ``load_tokenizer`` and ``hf_repo_to_path`` call) and at ``transformers.AutoTokenizer.from_pretrained``;
-- ``--attnpass-optimize``: every ``Model`` of ``mlx_lm.models`` is optimized as its outermost ``__init__`` returns
-  (``optimize(model, min_keys=0)``: every attention call routed), a model whose attention optimize cannot route
-  counted by its module and left plain; ``--attnpass-check`` adds ``check=True`` (each routed call's output also
-  checked against mlx-lm's helper, which evaluates both: arrays a test leaves lazy are computed) for the models of
-  at most :data:`CHECK_MAX_PARAMETERS` parameters (mlx-lm's tests build some in full size, 20 billion parameters,
-  and never evaluate them), the larger ones counted and optimized without it;
-- ``--attnpass-counts FILE``: the session's seconds and, optimized, the models optimized, the attention calls routed
-  and declined by code, and per test the models it optimized and the calls it routed, as JSON at its end.
+- ``--attnpass-stand-in DIR``: the hub models the tests download (the record's ``stand_in.repos``) resolve to
+  ``DIR``, a local tiny model, at the peer's download seams (``stand_in.serve``: mlx-lm's
+  ``mlx_lm.utils.snapshot_download`` and ``transformers.AutoTokenizer.from_pretrained``);
+- ``--attnpass-optimize``: every model class of the peer (the record's ``classes`` defined in each module or
+  package of ``models``: mlx-lm's ``Model``; mlx-vlm's ``Model`` and ``LanguageModel``) is optimized as the
+  outermost model ``__init__`` running returns (``optimize(model, min_keys=0)``: every attention call routed; a
+  VLM's ``Model`` built around its ``LanguageModel`` is optimized once, as the whole, which routes its language
+  model's calls too), a model whose attention optimize cannot route counted by its module and left plain;
+  ``--attnpass-check`` adds ``check=True`` (each routed call's output also checked against the peer's helper, which
+  evaluates both: arrays a test leaves lazy are computed) for the models of at most :data:`CHECK_MAX_PARAMETERS`
+  parameters (the peers' tests build some in full size, up to 20 billion parameters, and never evaluate them), the
+  larger ones counted and optimized without it;
+- ``--attnpass-counts FILE``: the session's seconds and, optimized, the models optimized (by class name), the
+  attention calls routed and declined by code, and per test the models it optimized and the calls it routed, as
+  JSON at its end.
 """
 
 from __future__ import annotations
@@ -22,21 +27,23 @@ import dataclasses
 import functools
 import gc
 import importlib
+import itertools
 import json
 import pkgutil
 import threading
 import time
 import weakref
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 from mlx.utils import tree_flatten
+from peers import PEERS, Peer  # examples/, this plugin's folder
 
 from attnpass.backends.mlx import OptimizedModel, optimize
 from attnpass.backends.mlx.optimized import NoClientError
 
-STAND_IN_REPOS = ("mlx-community/Qwen1.5-0.5B-Chat-4bit",)  # the hub model mlx-lm 0.32.2's tests load
 CHECK_MAX_PARAMETERS = 2**28  # 1 GiB of float32 weights
 
 
@@ -52,6 +59,7 @@ class Tally:
         self.check = check
         self.optimized = 0
         self.unchecked = 0
+        self.classes: collections.Counter[str] = collections.Counter()  # the models optimized, by class name
         self.unroutable: collections.Counter[str] = collections.Counter()
         self.tests: dict[str, dict[str, int]] = {}
         self._live: list[tuple[weakref.ref[OptimizedModel], Seen]] = []
@@ -60,8 +68,8 @@ class Tally:
         gc.callbacks.append(self._collecting)
 
     def optimize(self, model: Any) -> None:
-        """``optimize(model, min_keys=0, check=...)``; a model none of whose modules calls a client function (mlx-lm's
-        helper) is counted by its module and left plain."""
+        """``optimize(model, min_keys=0, check=...)``; a model none of whose modules calls a client function (the
+        peer's helper) is counted by its module and left plain."""
         check = self.check and sum(p.size for _, p in tree_flatten(model.parameters())) <= CHECK_MAX_PARAMETERS
         try:
             found = optimize(model, min_keys=0, check=check)
@@ -71,6 +79,7 @@ class Tally:
             return
         with self._lock:
             self.optimized += 1
+            self.classes[type(model).__name__] += 1
             self.unchecked += int(self.check and not check)
             self._live.append((weakref.ref(found), Seen()))
 
@@ -111,6 +120,7 @@ class Tally:
         return {
             "check": self.check,
             "optimized": self.optimized,
+            "classes": dict(self.classes.most_common()),
             "unchecked": self.unchecked,
             "routed": found.routed,
             "declined": dict(found.declined.most_common()),
@@ -151,44 +161,37 @@ def _optimizing(init: Callable[..., None], tally: Tally) -> Callable[..., None]:
     return __init__
 
 
-def _optimize_every_model(patch: pytest.MonkeyPatch, tally: Tally) -> None:
-    """Wrap the ``__init__`` of each ``Model`` class defined in a module of ``mlx_lm.models``."""
-    import mlx.nn as nn
-    import mlx_lm.models
+def _optimize_every_model(patch: pytest.MonkeyPatch, tally: Tally, peer: Peer) -> None:
+    """Wrap the ``__init__`` of each class named in ``peer.classes`` that a module or package of ``peer.models``
+    defines (in itself or a submodule) and that it or its submodules ``peer.submodules`` name (mlx-vlm's text
+    families keep their ``LanguageModel`` in ``language``): each class once (a family may import another's)."""
+    from mlx import nn
 
-    for info in pkgutil.iter_modules(mlx_lm.models.__path__):
-        name = f"mlx_lm.models.{info.name}"
-        try:
-            module = importlib.import_module(name)
-        except (ImportError, SystemExit):  # a family needing a package this venv lacks (olmo exits): left as it is
-            continue
-        cls = getattr(module, "Model", None)
-        if isinstance(cls, type) and issubclass(cls, nn.Module) and cls.__module__ == name and "__init__" in vars(cls):
-            patch.setattr(cls, "__init__", _optimizing(cls.__init__, tally))
-
-
-def _serve_stand_in(patch: pytest.MonkeyPatch, path: Path) -> None:
-    """Resolve :data:`STAND_IN_REPOS` to ``path`` where mlx-lm downloads and where the tests load tokenizers."""
-    import mlx_lm.utils
-    import transformers
-
-    download = mlx_lm.utils.snapshot_download
-    from_pretrained = transformers.AutoTokenizer.from_pretrained
-
-    def snapshot_download(repo_id: str, *args: Any, **kwargs: Any) -> str:
-        return str(path) if repo_id in STAND_IN_REPOS else download(repo_id, *args, **kwargs)
-
-    def tokenizer(name: Any, *args: Any, **kwargs: Any) -> Any:
-        return from_pretrained(str(path) if name in STAND_IN_REPOS else name, *args, **kwargs)
-
-    patch.setattr(mlx_lm.utils, "snapshot_download", snapshot_download)
-    patch.setattr(transformers.AutoTokenizer, "from_pretrained", staticmethod(tokenizer))
+    package = importlib.import_module(peer.models)
+    wrapped: set[type] = set()
+    for info in pkgutil.iter_modules(package.__path__):
+        name = f"{peer.models}.{info.name}"
+        found = []
+        for module in (name, *(f"{name}.{sub}" for sub in peer.submodules if info.ispkg)):
+            try:
+                found.append(importlib.import_module(module))
+            except (ImportError, SystemExit):  # a family needing a package this venv lacks (olmo exits): left alone
+                continue
+        for module, attribute in itertools.product(found, peer.classes):
+            cls = getattr(module, attribute, None)
+            if (
+                isinstance(cls, type) and issubclass(cls, nn.Module) and cls not in wrapped and "__init__" in vars(cls)
+                and (cls.__module__ == name or cls.__module__.startswith(f"{name}."))
+            ):  # fmt: skip
+                wrapped.add(cls)
+                patch.setattr(cls, "__init__", _optimizing(cls.__init__, tally))
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("attnpass", "attnpass peer suite (examples/peer_suite.py)")
-    group.addoption("--attnpass-stand-in", metavar="DIR", help=f"a local model for {', '.join(STAND_IN_REPOS)}")
-    group.addoption("--attnpass-optimize", action="store_true", help="optimize every mlx-lm model the tests build")
+    group.addoption("--attnpass-peer", metavar="NAME", choices=sorted(PEERS), help="whose tests these are")
+    group.addoption("--attnpass-stand-in", metavar="DIR", help="a local model for the hub models the tests load")
+    group.addoption("--attnpass-optimize", action="store_true", help="optimize every model the tests build")
     group.addoption("--attnpass-check", action="store_true", help="optimize with check=True (the shadow mode)")
     group.addoption("--attnpass-counts", metavar="FILE", help="write the optimize counts to FILE as JSON")
 
@@ -201,12 +204,19 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_START] = time.monotonic()
     patch = pytest.MonkeyPatch()
     config.add_cleanup(patch.undo)
-    stand_in = config.getoption("--attnpass-stand-in")
+    name, stand_in = config.getoption("--attnpass-peer"), config.getoption("--attnpass-stand-in")
+    if name is None:
+        if stand_in or config.getoption("--attnpass-optimize"):
+            raise pytest.UsageError("--attnpass-stand-in and --attnpass-optimize need --attnpass-peer NAME")
+        return
+    peer = PEERS[name]
     if stand_in:
-        _serve_stand_in(patch, Path(stand_in).resolve())
+        if peer.stand_in is None:
+            raise pytest.UsageError(f"--attnpass-stand-in: {name}'s tests load no hub model")
+        peer.stand_in.serve(patch, Path(stand_in).resolve())
     if config.getoption("--attnpass-optimize"):
         config.stash[_TALLY] = Tally(config.getoption("--attnpass-check"))
-        _optimize_every_model(patch, config.stash[_TALLY])
+        _optimize_every_model(patch, config.stash[_TALLY], peer)
 
 
 @pytest.hookimpl(wrapper=True)
