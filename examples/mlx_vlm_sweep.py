@@ -90,8 +90,11 @@ SIZES: dict[str, Any] = {
 OVERRIDES: dict[str, dict[str, Any]] = {
     "lfm2_vl": dict(layer_types=["conv", "full_attention"]),  # mlx-lm's name is lfm2-vl: one conv, one attention
     "gemma3n": dict(intermediate_size=[128] * zoo.LAYERS),  # per layer
-    # it requires NoPE MLA with as many KV heads as query heads, its top-k a multiple of its pooling
-    "glm5_next": dict(num_key_value_heads=zoo.HQ, qk_rope_head_dim=0, mla_use_nope=True, index_kpool=2),
+    # it requires NoPE MLA with as many KV heads as query heads, its top-k a multiple of its pooling; one linear-attention
+    # layer, then the sparse one (its default puts one every 4 layers: none in 2); the top 2 pools of 2 (TINY's top-k
+    # 4) and the partial tail: of the prompt's 5 pools and 7 to 16 keys, some dropped
+    "glm5_next": dict(num_key_value_heads=zoo.HQ, qk_rope_head_dim=0, mla_use_nope=True, index_kpool=2,
+                      layer_types=["linear_attention", "deepseek_sparse_attention"]),
     # its xdrope sections (4 axes) cover half the head dim
     "hunyuan_vl": dict(rope_scaling={"type": "xdrope", "xdrope_section": [1, 1, 1, 1], "alpha": 1000.0,
                                      "factor": 1.0}),
@@ -101,9 +104,21 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "moondream3": dict(num_key_value_heads=zoo.HQ, rope_dim=4),
     # its n-gram tables (engram) are 384M rows of 256 by default (393 GB: MLX segfaults allocating them); small ones at
     # layer 1 (the language model alone has no tokenizer, so it hashes no n-grams and never reads them), a small
-    # output rank; its FP8 fake quantization works in blocks of 32 of the last axis: head dim and query rank 32
+    # output rank; its FP8 fake quantization works in blocks of 32 of the last axis: head dim and query rank 32. Layer 1
+    # compresses pairs of tokens (its default ratios start with 2 window-only layers) and selects from them (its own
+    # compressed KV and index keys: its source layers default to 2, 8, ...), the top 2 of the 3 to 8 entries (and the
+    # window of 8: TINY's), so every case drops some; its index keys are fake-quantized in blocks of 32 too
     "deepseek_v41": dict(engram_layer_ids=[1], engram_num_embeddings=[96], engram_vocab_size=16, engram_n_heads=2,
-                         engram_head_dim=8, engram_max_ngram_size=3, o_lora_rank=16, head_dim=32, q_lora_rank=32),
+                         engram_head_dim=8, engram_max_ngram_size=3, o_lora_rank=16, head_dim=32, q_lora_rank=32,
+                         compress_ratios=[0, 2], kv_source_layer_ids=[1], index_source_layer_ids=[1], index_topk=2,
+                         index_head_dim=32),
+    # layer 1 sparse (compressing by 4 and selecting the top entry; its default ratios for 2 layers are [0, 0], window
+    # only): a cached step sees 3 or 4 entries (a prefill of 7 tokens makes 1: compressed, not selected, attention)
+    "deepseek_v4": dict(compress_ratios=[0, 4], index_topk=1),
+    # layer 0 sparse (as mlx-lm's: its layer_types name the sparse layers), blocks of 2 and the top 2 (with the local
+    # block): 4 of the 7 to 16 keys (a sparse layer runs where the keys exceed top-k times block)
+    "minimax_m3_vl": dict(layer_types=["minimax_m3_sparse", "full_attention"], index_block_size=2,
+                          index_topk_blocks=2, index_local_blocks=1),
     # the text model's type: llama's, the one these support
     **{f: dict(model_type="llama") for f in ("llava", "llava_next", "multi_modality")},
     # as mlx-lm's qwen3_5 (their language models are its, in their own modules): one linear-attention layer, one

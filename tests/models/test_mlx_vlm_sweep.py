@@ -190,3 +190,96 @@ def test_the_model_library_s_code_is_the_module_s_even_in_a_virtual_environment_
     with pytest.raises(AttributeError) as raised:  # jina_vlm's language model without the lm_head its Model attaches
         language(text)(mx.array(sweep.zoo.TOKENS[None, :3]))
     assert sweep.lm._failure(raised.value).startswith("module: AttributeError:")
+
+
+def _last_row_kept(selected, visible):
+    """``(kept, visible)``: the distinct valid (>= 0) entries of the last query row of ``selected`` (ids, any
+    leading axes), and ``visible``."""
+    import numpy as np
+
+    row = np.asarray(selected).reshape(-1, np.asarray(selected).shape[-1])[-1]
+    return len({int(i) for i in row if i >= 0}), int(visible)
+
+
+def _mask_kept(mask, visible):
+    """``(kept, visible)`` of a keep mask (bool, or additive: kept where above -1e20), its last query row."""
+    import mlx.core as mx
+    import numpy as np
+
+    keep = mask if mask.dtype == mx.bool_ else mask.astype(mx.float32) > -1e20
+    return int(np.asarray(keep).reshape(-1, keep.shape[-1])[-1].sum()), int(visible)
+
+
+def _keys(cache, x):
+    """The keys a call sees: its cache's after the call (which appends this step's), else its own tokens'."""
+    return x.shape[1] if cache is None else cache.offset
+
+
+# The learned-sparse families: where each selects (the class or module and the function spied, called once per sparse
+# layer), and what a call kept of what its last query row could see: (kept, visible), None where it selected nothing
+# (every key fits its budget).
+SPARSE = {
+    # the indexer's top-k blocks as a keep mask over the keys (on the CPU, no Metal kernel: the mask path)
+    **dict.fromkeys(("minimax_m3_vl", "minimax_m3"), (
+        "minimax_m3_vl.language", "MiniMaxM3Indexer", "build_block_mask",
+        lambda a, out: _mask_kept(out, a["q_positions"][0, -1].item() + 1),
+    )),
+    # the indexer's top-k token ids over the MLA latent (the cache's, after this step's)
+    "hy_v4": ("hy_v4.indexer", "HyV4Indexer", "__call__",
+              lambda a, out: None if out is None else (out.shape[-1], _keys(a["cache"], a["x"]))),
+    "longcat_flash_sparse": ("longcat_flash_sparse.language", "Indexer", "__call__",
+                             lambda a, out: None if out is None else (out.shape[-1], _keys(a["cache"], a["x"]))),
+    # top pools' token ids (and the partial tail), -1 for none
+    "glm5_next": ("glm5_next.language", "Glm5NextIndexer", "__call__",
+                  lambda a, out: _last_row_kept(out, a["offset"] + a["x"].shape[1])),
+    # the top-k compressed entries (beside the window) of the sparse branch, of the pooled entries
+    "deepseek_v4": ("deepseek_v4.language", None, "_sparse_pooled_attention",
+                    lambda a, out: _last_row_kept(a["topk"], a["pooled"].shape[1])),
+    "deepseek_v41": ("deepseek_v41.language", "DeepseekV41Attention", "_sparse_attention",
+                     lambda a, out: _last_row_kept(a["indices"], a["pool"].shape[1])),
+}  # fmt: skip
+
+
+def sparse_selections(family, step, library, package, sparse):
+    """What each sparse call of ``family``'s ``step`` (the sweep's own: its float32 model, the prompt's cache, the
+    step's tokens) kept of what it could see (``sparse[family]``'s measure, one entry per call)."""
+    import importlib
+    import inspect
+
+    import mlx.core as mx
+
+    module, owner, name, measure = sparse[family]
+    holder = importlib.import_module(f"{package}.models.{module}")
+    holder = getattr(holder, owner) if owner else holder
+    original = getattr(holder, name)
+    signature = inspect.signature(original)
+    seen = []
+
+    def spy(*args, **kwargs):
+        out = original(*args, **kwargs)
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        seen.append(measure(bound.arguments, out))
+        return out
+
+    zoo = sweep.zoo
+    model = library.model(family)
+    cache = zoo.prefilled(family, step, "f32", library.configure, library.build)
+    tokens = mx.array(zoo.TOKENS[None, zoo.PROMPT : zoo.PROMPT + zoo.STEPS[step]])
+    setattr(holder, name, spy)
+    try:
+        mx.eval(model(tokens, cache=cache))
+    finally:
+        setattr(holder, name, original)
+    return seen
+
+
+@mlx_vlm_only
+@pytest.mark.parametrize("family", sorted(SPARSE))
+@pytest.mark.parametrize("step", ["verify", "decode"])
+def test_a_learned_sparse_family_s_tiny_configuration_runs_its_sparse_path_and_drops_keys(family, step):
+    """Each learned-sparse family's tiny configuration selects fewer keys (or compressed entries) than its cached
+    verify and decode steps can see: its sparse layers run, and drop something, in the sweep's own cases."""
+    seen = sparse_selections(family, step, sweep.MLX_VLM, "mlx_vlm", SPARSE)
+    assert seen, f"{family}/{step}: no sparse layer ran"
+    assert all(s is not None and s[0] < s[1] for s in seen), f"{family}/{step}: (kept, visible) {seen}"
