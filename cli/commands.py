@@ -428,4 +428,8 @@ def launch(args: argparse.Namespace) -> int:
     options = Options(
         args.pipeline, args.min_keys, args.strict, args.summary, args.explain, args.explain_full, args.summary_every
     )
+    if args.library == "exec":
+        from .launch import exec_script
+
+        return exec_script(args.entry, args.entry_args, options, args.optimize)
     return run(args.library, args.entry, args.entry_args, options)

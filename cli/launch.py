@@ -1,8 +1,9 @@
-"""``attnpass mlx-lm|mlx-vlm COMMAND ARGS...``: a model library's own entry point, the models it loads optimized.
+"""``attnpass mlx-lm|mlx-vlm|vllm-mlx COMMAND ARGS...``: a model library's own entry point, its models optimized.
 
 :func:`run` calls the entry point's ``main()`` (:data:`ENTRY_POINTS`: mlx-lm's ``generate``, ``chat`` and
-``server``, mlx-vlm's ``generate`` and ``server``) with ``ARGS`` as its command line, untouched, while the loaders
-it calls (the names its module imported: ``load``, ``sharded_load``, mlx-vlm's ``load_drafter``) are wrapped: every
+``server``, mlx-vlm's ``generate`` and ``server``, vllm-mlx's ``serve``) with ``ARGS`` as its command line, untouched,
+while the loaders it calls (the names its module imported: ``load``, ``sharded_load``, mlx-vlm's ``load_drafter``,
+vllm-mlx's ``load_model_with_fallback``) are wrapped: every
 model they return goes through :func:`attnpass.backends.mlx.optimize` with attnpass's :class:`Options`
 before the command sees it (the draft model of ``--draft-model`` too). A model that optimize cannot route
 runs plain, with one warning (``strict``: an error). A loader that fails raises an
@@ -23,7 +24,7 @@ ends (:func:`_clearing_streams`). Everything is undone when the command ends: th
 server's handler and thread function, the signal handlers, ``sys.argv``, and every optimize. The session
 holds each model it optimized until then (a server that switches models keeps the earlier ones loaded).
 
-mlx-vlm's server, a FastAPI app run by uvicorn (:class:`AppHooks`): its address and ``--model`` folder are
+mlx-vlm's server and vllm-mlx's, FastAPI apps run by uvicorn (:class:`AppHooks`): the address and model folder are
 checked before mlx-vlm is imported (a model that fails to load past that check is mlx-vlm's own failure: its
 and uvicorn's logged tracebacks, status 3), :data:`SUMMARY_PATH` is a route of its app (behind its API key),
 the summary is printed when uvicorn has shut down on SIGINT or SIGTERM, and its generation thread is stopped
@@ -53,6 +54,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 SUMMARY_PATH = "/attnpass/summary"
+OPTIMIZE_ENV = "ATTNPASS_OPTIMIZE"  # attnpass exec's switch, read at each use, never written
 
 
 @dataclass(frozen=True)
@@ -72,8 +74,8 @@ class ServerHooks:
 class AppHooks:
     """A server command that serves an ASGI app (FastAPI, Starlette) with uvicorn: ``app`` is where the app is
     (``"module:name"``); :data:`SUMMARY_PATH` is a route added to it, ahead of its own, while the command runs,
-    refused as the app refuses a request when ``guard`` (``"module:name"``, a function given the request that
-    raises the app's HTTP error, e.g. a missing API key) raises. uvicorn handles SIGINT and SIGTERM itself: it
+    refused as the app refuses a request when ``guard`` (``"module:name"``, a FastAPI dependency: given what it
+    declares, the request or a bearer token, it raises the app's HTTP error, e.g. a missing API key) raises. uvicorn handles SIGINT and SIGTERM itself: it
     shuts down, restores the handlers it found (the session's) and raises the signal again, so the session prints
     its summary and the command ends as stopped. ``stop`` (``"module:name"``), called with no arguments when the
     command ends, stops the threads the app started that use MLX: a generation thread left to the interpreter's
@@ -93,7 +95,9 @@ class EntryPoint:
     ``http.server`` one's, :class:`ServerHooks`, or an ASGI app's, :class:`AppHooks`), its options that name a
     file it reads (checked before it runs, with what makes one), a server's default ``--host`` and ``--port``
     (checked, with its ``--model`` folder, before the library is imported: :func:`_preflight`), and its options
-    that attnpass refuses, with why."""
+    that attnpass refuses, with why. ``args``: the words its ``main`` reads before ``ARGS`` (a subcommand of
+    its own, vllm-mlx's ``serve``); ``model``: where its command line names the model, an option or the position
+    of a positional argument (checked only there)."""
 
     main: str
     loaders: tuple[str, ...]
@@ -103,6 +107,8 @@ class EntryPoint:
     reads: tuple[tuple[str, str], ...] = ()
     address: tuple[str, int] | None = None
     refuses: tuple[tuple[str, str], ...] = ()
+    args: tuple[str, ...] = ()
+    model: str | int = "--model"
 
 
 ENTRY_POINTS: dict[str, dict[str, EntryPoint]] = {
@@ -139,6 +145,24 @@ ENTRY_POINTS: dict[str, dict[str, EntryPoint]] = {
             ),
             address=("0.0.0.0", 8080),
             refuses=(("--reload", "uvicorn then serves the app from a new process, which attnpass does not reach"),),
+        ),
+    },
+    "vllm-mlx": {
+        # its engines' loader, looked up at each load (mlx_lm's load, imported inside it, calls nested: not twice);
+        # --mllm's loader and its draft's (mlx_vlm.utils:load, or load_drafter for an MTP one); --specprefill's draft
+        "serve": EntryPoint(
+            "vllm_mlx.cli:main",
+            (
+                "vllm_mlx.utils.tokenizer:load_model_with_fallback",
+                "mlx_vlm:load",
+                "mlx_vlm.utils:load",
+                "mlx_vlm.speculative.drafters:load_drafter",
+                "mlx_lm:load",
+            ),
+            server=AppHooks("vllm_mlx.server:app", guard="vllm_mlx.server:verify_api_key"),
+            address=("127.0.0.1", 8000),
+            args=("serve",),
+            model=0,
         ),
     },
 }
@@ -185,17 +209,25 @@ class Session:
         self.options = options
         self._models: list[tuple[str, Any]] = []  # (what the loader was given, the OptimizedModel)
         self._lock = threading.Lock()
+        self._loading = threading.local()  # .active: a wrapped loader runs in this thread
 
     def wrap(self, loader: Callable[..., Any]) -> Callable[..., Any]:
-        """``loader``, its model optimized before it is returned."""
+        """``loader``, its model optimized before it is returned. A wrapped loader that another one calls (vllm-mlx's
+        loader calls mlx-lm's ``load``) is left to it: its model is the outer one's, its error the outer one's to
+        handle (vllm-mlx retries a ``ValueError`` of ``load`` another way)."""
 
         @functools.wraps(loader)
         def loading(*args: Any, **kwargs: Any) -> Any:
+            if getattr(self._loading, "active", False):
+                return loader(*args, **kwargs)
             source = str(args[0] if args else next(iter(kwargs.values()), "?"))
+            self._loading.active = True
             try:
                 loaded = loader(*args, **kwargs)
             except Exception as exc:
                 raise _load_error(self.label, source, exc) from exc
+            finally:
+                self._loading.active = False
             self.optimize(source, loaded[0] if isinstance(loaded, tuple) else loaded)
             return loaded
 
@@ -338,7 +370,7 @@ def run(library: str, command: str, argv: Sequence[str], options: Options, *, er
         if option in argv or any(token.startswith(option + "=") for token in argv):
             raise ArgumentError(f"{label}: attnpass cannot run it with {option}: {why}; leave {option} out")
     if entry.address is not None:
-        _preflight(label, argv, *entry.address)
+        _preflight(label, argv, *entry.address, model=entry.model)
     session = Session(label, options)
     main = _resolve(entry.main)
     patches = [(owner, name, session.wrap(getattr(owner, name))) for owner, name in map(_owner, entry.loaders)]
@@ -362,7 +394,7 @@ def run(library: str, command: str, argv: Sequence[str], options: Options, *, er
             _patched(patches),
             _routed(routes),
             _stopping(stopped),
-            _argv([f"attnpass {label}", *argv]),
+            _argv([f"attnpass {library}" if entry.args else f"attnpass {label}", *entry.args, *argv]),
             session.every(options.summary_every, out),
         ):
             status = _status(label, main)
@@ -377,6 +409,46 @@ def run(library: str, command: str, argv: Sequence[str], options: Options, *, er
     if stopped:  # the command caught the interrupt (mlx-lm's server shuts down): report it
         raise Stopped(stopped[0])
     return status
+
+
+def exec_script(
+    script: str, argv: Sequence[str], options: Options, optimize: bool | None = None, *, err: TextIO | None = None
+) -> int:
+    """``attnpass exec SCRIPT ARGS...``: the console script ``SCRIPT``'s own command line, unchanged, with attnpass
+    on or off by a switch: ``optimize`` (``--optimize``/``--no-optimize``) when given, else :data:`OPTIMIZE_ENV`
+    read now (off when unset). On, it is :func:`run` of the :data:`ENTRY_POINTS` row whose ``main`` is the
+    script's (and whose ``args`` begin ``ARGS``); off, ``SCRIPT`` itself replaces this process (``os.execvp``),
+    attnpass not in it. A plain ``vllm-mlx serve ...`` cannot be reached: vllm-mlx loads no plugin of its own."""
+    import os
+
+    from attnpass.ir.core.switches import env_switch
+
+    out = err if err is not None else sys.stderr
+    on, source = env_switch(OPTIMIZE_ENV, optimize, default=False, subject="attnpass")
+    if not on:
+        print(f"attnpass: {source}: {script} runs plain", file=out, flush=True)
+        os.execvp(script, [script, *argv])
+    library, command, rest = _console_command(script, argv)
+    return run(library, command, rest, options, err=err)
+
+
+def _console_command(script: str, argv: Sequence[str]) -> tuple[str, str, list[str]]:
+    """``(library, command, its ARGS)``: the :data:`ENTRY_POINTS` row that console script ``script`` runs."""
+    from importlib.metadata import entry_points
+
+    from attnpass.ir.core.arguments import ArgumentError
+
+    name = Path(script).name
+    found = [e.value for e in entry_points(group="console_scripts") if e.name == name]
+    known = ", ".join(f"{lib} {cmd}" for lib, cmds in ENTRY_POINTS.items() for cmd in cmds)
+    if not found:
+        raise ArgumentError(f"exec: {name!r} is no console script installed beside attnpass; it runs: {known}")
+    for library, commands in ENTRY_POINTS.items():
+        for command, entry in commands.items():
+            if entry.main == found[0].replace(" ", "") and tuple(argv[: len(entry.args)]) == entry.args:
+                return library, command, list(argv[len(entry.args) :])
+    given = " ".join([name, *argv[:1]])
+    raise ArgumentError(f"exec: {given} ({found[0]}) is none of attnpass's commands: {known}")
 
 
 def _status(label: str, main: Callable[[], Any]) -> int:
@@ -502,25 +574,30 @@ def _server_patches(label: str, hooks: ServerHooks) -> list[tuple[Any, str, Any]
     return [(run_owner, run_name, running), (serve_owner, serve_name, serving), (load_owner, load_name, loading)]
 
 
-def _preflight(label: str, argv: Sequence[str], host: str, port: int) -> None:
+def _preflight(label: str, argv: Sequence[str], host: str, port: int, model: str | int = "--model") -> None:
     """A server's address and local model folder checked before the library is imported (mlx-lm and mlx-vlm
     import transformers and torch: seconds): the same one-line errors :func:`_check_address` and the first load
     give, within a second. The server's own defaults (``host``, ``port``) when a flag is absent; a value the
-    server's own parser would refuse is left to it."""
+    server's own parser would refuse is left to it. ``model``: the option naming the model, or the position of the
+    positional argument that does (a model given elsewhere is left to the server)."""
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--host", default=host)
     parser.add_argument("--port", default=str(port))
-    parser.add_argument("--model", default=None)
+    if isinstance(model, str):
+        parser.add_argument(model, dest="model", default=None)
     known, _ = parser.parse_known_args(list(argv))
     try:
         port = int(known.port)
     except ValueError:
         return
     _check_address(label, known.host, port)
-    if known.model is not None:
-        path = Path(known.model)
+    source = getattr(known, "model", None)
+    if isinstance(model, int) and model < len(argv) and not argv[model].startswith("-"):
+        source = argv[model]
+    if source is not None:
+        path = Path(source)
         if path.is_dir() and not (path / "config.json").is_file():
-            raise _load_error(label, known.model, FileNotFoundError(f"{path / 'config.json'}"))
+            raise _load_error(label, source, FileNotFoundError(f"{path / 'config.json'}"))
 
 
 def _check_address(label: str, host: str, port: int) -> None:
@@ -691,20 +768,19 @@ def _summary_endpoint(session: Session, do_get: Callable[[Any], None]) -> Callab
 
 
 def _summary_route(session: Session, hooks: AppHooks) -> Any:
-    """The ASGI app's route answering :data:`SUMMARY_PATH` with :meth:`Session.as_json` (``?full=1``: the reports'
-    whole form), after ``hooks.guard``. A plain function: Starlette runs it in its thread pool, off the event loop."""
-    from starlette.responses import JSONResponse
-    from starlette.routing import Route
+    """The FastAPI app's route answering :data:`SUMMARY_PATH` with :meth:`Session.as_json` (``?full=1``: the
+    reports' whole form), behind ``hooks.guard`` as a dependency of the route (FastAPI gives it what it declares: the
+    request, a bearer token). A plain function: FastAPI runs it in its thread pool, off the event loop."""
+    from fastapi import Depends
+    from fastapi.responses import JSONResponse
+    from fastapi.routing import APIRoute
 
-    guard = _resolve(hooks.guard) if hooks.guard is not None else None
+    def summary(full: str = "") -> Any:
+        return JSONResponse(session.as_json(full in ("1", "true")))
 
-    def summary(request: Any) -> Any:
-        if guard is not None:
-            guard(request)
-        full = request.query_params.get("full") in ("1", "true")
-        return JSONResponse(session.as_json(full))
-
-    return Route(SUMMARY_PATH, summary, methods=["GET"], name="attnpass_summary")
+    guards = [Depends(_resolve(hooks.guard))] if hooks.guard is not None else []
+    return APIRoute(SUMMARY_PATH, summary, methods=["GET"], name="attnpass_summary", dependencies=guards,
+                    response_model=None, include_in_schema=False)  # fmt: skip
 
 
 @contextmanager
@@ -720,6 +796,6 @@ def _routed(routes: list[tuple[Any, Any]]) -> Iterator[None]:
 
 
 __all__ = [
-    "ENTRY_POINTS", "LAUNCHER_OPTIONS", "SUMMARY_PATH", "AppHooks", "EntryPoint", "Options", "ServerHooks", "Session",
-    "Stopped", "run", "summary_line",
+    "ENTRY_POINTS", "LAUNCHER_OPTIONS", "OPTIMIZE_ENV", "SUMMARY_PATH", "AppHooks", "EntryPoint", "Options",
+    "ServerHooks", "Session", "Stopped", "exec_script", "run", "summary_line",
 ]  # fmt: skip

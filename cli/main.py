@@ -136,6 +136,15 @@ GET /attnpass/summary (JSON; ?full=1: the whole report). Commands: {commands}.
 example: attnpass {library} --min-keys 0 generate --model DIR --prompt "hello" --max-tokens 16"""
 
 
+EXEC_EPILOG = """\
+COMMAND is a console script (vllm-mlx, mlx_lm.server, ...) and ARGS its own command line,
+untouched: with ATTNPASS_OPTIMIZE=1 (or --optimize) it runs as attnpass LIBRARY COMMAND ARGS
+would, the models it loads optimized; unset or 0 (or --no-optimize), COMMAND itself replaces
+attnpass's process, plain. A service's command line stays the same either way.
+
+example: ATTNPASS_OPTIMIZE=1 attnpass exec vllm-mlx serve DIR --port 8000"""
+
+
 def _launcher_options(sub: argparse.ArgumentParser) -> None:
     sub.add_argument(
         "--pipeline", "-p", metavar="TEXT", help=f"optimize's pipeline (default: the device's); {PIPELINE_HELP}"
@@ -292,6 +301,17 @@ def build_parser() -> Parser:
         subs.choices[library].epilog = LAUNCH_EPILOG.format(library=library, commands=", ".join(commands))
         subs.choices[library].formatter_class = argparse.RawDescriptionHelpFormatter
         subs.choices[library].set_defaults(library=library)
+    sub = add("exec", "launch", "run a console script's own command line, attnpass on or off by ATTNPASS_OPTIMIZE")
+    _launcher_options(sub)
+    sub.add_argument(
+        "--optimize",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="attnpass on or off, whatever ATTNPASS_OPTIMIZE says (default: ATTNPASS_OPTIMIZE, read now; off unset)",
+    )
+    sub.epilog = EXEC_EPILOG
+    sub.formatter_class = argparse.RawDescriptionHelpFormatter
+    sub.set_defaults(library="exec")
     parser.commands = tuple(subs.choices)
     return parser
 

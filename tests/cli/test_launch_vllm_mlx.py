@@ -1,0 +1,190 @@
+"""``attnpass vllm-mlx serve`` and ``ATTNPASS_OPTIMIZE=1 attnpass exec vllm-mlx serve`` (cli/launch.py) beside plain
+vllm-mlx, with the official ``openai`` client.
+
+vllm-mlx pins mlx-lm 0.31 and pulls torch: its tests run in their own venv (``make test-servers``,
+``.venv-servers``); elsewhere they skip. The tiny float32 llama of :func:`attnpass.models.tiny_lm.save_tiny_lm`
+(float32: vllm-mlx's batched bf16 answers differ from run to run) is served on 127.0.0.1 (free ports, an API key) by
+plain vllm-mlx and through attnpass at once, in each engine mode: the default SimpleEngine (its lock admission
+set to ``wait``: else a concurrent request is answered 503) through ``attnpass vllm-mlx --min-keys 0 serve``, and
+``--continuous-batching`` (mlx-lm's ``BatchGenerator``, vllm-mlx's prefix cache) through the environment switch.
+Each gets 16 concurrent chat completions, then the same 16 streamed (the prefix cache meets them), then the first
+burst again: every answer is plain vllm-mlx's, ``GET /attnpass/summary`` counts routed calls (refused without the
+key), SIGTERM prints the summary and ends with status 143, and neither log has a traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from tests.util import requires
+
+API_KEY = "attnpass-test-key"
+BURST = 16
+MAX_TOKENS = 8
+# a shared prefix, then a tail of each request's own (the tiny tokenizer's words t0 .. t511; no EOS)
+PROMPTS = [" ".join([f"t{i}" for i in range(40, 72)] + [f"t{100 + 7 * n + j}" for j in range(4)]) for n in range(BURST)]
+MODES = {"simple": [], "batched": ["--continuous-batching"]}
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> Path:
+    from attnpass.models.tiny_lm import save_tiny_lm
+
+    return save_tiny_lm(tmp_path_factory.mktemp("vllm_mlx") / "llama", "llama", dtype="float32")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class Server:
+    """vllm-mlx's server on 127.0.0.1, started by ``launcher`` (a command line before ``serve``), its log in a file."""
+
+    def __init__(self, launcher: list[str], model: Path, flags: list[str], log: Path, env: dict[str, str]) -> None:
+        self.port = free_port()
+        self.log = log
+        self._log = log.open("w")
+        served = [str(model), "--host", "127.0.0.1", "--port", str(self.port), "--api-key", API_KEY, *flags]
+        environment = os.environ | {"VLLM_MLX_SIMPLE_ENGINE_LOCK_ADMISSION": "wait", "HF_HUB_OFFLINE": "1"} | env
+        environment["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{environment.get('PATH', '')}"
+        self.process = subprocess.Popen(
+            [*launcher, "serve", *served], stdout=self._log, stderr=subprocess.STDOUT, env=environment
+        )
+
+    def wait_ready(self, timeout: float = 240.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the server exited with {self.process.returncode}:\n{self.log.read_text()}")
+            try:
+                if self.get("/health")[0] == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.5)
+        raise TimeoutError(f"the server on port {self.port} did not answer in {timeout} s:\n{self.log.read_text()}")
+
+    def get(self, path: str, *, key: bool = True) -> tuple[int, str]:
+        headers = {"Authorization": f"Bearer {API_KEY}"} if key else {}
+        request = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return response.status, response.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+    def burst(self, model: Path, *, stream: bool) -> list[tuple[str, str]]:
+        """The 16 prompts at once (greedy, 8 tokens each): each answer's text and finish reason."""
+        from openai import OpenAI
+
+        client = OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key=API_KEY, timeout=120, max_retries=0)
+
+        def ask(prompt: str) -> tuple[str, str]:
+            asked = {"model": str(model), "messages": [{"role": "user", "content": prompt}],
+                     "max_tokens": MAX_TOKENS, "temperature": 0}  # fmt: skip
+            if not stream:
+                choice = client.chat.completions.create(**asked).choices[0]
+                return choice.message.content, choice.finish_reason
+            text, reason = [], None
+            for chunk in client.chat.completions.create(**asked, stream=True):
+                for choice in chunk.choices:
+                    text.append(choice.delta.content or "")
+                    reason = choice.finish_reason or reason
+            return "".join(text), reason
+
+        with ThreadPoolExecutor(BURST) as pool:
+            return list(pool.map(ask, PROMPTS))
+
+    def stop(self, timeout: float = 60.0) -> tuple[int, str]:
+        """SIGTERM, then its exit status and its whole log."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            status = self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            status = self.process.wait()
+        self._log.close()
+        return status, self.log.read_text()
+
+
+@requires("mlx.core", "vllm_mlx", "openai")
+@pytest.mark.parametrize("mode", MODES)
+def test_vllm_mlx_answers_as_plain_with_its_calls_routed_and_ends_on_sigterm(model, mode, tmp_path):
+    import json
+
+    attnpass = [sys.executable, "-m", "attnpass.cli"]
+    launchers = {
+        "plain": ([sys.executable, "-m", "vllm_mlx.cli"], {}),
+        # the simple engine by the row's command, the batched one by the switch on an unchanged vllm-mlx command line
+        "optimize": ([*attnpass, "vllm-mlx", "--min-keys", "0"], {})
+        if mode == "simple"
+        else ([*attnpass, "exec", "--min-keys", "0", "vllm-mlx"], {"ATTNPASS_OPTIMIZE": "1"}),
+    }
+    servers = {
+        name: Server(launcher, model, MODES[mode], tmp_path / f"{name}.log", env)
+        for name, (launcher, env) in launchers.items()
+    }
+    try:
+        for server in servers.values():  # both start at once
+            server.wait_ready()
+        answers = {
+            name: [
+                server.burst(model, stream=False),
+                server.burst(model, stream=True),
+                server.burst(model, stream=False),
+            ]
+            for name, server in servers.items()
+        }
+        refused, _ = servers["optimize"].get("/attnpass/summary", key=False)
+        status, body = servers["optimize"].get("/attnpass/summary")
+    finally:
+        ended = {name: server.stop() for name, server in servers.items()}
+    plain, optimized = answers["plain"], answers["optimize"]
+    assert optimized == plain, (plain, optimized)
+    assert all(reason == "length" and text for burst in plain for text, reason in burst), plain
+    assert plain[2] == plain[0] and [text for text, _ in plain[1]] == [text for text, _ in plain[0]], plain
+    summary = json.loads(body)
+    assert refused == 401 and status == 200 and summary["command"] == "vllm-mlx serve", (refused, summary)
+    [loaded] = summary["models"]
+    assert loaded["model"] == str(model) and loaded["routed"] > 0 and loaded["traces"] > 0, loaded
+    (plain_status, plain_log), (status, log) = ended["plain"], ended["optimize"]
+    for text in (plain_log, log):
+        assert "Traceback" not in text and "attnpass: error" not in text and "attnpass: warning" not in text, text
+    assert status == 128 + signal.SIGTERM and plain_status in (0, -signal.SIGTERM), (plain_log[-2000:], log[-2000:])
+    lines = log.splitlines()
+    assert lines[-1] == "attnpass: terminated by SIGTERM", log[-2000:]
+    [printed] = [line for line in lines if line.startswith("attnpass: optimize(")]
+    routed = int(re.search(r"routed (\d+) attention call", printed)[1])
+    assert routed >= loaded["routed"], (printed, loaded)
+
+
+@requires("vllm_mlx")
+def test_the_switch_off_runs_vllm_mlx_itself_and_on_refuses_a_command_it_has_no_row_for(tmp_path):
+    env = os.environ | {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    attnpass = [sys.executable, "-m", "attnpass.cli", "exec"]
+
+    def run(*argv: str, **switch: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*argv], capture_output=True, text=True, timeout=120, env=env | switch, check=False)
+
+    plain = run(str(Path(sys.executable).parent / "vllm-mlx"), "serve", "--help")
+    off = run(*attnpass, "vllm-mlx", "serve", "--help", ATTNPASS_OPTIMIZE="0")
+    assert plain.returncode == off.returncode == 0 and off.stdout == plain.stdout, (plain, off)
+    assert off.stderr == "attnpass: ATTNPASS_OPTIMIZE=0: vllm-mlx runs plain\n", off.stderr
+    bench = run(*attnpass, "vllm-mlx", "bench", "M", ATTNPASS_OPTIMIZE="1")
+    assert (bench.returncode, bench.stdout) == (1, "") and bench.stderr.startswith(
+        "attnpass: error: exec: vllm-mlx bench (vllm_mlx.cli:main) is none of attnpass's commands: mlx-lm generate"
+    ), bench.stderr
