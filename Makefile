@@ -17,8 +17,11 @@ STAMP_DEMO := $(VENV)/.installed-demo
 VENV_CORE := .venv-core
 PY_CORE := $(VENV_CORE)/bin/python
 STAMP_CORE := $(VENV_CORE)/.installed
+VENV_SERVERS := .venv-servers
+PY_SERVERS := $(VENV_SERVERS)/bin/python
+STAMP_SERVERS := $(VENV_SERVERS)/.installed
 
-.PHONY: test test-core demo versions versions-core fuzz zoo zoo-vlm zoo-dtypes bench clean peer-mlx-lm peer-mlx-vlm
+.PHONY: test test-servers test-core demo versions versions-core fuzz zoo zoo-vlm zoo-dtypes bench clean peer-mlx-lm peer-mlx-vlm
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -96,5 +99,20 @@ peer-mlx-lm: $(STAMP)
 peer-mlx-vlm: $(STAMP)
 	$(PY) examples/peer_suite.py --peer mlx-vlm $(if $(MLX_VLM_GIT),--git-dir $(MLX_VLM_GIT)) --write docs/peer_suites_mlx_vlm.md
 
+# `make test-servers`: vllm-mlx 0.6.0's server beside `attnpass vllm-mlx serve` (tests/cli/test_launch_vllm_mlx.py) in a
+# venv of its own: vllm-mlx pins mlx-lm 0.31 and pulls torchvision. torch 2.14.1 and torchvision 0.29.1 go first, the
+# pair on this machine's disk (PyPI's torchvision beside its torch 2.13.0 fails to import, and transformers with it;
+# an unpinned torch would download a CUDA build). About 7 minutes to install, 3 to test, on 2 cores.
+$(STAMP_SERVERS): pyproject.toml
+	$(PYTHON) -m venv $(VENV_SERVERS)
+	$(PY_SERVERS) -m pip install --quiet --upgrade pip
+	$(PY_SERVERS) -m pip install --quiet torch==2.14.1 torchvision==0.29.1
+	$(PY_SERVERS) -m pip install --quiet -e ".[mlx,dev]" vllm-mlx==0.6.0 mlx-lm==0.31.3 torch==2.14.1 \
+		torchvision==0.29.1 openai
+	touch $(STAMP_SERVERS)
+
+test-servers: $(STAMP_SERVERS)
+	$(PY_SERVERS) -m pytest -q tests/cli/test_launch_vllm_mlx.py
+
 clean:
-	rm -rf $(VENV) $(VENV_CORE) build *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) $(VENV_CORE) $(VENV_SERVERS) build *.egg-info .pytest_cache .hypothesis

@@ -64,7 +64,7 @@ PAGES = {
         ("mlx.core",),
         prints=(
             "[qsa-pool-cache] applied qsa_block_scores: block keys concat (qsa_pool of idx_keys) now come from",
-            "up to the block keys run on the new block(s) only, not on 24 (each new block is replayed as row 0",
+            "up to the block keys run on the new block(s) only, not on 24 (each new block's sums run over it as row 0",
             "[decompose-sdpa] applied sdpa_gather: strategy decomposed (device cpu)",
             "(('idx_keys_blocks', 1),)",
         ),

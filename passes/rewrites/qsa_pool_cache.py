@@ -14,9 +14,9 @@ that ``block_keys`` derives from and rewrites the step (docs/qsa.md, docs/semant
 
 Exact, bit for bit: only ``qsa_select`` reads the scores and it ignores invisible blocks; every visible
 block is complete and was written by the same ops on the same rows. Where XLA on CPU rounds a row
-reduction differently by operand size, the replay runs over a zero-padded block in the whole cache's
-regime (:data:`XLA_ROW_REDUCTION_ELEMENTS`; docs/qsa.md). The caller keeps cell ``c`` of the raw cache at
-position ``c`` and writes each step's rows there before the step.
+reduction differently by operand size, the replay's sums run over a zero-padded block in the whole cache's
+regime (:data:`XLA_ROW_REDUCTION_ELEMENTS`); its other ops run on the block's row alone (docs/qsa.md).
+The caller keeps cell ``c`` of the raw cache at position ``c`` and writes each step's rows there before the step.
 
 Preconditions (each decline says which failed): the raw keys are a resident ``[B, T, D]`` input read whole
 with ``T % r == 0``; the ops up to ``block_keys`` are row-wise and read by nothing else; the scores feed
@@ -243,38 +243,78 @@ def _rewrite(rw: Rewriter, m: _Match) -> None:
 def _replay(rw: Rewriter, m: _Match, rows: str, block: str, stream: int) -> str:
     """The stored value of one block from its raw rows ``[1, r, D]``: pooled (then the chain up to block_keys).
 
-    Storing the block keys, the chain runs over the new block padded with zero rows to
-    :func:`_xla_reduction_rows` (row ``[0, 0]`` is the block; the rest is sliced away).
+    Storing the block keys, each ``sum`` of the chain (and what it reads) runs over the new block padded with
+    zero rows to :func:`_xla_reduction_rows` (row ``[0, 0]`` is the block), its row ``[0, 0]`` picked right after
+    it; every other op runs on the block's row ``[1, 1, *]`` alone, as the whole-cache chain computes each row.
     """
     pooled = rw.op("qsa_pool", [rows], m.pool.attrs, "pooled_new")
     if m.stored is m.pool:
         return pooled
-    padded = m.replay_rows
-    value = {m.pool.name: _pad_rows(rw, pooled, padded)}
+    chain = {n.name: n for n in m.chain}
+    row_needs, wide_needs = _replay_needs(m, chain)
+    row = {m.pool.name: pooled}
+    wide = {m.pool.name: _pad_rows(rw, pooled, m.replay_rows)} if m.pool.name in wide_needs else {}
     outside: dict[str, str] = {}
-    for node in m.chain:
+
+    def replayed(node: Node, values: dict[str, str], lead: tuple[int, int], hint: str) -> str:
         for i in node.inputs:
-            if i not in value and i not in outside:
+            if i not in chain and i != m.pool.name and i not in outside:
                 outside[i] = _block_row(rw, i, block, stream)
-        operands = [value[i] if i in value else outside[i] for i in node.inputs]
         attrs = dict(node.attrs)
         if node.op == "slice":
             attrs["start"] = (0, 0, *attrs["start"][2:])
-            attrs["stop"] = (*padded, *attrs["stop"][2:])
-        value[node.name] = rw.op(node.op, operands, attrs, f"{node.name}_new")
-    return rw.pick(value[m.stored.name], {0: 0, 1: 0}, f"{m.stored.name}_new_row")
+            attrs["stop"] = (*lead, *attrs["stop"][2:])
+        return rw.op(node.op, [values[i] if i in values else outside[i] for i in node.inputs], attrs, hint)
+
+    for node in m.chain:
+        if node.name in wide_needs:
+            wide[node.name] = replayed(node, wide, m.replay_rows, f"{node.name}_new")
+        if node.name in row_needs:
+            if node.op == "sum":
+                row[node.name] = rw.pick(wide[node.name], {0: 0, 1: 0}, f"{node.name}_new_row")
+            else:
+                row[node.name] = replayed(node, row, (1, 1), f"{node.name}_new_row")
+    return row[m.stored.name]
+
+
+def _replay_needs(m: _Match, chain: dict[str, Node]) -> tuple[set[str], set[str]]:
+    """The chain values the one-block replay computes on the row, and those it computes padded (what a sum reads)."""
+    row: set[str] = set()
+    wide: set[str] = set()
+    todo = [m.stored.name]
+    while todo:
+        name = todo.pop()
+        if name in row:
+            continue
+        row.add(name)
+        node = chain.get(name)
+        if node is None:
+            continue
+        if node.op == "sum":
+            wide_todo = [name]
+            while wide_todo:
+                w = wide_todo.pop()
+                if w not in wide:
+                    wide.add(w)
+                    wide_todo += [i for i in chain[w].inputs if i in chain or i == m.pool.name] if w in chain else []
+        else:
+            todo += [i for i in node.inputs if i in chain or i == m.pool.name]
+    return row, wide
 
 
 # XLA on CPU emits a row reduction (``sum`` over the last axis) one way when its operand has fewer than this
 # many elements and another way from this many on: the two round a row's sum differently (measured with
-# jax 0.10.2 at last-axis sizes 16..256: the switch sits at rows * D = 4,096 elements, e.g. 32 rows of 128).
-# Within one regime a row's bits depend on the operand's shape only, not on the row's place or its neighbours.
-# numpy and MLX reduce each row alike at any row count, so the padding changes nothing there.
+# jax 0.10.2 and 0.12.1 at last-axis sizes 16..256: the switch sits at rows * D = 4,096 elements, e.g. 32 rows
+# of 128). Within one regime a row's bits depend on the operand's shape only, not on the row's place or its
+# neighbours. numpy and MLX reduce each row alike at any row count, so the padding changes nothing there.
+# Only the sums (and what they read) run padded: jax 0.12.1 vectorized an elementwise loop over the padded
+# block without the FMA its scalar loops contract (RoPE's x1 * cos - x2 * sin), so the block's keys differed in
+# the last bit from the whole cache's; on the one row every op rounds as on each row of the whole cache.
 XLA_ROW_REDUCTION_ELEMENTS = 4096
 
 
 def _xla_reduction_rows(graph: Graph, chain: tuple[Node, ...], keys: Node) -> tuple[int, int]:
-    """The leading shape ``[B', P']`` the one-block replay of the chain runs over, so XLA rounds it as it rounds all blocks.
+    """The leading shape ``[B', P']`` the one-block replay's sums run over, so XLA rounds them as it rounds all blocks.
 
     The whole-cache chain (the re-pooling step, the prefill) reduces ``[B, NB, D]``. When that is below
     :data:`XLA_ROW_REDUCTION_ELEMENTS` for some ``sum`` of the chain, the replay uses that very shape; otherwise
@@ -333,8 +373,9 @@ def _padding(m: _Match) -> str:
     if (b, p) == (1, 1):
         return ""
     return (
-        f" (each new block is replayed as row 0 of [{b}, {p}] rows, the rest zeros, so that XLA's CPU row reduction "
-        f"rounds it as over all [{m.keys.type.shape[0]}, {m.keys.type.shape[1]:,}] blocks: XLA_ROW_REDUCTION_ELEMENTS)"
+        f" (each new block's sums run over it as row 0 of [{b}, {p}] rows, the rest zeros, so that XLA's CPU row "
+        f"reduction rounds them as over all [{m.keys.type.shape[0]}, {m.keys.type.shape[1]:,}] blocks: "
+        "XLA_ROW_REDUCTION_ELEMENTS; the other ops run on its row alone)"
     )
 
 

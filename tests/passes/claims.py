@@ -19,7 +19,7 @@ from typing import Callable, Mapping
 import numpy as np
 
 from attnpass.backends import run
-from attnpass.ir import DType, Graph, Node, TensorType
+from attnpass.ir import DType, Graph, Node, TensorType, get_op
 from attnpass.lowering import lower
 from attnpass.passes import Pass, PassManager, Remark
 from attnpass.passes.rewrites.dce import MAX_LISTED
@@ -255,6 +255,11 @@ def _pool_cache(before: Graph, after: Graph, r: Remark, ctx: _Context) -> None:
     assert not chain & live, "the whole-cache chain still runs"
     replayed = after.descendants([p.name for p in pools]) - {writer.name}
     sums = [after.node(n) for n in replayed if after.node(n).op == "sum"]
+    feeding = after.ancestors([s.name for s in sums]) | {s.name for s in sums}
+    for n in (replayed & after.ancestors([writer.name])) - feeding:  # arithmetic no sum reads: on the block's row
+        node = after.node(n)
+        if get_op(node.op).family == "elementwise" and node.type.dtype.is_float:
+            assert node.type.shape[:2] == (1, 1), f"{n} runs over {node.type}, not one block's row"
     if tuple(fig["replay_rows"]) == (1, 1):
         assert not sums or all(after.node(s.inputs[0]).type.shape[:2] == (1, 1) for s in sums)
         return
