@@ -41,18 +41,39 @@ TOLERANCE = {"bfloat16": 2**-8, "float32": 2**-20}
 # bf16, reshaped and added to the residual, then differs in ~1000 outputs by up to one bf16 ulp of the
 # residual (4.0 vs 4.03125) with no rewrite being inexact (the QSA layer alone is bitwise equal sharded).
 XLA_FLAGS = "--xla_force_host_platform_device_count=8 --xla_allow_excess_precision=false"
+# jax 0.12.1's XLA on CPU fuses the per-device softmax of the heads-sharded QSA layer (one KV head of 8: the logits
+# dot, the mask, the row max, exp and the row sum over 2,051 cells) into one YNNPACK fusion that sums each row in its
+# own order, while the single device's (8 KV heads) keeps the split of earlier versions (YNNPACK sums of 32 cells,
+# then XLA's reduce-window and reduce); jax 0.10.2 and 0.11.2 split both alike. Measured with jax 0.12.1: 4,743 of
+# the 8,192 float32 outputs differ, by at most 4.5e-8 next to max |out| 0.152 (3 ulp); with YNNPACK fusions limited
+# to dots (this flag, accepted by 0.10.2 too) the bits are the single device's again. The bf16 verify step keeps them.
+YNN_DOTS_ONLY = "--xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_DOT"
+YNN_SOFTMAX_BOUND = 2**-21  # |sharded - single| <= this * max |single| where YNNPACK fuses the softmax (3 ulp measured)
 
 pytestmark = requires("jax")
 
 
-@pytest.fixture(scope="module")
-def cases() -> dict[str, dict]:
-    env = {**os.environ, "XLA_FLAGS": XLA_FLAGS, "JAX_PLATFORMS": "cpu"}
+def measured(*names: str, flags: str = XLA_FLAGS) -> dict[str, dict]:
+    """The cases of :mod:`tests.sharded_cases` (all of them when no name is given), run in one subprocess."""
+    env = {**os.environ, "XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu"}
     done = subprocess.run(
-        [sys.executable, "-m", "tests.sharded_cases"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800
-    )
+        [sys.executable, "-m", "tests.sharded_cases", *names],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800,
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr[-4000:]
     return {case["case"]: case for case in map(json.loads, done.stdout.splitlines())}
+
+
+@pytest.fixture(scope="module")
+def cases() -> dict[str, dict]:
+    return measured()
+
+
+def ynn_fuses_the_softmax() -> bool:
+    """Whether the installed jaxlib's XLA may fuse a softmax's reductions into YNNPACK (0.12 on; see YNN_DOTS_ONLY)."""
+    from importlib.metadata import version
+
+    return tuple(int(part) for part in version("jaxlib").split(".")[:2]) >= (0, 12)
 
 
 def applied(case: dict) -> list[str]:
@@ -115,7 +136,18 @@ def test_whole_kv_groups_per_device_need_no_collective(cases, name):
 
 @pytest.mark.parametrize("name", ["verify-1x8-heads-8kv", "qsa-1x8-heads-8kv"])
 def test_heads_sharding_alone_reproduces_the_single_device_bits(cases, name):
-    assert cases[name]["bitwise_equal"]
+    """Bits on jax 0.10.2 and 0.11.2; on 0.12.1 the float32 QSA layer within YNN_SOFTMAX_BOUND (see YNN_DOTS_ONLY)."""
+    case = cases[name]
+    if name == "qsa-1x8-heads-8kv" and ynn_fuses_the_softmax():
+        assert case["max_abs_diff"] <= YNN_SOFTMAX_BOUND * case["max_abs"], (case["max_abs_diff"], case["max_abs"])
+    else:
+        assert case["bitwise_equal"]
+
+
+def test_with_ynn_fusing_only_dots_heads_sharding_reproduces_the_single_device_bits():
+    """The cause of jax 0.12's difference: with XLA's YNNPACK fusions limited to dots, the bits come back."""
+    case = measured("qsa-1x8-heads-8kv", flags=f"{XLA_FLAGS} {YNN_DOTS_ONLY}")["qsa-1x8-heads-8kv"]
+    assert case["bitwise_equal"] and case["reference_error"] <= RTOL[DType.parse(case["dtype"])]
 
 
 @pytest.mark.parametrize("name", KEYS_SHARDED)
