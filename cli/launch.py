@@ -123,7 +123,8 @@ ENTRY_POINTS: dict[str, dict[str, EntryPoint]] = {
             "mlx_lm.server:main",
             ("mlx_lm.server:load", "mlx_lm.server:sharded_load"),
             "mlx_lm.server:APIHandler",
-            ("mlx_lm.server:ResponseGenerator._run_generate",),
+            # the generation thread's loop: 0.31's thread target, called by 0.32's (_run_generate, which logs its error)
+            ("mlx_lm.server:ResponseGenerator._generate",),
             ServerHooks(
                 "mlx_lm.server:run", "mlx_lm.server:_run_http_server", "mlx_lm.server:ModelProvider.load_default"
             ),
