@@ -186,6 +186,22 @@ def test_unstack_bound_directly_is_one_slice_per_read_output(rng):
     assert _ops(imported.graph).count("slice") == 1
 
 
+def test_tuple_unpacking_as_the_installed_jax_traces_it(rng):
+    """``k, v = kv`` and ``for row in x`` in real code: ``unstack`` from JAX 0.11 on (slices and squeezes before);
+    imported either way, bit for bit."""
+
+    def step(kv, x):
+        k, v = kv
+        first, *_ = x
+        return k - v + first + sum(row for row in x)  # no product: XLA may contract one into an FMA
+
+    kv = rng.standard_normal((2, 3, 4)).astype(np.float32)
+    x = rng.standard_normal((3, 4)).astype(np.float32)
+    traced = {e.primitive.name for e in jax.make_jaxpr(step)(kv, x).jaxpr.eqns}
+    assert ("unstack" in traced) == (tuple(int(p) for p in jax.__version__.split(".")[:2]) >= (0, 11)), traced
+    _check(step, kv, x)
+
+
 # ----------------------------------------------------------------------------- floor, ceil, round
 
 
