@@ -217,3 +217,28 @@ def test_check_is_read_from_the_environment_and_an_explicit_argument_wins(monkey
         assert not opt.check
     with pytest.raises(AttnpassError, match="optimize: check must be True or False.*got 'yes'"):
         optimize(model, check="yes")
+
+
+def test_check_leaves_a_call_it_cannot_evaluate_lazy_and_counts_it_unchecked():
+    """A model a test builds and never evaluates: its queries come from what MLX's CPU cannot compute (a float16
+    gather_mm). Under check=True the call is not compared and stays lazy (the test's outcome is plain's); the
+    program's output fails to evaluate exactly as the client's."""
+    import io
+
+    from mlx_lm.models.cache import KVCache
+
+    from attnpass.backends.mlx import optimize
+    from tests.backends.mlx_backend.lm_probe import Probe
+
+    experts = mx.gather_mm(mx.ones((4, 2, 64), mx.float16), mx.ones((3, 64, 64), mx.float16),
+                           rhs_indices=mx.array([0, 1, 2, 0]))  # fmt: skip
+    q, (k, v) = experts.reshape(1, 4, 2, 64), mx.ones((2, 1, 2, 1, 64), mx.float16)
+    probe = Probe()
+    with optimize(probe, min_keys=0, check=True) as opt:
+        out = probe(q, k, v, KVCache())  # no error: nothing was evaluated
+        assert opt.routed == 1 and opt.unchecked == 1
+        report = io.StringIO()
+        opt.explain(file=report)
+    assert "1 routed call(s) not compared" in report.getvalue()
+    with pytest.raises(RuntimeError, match="GatherMM"):
+        mx.eval(out)
