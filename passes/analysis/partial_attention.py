@@ -132,6 +132,7 @@ class Fail:
     parts: frozenset[str] = frozenset()
     leaves: frozenset[str] = frozenset()
     vec: bool = False  # a P·V of exps is below it
+    combine: bool = False  # it failed adding weights or attentions of parts (a combine's step), or reads such a step
 
 
 Read = Val | Fail | None  # None: opaque, no exps of scores below it
@@ -254,6 +255,32 @@ def _whole_axis(layout: Layout, axes: Sequence[int], shape: Sequence[int]) -> in
     return axis if la.covers(reduced, shape[axis]) else None
 
 
+def _jax_logaddexp(graph: Graph, node: Node) -> tuple[str, str] | None:
+    """``(x, y)`` when ``node`` is ``jnp.logaddexp(x, y)`` as JAX traces it: ``where(isnan(x - y), x + y,
+    maximum(x, y) + log1p(exp(-|x - y|)))`` (``isnan(d)`` as ``not (d == d)``); the NaN branch is taken only where
+    the sum is NaN or infinite anyway."""
+    if node.op != "where" or graph.node(node.cond).op != "logical_not":
+        return None
+    same = graph.node(graph.node(node.cond).inputs[0])
+    if same.op != "equal" or same.inputs[0] != same.inputs[1] or graph.node(same.inputs[0]).op != "sub":
+        return None
+    d = graph.node(same.inputs[0])
+    x, y = d.inputs
+    total, main = graph.node(node.x), graph.node(node.y)
+    if total.op != "add" or set(total.inputs) != {x, y} or main.op != "add":
+        return None
+    tops = [graph.node(i) for i in main.inputs]
+    top = next((t for t in tops if t.op == "maximum" and set(t.inputs) == {x, y}), None)
+    rest = next((t for t in tops if t is not top), None)
+    chain = ["log1p", "exp", "neg", "abs"]
+    while rest is not None and chain and rest.op == chain[0]:
+        chain.pop(0)
+        rest = graph.node(rest.inputs[0]) if chain else rest
+    if top is None or chain or rest is None or rest.op != "abs" or rest.inputs[0] != d.name:
+        return None
+    return x, y
+
+
 def _same_axis(shape: Sequence[int], a: int, b: int) -> bool:
     """Axes ``a`` and ``b`` of the scores reduce alike: the same axis, or both of size 1 (one key: the identity)."""
     return a == b or shape[a] == shape[b] == 1
@@ -310,13 +337,14 @@ class _Algebra:
             frozenset().union(*(o.parts for o in known)),
             frozenset().union(*(o.leaves for o in known)),
             any(o.vec if isinstance(o, Fail) else o.kind == "vec" for o in known),
+            any(isinstance(o, Fail) and o.combine for o in known),
         )
 
     def passed_on(self, node: Node, failed: Fail, operands: Sequence[Read]) -> Fail:
         """An operand's failure, with every operand's parts and leaves (the candidate it belongs to)."""
         merged = self.fail(node, failed.reason, failed.message, operands)
         assert merged is not None
-        return replace(merged, node=failed.node)
+        return replace(merged, node=failed.node, combine=merged.combine or failed.combine)
 
     def layout_of(self, node: Node, operands: Sequence[Val]) -> Layout | str | None:
         if not self.proof:
@@ -354,6 +382,9 @@ class _Algebra:
             return self._unary(node, depth)
         if node.op in ("add", "sub", "mul", "div", "maximum", "minimum", "logaddexp"):
             return self._binary(node, depth)
+        spelled = _jax_logaddexp(g, node)
+        if spelled is not None:
+            return self._binary(node, depth, spelled, "logaddexp")
         return None  # any other op: opaque (its readers that meet exps fail)
 
     def _exp(self, node: Node, depth: int) -> Read:
@@ -515,8 +546,9 @@ class _Algebra:
             return replace(x, value=math.log(x.value))
         return self.fail(node, "normalizer_mismatch", f"{node.op} {node.name} of a {x.kind} value", [x])
 
-    def _binary(self, node: Node, depth: int) -> Read:
-        a, b = (self.value(i, depth) for i in node.inputs)
+    def _binary(self, node: Node, depth: int, operands: Sequence[str] | None = None, op: str | None = None) -> Read:
+        """``node`` (or ``op`` of ``operands``: a spelled-out logaddexp) on two values."""
+        a, b = (self.value(i, depth) for i in operands or node.inputs)
         if a is None and b is None:
             return None
         failed = next((x for x in (a, b) if isinstance(x, Fail)), None)
@@ -534,14 +566,17 @@ class _Algebra:
         assert isinstance(a, Val) and isinstance(b, Val)
         if a.kind == b.kind == "const":
             return self._constant(node, a.value, b.value)
-        found = self._combined(node, a, b)
+        op = op or node.op
+        found = self._combined(node, op, a, b)
         if isinstance(found, str):
-            return self.fail(node, "normalizer_mismatch", f"{node.op} {node.name}: {found}", [a, b])
+            failed = self.fail(node, "normalizer_mismatch", f"{op} {node.name}: {found}", [a, b])
+            steps = op in ("add", "logaddexp") and {a.kind, b.kind} & {"pos", "vec"}  # a combine's sum failed
+            return None if failed is None else replace(failed, combine=failed.combine or bool(steps))
         if isinstance(found, Fail):
             return found
         layout = self.layout_of(node, [a, b])
         if isinstance(layout, str):
-            return self.fail(node, "normalizer_mismatch", f"{node.op} {node.name}: {layout}", [a, b])
+            return self.fail(node, "normalizer_mismatch", f"{op} {node.name}: {layout}", [a, b])
         if not self.proof and found.kind == "exps":  # discovering: an exps keeps the scores' own axes
             layout = (a if a.kind == "exps" else b).layout
             layout = None if layout is None else la.broadcast(layout, node.type.shape)
@@ -556,9 +591,8 @@ class _Algebra:
             return None
         return Val("const", value=float(rounded(ops[node.op], node.type.dtype)))
 
-    def _combined(self, node: Node, a: Val, b: Val) -> Val | Fail | str:
+    def _combined(self, node: Node, op: str, a: Val, b: Val) -> Val | Fail | str:
         """The rules of the module docstring for ``a op b`` (each a non-const or a constant)."""
-        op = node.op
         kinds = {a.kind, b.kind}
         logs = {"log", "const"}
         zero = next((x for x in (a, b) if x.kind == "const" and x.value == 0), None)
@@ -752,12 +786,13 @@ def _check_parts(
                 "sdpa over all the parts' keys attends the other parts' keys there",
                 root.name,
             )
-    if logged and any(a.mask.bools for a in atts if a is not None):
+    if logged and all(a.mask.bools for a in atts if a is not None):
         return Decline(
             "rows_without_keys",
-            "the combine weighs the parts by log-sum-exps computed as max + log(sum): with a finite fill, a row "
-            "every part leaves without a key has max = fill, which absorbs log(sum) = ln T_i, so the source weighs "
-            "the parts' means of V equally, where one sdpa takes the mean of all the values",
+            "the combine weighs the parts by log-sum-exps computed as max + log(sum), and every part has a bool mask "
+            "with a finite fill: a row every part leaves without a key has max = fill, which absorbs log(sum) = "
+            "ln T_i, so the source weighs the parts' means of V equally, where one sdpa takes the mean of all the "
+            "values",
             root.name,
         )
     fills = {repr(f) for a in atts if a is not None for f in a.mask.finite_fills}
@@ -909,13 +944,15 @@ def _single(found: Read) -> bool:
 
 
 def _several(found: Read) -> bool:
+    """A combine: the attention over two or more parts, or a combine's step that the algebra cannot read."""
     return (isinstance(found, Val) and found.kind == "vec" and len(found.parts) > 1) or (
-        isinstance(found, Fail) and found.vec and len(found.parts) > 1
+        isinstance(found, Fail) and found.vec and found.combine and len(found.parts) > 1
     )
 
 
-def _feeds_combine(graph: Graph, node: Node, algebra: _Algebra) -> bool:
-    """Does ``node``'s value reach, through the algebra's steps, one that reads two or more parts' products?"""
+def _feeds_combine(graph: Graph, node: Node, algebra: _Algebra, *, or_division: bool = False) -> bool:
+    """Does ``node``'s value reach, through the algebra's steps, one that reads two or more parts' products (or,
+    with ``or_division``, a div or mul of one part's product: a deferred normalisation's candidate)?"""
     seen, queue = {node.name}, deque([node.name])
     while queue and len(seen) < MAX_FORWARD:
         for user in graph.users(queue.popleft()):
@@ -923,9 +960,9 @@ def _feeds_combine(graph: Graph, node: Node, algebra: _Algebra) -> bool:
                 continue
             seen.add(user.name)
             found = algebra.value(user.name)
-            if _several(found):
+            if _several(found) or (or_division and user.op in ("div", "mul") and _single(found)):
                 return True
-            if isinstance(found, Val):
+            if found is not None:
                 queue.append(user.name)
     return False
 
@@ -996,15 +1033,15 @@ def match_combine(graph: Graph, node: Node) -> PartialAttention | Decline | None
 
 
 def unnormalized_product(graph: Graph, pv: Node) -> Decline | None:
-    """Why P·V of ``exp(s - m)`` (no softmax) is left as it is, when it is: the ``attention`` rule's remark for a
-    product that no deferred normalisation or combine raises (a combine's parts: its remark)."""
+    """Why P·V of ``exp(s - m)`` (no softmax) is left as it is: the ``attention`` rule's remark for a product that
+    nothing divides or weighs (a deferred normalisation's or a combine's product: their remark)."""
     for x in pv.inputs:
         root = graph.node(walk(graph, x).root)
         if root.op != "exp":
             continue
         algebra = _Algebra(graph)
         found = algebra.value(root.name)
-        if isinstance(found, Val) and found.kind == "exps" and not _feeds_combine(graph, pv, algebra):
+        if isinstance(found, Val) and found.kind == "exps" and not _feeds_combine(graph, pv, algebra, or_division=True):
             return Decline(
                 "normalizer_mismatch",
                 f"P·V reads exp {root.name} of the scores {min(found.parts)} with no softmax: no division by the "

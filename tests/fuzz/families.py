@@ -30,11 +30,18 @@ draw is the simplest):
   (distinct, every row keeping a cell above the fill: what the option pools'
   ``selection_input=idx`` and ``rows_have_keys`` promise), ``idx_dup`` (repeats,
   never promised) or an ``argpartition`` of scores; fills at ``finfo.min``,
-  ``-inf`` or above (a near miss); causal kinds the gather cannot carry.
+  ``-inf`` or above (a near miss); causal kinds the gather cannot carry;
+- ``partial``: attention normalised after P·V (``(exp(s - m)·v) / sum(exp(s - m))``, the max subtracted or
+  not) and two or three partial attentions over their own keys combined by their log-sum-exps (MaxText's max
+  and sum, ``Σ exp(lse_i - lse)·o_i``, split-kv's ``Σ w_i·o_i / Σ w_i``), GQA in MaxText's grouped 5-d layout
+  or by repeated K/V, rows first or heads first, scales on q or the scores, bool (finite or ``-inf`` fills)
+  and additive masks, and look-alikes: a division by another sum, a product with another exp, a sum plus one,
+  weights that do not sum to one, parts reading the same keys, other queries or another scale.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Callable
@@ -397,10 +404,159 @@ def mla_family(c: Choices) -> Case:
     return m.case("mla", [out, k] if c.flag(0.1) else [out])
 
 
+# ----------------------------------------------------------------------------- deferred normalisation, combines
+
+NEAR_MISSES = ("other-sum", "other-exp", "plus-one", "weights", "overlap", "other-q", "other-scale")
+
+
+@dataclass(frozen=True)
+class PartialSpec:
+    """One ``partial`` graph: parts over ``lens`` keys each (one part: a deferred normalisation; more: a combine in
+    ``form`` maxtext, lse or split), GQA ``grouped`` in MaxText's [B, Hkv, G, S, T] layout or by repeated K/V,
+    ``rows_first`` ([B, S, ...] as MaxText moves them), the scale on q or on the scores (``divide``: as a
+    division), a ``mask`` ("bool" with ``fill``, "additive" or None), a look-alike ``near`` (NEAR_MISSES)."""
+
+    dtype: DType = F32
+    batch: int = 1
+    hkv: int = 2
+    group: int = 2
+    rows: int = 3
+    d: int = 8
+    dv: int = 8
+    lens: tuple[int, ...] = (7,)
+    scale: float = 0.25
+    on_q: bool = False
+    divide: bool = False
+    grouped: bool = True
+    rows_first: bool = False
+    with_max: bool = True
+    mask: str | None = None
+    fill: float = -math.inf
+    form: str = "maxtext"
+    near: str | None = None
+    flatten: bool = False
+
+
+def build_partial(m: _Maker, spec: PartialSpec) -> str:
+    """The output of the graph ``spec`` describes, built in ``m`` (inputs q, k<i>, v<i>, mask<i>, q_other)."""
+    b, dtype, c = m.b, spec.dtype, m.c
+    bsz, hkv, group, s, d, dv = spec.batch, spec.hkv, spec.group, spec.rows, spec.d, spec.dv
+    hq, five = hkv * group, (bsz, hkv, group, s)  # the row axes of a grouped value; else [B, Hq, S]
+    q = m.input("q", (bsz, hq, s, d), dtype)
+
+    def attend(i: int, q: str, k: str, v: str, t: int, factor: float) -> tuple[str, str | None, str]:
+        """(P·V unnormalised, row max or None, row sum) of one part."""
+        if spec.on_q:
+            q = _scaled(m, q, factor, dtype, "mul")
+        if spec.grouped:
+            folded = b.reshape(q, (bsz, hkv, group * s, d), "q_fold")
+            scores = b.reshape(b.op("matmul", [folded, b.transpose(k, (0, 1, 3, 2), "kT")]), (*five, t), "s5")
+        else:
+            kk = b.reshape(b.broadcast(b.reshape(k, (bsz, hkv, 1, t, d), "k5"), (bsz, hkv, group, t, d), "k_rep"),
+                           (bsz, hq, t, d), "k_heads")  # fmt: skip
+            scores = b.op("matmul", [q, b.transpose(kk, (0, 1, 3, 2), "kT")], hint="scores")
+        if not spec.on_q:
+            scores = _scaled(m, scores, factor, dtype, "div" if spec.divide else "mul")
+        shape = m.graph.node(scores).type.shape
+        if spec.mask == "bool":
+            mask = _mask_input(m, f"mask{i}", tuple(n if c.flag(0.7) else 1 for n in shape[-2:]), BOOL)
+            scores = b.op("where", [mask, scores, m.const(spec.fill, dtype)], hint="masked")
+        elif spec.mask == "additive":
+            scores = b.op("add", [scores, _mask_input(m, f"mask{i}", shape[-2:], dtype)], hint="biased")
+        peak = b.op("max", [scores], {"axes": (-1,), "keepdims": True}, "peak") if spec.with_max else None
+        shifted = scores if peak is None else b.op("sub", [scores, peak], hint="shifted")
+        e = b.op("exp", [shifted], hint="e")
+        total = b.op("sum", [e], {"axes": (-1,), "keepdims": True}, "total")
+        if spec.near == "other-exp" and i == 0:  # P·V of exp(s - m - 1)
+            e = b.op("exp", [b.op("sub", [shifted, m.const(1.0, dtype)], hint="shifted_more")], hint="e_other")
+        if spec.near == "other-sum" and i == 0:  # the sum of exp(2s - m)
+            other = b.op("exp", [b.op("add", [shifted, scores], hint="doubled")], hint="e_doubled")
+            total = b.op("sum", [other], {"axes": (-1,), "keepdims": True}, "total_other")
+        if spec.grouped:
+            pv = b.op("matmul", [b.reshape(e, (bsz, hkv, group * s, t), "e_fold"), v], hint="pv")
+            pv = b.reshape(pv, (*five, dv), "pv5")
+        else:
+            vv = b.reshape(b.broadcast(b.reshape(v, (bsz, hkv, 1, t, dv), "v5"), (bsz, hkv, group, t, dv), "v_rep"),
+                           (bsz, hq, t, dv), "v_heads")  # fmt: skip
+            pv = b.op("matmul", [e, vv], hint="pv")
+        if spec.rows_first:  # MaxText moves the rows before the heads: [B, S, Hkv, G, .]
+            perm = (0, 3, 1, 2, 4) if spec.grouped else (0, 2, 1, 3)
+            pv, total = (b.transpose(x, perm, "rows_first") for x in (pv, total))
+            peak = None if peak is None or len(spec.lens) == 1 else b.transpose(peak, perm, "rows_first")
+        return pv, peak, total
+
+    outs, keys = [], []
+    for i, t in enumerate(spec.lens):
+        if spec.near == "overlap" and keys:  # the first part's keys from the second on: they overlap
+            t = m.graph.node(keys[0][0]).type.shape[2]
+            k, v = (b.slice_axis(x, 2, min(1, t - 1), t, hint="overlap") for x in keys[0])
+        else:
+            k, v = m.input(f"k{i}", (bsz, hkv, t, d), dtype), m.input(f"v{i}", (bsz, hkv, t, dv), dtype)
+        keys.append((k, v))
+        qi = m.input("q_other", (bsz, hq, s, d), dtype) if spec.near == "other-q" and i == 1 else q
+        factor = spec.scale * (2.0 if spec.near == "other-scale" and i == 1 else 1.0)
+        outs.append(attend(i, qi, k, v, m.graph.node(k).type.shape[2], factor))
+
+    def add(xs: list[str]) -> str:
+        return functools.reduce(lambda x, y: b.op("add", [x, y], hint="acc"), xs)
+
+    if len(outs) == 1:
+        pv, _peak, total = outs[0]
+        if spec.near == "plus-one":
+            total = b.op("add", [total, m.const(1.0, dtype)], hint="total_plus_one")
+        out = b.op("div", [pv, total], hint="out")
+    elif spec.form == "maxtext" and spec.with_max:  # exp(m_i - M) / S · u_i with S = Σ exp(m_i - M)·l_i
+        peak = functools.reduce(lambda x, y: b.op("maximum", [x, y], hint="global_max"), [o[1] for o in outs])
+        weights = [b.op("exp", [b.op("sub", [o[1], peak])], hint="w") for o in outs]
+        total = add([b.op("mul", [w, o[2]], hint="weighed_sum") for w, o in zip(weights, outs)])
+        if spec.near == "plus-one":
+            total = b.op("add", [total, m.const(1.0, dtype)], hint="total_plus_one")
+        out = add([b.op("mul", [b.op("div", [w, total]), o[0]], hint="term") for w, o in zip(weights, outs)])
+    else:  # normalised parts and their log-sum-exps: Σ exp(lse_i - lse)·o_i, or Σ w_i·o_i / Σ w_i
+        normed = [b.op("div", [o[0], o[2]], hint="o") for o in outs]
+        logs = [b.op("log", [o[2]], hint="log_sum") for o in outs]
+        lses = [x if o[1] is None else b.op("add", [o[1], x], hint="lse") for x, o in zip(logs, outs)]
+        peak = functools.reduce(lambda x, y: b.op("maximum", [x, y], hint="lse_max"), lses)
+        weights = [b.op("exp", [b.op("sub", [x, peak])], hint="w") for x in lses]
+        if spec.form == "split" or spec.near == "weights":
+            out = add([b.op("mul", [w, o], hint="term") for w, o in zip(weights, normed)])
+            if spec.near != "weights":  # Σ w_i·o_i without dividing by Σ w_i: a look-alike
+                out = b.op("div", [out, add(weights)], hint="out")
+        else:
+            lse = b.op("add", [peak, b.op("log", [add(weights)])], hint="lse_all")
+            out = add(
+                [b.op("mul", [b.op("exp", [b.op("sub", [x, lse])]), o], hint="term") for x, o in zip(lses, normed)]
+            )
+    if spec.flatten:  # as an output projection reads it
+        shape = m.graph.node(out).type.shape
+        out = b.reshape(out, (shape[0], math.prod(shape[1:-1]), shape[-1]), "out_flat")
+    return out
+
+
+def partial_family(c: Choices) -> Case:
+    """Deferred normalisation and log-sum-exp combines of partial attentions; see the module docstring."""
+    m = _Maker(c, "partial")
+    dtype = c.pick(FLOATS, (4, 1, 1))
+    parts = c.pick([1, 2, 3], (4, 4, 1))
+    near = c.pick([None, *NEAR_MISSES], (16, *(1,) * len(NEAR_MISSES)))
+    d = c.pick([8, 4])
+    low = float(ml_dtypes.finfo(dtype.numpy).min)
+    spec = PartialSpec(
+        dtype=dtype, batch=c.int(1, 2), hkv=c.pick([1, 2]), group=c.pick([1, 2, 3]), rows=c.int(1, 5), d=d,
+        dv=c.pick([8, 4]), lens=tuple(c.int(1, 6) for _ in range(parts)), scale=c.pick([1 / math.sqrt(d), 0.5, 1.0]),
+        on_q=c.flag(0.5), divide=c.flag(0.5), grouped=c.flag(0.6), rows_first=c.flag(0.4),
+        with_max=c.flag(0.8) or (parts > 1 and near is None), mask=c.pick([None, "bool", "additive"], (2, 3, 1)),
+        fill=c.pick([low, -math.inf, -1e30 if dtype is F32 else low], (3, 1, 2)), form=c.pick(["maxtext", "lse", "split"]),
+        near=near, flatten=c.flag(0.5),
+    )  # fmt: skip
+    return m.case("partial", [build_partial(m, spec)])
+
+
 FAMILIES: dict[str, Callable[[Choices], Case]] = {
     "sdpa": sdpa_family,
     "chain": chain_family,
     "decomposed": decomposed_family,
     "qsa": qsa_family,
     "mla": mla_family,
+    "partial": partial_family,
 }

@@ -39,6 +39,7 @@ FAVOURITES = {
     "decomposed": ("raise-attention",),
     "qsa": ("qsa-gather", "qsa-pool-cache", "dce", "narrow-inputs"),
     "mla": ("mla-absorb", "dsa-gather", "dce"),
+    "partial": ("raise-attention",),
 }
 
 
