@@ -69,7 +69,7 @@ PAGES = {
             "(('idx_keys_blocks', 1),)",
         ),
     ),
-    "docs/semantics.md": Page(5),
+    "docs/semantics.md": Page(6),
     "docs/numerics.md": Page(1, ("jax",)),
     "docs/mla.md": Page(1, prints=("mla-absorb applied {'rows': 3, 'crossover': 43.5}",)),
 }
