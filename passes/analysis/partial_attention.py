@@ -31,6 +31,12 @@ scale and the roles of its axes. Then the algebra runs again with layouts (:mod:
 roles: a row scalar must walk the query rows exactly as the values it meets, a sum must add exactly the
 keys. Where the source's finite arithmetic differs from the function (rows without keys, overflow without the
 max, fills that only mask below a bound) the match says so or declines: docs/semantics.md §1.6.
+
+Candidates: a deferred normalisation is decided at its last div (or mul), a combine at its last step (the
+value read as the attention over two or more parts, or the sum of weights or attentions where their algebra
+fails). A combine's parts are left to it (:func:`feeds_combine`): one remark, the combine's, says what became of
+them. ``jnp.logaddexp`` as JAX traces it (a ``where`` around ``max + log1p(exp(-|d|))``) is read as
+``logaddexp``; ``split-kv``'s own output (``sdpa`` and ``sdpa_lse``) is not read back.
 """
 
 from __future__ import annotations
@@ -55,7 +61,7 @@ from .softmax_match import reduced_axis
 DV, KEYS = 3, 4  # roles of an exps or vec layout beyond the query row's b, h, s (0, 1, 2)
 MAX_DEPTH = 48  # how far back from a candidate the algebra reads (a combine is a few dozen ops)
 MAX_NODES = 2000  # values read per candidate, at most
-MAX_FORWARD = 256  # values a combine's search visits after its first exp
+MAX_FORWARD = 256  # values the search for a combine visits after a part's product
 
 Symbol = tuple  # ("L", parts) for L_S, ("n", node) for an opaque row scalar
 

@@ -111,6 +111,23 @@ def test_deferred_normalisation_is_raised_to_one_sdpa(spec):
     assert _raise(result.graph).changed is False  # the fixed point: nothing left to raise
 
 
+def test_a_product_with_the_reciprocal_of_the_sum_is_raised():
+    """u · (1 / l) instead of u / l: the same deferred normalisation, raised at the product."""
+    from attnpass.ir import TensorSpec, ops, trace
+
+    def attention(q, k, v):
+        s = ops.mul(ops.matmul(q, ops.transpose(k, (0, 1, 3, 2))), 0.25)
+        e = ops.exp(ops.sub(s, ops.max(s, -1, keepdims=True)))
+        return ops.mul(ops.matmul(e, v), ops.div(1.0, ops.sum(e, -1, keepdims=True)))
+
+    graph = trace(attention, *(TensorSpec(sh) for sh in [(1, 2, 3, 8), (1, 2, 5, 8), (1, 2, 5, 8)]))
+    result = _raise(graph)
+    assert len(_ops(result.graph, "sdpa")) == 1 and [r.rule for r in _remarks(result)] == ["deferred-attention"]
+    rng = np.random.default_rng(0)
+    arrays = {n: rng.standard_normal(t.shape).astype(np.float32) for n, t in zip(graph.inputs, graph.input_types())}
+    _close(_outputs(result.graph, arrays), _outputs(graph, arrays), 1e-6)
+
+
 def test_without_the_max_a_row_without_keys_stays_nan():
     """exp(s) of a row every key of which is masked is 0/0 in the source: the raised sdpa keeps that row NaN."""
     graph, arrays = _case(PartialSpec(mask="bool", fill=LOW, with_max=False, rows=2, lens=(4,)))
