@@ -195,9 +195,16 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "kimi_linear": dict(linear_attn_config=KDA),  # required, no default
     # per-layer lists: layer 0 sliding window / dense MLP, layer 1 full attention / MoE
     "mimo_v2_flash": dict(moe_layer_freq=[0, 1], hybrid_layer_pattern=[1, 0], topk_method="noaux_tc"),
+    # per-layer lists; minimax_m3_vl's layers not "full_attention" (layer 0) select key blocks once a block size is set
+    # (None by default: no layer sparse): blocks of 2, the top 2 (with the local block), 4 of the 7 to 16 keys (spark2_5
+    # has no such fields)
     **{f: dict(moe_layer_freq=[0, 1], layer_types=["sliding_attention", "full_attention"],
-               rope_parameters={t: {"rope_theta": 10000.0} for t in ("sliding_attention", "full_attention")})
+               rope_parameters={t: {"rope_theta": 10000.0} for t in ("sliding_attention", "full_attention")},
+               index_block_size=2, index_topk_blocks=2)
        for f in ("minimax_m3_vl", "spark2_5")},
+    # layer 1 compresses pairs of tokens, with its own index keys, and selects the top 2 of the 3 to 8 entries beside the
+    # window of 8 (its defaults compress nothing: the window only)
+    "deepseek_v41": dict(compress_ratios=(0, 2), kv_source_layer_ids=(1,), index_source_layer_ids=(1,), index_topk=2),
 }  # fmt: skip
 
 # Helper modules of mlx_lm.models: no Model/ModelArgs, so no row (the reason is printed in the table's notes).

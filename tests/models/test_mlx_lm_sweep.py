@@ -281,3 +281,62 @@ def test_speculative_decoding_is_no_check_where_mlx_lm_s_own_tokens_differ_from_
     part = sweep.run_speculative("plamo3")
     assert part["status"] == "n/a" and part["reason"] == reason and part["identical"] is None
     assert sweep.verdict({**_record("plamo3", *["handled"] * 6), "speculative": part}) == ("handled", "")
+
+
+def _last_row(selected) -> np.ndarray:
+    return np.asarray(selected).reshape(-1, np.asarray(selected).shape[-1])[-1]
+
+
+# The learned-sparse families: the function that selects (once per sparse layer) and what a call kept of what its
+# last query row could see, (kept, visible); None where it selected nothing (every key fits its budget).
+SPARSE = {
+    # the indexer's top-k blocks as a keep mask over the keys (its mask returned as given where nothing is dropped)
+    "minimax_m3_vl": ("Attention", "_block_mask", lambda a, out: None if out is a["mask"] else (
+        int(_last_row(out).sum()), out.shape[-1])),
+    # the top-k compressed entries, -1 for none, of the groups complete at the last query
+    "deepseek_v41": ("Indexer", "__call__", lambda a, out: (
+        len({int(i) for i in _last_row(out[0]) if i >= 0}), (a["start_pos"] + a["x"].shape[1]) // a["self"].ratio)),
+}  # fmt: skip
+
+
+def sparse_selections(family: str, step: str) -> list:
+    """What each sparse call of ``family``'s ``step`` (the sweep's own: its float32 model, the prompt's cache, the
+    step's tokens) kept of what it could see (:data:`SPARSE`'s measure, one entry per call)."""
+    import inspect
+
+    import mlx.core as mx
+
+    owner, name, measure = SPARSE[family]
+    holder = getattr(importlib.import_module(f"mlx_lm.models.{family}"), owner)
+    original = getattr(holder, name)
+    signature = inspect.signature(original)
+    seen = []
+
+    def spy(*args, **kwargs):
+        out = original(*args, **kwargs)
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        seen.append(measure(bound.arguments, out))
+        return out
+
+    zoo = sweep.zoo
+    model = sweep.MLX_LM.model(family)
+    cache = zoo.prefilled(family, step, "f32", sweep.tiny_args)
+    tokens = mx.array(zoo.TOKENS[None, zoo.PROMPT : zoo.PROMPT + zoo.STEPS[step]])
+    setattr(holder, name, spy)
+    try:
+        mx.eval(model(tokens, cache=cache))
+    finally:
+        setattr(holder, name, original)
+    return seen
+
+
+@mlx_lm_only
+@pytest.mark.parametrize("family", sorted(SPARSE))
+@pytest.mark.parametrize("step", ["verify", "decode"])
+def test_a_learned_sparse_family_s_tiny_configuration_runs_its_sparse_path_and_drops_keys(family, step):
+    """Each learned-sparse family's tiny configuration selects fewer keys (or compressed entries) than its cached
+    verify and decode steps can see: its sparse layers run, and drop something, in the sweep's own cases."""
+    seen = sparse_selections(family, step)
+    assert seen, f"{family}/{step}: no sparse layer ran"
+    assert all(s is not None and s[0] < s[1] for s in seen), f"{family}/{step}: (kept, visible) {seen}"
