@@ -220,6 +220,23 @@ def test_look_alikes_are_declined_with_the_reason_and_left_as_they_were(spec, ru
     assert words in remark.message, remark.message
 
 
+def test_a_sum_over_the_query_rows_is_declined():
+    """u / sum(e, rows): a look-alike whose sum broadcasts (T == Dv) but adds the wrong axis."""
+    from attnpass.ir import TensorSpec, ops, trace
+
+    def attention(q, k, v):
+        s = ops.mul(ops.matmul(q, ops.transpose(k, (0, 1, 3, 2))), 0.25)
+        e = ops.exp(ops.sub(s, ops.max(s, -1, keepdims=True)))
+        return ops.div(ops.matmul(e, v), ops.sum(e, -2, keepdims=True))
+
+    graph = trace(attention, *(TensorSpec(sh) for sh in [(1, 2, 3, 8), (1, 2, 8, 8), (1, 2, 8, 8)]))
+    result = _raise(graph)
+    assert not _ops(result.graph, "sdpa")
+    (remark,) = _remarks(result)
+    assert (remark.rule, remark.reason) == ("deferred-attention", "normalizer_mismatch"), str(remark)
+    assert "not the keys' axis" in remark.message, remark.message
+
+
 def test_an_unnormalised_product_is_declined_by_the_attention_rule():
     """exp(s - m)·v that nothing divides by its sum (nor combines): the attention rule says so, on the product."""
     graph, _arrays = _case(PartialSpec())
