@@ -65,21 +65,33 @@ def tiny_lm(family: str = "llama", *, dtype: str = "bfloat16", seed: int = 0, **
 
 
 def save_tiny_lm(
-    directory: str | Path, family: str = "llama", *, dtype: str = "bfloat16", seed: int = 0, **shape: int
+    directory: str | Path,
+    family: str = "llama",
+    *,
+    dtype: str = "bfloat16",
+    seed: int = 0,
+    eos: bool = False,
+    **shape: int,
 ) -> Path:
     """:func:`tiny_lm` with its :func:`tiny_tokenizer`, saved in mlx-lm's format to ``directory`` (created).
 
     ``hidden`` defaults to 384 here: transformers' tokenizer loader validates ``config.json`` and requires the
     hidden size to be a multiple of the query heads. The tokenizer has a chat template that joins the messages'
-    contents (``mlx_lm.chat`` and the server's chat endpoint need one). Returns the directory.
+    contents (``mlx_lm.chat`` and the server's chat endpoint need one). ``eos``: the tokenizer also has an
+    end-of-sequence word ``</s>``, of id ``vocab``, past the model's logits, so never generated (mlx-lm 0.31's
+    server needs an EOS: its stop-sequence state machine fails on none); without it, ``config.json`` says there is
+    none (``eos_token_id: []``: mlx-lm 0.31's loader would take the missing one as the id ``None``). Returns the
+    directory.
     """
     save_model = import_extra("mlx_lm.utils", "save_tiny_lm", EXTRAS).save_model
     shape.setdefault("hidden", 384)
     path = Path(directory)
     path.mkdir(parents=True, exist_ok=True)
     save_model(path, tiny_lm(family, dtype=dtype, seed=seed, **shape))
-    (path / "config.json").write_text(json.dumps(tiny_config(family, **shape), indent=1) + "\n")
-    words = _words(shape.get("vocab", VOCAB))
+    vocab = shape.get("vocab", VOCAB)
+    config = {**tiny_config(family, **shape), "eos_token_id": [vocab] if eos else []}
+    (path / "config.json").write_text(json.dumps(config, indent=1) + "\n")
+    words = _words(vocab, eos=eos)
     words.chat_template = CHAT_TEMPLATE
     words.save_pretrained(path)
     return path
@@ -88,21 +100,23 @@ def save_tiny_lm(
 CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }} {% endfor %}"
 
 
-def _words(vocab: int) -> Any:
-    """A transformers fast tokenizer over the words ``t0 .. t{vocab-1}``."""
+def _words(vocab: int, eos: bool = False) -> Any:
+    """A transformers fast tokenizer over the words ``t0 .. t{vocab-1}`` (``eos``: and ``</s>``, id ``vocab``)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    words = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab)}, unk_token="t0"))
+    ids = {f"t{i}": i for i in range(vocab)} | ({"</s>": vocab} if eos else {})
+    words = Tokenizer(models.WordLevel(ids, unk_token="t0"))
     words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     words.decoder = decoders.WordPiece()  # joins words with spaces
-    return PreTrainedTokenizerFast(tokenizer_object=words)
+    return PreTrainedTokenizerFast(tokenizer_object=words, **({"eos_token": "</s>"} if eos else {}))
 
 
 def tiny_tokenizer(vocab: int = VOCAB) -> Any:
     """An ``mlx_lm`` TokenizerWrapper over the words ``t0 .. t{vocab-1}`` (whitespace-separated, no EOS)."""
     wrapper = import_extra("mlx_lm.tokenizer_utils", "tiny_tokenizer", EXTRAS).TokenizerWrapper
-    return wrapper(_words(vocab))
+    # no EOS ids given: mlx-lm 0.31's wrapper would take the tokenizer's missing one as {None} (0.32's as {})
+    return wrapper(_words(vocab), eos_token_ids=[])
 
 
 __all__ = ["CHAT_TEMPLATE", "FAMILIES", "VOCAB", "save_tiny_lm", "tiny_config", "tiny_lm", "tiny_tokenizer"]

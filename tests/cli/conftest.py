@@ -24,10 +24,11 @@ def cli(capsys) -> Callable[..., tuple[int, str, str]]:
 @pytest.fixture(scope="session")
 def saved_lm(tmp_path_factory):
     """(model, draft model) directories in mlx-lm's format: a 2-layer float32 tiny llama, a 1-layer one of another
-    seed (needs mlx-lm: use it from tests marked ``requires("mlx.core", "mlx_lm")``)."""
+    seed, each with an EOS it never generates (mlx-lm 0.31's server needs one), as real models have one (needs
+    mlx-lm: use it from tests marked ``requires("mlx.core", "mlx_lm")``)."""
     from attnpass.models import save_tiny_lm
 
     root = tmp_path_factory.mktemp("saved_lm")
-    return save_tiny_lm(root / "model", dtype="float32"), save_tiny_lm(
-        root / "draft", dtype="float32", layers=1, seed=1
+    return save_tiny_lm(root / "model", dtype="float32", eos=True), save_tiny_lm(
+        root / "draft", dtype="float32", layers=1, seed=1, eos=True
     )

@@ -10,6 +10,7 @@ Bad input is one line on stderr; SIGTERM and SIGINT stop a generation with the s
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import re
 import signal
@@ -86,7 +87,10 @@ def test_chat_answers_as_mlx_lms_chat(saved_lm, cli, monkeypatch, capsys):
     monkeypatch.setattr(sys, "stdin", io.StringIO(CHAT))
     status, out, err = cli("mlx-lm", "--min-keys", "0", "chat", *flags)
     assert status == 0, err
-    assert untimed(out) == untimed(expected) and "bye" in out, (out, expected)
+    assert untimed(out) == untimed(expected), (out, expected)
+    # it read q(uit): mlx-lm 0.32's chat (its cli_ui) says bye; 0.31's ends after its third prompt, silently
+    ended = "bye" in out if importlib.util.find_spec("mlx_lm.cli_ui") else out.endswith(">> ") and out.count(">> ") == 3
+    assert ended, out
     [(_, _, routed, _, declined)] = summaries(err)
     assert routed > 0 and declined == "none", err
 
