@@ -54,23 +54,21 @@ def _unexpected(mask):
 def test_batch_generate_over_rings_is_identical_with_every_ring_call_routed(
     family, prefill_batch_size, sweep, monkeypatch
 ):
-    from mlx_lm.generate import batch_generate
-
     from attnpass.backends.mlx import optimize
     from attnpass.backends.mlx.caches import ADAPTERS, batch
     from attnpass.backends.mlx.caches.base import MLX_LM
     from attnpass.models import tiny_tokenizer
+    from tests.mlx_lm_versions import batch_generate_ids
 
     model, tokenizer = sweep.zoo.mlx_model(family, "f32", sweep.tiny_args), tiny_tokenizer()
-    options = dict(max_tokens=MAX_TOKENS, return_token_ids=True, return_logprobs=True)
-    options["prefill_batch_size"] = prefill_batch_size
-    plain = batch_generate(model, tokenizer, PROMPTS, **options)
+    options = {"max_tokens": MAX_TOKENS, "prefill_batch_size": prefill_batch_size}
+    plain_ids, plain_logprobs = batch_generate_ids(model, tokenizer, PROMPTS, **options)
     seen = ring_plans(monkeypatch, ADAPTERS[MLX_LM, "BatchRotatingKVCache"])
     monkeypatch.setattr(batch, "evaluated_blind_row", _unexpected)
     with optimize(model, PIPELINE, min_keys=0) as opt:
-        optimized = batch_generate(model, tokenizer, PROMPTS, **options)
-    assert optimized.token_ids == plain.token_ids and [len(t) for t in plain.token_ids] == MAX_TOKENS
-    assert_bits_equal(np.concatenate(optimized.logprobs), np.concatenate(plain.logprobs))
+        token_ids, logprobs = batch_generate_ids(model, tokenizer, PROMPTS, **options)
+    assert token_ids == plain_ids and [len(t) for t in plain_ids] == MAX_TOKENS
+    assert_bits_equal(np.concatenate(logprobs), np.concatenate(plain_logprobs))
     # every ring call routed, before and after the rings rotate; the full-attention layers' 20-row prefill is
     # MLX's fused call (more than 8 rows on CPU), nothing else is declined
     assert set(seen) == {("plan", False), ("plan", True)}, seen

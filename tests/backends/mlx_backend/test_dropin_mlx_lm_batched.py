@@ -35,25 +35,24 @@ def generate(family: str, monkeypatch, **kwargs):
     """``batch_generate`` of :data:`PROMPTS`, plain (counting its attention calls) then optimized."""
     import importlib
 
-    from mlx_lm.generate import batch_generate
-
     from attnpass.backends.mlx import optimize
     from attnpass.backends.mlx.caches import batch as batched
     from attnpass.models import tiny_lm, tiny_tokenizer
+    from tests.mlx_lm_versions import batch_generate_ids
 
     model, tokenizer = tiny_lm(family, dtype="float32"), tiny_tokenizer()
-    options = {"max_tokens": MAX_TOKENS, "return_token_ids": True, "return_logprobs": True, **kwargs}
+    options = {"max_tokens": MAX_TOKENS, **kwargs}
     module, helper, calls = importlib.import_module(f"mlx_lm.models.{family}"), "scaled_dot_product_attention", []
     original = getattr(module, helper)
     monkeypatch.setattr(module, helper, lambda *a, **k: calls.append(1) or original(*a, **k))
-    plain = batch_generate(model, tokenizer, PROMPTS, **options)
+    plain_ids, plain_logprobs = batch_generate_ids(model, tokenizer, PROMPTS, **options)
     monkeypatch.undo()
     monkeypatch.setattr(batched, "evaluated_blind_row", _unexpected)  # every mask is one the cache made
     with optimize(model, PIPELINE, strict=True, min_keys=0) as opt:
-        optimized = batch_generate(model, tokenizer, PROMPTS, **options)
-    assert optimized.token_ids == plain.token_ids
-    assert_bits_equal(np.concatenate(optimized.logprobs), np.concatenate(plain.logprobs))
-    assert [len(t) for t in plain.token_ids] == MAX_TOKENS and len({tuple(t) for t in plain.token_ids}) == 3
+        token_ids, logprobs = batch_generate_ids(model, tokenizer, PROMPTS, **options)
+    assert token_ids == plain_ids
+    assert_bits_equal(np.concatenate(logprobs), np.concatenate(plain_logprobs))
+    assert [len(t) for t in plain_ids] == MAX_TOKENS and len({tuple(t) for t in plain_ids}) == 3
     assert opt.routed == len(calls) and not opt.declined  # every attention call of plain mlx-lm's run
     return opt
 

@@ -145,17 +145,16 @@ def test_batches_of_any_size_share_the_signatures():
     """Batched generation (BatchKVCache, as mlx-lm's server runs it) in bursts of 4, 1, 2 and 3 streams of the same
     prompt length: the tokens are plain mlx-lm's, and after the first burst no burst traces again (the program
     runs once per stream: no signature names a batch size)."""
-    from mlx_lm.generate import batch_generate
-
     from attnpass.backends.mlx import optimize
     from attnpass.models import tiny_lm, tiny_tokenizer
+    from tests.mlx_lm_versions import batch_generate_ids
 
     shape = {"heads": 4, "kv_heads": 1, "head_dim": 64}
     plain, model, tokenizer = tiny_lm(dtype="float32", **shape), tiny_lm(dtype="float32", **shape), tiny_tokenizer()
 
     def burst(generating, streams: int) -> list[list[int]]:
         prompts = [[(11 * s + j) % 500 + 1 for j in range(6)] for s in range(streams)]
-        return batch_generate(generating, tokenizer, prompts, max_tokens=40, return_token_ids=True).token_ids
+        return batch_generate_ids(generating, tokenizer, prompts, max_tokens=40)[0]
 
     traces = []
     with optimize(model, min_keys=0) as opt:
