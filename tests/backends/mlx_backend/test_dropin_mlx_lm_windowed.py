@@ -45,7 +45,13 @@ def test_windowed_caches_are_routed_with_the_window_as_an_attribute(family, step
     from mlx_lm.models.cache import ChunkedKVCache, RotatingKVCache
 
     from attnpass.backends.mlx import optimize
+    from tests.mlx_lm_versions import chunked_cache_keeps_its_rows, mlx_lm_version
 
+    if family == "llama4" and not chunked_cache_keeps_its_rows():
+        pytest.skip(
+            f"mlx-lm {mlx_lm_version()}'s ChunkedKVCache drops the chunk's keys when llama4 trims its front (it keeps "
+            "the last chunk_size rows of its 256-row buffer): plain llama4 attends no key, or fails, past its first call"
+        )
     model = sweep.zoo.mlx_model(family, "f32", sweep.tiny_args)
     windowed = [c for c in model.make_cache() if type(c) in (RotatingKVCache, ChunkedKVCache)]
     assert windowed and all(getattr(c, "max_size", None) or c.chunk_size for c in windowed)
