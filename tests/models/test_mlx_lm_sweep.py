@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import re
 from pathlib import Path
 
 import numpy as np
@@ -29,8 +30,19 @@ SUBSET = ("llama", "gemma2", "nemotron_h", "qwen3_moe", "deepseek_v2", "gpt_oss"
 mlx_lm_only = requires("mlx.core", "mlx_lm")
 
 
+def table_version() -> str:
+    """The mlx-lm version the committed table was generated with (its header says)."""
+    return re.search(r" with mlx-lm (\S+) and MLX ", TABLE.read_text())[1]
+
+
 @mlx_lm_only
 def test_the_table_has_one_row_per_installed_family_and_lists_the_modules_without_one():
+    from tests.mlx_lm_versions import mlx_lm_version
+
+    if mlx_lm_version() != table_version():
+        pytest.skip(
+            f"the table is mlx-lm {table_version()}'s; installed: {mlx_lm_version()} (`make zoo` writes its own)"
+        )
     found, skipped = sweep.families()
     assert len(found) >= 100  # mlx-lm 0.32 has 125
     assert list(sweep.committed(TABLE)) == found, "a family was added or removed: run `make zoo`"
@@ -38,6 +50,13 @@ def test_the_table_has_one_row_per_installed_family_and_lists_the_modules_withou
     for name in skipped:
         assert f"- `{name}`:" in text
     assert {"base", "cache", "switch_layers", "rope_utils"} <= set(skipped)
+
+
+@mlx_lm_only
+def test_every_family_of_the_installed_mlx_lm_has_a_row_in_the_table():
+    """Also where the table is another mlx-lm's (``make test-mlx-lm-oldest``): each family installed has a row."""
+    found, _ = sweep.families()
+    assert len(found) >= 100 and set(found) <= set(sweep.committed(TABLE)), set(found) - set(sweep.committed(TABLE))
 
 
 @mlx_lm_only
@@ -271,6 +290,9 @@ def test_speculative_verify_calls_are_counted_apart_from_the_greedy_run():
 def test_speculative_decoding_is_no_check_where_mlx_lm_s_own_tokens_differ_from_greedy():
     """plamo3 (two sliding-window layers, window 8, an 11-token prompt): plain mlx-lm's speculative tokens are not
     its greedy ones, so the check is n/a (with both), not a failure of optimize; llama's are its greedy ones."""
+    from tests.mlx_lm_versions import needs_family
+
+    needs_family("plamo3")
     for family, differs in (("llama", False), ("plamo3", True)):  # plamo3 last: its reason is checked below
         model = sweep.zoo.mlx_model(family, "f32", sweep.tiny_args)
         draft = sweep.zoo.mlx_model.__wrapped__(family, "f32", sweep.tiny_args)
