@@ -62,6 +62,38 @@ versions: $(STAMP)
 versions-core: $(STAMP_CORE)
 	@$(PY_CORE) .ci/versions.py
 
+# `make test-jax-newest`: the JAX tests on the newest jax pip resolves, in .venv-jax-newest (jax 0.11 on needs
+# Python >= 3.12; .venv's 3.11 stops at 0.10.2): the mlx, jax, dev and zoo extras (flax, equinox and mlx-lm for the
+# model tests; no mlx-vlm, torch or peers). The set: every test whose id names jax, xla or mesh (the jax parameter of
+# each multi-target test, the importer's and the JAX backend's modules, the sharded-mesh and XLA-regime tests; about
+# 1,000). PYTHON312: python3.12 if it runs, else pyenv's ~/.pyenv/versions/3.12*; with none the target fails saying
+# so. The venv resolves once: remove it to resolve the newest again. Measured with jax 0.12.1 on 2 shared cores: a
+# minute to install, about 8 to test. `make versions-jax-newest` prints what it resolved.
+PYTHON312 ?= $(firstword $(foreach p,python3.12 $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12),$(if $(shell $(p) -c "" 2>/dev/null && echo y),$(p))))
+VENV_NEWEST := .venv-jax-newest
+PY_NEWEST := $(VENV_NEWEST)/bin/python
+STAMP_NEWEST := $(VENV_NEWEST)/.installed
+
+.PHONY: test-jax-newest versions-jax-newest clean-jax-newest
+
+$(STAMP_NEWEST): pyproject.toml
+	@test -n "$(PYTHON312)" || { echo "make: no Python >= 3.12 for $(VENV_NEWEST) (python3.12 does not run, ~/.pyenv/versions/3.12* has none): set PYTHON312=/path/to/python3.12" >&2; exit 1; }
+	@$(PYTHON312) -c "import sys; sys.exit(0 if sys.version_info >= (3, 12) else 'make: PYTHON312=$(PYTHON312) is Python ' + sys.version.split()[0] + ', not >= 3.12')"
+	$(PYTHON312) -m venv $(VENV_NEWEST)
+	$(PY_NEWEST) -m pip install --quiet --upgrade pip
+	$(PY_NEWEST) -m pip install --quiet -e ".[mlx,jax,dev,zoo]"
+	touch $(STAMP_NEWEST)
+
+test-jax-newest: $(STAMP_NEWEST)
+	$(PY_NEWEST) -m pytest -q tests -k "jax or xla or mesh"
+
+versions-jax-newest: $(STAMP_NEWEST)
+	@$(PY_NEWEST) .ci/versions.py
+
+clean: clean-jax-newest
+clean-jax-newest:
+	rm -rf $(VENV_NEWEST)
+
 # The differential fuzzer beyond CI's 2,000 graphs: `make fuzz N=100000 SEED=1 JOBS=2` prints its rate and,
 # on a failure, a shrunk reproducer with its replay command (tests/fuzz).
 N ?= 100000
