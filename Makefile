@@ -20,8 +20,11 @@ STAMP_CORE := $(VENV_CORE)/.installed
 VENV_SERVERS := .venv-servers
 PY_SERVERS := $(VENV_SERVERS)/bin/python
 STAMP_SERVERS := $(VENV_SERVERS)/.installed
+VENV_OLDEST := .venv-mlx-lm-oldest
+PY_OLDEST := $(VENV_OLDEST)/bin/python
+STAMP_OLDEST := $(VENV_OLDEST)/.installed
 
-.PHONY: test test-servers test-core demo versions versions-core fuzz zoo zoo-vlm zoo-dtypes bench clean peer-mlx-lm peer-mlx-vlm
+.PHONY: test test-servers test-mlx-lm-oldest versions-mlx-lm-oldest test-core demo versions versions-core fuzz zoo zoo-vlm zoo-dtypes bench clean peer-mlx-lm peer-mlx-vlm
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -146,5 +149,27 @@ $(STAMP_SERVERS): pyproject.toml
 test-servers: $(STAMP_SERVERS)
 	$(PY_SERVERS) -m pytest -q tests/cli/test_launch_vllm_mlx.py
 
+# `make test-mlx-lm-oldest`: the drop-in tests on the oldest mlx-lm supported, 0.31.3 (what vllm-mlx 0.6.0,
+# mlx-openai-server 1.8.1 and mlx-omni-server 0.5.3 pin), in .venv-mlx-lm-oldest: the mlx, dev and clients extras (mlx-vlm
+# requires no mlx-lm) with mlx-lm==0.31.3, no jax, torch or flax. The set: tests/backends/mlx_backend, the mlx-lm
+# CLI's tests/cli/test_launch*.py and tests/models/test_mlx_lm_sweep.py; what needs something not there, or a newer
+# mlx-lm's feature (a family, a fixed cache), skips saying which. Left out: the RSS bound of test_launch_server (10% of
+# the server's RSS; this lean venv's server is half the size, and plain mlx-lm 0.31.3's moved 170 -> 215 MiB over the
+# same bursts), and the other tests that import mlx_lm (passes, lowering, docs: mlx-lm's helper as code to import,
+# unchanged since 0.31) for the time. Measured on 2 shared cores: 2 minutes to install, about 5 to test.
+$(STAMP_OLDEST): pyproject.toml
+	$(PYTHON) -m venv $(VENV_OLDEST)
+	$(PY_OLDEST) -m pip install --quiet --upgrade pip
+	$(PY_OLDEST) -m pip install --quiet -e ".[mlx,dev,clients]" mlx-lm==0.31.3
+	touch $(STAMP_OLDEST)
+
+test-mlx-lm-oldest: $(STAMP_OLDEST)
+	$(PY_OLDEST) -m pytest -q tests/backends/mlx_backend $(wildcard tests/cli/test_launch*.py) \
+		tests/models/test_mlx_lm_sweep.py \
+		--deselect tests/cli/test_launch_server.py::test_the_optimized_servers_rss_stays_within_10_percent_after_the_warm_up
+
+versions-mlx-lm-oldest: $(STAMP_OLDEST)
+	@$(PY_OLDEST) .ci/versions.py
+
 clean:
-	rm -rf $(VENV) $(VENV_CORE) $(VENV_SERVERS) build *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) $(VENV_CORE) $(VENV_SERVERS) $(VENV_OLDEST) build *.egg-info .pytest_cache .hypothesis
