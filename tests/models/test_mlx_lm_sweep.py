@@ -359,6 +359,9 @@ def sparse_selections(family: str, step: str) -> list:
 def test_a_learned_sparse_family_s_tiny_configuration_runs_its_sparse_path_and_drops_keys(family, step):
     """Each learned-sparse family's tiny configuration selects fewer keys (or compressed entries) than its cached
     verify and decode steps can see: its sparse layers run, and drop something, in the sweep's own cases."""
+    from tests.mlx_lm_versions import needs_family
+
+    needs_family(family)
     seen = sparse_selections(family, step)
     assert seen, f"{family}/{step}: no sparse layer ran"
     assert all(s is not None and s[0] < s[1] for s in seen), f"{family}/{step}: (kept, visible) {seen}"

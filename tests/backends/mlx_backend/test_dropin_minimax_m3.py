@@ -27,6 +27,9 @@ PIPELINE = "raise-attention,decompose-sdpa{device=cpu},dce"  # float32 gives the
 def model():
     import importlib
 
+    from tests.mlx_lm_versions import needs_family
+
+    needs_family("minimax_m3_vl")
     sweep = load_example("mlx_lm_sweep")
     module = importlib.import_module("mlx_lm.models.minimax_m3_vl")
     args = sweep.tiny_args("minimax_m3_vl", module)
