@@ -126,9 +126,12 @@ def unchanged_decline(
     cache: Any, fetch: Fetch, position: Callable[[Any], int] = offset, call: Call | None = None
 ) -> Decline | None:  # fmt: skip
     """None when ``cache`` still holds the buffer and write position ``fetch`` left (a buffer array rebound to
-    ``mx.depends(buffer, ...)`` in ``call`` still holds it: :func:`depended`); else why not."""
-    held = (cache.keys, cache.values) if call is None else (depended(cache.keys, call), depended(cache.values, call))
-    if held[0] is not fetch.buffer[0] or held[1] is not fetch.buffer[1] or position(cache) != fetch.position:
+    ``mx.depends(buffer, ...)`` in ``call`` still holds it: :func:`depended`, read on both sides, since a cache may
+    rebind its own buffer so inside ``update_and_fetch``, as mlx-lm's BatchRotatingKVCache does); else why not."""
+    held, buffer = (cache.keys, cache.values), fetch.buffer
+    if call is not None:
+        held, buffer = (tuple(depended(a, call) for a in arrays) for arrays in (held, buffer))
+    if held[0] is not buffer[0] or held[1] is not buffer[1] or position(cache) != fetch.position:
         return Decline("cache_changed", "the cache changed between update_and_fetch and the attention call")
     return None
 
