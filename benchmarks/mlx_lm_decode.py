@@ -39,13 +39,15 @@ measure the method's noise at the same settings.
 from __future__ import annotations
 
 import argparse
+import inspect
 import os
 import statistics
 import time
 from collections.abc import Callable
 
 import mlx.core as mx
-from mlx_lm.generate import GenerationBatch, StopSequences, generate_step, generation_stream
+from mlx_lm import generate as mlx_lm_generate
+from mlx_lm.generate import GenerationBatch, generate_step, generation_stream
 from mlx_lm.models import base
 from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
 from mlx_lm.sample_utils import make_sampler
@@ -80,11 +82,14 @@ def decoder(model, cache: list, tokens: int) -> Callable[[], int]:
     (a token of every stream). At most ``tokens`` steps."""
     if isinstance(cache[0], BatchKVCache):
         streams = len(PADDING)
+        if "stop_sequences" in inspect.signature(GenerationBatch).parameters:  # mlx-lm 0.32: no stop sequence
+            stops = {"stop_sequences": [mlx_lm_generate.StopSequences()] * streams}
+        else:  # mlx-lm 0.31: a state machine of no stop per stream
+            stops = {"state_machines": [mlx_lm_generate.SequenceStateMachine({}, initial="normal")] * streams}
         batch = GenerationBatch(  # its constructor runs the first step
             model=model, uids=list(range(streams)), inputs=mx.array([7] * streams), prompt_cache=cache,
             tokens=[[] for _ in range(streams)], samplers=None, fallback_sampler=make_sampler(0.0),
-            logits_processors=[[] for _ in range(streams)], stop_sequences=[StopSequences()] * streams,
-            max_tokens=[tokens + 2] * streams,
+            logits_processors=[[] for _ in range(streams)], max_tokens=[tokens + 2] * streams, **stops,
         )  # fmt: skip
         return lambda: len(batch.next())
     steps = generate_step(mx.array([7]), model, prompt_cache=cache, max_tokens=tokens + 1)
