@@ -156,7 +156,7 @@ test-servers: $(STAMP_SERVERS)
 # mlx-lm's feature (a family, a fixed cache), skips saying which. Left out: the RSS bound of test_launch_server (10% of
 # the server's RSS; this lean venv's server is half the size, and plain mlx-lm 0.31.3's moved 170 -> 215 MiB over the
 # same bursts), and the other tests that import mlx_lm (passes, lowering, docs: mlx-lm's helper as code to import,
-# unchanged since 0.31) for the time. Measured on 2 shared cores: 2 minutes to install, about 5 to test.
+# unchanged since 0.31) for the time. Measured on 2 shared cores (load 5-6): 1.5-2 minutes to install, 3-3.5 to test.
 $(STAMP_OLDEST): pyproject.toml
 	$(PYTHON) -m venv $(VENV_OLDEST)
 	$(PY_OLDEST) -m pip install --quiet --upgrade pip
