@@ -159,11 +159,14 @@ def requires(*modules: str, graphviz: bool = False) -> pytest.MarkDecorator:
     # since finding "transformers.models.qwen4_exp" imports transformers.
     missing = [m for m in modules if not available(m.split(".")[0])]
     missing = missing or [m for m in modules if not available(m)]
-    extras = sorted({EXTRAS.get(m.split(".")[0], "?") for m in missing})
+    extras = sorted({EXTRAS[m.split(".")[0]] for m in missing if m.split(".")[0] in EXTRAS})
+    outside = [m for m in missing if m.split(".")[0] not in EXTRAS]
     if graphviz and not graphviz_available():
         missing.append("Graphviz dot")
         extras = sorted({*extras, "render"})
-    reason = f"needs {', '.join(missing)} (optional extra: pip install -e '.[{','.join(extras)}]')"
+    hints = [f"optional extra: pip install -e '.[{','.join(extras)}]'"] if extras else []
+    hints += [f"{', '.join(outside)} in no extra: a venv of its own, made by a Makefile target"] if outside else []
+    reason = f"needs {', '.join(missing)} ({'; '.join(hints)})"
     return pytest.mark.skipif(bool(missing), reason=reason)
 
 

@@ -27,7 +27,7 @@ from attnpass.lowering import lower
 from attnpass.passes import Canonicalize, PassManager, RaiseAttention
 from tests.fuzz.choices import Choices
 from tests.fuzz.families import PartialSpec, _Maker, build_partial
-from tests.util import lazy_import, requires
+from tests.util import lazy_import, requires, target_params
 
 mx = lazy_import("mlx.core")
 jax = lazy_import("jax")
@@ -99,9 +99,10 @@ DEFERRED = [
 ]
 
 
+@pytest.mark.parametrize("target", target_params("numpy", "jax", "mlx"))
 @pytest.mark.parametrize("spec", DEFERRED, ids=[f"deferred-{i}" for i in range(len(DEFERRED))])
-def test_deferred_normalisation_is_raised_to_one_sdpa(spec):
-    _graph, result = _raised_same_function(spec, targets=("numpy", "jax", "mlx"))
+def test_deferred_normalisation_is_raised_to_one_sdpa(spec, target):
+    _graph, result = _raised_same_function(spec, targets=(target,))
     (call,) = _ops(result.graph, "sdpa")
     assert not [n for n in result.graph.nodes() if n.op in ("matmul", "exp", "sum", "max")]
     assert call.attrs["scale"] == spec.scale and call.inputs[1:3] == ("k0", "v0")  # K/V not repeated: GQA in sdpa
@@ -161,9 +162,10 @@ COMBINES = [
 ]
 
 
+@pytest.mark.parametrize("target", target_params("numpy", "jax", "mlx"))
 @pytest.mark.parametrize("spec", COMBINES, ids=[f"{s.form}-{len(s.lens)}-{s.mask}" for s in COMBINES])
-def test_combines_are_raised_to_one_sdpa_over_the_concatenated_keys(spec):
-    _graph, result = _raised_same_function(spec, targets=("numpy", "jax", "mlx"))
+def test_combines_are_raised_to_one_sdpa_over_the_concatenated_keys(spec, target):
+    _graph, result = _raised_same_function(spec, targets=(target,))
     (call,) = _ops(result.graph, "sdpa")
     k = result.graph.node(call.inputs[1])
     assert k.op == "concat" and k.type.shape[2] == sum(spec.lens)
