@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.models.sparse_paths import sparse_selections
 from tests.util import load_example, requires
 
 sweep = load_example("mlx_lm_sweep")
@@ -313,44 +314,12 @@ def _last_row(selected) -> np.ndarray:
 # last query row could see, (kept, visible); None where it selected nothing (every key fits its budget).
 SPARSE = {
     # the indexer's top-k blocks as a keep mask over the keys (its mask returned as given where nothing is dropped)
-    "minimax_m3_vl": ("Attention", "_block_mask", lambda a, out: None if out is a["mask"] else (
+    "minimax_m3_vl": ("minimax_m3_vl", "Attention", "_block_mask", lambda a, out: None if out is a["mask"] else (
         int(_last_row(out).sum()), out.shape[-1])),
     # the top-k compressed entries, -1 for none, of the groups complete at the last query
-    "deepseek_v41": ("Indexer", "__call__", lambda a, out: (
+    "deepseek_v41": ("deepseek_v41", "Indexer", "__call__", lambda a, out: (
         len({int(i) for i in _last_row(out[0]) if i >= 0}), (a["start_pos"] + a["x"].shape[1]) // a["self"].ratio)),
 }  # fmt: skip
-
-
-def sparse_selections(family: str, step: str) -> list:
-    """What each sparse call of ``family``'s ``step`` (the sweep's own: its float32 model, the prompt's cache, the
-    step's tokens) kept of what it could see (:data:`SPARSE`'s measure, one entry per call)."""
-    import inspect
-
-    import mlx.core as mx
-
-    owner, name, measure = SPARSE[family]
-    holder = getattr(importlib.import_module(f"mlx_lm.models.{family}"), owner)
-    original = getattr(holder, name)
-    signature = inspect.signature(original)
-    seen = []
-
-    def spy(*args, **kwargs):
-        out = original(*args, **kwargs)
-        bound = signature.bind(*args, **kwargs)
-        bound.apply_defaults()
-        seen.append(measure(bound.arguments, out))
-        return out
-
-    zoo = sweep.zoo
-    model = sweep.MLX_LM.model(family)
-    cache = zoo.prefilled(family, step, "f32", sweep.tiny_args)
-    tokens = mx.array(zoo.TOKENS[None, zoo.PROMPT : zoo.PROMPT + zoo.STEPS[step]])
-    setattr(holder, name, spy)
-    try:
-        mx.eval(model(tokens, cache=cache))
-    finally:
-        setattr(holder, name, original)
-    return seen
 
 
 @mlx_lm_only
@@ -362,6 +331,6 @@ def test_a_learned_sparse_family_s_tiny_configuration_runs_its_sparse_path_and_d
     from tests.mlx_lm_versions import needs_family
 
     needs_family(family)
-    seen = sparse_selections(family, step)
+    seen = sparse_selections(family, step, sweep.MLX_LM, "mlx_lm", SPARSE)
     assert seen, f"{family}/{step}: no sparse layer ran"
     assert all(s is not None and s[0] < s[1] for s in seen), f"{family}/{step}: (kept, visible) {seen}"

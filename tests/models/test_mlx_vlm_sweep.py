@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.models.sparse_paths import sparse_selections
 from tests.util import load_example, requires
 
 sweep = load_example("mlx_vlm_sweep")
@@ -238,40 +239,6 @@ SPARSE = {
     "deepseek_v41": ("deepseek_v41.language", "DeepseekV41Attention", "_sparse_attention",
                      lambda a, out: _last_row_kept(a["indices"], a["pool"].shape[1])),
 }  # fmt: skip
-
-
-def sparse_selections(family, step, library, package, sparse):
-    """What each sparse call of ``family``'s ``step`` (the sweep's own: its float32 model, the prompt's cache, the
-    step's tokens) kept of what it could see (``sparse[family]``'s measure, one entry per call)."""
-    import importlib
-    import inspect
-
-    import mlx.core as mx
-
-    module, owner, name, measure = sparse[family]
-    holder = importlib.import_module(f"{package}.models.{module}")
-    holder = getattr(holder, owner) if owner else holder
-    original = getattr(holder, name)
-    signature = inspect.signature(original)
-    seen = []
-
-    def spy(*args, **kwargs):
-        out = original(*args, **kwargs)
-        bound = signature.bind(*args, **kwargs)
-        bound.apply_defaults()
-        seen.append(measure(bound.arguments, out))
-        return out
-
-    zoo = sweep.zoo
-    model = library.model(family)
-    cache = zoo.prefilled(family, step, "f32", library.configure, library.build)
-    tokens = mx.array(zoo.TOKENS[None, zoo.PROMPT : zoo.PROMPT + zoo.STEPS[step]])
-    setattr(holder, name, spy)
-    try:
-        mx.eval(model(tokens, cache=cache))
-    finally:
-        setattr(holder, name, original)
-    return seen
 
 
 @mlx_vlm_only
