@@ -29,6 +29,7 @@ from types import SimpleNamespace
 import pytest
 
 from attnpass.cli import launch
+from tests.cli.servers import LoggedServer, free_port
 from tests.cli.test_launch import plain, summaries, untimed
 from tests.util import requires
 
@@ -85,31 +86,21 @@ def test_generate_prints_mlx_vlms_text_with_the_calls_routed(saved_vlms, family,
 # ----------------------------------------------------------------------------- the server
 
 
-class Server:
+class Server(LoggedServer):
     """mlx-vlm's server on 127.0.0.1 (``optimized``: through ``attnpass mlx-vlm --min-keys 0``), its log in a file."""
 
     def __init__(self, model: Path, log: Path, *, optimized: bool) -> None:
-        self.port = free_port()
-        launcher = ["-m", "attnpass.cli", "mlx-vlm", "--min-keys", "0"] if optimized else ["-m", "mlx_vlm"]
-        flags = ["--model", str(model), "--host", "127.0.0.1", "--port", str(self.port), "--api-key", API_KEY]
-        self.log = log
-        self._log = log.open("w")
-        command = [sys.executable, *launcher, "server", *flags]
-        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT)
+        self.model, self.optimized = model, optimized
+        super().__init__(log)
+
+    def command(self) -> list[str]:
+        launcher = ["-m", "attnpass.cli", "mlx-vlm", "--min-keys", "0"] if self.optimized else ["-m", "mlx_vlm"]
+        flags = ["--model", str(self.model), "--host", "127.0.0.1", "--port", str(self.port), "--api-key", API_KEY]
+        return [sys.executable, *launcher, "server", *flags]
 
     def wait_ready(self, timeout: float = 120.0) -> None:
         """Until ``/health`` answers: uvicorn listens once the app's startup has loaded ``--model``."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"the server exited with {self.process.returncode}:\n{self.log.read_text()}")
-            try:
-                if self.request("GET", "/health")[0] == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.2)
-        raise TimeoutError(f"the server on port {self.port} did not answer in {timeout} s")
+        self.wait_until(lambda: self.request("GET", "/health")[0], timeout, 0.2)
 
     def request(self, method: str, path: str, body: dict | None = None, *, key: bool = True) -> tuple[int, dict]:
         connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
@@ -117,24 +108,6 @@ class Server:
         connection.request(method, path, json.dumps(body) if body is not None else None, headers)
         response = connection.getresponse()
         return response.status, json.loads(response.read())
-
-    def stop(self, timeout: float = 60.0) -> tuple[int, str]:
-        """SIGTERM, then its exit status and its whole log."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-        try:
-            status = self.process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            status = self.process.wait()
-        self._log.close()
-        return status, self.log.read_text()
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def chat(server: Server, model: Path) -> dict:

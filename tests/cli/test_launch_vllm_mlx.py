@@ -17,16 +17,15 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
+from tests.cli.servers import LoggedServer
 from tests.util import requires
 
 API_KEY = "attnpass-test-key"
@@ -44,38 +43,21 @@ def model(tmp_path_factory) -> Path:
     return save_tiny_lm(tmp_path_factory.mktemp("vllm_mlx") / "llama", "llama", dtype="float32")
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-class Server:
+class Server(LoggedServer):
     """vllm-mlx's server on 127.0.0.1, started by ``launcher`` (a command line before ``serve``), its log in a file."""
 
     def __init__(self, launcher: list[str], model: Path, flags: list[str], log: Path, env: dict[str, str]) -> None:
-        self.port = free_port()
-        self.log = log
-        self._log = log.open("w")
-        served = [str(model), "--host", "127.0.0.1", "--port", str(self.port), "--api-key", API_KEY, *flags]
+        self.launcher, self.model, self.flags = launcher, model, flags
         environment = os.environ | {"VLLM_MLX_SIMPLE_ENGINE_LOCK_ADMISSION": "wait", "HF_HUB_OFFLINE": "1"} | env
         environment["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{environment.get('PATH', '')}"
-        self.process = subprocess.Popen(
-            [*launcher, "serve", *served], stdout=self._log, stderr=subprocess.STDOUT, env=environment
-        )
+        super().__init__(log, environment)
+
+    def command(self) -> list[str]:
+        served = [str(self.model), "--host", "127.0.0.1", "--port", str(self.port), "--api-key", API_KEY]
+        return [*self.launcher, "serve", *served, *self.flags]
 
     def wait_ready(self, timeout: float = 240.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"the server exited with {self.process.returncode}:\n{self.log.read_text()}")
-            try:
-                if self.get("/health")[0] == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.5)
-        raise TimeoutError(f"the server on port {self.port} did not answer in {timeout} s:\n{self.log.read_text()}")
+        self.wait_until(lambda: self.get("/health")[0], timeout, 0.5)
 
     def get(self, path: str, *, key: bool = True) -> tuple[int, str]:
         headers = {"Authorization": f"Bearer {API_KEY}"} if key else {}
@@ -107,18 +89,6 @@ class Server:
 
         with ThreadPoolExecutor(BURST) as pool:
             return list(pool.map(ask, PROMPTS))
-
-    def stop(self, timeout: float = 60.0) -> tuple[int, str]:
-        """SIGTERM, then its exit status and its whole log."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-        try:
-            status = self.process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            status = self.process.wait()
-        self._log.close()
-        return status, self.log.read_text()
 
 
 @requires("mlx.core", "vllm_mlx", "openai")
