@@ -104,6 +104,18 @@ def refine(left: Sequence[Atom], right: Sequence[Atom]) -> list[tuple[Atom | Non
     if not real_l or not real_r:
         lone = [(a, None) for a in real_l] + [(None, a) for a in real_r]
         return [(None, None)] if not lone and (left or right) else lone
+    pairs = common_factors(left, right)
+    if pairs is None:
+        return None
+    return [
+        (a if a is None or a.axis is not None else None, b if b is None or b.axis is not None else None)
+        for a, b in pairs
+    ]
+
+
+def common_factors(left: Sequence[Atom], right: Sequence[Atom]) -> list[tuple[Atom, Atom]] | None:
+    """Two atom lists of one axis (each covering it, broadcasts included) split into common factors, pair by pair
+    (None: they do not split alike)."""
     ql, qr = deque(left), deque(right)
     pairs = []
     while ql and qr:
@@ -118,12 +130,7 @@ def refine(left: Sequence[Atom], right: Sequence[Atom]) -> list[tuple[Atom | Non
         head = Atom(big.axis, small.size, big.stride * minor)
         queue.appendleft(Atom(big.axis, minor, big.stride))
         pairs.append((head, small) if big is a else (small, head))
-    if ql or qr:
-        return None
-    return [
-        (a if a is None or a.axis is not None else None, b if b is None or b.axis is not None else None)
-        for a, b in pairs
-    ]
+    return None if ql or qr else pairs
 
 
 def view_plan(layout: Layout, shape: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -148,6 +155,6 @@ def covers(atoms: Sequence[Atom], size: int) -> bool:
 
 
 __all__ = [
-    "LAYOUT_OPS", "Atom", "Layout", "broadcast", "covers", "normalize", "refine", "reshape", "root_layout", "transpose",
-    "view_plan",
+    "LAYOUT_OPS", "Atom", "Layout", "broadcast", "common_factors", "covers", "normalize", "refine", "reshape",
+    "root_layout", "transpose", "view_plan",
 ]  # fmt: skip

@@ -188,24 +188,6 @@ class _Overlay:
         return getattr(self.graph, name)
 
 
-def _pairs(left: Sequence[Atom], right: Sequence[Atom]) -> list[tuple[Atom, Atom]] | None:
-    """Two atom lists of one axis (each covering it, broadcasts included) split into common factors."""
-    ql, qr, out = deque(left), deque(right), []
-    while ql and qr:
-        a, b = ql.popleft(), qr.popleft()
-        if a.size == b.size:
-            out.append((a, b))
-            continue
-        big, small, queue = (a, b, ql) if a.size > b.size else (b, a, qr)
-        if big.size % small.size:
-            return None
-        minor = big.size // small.size
-        head = Atom(big.axis, small.size, big.stride * minor)
-        queue.appendleft(Atom(big.axis, minor, big.stride))
-        out.append((head, small) if big is a else (small, head))
-    return out if not ql and not qr else None
-
-
 def _merge(shape: Sequence[int], layouts: Sequence[Layout]) -> Layout | str:
     """The layout of an elementwise op's result: where two operands walk one factor they walk the same query rows;
     one may be broadcast only where the other walks keys or the value dim (a row scalar meeting a matrix)."""
@@ -214,7 +196,7 @@ def _merge(shape: Sequence[int], layouts: Sequence[Layout]) -> Layout | str:
     for axis in range(len(shape)):
         merged = list(lays[0][axis])
         for other in lays[1:]:
-            pairs = _pairs(merged, other[axis])
+            pairs = la.common_factors(merged, other[axis])
             if pairs is None:
                 return f"axis {axis} splits into factors differently on its operands"
             merged = []
