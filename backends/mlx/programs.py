@@ -115,6 +115,41 @@ def dsa_attention(q: Any, latent: Any, w_uk: Any, w_uv: Any, mask: Any, idx: Any
     return mla_attention(q, latent, w_uk, w_uv, mask, scale)
 
 
+def selected_attention(queries: Any, keys: Any, values: Any, mask: Any, idx: Any, scale: float) -> Any:
+    """Attention under a bool ``mask`` ``[B, H, L, T]`` kept only on each row's cells ``idx`` ``[B, H, L, K]``, one
+    selection per selection head ``H`` (each serving ``Hq / H`` query heads, :mod:`.selections`).
+
+    The selection heads go into the batch with the KV heads they read (``H`` a multiple of ``Hkv``: each KV head's
+    selection heads become rows; ``Hkv`` a multiple of ``H``: each selection head's KV heads stay heads), so every
+    selection is head-shared: ``sdpa`` over ``where(put_along_axis(False, idx, True), mask, False)``, the form
+    ``dsa-gather`` gathers (a pipeline without it attends every key under that mask: the client's function)."""
+    import numpy as np
+
+    b, hq, rows, d = queries.shape
+    hkv, t, dv = keys.shape[1], keys.shape[2], values.shape[3]
+    h, k = idx.shape[1], idx.shape[3]
+    group = hq // h
+    if h % hkv == 0:  # r selection heads per KV head: rows r * L of one KV head, Hq / H query heads each
+        r = h // hkv
+        q = ops.reshape(queries, (b, hkv, r, group, rows, d))
+        q = ops.reshape(ops.transpose(q, (0, 1, 3, 2, 4, 5)), (b * hkv, group, r * rows, d))
+        batch, heads, kv_heads, folded = b * hkv, group, 1, r * rows
+    else:  # Hkv / H KV heads per selection head
+        q = ops.reshape(queries, (b * h, group, rows, d))
+        batch, heads, kv_heads, folded = b * h, group, hkv // h, rows
+    kf = ops.reshape(keys, (batch, kv_heads, t, d))
+    vf = ops.reshape(values, (batch, kv_heads, t, dv))
+    cells = ops.reshape(mask, (batch, 1, folded, t))
+    picked = ops.reshape(idx, (batch, 1, folded, k))
+    selected = ops.put_along_axis(
+        ops.constant(np.zeros((batch, 1, folded, t), bool)), picked, ops.constant(True), axis=-1
+    )
+    out = ops.sdpa(q, kf, vf, mask=ops.where(selected, cells, ops.constant(False)), scale=scale)
+    if h % hkv == 0:
+        out = ops.transpose(ops.reshape(out, (b, hkv, heads, h // hkv, rows, dv)), (0, 1, 3, 2, 4, 5))
+    return ops.reshape(out, (b, hq, rows, dv))
+
+
 @dataclass(frozen=True)
 class ProgramSpec:
     """One program: its function, whether it is traced (:mod:`attnpass.ir.ops`) rather than exported from MLX,
@@ -147,6 +182,7 @@ PROGRAMS: dict[str, ProgramSpec] = {
     "qsa_quantized_attention": ProgramSpec(qsa_quantized_attention, traced=True, selection=True, numerics=GATHERED),
     "mla_attention": ProgramSpec(mla_attention, traced=True, bound="mla", latent=True, numerics=LATENT),
     "dsa_attention": ProgramSpec(dsa_attention, traced=True, bound="mla", latent=True, tokens=True, numerics=LATENT),
+    "selected_attention": ProgramSpec(selected_attention, traced=True, bound="float", tokens=True, numerics=GATHERED),
 }
 
 
@@ -240,5 +276,5 @@ def _tokens_promised(p: Pass) -> Pass:
 __all__ = [
     "PROGRAMS", "OpsFrontend", "ProgramSpec", "attention", "compile_program", "dsa_attention", "kept_expanded",
     "kept_fused", "kept_masked", "mla_attention", "qsa_attention", "qsa_quantized_attention", "quantized_attention",
-    "structured_attention",
+    "selected_attention", "structured_attention",
 ]  # fmt: skip

@@ -6,6 +6,10 @@ query row builds its mask from the indexer's top-k positions ``idx``
 
     sel  = put_along_axis(constant False [B, 1, L, T], idx, constant True, axis=-1)
     mask = where(sel, m, fill)        # or the bool sel itself
+    mask = where(sel, cells, False)   # bool cells kept where selected
+
+The last form is a block selection widened to its tokens (MiniMax-M3: each
+row's top blocks, then its causal cells in them, both bool).
 
 :func:`match_token_selection` reads that form off an ``sdpa`` and says
 whether attention over each row's ``K`` indexed cells computes what the
@@ -18,11 +22,12 @@ masked call computes (up to summation order), or why not, as a
 - the indices of a row are distinct and in ``[0, T)``: proven when ``idx`` is
   an ``argpartition`` along the keys (or a contiguous slice of one), or
   promised by the caller for the graph input ``selection_input``;
-- every row has a key: always for the bool form and for a ``-inf`` fill (a
-  row whose selected cells are all ``-inf`` is NaN on both paths); for a
-  finite fill only where the caller promises ``rows_have_keys`` (a row whose
-  selected cells all hold the fill would weigh all ``T`` cells equally
-  masked, and only its ``K`` cells gathered).
+- every row has a key: always for the bool selection itself and for a
+  ``-inf`` fill (a row whose selected cells are all ``-inf`` is NaN on both
+  paths); for bool cells filled with False, or a
+  finite fill, only where the caller promises ``rows_have_keys`` (a row whose
+  selected cells all hold the fill, or are all False, would weigh all ``T``
+  cells equally masked, and only its ``K`` cells gathered).
 """
 
 from __future__ import annotations
@@ -41,17 +46,22 @@ class TokenSelection:
 
     indices: str  # i32 [B, 1, L, K]
     values: str | None  # m of where(sel, m, fill); None when the mask is sel itself
-    fill: float | None  # the where's fill; None for the bool form
+    fill: float | None  # the where's fill; None for the bool forms (sel itself, or bool cells filled with False)
     top_k: int
     kv_len: int
     distinct: str  # "argpartition" (proven) or "promised" (selection_input)
     keys: str  # why every row has a key: "bool", "neg_inf" or "promised" (rows_have_keys)
 
     @property
+    def form(self) -> str:
+        """``bool`` (sel itself), ``bool_where`` (bool cells kept where selected) or ``where`` (scores, fill)."""
+        return "bool" if self.values is None else "bool_where" if self.fill is None else "where"
+
+    @property
     def figures(self) -> dict:
         """The selection's figures by name (a remark's data)."""
         return {
-            "top_k": self.top_k, "kv_len": self.kv_len, "form": "bool" if self.values is None else "where",
+            "top_k": self.top_k, "kv_len": self.kv_len, "form": self.form,
             "fill": self.fill, "distinct": self.distinct, "keys": self.keys,
         }  # fmt: skip
 
@@ -69,7 +79,10 @@ def _splat(node: Node, value: object) -> bool:
 
 
 def _distinct(graph: Graph, idx: Node, kv_len: int, selection_input: str | None) -> str | None:
-    """How the indices are known distinct per row and in ``[0, T)``; None when they are not."""
+    """How the indices are known distinct per row and in ``[0, T)``; None when they are not. A reshape that keeps
+    the last axis keeps every row's indices as they were."""
+    while idx.op == "reshape" and graph.node(idx.inputs[0]).type.shape[-1:] == idx.type.shape[-1:]:
+        idx = graph.node(idx.inputs[0])
     if idx.op == "input":
         return "promised" if idx.name == selection_input else None
     if idx.op == "slice":  # mlx-lm keeps the last K of an argpartition: [..., -K:]
@@ -94,12 +107,18 @@ def match_token_selection(
     mask = None if sdpa.mask is None else graph.node(sdpa.mask)
     if mask is None:
         return Decline("mask_not_selection", f"{sdpa.name} has no mask, so it attends no token selection")
-    (b, _h, rows, _d), kv_len = graph.node(sdpa.q).type.shape, graph.node(sdpa.k).type.shape[2]
     cond, values, fill = mask, None, None
     if mask.op == "where":
         cond, value, other = (graph.node(i) for i in mask.inputs)
         if not mask.type.dtype.is_float:
-            return Decline("mask_form", f"mask {mask.name} is a bool where: write it as where(sel, scores, fill)")
+            if not _splat(other, False) or value.type.dtype is not DType.bool:
+                what = f"constant {other.attrs['value'][0]!r}" if other.op == "constant" else f"{other.op} {other.name}"
+                return Decline(
+                    "mask_form",
+                    f"mask {mask.name} is a bool where filling unselected cells with {what}: write it as "
+                    "where(sel, bool cells, False) or where(sel, scores, fill)",
+                )
+            return _selection(graph, cond, value.name, None, sdpa, selection_input, rows_have_keys)
         lowest = float(mask.type.dtype.finfo.min)
         if other.op != "constant" or len(set(other.attrs["value"])) != 1 or not other.attrs["value"][0] <= lowest:
             what = f"constant {other.attrs['value'][0]!r}" if other.op == "constant" else f"{other.op} {other.name}"
@@ -110,6 +129,16 @@ def match_token_selection(
                 data={"lowest": lowest},
             )
         values, fill = value.name, float(other.attrs["value"][0])
+    return _selection(graph, cond, values, fill, sdpa, selection_input, rows_have_keys)
+
+
+def _selection(
+    graph: Graph, cond: Node, values: str | None, fill: float | None, sdpa: Node, selection_input: str | None,
+    rows_have_keys: bool,
+) -> TokenSelection | Decline:  # fmt: skip
+    """The selection ``cond`` writes, with the cell ``values`` kept where it selects (``fill`` elsewhere; None:
+    False, for bool cells, or no values at all), or why it is not one we can gather."""
+    (b, _h, rows, _d), kv_len = graph.node(sdpa.q).type.shape, graph.node(sdpa.k).type.shape[2]
     what = f"graph input {cond.name}" if cond.op == "input" else f"{cond.op} {cond.name}"
     if cond.op != "put_along_axis":
         return Decline("mask_not_selection", f"the selection is {what}, not put_along_axis(false, idx, true)")
@@ -144,12 +173,16 @@ def match_token_selection(
             f"indices {idx.name} ({idx.op}) are neither an argpartition along the keys nor {promise}: "
             "a repeated index is one masked cell but two gathered ones",
         )
-    keys = "bool" if fill is None else "neg_inf" if fill == -math.inf else "promised" if rows_have_keys else None
+    if values is None:
+        keys = "bool"
+    else:
+        keys = "neg_inf" if fill is not None and fill == -math.inf else "promised" if rows_have_keys else None
     if keys is None:
+        what = "are all False" if fill is None else f"all hold fill {fill:g}"
         return Decline(
             "rows_without_keys",
-            f"fill {fill:g} is finite: a row whose selected cells all hold it weighs all T={kv_len} cells equally "
-            f"masked but only its K={top_k} gathered (promise rows_have_keys where every row has a key)",
+            f"a row whose selected cells {what} weighs all T={kv_len} cells equally masked but only its K={top_k} "
+            "gathered (promise rows_have_keys where every row has a key)",
             data={"fill": fill},
         )
     return TokenSelection(idx.name, values, fill, top_k, kv_len, distinct, keys)

@@ -2,7 +2,8 @@
 
 Pattern (docs/mla.md): ``sdpa(q, k, v, mask)`` whose mask is a token selection
 (:func:`~..analysis.token_selection.match_token_selection`: ``where(put_along_axis(false, idx, true, axis=-1),
-m, fill)`` or the bool selection itself, ``idx`` ``i32 [B, 1, L, K]``, fill at or below ``finfo.min``), with no
+m, fill)``, the bool selection itself, or ``where(sel, cells, False)`` with bool ``cells`` (a block selection
+widened to its tokens), ``idx`` ``i32 [B, 1, L, K]``, fill at or below ``finfo.min``), with no
 causal kind or window (the gathered cells lose their positions; sinks and soft-cap are kept). The indices must
 be distinct per row (an ``argpartition``, or the caller's ``selection_input``) and, for a finite fill, every row
 must have a key (the caller's ``rows_have_keys``); otherwise the masked form is kept with the reason.
@@ -94,7 +95,8 @@ class DSAGather(SwitchedPass):
 def _describe(m: _Match) -> tuple[str, dict]:
     f, s = m.figures, m.selection
     kv = "the shared K/V (k is v)" if f["gathered_arrays"] == 1 else "K and V"
-    values = "the bool selection" if s.values is None else f"where(selection, {s.values}, {s.fill:g})"
+    fill = "False" if s.fill is None else f"{s.fill:g}"
+    values = "the bool selection" if s.values is None else f"where(selection, {s.values}, {fill})"
     keys = {"bool": "a bool selection", "neg_inf": "a -inf fill", "promised": "rows_have_keys, promised"}[s.keys]
     distinct = {"argpartition": "an argpartition", "promised": "selection_input, promised"}[s.distinct]
     return (

@@ -5,7 +5,8 @@ class's module and name. Importing this package registers every built-in adapter
 ``QuantizedKVCache``, ``RotatingKVCache``, ``ChunkedKVCache``, ``BatchKVCache``, ``BatchRotatingKVCache`` and
 ``CacheList`` (its MLA calls), calls without a cache, mlx-vlm Qwen4-Exp's ``QSAKVCache``, ``QSAQuantizedKVCache``
 and ``BatchQSAKVCache``, mlx-vlm's own ``KVCache``, ``RotatingKVCache``, ``ChunkedKVCache``, ``BatchKVCache``
-(:mod:`.vlm`) and ``BatchRotatingKVCache``, and the classes no route reads (:mod:`.declined`).
+(:mod:`.vlm`) and ``BatchRotatingKVCache``, MiniMax-M3's ``MiniMaxM3KVCache`` (:mod:`.minimax`), and the classes
+no route reads (:mod:`.declined`).
 """
 
 from . import (  # noqa: F401
@@ -15,6 +16,7 @@ from . import (  # noqa: F401
     chunked,
     declined,
     kv,
+    minimax,
     qsa,
     qsa_batch,
     qsa_quantized,

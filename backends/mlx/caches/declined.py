@@ -42,7 +42,7 @@ ROWS: dict[tuple[str, str], str] = {
     **{
         ("mlx_vlm.models.minimax_m3_vl.language", name): f"MiniMax-M3's {name} (a KV cache beside an index-key "
         f"cache for its own sparse selection): {NO_PREFIX}"
-        for name in ("MiniMaxM3KVCache", "MiniMaxM3BatchKVCache")
+        for name in ("MiniMaxM3BatchKVCache",)
     },
 }
 

@@ -8,7 +8,8 @@ buffer's first ``offset`` rows. A call whose keys and values *are* what that fet
 A buffer shorter than its cut is first grown to it (:func:`~..buffers.grow`: zero rows, as the cache grows it),
 so the cuts, and the signatures, stay :func:`~..buffers.cuts_bound`'s few per doubling of the context.
 A prefill (more than :data:`PREFILL_ROWS` query rows) attends its own keys instead (:func:`~..masks.own_keys`).
-A ``KVCache`` may hold an MLA latent: its MLA calls are :mod:`.mla`'s.
+A call whose mask is a learned indexer's block selection, proven, is gathered (:mod:`~..selections`), at any
+number of rows. A ``KVCache`` may hold an MLA latent: its MLA calls are :mod:`.mla`'s.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 
 from attnpass.passes import Decline
 
+from .. import selections
 from ..buffers import cut_plan
 from ..calls import Patch, Routed, classes, depends_patch, fetch_recorder, key_rows, offset, received_decline
 from ..masks import own_keys
@@ -38,7 +40,8 @@ class Buffered(CacheAdapter):
     arguments: Callable[[Any, int, bool], Routed] | None = None
 
     def patches(self) -> list[Patch]:
-        return [(classes(self.module, self.name)[0], "update_and_fetch", fetch_recorder(offset)), depends_patch()]
+        fetching = (classes(self.module, self.name)[0], "update_and_fetch", fetch_recorder(offset))
+        return [fetching, depends_patch(), *selections.patches()]
 
     def holds(self, keys: Any, cache: Any) -> bool:
         """Whether ``keys``, the cache's last fetch, are its buffer's first rows."""
@@ -52,6 +55,9 @@ class Buffered(CacheAdapter):
         found = received_decline(call, self.holds(call.keys, call.cache))
         if found is not None:
             return found
+        selected = selections.selected_plan(call, self.grows)
+        if selected is not None:
+            return selected
         if not self.own_keys(call):
             return cut_plan(call, self.program, self.grows, type(self).arguments)
         return own_keys(call)

@@ -91,3 +91,26 @@ def test_keys_rebound_to_another_array_than_mx_depends_gives_are_still_declined(
                 assert opt.routed == routed + 1
             else:
                 assert [r for r in opt.declined if opt.declined[r] > declined.get(r, 0)] == [reason]
+
+
+def test_the_sparse_calls_gather_their_selected_blocks_by_default(model):
+    """Under the default pipeline each sparse call is the selected_attention program (backends/mlx/selections.py):
+    dsa-gather reads each row's 2 blocks of 4 keys, not the 30+ keys; greedy and speculative tokens are the
+    plain model's, the logits within the gathered programs' float32 bound."""
+    from mlx_lm.generate import speculative_generate_step
+
+    from attnpass.backends.mlx import optimize
+    from attnpass.backends.mlx.programs import GATHERED
+
+    plain, plain_logprobs = greedy(model, prefill_step_size=7)
+    prompt = mx.array([(7 * i + 3) % 100 for i in range(30)])
+    with optimize(model, min_keys=0) as opt:
+        tokens, logprobs = greedy(model, prefill_step_size=7)
+        drafted = [int(t) for t, _, _ in speculative_generate_step(prompt, model, model, max_tokens=16)]
+    assert tokens == plain and drafted == plain
+    assert np.abs(logprobs - plain_logprobs).max() < 100 * GATHERED["float32"]
+    selected = opt.programs["selected_attention"].specializations
+    rows = {s.graph.node(s.graph.inputs[0]).type.shape[2] for s in selected}
+    assert rows >= {1, 7} and rows & {2, 3}  # decode, the prefill's chunks and the verify steps
+    for s in selected:
+        assert s.ops["qsa_gather"] >= 2 and any(r.pass_name == "dsa-gather" and r.kind == "applied" for r in s.remarks)

@@ -164,6 +164,49 @@ def test_each_precondition_declines_with_its_reason(graph, options, reason):
     assert not result.changed and result.graph == g
 
 
+def _cells_graph(*, other=False, t=16, top_k=8):
+    """sdpa masked by where(sel, cells, other): bool cells kept where a head-shared selection keeps them."""
+
+    def f(q, k, v, cells, idx):
+        sel = ops.put_along_axis(ops.constant(np.zeros((1, 1, 3, t), bool)), idx, ops.constant(True), axis=-1)
+        return ops.sdpa(q, k, v, mask=ops.where(sel, cells, ops.constant(other)), scale=0.5)
+
+    kv = TensorSpec((1, 1, t, 8))
+    specs = (TensorSpec((1, 2, 3, 8)), kv, kv, TensorSpec((1, 1, 3, t), "bool"), TensorSpec((1, 1, 3, top_k), "int32"))
+    return trace(f, *specs)
+
+
+def test_bool_cells_kept_where_selected_gather_exactly_those_cells():
+    """A block selection widened to its tokens: each row's selected cells, of which its bool cells attend;
+    unselected True cells weigh nothing on either path. The control: a row whose selected cells are all False
+    attends no key, the mean of all T values masked but of its K gathered, which is why the form needs the
+    rows_have_keys promise."""
+    rng = np.random.default_rng(3)
+    graph = _cells_graph()
+    result = PassManager([DSAGather(**PROMISED), DeadCodeElimination()]).run(graph)
+    r = remark(result, "applied")
+    assert (r.data["form"], r.data["keys"], r.data["top_k"]) == ("bool_where", "promised", 8)
+    assert "where(selection, cells, False)" in r.message
+    idx = np.stack([rng.permutation(16)[:8] for _ in range(3)]).astype(np.int32)[None, None]
+    cells = rng.random((1, 1, 3, 16)) < 0.5
+    cells[0, 0, :, idx[0, 0, :, 0]] = True  # every row has a key
+    x = {"q": rng.standard_normal((1, 2, 3, 8)), "k": rng.standard_normal((1, 1, 16, 8))}
+    x = {**x, "v": rng.standard_normal((1, 1, 16, 8)), "cells": cells, "idx": idx}
+    x = {n: a.astype(np.float32) if a.dtype == np.float64 else a for n, a in x.items()}
+    assert relative(run(lower(result.graph, "numpy"), **x), run(lower(graph, "numpy"), **x)) < 1e-6
+    x["cells"][0, 0, 1, idx[0, 0, 1]] = False  # row 1: no selected cell attends
+    got, want = run(lower(result.graph, "numpy"), **x), run(lower(graph, "numpy"), **x)
+    assert relative(got[:, :, 1], want[:, :, 1]) > 1e-3
+
+
+@pytest.mark.parametrize("other, options, reason", [(True, PROMISED, "mask_form"), (False, {"selection_input": "idx"},
+                         "rows_without_keys")])  # fmt: skip
+def test_bool_cells_decline_without_a_false_fill_or_the_keys_promise(other, options, reason):
+    graph = _cells_graph(other=other)
+    result = DSAGather(**options)(graph)
+    assert remark(result, "declined").reason == reason and not result.changed and result.graph == graph
+
+
 def test_rows_whose_selected_cells_are_all_hidden_match_with_a_neg_inf_fill():
     """Masked: the unselected cells are -inf, so such a row softmaxes over its selected (finfo.min) cells; the
     gather sees the same cells. (With a finfo.min fill it would weigh all T cells: rows_without_keys.)"""

@@ -1,0 +1,146 @@
+"""Block selections: a bool mask a model's learned indexer built from its top blocks, routed to a gather of them.
+
+mlx-lm's MiniMax-M3 (``minimax_m3_vl``) builds, in ``Attention._block_mask``, a bool mask ``[B, Hq, L, S]``: per
+selection head (``index_n_heads``, each serving ``Hq / index_n_heads`` query heads, the mask repeated over them)
+and query row, the ``index_topk_blocks`` top blocks of ``index_block_size`` keys (the row's local blocks forced in),
+widened to their keys and intersected with the causal cells; its helper call then attends all ``S`` keys under it.
+mlx-vlm's MiniMax-M3 does the same off Metal (``MiniMaxM3Indexer.build_block_mask``: one selection shared by the
+heads, ``[B, 1, L, S]``). Each builder is a row of :data:`BLOCK_MASKS`.
+
+A call is routed to the ``selected_attention`` program (``dsa-gather`` then attends each row's cells only) when:
+
+- its mask *is* what ``_block_mask`` returned in this model call (recorded by :func:`patches`; a call where every
+  block fits the budget gets the model's own mask back and is not one), with the module's block size, top-k and
+  selection heads;
+- on its values (:func:`block_selection`, one evaluation): the mask is the same on every query head of a selection
+  head, every row keeps at most ``top_k`` blocks and at least one key (the gathered softmax then weighs the same
+  cells: ``dsa-gather``'s ``rows_have_keys``), and the ``top_k`` blocks gathered are fewer keys than the cut;
+- the cache's buffer can be cut past the last block (a growing ``KVCache``: the cut is rounded up to whole blocks,
+  so each row's cells are distinct rows of the cut, ``dsa-gather``'s ``selection_input`` promise).
+
+Each row's cells are then its ``top_k`` most occupied blocks (every occupied one, and unoccupied ones to fill,
+whose cells the mask hides), and the program attends ``where(cells selected, mask, False)``: on every cell what
+the mask says, so the gather reads exactly the keys the model attends. Otherwise the call stays the cache's own
+masked plan.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .buffers import buffer_rows, first_rows, grow
+from .calls import Call, Patch, Plan, Routed, key_rows, recorder
+from .masks import pad_last
+
+SELECTIONS = "block selections"  # the notes of the block masks built in a call: id -> (mask, BlockSelection)
+
+
+@dataclass(frozen=True)
+class BlockSelection:
+    """What a block-mask builder keeps: ``top_k`` blocks of ``block`` keys per row and selection head (``heads``)."""
+
+    heads: int
+    block: int
+    top_k: int
+
+
+def mlx_lm_block_mask(layer: Any, result: Any, x: Any, mask: Any, *_: Any) -> BlockSelection | None:
+    """mlx-lm MiniMax-M3's ``Attention._block_mask``: one selection per index head, repeated over its query heads;
+    the model's own ``mask`` handed back when every block fits the budget (no selection)."""
+    if result is mask:
+        return None
+    return BlockSelection(layer.index_n_heads, layer.index_block_size, layer.index_topk_blocks)
+
+
+def mlx_vlm_block_mask(indexer: Any, result: Any, block_indices: Any, *_: Any) -> BlockSelection | None:
+    """mlx-vlm MiniMax-M3's ``MiniMaxM3Indexer.build_block_mask``: the blocks ``block_indices`` ``[B, L, K]``, one
+    selection shared by every head, intersected with the model's mask (bool; an additive mask gives a float one,
+    which the proof on values declines)."""
+    return BlockSelection(1, indexer.block_size, block_indices.shape[-1])
+
+
+# (module, class, method) of each block-mask builder -> what it keeps, read off its owner, result and arguments
+BLOCK_MASKS: dict[tuple[str, str, str], Callable[..., BlockSelection | None]] = {
+    ("mlx_lm.models.minimax_m3_vl", "Attention", "_block_mask"): mlx_lm_block_mask,
+    ("mlx_vlm.models.minimax_m3_vl.language", "MiniMaxM3Indexer", "build_block_mask"): mlx_vlm_block_mask,
+}
+
+
+def block_mask_recorder(reads: Callable[..., BlockSelection | None]) -> Callable[..., Any]:
+    """The recorder of one builder: each mask it returns in an optimized call, with what ``reads`` says it keeps."""
+
+    def note(call: Call, result: Any, owner: Any, *args: Any, **kwargs: Any) -> None:
+        found = None if result is None or isinstance(result, str) else reads(owner, result, *args, **kwargs)
+        if found is not None:
+            call.notes(SELECTIONS)[id(result)] = (result, found)
+
+    return recorder(note)
+
+
+def patches() -> list[Patch]:
+    """The recorders of the block-mask builders of the model modules imported."""
+    found: list[Patch] = []
+    for (module, owner, method), reads in BLOCK_MASKS.items():
+        if module in sys.modules:
+            found.append((getattr(importlib.import_module(module), owner), method, block_mask_recorder(reads)))
+    return found
+
+
+def selected_plan(call: Any, grows: bool) -> Plan | None:
+    """The ``selected_attention`` plan of a helper call whose mask is a recorded block selection that holds on
+    its values, over the cache's buffer cut rounded up to whole blocks; None otherwise."""
+    held, found = call.recorded.notes(SELECTIONS).get(id(call.mask), (None, None))
+    if found is None or held is not call.mask or call.sinks is not None:
+        return None
+    n = key_rows(call.keys)
+    blocks = -(-n // found.block)
+    length = -(-buffer_rows(n) // found.block) * found.block
+    if not grows and length > key_rows(call.cache.keys) or found.top_k * found.block >= length:
+        return None
+    cells = block_selection(call.mask, found, blocks)
+    if cells is None:
+        return None
+    return Plan("attention", length, lambda: _routed(call, length, *cells))
+
+
+def block_selection(mask: Any, found: BlockSelection, blocks: int) -> tuple[Any, Any] | None:
+    """``(mask per selection head [B, H, L, S], each row's cells [B, H, L, top_k * block])`` when ``mask`` holds
+    as :class:`BlockSelection` says on its values (the module docstring), else None."""
+    import mlx.core as mx
+
+    b, hq, rows, n = mask.shape
+    if mask.dtype != mx.bool_ or hq % found.heads:
+        return None
+    group = hq // found.heads
+    per_head = mask[:, ::group] if group > 1 else mask
+    padded = pad_last(per_head, blocks * found.block - n) if blocks * found.block > n else per_head
+    occupied = padded.reshape(b, found.heads, rows, blocks, found.block).any(axis=-1)
+    same = mx.array_equal(mx.repeat(per_head, group, axis=1), mask) if group > 1 else mx.array(True)
+    fits = mx.all(occupied.sum(axis=-1) <= found.top_k)
+    keyed = mx.all(occupied.any(axis=-1))
+    mx.eval(same, fits, keyed)
+    if not (same.item() and fits.item() and keyed.item()):
+        return None
+    top = mx.argpartition(-occupied.astype(mx.int32), kth=found.top_k - 1, axis=-1)[..., : found.top_k]
+    cells = top.astype(mx.int32)[..., None] * found.block + mx.arange(found.block, dtype=mx.int32)
+    return per_head, cells.reshape(b, found.heads, rows, found.top_k * found.block)
+
+
+def _routed(call: Any, length: int, per_head: Any, cells: Any) -> Routed:
+    """The ``selected_attention`` arguments over the buffer cut to ``length`` rows (grown to them first)."""
+    cache = call.cache
+    grow(cache, length, call.recorded)
+    keys, values = first_rows(cache.keys, length), first_rows(cache.values, length)
+    mask = pad_last(per_head, length - key_rows(call.keys))
+    arrays = [call.queries, keys, values, mask, cells]
+    return Routed("selected_attention", (*arrays, call.scale), arrays)
+
+
+__all__ = [
+    "BLOCK_MASKS", "SELECTIONS", "BlockSelection", "block_mask_recorder", "block_selection", "mlx_lm_block_mask",
+    "mlx_vlm_block_mask", "patches", "selected_plan",
+]  # fmt: skip
