@@ -114,3 +114,22 @@ def test_the_sparse_calls_gather_their_selected_blocks_by_default(model):
     assert rows >= {1, 7} and rows & {2, 3}  # decode, the prefill's chunks and the verify steps
     for s in selected:
         assert s.ops["qsa_gather"] >= 2 and any(r.pass_name == "dsa-gather" and r.kind == "applied" for r in s.remarks)
+
+
+@requires("mlx_vlm")
+@pytest.mark.parametrize("family", ["minimax_m3_vl", "minimax_m3"])
+def test_mlx_vlms_minimax_m3_gathers_its_selected_blocks(family):
+    """mlx-vlm's MiniMax-M3 (off Metal: its indexed kernel does not serve) through its MiniMaxM3KVCache, the mlx-vlm
+    sweep's tiny sparse configuration: greedy tokens are the plain model's, every call is routed and the sparse
+    layer's calls are the gathered selected_attention program."""
+    from attnpass.backends.mlx import optimize
+
+    sweep, lm = load_example("mlx_vlm_sweep"), load_example("mlx_lm_sweep")
+    model = sweep.MLX_VLM.model(family)
+    plain = lm.greedy(model)
+    with optimize(model, min_keys=0) as opt:
+        tokens = lm.greedy(model)
+    assert tokens == plain
+    assert opt.routed and set(opt.declined) <= {"fused_kernel_serves"}
+    selected = opt.programs["selected_attention"].specializations
+    assert selected and all(s.ops["qsa_gather"] >= 2 for s in selected)
