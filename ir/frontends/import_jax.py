@@ -112,6 +112,17 @@ def _liveness(jaxpr: Any, wanted: list[bool]) -> tuple[list[bool], set]:
     return keep, live
 
 
+def _without_dead_code(closed: Any) -> Any:
+    """``closed`` after JAX's own dead-code elimination (every input kept): it looks into calls, so an input of a
+    ``checkpoint`` or ``jit`` that only the call's dead outputs need (an RNG stream nnx threads through MaxText's
+    layers) is dropped from the call, where :func:`_liveness`, which keeps every input of a call it keeps, cannot."""
+    from jax.extend.core import ClosedJaxpr
+    from jax.interpreters import partial_eval as pe
+
+    jaxpr, _used = pe.dce_jaxpr(closed.jaxpr, True, instantiate=True)
+    return closed if jaxpr is closed.jaxpr else ClosedJaxpr(jaxpr, closed.consts)
+
+
 def _key_type(dtype: Any) -> bool:
     """Whether ``dtype`` is a typed PRNG key's (``jax.random.key``: ``key<fry>``)."""
     import jax
@@ -254,7 +265,20 @@ class _Importer:
             return self._scatter_window(operand, indices, updates, dn, clip)
         return self._scatter_rows(operand, indices, updates, dn, clip)
 
-    def _scatter_window(self, operand: str, indices: str, updates: str, dn: Any, clip: bool) -> str:
+    def scatter_add(self, operand: str, indices: str, updates: str, params: dict) -> str:
+        """``lax.scatter_add`` (``x.at[i].add(u)``) of one window: the window read at the index, ``u`` added, written
+        back as ``scatter`` writes it (dropped where it does not fit, or the index clamped). Several windows may
+        overlap and add up: declined."""
+        dn, index_shape = params["dimension_numbers"], self.b.type(indices).shape
+        if dn.operand_batching_dims or math.prod(index_shape[:-1]) != 1:
+            raise ModelImportError(
+                f"scatter-add of indices {list(index_shape)} ({dn}): only one window is supported (x.at[i].add(u))"
+            )
+        return self._scatter_window(operand, indices, updates, dn, "CLIP" in str(params.get("mode")), add=True)
+
+    def _scatter_window(
+        self, operand: str, indices: str, updates: str, dn: Any, clip: bool, *, add: bool = False
+    ) -> str:
         b = self.b
         shape, index_shape = b.type(operand).shape, b.type(indices).shape
         inserted = {int(d) for d in dn.inserted_window_dims}
@@ -266,6 +290,9 @@ class _Importer:
         coordinates = {axis: b.slice_axis(point, 0, j, j + 1) for j, axis in enumerate(scattered)}
         zero = b.reshape(b.scalar(0, DType.int32), [1])
         start = b.concat([coordinates.get(axis, zero) for axis in range(len(shape))], 0) if shape else None
+        if add:  # what is there (read with the start clamped as the write clamps it), plus the update
+            starts = [b.slice_axis(start, 0, a, a + 1) for a in range(len(shape))]
+            update = b.op("add", [self.dynamic_slice(operand, starts, tuple(window)), update])
         written = self.dynamic_update_slice(operand, update, start)
         if clip or not coordinates:
             return written
@@ -673,6 +700,11 @@ def _scatter_rule(imp: "_Importer", params: dict, x: list[str], eqn: Any) -> lis
     return [imp.scatter(x[0], x[1], x[2], params)]
 
 
+@importer("scatter-add")
+def _scatter_add_rule(imp: "_Importer", params: dict, x: list[str], eqn: Any) -> list[str]:
+    return [imp.scatter_add(x[0], x[1], x[2], params)]
+
+
 @importer("iota")
 def _iota(imp: "_Importer", params: dict, x: list[str], eqn: Any) -> list[str]:
     dtype = dtype_of(str(params["dtype"]), "iota")
@@ -912,6 +944,7 @@ def from_jax(
         closed = jax.make_jaxpr(fn)(*example_args)
     except Exception as exc:  # whatever fn raises is named, with its line and JAX's message
         raise traced_error("from_jax", fn, example_args, exc, _raised_at(exc)) from exc
+    closed = _without_dead_code(closed)
     b = GraphBuilder(graph_name(fn, name), inline_limit)
     arg_names = parameter_names(fn, len(example_args))
     args = []

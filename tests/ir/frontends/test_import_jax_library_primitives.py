@@ -376,12 +376,55 @@ def test_dead_equations_are_skipped_before_a_rule_can_refuse_them(rng):
     assert imported.graph.inputs == ("x", "lengths")
 
 
+def test_an_input_only_the_dead_outputs_of_a_call_read_is_not_imported(rng):
+    """JAX's own dead-code elimination looks into calls: a key threaded through a ``checkpoint``'d layer (as nnx
+    threads its RNG streams through MaxText's layers), whose result only the call's dead outputs carry, is dropped
+    with everything that computes it (the key's ``random_seed`` and ``random_fold_in`` have no rule)."""
+    x = rng.standard_normal((2, 6)).astype(np.float32)
+
+    @jax.checkpoint
+    def layer(x, key):
+        return jnp.abs(x) - 1, jax.random.fold_in(key, 1), jax.random.normal(key, x.shape)
+
+    def fn(x):
+        key = jax.random.key(0)
+        h, key, _noise = layer(x, key)
+        h, _key, _noise = layer(h, key)
+        return h * 2
+
+    imported = _check(fn, x)
+    assert imported.graph.inputs == ("x",) and not imported.params
+    assert sorted(set(_ops(imported.graph))) == ["abs", "constant", "mul", "sub"]
+
+
+@pytest.mark.parametrize("mode", [None, "clip", "drop"])
+def test_scatter_add_of_one_window_adds_where_the_window_fits(rng, mode):
+    """``x.at[i].add(u)`` of one window (MaxText's cache length counters, a row of a cache): bit for bit, a window
+    past the end dropped (``FILL_OR_DROP``, the default) or its index clamped (``clip``); the whole operand with
+    no index (``lengths.at[:].add(1)``)."""
+    x = rng.standard_normal((5, 4)).astype(np.float32)
+    row = rng.standard_normal((4,)).astype(np.float32)
+    part = rng.standard_normal((3,)).astype(np.float32)
+    for i in (np.int32(1), np.int32(4), np.int32(7), np.int32(-1)):
+        _check(lambda x, row, i: x.at[i].add(row, mode=mode), x, row, i)
+        _check(lambda x, part, i: x.at[i, 1:].add(part, mode=mode), x, part, i)
+    lengths = np.array([3, 0, 7], np.int32)
+    imported = _check(lambda n: n.at[:].add(1), lengths)
+    assert "scatter" not in " ".join(_ops(imported.graph))
+
+
+def test_scatter_add_of_several_windows_is_declined_by_name(rng):
+    x = np.zeros((5,), np.float32)
+    with pytest.raises(ModelImportError, match=r"scatter-add of indices \[3, 1\].*only one window"):
+        from_jax(lambda x: x.at[np.array([0, 2, 2])].add(1.0), x)
+
+
 def test_a_live_unsupported_primitive_is_one_error_naming_it(rng):
     x = np.zeros((3,), np.int32)
     with pytest.raises(ModelImportError) as err:
-        from_jax(lambda n: n.at[0].add(1), x)
+        from_jax(lambda n: jnp.sort(n), x)
     message = str(err.value)
-    assert message.startswith("unsupported JAX primitive scatter-add; the JAX importer supports ")
+    assert message.startswith("unsupported JAX primitive sort; the JAX importer supports ")
     assert "top_k" in message and "pad" in message and "sharding_constraint" in message and "equation #" in message
 
 
