@@ -150,6 +150,19 @@ def selected_attention(queries: Any, keys: Any, values: Any, mask: Any, idx: Any
     return ops.reshape(out, (b, hq, rows, dv))
 
 
+def token_attention(queries: Any, latent: Any, mask: Any, idx: Any, scale: float) -> Any:
+    """An absorbed latent call (keys and values the one latent) with its additive ``mask`` kept only on each row's
+    top-k cells ``idx`` ``[B, 1, L, K]`` (the rest ``finfo.min``), the form ``dsa-gather`` gathers: one gather of
+    the latent per row."""
+    import numpy as np
+
+    b, _, rows, _ = idx.shape
+    hidden = ops.constant(np.zeros((b, 1, rows, latent.shape[2]), bool))
+    selected = ops.put_along_axis(hidden, idx, ops.constant(True), axis=-1)
+    mask = ops.where(selected, mask, float(mask.dtype.finfo.min))
+    return ops.sdpa(queries, latent, latent, mask=mask, scale=scale)
+
+
 @dataclass(frozen=True)
 class ProgramSpec:
     """One program: its function, whether it is traced (:mod:`attnpass.ir.ops`) rather than exported from MLX,
@@ -183,6 +196,7 @@ PROGRAMS: dict[str, ProgramSpec] = {
     "mla_attention": ProgramSpec(mla_attention, traced=True, bound="mla", latent=True, numerics=LATENT),
     "dsa_attention": ProgramSpec(dsa_attention, traced=True, bound="mla", latent=True, tokens=True, numerics=LATENT),
     "selected_attention": ProgramSpec(selected_attention, traced=True, bound="float", tokens=True, numerics=GATHERED),
+    "token_attention": ProgramSpec(token_attention, traced=True, bound="float", tokens=True, numerics=GATHERED),
 }
 
 
@@ -276,5 +290,5 @@ def _tokens_promised(p: Pass) -> Pass:
 __all__ = [
     "PROGRAMS", "OpsFrontend", "ProgramSpec", "attention", "compile_program", "dsa_attention", "kept_expanded",
     "kept_fused", "kept_masked", "mla_attention", "qsa_attention", "qsa_quantized_attention", "quantized_attention",
-    "selected_attention", "structured_attention",
+    "selected_attention", "structured_attention", "token_attention",
 ]  # fmt: skip

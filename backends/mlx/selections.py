@@ -22,6 +22,12 @@ Each row's cells are then its ``top_k`` most occupied blocks (every occupied one
 whose cells the mask hides), and the program attends ``where(cells selected, mask, False)``: on every cell what
 the mask says, so the gather reads exactly the keys the model attends. Otherwise the call stays the cache's own
 masked plan.
+
+Token selections over an MLA latent (:func:`latent_plan`): mlx-vlm's LongCat-Flash-Sparse attends a call of a few
+rows in the latent form (keys *are* values *are* the cached latent it fetched) under its rope scores masked to the
+top-k tokens its ``Indexer`` returned (a row of :data:`TOKEN_INDEXERS`, recorded). When the mask is, on its values,
+one recorded top-k of itself (every other cell at or below ``finfo.min``, a selected cell above it in every row),
+the call goes to ``token_attention``: one gather of the latent per row.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .buffers import buffer_rows, first_rows, grow
-from .calls import Call, Patch, Plan, Routed, key_rows, recorder
+from .calls import Call, Patch, Plan, Routed, key_rows, last_fetch, offset, recorder, unchanged_decline
 from .masks import pad_last
 
 SELECTIONS = "block selections"  # the notes of the block masks built in a call: id -> (mask, BlockSelection)
@@ -82,12 +88,95 @@ def block_mask_recorder(reads: Callable[..., BlockSelection | None]) -> Callable
 
 
 def patches() -> list[Patch]:
-    """The recorders of the block-mask builders of the model modules imported."""
+    """The recorders of the block-mask builders and token indexers of the model modules imported."""
     found: list[Patch] = []
     for (module, owner, method), reads in BLOCK_MASKS.items():
         if module in sys.modules:
             found.append((getattr(importlib.import_module(module), owner), method, block_mask_recorder(reads)))
+    for module, owner, method in TOKEN_INDEXERS:
+        if module in sys.modules:
+            found.append((getattr(importlib.import_module(module), owner), method, recorder(note_token_selection)))
     return found
+
+
+TOKEN_SELECTIONS = "token selections"  # the notes of the top-k indices an indexer returned in a call: id -> idx
+
+# (module, class, method) of each token indexer: it returns each row's top-k key positions, [B, 1, L, K], distinct
+# (an argpartition's last K) and below the keys it scored (the cache's fetch), or None (every key fits)
+TOKEN_INDEXERS = (("mlx_vlm.models.longcat_flash_sparse.language", "Indexer", "__call__"),)
+
+
+def note_token_selection(call: Call, result: Any, *_: Any, **__: Any) -> None:
+    """The top-k an indexer returned (None: every key fits, nothing to note)."""
+    if result is not None:
+        call.notes(TOKEN_SELECTIONS)[id(result)] = result
+
+
+def latent_plan(call: Any, grows: bool) -> Plan | None:
+    """The ``token_attention`` plan of an absorbed latent call (keys *are* values *are* the cache's last fetched
+    keys: MLA's latent, the queries already in its space) whose additive mask is, on its values, a top-k an indexer
+    returned in this call (:func:`selection_holds`: every unselected cell at or below ``finfo.min``,
+    every row a selected cell above it); None otherwise."""
+    cache, keys = call.cache, call.keys
+    fetch = last_fetch(cache, call.recorded)
+    if keys is not call.values or fetch is None or keys is not fetch.keys or call.sinks is not None:
+        return None
+    n = key_rows(keys)
+    if unchanged_decline(cache, fetch, offset, call.recorded) is not None or not n == cache.offset <= key_rows(
+        cache.keys
+    ):
+        return None
+    mask = call.mask
+    if mask is None or isinstance(mask, str) or mask.ndim != 4 or mask.shape[2:] != (call.rows, n):
+        return None
+    length = buffer_rows(n, None if grows else key_rows(cache.keys))
+    idx = recorded_top_k(call, n)
+    return None if idx is None else Plan("attention", length, lambda: _latent_routed(call, length, idx))
+
+
+def recorded_top_k(call: Any, n: int) -> Any:
+    """The last top-k a token indexer returned in this call (:data:`TOKEN_INDEXERS`) that the call's mask, over
+    ``n`` keys, selects (:func:`selection_holds`); None if none does."""
+    mask = call.mask
+    for idx in reversed(call.recorded.notes(TOKEN_SELECTIONS).values()):
+        if idx.shape[:3] == (mask.shape[0], 1, call.rows) and selection_holds(mask, idx, n):
+            return idx
+    return None
+
+
+def _latent_routed(call: Any, length: int, idx: Any) -> Routed:
+    """The ``token_attention`` arguments over the latent buffer cut to ``length`` rows (grown to them first)."""
+    cache = call.cache
+    grow(cache, length, call.recorded)
+    latent = first_rows(cache.keys, length)
+    mask = pad_last(call.mask, length - key_rows(call.keys))
+    arrays = [call.queries, latent, mask, idx.astype(_int32())]
+    return Routed("token_attention", (*arrays, call.scale), arrays)
+
+
+def _int32() -> Any:
+    import mlx.core as mx
+
+    return mx.int32
+
+
+def selection_holds(mask: Any, idx: Any, n: int) -> bool:
+    """Whether the additive ``mask`` ``[B, H|1, L, n]`` is, on its values, the head-shared selection ``idx``
+    ``[B, 1, L, K]`` (K < n) of itself: every cell outside the selection at or below ``finfo.min`` (so
+    ``where(selected, mask, finfo.min)`` attends as ``mask`` does) and in every row a selected cell above it (the
+    gathered softmax then weighs the same cells)."""
+    import mlx.core as mx
+
+    if idx.ndim != 4 or idx.shape[:3] != (mask.shape[0], 1, mask.shape[2]) or idx.shape[3] >= n:
+        return False
+    b, _, rows, k = idx.shape
+    low = mx.array(mx.finfo(mask.dtype).min, mask.dtype)
+    selected = mx.put_along_axis(mx.zeros((b, 1, rows, n), mx.bool_), idx, mx.array(True), axis=-1)
+    outside = mx.any(mx.logical_and(mx.logical_not(selected), mask > low))
+    kept = mx.take_along_axis(mask, mx.broadcast_to(idx, (*mask.shape[:3], k)), axis=-1)
+    every_row = mx.all(kept.max(axis=-1) > low)
+    mx.eval(outside, every_row)
+    return not outside.item() and every_row.item()
 
 
 def selected_plan(call: Any, grows: bool) -> Plan | None:
@@ -142,5 +231,6 @@ def _routed(call: Any, length: int, per_head: Any, cells: Any) -> Routed:
 
 __all__ = [
     "BLOCK_MASKS", "SELECTIONS", "BlockSelection", "block_mask_recorder", "block_selection", "mlx_lm_block_mask",
-    "mlx_vlm_block_mask", "patches", "selected_plan",
+    "TOKEN_INDEXERS", "TOKEN_SELECTIONS", "latent_plan", "mlx_vlm_block_mask", "note_token_selection", "patches",
+    "recorded_top_k", "selected_plan", "selection_holds",
 ]  # fmt: skip

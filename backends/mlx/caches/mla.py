@@ -23,19 +23,24 @@ finfo.min, every row a selected cell above it: checked on the arrays, :func:`sel
 
 from __future__ import annotations
 
+import dataclasses
+import sys
 from typing import Any
 
 from attnpass.passes import Decline
 
 from ..buffers import buffer_rows, first_rows, words
+from ..selections import latent_plan, recorded_top_k, selection_holds
 from ..calls import Call, Patch, classes, last_fetch, recorder
 from ..masks import pad_last
 from .base import CacheAdapter, HelperCall, Plan, Routed
 
 MLA = "mlx_lm.models.mla"
+MLAS = (MLA, "mlx_vlm.models.mla")  # the modules whose MultiLinear and QuantizedMultiLinear the proofs record
 DSA = "mlx_lm.models.deepseek_v32"
 
 
+LINEARS = ("MultiLinear", "QuantizedMultiLinear")
 PROJECTIONS = "mla projections"  # the notes of what each MultiLinear returned: id -> (out, layer, input, transpose)
 INDEXED = "dsa top-k"  # the notes of each DSA indexer's top-k, by its cache: id -> (cache, top-k or None)
 
@@ -52,13 +57,12 @@ def note_selection(call: Call, out: Any, indexer: Any, x: Any, qr: Any, mask: An
 
 
 def patches() -> list[Patch]:
-    """The recorders of the MLA proofs: the projections' outputs and the DSA indexer's top-k."""
-    linear, quantized = classes(MLA, "MultiLinear", "QuantizedMultiLinear")
-    indexer = classes(DSA, "Indexer")[0]
-    return [
-        (linear, "__call__", recorder(note_projection)), (quantized, "__call__", recorder(note_projection)),
-        (indexer, "__call__", recorder(note_selection)),
-    ]  # fmt: skip
+    """The recorders of the MLA proofs: the projections' outputs (mlx-lm's, and mlx-vlm's once imported) and the
+    DSA indexer's top-k."""
+    found = [(classes(DSA, "Indexer")[0], "__call__", recorder(note_selection))]
+    for module in (m for m in MLAS if m == MLA or m in sys.modules):
+        found += [(layer, "__call__", recorder(note_projection)) for layer in classes(module, *LINEARS)]
+    return found
 
 
 def involved(call: HelperCall, cache: Any) -> bool:
@@ -92,8 +96,8 @@ def decline(call: HelperCall, cache: Any) -> Decline | None:
             "mla_not_projections", "the keys and values are not embed_q(latent, transpose=False) and "
             "unembed_out(latent) of one latent (mistral4 concatenates the rope keys to them)",
         )  # fmt: skip
-    linear = classes(MLA, "MultiLinear")[0]
-    quantized = [type(p[1]).__name__ for p in (keys, values) if type(p[1]) is not linear]
+    linear = {classes(m, "MultiLinear")[0] for m in MLAS if m == MLA or m in sys.modules}
+    quantized = [type(p[1]).__name__ for p in (keys, values) if type(p[1]) not in linear]
     if quantized:
         message = f"the keys or values are a {quantized[0]}'s output: only float MultiLinear projections are routed"
         return Decline("mla_quantized", message, data={"projection": quantized[0]})
@@ -144,31 +148,13 @@ def route(call: HelperCall, cache: Any, companions: tuple = ()) -> Routed:
 
 
 def _selection(call: HelperCall, companions: tuple, n: int) -> Any:
-    """The top-k an indexer cache among ``companions`` recorded in this call, when the mask selects it."""
+    """The top-k an indexer cache among ``companions`` recorded in this call, or one a token indexer returned
+    (:data:`~..selections.TOKEN_INDEXERS`), when the mask selects it."""
     for companion in companions:
         held, idx = call.recorded.notes(INDEXED).get(id(companion), (None, None))
         if held is companion and idx is not None and selection_holds(call.mask, idx, n):
             return idx
-    return None
-
-
-def selection_holds(mask: Any, idx: Any, n: int) -> bool:
-    """Whether the additive ``mask`` ``[B, H|1, L, n]`` is, on its values, the head-shared selection ``idx``
-    ``[B, 1, L, K]`` (K < n) of itself: every cell outside the selection at or below ``finfo.min`` (so
-    ``where(selected, mask, finfo.min)`` attends as ``mask`` does) and in every row a selected cell above it (the
-    gathered softmax then weighs the same cells)."""
-    import mlx.core as mx
-
-    if idx.ndim != 4 or idx.shape[:3] != (mask.shape[0], 1, mask.shape[2]) or idx.shape[3] >= n:
-        return False
-    b, _, rows, k = idx.shape
-    low = mx.array(mx.finfo(mask.dtype).min, mask.dtype)
-    selected = mx.put_along_axis(mx.zeros((b, 1, rows, n), mx.bool_), idx, mx.array(True), axis=-1)
-    outside = mx.any(mx.logical_and(mx.logical_not(selected), mask > low))
-    kept = mx.take_along_axis(mask, mx.broadcast_to(idx, (*mask.shape[:3], k)), axis=-1)
-    every_row = mx.all(kept.max(axis=-1) > low)
-    mx.eval(outside, every_row)
-    return not outside.item() and every_row.item()
+    return recorded_top_k(call, n)
 
 
 def plan(call: HelperCall, cache: Any, companions: tuple = ()) -> Decline | Plan:
@@ -195,10 +181,13 @@ class LatentHolder(CacheAdapter):
 
     def plan(self, call: HelperCall) -> Decline | Plan:
         held = self.latent(call)
-        return super().plan(call) if held is None else plan(call, *held)
+        if held is None:
+            return super().plan(call)
+        gathered = latent_plan(dataclasses.replace(call, cache=held[0]), grows=False)
+        return plan(call, *held) if gathered is None else gathered
 
 
 __all__ = [
     "INDEXED", "PROJECTIONS", "LatentHolder", "decline", "involved", "note_projection", "note_selection", "patches",
-    "plan", "route", "selection_holds",
+    "plan", "route",
 ]  # fmt: skip

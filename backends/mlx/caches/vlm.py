@@ -14,12 +14,13 @@ from .base import MLX_VLM, register
 from .batch import BatchKVCache
 from .chunked import ChunkedKVCache
 from .kv import Buffered
+from .mla import LatentHolder
 from .rotating import RotatingKVCache
 
 
 @register
-class VLMKVCache(Buffered):
-    """mlx-vlm's plain cache (its MLA families' latents are never a fetch the helper receives: declined there)."""
+class VLMKVCache(LatentHolder, Buffered):
+    """mlx-vlm's plain cache; it may hold an MLA latent (:mod:`.mla`, with mlx-vlm's ``MultiLinear``)."""
 
     module, name = MLX_VLM, "KVCache"
     grows = True
