@@ -32,3 +32,20 @@ def test_the_indexer_benchmark_finds_the_tiled_form_bit_for_bit():
     )  # fmt: skip
     assert found.returncode == 0, found.stderr[-3000:]
     assert "tiled scores bit for bit the model form's: True; top-2048 identical: True" in found.stdout
+
+
+@requires("mlx.core", "mlx_lm", "mlx_vlm")
+def test_the_sparse_layer_benchmark_routes_both_families_within_the_gathered_bound():
+    """One 4-row call per family at 4,096 keys (above the 2,048 each row keeps): every optimized call routed, the
+    outputs within the gathered programs' float32 bound."""
+    found = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "sparse_layers.py"), "--contexts", "4096", "--rows", "4",
+         "--reps", "1"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert found.returncode == 0, found.stderr[-3000:]
+    rows = [line.split("|") for line in found.stdout.splitlines() if line.startswith("| minimax_m3") or
+            line.startswith("| longcat")]  # fmt: skip
+    assert len(rows) == 2 and all(float(row[8]) < 1e-5 for row in rows)
+    assert "minimax_m3 float32: routed 2, declined {}" in found.stdout
+    assert "longcat float32: routed 2, declined {}" in found.stdout
