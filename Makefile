@@ -23,8 +23,11 @@ STAMP_SERVERS := $(VENV_SERVERS)/.installed
 VENV_OLDEST := .venv-mlx-lm-oldest
 PY_OLDEST := $(VENV_OLDEST)/bin/python
 STAMP_OLDEST := $(VENV_OLDEST)/.installed
+VENV_OPENAI := .venv-mlx-openai-server
+PY_OPENAI := $(VENV_OPENAI)/bin/python
+STAMP_OPENAI := $(VENV_OPENAI)/.installed
 
-.PHONY: test test-servers test-mlx-lm-oldest versions-mlx-lm-oldest test-core demo versions versions-core fuzz zoo zoo-vlm zoo-dtypes bench clean peer-mlx-lm peer-mlx-vlm
+.PHONY: test test-servers test-mlx-openai-server test-mlx-lm-oldest versions-mlx-lm-oldest test-core demo versions versions-core fuzz zoo zoo-vlm zoo-dtypes bench clean peer-mlx-lm peer-mlx-vlm
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -177,6 +180,28 @@ $(STAMP_SERVERS): pyproject.toml
 test-servers: $(STAMP_SERVERS)
 	$(PY_SERVERS) -m pytest -q tests/cli/test_launch_vllm_mlx.py
 
+# `make test-mlx-openai-server`: mlx-openai-server 1.8.1 beside `attnpass mlx-openai-server launch`
+# (tests/cli/test_launch_mlx_openai_server.py), in .venv-mlx-openai-server. The server pins mlx-lm 0.31 (>= 0.31.3),
+# mlx-vlm 0.4, mflux 0.17 and mlx >= 0.31.2; mflux 0.17 pins mlx < 0.32 (on Linux as mlx[cuda13], whose 0.31 series
+# has no 0.31.2: pip cannot resolve the server there). So mflux (image generation only) goes in without its requirements, and mlx[cpu] 0.31.2, the mlx that
+# these pins leave, with the rest of both packages' requirements (.ci/requirements_of.py); attnpass without its
+# mlx extra (mlx >= 0.32.4). torch and torchvision as in test-servers. attnpass is not supported on this mlx: the
+# drop-in tests (tests/backends/mlx_backend) there gave 29 failed and 21 errors of 260 (mlx-vlm 0.4 lacks the families
+# and caches of 0.7; routed float32 calls 1 ulp from mlx-lm's helper, not bit for bit; one run segfaulted in
+# test_masks), so only the server's test runs. Measured on 2 shared cores (load 5-6): 5 minutes to install, 2.5 to test.
+$(STAMP_OPENAI): pyproject.toml
+	$(PYTHON) -m venv $(VENV_OPENAI)
+	$(PY_OPENAI) -m pip install --quiet --upgrade pip packaging
+	$(PY_OPENAI) -m pip install --quiet --no-deps mlx-openai-server==1.8.1 mflux==0.17.5
+	$(PY_OPENAI) .ci/requirements_of.py mlx-openai-server mflux --drop mlx --drop mflux > $(VENV_OPENAI)/requirements.txt
+	$(PY_OPENAI) -m pip install --quiet torch==2.14.1 torchvision==0.29.1
+	$(PY_OPENAI) -m pip install --quiet -e ".[dev]" "mlx[cpu]==0.31.2" mlx-lm==0.31.3 torch==2.14.1 \
+		torchvision==0.29.1 openai -r $(VENV_OPENAI)/requirements.txt
+	touch $(STAMP_OPENAI)
+
+test-mlx-openai-server: $(STAMP_OPENAI)
+	$(PY_OPENAI) -m pytest -q tests/cli/test_launch_mlx_openai_server.py
+
 # `make test-mlx-lm-oldest`: the drop-in tests on the oldest mlx-lm supported, 0.31.3 (what vllm-mlx 0.6.0,
 # mlx-openai-server 1.8.1 and mlx-omni-server 0.5.3 pin), in .venv-mlx-lm-oldest: the mlx, dev and clients extras (mlx-vlm
 # requires no mlx-lm) with mlx-lm==0.31.3, no jax, torch or flax. The set: tests/backends/mlx_backend, the mlx-lm
@@ -200,4 +225,4 @@ versions-mlx-lm-oldest: $(STAMP_OLDEST)
 	@$(PY_OLDEST) .ci/versions.py
 
 clean:
-	rm -rf $(VENV) $(VENV_CORE) $(VENV_SERVERS) $(VENV_OLDEST) build *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) $(VENV_CORE) $(VENV_SERVERS) $(VENV_OLDEST) $(VENV_OPENAI) build *.egg-info .pytest_cache .hypothesis

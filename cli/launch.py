@@ -1,13 +1,14 @@
-"""``attnpass mlx-lm|mlx-vlm|vllm-mlx COMMAND ARGS...``: a model library's own entry point, its models optimized.
+"""``attnpass mlx-lm|mlx-vlm|vllm-mlx|mlx-openai-server COMMAND ARGS...``: a library's own entry point, its models
+optimized.
 
 :func:`run` calls the entry point's ``main()`` (:data:`ENTRY_POINTS`: mlx-lm's ``generate``, ``chat`` and
-``server``, mlx-vlm's ``generate`` and ``server``, vllm-mlx's ``serve``) with ``ARGS`` as its command line, untouched,
-while the loaders it calls (the names its module imported: ``load``, ``sharded_load``, mlx-vlm's ``load_drafter``,
-vllm-mlx's ``load_model_with_fallback``) are wrapped: every
-model they return goes through :func:`attnpass.backends.mlx.optimize` with attnpass's :class:`Options`
-before the command sees it (the draft model of ``--draft-model`` too). A model that optimize cannot route
-runs plain, with one warning (``strict``: an error). A loader that fails raises an
-:class:`~attnpass.ir.AttnpassError` naming the command and the model.
+``server``, mlx-vlm's ``generate`` and ``server``, vllm-mlx's ``serve``, mlx-openai-server's ``launch``) with
+``ARGS`` as its command line, untouched, while the loaders it calls (the names its module imported: ``load``,
+``sharded_load``, mlx-vlm's ``load_drafter``, vllm-mlx's ``load_model_with_fallback``) are wrapped: every model they
+return goes through :func:`attnpass.backends.mlx.optimize` with attnpass's :class:`Options` before the command sees it
+(the draft model of ``--draft-model`` too). A model that optimize cannot route runs plain, with one warning
+(``strict``: an error). A loader that fails raises an :class:`~attnpass.ir.AttnpassError` naming the command and the
+model.
 
 Contract: stdout stays the entry point's; attnpass writes to stderr only. When the command ends (it returns,
 fails, or is stopped by SIGINT or SIGTERM: both raise :class:`Stopped`, a ``KeyboardInterrupt``, so that
@@ -28,7 +29,10 @@ mlx-vlm's server and vllm-mlx's, FastAPI apps run by uvicorn (:class:`AppHooks`)
 checked before mlx-vlm is imported (a model that fails to load past that check is mlx-vlm's own failure: its
 and uvicorn's logged tracebacks, status 3), :data:`SUMMARY_PATH` is a route of its app (behind its API key),
 the summary is printed when uvicorn has shut down on SIGINT or SIGTERM, and its generation thread is stopped
-before the process exits. ``--reload`` (the app served from a new process) is refused.
+before the process exits. ``--reload`` (the app served from a new process) is refused. mlx-openai-server creates
+its app when it starts (``AppHooks.made_by``) and loads each model in a spawned process (``EntryPoint.spawned``):
+the loaders are wrapped there, and that process's session writes its models to a folder the command's session
+reads, for the route and the summary (printed after uvicorn's shutdown has ended those processes).
 
 Imports only the standard library: ``attnpass --help`` lists the commands from :data:`ENTRY_POINTS` cheaply.
 """
@@ -41,9 +45,12 @@ import functools
 import importlib
 import io
 import json
+import os
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import threading
 import warnings
 from collections import Counter
@@ -79,11 +86,15 @@ class AppHooks:
     shuts down, restores the handlers it found (the session's) and raises the signal again, so the session prints
     its summary and the command ends as stopped. ``stop`` (``"module:name"``), called with no arguments when the
     command ends, stops the threads the app started that use MLX: a generation thread left to the interpreter's
-    exit holds MLX streams there, and MLX aborts ("terminate called without an active exception")."""
+    exit holds MLX streams there, and MLX aborts ("terminate called without an active exception"). ``made_by``
+    (``"module:name"``): the function the command calls to create the app, by the name its caller looks up
+    (mlx-openai-server's ``setup_server``, as ``app.main`` imported it); the route is added to ``app`` when it
+    returns."""
 
     app: str
     guard: str | None = None
     stop: str | None = None
+    made_by: str | None = None  # the function that creates ``app`` when the command runs (it is None until then)
 
 
 @dataclass(frozen=True)
@@ -97,7 +108,9 @@ class EntryPoint:
     (checked, with its ``--model`` folder, before the library is imported: :func:`_preflight`), and its options
     that attnpass refuses, with why. ``args``: the words its ``main`` reads before ``ARGS`` (a subcommand of
     its own, vllm-mlx's ``serve``); ``model``: where its command line names the model, an option or the position
-    of a positional argument (checked only there)."""
+    of a positional argument (checked only there). ``spawned``: the functions the server runs as the target of a
+    spawned process that loads the models (mlx-openai-server's handler process): there the loaders are wrapped
+    by a session of that process, whose models the command's session reads (:func:`_spawned`)."""
 
     main: str
     loaders: tuple[str, ...]
@@ -109,6 +122,7 @@ class EntryPoint:
     refuses: tuple[tuple[str, str], ...] = ()
     args: tuple[str, ...] = ()
     model: str | int = "--model"
+    spawned: tuple[str, ...] = ()
 
 
 ENTRY_POINTS: dict[str, dict[str, EntryPoint]] = {
@@ -166,6 +180,19 @@ ENTRY_POINTS: dict[str, dict[str, EntryPoint]] = {
             model=0,
         ),
     },
+    "mlx-openai-server": {
+        # each model is loaded in a spawned handler process, by the name its module imported from mlx_lm.utils;
+        # a multimodal model's (mlx-vlm 0.4, below the clients extra's) runs plain
+        "launch": EntryPoint(
+            "app.cli:cli",
+            ("app.models.mlx_lm:load",),
+            server=AppHooks("app.server:app", made_by="app.main:setup_server"),  # the name start_multi calls
+            address=("0.0.0.0", 8000),
+            args=("launch",),
+            model="--model-path",
+            spawned=("app.core.handler_process:_handler_worker",),
+        ),
+    },
 }
 
 
@@ -205,9 +232,10 @@ class Session:
     Thread-safe: mlx-lm's server loads its model in its generation thread while HTTP threads read the summary.
     """
 
-    def __init__(self, label: str, options: Options) -> None:
+    def __init__(self, label: str, options: Options, remote: Path | None = None) -> None:
         self.label = label
         self.options = options
+        self.remote = remote  # where spawned processes' sessions write their models (:meth:`publishing`)
         self._models: list[tuple[str, Any]] = []  # (what the loader was given, the OptimizedModel)
         self._lock = threading.Lock()
         self._loading = threading.local()  # .active: a wrapped loader runs in this thread
@@ -254,9 +282,21 @@ class Session:
         with self._lock:
             return list(self._models)
 
+    def spawned(self) -> list[dict[str, Any]]:
+        """The models that spawned processes' sessions optimized (:meth:`as_json`'s form, with ``report_full``), as
+        they last wrote them to :attr:`remote`."""
+        found = []
+        for path in sorted(self.remote.glob("*.json")) if self.remote is not None else ():
+            try:
+                found += json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue  # gone or being replaced: os.replace makes each write whole
+        return found
+
     def lines(self) -> list[str]:
         """One line per optimized model: its calls routed, traces and calls declined by reason."""
-        return [f"attnpass: {summary_line(source, optimized)}" for source, optimized in self.models()]
+        local = [summary_line(source, optimized) for source, optimized in self.models()]
+        return [f"attnpass: {line}" for line in local + [model["summary"] for model in self.spawned()]]
 
     def report(self, full: bool = False, models: list[tuple[str, Any]] | None = None) -> str:
         """optimize's report (``OptimizedModel.explain``; ``full``: its whole form) of every model (or of
@@ -269,7 +309,13 @@ class Session:
 
     def as_json(self, full: bool = False) -> dict[str, Any]:
         """What ``GET /attnpass/summary`` answers: per model its counts, its summary line and optimize's report
-        (``full``, ``?full=1``: the whole form)."""
+        (``full``, ``?full=1``: the whole form); then the spawned processes' models."""
+        spawned = [{**m, "report": m["report_full" if full else "report"]} for m in self.spawned()]
+        for m in spawned:
+            del m["report_full"]
+        return {"command": self.label, "models": self._as_json(full) + spawned}
+
+    def _as_json(self, full: bool) -> list[dict[str, Any]]:
         models = []
         for source, optimized in self.models():
             report = io.StringIO()
@@ -280,7 +326,37 @@ class Session:
                  "declined": dict(optimized.declined), "summary": summary_line(source, optimized),
                  "report": report.getvalue()}
             )  # fmt: skip
-        return {"command": self.label, "models": models}
+        return models
+
+    @contextmanager
+    def publishing(self, path: Path, seconds: float = 0.25) -> Iterator[None]:
+        """While the block runs, this session's models (:meth:`as_json`'s, with ``report_full``) written to
+        ``path`` whenever their counts change, checked every ``seconds``, and once more when it ends: how a spawned
+        process's session reaches the command's (:meth:`spawned`)."""
+        stop = threading.Event()
+
+        def write() -> None:
+            models = [{**m, "report_full": f["report"]} for m, f in zip(self._as_json(False), self._as_json(True))]
+            partial = path.with_suffix(".part")
+            partial.write_text(json.dumps(models))
+            os.replace(partial, path)
+
+        def publish() -> None:
+            last = None
+            while not stop.wait(seconds):
+                counts = [(o.routed, o.traces, dict(o.declined)) for _, o in self.models()]
+                if counts != last:
+                    write()
+                    last = counts
+
+        thread = threading.Thread(target=publish, name="attnpass-publish", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+            write()
 
     def restore(self) -> None:
         """Undo every optimize (the models' classes, the patched clients)."""
@@ -290,14 +366,19 @@ class Session:
     def print(self, file: TextIO, *, failed: bool = False) -> None:
         """What the options ask for at the end of the command; after a failure (``failed``) only the models that
         ran an attention call are reported (a model loaded before the failure ran nothing to report)."""
-        models = self.models()
+        models, spawned = self.models(), self.spawned()
         if failed:
             models = [(source, o) for source, o in models if o.routed or sum(dict(o.declined).values())]
-        if models and (self.options.explain or self.options.explain_full):
-            file.write(self.report(self.options.explain_full, models))
-        elif models and self.options.summary:
-            for source, optimized in models:
-                print(f"attnpass: {summary_line(source, optimized)}", file=file)
+            spawned = [m for m in spawned if m["routed"] or sum(m["declined"].values())]
+        full = self.options.explain_full
+        lines = [summary_line(source, optimized) for source, optimized in models] + [m["summary"] for m in spawned]
+        if (models or spawned) and (self.options.explain or full):
+            file.write(self.report(full, models))
+            file.writelines(
+                _as_options(f"attnpass: {m['model']}:\n{m['report_full' if full else 'report']}") for m in spawned
+            )
+        elif self.options.summary:
+            file.writelines(f"attnpass: {line}\n" for line in lines)
         file.flush()
 
     @contextmanager
@@ -366,13 +447,15 @@ def run(library: str, command: str, argv: Sequence[str], options: Options, *, er
         from attnpass.passes import parse_pipeline
 
         parse_pipeline(options.pipeline)  # a mistake in it is one line now, not an error inside mlx-lm's load
+    _check_installed(label, library, entry)
     _check_reads(label, entry, argv)
     for option, why in entry.refuses:
         if option in argv or any(token.startswith(option + "=") for token in argv):
             raise ArgumentError(f"{label}: attnpass cannot run it with {option}: {why}; leave {option} out")
     if entry.address is not None:
         _preflight(label, argv, *entry.address, model=entry.model)
-    session = Session(label, options)
+    remote = Path(tempfile.mkdtemp(prefix="attnpass-")) if entry.spawned else None
+    session = Session(label, options, remote)
     main = _resolve(entry.main)
     patches = [(owner, name, session.wrap(getattr(owner, name))) for owner, name in map(_owner, entry.loaders)]
     patches.append((argparse.ArgumentParser, "error", _misplaced(label, library, command, argv)))
@@ -382,9 +465,17 @@ def run(library: str, command: str, argv: Sequence[str], options: Options, *, er
     for target in entry.threads:
         owner, name = _owner(target)
         patches.append((owner, name, _clearing_streams(getattr(owner, name))))
-    routes = []
+    for target in entry.spawned:
+        owner, name = _owner(target)
+        patches.append(
+            (owner, name, functools.partial(_spawned, _Child(library, command, options, str(remote)), target))
+        )
+    routes: list[tuple[Any, Any]] = []
     if isinstance(entry.server, ServerHooks):
         patches += _server_patches(label, entry.server)
+    elif isinstance(entry.server, AppHooks) and entry.server.made_by is not None:
+        owner, name = _owner(entry.server.made_by)
+        patches.append((owner, name, _making(session, entry.server, getattr(owner, name), routes)))
     elif isinstance(entry.server, AppHooks):
         routes.append((_resolve(entry.server.app), _summary_route(session, entry.server)))
     stopped: list[int] = []
@@ -407,6 +498,8 @@ def run(library: str, command: str, argv: Sequence[str], options: Options, *, er
         finally:
             session.print(out, failed=failed and not stopped)
             session.restore()
+            if remote is not None:
+                shutil.rmtree(remote, ignore_errors=True)
     if stopped:  # the command caught the interrupt (mlx-lm's server shuts down): report it
         raise Stopped(stopped[0])
     return status
@@ -477,6 +570,17 @@ def _status(label: str, main: Callable[[], Any]) -> int:
         text = str(exc).strip().splitlines()
         raise AttnpassError(f"{label} failed: {type(exc).__name__}: {text[0] if text else 'no message'}") from exc
     return 0
+
+
+def _check_installed(label: str, library: str, entry: EntryPoint) -> None:
+    """The package of ``entry.main`` is installed here, or one line naming the pip command that installs it (each
+    row's library is its pip name)."""
+    from importlib.util import find_spec
+
+    from attnpass.ir import AttnpassError
+
+    if find_spec(entry.main.split(".")[0].split(":")[0]) is None:
+        raise AttnpassError(f"{label}: {library} is not installed here: {sys.executable} -m pip install {library}")
 
 
 def _check_reads(label: str, entry: EntryPoint, argv: Sequence[str]) -> None:
@@ -746,6 +850,48 @@ def _clearing_streams(target: Callable[..., Any]) -> Callable[..., Any]:
             mx.clear_streams()
 
     return clearing
+
+
+@dataclass(frozen=True)
+class _Child:
+    """What a spawned process needs to wrap its loaders (:func:`_spawned`): the row, the options, and the folder
+    the command's session reads its models from. Picklable: ``spawn`` sends it to the new process."""
+
+    library: str
+    command: str
+    options: Options
+    folder: str
+
+
+def _spawned(child: _Child, target: str, *args: Any, **kwargs: Any) -> Any:
+    """A spawned process's target in place of ``target`` (``"module:name"``, imported here unpatched): ``target``
+    run with the row's loaders wrapped by a session of this process, which writes its models to the command's
+    folder (:meth:`Session.publishing`, one file per process) while it runs and when it ends."""
+    entry = ENTRY_POINTS[child.library][child.command]
+    session = Session(f"{child.library} {child.command}", child.options)
+    patches = [(owner, name, session.wrap(getattr(owner, name))) for owner, name in map(_owner, entry.loaders)]
+    try:
+        with _patched(patches), session.publishing(Path(child.folder) / f"{os.getpid()}.json"):
+            return _resolve(target)(*args, **kwargs)
+    finally:
+        session.restore()
+
+
+def _making(
+    session: Session, hooks: AppHooks, make: Callable[..., Any], routes: list[tuple[Any, Any]]
+) -> Callable[..., Any]:
+    """``make`` (``hooks.made_by``), then :data:`SUMMARY_PATH` added to the app it created (``hooks.app``) and to
+    ``routes``, which :func:`_routed` removes when the command ends."""
+
+    @functools.wraps(make)
+    def making(*args: Any, **kwargs: Any) -> Any:
+        made = make(*args, **kwargs)
+        route = (_resolve(hooks.app), _summary_route(session, hooks))
+        route[0].router.routes.insert(0, route[1])
+        routes.append(route)
+        return made
+
+    return making
 
 
 def _summary_endpoint(session: Session, do_get: Callable[[Any], None]) -> Callable[[Any], None]:

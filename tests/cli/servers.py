@@ -1,5 +1,6 @@
 """A server run as a subprocess on 127.0.0.1 for the launcher tests: its log in a file, polled until it answers,
-stopped by SIGTERM (tests/cli/test_launch_mlx_vlm.py, test_launch_vllm_mlx.py)."""
+asked with urllib or the official ``openai`` client, stopped by SIGTERM (tests/cli/test_launch_mlx_vlm.py,
+test_launch_vllm_mlx.py, test_launch_mlx_openai_server.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,10 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 
@@ -44,6 +48,40 @@ class LoggedServer:
                 pass
             time.sleep(interval)
         raise TimeoutError(f"the server on port {self.port} did not answer in {timeout} s:\n{self.log.read_text()}")
+
+    def get(self, path: str, headers: dict[str, str] | None = None) -> tuple[int, str]:
+        """``GET path``: its status and body (an HTTP error's too)."""
+        request = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", headers=headers or {})
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return response.status, response.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+    def burst(
+        self, model: str, prompts: Sequence[str], *, stream: bool, max_tokens: int, api_key: str = "none"
+    ) -> list[tuple[str, str]]:
+        """``prompts`` as chat completions at once by the ``openai`` client (greedy, ``max_tokens`` each, streamed
+        or not): each answer's text and finish reason."""
+        from openai import OpenAI
+
+        client = OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key=api_key, timeout=120, max_retries=0)
+
+        def ask(prompt: str) -> tuple[str, str]:
+            asked = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+                     "temperature": 0}  # fmt: skip
+            if not stream:
+                choice = client.chat.completions.create(**asked).choices[0]
+                return choice.message.content, choice.finish_reason
+            text, reason = [], None
+            for chunk in client.chat.completions.create(**asked, stream=True):
+                for choice in chunk.choices:
+                    text.append(choice.delta.content or "")
+                    reason = choice.finish_reason or reason
+            return "".join(text), reason
+
+        with ThreadPoolExecutor(len(prompts)) as pool:
+            return list(pool.map(ask, prompts))
 
     def stop(self, timeout: float = 60.0) -> tuple[int, str]:
         """SIGTERM, then its exit status and its whole log."""

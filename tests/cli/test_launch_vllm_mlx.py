@@ -19,8 +19,6 @@ import re
 import signal
 import subprocess
 import sys
-import urllib.request
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -29,6 +27,7 @@ from tests.cli.servers import LoggedServer
 from tests.util import requires
 
 API_KEY = "attnpass-test-key"
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
 BURST = 16
 MAX_TOKENS = 8
 # a shared prefix, then a tail of each request's own (the tiny tokenizer's words t0 .. t511; no EOS)
@@ -57,38 +56,7 @@ class Server(LoggedServer):
         return [*self.launcher, "serve", *served, *self.flags]
 
     def wait_ready(self, timeout: float = 240.0) -> None:
-        self.wait_until(lambda: self.get("/health")[0], timeout, 0.5)
-
-    def get(self, path: str, *, key: bool = True) -> tuple[int, str]:
-        headers = {"Authorization": f"Bearer {API_KEY}"} if key else {}
-        request = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", headers=headers)
-        try:
-            with urllib.request.urlopen(request, timeout=30) as response:
-                return response.status, response.read().decode()
-        except urllib.error.HTTPError as exc:
-            return exc.code, exc.read().decode()
-
-    def burst(self, model: Path, *, stream: bool) -> list[tuple[str, str]]:
-        """The 16 prompts at once (greedy, 8 tokens each): each answer's text and finish reason."""
-        from openai import OpenAI
-
-        client = OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key=API_KEY, timeout=120, max_retries=0)
-
-        def ask(prompt: str) -> tuple[str, str]:
-            asked = {"model": str(model), "messages": [{"role": "user", "content": prompt}],
-                     "max_tokens": MAX_TOKENS, "temperature": 0}  # fmt: skip
-            if not stream:
-                choice = client.chat.completions.create(**asked).choices[0]
-                return choice.message.content, choice.finish_reason
-            text, reason = [], None
-            for chunk in client.chat.completions.create(**asked, stream=True):
-                for choice in chunk.choices:
-                    text.append(choice.delta.content or "")
-                    reason = choice.finish_reason or reason
-            return "".join(text), reason
-
-        with ThreadPoolExecutor(BURST) as pool:
-            return list(pool.map(ask, PROMPTS))
+        self.wait_until(lambda: self.get("/health", AUTH)[0], timeout, 0.5)
 
 
 @requires("mlx.core", "vllm_mlx", "openai")
@@ -113,14 +81,13 @@ def test_vllm_mlx_answers_as_plain_with_its_calls_routed_and_ends_on_sigterm(mod
             server.wait_ready()
         answers = {
             name: [
-                server.burst(model, stream=False),
-                server.burst(model, stream=True),
-                server.burst(model, stream=False),
+                server.burst(str(model), PROMPTS, stream=stream, max_tokens=MAX_TOKENS, api_key=API_KEY)
+                for stream in (False, True, False)
             ]
             for name, server in servers.items()
         }
-        refused, _ = servers["optimize"].get("/attnpass/summary", key=False)
-        status, body = servers["optimize"].get("/attnpass/summary")
+        refused, _ = servers["optimize"].get("/attnpass/summary")
+        status, body = servers["optimize"].get("/attnpass/summary", AUTH)
     finally:
         ended = {name: server.stop() for name, server in servers.items()}
     plain, optimized = answers["plain"], answers["optimize"]
