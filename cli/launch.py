@@ -333,7 +333,6 @@ class Session:
         """While the block runs, this session's models (:meth:`as_json`'s, with ``report_full``) written to
         ``path`` whenever their counts change, checked every ``seconds``, and once more when it ends: how a spawned
         process's session reaches the command's (:meth:`spawned`)."""
-        stop = threading.Event()
 
         def write() -> None:
             models = [{**m, "report_full": f["report"]} for m, f in zip(self._as_json(False), self._as_json(True))]
@@ -341,21 +340,13 @@ class Session:
             partial.write_text(json.dumps(models))
             os.replace(partial, path)
 
-        def publish() -> None:
-            last = None
-            while not stop.wait(seconds):
-                counts = [(o.routed, o.traces, dict(o.declined)) for _, o in self.models()]
-                if counts != last:
-                    write()
-                    last = counts
+        def counts() -> list:
+            return [(o.routed, o.traces, dict(o.declined)) for _, o in self.models()]
 
-        thread = threading.Thread(target=publish, name="attnpass-publish", daemon=True)
-        thread.start()
         try:
-            yield
+            with _on_change(seconds, counts, lambda _: write(), "attnpass-publish"):
+                yield
         finally:
-            stop.set()
-            thread.join()
             write()
 
     def restore(self) -> None:
@@ -388,24 +379,35 @@ class Session:
         if seconds is None:
             yield
             return
-        stop = threading.Event()
 
-        def report() -> None:
-            last: list[str] = []
-            while not stop.wait(seconds):
-                lines = self.lines()
-                if lines and lines != last:
-                    file.write("".join(f"{line}\n" for line in lines))
-                    file.flush()
-                    last = lines
+        def report(lines: list[str]) -> None:
+            file.write("".join(f"{line}\n" for line in lines))
+            file.flush()
 
-        thread = threading.Thread(target=report, name="attnpass-summary", daemon=True)
-        thread.start()
-        try:
+        with _on_change(seconds, lambda: self.lines() or None, report, "attnpass-summary"):
             yield
-        finally:
-            stop.set()
-            thread.join()
+
+
+@contextmanager
+def _on_change(seconds: float, read: Callable[[], Any], act: Callable[[Any], None], name: str) -> Iterator[None]:
+    """While the block runs, a thread named ``name`` calls ``read()`` every ``seconds`` and ``act(value)`` when
+    the value is not None and differs from the last one acted on."""
+    stop, last = threading.Event(), [None]
+
+    def watch() -> None:
+        while not stop.wait(seconds):
+            value = read()
+            if value is not None and value != last[0]:
+                act(value)
+                last[0] = value
+
+    thread = threading.Thread(target=watch, name=name, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 def _as_options(report: str) -> str:

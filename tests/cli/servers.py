@@ -94,3 +94,20 @@ class LoggedServer:
             status = self.process.wait()
         self._log.close()
         return status, self.log.read_text()
+
+
+def assert_ended_cleanly(ended: dict[str, tuple[int, str]], loaded: dict) -> None:
+    """The plain and the attnpass server (``ended``: each :meth:`LoggedServer.stop`'s status and log) logged no
+    traceback, error or warning; attnpass's exited 143 on SIGTERM, its log ending with the summary of the calls it
+    routed (at least the ``loaded`` model's count its summary endpoint reported), plain's with 0 or SIGTERM."""
+    import re
+
+    (plain_status, plain_log), (status, log) = ended["plain"], ended["optimize"]
+    for text in (plain_log, log):
+        assert "Traceback" not in text and "attnpass: error" not in text and "attnpass: warning" not in text, text
+    assert status == 128 + signal.SIGTERM and plain_status in (0, -signal.SIGTERM), (plain_log[-2000:], log[-2000:])
+    lines = log.splitlines()
+    assert lines[-1] == "attnpass: terminated by SIGTERM", log[-2000:]
+    [printed] = [line for line in lines if line.startswith("attnpass: optimize(")]
+    routed = int(re.search(r"routed (\d+) attention call", printed)[1])
+    assert routed >= loaded["routed"], (printed, loaded)
