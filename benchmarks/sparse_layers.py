@@ -8,6 +8,10 @@ kernel); ``optimize`` routes the call to ``selected_attention``, a gather of eac
 heads: latent 512 + rope 64, nope 128, value 128, an indexer of 16 heads of 128 keeping the top 2,048 tokens. Plain:
 a call of a few rows on a warm cache attends the whole latent (absorbed) under the top-k mask; ``optimize`` routes
 it to ``token_attention``, one gather of the latent per row (a decode row the model gathers itself).
+``--family hy_v4``: mlx-vlm's ``HyV4Attention`` (an index owner) at HunyuanV4's per-head geometry with 4 heads:
+latent 512 + rope 64, nope 192, value 256, sinks, an indexer of 32 heads of 128 keeping the top 2,048. Plain: a
+call of several rows expands the whole latent to per-head keys and values and attends all of them under the top-k
+mask; ``optimize`` routes it to ``dsa_attention`` (absorbed, then gathered).
 
 Hidden size ``--hidden`` (1024: the projections are not what is compared). The layer's caches are filled directly to
 each context with random rows through their own ``update_and_fetch``; each timed call is one layer call of ``--rows``
@@ -18,7 +22,7 @@ gathered call reads 2,048 keys per row (and, for MiniMax, index head) instead of
 by ``T / 2048``; the indexer (the model's own code, ``T`` index keys per row on both sides) is what remains
 (backends/mlx/selections.py, docs/sparse_selections.md).
 
-    python benchmarks/sparse_layers.py [--family minimax_m3 longcat] [--contexts 8192 32768 131072] [--rows 1 4]
+    python benchmarks/sparse_layers.py [--family hy_v4 longcat minimax_m3] [--contexts 8192 32768 131072] [--rows 1 4]
         [--dtype float32 bfloat16] [--reps 5] [--hidden 1024]
 """
 
@@ -44,7 +48,12 @@ GEOMETRY = {
         num_attention_heads=16, kv_lora_rank=512, q_lora_rank=1536, qk_rope_head_dim=64, qk_nope_head_dim=128,
         v_head_dim=128, index_n_heads=16, index_head_dim=128, index_topk=2048, attention_method="LSA",
     ),
+    "hy_v4": dict(
+        num_attention_heads=4, kv_lora_rank=512, q_lora_rank=2048, qk_rope_head_dim=64, qk_nope_head_dim=192,
+        v_head_dim=256, index_n_heads=32, index_head_dim=128, index_topk=2048, num_hidden_layers=1, indexer_types=["full"],
+    ),
 }  # fmt: skip
+LATENT = {"longcat": (512, 64, 128), "hy_v4": (512, 64, 128)}  # latent, rope key and index key widths
 
 
 class OneLayer(nn.Module):
@@ -57,12 +66,17 @@ class OneLayer(nn.Module):
             from mlx_lm.models import minimax_m3_vl
 
             self.attention = minimax_m3_vl.Attention(minimax_m3_vl.TextArgs(hidden_size=hidden, **GEOMETRY[family]), 0)
-        else:
+        elif family == "longcat":
             from mlx_vlm.models.longcat_flash_sparse import language
             from mlx_vlm.models.longcat_flash_sparse.config import ModelConfig
 
             config = ModelConfig(hidden_size=hidden, **GEOMETRY[family])
             self.attention = language.LongcatFlashMLA(config, is_index_owner=True)
+        else:
+            from mlx_vlm.models.hy_v4 import language
+            from mlx_vlm.models.hy_v4.config import ModelConfig
+
+            self.attention = language.HyV4Attention(ModelConfig(hidden_size=hidden, **GEOMETRY[family]), 0)
 
     def __call__(self, x: mx.array, mask: object, cache: list) -> mx.array:
         if self.family == "minimax_m3":
@@ -70,7 +84,9 @@ class OneLayer(nn.Module):
         if isinstance(mask, str):  # mlx-vlm's model passes its causal mask as an array
             n = cache[0].offset + x.shape[1]
             mask = mx.arange(n)[None] <= mx.arange(n - x.shape[1], n)[:, None]
-        return self.attention(x, mask, cache[0], cache[1])[0]
+        if self.family == "longcat":
+            return self.attention(x, mask, cache[0], cache[1])[0]
+        return self.attention(x, mask, cache)[0]
 
     def filled(self, context: int, dtype: mx.Dtype) -> list:
         """The layer's two caches holding ``context`` random rows."""
@@ -79,17 +95,18 @@ class OneLayer(nn.Module):
 
             shapes = ((1, 1, 128), (1, 1, 128), (1, 1, 128), (1, 1, 0))
         else:
-            from mlx_vlm.models.cache import KVCache
+            from mlx_vlm.models.cache import CacheList, KVCache
+            from mlx_vlm.models.hy_v4.cache import HyV4KVCache
 
-            shapes = ((1, 1, 512), (1, 1, 64), (1, 1, 128), (1, 1, 0))
-        caches = [KVCache(), KVCache()]
+            shapes = ((1, 1, LATENT[self.family][0]), (1, 1, 64), (1, 1, 128), (1, 1, 0))
+        caches = [KVCache(), KVCache()] if self.family != "hy_v4" else [HyV4KVCache(), HyV4KVCache()]
         for start in range(0, context, 8192):
             n = min(8192, context - start)
             arrays = [mx.random.normal((a, b, n, d)).astype(dtype) for a, b, d in shapes]
             caches[0].update_and_fetch(arrays[0], arrays[1])
             caches[1].update_and_fetch(arrays[2], arrays[3])
             mx.eval([c.keys for c in caches], caches[0].values)
-        return caches
+        return caches if self.family != "hy_v4" else CacheList(*caches)
 
 
 def one_call(model: OneLayer, x: mx.array, cache: list) -> tuple[float, mx.array]:
@@ -106,7 +123,7 @@ def one_call(model: OneLayer, x: mx.array, cache: list) -> tuple[float, mx.array
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--family", nargs="+", default=["minimax_m3", "longcat"], choices=sorted(GEOMETRY))
+    parser.add_argument("--family", nargs="+", default=sorted(GEOMETRY), choices=sorted(GEOMETRY))
     parser.add_argument("--contexts", type=int, nargs="+", default=[8192, 32768, 131072])
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--dtype", nargs="+", default=["float32"], choices=["float32", "bfloat16"])

@@ -96,15 +96,15 @@ def qsa_quantized_attention(
     return ops.quantized_sdpa(queries, (kq, ks, kb), (vq, vs, vb), mask=keep, **options)
 
 
-def mla_attention(q: Any, latent: Any, w_uk: Any, w_uv: Any, mask: Any, scale: float) -> Any:
+def mla_attention(q: Any, latent: Any, w_uk: Any, w_uv: Any, mask: Any, sinks: Any, scale: float) -> Any:
     """mlx-lm's MLA call of more than one query row: keys and values the latent's per-head up-projections,
-    the rope scores as the additive mask (docs/mla.md, "The traced form")."""
+    the rope scores as the additive mask (docs/mla.md, "The traced form"); ``sinks`` per head, or None."""
     k = ops.matmul(latent, w_uk)
     v = ops.matmul(latent, ops.transpose(w_uv, (0, 2, 1)))
-    return ops.sdpa(q, k, v, mask=mask, scale=scale)
+    return ops.sdpa(q, k, v, mask=mask, sinks=sinks, scale=scale)
 
 
-def dsa_attention(q: Any, latent: Any, w_uk: Any, w_uv: Any, mask: Any, idx: Any, scale: float) -> Any:
+def dsa_attention(q: Any, latent: Any, w_uk: Any, w_uv: Any, mask: Any, idx: Any, sinks: Any, scale: float) -> Any:
     """:func:`mla_attention` with the mask kept only on each row's top-k cells ``idx`` (the rest finfo.min)."""
     import numpy as np
 
@@ -112,7 +112,7 @@ def dsa_attention(q: Any, latent: Any, w_uk: Any, w_uv: Any, mask: Any, idx: Any
     hidden = ops.constant(np.zeros((b, 1, rows, latent.shape[2]), bool))
     selected = ops.put_along_axis(hidden, idx, ops.constant(True), axis=-1)
     mask = ops.where(selected, mask, float(mask.dtype.finfo.min))
-    return mla_attention(q, latent, w_uk, w_uv, mask, scale)
+    return mla_attention(q, latent, w_uk, w_uv, mask, sinks, scale)
 
 
 def selected_attention(queries: Any, keys: Any, values: Any, mask: Any, idx: Any, scale: float) -> Any:

@@ -103,7 +103,11 @@ TOKEN_SELECTIONS = "token selections"  # the notes of the top-k indices an index
 
 # (module, class, method) of each token indexer: it returns each row's top-k key positions, [B, 1, L, K], distinct
 # (an argpartition's last K) and below the keys it scored (the cache's fetch), or None (every key fits)
-TOKEN_INDEXERS = (("mlx_vlm.models.longcat_flash_sparse.language", "Indexer", "__call__"),)
+TOKEN_INDEXERS = (
+    ("mlx_vlm.models.longcat_flash_sparse.language", "Indexer", "__call__"),
+    ("mlx_vlm.models.deepseek_v32.language", "Indexer", "__call__"),
+    ("mlx_vlm.models.hy_v4.indexer", "HyV4Indexer", "__call__"),
+)
 
 
 def note_token_selection(call: Call, result: Any, *_: Any, **__: Any) -> None:

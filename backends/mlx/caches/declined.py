@@ -33,11 +33,9 @@ ROWS: dict[tuple[str, str], str] = {
         f"(the helper's own route): {NO_PREFIX}"
         for name in ("TurboQuantKVCache", "BatchTurboQuantKVCache", "HybridQuantKVCache")
     },
-    (MLX_VLM, "CacheList"): LIST,
     (MLX_VLM, "ArraysCache"): "state arrays of a recurrent layer (no keys and values)",
     (MLX_VLM, "PoolingCache"): "pooled states of a compressing layer (no keys and values per position)",
     (MLX_VLM, "BatchPoolingCache"): "pooled states of a compressing layer (no keys and values per position)",
-    ("mlx_vlm.models.hy_v4.cache", "HyV4KVCache"): f"HunyuanV4's cache: {NO_PREFIX}",
     ("mlx_vlm.models.unlimited_ocr.language", "RingSlidingKVCache"): f"a sliding ring of unlimited_ocr: {NO_PREFIX}",
     **{
         ("mlx_vlm.models.minimax_m3_vl.language", name): f"MiniMax-M3's {name} (a KV cache beside an index-key "

@@ -10,7 +10,7 @@ projection read the cache's last fetch. :func:`decline` routes it only when it p
 ``MultiLinear``'s untransposed output and the values one's transposed output of one input, that input IS the
 cache's last fetch, the fetch its buffer's first rows and the write position unchanged (a cache that replaced its
 buffer since, as deepseek_v32's ``mx.depends`` does, no longer writes the fetched one, which the program reads),
-and the mask an additive float array over those keys, without sinks. One query row is declined (``mla_absorbed``:
+and the mask an additive float array over those keys, with sinks per head or none. One query row is declined (``mla_absorbed``:
 mlx-lm attends in the latent form already), as are quantized projections and keys built otherwise (mistral4
 concatenates the rope part).
 
@@ -30,9 +30,9 @@ from typing import Any
 from attnpass.passes import Decline
 
 from ..buffers import buffer_rows, first_rows, words
-from ..selections import latent_plan, recorded_top_k, selection_holds
 from ..calls import Call, Patch, classes, last_fetch, recorder
 from ..masks import pad_last
+from ..selections import latent_plan, recorded_top_k, selection_holds
 from .base import CacheAdapter, HelperCall, Plan, Routed
 
 MLA = "mlx_lm.models.mla"
@@ -119,9 +119,15 @@ def _operands_decline(call: HelperCall, n: int) -> Decline | None:
 
     mask = call.mask
     floating = mask is not None and not isinstance(mask, str) and mx.issubdtype(mask.dtype, mx.floating)
-    if not floating or mask.ndim != 4 or mask.shape[2:] != (call.rows, n) or call.sinks is not None:
-        got = "sinks" if call.sinks is not None else f"mask {mask if isinstance(mask, str) else _spelled(mask)}"
-        message = f"an MLA call takes an additive float mask over its {n} keys and no sinks; got {got}"
+    heads = call.queries.shape[1]
+    sinks = call.sinks is None or (not isinstance(call.sinks, (int, float)) and tuple(call.sinks.shape) == (heads,))
+    if not floating or mask.ndim != 4 or mask.shape[2:] != (call.rows, n) or not sinks:
+        got = (
+            f"sinks {_spelled(call.sinks)}"
+            if not sinks
+            else f"mask {mask if isinstance(mask, str) else _spelled(mask)}"
+        )
+        message = f"an MLA call takes an additive float mask over its {n} keys and sinks per head ({heads}) or none; got {got}"
         return Decline("mla_operands", message, data={"keys": n})
     return None
 
@@ -141,10 +147,11 @@ def route(call: HelperCall, cache: Any, companions: tuple = ()) -> Routed:
     arrays = [call.queries, first_rows(fetch.buffer[0], length), keys[1]["weight"], values[1]["weight"]]
     arrays.append(pad_last(call.mask, length - n) if length > n else call.mask)
     selection = _selection(call, companions, n)
+    sinks = [] if call.sinks is None else [call.sinks]
     if selection is None:
-        return Routed("mla_attention", (*arrays, call.scale), arrays)
+        return Routed("mla_attention", (*arrays, call.sinks, call.scale), arrays + sinks)
     arrays.append(words(selection))
-    return Routed("dsa_attention", (*arrays, call.scale), arrays)
+    return Routed("dsa_attention", (*arrays, call.sinks, call.scale), arrays + sinks)
 
 
 def _selection(call: HelperCall, companions: tuple, n: int) -> Any:
