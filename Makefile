@@ -100,16 +100,22 @@ clean: clean-jax-newest
 clean-jax-newest:
 	rm -rf $(VENV_NEWEST)
 
-# `make zoo-jax-libraries`: the library zoo's MaxText rows (tests/models/test_library_zoo.py -k maxtext: prefill and
-# decode over MaxText's own cache, MLA, DeepSeek-V3.2's DSA, Gemma-2's sliding window, f32 and bf16, and attnpass's
-# jit on each decode step) in .venv-jax-libraries, Python >= 3.12 (PYTHON312, as above; maxtext 0.2.5 requires it).
-# maxtext goes in with --no-deps: it lists no requirements but its extras (cuda12, tpu: CUDA or TPU stacks and
-# TensorFlow), so what its model code imports is named here. Measured on 2 shared cores: about a minute to install,
-# 2.1 GB (with gemma, kauldron and easydel, which no row uses yet); 6.5 minutes to test (25 tests).
+# `make zoo-jax-libraries`: the library zoo's MaxText and gemma rows (tests/models/test_library_zoo.py -k "maxtext or
+# gemma": prefill and decode over each library's own cache, MLA, DeepSeek-V3.2's DSA, Gemma-2's sliding window,
+# Gemma 3 and Gemma 4, f32 and bf16, and attnpass's jit on each decode step) in .venv-jax-libraries, Python >= 3.12
+# (PYTHON312, as above; maxtext 0.2.5 requires it). maxtext goes in with --no-deps: it lists no requirements but its
+# extras (cuda12, tpu: CUDA or TPU stacks and TensorFlow), so what its model code imports is named here. gemma 4.0.1
+# and kauldron 1.4.4 (gemma's model code imports kauldron) go in with --no-deps too (kauldron requires xmanager,
+# OpenCV, scikit-learn...): GEMMA_IMPORTS is what `from gemma import gm` and its models import (installed one by one
+# into the existing venv, not yet timed from scratch; TensorFlow is the largest). Measured on 2 shared cores: about
+# a minute to install MaxText's, 2.1 GB; 6.5 minutes to test MaxText's 25 tests; `-k gemma` (gemma's 12 tests and
+# MaxText's 6 gemma2 ones) 8.8 minutes at load 7.
 VENV_LIBRARIES := .venv-jax-libraries
 PY_LIBRARIES := $(VENV_LIBRARIES)/bin/python
 STAMP_LIBRARIES := $(VENV_LIBRARIES)/.installed
 MAXTEXT_IMPORTS := omegaconf pathwaysutils grain drjax qwix aqtp tokamax pillow tiktoken sympy
+GEMMA_IMPORTS := lark ml_collections typeguard einops clu tensorflow tensorboard pandas mediapy tensorflow-datasets \
+	chex dialog sentencepiece treescope orbax-checkpoint jaxtyping "etils[edc,enp,epath,epy,etree]"
 
 .PHONY: zoo-jax-libraries clean-jax-libraries
 
@@ -117,12 +123,12 @@ $(STAMP_LIBRARIES): pyproject.toml
 	@test -n "$(PYTHON312)" || { echo "make: no Python >= 3.12 for $(VENV_LIBRARIES): set PYTHON312=/path/to/python3.12" >&2; exit 1; }
 	$(PYTHON312) -m venv $(VENV_LIBRARIES)
 	$(PY_LIBRARIES) -m pip install --quiet --upgrade pip
-	$(PY_LIBRARIES) -m pip install --quiet -e ".[mlx,jax,dev,zoo]" $(MAXTEXT_IMPORTS)
-	$(PY_LIBRARIES) -m pip install --quiet --no-deps maxtext==0.2.5
+	$(PY_LIBRARIES) -m pip install --quiet -e ".[mlx,jax,dev,zoo]" $(MAXTEXT_IMPORTS) $(GEMMA_IMPORTS)
+	$(PY_LIBRARIES) -m pip install --quiet --no-deps maxtext==0.2.5 gemma==4.0.1 kauldron==1.4.4
 	touch $(STAMP_LIBRARIES)
 
 zoo-jax-libraries: $(STAMP_LIBRARIES)
-	$(PY_LIBRARIES) -m pytest -q tests/models/test_library_zoo.py -k maxtext
+	$(PY_LIBRARIES) -m pytest -q tests/models/test_library_zoo.py -k "maxtext or gemma"
 
 clean: clean-jax-libraries
 clean-jax-libraries:

@@ -18,7 +18,9 @@ other targets, compared with the library's output):
   ``model.eval()``);
 - MaxText 0.2.5 (Python >= 3.12, ``make zoo-jax-libraries``): its Linen model from ``pyconfig`` and
   ``from_config``, a prefill and a decode step over its own cache (Llama, Gemma-2's sliding window, DeepSeek's
-  MLA and DeepSeek-V3.2's DSA), and DeepSeek-V3's yarn RoPE, declined at import (complex64).
+  MLA and DeepSeek-V3.2's DSA), and DeepSeek-V3's yarn RoPE, declined at import (complex64);
+- gemma 4.0.1 (Python >= 3.12, ``make zoo-jax-libraries``): ``gm.nn.Gemma3_1B`` and ``gm.nn.Gemma4_E2B`` with tiny
+  configs, a prefill and a decode step through ``model.apply`` over the cache of ``model.init_cache``.
 
 Run: ``KERAS_BACKEND=jax .venv/bin/python examples/library_zoo.py [--everywhere] [--json] [SUBSTRING ...]``.
 """
@@ -43,7 +45,7 @@ if "model_zoo" not in sys.modules:  # the zoo's runner, loaded by path as a regi
 zoo = sys.modules["model_zoo"]
 Case = zoo.Case
 
-LIBRARIES = ("penzai", "keras", "keras_hub", "mlx_whisper", "mlx_embeddings", "maxtext")
+LIBRARIES = ("penzai", "keras", "keras_hub", "mlx_whisper", "mlx_embeddings", "maxtext", "gemma")
 # cases raise-attention declines, and the reason code of the remark it leaves
 DECLINED = {"keras_hub.Gemma": "probabilities_changed", "keras_hub.GPT2": "probabilities_changed",
             "keras_hub.Bert": "probabilities_changed"}  # fmt: skip
@@ -289,6 +291,76 @@ def maxtext_case(family: str, step: str, dtype: str) -> Case:
     return Case(f"maxtext.{family}/{step}/{dtype}", "jax", dtype, MAXTEXT_LAYERS[family], make)
 
 
+# ----------------------------------------------------------------------------- gemma (Python >= 3.12)
+
+GEMMA_CACHE = 16  # cache slots; the prompt is the first 5 tokens, the decode step the 6th
+GEMMA_LAYERS = {"gemma3": 2, "gemma4": 4}
+
+
+def _gemma_model(family: str, dtype: str) -> Any:
+    """A tiny ``gm.nn.Gemma3_1B`` or ``gm.nn.Gemma4_E2B``: the library's own class, its config replaced by a tiny one
+    (width 64, 4 query / 2 KV heads of 16, vocabulary 128, a sliding window of 4); ``dtype`` the params' dtype."""
+    import dataclasses
+
+    import jax.numpy as jnp
+    from gemma import gm
+
+    precision = jnp.bfloat16 if dtype == "bf16" else jnp.float32
+    tiny = dict(num_embed=zoo.VOCAB, embed_dim=64, hidden_dim=128, num_heads=4, head_dim=16, num_kv_heads=2,
+                sliding_window_size=4)  # fmt: skip
+    if family == "gemma3":  # one local (sliding-window) and one global layer, QK norm
+        local, overall = gm.nn.AttentionType.LOCAL_SLIDING, gm.nn.AttentionType.GLOBAL
+        config = dataclasses.replace(gm.nn.Gemma3_1B.config, attention_types=(local, overall), **tiny)
+        return gm.nn.Gemma3_1B(config=config, dtype=precision)
+    from gemma.gm.nn.gemma4 import _modules as gemma4_modules
+
+    # local, global, local, global; the last two layers reuse the first two's KV cache (KV sharing); per-layer
+    # inputs; the global layers' keys of 32 with RoPE on a quarter of them (partial RoPE)
+    local, overall = gemma4_modules.AttentionType.LOCAL_SLIDING, gemma4_modules.AttentionType.GLOBAL
+    base = gm.nn.Gemma4_E2B.config
+    config = dataclasses.replace(
+        base, attention_types=(local, overall) * 2, global_key_size=32, per_layer_input_dim=8,
+        override_kv_shared_ffw_hidden=256, vision_encoder=None, audio_encoder=None,
+        kv_cache_sharing_config=dataclasses.replace(base.kv_cache_sharing_config, frac_shared_layers=0.5), **tiny,
+    )  # fmt: skip
+    return gm.nn.Gemma4_E2B(config=config, dtype=precision)
+
+
+def _gemma_prompt() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The prompt's tokens, positions and attention mask over the cache (causal, as ``gm.text.Sampler``'s prefill)."""
+    positions = np.arange(5, dtype=np.int32)
+    mask = np.arange(GEMMA_CACHE)[None, :] <= positions[:, None]
+    return zoo.TOKENS[None, :5], positions[None], mask[None]
+
+
+def gemma_case(family: str, step: str, dtype: str) -> Case:
+    """gemma: ``prefill`` (``model.apply`` of the prompt with the cache from ``model.init_cache``, its logits and the
+    cache it writes) or ``decode`` (one token over that cache with the mask of ``gm.text.Sampler``'s step: the
+    logits and the updated cache); params from ``model.init``."""
+
+    def make() -> Made:
+        import jax
+
+        model = _gemma_model(family, dtype)
+        tokens, positions, mask = _gemma_prompt()
+        params = model.init(jax.random.PRNGKey(0), tokens=tokens)["params"]
+        cache = model.init_cache(batch_size=1, dtype=model.dtype, cache_length=GEMMA_CACHE)
+
+        def step_fn(params: Any, cache: Any, tokens: Any, positions: Any, mask: Any) -> Any:
+            out = model.apply({"params": params}, tokens=tokens, cache=cache, positions=positions, attention_mask=mask)
+            return out.logits, out.cache
+
+        if step == "prefill":
+            args = (params, cache, tokens, positions, mask)
+            return step_fn, args, _jitted(step_fn, *args)
+        _logits, cache = jax.jit(step_fn)(params, cache, tokens, positions, mask)
+        step_mask = (np.arange(GEMMA_CACHE) < 6)[None, None]  # the sampler's attention_mask_for_step, B 1 L
+        args = (params, cache, zoo.TOKENS[None, 5:6], np.array([[5]], np.int32), step_mask)
+        return step_fn, args, _jitted(step_fn, *args)
+
+    return Case(f"gemma.{family}/{step}/{dtype}", "jax", dtype, GEMMA_LAYERS[family], make)
+
+
 # ----------------------------------------------------------------------------- mlx-whisper
 
 
@@ -389,6 +461,7 @@ def cases() -> list[Case]:
     out += [maxtext_case(f, step, d) for f in MAXTEXT_MODELS if f != "deepseek3-yarn" for step in ("prefill", "decode")
             for d in zoo.DTYPES]  # fmt: skip
     out += [maxtext_case("deepseek3-yarn", "prefill", "f32")]
+    out += [gemma_case(f, step, d) for f in GEMMA_LAYERS for step in ("prefill", "decode") for d in zoo.DTYPES]
     return out
 
 

@@ -250,7 +250,8 @@ class _Importer:
 
     def scatter(self, operand: str, indices: str, updates: str, params: dict) -> str:
         """``lax.scatter`` (``x.at[...].set``): one window a ``dynamic_update_slice`` at the index; several
-        windows along one axis (``cache.at[:, positions].set(rows)``) one ``put_along_axis``.
+        windows along one axis (``cache.at[:, positions].set(rows)``) or along adjacent axes by points
+        (``cache.at[batch, slots].set(rows)``) one ``put_along_axis``.
 
         Mode ``CLIP`` clamps an index (the ops' own rule for one window); the others (``FILL_OR_DROP``, the
         default of ``.at[]``, and ``PROMISE_IN_BOUNDS``, which XLA executes the same way) drop a window that
@@ -305,8 +306,10 @@ class _Importer:
         return b.op("where", [b.reshape(fits, [1] * len(shape)), written, operand])
 
     def _scatter_rows(self, operand: str, indices: str, updates: str, dn: Any, clip: bool) -> str:
-        """Several windows, each one whole row along the one scattered axis: ``put_along_axis`` on that axis,
-        with one spare row past the end that takes the dropped windows and is cut off again."""
+        """Several windows, each one whole row along the scattered axes (one axis, or adjacent axes indexed by
+        points: ``cache.at[batch, slots].set(rows)``): ``put_along_axis`` on those axes flattened into one, each
+        point's flat index ``i0 * n1 + i1 ...``, with one spare row past the end that takes the dropped windows (a
+        coordinate out of its axis) and is cut off again; ``CLIP`` clamps each coordinate to its axis."""
         b = self.b
         shape, index_shape, update_shape = b.type(operand).shape, b.type(indices).shape, b.type(updates).shape
         scattered = [int(axis) for axis in dn.scatter_dims_to_operand_dims]
@@ -314,32 +317,46 @@ class _Importer:
         window_dims = [int(d) for d in dn.update_window_dims]
         rest = [axis for axis in range(len(shape)) if axis not in inserted]
         if (
-            len(scattered) != 1
+            not scattered
             or inserted != scattered
+            or scattered != list(range(scattered[0], scattered[0] + len(scattered)))
             or [update_shape[d] for d in window_dims] != [shape[a] for a in rest]
         ):
             raise ModelImportError(
                 f"scatter of indices {list(index_shape)} ({dn}): several windows are supported only as whole rows "
-                "along one scattered axis (cache.at[:, positions].set(rows))"
+                "along the scattered axes (cache.at[:, positions].set(rows), cache.at[batch, slots].set(rows))"
             )
-        (axis,) = scattered
-        count, n = math.prod(index_shape[:-1]), shape[axis]
+        axis, k, int32 = scattered[0], len(scattered), DType.int32
+        sizes = [shape[a] for a in scattered]
+        merged = [*shape[:axis], math.prod(sizes), *shape[axis + k :]]
+        count, n = math.prod(index_shape[:-1]), merged[axis]
         batch_dims = [d for d in range(len(update_shape)) if d not in window_dims]
         before = [d for d, a in zip(window_dims, rest) if a < axis]
         rows = b.transpose(updates, before + batch_dims + [d for d in window_dims if d not in before])
-        rows = b.reshape(rows, [count if a == axis else shape[a] for a in range(len(shape))])
-        flat = b.reshape(b.cast(indices, DType.int32), [count])
+        rows = b.reshape(rows, [count if a == axis else merged[a] for a in range(len(merged))])
+        points = b.reshape(b.cast(indices, int32), [count, k])
+        flat, inside = None, None
+        for j, size in enumerate(sizes):
+            coordinate = b.reshape(b.slice_axis(points, 1, j, j + 1), [count])
+            if clip:
+                coordinate = b.op("minimum", [b.op("maximum", [coordinate, b.scalar(0, int32)]),
+                                              b.scalar(size - 1, int32)])  # fmt: skip
+            else:
+                fits = b.op("logical_and", [b.op("greater_equal", [coordinate, b.scalar(0, int32)]),
+                                            b.op("less", [coordinate, b.scalar(size, int32)])])  # fmt: skip
+                inside = fits if inside is None else b.op("logical_and", [inside, fits])
+            flat = coordinate if flat is None else b.op("add", [b.op("mul", [flat, b.scalar(size, int32)]), coordinate])
+        operand = b.reshape(operand, merged) if k > 1 else operand
         if clip:
-            at = b.op("minimum", [b.op("maximum", [flat, b.scalar(0, DType.int32)]), b.scalar(n - 1, DType.int32)])
+            at = flat
         else:
-            inside = b.op("logical_and", [b.op("greater_equal", [flat, b.scalar(0, DType.int32)]),
-                                          b.op("less", [flat, b.scalar(n, DType.int32)])])  # fmt: skip
-            at = b.op("where", [inside, flat, b.scalar(n, DType.int32)])
-            spare = [1 if a == axis else shape[a] for a in range(len(shape))]
+            at = b.op("where", [inside, flat, b.scalar(n, int32)])
+            spare = [1 if a == axis else merged[a] for a in range(len(merged))]
             operand = b.concat([operand, b.broadcast(b.scalar(0, b.type(operand).dtype), spare)], axis)
-        at = b.broadcast(b.reshape(at, [count if a == axis else 1 for a in range(len(shape))]), b.type(rows).shape)
+        at = b.broadcast(b.reshape(at, [count if a == axis else 1 for a in range(len(merged))]), b.type(rows).shape)
         out = b.op("put_along_axis", [operand, at, rows], {"axis": axis})
-        return out if clip else b.slice_axis(out, axis, 0, n)
+        out = out if clip else b.slice_axis(out, axis, 0, n)
+        return b.reshape(out, list(shape)) if k > 1 else out
 
     def integer_pow(self, x: str, y: int) -> str:
         """``x ** y`` by JAX's own square-and-multiply (the same products in the same order); y < 0 is 1 / x**-y."""

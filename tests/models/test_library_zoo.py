@@ -1,9 +1,10 @@
 """The library zoo (examples/library_zoo.py, issue 32 item 6): penzai, Keras 3 and KerasHub on the JAX backend,
-mlx-whisper, mlx-embeddings and MaxText (Python >= 3.12: `make zoo-jax-libraries`). Every case imports; lowered to every installed target it is within the zoo's
-tolerance of the library's own output (float32 1e-4; bfloat16 two steps of the largest value on its backend,
-four elsewhere); raise-attention raises every attention layer, or declines the cases of
-:data:`library_zoo.DECLINED` with that reason code on every layer. Keras reads its backend when it is first
-imported, so its cases run in a subprocess whose environment sets ``KERAS_BACKEND=jax``."""
+mlx-whisper, mlx-embeddings, MaxText and gemma (Python >= 3.12: `make zoo-jax-libraries`). Every case imports;
+lowered to every installed target it is within the zoo's tolerance of the library's own output (float32 1e-4;
+bfloat16 two steps of the largest value on its backend, four elsewhere); raise-attention raises every attention
+layer, or declines the cases of :data:`library_zoo.DECLINED` with that reason code on every layer. Keras reads
+its backend when it is first imported, so its cases run in a subprocess whose environment sets
+``KERAS_BACKEND=jax``."""
 
 from __future__ import annotations
 
@@ -42,9 +43,10 @@ def check(row: dict) -> None:
         assert row["raised"] == 0 and f"(attention, {reason})" in row["remark"], f"{name}: {row['remark']}"
 
 
-IN_PROCESS = [c for c in lz.cases() if lz.library(c) in ("penzai", "mlx_whisper", "mlx_embeddings", "maxtext")]
 NEEDS = {"penzai": ("jax", "penzai"), "mlx_whisper": ("mlx.core", "mlx_whisper"),
-         "mlx_embeddings": ("mlx.core", "mlx_embeddings"), "maxtext": ("jax", "maxtext")}  # fmt: skip
+         "mlx_embeddings": ("mlx.core", "mlx_embeddings"), "maxtext": ("jax", "maxtext"),
+         "gemma": ("jax", "gemma", "kauldron")}  # fmt: skip
+IN_PROCESS = [c for c in lz.cases() if lz.library(c) in NEEDS]
 
 
 @pytest.mark.parametrize(
@@ -60,10 +62,12 @@ def test_library_case(case):
     check(json.loads(lz.row_json(row)))
 
 
-DECODE_STEPS = [c for c in lz.cases() if lz.library(c) == "maxtext" and "/decode/" in c.name]
+DECODE_STEPS = [c for c in lz.cases() if lz.library(c) in ("maxtext", "gemma") and "/decode/" in c.name]
 
 
-@pytest.mark.parametrize("case", [pytest.param(c, id=c.name, marks=requires("jax", "maxtext")) for c in DECODE_STEPS])
+@pytest.mark.parametrize(
+    "case", [pytest.param(c, id=c.name, marks=requires(*NEEDS[lz.library(c)])) for c in DECODE_STEPS]
+)
 def test_the_dropin_jit_runs_the_library_decode_step(case):
     """attnpass's ``jit`` (strict: imported and rewritten, no fallback to ``jax.jit``) on the library's own decode
     step, over its own cache: the logits and the updated cache within the zoo's tolerance of the library's."""

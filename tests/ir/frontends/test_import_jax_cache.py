@@ -70,11 +70,43 @@ def test_rows_written_at_positions_are_exact_on_every_target(rng, name, position
         assert_bits_equal(run(lower(imported.graph, target), cache, rows, positions, **imported.params), expected)
 
 
+POINTS = [("in-range", [[0, 3, 5], [1, 2, 4]]), ("wraps", [[-1, 0, 2], [1, -6, 3]])]
+POINTS_OUT = [("slot-past-end", [[0, 6, 2], [1, 9, 3]]), ("negative-out", [[0, -7, 1], [1, 2, -9]])]
+POINT_CASES = [(name, p, mode) for name, p in POINTS for mode in (None, "clip", "promise_in_bounds")]
+POINT_CASES += [(name, p, mode) for name, p in POINTS_OUT for mode in (None, "clip")]
+
+
+@pytest.mark.parametrize("name, slots, mode", POINT_CASES, ids=[f"{c[0]}-{c[2]}" for c in POINT_CASES])
+def test_rows_written_at_points_of_two_axes_are_exact_on_every_target(rng, name, slots, mode):
+    """Gemma 4's cache write ``cache.at[batch, slots].set(rows)`` (points over the batch and slot axes; also over
+    two inner axes): one put_along_axis over the two axes flattened, bit for bit what jax.jit computes; a point
+    out of either axis dropped, or each coordinate clamped (mode="clip")."""
+    slots = np.array(slots, np.int32)
+    cache = rng.standard_normal((2, 6, 2, 3)).astype(np.float32)
+    rows = rng.standard_normal((2, 3, 2, 3)).astype(np.float32)
+    batch = np.arange(2, dtype=np.int32)[:, None] * np.ones((1, 3), np.int32)
+
+    def write(c, r, b, s):
+        return c.at[b, s].set(r, mode=mode)
+
+    def inner(c, r, b, s):  # the same points over axes 1 and 2 of a (3, 2, 6, 4) operand
+        return c.at[:, b, s].set(r, mode=mode)
+
+    inner_cache = rng.standard_normal((3, 2, 6, 4)).astype(np.float32)
+    inner_rows = rng.standard_normal((3, 2, 3, 4)).astype(np.float32)
+    for fn, args in ((write, (cache, rows, batch, slots)), (inner, (inner_cache, inner_rows, batch, slots))):
+        imported = from_jax(fn, *args)
+        assert [n.op for n in imported.graph.nodes()].count("put_along_axis") == 1
+        expected = np.asarray(jax.jit(fn)(*args))
+        for target in ("numpy", "mlx", "jax"):
+            assert_bits_equal(run(lower(imported.graph, target), *args, **imported.params), expected)
+
+
 def test_a_scatter_of_partial_windows_is_declined_by_name(rng):
     cache = rng.standard_normal((1, 6, 3)).astype(np.float32)
     rows = rng.standard_normal((2, 2)).astype(np.float32)
     positions = np.array([[0, 1], [0, 4]], np.int32)
-    message = r"(?s)scatter of indices \[2, 3\].*only as whole rows along one scattered axis.*equation #\d+ scatter"
+    message = r"(?s)scatter of indices \[2, 3\].*only as whole rows along the scattered axes.*equation #\d+ scatter"
     with pytest.raises(ModelImportError, match=message):
         from_jax(lambda c, r, p: c.at[p[:, 0], p[:, 1], :2].set(r), cache, rows, positions)
 
