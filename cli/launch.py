@@ -449,11 +449,11 @@ def run(library: str, command: str, argv: Sequence[str], options: Options, *, er
         from attnpass.passes import parse_pipeline
 
         parse_pipeline(options.pipeline)  # a mistake in it is one line now, not an error inside mlx-lm's load
-    _check_installed(label, library, entry)
-    _check_reads(label, entry, argv)
-    for option, why in entry.refuses:
+    for option, why in entry.refuses:  # the command line first: wrong whether or not the server is installed
         if option in argv or any(token.startswith(option + "=") for token in argv):
             raise ArgumentError(f"{label}: attnpass cannot run it with {option}: {why}; leave {option} out")
+    _check_installed(label, library, entry)
+    _check_reads(label, entry, argv)
     if entry.address is not None:
         _preflight(label, argv, *entry.address, model=entry.model)
     remote = Path(tempfile.mkdtemp(prefix="attnpass-")) if entry.spawned else None
