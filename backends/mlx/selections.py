@@ -1,4 +1,4 @@
-"""Block selections: a bool mask a model's learned indexer built from its top blocks, routed to a gather of them.
+"""Learned selections: masks a model's indexer built from its top blocks or tokens, routed to a gather of them.
 
 mlx-lm's MiniMax-M3 (``minimax_m3_vl``) builds, in ``Attention._block_mask``, a bool mask ``[B, Hq, L, S]``: per
 selection head (``index_n_heads``, each serving ``Hq / index_n_heads`` query heads, the mask repeated over them)
@@ -27,7 +27,9 @@ Token selections over an MLA latent (:func:`latent_plan`): mlx-vlm's LongCat-Fla
 rows in the latent form (keys *are* values *are* the cached latent it fetched) under its rope scores masked to the
 top-k tokens its ``Indexer`` returned (a row of :data:`TOKEN_INDEXERS`, recorded). When the mask is, on its values,
 one recorded top-k of itself (every other cell at or below ``finfo.min``, a selected cell above it in every row),
-the call goes to ``token_attention``: one gather of the latent per row.
+the call goes to ``token_attention``: one gather of the latent per row. The same recorded top-k serves the MLA
+programs (:mod:`.caches.mla`, :func:`recorded_top_k`): calls the model expands (LongCat's prefill, every multi-row
+call of HunyuanV4 and mlx-vlm's DeepSeek-V3.2) go to ``dsa_attention``.
 """
 
 from __future__ import annotations
