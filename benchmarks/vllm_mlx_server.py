@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import http.client
+import importlib.util
 import json
 import os
 import random
@@ -54,9 +55,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # tests.cli.servers: the launcher tests' server process
-
-from tests.cli.servers import LoggedServer
+# the launcher tests' server process (tests/cli/servers.py), loaded by path as a registered module (no sys.path edit)
+if "attnpass_test_servers" not in sys.modules:
+    _spec = importlib.util.spec_from_file_location("attnpass_test_servers", ROOT / "tests" / "cli" / "servers.py")
+    sys.modules["attnpass_test_servers"] = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(sys.modules["attnpass_test_servers"])
+LoggedServer = sys.modules["attnpass_test_servers"].LoggedServer
 
 FOLLOW_UP = 16  # words of the second turn's new question
 VARIANTS = ("plain", "optimize")
@@ -125,8 +129,7 @@ def save_model(family: str, directory: Path, args: argparse.Namespace) -> tuple[
         import mlx.core as mx
         from mlx_lm.utils import save_model as save
 
-        sys.path.insert(0, str(ROOT / "benchmarks"))
-        from mla_decode import DSA, GEOMETRY, model
+        from mla_decode import DSA, GEOMETRY, model  # this script's folder, on sys.path as it runs
 
         from attnpass.models.tiny_lm import CHAT_TEMPLATE, _words
 
