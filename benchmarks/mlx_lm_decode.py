@@ -39,6 +39,7 @@ measure the method's noise at the same settings.
 from __future__ import annotations
 
 import argparse
+import importlib
 import inspect
 import os
 import statistics
@@ -46,10 +47,12 @@ import time
 from collections.abc import Callable
 
 import mlx.core as mx
-from mlx_lm import generate as mlx_lm_generate
 from mlx_lm.generate import GenerationBatch, generate_step, generation_stream
 from mlx_lm.models import base
 from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
+
+# the module (``mlx_lm.generate``, the package's attribute, is its function of that name)
+mlx_lm_generate = importlib.import_module("mlx_lm.generate")
 from mlx_lm.sample_utils import make_sampler
 from paired import floor_lines, medians_ratio, paired_bursts, paired_ratio
 
