@@ -23,12 +23,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import http.client
+import importlib.util
 import json
 import os
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -93,33 +91,35 @@ def requests(count: int, max_tokens: int, *, cancel_every: int = 0) -> list[Requ
     return found
 
 
-class Server:
+# the launcher tests' server process (tests/cli/servers.py), loaded by path as a registered module (no sys.path edit)
+if "attnpass_test_servers" not in sys.modules:
+    _spec = importlib.util.spec_from_file_location(
+        "attnpass_test_servers", Path(__file__).resolve().parents[1] / "tests" / "cli" / "servers.py"
+    )
+    sys.modules["attnpass_test_servers"] = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(sys.modules["attnpass_test_servers"])
+LoggedServer = sys.modules["attnpass_test_servers"].LoggedServer
+
+
+class Server(LoggedServer):
     """An mlx-lm server process on 127.0.0.1 (``optimized``: through ``attnpass mlx-lm``), its log in a file."""
 
     def __init__(self, model: Path, *, optimized: bool, attnpass: tuple[str, ...] = (), log: Path) -> None:
-        self.port = free_port()
-        flags = ["--model", str(model), "--host", "127.0.0.1", "--port", str(self.port)]
+        self.model, self.optimized, self.attnpass = model, optimized, attnpass
+        super().__init__(log)
+
+    def command(self) -> list[str]:
+        flags = ["--model", str(self.model), "--host", "127.0.0.1", "--port", str(self.port)]
         launcher = (
-            [sys.executable, "-m", "attnpass.cli", "mlx-lm", *attnpass]
-            if optimized
+            [sys.executable, "-m", "attnpass.cli", "mlx-lm", *self.attnpass]
+            if self.optimized
             else [sys.executable, "-m", "mlx_lm"]
         )
-        self.log = log
-        self._log = log.open("w")
-        self.process = subprocess.Popen([*launcher, "server", *flags], stdout=self._log, stderr=subprocess.STDOUT)
+        return [*launcher, "server", *flags]
 
     def wait_ready(self, timeout: float = 120.0) -> None:
-        """Until ``/health`` answers and the model is loaded (a first tiny request has an answer)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"the server exited with {self.process.returncode}:\n{self.log.read_text()}")
-            try:
-                call(self.port, Request("t1", 1))
-                return
-            except OSError:
-                time.sleep(0.2)
-        raise TimeoutError(f"the server on port {self.port} did not answer in {timeout} s")
+        """Until the model is loaded: a first tiny request has an answer."""
+        self.wait_until(lambda: call(self.port, Request("t1", 1)) and 200, timeout, 0.2)
 
     def rss(self) -> int:
         """The server process's resident set size in bytes (Linux: /proc)."""
@@ -133,24 +133,6 @@ class Server:
         connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
         connection.request("GET", "/attnpass/summary")
         return json.loads(connection.getresponse().read())
-
-    def stop(self, timeout: float = 60.0) -> tuple[int, str]:
-        """SIGTERM, then its exit status and its whole log."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-        try:
-            status = self.process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            status = self.process.wait()
-        self._log.close()
-        return status, self.log.read_text()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def call(port: int, request: Request, timeout: float = 300.0) -> Response:

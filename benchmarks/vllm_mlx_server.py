@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import http.client
-import importlib.util
 import json
 import os
 import random
@@ -54,13 +53,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from mlx_lm_server import LoggedServer  # tests/cli/servers.py's, as this script's sibling loads it
+
 ROOT = Path(__file__).resolve().parent.parent
-# the launcher tests' server process (tests/cli/servers.py), loaded by path as a registered module (no sys.path edit)
-if "attnpass_test_servers" not in sys.modules:
-    _spec = importlib.util.spec_from_file_location("attnpass_test_servers", ROOT / "tests" / "cli" / "servers.py")
-    sys.modules["attnpass_test_servers"] = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(sys.modules["attnpass_test_servers"])
-LoggedServer = sys.modules["attnpass_test_servers"].LoggedServer
 
 FOLLOW_UP = 16  # words of the second turn's new question
 VARIANTS = ("plain", "optimize")
