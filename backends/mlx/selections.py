@@ -40,7 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .buffers import buffer_rows, first_rows, grow
+from .buffers import buffer_rows, first_rows, grow, words
 from .calls import Call, Patch, Plan, Routed, key_rows, last_fetch, offset, recorder, unchanged_decline
 from .masks import pad_last
 
@@ -118,11 +118,11 @@ def note_token_selection(call: Call, result: Any, *_: Any, **__: Any) -> None:
         call.notes(TOKEN_SELECTIONS)[id(result)] = result
 
 
-def latent_plan(call: Any, grows: bool) -> Plan | None:
+def latent_plan(call: Any) -> Plan | None:
     """The ``token_attention`` plan of an absorbed latent call (keys *are* values *are* the cache's last fetched
     keys: MLA's latent, the queries already in its space) whose additive mask is, on its values, a top-k an indexer
     returned in this call (:func:`selection_holds`: every unselected cell at or below ``finfo.min``,
-    every row a selected cell above it); None otherwise."""
+    every row a selected cell above it), over the buffer's cut (at most the buffer); None otherwise."""
     cache, keys = call.cache, call.keys
     fetch = last_fetch(cache, call.recorded)
     if keys is not call.values or fetch is None or keys is not fetch.keys or call.sinks is not None:
@@ -135,7 +135,7 @@ def latent_plan(call: Any, grows: bool) -> Plan | None:
     mask = call.mask
     if mask is None or isinstance(mask, str) or mask.ndim != 4 or mask.shape[2:] != (call.rows, n):
         return None
-    length = buffer_rows(n, None if grows else key_rows(cache.keys))
+    length = buffer_rows(n, key_rows(cache.keys))
     idx = recorded_top_k(call, n)
     return None if idx is None else Plan("attention", length, lambda: _latent_routed(call, length, idx))
 
@@ -151,19 +151,11 @@ def recorded_top_k(call: Any, n: int) -> Any:
 
 
 def _latent_routed(call: Any, length: int, idx: Any) -> Routed:
-    """The ``token_attention`` arguments over the latent buffer cut to ``length`` rows (grown to them first)."""
-    cache = call.cache
-    grow(cache, length, call.recorded)
-    latent = first_rows(cache.keys, length)
+    """The ``token_attention`` arguments over the latent buffer cut to ``length`` rows."""
+    latent = first_rows(call.cache.keys, length)
     mask = pad_last(call.mask, length - key_rows(call.keys))
-    arrays = [call.queries, latent, mask, idx.astype(_int32())]
+    arrays = [call.queries, latent, mask, words(idx)]
     return Routed("token_attention", (*arrays, call.scale), arrays)
-
-
-def _int32() -> Any:
-    import mlx.core as mx
-
-    return mx.int32
 
 
 def selection_holds(mask: Any, idx: Any, n: int) -> bool:

@@ -52,9 +52,6 @@ class Buffered(CacheAdapter):
         return call.rows > PREFILL_ROWS
 
     def plan(self, call: HelperCall) -> Decline | Plan:
-        latent = selections.latent_plan(call, self.grows)
-        if latent is not None:
-            return latent
         found = received_decline(call, self.holds(call.keys, call.cache))
         if found is not None:
             return found

@@ -9,8 +9,6 @@ stays declined (:mod:`.declined`).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
-
 from attnpass.passes import Decline
 
 from ..calls import Patch
@@ -31,11 +29,7 @@ class MiniMaxM3KVCache(CacheAdapter):
         return self.inner.patches()
 
     def plan(self, call: HelperCall) -> Decline | Plan:
-        return self.inner.plan(dataclasses.replace(call, cache=_kv_cache(call.cache)))
-
-
-def _kv_cache(cache: Any) -> Any:
-    return cache.kv_cache
+        return self.inner.plan(dataclasses.replace(call, cache=call.cache.kv_cache))
 
 
 __all__ = ["MINIMAX_M3", "MiniMaxM3KVCache"]

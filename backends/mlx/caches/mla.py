@@ -190,7 +190,7 @@ class LatentHolder(CacheAdapter):
         held = self.latent(call)
         if held is None:
             return super().plan(call)
-        gathered = latent_plan(dataclasses.replace(call, cache=held[0]), grows=False)
+        gathered = latent_plan(dataclasses.replace(call, cache=held[0]))
         return plan(call, *held) if gathered is None else gathered
 
 
