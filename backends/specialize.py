@@ -335,20 +335,46 @@ def signatures_summary(entries: Sequence[Specialization]) -> list[str]:
     return lines
 
 
+def raised_attention_dtypes(entry: Specialization) -> tuple[set[str], set[str]]:
+    """The dtypes of the attentions raise-attention raised in ``entry`` (each raised attention's output in the
+    imported graph) and of the function's outputs: ``({"bf16"}, {"f32"})`` for a float32 model whose attention
+    computes in bfloat16 (EasyDeL's default ``attn_dtype``)."""
+    if entry.imported is None:
+        return set(), set()
+    graph = entry.imported.graph
+    attention = {graph.node(r.node).type.dtype.short for r in entry.remarks
+                 if r.pass_name == RAISE and r.kind == "applied" and r.rule == "attention" and r.node in graph}  # fmt: skip
+    return attention, {graph.node(o).type.dtype.short for o in graph.outputs}
+
+
 def numerics_note(entries: Sequence[Specialization], numerics: str | None) -> str:
-    """What the programs compute against the function (docs/numerics.md), for the summary's first line."""
+    """What the programs compute against the function (docs/numerics.md), for the summary's first line: the bound
+    of each dtype the raised attentions compute in, and, where a half-float attention sits in a float32 function,
+    that its rounding reaches the float32 outputs (they are not held to float32's 1e-5)."""
     if numerics == "source":
         return f"the function's own, bit for bit (numerics='source': only {' and '.join(SOURCE_EXACT)} run)"
-    raised = sum(any(r.pass_name == RAISE and r.kind == "applied" and r.rule == "attention" for r in e.remarks)
-                 for e in entries)  # fmt: skip
+    raised = [e for e in entries if any(r.pass_name == RAISE and r.kind == "applied" and r.rule == "attention"
+                                        for r in e.remarks)]  # fmt: skip
     if not raised:
         return "no attention raised: the function's arithmetic (docs/numerics.md)"
+    attention, outputs = set(), set()
+    for e in raised:
+        dtypes, outs = raised_attention_dtypes(e)
+        attention |= dtypes
+        outputs |= outs if dtypes - {"f32"} else set()  # the outputs of signatures with a half-float attention
+    half = sorted(attention - {"f32"})
+    bounds = ["float32 within 1e-5 of the function"] if "f32" in attention or not attention else []
+    if half:
+        bounds.append(f"{'/'.join(half)} attention within two steps of its output's largest value in that dtype (on "
+                      "JAX closer to float32)")  # fmt: skip
+    if half and "f32" in outputs:
+        bounds.append(f"a {'/'.join(half)} attention inside a float32 function (EasyDeL's default attn_dtype) carries "
+                      "that rounding into the float32 outputs: they are not held to 1e-5")  # fmt: skip
     option = "; numerics='source' keeps the function's own" if numerics is not None else ""
     return (
-        f"attention raised to sdpa in {raised} of {len(entries)} signature(s) is computed by the target's attention "
-        "call or decompose-sdpa (on MLX's CPU that call's own ops, elsewhere in float32), not in the function's op "
-        "order: float32 within 1e-5 of the function, bfloat16 within two bf16 steps of the output's largest value "
-        "(on JAX closer to float32; docs/numerics.md)" + option
+        f"attention raised to sdpa in {len(raised)} of {len(entries)} signature(s) is computed by the target's "
+        "attention call or decompose-sdpa (on MLX's CPU that call's own ops, elsewhere in float32), not in the "
+        f"function's op order: {'; '.join(bounds)} (docs/numerics.md)" + option
     )
 
 
@@ -577,6 +603,7 @@ class CompiledFunction:
 __all__ = [
     "CompiledFunction", "FallbackWarning", "Frontend", "MAX_SIGNATURES", "Specialization", "SpecializationError",
     "NUMERICS", "Rebuild", "SOURCE_EXACT", "SUMMARY_AFTER", "Traceable", "array_text", "as_passes", "check_callable",
-    "check_calling_convention", "decision", "name_parameters", "numerics_note", "numerics_passes", "remark_summary",
-    "signatures_summary", "static_spec", "static_text", "wrapper_pipeline",
+    "check_calling_convention", "decision", "name_parameters", "numerics_note", "numerics_passes",
+    "raised_attention_dtypes", "remark_summary", "signatures_summary", "static_spec", "static_text",
+    "wrapper_pipeline",
 ]  # fmt: skip

@@ -128,3 +128,47 @@ def test_explain_groups_decisions_by_kind_past_eight_signatures():
     single(*inputs(jnp.bfloat16))
     single.explain(file=one, summary=True)
     assert one.getvalue().splitlines()[2].startswith("  1 compiled, 0 run the original function")
+
+
+def bf16_attention_in_a_float32_function(x, w, pad):
+    """EasyDeL's default: a float32 model whose attention computes in bfloat16 (``attn_dtype``), the softmax in
+    float32 (``attn_softmax_dtype``), the attention's output back in float32 for the layers after it; one decode
+    row (the last) over every key, which decompose-sdpa computes in float32."""
+    q, k, v = (jnp.einsum("btc,chd->bthd", x[:, -1:] if i == 0 else x, w[i]).astype(jnp.bfloat16) for i in range(3))
+    s = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) / np.float32(np.sqrt(D))
+    s = s + jnp.where(pad[:, None, None, :], 0, -1e9).astype(s.dtype)
+    attention = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s, axis=-1).astype(jnp.bfloat16), v)
+    out = attention.astype(jnp.float32)
+    return out, jnp.einsum("bthd,chd->btc", out, w[3])
+
+
+def test_a_bf16_attention_in_a_float32_function_is_stated_as_bf16_not_float32_within_1e_5():
+    """explain()'s numerics name the attention's own dtype: the bf16 attention within two bf16 steps of its
+    largest value, and its rounding carried into the float32 outputs (measured past 1e-5), not 'float32 within
+    1e-5'; the all-float32 function (the control) keeps that claim, and holds it."""
+    from attnpass.backends.jax import jit
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((B, T, 32)).astype(np.float32)
+    w = (rng.standard_normal((4, 32, H, D)) / 8).astype(np.float32)
+    pad = inputs(np.float32)[3]
+    fast = jit(bf16_attention_in_a_float32_function, strict=True)
+    got = [np.asarray(o, np.float64) for o in fast(x, w, pad)]
+    source = [np.asarray(o, np.float64) for o in jax.jit(bf16_attention_in_a_float32_function)(x, w, pad)]
+    assert bf16_steps_of_largest(got[0], source[0]) <= 2
+    assert np.abs(got[1] - source[1]).max() > 1e-5  # the bf16 rounding reaches the float32 outputs
+    out = io.StringIO()
+    fast.explain(file=out, summary=True)
+    note = out.getvalue().splitlines()[1]
+    assert "numerics: attention raised to sdpa in 1 of 1 signature(s)" in note
+    assert "float32 within 1e-5" not in note
+    assert "bf16 attention within two steps of its output's largest value in that dtype" in note
+    assert "a bf16 attention inside a float32 function (EasyDeL's default attn_dtype) carries that rounding" in note
+
+    plain = jit(padded_attention, strict=True)  # the control: a float32 attention
+    args = inputs(np.float32)
+    assert_close(np.asarray(plain(*args)), np.asarray(jax.jit(padded_attention)(*args)))
+    control = io.StringIO()
+    plain.explain(file=control, summary=True)
+    assert "float32 within 1e-5 of the function" in control.getvalue()
+    assert "bf16" not in control.getvalue().splitlines()[1]
