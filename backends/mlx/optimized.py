@@ -226,10 +226,13 @@ class OptimizedModel:
 
     def decline_bound(self, code: str) -> str | None:
         """The bound behind the declines of ``code`` in words (``under 128 key rows in bfloat16``); None for a code
-        that no bound decides (only ``short_context`` and ``quantized_tie`` have one: :mod:`.bounds`)."""
+        that no bound decides (only ``short_context``, ``quantized_tie`` and ``fallback_ops`` have one: :mod:`.bounds`,
+        :func:`.programs.kept_fallback`)."""
         found = self.declines.get(code)
-        if found is None or code not in ("short_context", "quantized_tie"):
+        if found is None or code not in ("short_context", "quantized_tie", "fallback_ops"):
             return None
+        if code == "fallback_ops":
+            return f"a {found.data.get('dtype', 'float32')} call whose program would be MLX's own CPU fallback ops"
         if code == "quantized_tie":
             return f"a {found.data.get('dtype', 'half-float')} call over a quantized cache, which only ties on CPU"
         bounds = sorted((kind, least, precision.value) for (kind, _), (least, precision) in list(self.bounds.items())
@@ -329,7 +332,9 @@ def optimize(
     are as for :func:`attnpass.backends.mlx.compile` (for QSA calls every ``qsa-gather`` of the pipeline is given
     the selection input). A call whose program would get fewer key rows than ``min_keys`` runs the client's
     function (``short_context``, or ``quantized_tie``); None is :data:`~.bounds.MIN_KEYS` on CPU and 0
-    elsewhere; 0 routes every depth. ``check=True`` (a shadow mode, for tests and for trying a model) also runs
+    elsewhere, and declines too, on CPU, a float32 program that would be only MLX's own fallback ops over the
+    buffer's cut (``fallback_ops``: the device's ``fallback_declined``); an int replaces both (0 routes every
+    depth and dtype). ``check=True`` (a shadow mode, for tests and for trying a model) also runs
     the client's function on every routed call and raises :class:`~.check.CheckError` on the first output that
     differs beyond the program's stated numerics (bit for bit under the CPU default pipeline; docs/dropin.md),
     naming the layer, the cache and the signature; None reads the switch :data:`~.check.CHECK_ENV` at this

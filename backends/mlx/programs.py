@@ -219,6 +219,33 @@ def kept_fused(result: PassResult) -> Decline | None:
     return None
 
 
+NO_GAIN = frozenset({"raise-attention", "decompose-sdpa", "dce", "canonicalize"})  # passes that cut no work
+
+
+def kept_fallback(declined: frozenset[DType]) -> Callable[[PassResult], Decline | None]:
+    """The decline hook of a rewritten graph that is only MLX's CPU fallback's own ops (decompose-sdpa's fused
+    rounding, no pass of the pipeline outside :data:`NO_GAIN` applied) in a dtype of ``declined`` (the device's
+    ``fallback_declined``): the client's call runs those very ops over the valid keys, the program over the
+    buffer's cut, which has more rows (docs/benchmarks.md, "Float32 decode on CPU")."""
+
+    def decline(result: PassResult) -> Decline | None:
+        applied = [r for r in result.remarks if r.kind == "applied"]
+        fallback = [r for r in applied if r.pass_name == "decompose-sdpa" and r.data.get("rounding") == "fused"]
+        if not fallback or any(r.pass_name not in NO_GAIN for r in applied):
+            return None
+        dtype = fallback[0].data["dtype"]
+        if DType(dtype) not in declined:
+            return None
+        return Decline(
+            "fallback_ops",
+            f"the program would be MLX's CPU fallback's own {dtype} ops (no rewrite cuts work) over the buffer's "
+            "cut: the client's call runs the same ops over the valid keys only, faster (docs/benchmarks.md)",
+            data={"dtype": dtype},
+        )
+
+    return decline
+
+
 def kept_masked(result: PassResult) -> Decline | None:
     """The decline of a QSA graph ``qsa-gather`` left in the masked form, with ``qsa-gather``'s own reason."""
     if not any(n.op == "qsa_mask" for n in result.graph.nodes()):
@@ -248,16 +275,22 @@ def compile_program(
     min_keys: int | None, bounds: Bounds,
 ) -> CompiledFunction:  # fmt: skip
     """``spec``'s function compiled per signature under ``pipeline`` (None: the device's wrapper pipeline), its
-    decisions taken on each rewritten graph in the order fused, too short, masked."""
+    decisions taken on each rewritten graph in the order fused, too short, fallback (``min_keys`` None only),
+    masked."""
     frontend = OpsFrontend() if spec.traced else MLXFrontend()
     passes = wrapper_pipeline(frontend.device(), frontend.target) if pipeline is None else as_passes(pipeline)
     if spec.selection:
         passes = [_promised(p) for p in passes]
     if spec.tokens:
         passes = [_tokens_promised(p) for p in passes]
-    hooks: list[Callable[[PassResult], Decline | None]] = [kept_fused] if spec.declines_fused else []
+    device = DEVICES[frontend.device()]
+    hooks: list[Callable[[PassResult], Decline | None]] = []
+    if spec.declines_fused:
+        hooks.append(kept_fused)
     if spec.bound is not None:
-        hooks.append(too_short(spec.bound, min_keys, DEVICES[frontend.device()].min_keys, bounds))
+        hooks.append(too_short(spec.bound, min_keys, device.min_keys, bounds))
+    if spec.declines_fused and min_keys is None:  # an explicit min_keys replaces the measured bounds, this one too
+        hooks.append(kept_fallback(device.fallback_declined))
     if spec.selection:
         hooks.append(kept_masked)
     if spec.latent:
@@ -289,6 +322,6 @@ def _tokens_promised(p: Pass) -> Pass:
 
 __all__ = [
     "PROGRAMS", "OpsFrontend", "ProgramSpec", "attention", "compile_program", "dsa_attention", "kept_expanded",
-    "kept_fused", "kept_masked", "mla_attention", "qsa_attention", "qsa_quantized_attention", "quantized_attention",
+    "kept_fallback", "kept_fused", "kept_masked", "mla_attention", "qsa_attention", "qsa_quantized_attention", "quantized_attention",
     "selected_attention", "structured_attention", "token_attention",
 ]  # fmt: skip

@@ -20,6 +20,7 @@ ROUTER_REASONS: dict[str, str] = {
     "no_array_mask": "a batched cache's call without an array mask (the streams' padding is only in the mask)",
     "short_context": "fewer key rows than the bound routes: the client's function is faster there",
     "quantized_tie": "a half-float quantized call on CPU, where the program only ties the client's function",
+    "fallback_ops": "a program that would be only MLX's CPU fallback's own ops, over a buffer cut: the client's is faster",
     "no_program": "the signature has no compiled program: its import, pipeline or lowering failed",
     "model_mask": "the model combined a mask with the QSA selection",
     "model_kernel": "the model's own sparse kernel takes this call",

@@ -35,6 +35,9 @@ class Device:
     # the MLX router: the fewest key rows of a program's cut worth routing, per (program kind, the dtype it computes
     # in); None routes none (quantized_tie), a missing pair every depth
     min_keys: Mapping[tuple[str, DType], int | None] = field(hash=False)
+    # the MLX router: the dtypes in which a program that is only MLX's CPU fallback's own ops (decompose-sdpa's
+    # fused rounding, no other rewrite) is declined (fallback_ops): the client runs those ops over the valid keys
+    fallback_declined: frozenset[DType] = frozenset()
 
 
 DEVICES: dict[str, Device] = {
@@ -42,7 +45,7 @@ DEVICES: dict[str, Device] = {
     # prefill_tile 16: measured (docs/qsa.md, "Prefill"); mla_crossover_factor and dsa_tile_bytes: measured
     # on MLX CPU (docs/mla.md, "Crossover" and "Tiles", benchmarks/mla_absorb.py); block-sparse: measured on CPU
     # only (docs/semantics.md §1.4); min_keys: measured on MLX CPU (docs/benchmarks.md, "Short contexts" and
-    # "Quantized caches on CPU")
+    # "Quantized caches on CPU"); fallback_declined: measured on MLX CPU (docs/benchmarks.md, "Float32 decode on CPU")
     "cpu": Device(
         block_q=512,
         prefill_tile=16,
@@ -59,6 +62,7 @@ DEVICES: dict[str, Device] = {
                 ("quantized", DType.float16): None,
             }
         ),
+        fallback_declined=frozenset({DType.float32}),
     ),
     # block_q: the CPU's size, not measured; prefill_tile: the CPU's, not measured (docs/qsa.md, "Prefill");
     # mla_crossover_factor 1 (the FLOP model) and dsa_tile_bytes: not measured (docs/mla.md, "Crossover");

@@ -60,6 +60,11 @@ CPU_UNFUSED = {
 class _Plan:
     reason: str
     fused_rounding: bool  # each step as MLX's CPU fallback rounds it, in the inputs' dtype (else in float32)
+    dtype: str  # the dtype the decomposition computes in
+
+    def describe(self) -> tuple[str, dict[str, str]]:
+        """The remark: the reason, with the rounding (``fused``: MLX's CPU fallback's own ops) and the dtype."""
+        return self.reason, {"rounding": "fused" if self.fused_rounding else "float32", "dtype": self.dtype}
 
 
 def _mask_keeps_dtype(graph: Graph, node: Node) -> bool:
@@ -116,7 +121,7 @@ class DecomposeSDPA(Pass):
         require_int("DecomposeSDPA", "max_q_len", self.max_q_len)
 
     def run(self, graph: Graph, remarks: Remarks) -> bool:
-        rule = Rule("decompose-sdpa", "sdpa", self._match, _rewrite, lambda plan: plan.reason)
+        rule = Rule("decompose-sdpa", "sdpa", self._match, _rewrite, _Plan.describe)
         widened = self._quantized_float32(graph, remarks)
         for node in graph.nodes():
             if node.op == "quantized_sdpa" and node.name not in widened:
@@ -175,8 +180,8 @@ class DecomposeSDPA(Pass):
             and _mask_keeps_dtype(graph, node)
         )
         rows = f"GQA-folded: the {gqa}*{s} query rows of each of {hkv} KV heads in one matmul over its {t} keys "
+        dtype = graph.node(node.q).type.dtype.value if fused_rounding else "float32"
         if fused_rounding:
-            dtype = graph.node(node.q).type.dtype.value
             sink = ", the sink column first" if node.sinks is not None else ""
             folded = rows + (
                 f"(q @ k^T){sink}, precise softmax, @ v, in {dtype}: MLX's CPU fallback's own ops, bit for bit"
@@ -191,7 +196,7 @@ class DecomposeSDPA(Pass):
         else:
             why = CPU_UNFUSED[self.target]
         extra = f"; {variants} written out (a sink: one more softmax column, dropped before @ v)" if variants else ""
-        return _Plan(f"strategy decomposed ({on}): {why}; {folded}{extra}", fused_rounding)
+        return _Plan(f"strategy decomposed ({on}): {why}; {folded}{extra}", fused_rounding, dtype)
 
 
 def _rewrite(rw: Rewriter, plan: _Plan) -> None:
