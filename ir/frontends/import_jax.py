@@ -119,7 +119,9 @@ def _without_dead_code(closed: Any) -> Any:
     from jax.extend.core import ClosedJaxpr
     from jax.interpreters import partial_eval as pe
 
-    jaxpr, _used = pe.dce_jaxpr(closed.jaxpr, True, instantiate=True)
+    # lists (one flag per output, one per input), not True: jax 0.9 iterates both (0.10 takes bools too)
+    outputs, inputs = [True] * len(closed.jaxpr.outvars), [True] * len(closed.jaxpr.invars)
+    jaxpr, _used = pe.dce_jaxpr(closed.jaxpr, outputs, instantiate=inputs)
     return closed if jaxpr is closed.jaxpr else ClosedJaxpr(jaxpr, closed.consts)
 
 
@@ -261,7 +263,7 @@ class _Importer:
         index_shape = b.type(indices).shape
         clip = "CLIP" in str(params.get("mode"))
         if dn.operand_batching_dims:
-            raise ModelImportError(f"scatter with operand batching dims {dn.operand_batching_dims} is not supported")
+            return self._scatter_batched(operand, indices, updates, dn, clip)
         if math.prod(index_shape[:-1]) == 1:
             return self._scatter_window(operand, indices, updates, dn, clip)
         return self._scatter_rows(operand, indices, updates, dn, clip)
@@ -271,11 +273,46 @@ class _Importer:
         back as ``scatter`` writes it (dropped where it does not fit, or the index clamped). Several windows may
         overlap and add up: declined."""
         dn, index_shape = params["dimension_numbers"], self.b.type(indices).shape
-        if dn.operand_batching_dims or math.prod(index_shape[:-1]) != 1:
+        if dn.operand_batching_dims:
+            return self._scatter_batched(operand, indices, updates, dn, "CLIP" in str(params.get("mode")), add=True)
+        if math.prod(index_shape[:-1]) != 1:
             raise ModelImportError(
                 f"scatter-add of indices {list(index_shape)} ({dn}): only one window is supported (x.at[i].add(u))"
             )
         return self._scatter_window(operand, indices, updates, dn, "CLIP" in str(params.get("mode")), add=True)
+
+    def _scatter_batched(
+        self, operand: str, indices: str, updates: str, dn: Any, clip: bool, *, add: bool = False
+    ) -> str:
+        """A scatter with operand batching dims (a vmapped ``dynamic_update_slice``: EasyDeL's cache write, one
+        window per sequence at its own slot): one window per batch element, each written into its own slice of
+        the operand as :meth:`_scatter_window` writes one (dropped where it does not fit, or clamped with ``CLIP``),
+        the slices concatenated back; unrolled over the batch. Several windows per batch element: declined."""
+        b = self.b
+        index_shape = b.type(indices).shape
+        batching, index_batching = list(dn.operand_batching_dims), list(dn.scatter_indices_batching_dims)
+        if math.prod(n for d, n in enumerate(index_shape[:-1]) if d not in index_batching) != 1:
+            raise ModelImportError(
+                f"scatter of indices {list(index_shape)} with operand batching dims {tuple(batching)} ({dn}): only "
+                "one window per batch element is supported (vmap of dynamic_update_slice)"
+            )
+        update_scatter_dims = [d for d in range(b.type(updates).rank) if d not in set(dn.update_window_dims)]
+        axis, index_axis = int(batching[0]), int(index_batching[0])
+        update_axis = update_scatter_dims[index_axis]
+        rest = dn._replace(
+            operand_batching_dims=tuple(batching[1:]),
+            scatter_indices_batching_dims=tuple(index_batching[1:]),
+            inserted_window_dims=tuple(sorted([*dn.inserted_window_dims, axis])),
+        )
+        pieces = []
+        for j in range(b.type(operand).shape[axis]):
+            part, point, update = (b.slice_axis(x, a, j, j + 1) for x, a in
+                                   ((operand, axis), (indices, index_axis), (updates, update_axis)))  # fmt: skip
+            if rest.operand_batching_dims:
+                pieces.append(self._scatter_batched(part, point, update, rest, clip, add=add))
+            else:
+                pieces.append(self._scatter_window(part, point, update, rest, clip, add=add))
+        return pieces[0] if len(pieces) == 1 else b.concat(pieces, axis)
 
     def _scatter_window(
         self, operand: str, indices: str, updates: str, dn: Any, clip: bool, *, add: bool = False
@@ -389,8 +426,9 @@ class _Importer:
         return out
 
     def gather(self, x: str, indices: str, params: dict) -> str:
-        """``lax.gather`` of whole points (embedding lookups, ``take``, ``take_along_axis``), or of one window
-        (a vmapped ``lax.dynamic_slice``: :meth:`window_gather`).
+        """``lax.gather`` of whole points (embedding lookups, ``take``, ``take_along_axis``), of one window
+        (a ``lax.dynamic_slice`` vmap made a gather: :meth:`window_gather`), or of one window per batch element
+        (operand batching dims: :meth:`batched_window_gather`).
 
         Every indexed or batching operand axis has slice size 1 (collapsed, or kept as a unit axis); the other
         axes are sliced from 0. Indices must be in range: the ``clip``/``fill`` modes differ only outside it.
@@ -411,12 +449,16 @@ class _Importer:
         windowed = any(slice_sizes[axis] != 1 for axis in starts)  # else points (an uncollapsed one: a unit axis)
         if windowed and not batch_shape and not dropped and dn.offset_dims == tuple(range(len(slice_sizes))):
             return self.window_gather(x, dict(zip(starts, points)), slice_sizes, params["mode"])
-        if windowed:
+        if windowed and dn.operand_batching_dims and len(dn.start_indices_batching_dims) == len(batch_shape):
+            out = self.batched_window_gather(x, indices, dn, slice_sizes, params["mode"])
+            offsets = [size for axis, size in enumerate(slice_sizes) if axis not in dropped]
+        elif windowed:
             raise ModelImportError(
                 f"gather {dn}: only point gathers (slice size 1 on every indexed axis) and single windows are supported"
             )
-        out = b.gather(x, points, starts, slice_sizes)
-        offsets = [size for axis, size in enumerate(slice_sizes) if axis not in dropped]
+        else:
+            out = b.gather(x, points, starts, slice_sizes)
+            offsets = [size for axis, size in enumerate(slice_sizes) if axis not in dropped]
         out = b.reshape(out, batch_shape + tuple(offsets))
         offset_dims, rank = [int(d) for d in dn.offset_dims], len(batch_shape) + len(offsets)
         batch_positions = iter(range(len(batch_shape)))
@@ -424,6 +466,26 @@ class _Importer:
             len(batch_shape) + offset_dims.index(p) if p in offset_dims else next(batch_positions) for p in range(rank)
         ]
         return b.transpose(out, perm)
+
+    def batched_window_gather(self, x: str, indices: str, dn: Any, sizes: tuple[int, ...], mode: Any) -> str:
+        """One window per batch element (a vmapped ``lax.dynamic_slice``: ejkernel's mask rows at each sequence's
+        cache length), each cut from its own slice of ``x`` by :meth:`window_gather`: the windows stacked in the
+        batch's order, ``[*batch, *sizes]`` (unrolled over the batch)."""
+        b = self.b
+        index_shape = b.type(indices).shape
+        batch_shape, last = index_shape[:-1], len(index_shape) - 1
+        pairs = list(zip((int(d) for d in dn.operand_batching_dims), (int(d) for d in dn.start_indices_batching_dims)))
+        windows = []
+        for at in np.ndindex(*batch_shape):
+            part, point = x, indices
+            for axis, index_axis in pairs:
+                part = b.slice_axis(part, axis, at[index_axis], at[index_axis] + 1)
+            for index_axis, j in enumerate(at):
+                point = b.slice_axis(point, index_axis, j, j + 1)
+            starts = {int(axis): b.reshape(b.slice_axis(point, last, j, j + 1), [])
+                      for j, axis in enumerate(dn.start_index_map)}  # fmt: skip
+            windows.append(b.reshape(self.window_gather(part, starts, sizes, mode), [1, *sizes]))
+        return windows[0] if len(windows) == 1 else b.concat(windows, 0)
 
     def window_gather(self, x: str, starts: dict[int, str], sizes: tuple[int, ...], mode: Any) -> str:
         """One window of ``sizes`` at ``starts`` (operand axis -> start; the others from 0), every axis kept:

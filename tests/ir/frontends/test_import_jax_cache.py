@@ -111,6 +111,52 @@ def test_a_scatter_of_partial_windows_is_declined_by_name(rng):
         from_jax(lambda c, r, p: c.at[p[:, 0], p[:, 1], :2].set(r), cache, rows, positions)
 
 
+SLOTS = [("in-range", [3, 0, 9]), ("past-end", [12, 14, 5]), ("negative", [-2, -20, 1])]
+
+
+def _vmapped_write(old, new, slot):
+    """EasyDeL's cache write (``TransformerCacheView``): each sequence's new rows at its own slot, a vmapped
+    ``dynamic_update_slice`` (a scatter with operand batching dims, mode ``CLIP``)."""
+    return jax.vmap(lambda o, n, s: lax.dynamic_update_slice(o, n, (s, 0, 0)))(old, new, slot)
+
+
+def _vmapped_read(mask, start):
+    """ejkernel's ``MaskInfo.apply_kv_lengths``: each sequence's query rows at its own start, a vmapped
+    ``dynamic_slice`` (a gather with operand batching dims)."""
+    return jax.vmap(lambda m, s: lax.dynamic_slice(m, (0, s, 0), (1, 2, m.shape[-1])))(mask, start)
+
+
+@pytest.mark.parametrize("name, slots", SLOTS, ids=[c[0] for c in SLOTS])
+@pytest.mark.parametrize("dtype", [np.float32, "bfloat16"])
+def test_a_vmapped_cache_write_and_read_are_exact_per_sequence(rng, name, slots, dtype):
+    """One window per batch element, each at its own index (clamped where it does not fit, as
+    ``dynamic_update_slice`` / ``dynamic_slice`` clamp): bit for bit what jax.jit computes on every target, the
+    writes one ``dynamic_update_slice`` per sequence, the reads one ``take``."""
+    dtype = jnp.dtype(dtype)
+    old = rng.standard_normal((3, 16, 2, 4)).astype(dtype)
+    new = rng.standard_normal((3, 5, 2, 4)).astype(dtype)
+    slot = np.asarray(slots, np.int32)
+    assert "operand_batching_dims=(0,)" in str(jax.make_jaxpr(_vmapped_write)(old, new, slot))
+    mask = rng.standard_normal((3, 1, 16, 16)) > 0
+    cases = ((_vmapped_write, (old, new, slot), "dynamic_update_slice", 3), (_vmapped_read, (mask, slot), "take", 3))
+    for fn, args, op, count in cases:
+        imported = from_jax(fn, *args)
+        assert [n.op for n in imported.graph.nodes()].count(op) == count
+        expected = np.asarray(jax.jit(fn)(*args))
+        for target in ("numpy", "mlx", "jax"):
+            assert_bits_equal(run(lower(imported.graph, target), *args, **imported.params), expected)
+
+
+def test_a_vmapped_write_of_several_windows_per_sequence_is_declined_by_name(rng):
+    """Two windows per sequence (a vmapped ``.at[positions].set``): not one window per batch element."""
+    cache = rng.standard_normal((2, 8, 3)).astype(np.float32)
+    rows = rng.standard_normal((2, 2, 3)).astype(np.float32)
+    positions = np.array([[0, 4], [1, 5]], np.int32)
+    message = r"(?s)operand batching dims \(0,\).*only one window per batch element.*equation #\d+ scatter"
+    with pytest.raises(ModelImportError, match=message):
+        from_jax(jax.vmap(lambda c, r, p: c.at[p].set(r)), cache, rows, positions)
+
+
 def _decode_module(dtype: str):
     """A flax nnx MultiHeadAttention(decode=True) whose cache already holds 3 tokens, as (graphdef, state)."""
     from flax import nnx
