@@ -28,13 +28,23 @@ table gives requests/s and generated tokens/s (the burst's wall time), the media
 request to its first content chunk), each as plain, attnpass and attnpass / plain (the median over rounds of the
 paired ratios), and whether every answer of every round was plain's; stderr has each round's line as it ends. The
 first round of each server also traces the optimized model's signatures at these depths; ``--warm-up`` runs one
-untimed round first. On a shared machine compare the ratios. The prefix cache vllm-mlx saves at shutdown
+untimed round first.
+
+Concurrent answers are compared as they came, but they depend on how the server happened to batch the requests (which
+streams were prefilled together, which one joined a running batch): the same requests can get other answers from plain
+vllm-mlx itself when the timing differs. On qwen4_exp it does (by mlx-vlm's code, Qwen4-Exp attends its QSA selection in
+an equal-length batch, every cached key in a left-padded decode step), so a slower first round under attnpass (its
+traces) meets other batches than plain's and other answers; ``--control`` shows the rate between two plain servers. The
+comparison that does not depend on timing: after the rounds, ``--alone N`` fresh prompts go to each server one request
+at a time (a batch of one, the same on both), and the line ``one at a time`` says whether every answer was plain's.
+
+On a shared machine compare the ratios. The prefix cache vllm-mlx saves at shutdown
 (``~/.cache/vllm-mlx/prefix_cache/``, the temporary model's) is removed. The defaults (llama, 4 clients, 8,192-token
 prompts, 2 rounds) took 18 minutes on 2 shared CPU cores; 16 clients there take about 4 times as long a burst.
 
     .venv-servers/bin/python benchmarks/vllm_mlx_server.py [--families llama deepseek_v32 qwen4_exp]
         [--clients 4 16] [--context 8192] [--max-tokens 16] [--rounds 2] [--warm-up] [--min-keys N]
-        [--engine batched|simple] [--control] [--layers 2] [--heads 8] [--kv-heads 2] [--hidden 512]
+        [--engine batched|simple] [--control] [--alone 1] [--layers 2] [--heads 8] [--kv-heads 2] [--hidden 512]
 """
 
 from __future__ import annotations
@@ -58,6 +68,7 @@ from mlx_lm_server import LoggedServer  # tests/cli/servers.py's, as this script
 ROOT = Path(__file__).resolve().parent.parent
 
 FOLLOW_UP = 16  # words of the second turn's new question
+ALONE = 900_000_000  # the seeds of --alone's prompts (the rounds' are below)
 VARIANTS = ("plain", "optimize")
 
 
@@ -214,6 +225,8 @@ def bench_family(family: str, args: argparse.Namespace, tmp: Path) -> None:
                     )
             for turn in range(2):
                 print(_row(clients, turn, [{v: found[v][turn] for v in VARIANTS} for found in rounds]), flush=True)
+        if args.alone:
+            print(alone(servers, family, args), flush=True)
         status, body = servers["optimize"].get("/attnpass/summary")
         for loaded in json.loads(body)["models"] if status == 200 else []:
             print(f"attnpass: {loaded['summary']}")
@@ -225,6 +238,19 @@ def bench_family(family: str, args: argparse.Namespace, tmp: Path) -> None:
     for variant, (_, log) in ended.items():
         if "Traceback" in log:
             print(f"{variant} server's log has a traceback ({servers[variant].log}):\n{log[-3000:]}")
+
+
+def alone(servers: dict[str, Server], family: str, args: argparse.Namespace) -> str:
+    """``--alone`` fresh prompts of ``--context`` words, to each server one request at a time (a batch of one, the
+    same on both servers, whatever the timing): the line that says whether every answer was plain's."""
+    prompts = [prompt(family, args.context, ALONE + n) for n in range(args.alone)]
+    answers = {
+        v: [servers[v].chat([{"role": "user", "content": text}], args.max_tokens).text for text in prompts]
+        for v in VARIANTS
+    }
+    differ = [pair for pair in zip(answers["plain"], answers["optimize"]) if pair[0] != pair[1]]
+    line = f"one at a time: {len(prompts) - len(differ)} of {len(prompts)} answers the same as plain's"
+    return line + (f" (first that differs: {differ[0]!r:.300})" if differ else "")
 
 
 def _row(clients: int, turn: int, rounds: list[dict[str, tuple[list[Answer], float]]]) -> str:
@@ -263,6 +289,9 @@ def main() -> None:
     parser.add_argument("--min-keys", type=int, default=None, help="attnpass vllm-mlx --min-keys (default: optimize's)")
     parser.add_argument("--engine", choices=("batched", "simple"), default="batched")
     parser.add_argument("--control", action="store_true", help="the second server plain too: the method's noise")
+    parser.add_argument(
+        "--alone", type=int, default=1, help="fresh prompts asked one request at a time after the rounds, compared"
+    )
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--kv-heads", type=int, default=2)
