@@ -347,6 +347,7 @@ def vlm_model(family: str, dtype: str, configure: Callable[[str], tuple[type, li
     owner = getattr(importlib.import_module(f"mlx_vlm.models.{family}"), "Model", None)
     model = text_model()(language_model, getattr(owner, "_set_position_state", None))
     model.set_dtype(mx.bfloat16 if dtype == "bf16" else mx.float32)
+    model.eval()  # inference mode, as mlx_vlm.load leaves it (GLM-5-Next, DeepSeek-V4, MoE layers branch on it)
     mx.eval(model.parameters())
     return model
 

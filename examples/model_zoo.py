@@ -159,6 +159,7 @@ def mlx_model(family: str, dtype: str, configure: Configure = zoo_args) -> Any:
     mx.random.seed(0)
     model = module.Model(module.ModelArgs(model_type=family, **configure(family, module)))
     model.set_dtype(mx.bfloat16 if dtype == "bf16" else mx.float32)
+    model.eval()  # inference mode, as mlx_lm.load leaves it (models branch on self.training)
     mx.eval(model.parameters())
     return model
 

@@ -60,6 +60,7 @@ def tiny_lm(family: str = "llama", *, dtype: str = "bfloat16", seed: int = 0, **
     mx.random.seed(seed)
     model = module.Model(module.ModelArgs.from_dict(config))
     model.set_dtype(getattr(mx, dtype))
+    model.eval()  # inference mode, as mlx_lm.load leaves it
     mx.eval(model.parameters())
     return model
 

@@ -117,6 +117,7 @@ def tiny_vlm(family: str = "qwen4_exp", *, seed: int = 3) -> Any:
         if hasattr(module, part) and hasattr(model_config, name):
             weights = utils.sanitize_weights(getattr(module, part), weights, getattr(model_config, name))
     model.load_weights(list(weights.items()))
+    model.eval()  # inference mode, as mlx_vlm.load leaves it
     mx.eval(model.parameters())
     return model
 
