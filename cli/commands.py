@@ -429,7 +429,33 @@ def launch(args: argparse.Namespace) -> int:
         args.pipeline, args.min_keys, args.strict, args.summary, args.explain, args.explain_full, args.summary_every
     )
     if args.library == "exec":
-        from .launch import exec_script
+        from dataclasses import replace
 
+        from .launch import exec_script
+        from .main import build_parser
+        from .startup import env_options
+
+        # the switch's option variables (ATTNPASS_MIN_KEYS, ...), as the startup hook reads them; given options win
+        given = build_parser().parse_args(["exec", *env_options(), args.entry])
+        options = replace(
+            options,
+            pipeline=options.pipeline if options.pipeline is not None else given.pipeline,
+            min_keys=options.min_keys if options.min_keys is not None else given.min_keys,
+            strict=options.strict or given.strict,
+            summary_every=options.summary_every if options.summary_every is not None else given.summary_every,
+        )
         return exec_script(args.entry, args.entry_args, options, args.optimize)
     return run(args.library, args.entry, args.entry_args, options)
+
+
+def hook(args: argparse.Namespace) -> int:
+    """``attnpass hook install|remove|status``: the startup hook's file in this Python's site-packages
+    (:mod:`attnpass.cli.hook`); status exits 1 when it is not installed."""
+    from . import hook as startup_hook
+
+    if args.action == "status":
+        installed, line = startup_hook.status()
+        print(line)
+        return 0 if installed else 1
+    print(startup_hook.install() if args.action == "install" else startup_hook.remove())
+    return 0

@@ -514,7 +514,8 @@ def exec_script(
     on or off by a switch: ``optimize`` (``--optimize``/``--no-optimize``) when given, else :data:`OPTIMIZE_ENV`
     read now (off when unset). On, it is :func:`run` of the :data:`ENTRY_POINTS` row whose ``main`` is the
     script's (and whose ``args`` begin ``ARGS``); off, ``SCRIPT`` itself replaces this process (``os.execvp``),
-    attnpass not in it. A plain ``vllm-mlx serve ...`` cannot be reached: vllm-mlx loads no plugin of its own."""
+    attnpass not in it. vllm-mlx loads no plugin of its own: an unchanged ``vllm-mlx serve ...`` is reached by the
+    startup hook (:mod:`attnpass.cli.startup`), which runs the same row."""
     import os
 
     from attnpass.ir.core.switches import env_switch

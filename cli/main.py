@@ -145,6 +145,17 @@ attnpass's process, plain. A service's command line stays the same either way.
 example: ATTNPASS_OPTIMIZE=1 attnpass exec vllm-mlx serve DIR --port 8000"""
 
 
+HOOK_EPILOG = """\
+install writes attnpass_startup.pth to this Python's site-packages: at each interpreter start
+of this environment, with ATTNPASS_OPTIMIZE=1 set, a server's unchanged command line (vllm-mlx
+serve MODEL ..., mlx_lm.server ...) runs as attnpass LIBRARY COMMAND ... would; its options come
+from ATTNPASS_PIPELINE, ATTNPASS_MIN_KEYS, ATTNPASS_STRICT and ATTNPASS_SUMMARY_EVERY. Unset, the
+line reads one variable and imports nothing. remove deletes the file; status says whether it is
+installed (exit status 0) or not (1).
+
+example: attnpass hook install && ATTNPASS_OPTIMIZE=1 ATTNPASS_MIN_KEYS=0 vllm-mlx serve DIR"""
+
+
 def _launcher_options(sub: argparse.ArgumentParser) -> None:
     sub.add_argument(
         "--pipeline", "-p", metavar="TEXT", help=f"optimize's pipeline (default: the device's); {PIPELINE_HELP}"
@@ -312,6 +323,10 @@ def build_parser() -> Parser:
     sub.epilog = EXEC_EPILOG
     sub.formatter_class = argparse.RawDescriptionHelpFormatter
     sub.set_defaults(library="exec")
+    sub = add("hook", "hook", "install, remove or show the startup hook: ATTNPASS_OPTIMIZE for unchanged servers")
+    sub.add_argument("action", choices=("install", "remove", "status"), help="%(choices)s")
+    sub.epilog = HOOK_EPILOG
+    sub.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.commands = tuple(subs.choices)
     return parser
 

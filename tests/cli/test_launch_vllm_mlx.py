@@ -1,20 +1,25 @@
-"""``attnpass vllm-mlx serve`` and ``ATTNPASS_OPTIMIZE=1 attnpass exec vllm-mlx serve`` (cli/launch.py) beside plain
-vllm-mlx, with the official ``openai`` client.
+"""``attnpass vllm-mlx serve``, ``ATTNPASS_OPTIMIZE=1 attnpass exec vllm-mlx serve`` and, with ``attnpass hook
+install``, ``ATTNPASS_OPTIMIZE=1 vllm-mlx serve`` (cli/launch.py, cli/startup.py) beside plain vllm-mlx, with the
+official ``openai`` client.
 
 vllm-mlx pins mlx-lm 0.31 and pulls torch: its tests run in their own venv (``make test-servers``,
 ``.venv-servers``); elsewhere they skip. The tiny float32 llama of :func:`attnpass.models.tiny_lm.save_tiny_lm`
 (float32: vllm-mlx's batched bf16 answers differ from run to run) is served on 127.0.0.1 (free ports, an API key) by
 plain vllm-mlx and through attnpass at once, in each engine mode: the default SimpleEngine (its lock admission
 set to ``wait``: else a concurrent request is answered 503) through ``attnpass vllm-mlx --min-keys 0 serve``, and
-``--continuous-batching`` (mlx-lm's ``BatchGenerator``, vllm-mlx's prefix cache) through the environment switch.
+``--continuous-batching`` (mlx-lm's ``BatchGenerator``, vllm-mlx's prefix cache) through the environment switch,
+both ways: ``attnpass exec`` and the startup hook, installed into this venv for the test (and removed after it,
+unless it was there before), with the unchanged ``vllm-mlx serve`` command line; plain is that same command line
+without the switch, which imports no attnpass module (its ``-X importtime`` log names none).
 Each gets 16 concurrent chat completions, then the same 16 streamed (the prefix cache meets them), then the first
 burst again: every answer is plain vllm-mlx's, ``GET /attnpass/summary`` counts routed calls (refused without the
-key), SIGTERM prints the summary and ends with status 143, and neither log has a traceback.
+key), SIGTERM prints the summary and ends with status 143, and no log has a traceback.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -45,7 +50,8 @@ class Server(LoggedServer):
 
     def __init__(self, launcher: list[str], model: Path, flags: list[str], log: Path, env: dict[str, str]) -> None:
         self.launcher, self.model, self.flags = launcher, model, flags
-        environment = os.environ | {"VLLM_MLX_SIMPLE_ENGINE_LOCK_ADMISSION": "wait", "HF_HUB_OFFLINE": "1"} | env
+        environment = {k: v for k, v in os.environ.items() if not k.startswith("ATTNPASS_")}
+        environment |= {"VLLM_MLX_SIMPLE_ENGINE_LOCK_ADMISSION": "wait", "HF_HUB_OFFLINE": "1"} | env
         environment["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{environment.get('PATH', '')}"
         super().__init__(log, environment)
 
@@ -57,25 +63,48 @@ class Server(LoggedServer):
         self.wait_until(lambda: self.get("/health", AUTH)[0], timeout, 0.5)
 
 
+@pytest.fixture
+def startup_hook():
+    """``attnpass hook install`` in this venv while the test runs; removed after it unless it was there before."""
+
+    def hook(action: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "attnpass.cli", "hook", action]
+        return subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+
+    before = hook("status").returncode == 0
+    installed = hook("install")
+    assert installed.returncode == 0 and hook("status").returncode == 0, installed
+    yield
+    if not before:
+        removed = hook("remove")
+        assert removed.returncode == 0 and hook("status").returncode == 1, (removed, hook("status"))
+
+
 @requires("mlx.core", "vllm_mlx", "openai")
 @pytest.mark.parametrize("mode", MODES)
-def test_vllm_mlx_answers_as_plain_with_its_calls_routed_and_ends_on_sigterm(model, mode, tmp_path):
+def test_vllm_mlx_answers_as_plain_with_its_calls_routed_and_ends_on_sigterm(model, mode, tmp_path, request):
     import json
 
     attnpass = [sys.executable, "-m", "attnpass.cli"]
-    launchers = {
-        "plain": ([sys.executable, "-m", "vllm_mlx.cli"], {}),
-        # the simple engine by the row's command, the batched one by the switch on an unchanged vllm-mlx command line
-        "optimize": ([*attnpass, "vllm-mlx", "--min-keys", "0"], {})
-        if mode == "simple"
-        else ([*attnpass, "exec", "--min-keys", "0", "vllm-mlx"], {"ATTNPASS_OPTIMIZE": "1"}),
-    }
+    if mode == "simple":  # the row's command beside vllm-mlx's module
+        launchers = {
+            "plain": ([sys.executable, "-m", "vllm_mlx.cli"], {}),
+            "optimize": ([*attnpass, "vllm-mlx", "--min-keys", "0"], {}),
+        }
+    else:  # the switch on an unchanged vllm-mlx command line: by attnpass exec, and by the startup hook
+        request.getfixturevalue("startup_hook")
+        script = [str(Path(sys.executable).parent / "vllm-mlx")]
+        launchers = {
+            "plain": (script, {"PYTHONPROFILEIMPORTTIME": "1"}),  # the hook installed, the switch unset
+            "optimize": ([*attnpass, "exec", "--min-keys", "0", "vllm-mlx"], {"ATTNPASS_OPTIMIZE": "1"}),
+            "hook": (script, {"ATTNPASS_OPTIMIZE": "1", "ATTNPASS_MIN_KEYS": "0"}),
+        }
     servers = {
         name: Server(launcher, model, MODES[mode], tmp_path / f"{name}.log", env)
         for name, (launcher, env) in launchers.items()
     }
     try:
-        for server in servers.values():  # both start at once
+        for server in servers.values():  # all start at once
             server.wait_ready()
         answers = {
             name: [
@@ -85,18 +114,25 @@ def test_vllm_mlx_answers_as_plain_with_its_calls_routed_and_ends_on_sigterm(mod
             for name, server in servers.items()
         }
         refused, _ = servers["optimize"].get("/attnpass/summary")
-        status, body = servers["optimize"].get("/attnpass/summary", AUTH)
+        summaries = {name: servers[name].get("/attnpass/summary", AUTH) for name in servers}
     finally:
         ended = {name: server.stop() for name, server in servers.items()}
-    plain, optimized = answers["plain"], answers["optimize"]
-    assert optimized == plain, (plain, optimized)
+    plain = answers["plain"]
+    for name in servers:
+        assert answers[name] == plain, (name, plain, answers[name])
     assert all(reason == "length" and text for burst in plain for text, reason in burst), plain
     assert plain[2] == plain[0] and [text for text, _ in plain[1]] == [text for text, _ in plain[0]], plain
-    summary = json.loads(body)
-    assert refused == 401 and status == 200 and summary["command"] == "vllm-mlx serve", (refused, summary)
-    [loaded] = summary["models"]
-    assert loaded["model"] == str(model) and loaded["routed"] > 0 and loaded["traces"] > 0, loaded
-    assert_ended_cleanly(ended, loaded)
+    assert refused == 401 and summaries.pop("plain")[0] == 404, (refused, summaries)
+    for name, (status, body) in summaries.items():
+        summary = json.loads(body)
+        assert status == 200 and summary["command"] == "vllm-mlx serve", (name, summary)
+        [loaded] = summary["models"]
+        assert loaded["model"] == str(model) and loaded["routed"] > 0 and loaded["traces"] > 0, (name, loaded)
+        assert_ended_cleanly({"plain": ended["plain"], "optimize": ended[name]}, loaded)
+    if mode == "batched":
+        imports = [line for line in ended["plain"][1].splitlines() if line.startswith("import time:")]
+        ours = [line for line in imports if re.search(r"\|\s*attnpass", line)]
+        assert len(imports) > 100 and not ours, (len(imports), ours)
 
 
 @requires("vllm_mlx")
