@@ -11,6 +11,20 @@ query row builds its mask from the indexer's top-k positions ``idx``
 The last form is a block selection widened to its tokens (MiniMax-M3: each
 row's top blocks, then its causal cells in them, both bool).
 
+A bool mask that is neither reads a **value-cutoff selection** among its
+ancestors (MaxText's DSA indexer: the cells at or above the K-th top-k value,
+ties by rank, :mod:`.value_cutoff`), which holds at most ``K`` cells per row
+for every input; the mask must be false wherever that selection is
+(:mod:`.cell_implication`). Its indices are then ``argtopk(cast(sel, int32),
+K)``, which the rewrite writes: every selected cell, distinct, and when a row
+selects fewer than ``K`` the lowest-index unselected ones, which the mask
+(gathered as the cells' values) keeps at weight 0. A row left with no key
+(all ``K`` gathered cells false) is the mean of V over all ``T`` cells on the
+masked path: the rewrite computes that row so (``keys="fallback"``). The
+selection is ``[B, L, T]`` (one per query row) or ``[B, 1, T]`` with a mask of
+one row (one per stream, shared by all its rows: MaxText's absorbed MLA folds
+the query heads into the rows).
+
 :func:`match_token_selection` reads that form off an ``sdpa`` and says
 whether attention over each row's ``K`` indexed cells computes what the
 masked call computes (up to summation order), or why not, as a
@@ -38,19 +52,22 @@ from dataclasses import dataclass
 from attnpass.ir import DType, Graph, Node
 
 from ..infra.rewrite import Decline
+from .cell_implication import implies_cellwise
+from .value_cutoff import find_value_cutoff
 
 
 @dataclass(frozen=True)
 class TokenSelection:
     """A proven token selection: the indices, the per-cell values (None: the bool form) and why it is exact."""
 
-    indices: str  # i32 [B, 1, L, K]
+    indices: str | None  # i32 [B, 1, L, K]; None: argtopk(cast(selected, int32), K), written by the rewrite
     values: str | None  # m of where(sel, m, fill); None when the mask is sel itself
     fill: float | None  # the where's fill; None for the bool forms (sel itself, or bool cells filled with False)
     top_k: int
     kv_len: int
-    distinct: str  # "argpartition" (proven) or "promised" (selection_input)
-    keys: str  # why every row has a key: "bool", "neg_inf" or "promised" (rows_have_keys)
+    distinct: str  # "argpartition" (proven), "promised" (selection_input) or "argtopk" (of a value cutoff)
+    keys: str  # why every row has a key: "bool", "neg_inf", "promised" (rows_have_keys); "fallback": not proven
+    selected: str | None = None  # the value-cutoff selection (bool [..., T]) when indices is None
 
     @property
     def form(self) -> str:
@@ -129,7 +146,42 @@ def match_token_selection(
                 data={"lowest": lowest},
             )
         values, fill = value.name, float(other.attrs["value"][0])
+    elif mask.type.dtype is DType.bool and mask.op != "put_along_axis":
+        found = find_value_cutoff(graph, mask)
+        if found is not None:
+            return (
+                found if isinstance(found, Decline) else _value_cutoff(graph, sdpa, mask, found.selected, found.top_k)
+            )
     return _selection(graph, cond, values, fill, sdpa, selection_input, rows_have_keys)
+
+
+def _value_cutoff(graph: Graph, sdpa: Node, mask: Node, selected: str, top_k: int) -> TokenSelection | Decline:
+    """The bool ``mask`` as a gather of the value-cutoff selection ``selected`` (module docstring), or why not."""
+    (b, _h, rows, _d), kv_len = graph.node(sdpa.q).type.shape, graph.node(sdpa.k).type.shape[2]
+    sel = graph.node(selected).type
+    lead, per_row, shared = (tuple(d for d in shape if d != 1) for shape in (sel.shape[:-1], (b, rows), (b,)))
+    one_mask_row = mask.type.rank < 2 or mask.type.shape[-2] == 1  # rows sharing cells share the mask too
+    if (
+        sel.shape[-1] != kv_len
+        or mask.type.shape[-1] != kv_len
+        or not (lead == per_row or (lead == shared and one_mask_row))
+    ):
+        return Decline(
+            "mask_layout",
+            f"selection {selected} is {sel} and mask {mask.name} {mask.type}; the keys are T={kv_len}, the rows "
+            f"[B, L] = {[b, rows]} (or one row of cells per stream, [B] = {[b]}, shared by all rows with one mask row)",
+            selected,
+        )
+    if top_k >= kv_len:
+        return Decline(
+            "little_gain",
+            f"the selection keeps K={top_k} of T={kv_len} cells: a gather would read every cell",
+            data={"top_k": top_k, "kv_len": kv_len},
+        )
+    unproven = implies_cellwise(graph, mask.name, selected)
+    if unproven is not None:
+        return unproven
+    return TokenSelection(None, mask.name, None, top_k, kv_len, "argtopk", "fallback", selected)
 
 
 def _selection(

@@ -66,6 +66,12 @@ REASONS: dict[str, str] = {
     "not_row_wise": "an op between the raw and the block keys is not row-wise",
     "gather_form": "K or V are not gathered by qsa_gather of the same cells",
     "indices_not_distinct": "a token selection's indices are neither proven nor promised distinct per row",
+    "ties_unbounded": "a value-cutoff selection keeps every tie at the cutoff: more than K cells per row",
+    "missing_tie_term": "a value-cutoff selection has no term for the ties at the cutoff: not top_k's K cells",
+    "scan_axis": "a rank (cumulative sum) runs along another axis than the keys",
+    "k_mismatch": "the K of top_k, of the rank bound and of the room left for ties differ",
+    "cutoff_form": "the cutoff is not the K-th top_k value of the compared scores, or the terms are not its ranks",
+    "mask_not_implied": "the mask is not proven false wherever the selection is (cell by cell along the keys)",
     # multi-head latent attention
     "not_latent": "K and V are not per-head up-projections (matmul) of one shared latent",
     "sharding_conflict": "the values are already sharded otherwise, or two mesh axes claim one dimension",
