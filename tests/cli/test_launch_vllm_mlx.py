@@ -13,7 +13,9 @@ unless it was there before), with the unchanged ``vllm-mlx serve`` command line;
 without the switch, which imports no attnpass module (its ``-X importtime`` log names none).
 Each gets 16 concurrent chat completions, then the same 16 streamed (the prefix cache meets them), then the first
 burst again: every answer is plain vllm-mlx's, ``GET /attnpass/summary`` counts routed calls (refused without the
-key), SIGTERM prints the summary and ends with status 143, and no log has a traceback.
+key), SIGTERM prints the summary and ends with status 143, and no log has a traceback. ``--mllm`` on the tiny
+Qwen4-Exp of :func:`attnpass.models.tiny_vlm.save_tiny_vlm` is compared one request at a time: its concurrent answers
+depend on how vllm-mlx batched them, plain's too.
 """
 
 from __future__ import annotations
@@ -133,6 +135,45 @@ def test_vllm_mlx_answers_as_plain_with_its_calls_routed_and_ends_on_sigterm(mod
         imports = [line for line in ended["plain"][1].splitlines() if line.startswith("import time:")]
         ours = [line for line in imports if re.search(r"\|\s*attnpass", line)]
         assert len(imports) > 100 and not ours, (len(imports), ours)
+
+
+@requires("mlx.core", "vllm_mlx", "openai", "mlx_vlm")
+def test_vllm_mlx_mllm_qwen4_exp_answers_one_request_at_a_time_as_plain_with_its_qsa_calls_routed(tmp_path):
+    """``--mllm`` (mlx-vlm's loader, vllm-mlx's MLLM batch generator) on the tiny Qwen4-Exp: its concurrent answers
+    depend on how vllm-mlx batched the requests, plain too (docs/cli.md), so the requests go one at a time, streamed
+    and not: every answer plain's, QSA calls routed, clean ends."""
+    import json
+
+    from attnpass.models.tiny_vlm import save_tiny_vlm
+
+    model = save_tiny_vlm(tmp_path / "qwen4_exp", "qwen4_exp")
+    flags = ["--continuous-batching", "--mllm"]
+    launchers = {"plain": [sys.executable, "-m", "vllm_mlx.cli"],
+                 "optimize": [sys.executable, "-m", "attnpass.cli", "vllm-mlx", "--min-keys", "0"]}  # fmt: skip
+    servers = {
+        name: Server(launcher, model, flags, tmp_path / f"{name}.log", {}) for name, launcher in launchers.items()
+    }
+    prompts = ["".join(chr(97 + (7 * n + 3 * i) % 26) for i in range(48 + 8 * n)) for n in range(3)]  # 48-64 bytes
+    try:
+        for server in servers.values():
+            server.wait_ready()
+        answers = {
+            name: [
+                server.burst(str(model), [text], stream=stream, max_tokens=MAX_TOKENS, api_key=API_KEY)[0]
+                for text in prompts
+                for stream in (False, True)
+            ]
+            for name, server in servers.items()
+        }
+        status, body = servers["optimize"].get("/attnpass/summary", AUTH)
+    finally:
+        ended = {name: server.stop() for name, server in servers.items()}
+    assert answers["optimize"] == answers["plain"], answers
+    assert all(reason == "length" for _, reason in answers["plain"]), answers["plain"]
+    [loaded] = json.loads(body)["models"]
+    assert status == 200 and loaded["model"] == str(model) and loaded["routed"] > 0, (status, loaded)
+    assert "qsa_attention" in loaded["report"], loaded["report"]  # the QSA layers' calls, not only the others'
+    assert_ended_cleanly(ended, loaded)
 
 
 @requires("vllm_mlx")
