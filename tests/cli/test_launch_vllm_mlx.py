@@ -7,10 +7,10 @@ vllm-mlx pins mlx-lm 0.31 and pulls torch: its tests run in their own venv (``ma
 (float32: vllm-mlx's batched bf16 answers differ from run to run) is served on 127.0.0.1 (free ports, an API key) by
 plain vllm-mlx and through attnpass at once, in each engine mode: the default SimpleEngine (its lock admission
 set to ``wait``: else a concurrent request is answered 503) through ``attnpass vllm-mlx --min-keys 0 serve``, and
-``--continuous-batching`` (mlx-lm's ``BatchGenerator``, vllm-mlx's prefix cache) through the environment switch,
-both ways: ``attnpass exec`` and the startup hook, installed into this venv for the test (and removed after it,
-unless it was there before), with the unchanged ``vllm-mlx serve`` command line; plain is that same command line
-without the switch, which imports no attnpass module (its ``-X importtime`` log names none).
+``--continuous-batching`` (mlx-lm's ``BatchGenerator``, vllm-mlx's prefix cache) through ``attnpass exec``; in both
+modes also through the startup hook, installed into this venv for the test (and removed after it, unless it was
+there before), with the unchanged ``vllm-mlx serve`` command line. In the batched mode plain is that same command
+line without the switch, which imports no attnpass module (its ``-X importtime`` log names none).
 Each gets 16 concurrent chat completions, then the same 16 streamed (the prefix cache meets them), then the first
 burst again: every answer is plain vllm-mlx's, ``GET /attnpass/summary`` counts routed calls (refused without the
 key), SIGTERM prints the summary and ends with status 143, and no log has a traceback. ``--mllm`` on the tiny
@@ -88,18 +88,21 @@ def test_vllm_mlx_answers_as_plain_with_its_calls_routed_and_ends_on_sigterm(mod
     import json
 
     attnpass = [sys.executable, "-m", "attnpass.cli"]
+    request.getfixturevalue("startup_hook")
+    script = [str(Path(sys.executable).parent / "vllm-mlx")]
+    # the switch on an unchanged vllm-mlx command line, by the startup hook, in both modes
+    hooked = (script, {"ATTNPASS_OPTIMIZE": "1", "ATTNPASS_MIN_KEYS": "0"})
     if mode == "simple":  # the row's command beside vllm-mlx's module
         launchers = {
             "plain": ([sys.executable, "-m", "vllm_mlx.cli"], {}),
             "optimize": ([*attnpass, "vllm-mlx", "--min-keys", "0"], {}),
+            "hook": hooked,
         }
-    else:  # the switch on an unchanged vllm-mlx command line: by attnpass exec, and by the startup hook
-        request.getfixturevalue("startup_hook")
-        script = [str(Path(sys.executable).parent / "vllm-mlx")]
+    else:  # the switch by attnpass exec too; plain is the hook's command line with the switch unset
         launchers = {
-            "plain": (script, {"PYTHONPROFILEIMPORTTIME": "1"}),  # the hook installed, the switch unset
+            "plain": (script, {"PYTHONPROFILEIMPORTTIME": "1"}),
             "optimize": ([*attnpass, "exec", "--min-keys", "0", "vllm-mlx"], {"ATTNPASS_OPTIMIZE": "1"}),
-            "hook": (script, {"ATTNPASS_OPTIMIZE": "1", "ATTNPASS_MIN_KEYS": "0"}),
+            "hook": hooked,
         }
     servers = {
         name: Server(launcher, model, MODES[mode], tmp_path / f"{name}.log", env)
