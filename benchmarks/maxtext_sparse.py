@@ -13,13 +13,18 @@ Linen model's ``apply`` with ``mutable=["cache"]``):
 
 Each model's cache is filled to ``T`` keys (random latents / keys, every
 prefill slot a token; MaxText's own cache variables, shaped by ``eval_shape``
-of its prefill) and one ``model_mode="autoregressive"`` step (one token: MaxText's
-autoregressive cache refuses more, "Sequence length should be 1 during
-autoregression"; a 4-row verify or a 256-row chunk has no such step) is timed: plain ``jax.jit(step)`` and ``attnpass.backends.jax.jit(step)``
-in turn, the order alternating per repetition, the ratio the median of the
-pairs' ratios (plain seconds / attnpass seconds). Each row also prints the
-largest output difference (relative to the largest logit) and what the
-pipeline did to each attention (applied / declined by code, from ``explain``).
+of its prefill, put on the device once, as a previous step leaves them) and one
+``model_mode="autoregressive"`` step (one token: MaxText's autoregressive cache
+refuses more, "Sequence length should be 1 during autoregression"; its multi-row
+step over a cache, chunked prefill, does not run for MLA in 0.2.5: the MLA cache is
+built with ``key_seq_len=PLACEHOLDER_SEQ_LEN`` (1), which ``kv_cache_chunked_prefill``
+asserts equal to the chunk, and ``MlaKVCache.__call__`` drops ``previous_chunk``) is
+timed: plain ``jax.jit(step)`` and ``attnpass.backends.jax.jit(step)`` in turn, the
+order alternating per repetition, the ratio the median of the pairs' ratios (plain
+seconds / attnpass seconds). Each row also prints the largest output difference
+(relative to the largest logit) and what the pipeline did to each attention
+(applied / declined by code, from ``explain``). ``--profile`` prints, per row, the
+XLA operations that take the most time in one attnpass step (``jax.profiler``).
 """
 
 from __future__ import annotations
@@ -90,7 +95,7 @@ def build(family: str, context: int, window: int) -> tuple[Any, Any, Any]:
         return np.zeros(leaf.shape, leaf.dtype)  # the autoregressive cache is empty, its index 0
 
     cache = jax.tree_util.tree_map_with_path(filled, shapes)
-    return model, params, cache
+    return model, params, jax.device_put(cache)  # on the device, as a previous step leaves it
 
 
 def step_args(model: Any, params: Any, cache: Any, context: int) -> tuple[Any, tuple]:
@@ -101,8 +106,8 @@ def step_args(model: Any, params: Any, cache: Any, context: int) -> tuple[Any, t
         return model.apply({**params, **cache}, tokens, positions, enable_dropout=False,
                            model_mode=MODEL_MODE_AUTOREGRESSIVE, mutable=["cache"])  # fmt: skip
 
-    tokens = np.array([[3]], np.int32)
-    positions = np.array([[context]], np.int32)
+    tokens = jnp.array([[3]], jnp.int32)
+    positions = jnp.array([[context]], jnp.int32)
     return step, (params, cache, tokens, positions)
 
 
@@ -127,7 +132,7 @@ def timed(fn: Any, args: tuple) -> float:
     return time.perf_counter() - start
 
 
-def run_row(family: str, context: int, window: int, reps: int) -> dict:
+def run_row(family: str, context: int, window: int, reps: int, profiled: bool = False) -> dict:
     """Plain ``jax.jit`` and attnpass's ``jit`` of one step, paired: seconds, ratio, difference, routes."""
     import attnpass.backends.jax as ajax
 
@@ -143,8 +148,50 @@ def run_row(family: str, context: int, window: int, reps: int) -> dict:
         for name in order:
             times[name].append(timed(plain if name == "plain" else ours, args))
     ratio = statistics.median(p / a for p, a in zip(times["plain"], times["attnpass"]))
-    return {"family": family, "context": context, "plain": statistics.median(times["plain"]),
-                "attnpass": statistics.median(times["attnpass"]), "ratio": ratio, "err": err, "routes": routes(ours)}  # fmt: skip
+    row = {"family": family, "context": context, "plain": statistics.median(times["plain"]),
+           "attnpass": statistics.median(times["attnpass"]), "ratio": ratio, "err": err, "routes": routes(ours)}  # fmt: skip
+    if profiled:
+        row["profile"] = profile(ours, args)
+    return row
+
+
+def profile(compiled: Any, args: tuple, top: int = 8, reps: int = 3) -> list[tuple[float, str]]:
+    """The ``top`` XLA operations by time in one call of ``compiled`` (ms, name: the mean over ``reps`` calls,
+    from ``jax.profiler``'s Perfetto trace), each with its shape and the JAX op it came from."""
+    import glob
+    import gzip
+    import json
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        with jax.profiler.trace(folder, create_perfetto_trace=True):
+            for _ in range(reps):
+                jax.block_until_ready(compiled(*args))
+        (path,) = glob.glob(os.path.join(folder, "**", "*.trace.json.gz"), recursive=True)
+        with gzip.open(path) as f:
+            events = json.load(f)
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    times: dict[str, float] = {}
+    for e in events:  # XLA's thunks: lower-case HLO names (fusions, copies), not the Python and runtime frames
+        name = e.get("name", "")
+        if e.get("ph") == "X" and re.fullmatch(r"[a-z][\w.-]*", name) and "dur" in e:
+            times[name] = times.get(name, 0.0) + e["dur"] / 1e3 / reps
+    origin = _origins(compiled, args)
+    return sorted(((ms, f"{n} ({origin.get(n, '?')})") for n, ms in times.items()), reverse=True)[:top]
+
+
+def _origins(compiled: Any, args: tuple) -> dict[str, str]:
+    """HLO instruction name -> the shape and the JAX op it came from, read from the attnpass program compiled alone."""
+    entry = compiled.specializations[0]
+    leaves = jax.tree_util.tree_leaves(args)
+    given = dict(zip(entry.imported.graph.inputs, leaves))
+    target = entry.program.target
+    ins = [given[n] if n in given else target.from_numpy(entry.imported.params[n]) for n in entry.program.input_names]
+    text = jax.jit(entry.program.fn).lower(*ins).compile().as_text()
+    found = {}
+    for m in re.finditer(r"^\s*%?([\w.-]+) = (\S+) .*?op_name=\"([^\"]+)\"", text, re.MULTILINE):
+        found[m.group(1)] = f"{m.group(2)} {m.group(3).rsplit('/', 1)[-1]}"
+    return found
 
 
 def main() -> None:
@@ -153,19 +200,22 @@ def main() -> None:
     parser.add_argument("--contexts", type=int, nargs="+", default=[8192, 32768])
     parser.add_argument("--window", type=int, default=4096)
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--profile", action="store_true", help="the XLA ops taking most of one attnpass step")
     args = parser.parse_args()
     print(f"jax {jax.__version__}, {jax.devices()[0].platform}; float32; ratio = plain s / attnpass s (paired median)")
     print("| layer | T | plain jax.jit s | attnpass jit s | ratio | FLOP ratio | max diff | sparse passes |")
     print("|---|---|---|---|---|---|---|---|")
     for family in args.family:
         for context in args.contexts:
-            r = run_row(family, context, args.window, args.reps)
+            r = run_row(family, context, args.window, args.reps, args.profile)
             flops = f"T/K = {context / 2048:.0f}" if family == "dsa" else f"T/W = {context / args.window:.0f}"
             print(
                 f"| {family} | {context} | {r['plain']:.4f} | {r['attnpass']:.4f} | {r['ratio']:.2f} | {flops} | "
                 f"{r['err']:.1e} | {r['routes']} |",
                 flush=True,
             )
+            for ms, name in r.get("profile", []):
+                print(f"    {ms:7.1f} ms  {name}")
 
 
 if __name__ == "__main__":
