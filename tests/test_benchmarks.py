@@ -1,5 +1,6 @@
 """Benchmarks run end to end on small settings (a benchmark that breaks at its summary measures nothing): the
-decode benchmark prints its table, floor line and explanation; the indexer benchmark its bit-for-bit verdict."""
+decode benchmark prints its table, floor line and explanation; the indexer and row-loop benchmarks their bit-for-bit
+verdicts."""
 
 from __future__ import annotations
 
@@ -49,3 +50,14 @@ def test_the_sparse_layer_benchmark_routes_both_families_within_the_gathered_bou
     assert len(rows) == 2 and all(float(row[8]) < 1e-5 for row in rows)
     assert "minimax_m3 float32: routed 2, declined {}" in found.stdout
     assert "longcat float32: routed 2, declined {}" in found.stdout
+
+
+@requires("mlx.core", "mlx_lm", "mlx_vlm")
+def test_the_row_loop_benchmark_batches_glm5_nexts_rows_bit_for_bit():
+    found = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "row_loop.py"), "--contexts", "2048", "--heads", "2",
+         "--rows", "2", "4", "--reps", "1", "--dtype", "float32", "bfloat16"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert found.returncode == 0, found.stderr[-3000:]
+    assert found.stdout.count("bit for bit") == 4 and "DIFFERENT" not in found.stdout, found.stdout

@@ -26,7 +26,7 @@ ROUTER_REASONS: dict[str, str] = {
     "model_kernel": "the model's own sparse kernel takes this call",
     "not_selected": "the selection is not the indexer's output for this cache in this model call",
     "no_gather_pass": "the pipeline has no gather pass: the masked form it would keep is the client's own",
-    "mla_absorbed": "an MLA call mlx-lm already attends in the latent form (one query row)",
+    "mla_absorbed": "an MLA call the model already attends in the latent form (its queries embedded, keys and values the latent)",
     "mla_not_projections": "an MLA call whose keys/values are not the up-projections of one latent",
     "mla_quantized": "an MLA call whose up-projections are quantized (QuantizedMultiLinear)",
     "mla_operands": "an MLA call whose mask is not an additive float array over its keys, or with sinks",

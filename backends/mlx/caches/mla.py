@@ -87,7 +87,7 @@ def decline(call: HelperCall, cache: Any) -> Decline | None:
     recorded = call.recorded
     if _projection(recorded, call.queries) is not None:
         return Decline(
-            "mla_absorbed", f"{call.rows} query row(s): mlx-lm attends in the latent form already (the queries are "
+            "mla_absorbed", f"{call.rows} query row(s): the model attends in the latent form already (the queries are "
             "embed_q's output, keys and values the latent)", data={"rows": call.rows},
         )  # fmt: skip
     keys, values = _projection(recorded, call.keys), _projection(recorded, call.values)
