@@ -784,6 +784,34 @@ def _scatter_add_rule(imp: "_Importer", params: dict, x: list[str], eqn: Any) ->
     return [imp.scatter_add(x[0], x[1], x[2], params)]
 
 
+@importer("cond")
+def _cond(imp: "_Importer", params: dict, x: list[str], eqn: Any) -> list[str | None]:
+    """``lax.cond`` / ``lax.switch`` (EasyDeL's yarn RoPE nudges its ramp's top with a ``cond`` on constants):
+    every branch imported on the operands, each output the one of the branch the index names, chosen by
+    ``where`` (an index out of range takes the last branch, as XLA's conditional does; ``lax.switch`` clamps it
+    before). Exact: ``where`` keeps the chosen branch's bits; the other branches are computed and discarded, so
+    they cost what they compute."""
+    if eqn.effects:
+        raise ModelImportError(f"cond with effects {set(eqn.effects)}: its branches cannot all be run")
+    b, branches, read = imp.b, params["branches"], list(imp.used)  # read before the branches' equations reset it
+    index = b.cast(x[0], DType.int32)
+    outs = []
+    for branch in branches:
+        imp.used = read
+        outs.append(imp.inline(branch, list(x[1:])))
+    results: list[str | None] = []
+    for k, used in enumerate(read):
+        if not used:
+            results.append(None)
+            continue
+        chosen = outs[-1][k]
+        for i in range(len(branches) - 2, -1, -1):
+            picked = b.op("equal", [index, b.scalar(i, DType.int32)])
+            chosen = b.op("where", [picked, outs[i][k], chosen])
+        results.append(chosen)
+    return results
+
+
 @importer("iota")
 def _iota(imp: "_Importer", params: dict, x: list[str], eqn: Any) -> list[str]:
     dtype = dtype_of(str(params["dtype"]), "iota")

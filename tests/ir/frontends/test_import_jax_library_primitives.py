@@ -397,6 +397,33 @@ def test_an_input_only_the_dead_outputs_of_a_call_read_is_not_imported(rng):
     assert sorted(set(_ops(imported.graph))) == ["abs", "constant", "mul", "sub"]
 
 
+def _ramp_table():
+    """EasyDeL's yarn RoPE ramp (``_yarn_linear_ramp_mask``): its top nudged by a ``lax.cond`` where it equals its
+    bottom, in a ``jit`` of no operand."""
+    low, high = jnp.floor(jnp.float32(1.7)), jnp.ceil(jnp.float32(5.2))
+    high = lax.cond(low == high, lambda h: h + 0.001, lambda h: h, high)
+    return jnp.clip((jnp.arange(8, dtype=jnp.float32) - low) / (high - low), 0, 1)
+
+
+@pytest.mark.parametrize("index", [-3, 0, 1, 2, 5])
+def test_cond_and_switch_are_every_branch_and_a_select(rng, index):
+    """``lax.cond`` on a constant (EasyDeL's yarn ramp) or on an argument and ``lax.switch`` of three branches, an
+    index out of range included: each branch imported, the index's result chosen by ``where``, bit for bit on
+    every target; a branch output nobody reads is not imported."""
+    x = rng.standard_normal((3, 8)).astype(np.float32)
+    i = np.int32(index)
+    table = jax.jit(_ramp_table)
+    imported = _check(lambda x: x * table(), x)
+    assert "where" in _ops(imported.graph)
+    _check(lambda x, i: lax.cond(i > 0, lambda y: (y + 1, y * 3), lambda y: (y * 2, -y), x), x, i)
+    branches = [lambda y: y * y, lambda y: y * 2, lambda y: -y]
+    _check(lambda x, i: lax.switch(i, branches, x), x, i)
+    raw = _check(lambda x, i: lax.cond_p.bind(i, x, branches=tuple(jax.make_jaxpr(f)(x) for f in branches)), x, i)
+    assert _ops(raw.graph).count("where") == 2
+    first = _check(lambda x, i: lax.cond(i > 0, lambda y: (y + 1, jnp.sort(y)), lambda y: (y, y), x)[0], x, i)
+    assert "sort" not in str(first.graph)
+
+
 @pytest.mark.parametrize("mode", [None, "clip", "drop"])
 def test_scatter_add_of_one_window_adds_where_the_window_fits(rng, mode):
     """``x.at[i].add(u)`` of one window (MaxText's cache length counters, a row of a cache): bit for bit, a window
