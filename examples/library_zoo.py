@@ -21,6 +21,9 @@ other targets, compared with the library's output):
   MLA and DeepSeek-V3.2's DSA), and DeepSeek-V3's yarn RoPE, declined at import (complex64);
 - gemma 4.0.1 (Python >= 3.12, ``make zoo-jax-libraries``): ``gm.nn.Gemma3_1B`` and ``gm.nn.Gemma4_E2B`` with tiny
   configs, a prefill and a decode step through ``model.apply`` over the cache of ``model.init_cache``.
+- EasyDeL 0.3.0 (``make zoo-easydel``: its own venv, jax 0.9 and flax 0.12.3): its Llama, Qwen3, Mistral, Gemma3 and
+  DeepSeek-V3 (MLA, yarn RoPE) ``*ForCausalLM`` from their configs, a prefill and a decode step over the cache of
+  ``prepare_inputs_for_generation``, float32, bfloat16, and a float32 model with EasyDeL's default bfloat16 attention.
 
 Run: ``KERAS_BACKEND=jax .venv/bin/python examples/library_zoo.py [--everywhere] [--json] [SUBSTRING ...]``.
 """
@@ -45,7 +48,7 @@ if "model_zoo" not in sys.modules:  # the zoo's runner, loaded by path as a regi
 zoo = sys.modules["model_zoo"]
 Case = zoo.Case
 
-LIBRARIES = ("penzai", "keras", "keras_hub", "mlx_whisper", "mlx_embeddings", "maxtext", "gemma")
+LIBRARIES = ("penzai", "keras", "keras_hub", "mlx_whisper", "mlx_embeddings", "maxtext", "gemma", "easydel")
 # cases raise-attention declines, and the reason code of the remark it leaves
 DECLINED = {"keras_hub.Gemma": "probabilities_changed", "keras_hub.GPT2": "probabilities_changed",
             "keras_hub.Bert": "probabilities_changed"}  # fmt: skip
@@ -361,6 +364,89 @@ def gemma_case(family: str, step: str, dtype: str) -> Case:
     return Case(f"gemma.{family}/{step}/{dtype}", "jax", dtype, GEMMA_LAYERS[family], make)
 
 
+# ----------------------------------------------------------------------------- EasyDeL (make zoo-easydel)
+
+# Tiny configs of EasyDeL's own config classes: 2 layers, width 64, 8 query / 2 KV heads of 8, vocabulary 128; the
+# cache holds 16 tokens, the prompt is the first 5, the decode step the 6th.
+EASYDEL_TINY = dict(vocab_size=zoo.VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                    num_attention_heads=8, num_key_value_heads=2, head_dim=8, max_position_embeddings=64)  # fmt: skip
+EASYDEL_CACHE = 16
+YARN = dict(type="yarn", rope_type="yarn", factor=4.0, original_max_position_embeddings=16, beta_fast=32.0,
+            beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0)  # fmt: skip
+EASYDEL_MODELS = {  # family -> (config class, model class, the family's own settings)
+    "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {}),  # QK norm
+    "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=4)),
+    # a sliding-window layer of 4 and a global one
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM",
+               dict(sliding_window=4, layer_types=["sliding_attention", "full_attention"], query_pre_attn_scalar=8)),
+    # MLA (8 heads, latent ranks 16), dense layers, DeepSeek-V3's yarn RoPE (its correction range floors and ceils)
+    "deepseek3": ("DeepseekV3Config", "DeepseekV3ForCausalLM",
+                  dict(num_key_value_heads=8, q_lora_rank=16, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8,
+                       v_head_dim=8, first_k_dense_replace=2, n_routed_experts=4, num_experts_per_tok=2,
+                       moe_intermediate_size=32, n_group=1, topk_group=1, rope_scaling=YARN)),
+}  # fmt: skip
+# precisions: (params and activations, attention and cache); "f32-bf16-attention" is EasyDeL's default attn_dtype
+# (bfloat16) in a float32 model, held to the bfloat16 bound since its attention rounds to bfloat16
+EASYDEL_DTYPES = {"f32": ("f32", "f32"), "bf16": ("bf16", "bf16"), "f32-bf16-attention": ("f32", "bf16")}
+
+
+def _easydel_model(family: str, dtype: str) -> Any:
+    """A tiny EasyDeL ``*ForCausalLM`` of ``family``: its config class with :data:`EASYDEL_TINY`, random weights
+    (``rngs=nnx.Rngs(0)``), ``dtype`` and ``param_dtype`` the model's, ``attn_dtype`` and ``kvdtype`` the attention's
+    (:data:`EASYDEL_DTYPES`)."""
+    import easydel as ed
+    import jax.numpy as jnp
+    from flax import nnx
+
+    model_dtype, attention_dtype = (jnp.bfloat16 if d == "bf16" else jnp.float32 for d in EASYDEL_DTYPES[dtype])
+    config_class, model_class, own = EASYDEL_MODELS[family]
+    config = getattr(ed, config_class)(**{**EASYDEL_TINY, **own}, attn_dtype=attention_dtype, kvdtype=attention_dtype)
+    return getattr(ed, model_class)(config=config, dtype=model_dtype, param_dtype=model_dtype, rngs=nnx.Rngs(0))
+
+
+def easydel_case(family: str, step: str, dtype: str) -> Case:
+    """EasyDeL: ``prefill`` (the model over the 5-token prompt with what ``prepare_inputs_for_generation`` gives it:
+    EasyDeL's own cache of 16 slots, its ``MaskInfo`` and positions; the logits and the cache it writes) or ``decode``
+    (one token over that cache as EasyDeL's ``generate`` loop calls the model, ``_call_generation_model_step`` on
+    the inputs ``update_inputs_for_generation`` made; the logits and the updated cache). The model is split as
+    EasyDeL splits it (``split_module``); each step takes the params and merges them back (``merge_module``), under
+    ``with model.mesh``. "f32-bf16-attention" rows are held to the bfloat16 bound (Case dtype ``bf16``)."""
+
+    def make() -> Made:
+        import jax.numpy as jnp
+
+        model = _easydel_model(family, dtype)
+        graphdef, params, others = model.split_module()
+        tokens = jnp.asarray(zoo.TOKENS[None, :5])
+        with model.mesh:
+            inputs = model.prepare_inputs_for_generation(tokens, max_length=EASYDEL_CACHE, pad_token_id=0)
+        if step == "prefill":
+
+            def prefill(params: Any, tokens: Any, inputs: Any) -> Any:
+                with model.mesh:
+                    out = model.merge_module(graphdef, params, others)(tokens, **inputs)
+                return out.logits, out.past_key_values
+
+            args = (params, tokens, inputs)
+            return prefill, args, _jitted(prefill, *args)
+
+        with model.mesh:
+            inputs = model.update_inputs_for_generation(model(tokens, **inputs), dict(inputs))
+
+        def decode(params: Any, token: Any, inputs: Any) -> Any:
+            with model.mesh:
+                merged = model.merge_module(graphdef, params, others)
+                out = model._call_generation_model_step(merged, token, inputs)
+            return out.logits, out.past_key_values
+
+        args = (params, jnp.asarray(zoo.TOKENS[None, 5:6]), inputs)
+        return decode, args, _jitted(decode, *args)
+
+    bound = "f32" if dtype == "f32" else "bf16"
+    return Case(f"easydel.{family}/{step}/{dtype}", "jax", bound, 2, make)
+
+
 # ----------------------------------------------------------------------------- mlx-whisper
 
 
@@ -462,6 +548,8 @@ def cases() -> list[Case]:
             for d in zoo.DTYPES]  # fmt: skip
     out += [maxtext_case("deepseek3-yarn", "prefill", "f32")]
     out += [gemma_case(f, step, d) for f in GEMMA_LAYERS for step in ("prefill", "decode") for d in zoo.DTYPES]
+    out += [easydel_case(f, step, d) for f in EASYDEL_MODELS for step in ("prefill", "decode") for d in zoo.DTYPES]
+    out += [easydel_case(f, "decode", "f32-bf16-attention") for f in EASYDEL_MODELS]
     return out
 
 

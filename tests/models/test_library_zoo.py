@@ -1,5 +1,6 @@
 """The library zoo (examples/library_zoo.py, issue 32 item 6): penzai, Keras 3 and KerasHub on the JAX backend,
-mlx-whisper, mlx-embeddings, MaxText and gemma (Python >= 3.12: `make zoo-jax-libraries`). Every case imports;
+mlx-whisper, mlx-embeddings, MaxText and gemma (Python >= 3.12: `make zoo-jax-libraries`), EasyDeL (its own venv:
+`make zoo-easydel`). Every case imports;
 lowered to every installed target it is within the zoo's tolerance of the library's own output (float32 1e-4;
 bfloat16 two steps of the largest value on its backend, four elsewhere); raise-attention raises every attention
 layer, or declines the cases of :data:`library_zoo.DECLINED` with that reason code on every layer. Keras reads
@@ -8,11 +9,13 @@ its backend when it is first imported, so its cases run in a subprocess whose en
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from attnpass.ir import ModelImportError, from_mlx
@@ -45,13 +48,20 @@ def check(row: dict) -> None:
 
 NEEDS = {"penzai": ("jax", "penzai"), "mlx_whisper": ("mlx.core", "mlx_whisper"),
          "mlx_embeddings": ("mlx.core", "mlx_embeddings"), "maxtext": ("jax", "maxtext"),
-         "gemma": ("jax", "gemma", "kauldron")}  # fmt: skip
+         "gemma": ("jax", "gemma", "kauldron"), "easydel": ("jax", "easydel")}  # fmt: skip
 IN_PROCESS = [c for c in lz.cases() if lz.library(c) in NEEDS]
-
-
-@pytest.mark.parametrize(
-    "case", [pytest.param(c, id=c.name, marks=requires(*NEEDS[lz.library(c)])) for c in IN_PROCESS]
+EASYDEL = pytest.mark.skipif(
+    not available("easydel"),
+    reason="needs easydel 0.3.0, which pins jax 0.9 and flax 0.12.3: a venv of its own, made by `make zoo-easydel`",
 )
+
+
+def needs(case) -> list:
+    """The marks that skip ``case`` where its library is not installed, saying where it is."""
+    return [EASYDEL] if lz.library(case) == "easydel" else [requires(*NEEDS[lz.library(case)])]
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.name, marks=needs(c)) for c in IN_PROCESS])
 def test_library_case(case):
     targets = installed_targets()
     row = zoo.run_case(case, targets)
@@ -62,17 +72,39 @@ def test_library_case(case):
     check(json.loads(lz.row_json(row)))
 
 
-DECODE_STEPS = [c for c in lz.cases() if lz.library(c) in ("maxtext", "gemma") and "/decode/" in c.name]
+DECODE_STEPS = [c for c in lz.cases() if lz.library(c) in ("maxtext", "gemma", "easydel") and "/decode/" in c.name]
 
 
-@pytest.mark.parametrize(
-    "case", [pytest.param(c, id=c.name, marks=requires(*NEEDS[lz.library(c)])) for c in DECODE_STEPS]
-)
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.name, marks=needs(c)) for c in DECODE_STEPS])
 def test_the_dropin_jit_runs_the_library_decode_step(case):
     """attnpass's ``jit`` (strict: imported and rewritten, no fallback to ``jax.jit``) on the library's own decode
     step, over its own cache: the logits and the updated cache within the zoo's tolerance of the library's."""
     _fn, _args, reference = case.make()
     assert lz.dropin_jit_error(case) <= zoo.tolerance(case.dtype, reference())
+
+
+@EASYDEL
+def test_easydel_default_bf16_attention_is_explained_as_bf16_not_float32_within_1e_5():
+    """EasyDeL's default: a float32 model whose attention (and cache) is bfloat16. Under attnpass's ``jit`` both
+    layers' attentions are raised; ``explain()`` states the bfloat16 attention's bound and that its rounding
+    reaches the float32 logits (measured past 1e-5 here, within the bfloat16 bound), not 'float32 within 1e-5';
+    the all-float32 model (the control) is stated and held to 1e-5."""
+    from attnpass.backends.jax import jit
+
+    for dtype, claim in (("f32-bf16-attention", "bf16 attention inside a float32 function"), ("f32", "float32 within")):
+        case = lz.easydel_case("llama", "decode", dtype)
+        fn, args, reference = case.make()
+        fast = jit(fn, strict=True)
+        error = float(np.max(np.abs(zoo.flat_output(fast(*args)).astype(np.float64) - reference())))
+        out = io.StringIO()
+        fast.explain(file=out, summary=True)
+        note = out.getvalue().splitlines()[1]
+        assert "numerics: attention raised to sdpa in 1 of 1 signature(s)" in note and claim in note, note
+        assert sum(r.rule == "attention" and r.kind == "applied" for r in fast.specializations[0].remarks) == 2
+        if dtype == "f32":
+            assert error <= 1e-5 and "bf16" not in note
+        else:
+            assert 1e-5 < error <= zoo.tolerance("bf16", reference()) and "float32 within 1e-5" not in note
 
 
 def _keras_rows(selection: str) -> list[dict]:
