@@ -3,7 +3,8 @@
 The DeepSeek-V3.2 decode step of benchmarks/maxtext_sparse.py (loaded by path) over a cache filled to 4,096 keys:
 its DSA attention is gathered (the jit's own dsa-gather remark: K = 2,048 of the 4,104 keys, the value-cutoff
 selection's argtopk, one set of cells shared by the 8 query heads MaxText folds into the rows), no softmax over all
-keys is left, the logits agree with plain ``jax.jit`` within the gather's float32 bound (1e-5) and the updated cache
+keys is left, the StableHLO's score dots read 2,048 keys (plain jax.jit's: the 4,096 prefill keys and the 8
+decode ones), the logits agree with plain ``jax.jit`` within the gather's float32 bound (1e-5) and the updated cache
 within the library zoo's (1e-4: the indexer key's LayerNorm and RoPE as imported round differently). The
 benchmark end to end (both layers, small cache): each row within the bound and naming what the sparse passes did.
 """
@@ -11,6 +12,8 @@ benchmark end to end (both layers, small cache): each row within the bound and n
 from __future__ import annotations
 
 import importlib.util
+import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -27,6 +30,30 @@ def _benchmark():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _hlo(jax, step, args, entry) -> dict[str, str]:
+    """The StableHLO of plain ``jax.jit(step)`` and of attnpass's program for the same call."""
+    leaves = jax.tree_util.tree_leaves(args)
+    given = dict(zip(entry.imported.graph.inputs, leaves))
+    target = entry.program.target
+    ins = [given[n] if n in given else target.from_numpy(entry.imported.params[n]) for n in entry.program.input_names]
+    return {"plain": jax.jit(step).lower(*args).as_text(), "attnpass": jax.jit(entry.program.fn).lower(*ins).as_text()}
+
+
+def _attention_key_widths(text: str) -> set[int]:
+    """The key counts of the attention score dots in StableHLO ``text``: each ``dot_general`` whose two operands
+    both have the 576-wide latent-and-rope features (the 8 query rows, heads folded, by the keys), counted as the
+    larger operand's elements / 576."""
+    found = set()
+    for line in text.splitlines():
+        if "stablehlo.dot_general" not in line:
+            continue
+        operands = re.findall(r"tensor<([\dx]+)xf32>", line.split(" -> ")[0])
+        shapes = [[int(d) for d in o.split("x")] for o in operands]
+        if len(shapes) == 2 and all(576 in sh for sh in shapes):
+            found.add(max(math.prod(sh) for sh in shapes) // 576)
+    return found
 
 
 @requires("jax", "maxtext")
@@ -50,6 +77,8 @@ def test_maxtexts_dsa_decode_is_gathered_and_agrees_with_jax_jit():
     ops = [n for n in entry.graph.nodes()]
     assert any(n.op == "qsa_gather" for n in ops)
     assert not [n.name for n in ops if n.op == "softmax" and n.type.shape[-1] == 4104]  # no attention over all T
+    widths = {name: _attention_key_widths(text) for name, text in _hlo(jax, step, args, entry).items()}
+    assert widths["plain"] == {4096, 8} and widths["attnpass"] == {2048}, widths  # the keys each score dot reads
     ref, got = np.asarray(ref_logits), np.asarray(logits)
     assert np.abs(got - ref).max() / np.abs(ref).max() < 1e-5
     for a, b in zip(jax.tree_util.tree_leaves(ref_cache), jax.tree_util.tree_leaves(new_cache), strict=True):
