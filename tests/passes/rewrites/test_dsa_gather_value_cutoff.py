@@ -95,7 +95,13 @@ def test_each_row_attends_exactly_the_cells_its_mask_keeps(target, layout, seed)
     result, r = gathered(graph)
     assert r.kind == "applied", str(r)
     assert (r.data["distinct"], r.data["keys"], r.data["top_k"]) == ("argtopk", "fallback", k)
-    assert r.data["shared_cells"] == (sel_rows == 1 and rows > 1)
+    shared = sel_rows == 1 and rows > 1
+    assert r.data["shared_cells"] == shared
+    assert r.data["row_bytes"] == b * k * 2 * 8 * 4  # K and V: one KV head of 8 float32 per cell
+    gathers = [n for n in result.graph.nodes() if n.op == "qsa_gather"]
+    if shared:  # one set of cells per stream: gathered once, whatever the rows
+        assert (r.data["tiles"], r.data["gathered_bytes"], len(gathers)) == (1, r.data["row_bytes"], 2)
+        assert all(g.type.shape[0] == b for g in gathers)
     x = inputs(np.random.default_rng(seed), graph)
     want = reference(x, k)
     masked, got = run(lower(graph, target), **x), run(lower(result.graph, target), **x)
