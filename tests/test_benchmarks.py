@@ -1,6 +1,6 @@
 """Benchmarks run end to end on small settings (a benchmark that breaks at its summary measures nothing): the
 decode benchmark prints its table, floor line and explanation; the indexer and row-loop benchmarks their bit-for-bit
-verdicts."""
+verdicts; the speculative one its identical tokens with calls routed."""
 
 from __future__ import annotations
 
@@ -61,3 +61,17 @@ def test_the_row_loop_benchmark_batches_glm5_nexts_rows_bit_for_bit():
     )  # fmt: skip
     assert found.returncode == 0, found.stderr[-3000:]
     assert found.stdout.count("bit for bit") == 4 and "DIFFERENT" not in found.stdout, found.stdout
+
+
+@requires("mlx.core", "mlx_lm")
+def test_the_speculative_benchmark_gives_minimax_m3s_own_tokens_with_its_sparse_calls_routed():
+    found = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "sparse_speculative.py"), "--contexts", "2048", "--tokens", "4",
+         "--reps", "1", "--hidden", "256"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert found.returncode == 0, found.stderr[-3000:]
+    [row] = [line for line in found.stdout.splitlines() if line.startswith("| float32 | 2048 |")]
+    assert "| identical |" in row and "DIFFERENT" not in found.stdout, found.stdout
+    routed = int(row.rsplit("|", 2)[-2].split("/")[0])
+    assert routed > 0, row
