@@ -145,17 +145,21 @@ def _evaluate(node: Node, x: list[Interval]) -> Interval:
     if op == "sub":
         return _add(node, x[0], Interval(-x[1].hi, -x[1].lo, x[1].nan))
     if op == "neg":
-        return Interval(-x[0].hi, -x[0].lo, x[0].nan)
+        return _rounded(node, -x[0].hi, -x[0].lo, x[0].nan)
     if op in ("maximum", "minimum"):
+        if any(v.nan for v in x):  # a target may return either operand beside a NaN
+            return _hull(*x, Interval(0, 0, True))
         pick = max if op == "maximum" else min
-        return Interval(pick(v.lo for v in x), pick(v.hi for v in x), any(v.nan for v in x))
+        return Interval(pick(v.lo for v in x), pick(v.hi for v in x))
     if op == "cast":
         (a,) = x
         if is_bool:  # nonzero (NaN included) is true
             return _bool(a.lo > 0 or a.hi < 0, a.lo == a.hi == 0 and not a.nan)
-        if a.nan and not node.type.dtype.is_float:
+        if node.type.dtype.is_float:
+            return _rounded(node, a.lo, a.hi, a.nan)
+        if a.nan or not (math.isfinite(a.lo) and math.isfinite(a.hi)):
             return ANY
-        return _rounded(node, a.lo, a.hi, a.nan)
+        return _rounded(node, math.trunc(a.lo), math.trunc(a.hi), False)  # truncation toward 0 is monotone
     return MAYBE if is_bool else ANY
 
 

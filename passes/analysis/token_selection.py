@@ -160,16 +160,18 @@ def _value_cutoff(graph: Graph, sdpa: Node, mask: Node, selected: str, top_k: in
     (b, _h, rows, _d), kv_len = graph.node(sdpa.q).type.shape, graph.node(sdpa.k).type.shape[2]
     sel = graph.node(selected).type
     lead, per_row, shared = (tuple(d for d in shape if d != 1) for shape in (sel.shape[:-1], (b, rows), (b,)))
-    one_mask_row = mask.type.rank < 2 or mask.type.shape[-2] == 1  # rows sharing cells share the mask too
+    _mb, mask_heads, mask_rows, _mt = (1,) * (4 - mask.type.rank) + mask.type.shape  # sdpa's [B, H, L, T] view
     if (
         sel.shape[-1] != kv_len
         or mask.type.shape[-1] != kv_len
-        or not (lead == per_row or (lead == shared and one_mask_row))
+        or mask_heads != 1
+        or not ((lead == per_row and mask_rows == rows) or (lead == shared and mask_rows == 1))
     ):
         return Decline(
             "mask_layout",
             f"selection {selected} is {sel} and mask {mask.name} {mask.type}; the keys are T={kv_len}, the rows "
-            f"[B, L] = {[b, rows]} (or one row of cells per stream, [B] = {[b]}, shared by all rows with one mask row)",
+            f"[B, L] = {[b, rows]} with a head-shared mask of L rows (or one row of cells per stream, [B] = {[b]}, "
+            "shared by all rows, with a mask of one row)",
             selected,
         )
     if top_k >= kv_len:

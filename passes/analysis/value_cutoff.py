@@ -251,8 +251,14 @@ def _room(graph: Graph, name: str, a_rank: str, axis: int) -> int | Decline:
     if count.op != "slice" or count.inputs[0] != a_rank or cap is None:
         return Decline("cutoff_form", f"tie bound {name}: {low.name} is not min(cumsum above [..., -1:], K)", name)
     n = graph.node(a_rank).type.shape[axis]
-    if (count.attrs["start"][last], count.attrs["stop"][last]) != (n - 1, n):
-        return Decline("cutoff_form", f"tie bound {name}: {count.name} is not the strict rank's last cell", name)
+    src = graph.node(a_rank).type.shape
+    rows = [(count.attrs["start"][a], count.attrs["stop"][a], count.attrs["step"][a]) for a in range(last)]
+    if (count.attrs["start"][last], count.attrs["stop"][last]) != (n - 1, n) or rows != [
+        (0, src[a], 1) for a in range(last)
+    ]:
+        return Decline(
+            "cutoff_form", f"tie bound {name}: {count.name} is not each row's last cell of the strict rank", name
+        )
     return k if cap == k else Decline("k_mismatch", f"tie bound {name} is {k} - min(count, {cap})", name)
 
 

@@ -42,7 +42,7 @@ def cutoff_selection(s, k: int, variant: str = "exact"):
     kept = ops.logical_and(above, ops.greater_equal(bound, a_rank))
     if variant == "no_tie":
         return kept
-    count = ops.slice(a_rank, (0, 0, t - 1), (b, rows, t))
+    count = ops.slice(a_rank, (0, 0, t - 1), (b, 1 if variant == "row_0_count" else rows, t))
     room = ops.sub(ops.constant(np.int32(k)), ops.minimum(count, ops.constant(np.int32(k))))
     if variant == "tie_bound_k":
         room = ops.constant(np.int32(k))
@@ -98,6 +98,7 @@ def test_the_recognised_selection_is_top_ks_index_set_bit_for_bit(target, case):
         ("no_tie", "missing_tie_term"),
         ("scan_axis", "scan_axis"),
         ("k_mismatch", "k_mismatch"),
+        ("row_0_count", "cutoff_form"),  # every row's room from row 0's count
         ("exact", None),  # the control: the form itself is recognised
     ],
 )
@@ -140,15 +141,20 @@ def _masked(s, k: int, valid, form: str):
     b, rows, t = s.shape
     if form == "or_valid":  # a look-alike: valid cells are kept even when unselected
         return ops.logical_or(sel, valid)
+    if form == "truncated":  # unselected: 2.7 truncated to 2, which is < 2.5: kept
+        low = ops.cast(ops.cast(ops.where(sel, zero, ops.constant(np.float32(2.7))), "int32"), "float32")
+        return ops.reshape(ops.less(low, ops.constant(np.float32(2.5))), (b, 1, rows, t))
     if form == "shifted":  # the halves swapped: cell t reads the selection at another cell
         halves = [ops.slice(add, (0, 0, 2), (b, rows, t)), ops.slice(add, (0, 0, 0), (b, rows, 2))]
     else:
         halves = [ops.slice(add, (0, 0, 0), (b, rows, t - 2)), ops.slice(add, (0, 0, t - 2), (b, rows, t))]
     keep = [ops.greater_equal(h, ops.constant(np.float32(LOWEST / 2))) for h in halves]
-    return ops.reshape(ops.concat(keep, axis=2), (b, 1, rows, t))
+    return ops.reshape(ops.concat(keep, axis=2), (b, rows, 1, t) if form == "rows_as_heads" else (b, 1, rows, t))
 
 
-@pytest.mark.parametrize("form, proven", [("halves", True), ("or_valid", False), ("shifted", False)])
+@pytest.mark.parametrize(
+    "form, proven", [("halves", True), ("or_valid", False), ("shifted", False), ("truncated", False)]
+)
 def test_the_mask_is_proven_false_wherever_the_selection_is(form, proven):
     """MaxText's two-halves mask implies the selection cell by cell; a mask that keeps unselected valid cells, or
     reads the selection at shifted cells, is not proven. Checked on values: where the proof holds, no cell is

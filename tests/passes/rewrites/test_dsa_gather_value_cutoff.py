@@ -152,9 +152,13 @@ def test_concatenated_caches_are_gathered_part_by_part_with_the_same_values(targ
     assert relative(run(lower(result.graph, target), **x), reference(joined, k)) < F32
 
 
-@pytest.mark.parametrize("form", ["or_valid", "shifted"])
-def test_a_mask_not_implied_by_the_selection_is_declined(form):
-    graph = dsa_graph(1, 2, 3, 3, 16, 4, form=form)
+@pytest.mark.parametrize(
+    "form, reason",
+    [("or_valid", "mask_not_implied"), ("shifted", "mask_not_implied"), ("rows_as_heads", "mask_layout")],
+)
+def test_a_mask_not_implied_by_the_selection_or_laid_out_per_head_is_declined(form, reason):
+    """rows_as_heads: the rows' masks on sdpa's head axis (3 heads, 3 rows): head h would read row h's cells."""
+    graph = dsa_graph(1, 3, 3, 3, 16, 4, form=form)
     result = DSAGather()(graph)
     (r,) = [r for r in result.remarks if r.pass_name == "dsa-gather"]
-    assert (r.kind, r.reason) == ("declined", "mask_not_implied") and not result.changed
+    assert (r.kind, r.reason) == ("declined", reason) and not result.changed
