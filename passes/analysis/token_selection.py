@@ -77,10 +77,11 @@ class TokenSelection:
     @property
     def figures(self) -> dict:
         """The selection's figures by name (a remark's data)."""
-        return {
+        found = {
             "top_k": self.top_k, "kv_len": self.kv_len, "form": self.form,
             "fill": self.fill, "distinct": self.distinct, "keys": self.keys,
         }  # fmt: skip
+        return found if self.selected is None else {**found, "selected": self.selected}
 
 
 def check_promises(owner: str, selection_input: object, rows_have_keys: object) -> None:

@@ -381,8 +381,33 @@ def _other_readers(before: Graph, after: Graph, r: Remark, ctx: _Context) -> Non
 # ---------------------------------------------------------------------- dsa-gather
 
 
+def _dsa_value_cutoff(before: Graph, after: Graph, r: Remark, ctx: _Context) -> None:
+    """A value-cutoff selection gathered: its figures, one argtopk of K over the selection, one sdpa per tile (one
+    in all for cells shared by a stream's rows), and on the inputs: at most K selected cells per row, the mask
+    false wherever the selection is."""
+    fig, anchor = r.data, before.node(r.node)
+    (b, h, rows, _d), (_b, hk, t, _dk), *_ = _shapes(before, r.node)
+    sel = before.node(fig["selected"])
+    shared = rows > 1 and math.prod(sel.type.shape[:-1]) == b
+    assert (fig["streams"], fig["rows"], fig["heads"], fig["kv_heads"], fig["kv_len"]) == (b, rows, h, hk, t)
+    assert fig["shared_cells"] == shared and fig["flop_ratio"] == fig["top_k"] / t and fig["top_k"] < t
+    (ranked,) = _new(before, after, "argtopk")
+    assert ranked.attrs["k"] == fig["top_k"] and ranked.type.shape[:-1] == sel.type.shape[:-1]
+    assert len(_new(before, after, "sdpa")) == (1 if shared else fig["tiles"])
+    assert r.node not in _live(after), "the masked sdpa is still live"
+    if ctx.arrays is not None:
+        selected = _evaluate(before, sel.name, ctx.arrays)
+        assert (selected.sum(-1) <= fig["top_k"]).all(), "a row selects more than K cells"
+        mask = _evaluate(before, anchor.mask, ctx.arrays)
+        lead = selected.reshape(b, 1, 1 if shared else rows, t)
+        assert not (np.broadcast_to(mask, np.broadcast_shapes(mask.shape, lead.shape)) & ~lead).any()
+
+
 def _dsa_gathered(before: Graph, after: Graph, r: Remark, ctx: _Context) -> None:
     fig, anchor = r.data, before.node(r.node)
+    if fig["distinct"] == "argtopk":
+        _dsa_value_cutoff(before, after, r, ctx)
+        return
     (b, h, rows, _d), (_b, hk, t, _dk), *_ = _shapes(before, r.node)
     top_k = _selection_width(before, anchor)
     assert (fig["streams"], fig["rows"], fig["heads"], fig["kv_heads"]) == (b, rows, h, hk)

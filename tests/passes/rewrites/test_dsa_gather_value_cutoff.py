@@ -18,7 +18,9 @@ from attnpass.backends import run
 from attnpass.ir import DType, TensorSpec, ops, trace
 from attnpass.lowering import lower
 from attnpass.passes import DeadCodeElimination, DSAGather, PassManager
+from tests.fuzz.families import Case
 from tests.passes.analysis.test_value_cutoff import _masked, numpy_topk
+from tests.passes.claims import audit
 from tests.passes.rewrites.test_mla_absorb import BOUND, relative
 from tests.util import target_params
 
@@ -103,6 +105,8 @@ def test_each_row_attends_exactly_the_cells_its_mask_keeps(target, layout, seed)
         assert (r.data["tiles"], r.data["gathered_bytes"], len(gathers)) == (1, r.data["row_bytes"], 2)
         assert all(g.type.shape[0] == b for g in gathers)
     x = inputs(np.random.default_rng(seed), graph)
+    if target == "numpy":  # the remark's claims recomputed from the graphs and these inputs (tests/passes/claims.py)
+        assert audit(DSAGather(), [Case("value_cutoff", graph, x)], anchor="sdpa")["applied"] == 1
     want = reference(x, k)
     masked, got = run(lower(graph, target), **x), run(lower(result.graph, target), **x)
     assert relative(masked, want) < F32
