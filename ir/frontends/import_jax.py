@@ -70,7 +70,7 @@ _UNARY = {
     "neg": "neg", "exp": "exp", "sin": "sin", "cos": "cos", "logistic": "sigmoid", "rsqrt": "rsqrt", "sqrt": "sqrt",
     "tanh": "tanh", "erf": "erf", "log": "log", "log1p": "log1p", "expm1": "expm1", "abs": "abs", "sign": "sign",
 }  # fmt: skip
-_ALIASES = ("stop_gradient", "copy", "copy_p", "optimization_barrier", "name", "device_put")
+_ALIASES = ("stop_gradient", "copy", "copy_p", "optimization_barrier", "name", "device_put", "pvary")
 _REDUCE = {"reduce_max": "max", "reduce_sum": "sum"}
 _SCANS = {"cumsum": "sum", "cumprod": "prod", "cummax": "max", "cummin": "min", "cumlogsumexp": "logsumexp"}
 _CALLS = {"pjit": "jaxpr", "jit": "jaxpr", "closed_call": "call_jaxpr", "core_call": "call_jaxpr",
@@ -782,6 +782,20 @@ def _scatter_rule(imp: "_Importer", params: dict, x: list[str], eqn: Any) -> lis
 @importer("scatter-add")
 def _scatter_add_rule(imp: "_Importer", params: dict, x: list[str], eqn: Any) -> list[str]:
     return [imp.scatter_add(x[0], x[1], x[2], params)]
+
+
+@importer("shard_map")
+def _shard_map(imp: "_Importer", params: dict, x: list[str], eqn: Any) -> list[str | None]:
+    """``jax.shard_map`` over a mesh of one device (EasyDeL's ``attn_mechanism="sdpa"`` wraps its attention in one):
+    each manual axis has size 1, so the body sees the whole arrays and is the function: imported in place. Over
+    more devices the body sees one shard each: declined, naming the mesh."""
+    mesh = params["mesh"]
+    if mesh.size != 1:
+        raise ModelImportError(
+            f"shard_map over {mesh}: its body computes one of {mesh.size} shards; only a mesh of one device, where "
+            "the body is the whole function, is imported"
+        )
+    return imp.inline(params["jaxpr"], x)
 
 
 @importer("cond")

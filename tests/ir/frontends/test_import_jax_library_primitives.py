@@ -397,6 +397,24 @@ def test_an_input_only_the_dead_outputs_of_a_call_read_is_not_imported(rng):
     assert sorted(set(_ops(imported.graph))) == ["abs", "constant", "mul", "sub"]
 
 
+def test_a_shard_map_over_one_device_is_its_body(rng):
+    """``jax.shard_map`` over a one-device mesh (EasyDeL's ``attn_mechanism="sdpa"`` wraps its attention in one):
+    the body sees the whole arrays, so it is imported in place (its ``pvary`` an identity), bit for bit; over a
+    mesh of two devices the body computes one shard: declined, naming the mesh."""
+    from jax.sharding import PartitionSpec
+
+    x = rng.standard_normal((2, 4)).astype(np.float32)
+    spec = PartitionSpec(None, "model")
+
+    def on(mesh):
+        return jax.shard_map(lambda x: jnp.abs(x) * 2, mesh=mesh, in_specs=spec, out_specs=spec)
+
+    imported = _check(on(_one_device_mesh()), x)
+    assert {"abs", "mul"} <= set(_ops(imported.graph)) <= {"abs", "mul", "constant", "cast"}  # jax 0.12 casts the 2
+    with pytest.raises(ModelImportError, match=r"shard_map over AbstractMesh\('model': 2.*one of 2 shards"):
+        from_jax(on(_auto_mesh({"model": 2})), x)
+
+
 def _ramp_table():
     """EasyDeL's yarn RoPE ramp (``_yarn_linear_ramp_mask``): its top nudged by a ``lax.cond`` where it equals its
     bottom, in a ``jit`` of no operand."""
