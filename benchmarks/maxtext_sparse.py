@@ -18,7 +18,8 @@ of its prefill, put on the device once, as a previous step leaves them) and one
 refuses more, "Sequence length should be 1 during autoregression"; its multi-row
 step over a cache, chunked prefill, does not run for MLA in 0.2.5: the MLA cache is
 built with ``key_seq_len=PLACEHOLDER_SEQ_LEN`` (1), which ``kv_cache_chunked_prefill``
-asserts equal to the chunk, and ``MlaKVCache.__call__`` drops ``previous_chunk``) is
+asserts equal to the chunk, ``MlaKVCache.__call__`` drops ``previous_chunk``, and the indexer's
+mask is built over the chunk's own keys, an empty ``[..., 0, chunk]`` slice once those are patched) is
 timed: plain ``jax.jit(step)`` and ``attnpass.backends.jax.jit(step)`` in turn, the
 order alternating per repetition, the ratio the median of the pairs' ratios (plain
 seconds / attnpass seconds). Each row also prints the largest output difference
