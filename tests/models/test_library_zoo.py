@@ -56,7 +56,7 @@ EASYDEL = pytest.mark.skipif(
 )
 
 
-def needs(case) -> list:
+def needs(case: zoo.Case) -> list[pytest.MarkDecorator]:
     """The marks that skip ``case`` where its library is not installed, saying where it is."""
     return [EASYDEL] if lz.library(case) == "easydel" else [requires(*NEEDS[lz.library(case)])]
 
