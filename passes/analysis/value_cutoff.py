@@ -132,7 +132,8 @@ def _bounded(graph: Graph, node: Node) -> tuple[str, str, str] | None:
     """``(cells, rank, bound)`` of ``cells & (rank <= bound)`` (either operand order), or None."""
     if node.op != "logical_and":
         return None
-    for cells, test in (node.inputs, node.inputs[::-1]):
+    first, second = node.operands.values()  # logical_and: two operands, neither optional
+    for cells, test in ((first, second), (second, first)):
         cmp = _compare(graph.node(test))
         if cmp is not None and cmp[0] == "ge":  # bound >= rank
             return cells, cmp[2], cmp[1]
@@ -194,12 +195,10 @@ def match_value_cutoff(graph: Graph, node: Node) -> ValueCutoff | Decline | None
     if not any(not isinstance(_cutoff(graph, p[2], p[1]), Decline) for p in parsed):
         return None
     if len(strict) != 1 or len(ties) != 1:
-        missing = "tie (scores == cutoff)" if not ties else "strict (scores > cutoff)"
-        return Decline(
-            "missing_tie_term" if not ties else "cutoff_form",
-            f"{node.name} has no {missing} term: not (s > c & rank <= K) | (s == c & rank <= K - min(n, K))",
-            node.name,
-        )
+        form = "not (s > c & rank <= K) | (s == c & rank <= K - min(n, K))"
+        if not ties:
+            return Decline("missing_tie_term", f"{node.name} has no tie (scores == cutoff) term: {form}", node.name)
+        return Decline("cutoff_form", f"{node.name} has no strict (scores > cutoff) term: {form}", node.name)
     (_, s, c, above, a_rank, a_bound), (_, s2, c2, equal, b_rank, b_bound) = strict[0], ties[0]
     if (s, c) != (s2, c2):
         return Decline("cutoff_form", f"{node.name}'s terms compare {s} with {c} and {s2} with {c2}", node.name)
