@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.util import requires
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -72,6 +74,24 @@ def test_the_speculative_benchmark_gives_minimax_m3s_own_tokens_with_its_sparse_
     )  # fmt: skip
     assert found.returncode == 0, found.stderr[-3000:]
     [row] = [line for line in found.stdout.splitlines() if line.startswith("| float32 | 2048 |")]
+    assert "| identical |" in row and "DIFFERENT" not in found.stdout, found.stdout
+    routed = int(row.rsplit("|", 2)[-2].split("/")[0])
+    assert routed > 0, row
+
+
+@requires("mlx.core", "mlx_lm", "mlx_vlm")
+@pytest.mark.parametrize("family", ["longcat", "hy_v4"])
+def test_the_speculative_benchmark_gives_the_mlx_vlm_sparse_models_own_tokens_with_their_calls_routed(family):
+    """2,304 keys: above the 2,048 each row keeps, so every indexer call selects (the models attend densely up to
+    it)."""
+    found = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "sparse_speculative.py"), "--family", family, "--contexts", "2304",
+         "--tokens", "4", "--reps", "1", "--hidden", "256"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert found.returncode == 0, found.stderr[-3000:]
+    assert f"; {family} (" in found.stdout, found.stdout
+    [row] = [line for line in found.stdout.splitlines() if line.startswith("| float32 | 2304 |")]
     assert "| identical |" in row and "DIFFERENT" not in found.stdout, found.stdout
     routed = int(row.rsplit("|", 2)[-2].split("/")[0])
     assert routed > 0, row
