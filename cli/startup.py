@@ -131,7 +131,7 @@ def start(argv: Sequence[str] | None = None, environ: dict[str, str] | None = No
 
 class _Replacing:
     """A ``sys.meta_path`` finder for one module: it finds it as the finders after it do, and once the module has
-    run, replaces its function ``name`` by ``make(module, original)``; then it leaves ``sys.meta_path``."""
+    run, replaces its function ``name`` by ``make(module, original, name)``; then it leaves ``sys.meta_path``."""
 
     def __init__(self, module: str, name: str, make: Callable[..., Callable[..., Any]]) -> None:
         self.module, self.name, self.make = module, name, make
@@ -160,18 +160,18 @@ class _Replacing:
         """Replace the function in ``module``, which has run; a failure is one warning line (it runs plain)."""
         try:
             original = getattr(module, self.name)
-            setattr(module, self.name, self.make(module, original))
+            setattr(module, self.name, self.make(module, original, self.name))
         except Exception as exc:  # noqa: BLE001
             _warn(f"{OPTIMIZE_ENV}: {self.module}:{self.name} runs plain: {type(exc).__name__}: {exc}")
 
 
 def _replacement(
-    module: Any, original: Callable[..., Any], *, rows: list, options: list[str], program: str
+    module: Any, original: Callable[..., Any], name: str, *, rows: list, options: list[str], program: str
 ) -> Callable[..., Any]:
     """The console script's function: the row whose words begin the command line, run by attnpass's command line
     (the original put back first: the row's ``run`` resolves it); no row's words: the original, plain."""
-    name = original.__name__
 
+    # ``name``: the module's attribute (a click command, mlx-openai-server's ``cli``, has no ``__name__``)
     @functools.wraps(original)
     def main(*args: Any, **kwargs: Any) -> Any:
         setattr(module, name, original)

@@ -1,6 +1,6 @@
 """A server run as a subprocess on 127.0.0.1 for the launcher tests: its log in a file, polled until it answers,
 asked with urllib or the official ``openai`` client, stopped by SIGTERM (tests/cli/test_launch_mlx_vlm.py,
-test_launch_vllm_mlx.py, test_launch_mlx_openai_server.py)."""
+test_launch_vllm_mlx.py, test_launch_mlx_openai_server.py); the startup hook installed for a test's while."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -94,6 +95,28 @@ class LoggedServer:
             status = self.process.wait()
         self._log.close()
         return status, self.log.read_text()
+
+
+@contextmanager
+def startup_hook() -> Iterator[None]:
+    """``attnpass hook install`` into this venv while the block runs (a server's unchanged command line then runs
+    through attnpass with ``ATTNPASS_OPTIMIZE=1``); removed after it unless it was there before, so the venv is left
+    as it was found."""
+    import sys
+
+    def hook(action: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "attnpass.cli", "hook", action]
+        return subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+
+    before = hook("status").returncode == 0
+    installed = hook("install")
+    assert installed.returncode == 0 and hook("status").returncode == 0, installed
+    try:
+        yield
+    finally:
+        if not before:
+            removed = hook("remove")
+            assert removed.returncode == 0 and hook("status").returncode == 1, (removed, hook("status"))
 
 
 def assert_ended_cleanly(ended: dict[str, tuple[int, str]], loaded: dict) -> None:

@@ -6,9 +6,12 @@ test-mlx-openai-server``, ``.venv-mlx-openai-server``, mlx 0.31.2); elsewhere th
 spawned handler process, where the row's loader is wrapped; that process's counts reach the command's
 ``GET /attnpass/summary`` and its summary line. The tiny float32 llama of
 :func:`attnpass.models.tiny_lm.save_tiny_lm` is served on 127.0.0.1 (free ports) by plain mlx-openai-server and
-through ``attnpass mlx-openai-server --min-keys 0 launch`` at once. Each gets 16 concurrent chat completions, then
-the same 16 streamed, then the first burst again: every answer is plain mlx-openai-server's, the summary counts
-routed calls, SIGTERM prints the summary and ends with status 143, and neither log has a traceback.
+through ``attnpass mlx-openai-server --min-keys 0 launch`` and through the startup hook (``attnpass hook install``
+into this venv for the test, removed after it unless it was there before; the unchanged ``mlx-openai-server launch``
+with ``ATTNPASS_OPTIMIZE=1``; plain is that command line with the switch unset) at once. Each gets 16 concurrent
+chat completions, then the same 16 streamed, then the first burst again: every answer is plain mlx-openai-server's,
+the summaries count routed calls (plain has no summary route), SIGTERM prints the summary and ends with status 143,
+and no log has a traceback.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.servers import LoggedServer, assert_ended_cleanly
+from tests.cli.servers import LoggedServer, assert_ended_cleanly, startup_hook
 from tests.util import requires
 
 BURST = 16
@@ -44,9 +47,10 @@ def model(tmp_path_factory) -> Path:
 class Server(LoggedServer):
     """mlx-openai-server on 127.0.0.1 serving ``model``, started by ``launcher`` (a command line before ``launch``)."""
 
-    def __init__(self, launcher: list[str], model: Path, log: Path) -> None:
+    def __init__(self, launcher: list[str], model: Path, log: Path, env: dict[str, str] | None = None) -> None:
         self.launcher, self.model = launcher, model
-        environment = os.environ | {"HF_HUB_OFFLINE": "1", "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+        environment = {k: v for k, v in os.environ.items() if not k.startswith("ATTNPASS_")}
+        environment |= {"HF_HUB_OFFLINE": "1", "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"} | (env or {})
         super().__init__(log, environment)
 
     def command(self) -> list[str]:
@@ -69,39 +73,54 @@ class Server(LoggedServer):
 @requires("mlx.core", "app.server", "openai")
 def test_mlx_openai_server_answers_as_plain_with_its_calls_routed_and_ends_on_sigterm(model, tmp_path):
     launchers = {
-        "plain": [str(BIN / "mlx-openai-server")],
-        "optimize": [sys.executable, "-m", "attnpass.cli", "mlx-openai-server", "--min-keys", "0"],
+        "plain": ([str(BIN / "mlx-openai-server")], {}),  # the startup hook installed, the switch unset
+        "optimize": ([sys.executable, "-m", "attnpass.cli", "mlx-openai-server", "--min-keys", "0"], {}),
+        # the unchanged command line through the startup hook
+        "hook": ([str(BIN / "mlx-openai-server")], {"ATTNPASS_OPTIMIZE": "1", "ATTNPASS_MIN_KEYS": "0"}),
     }
-    servers = {name: Server(launcher, model, tmp_path / f"{name}.log") for name, launcher in launchers.items()}
-    try:
-        for server in servers.values():  # both start at once
-            server.wait_ready()
-        served = {name: json.loads(server.get("/v1/models")[1])["data"][0]["id"] for name, server in servers.items()}
-        answers = {
-            name: [
-                server.burst(served[name], PROMPTS, stream=stream, max_tokens=MAX_TOKENS)
-                for stream in (False, True, False)
-            ]
-            for name, server in servers.items()
-        }
-        deadline = time.monotonic() + 5  # the handler process writes its counts within a quarter second
-        while True:
-            status, body = servers["optimize"].get("/attnpass/summary")
-            summary = json.loads(body)
-            if status != 200 or summary["models"] and summary["models"][0]["routed"] or time.monotonic() > deadline:
-                break
-            time.sleep(0.25)
-    finally:
-        ended = {name: server.stop() for name, server in servers.items()}
-    plain, optimized = answers["plain"], answers["optimize"]
-    assert optimized == plain, (plain, optimized)
+    with startup_hook():
+        servers = {name: Server(launcher, model, tmp_path / f"{name}.log", env)
+                   for name, (launcher, env) in launchers.items()}  # fmt: skip
+        try:
+            for server in servers.values():  # all start at once
+                server.wait_ready()
+            served = {
+                name: json.loads(server.get("/v1/models")[1])["data"][0]["id"] for name, server in servers.items()
+            }
+            answers = {
+                name: [
+                    server.burst(served[name], PROMPTS, stream=stream, max_tokens=MAX_TOKENS)
+                    for stream in (False, True, False)
+                ]
+                for name, server in servers.items()
+            }
+            summaries = {name: _summary(servers[name]) for name in ("optimize", "hook")}
+            absent = servers["plain"].get("/attnpass/summary")[0]
+        finally:
+            ended = {name: server.stop() for name, server in servers.items()}
+    plain = answers["plain"]
+    for name in ("optimize", "hook"):
+        assert answers[name] == plain, (name, plain, answers[name])
     # MAX_TOKENS words each (one a token; no EOS), finished "stop": mlx-openai-server 1.8.1's reason at max_tokens
     assert all(reason == "stop" and len(text.split()) == MAX_TOKENS for burst in plain for text, reason in burst), plain
     assert plain[2] == plain[0] and [text for text, _ in plain[1]] == [text for text, _ in plain[0]], plain
-    assert status == 200 and summary["command"] == "mlx-openai-server launch", summary
-    [loaded] = summary["models"]
-    assert loaded["model"] == str(model) and loaded["routed"] > 0 and loaded["traces"] > 0, loaded
-    assert_ended_cleanly(ended, loaded)
+    assert absent == 404, absent
+    for name, (status, summary) in summaries.items():
+        assert status == 200 and summary["command"] == "mlx-openai-server launch", (name, summary)
+        [loaded] = summary["models"]
+        assert loaded["model"] == str(model) and loaded["routed"] > 0 and loaded["traces"] > 0, (name, loaded)
+        assert_ended_cleanly({"plain": ended["plain"], "optimize": ended[name]}, loaded)
+
+
+def _summary(server: Server) -> tuple[int, dict]:
+    """``GET /attnpass/summary`` once the handler process has written its counts (within a quarter second)."""
+    deadline = time.monotonic() + 5
+    while True:
+        status, body = server.get("/attnpass/summary")
+        summary = json.loads(body) if status == 200 else {}
+        if status != 200 or summary["models"] and summary["models"][0]["routed"] or time.monotonic() > deadline:
+            return status, summary
+        time.sleep(0.25)
 
 
 def attnpass(*argv: str, **env: str) -> subprocess.CompletedProcess:

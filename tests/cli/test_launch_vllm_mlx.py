@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.servers import LoggedServer, assert_ended_cleanly
+from tests.cli.servers import LoggedServer, assert_ended_cleanly, startup_hook
 from tests.util import requires
 
 API_KEY = "attnpass-test-key"
@@ -65,30 +65,12 @@ class Server(LoggedServer):
         self.wait_until(lambda: self.get("/health", AUTH)[0], timeout, 0.5)
 
 
-@pytest.fixture
-def startup_hook():
-    """``attnpass hook install`` in this venv while the test runs; removed after it unless it was there before."""
-
-    def hook(action: str) -> subprocess.CompletedProcess:
-        command = [sys.executable, "-m", "attnpass.cli", "hook", action]
-        return subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
-
-    before = hook("status").returncode == 0
-    installed = hook("install")
-    assert installed.returncode == 0 and hook("status").returncode == 0, installed
-    yield
-    if not before:
-        removed = hook("remove")
-        assert removed.returncode == 0 and hook("status").returncode == 1, (removed, hook("status"))
-
-
 @requires("mlx.core", "vllm_mlx", "openai")
 @pytest.mark.parametrize("mode", MODES)
-def test_vllm_mlx_answers_as_plain_with_its_calls_routed_and_ends_on_sigterm(model, mode, tmp_path, request):
+def test_vllm_mlx_answers_as_plain_with_its_calls_routed_and_ends_on_sigterm(model, mode, tmp_path):
     import json
 
     attnpass = [sys.executable, "-m", "attnpass.cli"]
-    request.getfixturevalue("startup_hook")
     script = [str(Path(sys.executable).parent / "vllm-mlx")]
     # the switch on an unchanged vllm-mlx command line, by the startup hook, in both modes
     hooked = (script, {"ATTNPASS_OPTIMIZE": "1", "ATTNPASS_MIN_KEYS": "0"})
@@ -104,24 +86,25 @@ def test_vllm_mlx_answers_as_plain_with_its_calls_routed_and_ends_on_sigterm(mod
             "optimize": ([*attnpass, "exec", "--min-keys", "0", "vllm-mlx"], {"ATTNPASS_OPTIMIZE": "1"}),
             "hook": hooked,
         }
-    servers = {
-        name: Server(launcher, model, MODES[mode], tmp_path / f"{name}.log", env)
-        for name, (launcher, env) in launchers.items()
-    }
-    try:
-        for server in servers.values():  # all start at once
-            server.wait_ready()
-        answers = {
-            name: [
-                server.burst(str(model), PROMPTS, stream=stream, max_tokens=MAX_TOKENS, api_key=API_KEY)
-                for stream in (False, True, False)
-            ]
-            for name, server in servers.items()
+    with startup_hook():
+        servers = {
+            name: Server(launcher, model, MODES[mode], tmp_path / f"{name}.log", env)
+            for name, (launcher, env) in launchers.items()
         }
-        refused, _ = servers["optimize"].get("/attnpass/summary")
-        summaries = {name: servers[name].get("/attnpass/summary", AUTH) for name in servers}
-    finally:
-        ended = {name: server.stop() for name, server in servers.items()}
+        try:
+            for server in servers.values():  # all start at once
+                server.wait_ready()
+            answers = {
+                name: [
+                    server.burst(str(model), PROMPTS, stream=stream, max_tokens=MAX_TOKENS, api_key=API_KEY)
+                    for stream in (False, True, False)
+                ]
+                for name, server in servers.items()
+            }
+            refused, _ = servers["optimize"].get("/attnpass/summary")
+            summaries = {name: servers[name].get("/attnpass/summary", AUTH) for name in servers}
+        finally:
+            ended = {name: server.stop() for name, server in servers.items()}
     plain = answers["plain"]
     for name in servers:
         assert answers[name] == plain, (name, plain, answers[name])

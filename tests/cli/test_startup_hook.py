@@ -126,8 +126,8 @@ def test_the_replaced_main_runs_the_row_by_attnpass_s_command_line_or_plain(monk
         return 5
 
     module.main = main
-    run = startup._replacement(module, main, rows=[("vllm-mlx", "serve", ("serve",))], options=["--min-keys", "0"],
-                               program="vllm-mlx")  # fmt: skip
+    rows = [("vllm-mlx", "serve", ("serve",))]
+    run = startup._replacement(module, main, "main", rows=rows, options=["--min-keys", "0"], program="vllm-mlx")
     cli_main = sys.modules["attnpass.cli.main"]  # (the package's name main is the function)
     monkeypatch.setattr(cli_main, "main", lambda argv: calls.append(("attnpass", argv)) or 7)
     monkeypatch.setattr(sys, "argv", ["vllm-mlx", "serve", "M", "--port", "1"])
