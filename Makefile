@@ -206,8 +206,8 @@ peer-mlx-vlm: $(STAMP)
 # venv of its own: vllm-mlx pins mlx-lm 0.31 and pulls torchvision. torch 2.14.1 and torchvision 0.29.1 go first, the
 # pair on this machine's disk (PyPI's torchvision beside its torch 2.13.0 fails to import, and transformers with it;
 # an unpinned torch would download a CUDA build). Measured on 2 shared cores: 4.5 minutes to install, 2 to test (3.5
-# at load 4-5 since the batched case also runs the unchanged vllm-mlx serve through `attnpass hook install`'s hook,
-# and --mllm on the tiny Qwen4-Exp joined).
+# at load 4-5, 2.2 at load 2, since both engine modes also run the unchanged vllm-mlx serve through `attnpass hook
+# install`'s hook, and --mllm on the tiny Qwen4-Exp joined).
 $(STAMP_SERVERS): pyproject.toml
 	$(PYTHON) -m venv $(VENV_SERVERS)
 	$(PY_SERVERS) -m pip install --quiet --upgrade pip
