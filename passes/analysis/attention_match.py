@@ -9,9 +9,8 @@ which root coordinates every axis walks. It then checks the semantics of
 runs over the head dims (the roots' last axes) in order; every score pairs
 query row ``(b, h, s)`` with key row ``(b, h // G, t)`` exactly once; the
 softmax normalises over exactly the key axis; ``P·V`` pairs key ``t`` with
-value row ``t`` of the same KV head; each mask's factors pair with the scores'
-(its batch and head factors in any order, laid out as sdpa's by :mod:`.mask_view`;
-S and T last and in order). Each failure is a :class:`~.rewrite.Decline`: a
+value row ``t`` of the same KV head; each mask reaches the scores without
+reordering its ``[..., S, T]`` axes. Each failure is a :class:`~.rewrite.Decline`: a
 reason code, what did not match, where, and how far the check got (``stage``).
 
 Roots are rank 4 (``[B, H, S, D]`` or ``[B, S, H, D]``) or unbatched rank 3
@@ -42,9 +41,9 @@ from ..infra.rewrite import Decline
 from . import layout_algebra as la
 from .chains import Chain, chain_scale, elementwise_steps, exact_cast, replay, scalar_constant, walk
 from .layout_algebra import Atom, Layout
-from .mask_view import ROLE_NAMES, MaskView, mask_view
 from .score_path import UNDERFLOW, MaskUse, ScoreAlgebra, Step, score_algebra, score_steps
 
+ROLE_NAMES = ("b", "h", "s", "t")  # axes of the canonical score tensor [B, Hq, S, T]
 Order = tuple[int, int, int]  # the axes of a root's lifted view holding its heads, rows and head dim (batch: 0)
 
 
@@ -77,11 +76,10 @@ class Operand:
 
 @dataclass(frozen=True)
 class MaskPlan:
-    """sdpa's mask: bool roots (and-ed) and one additive root times ``factor``, each with the view that lays it out
-    as [B, Hq, S, T] (its ``shape4``; reordered where the source's head or batch axes come in another order)."""
+    """sdpa's mask: bool roots (and-ed) and one additive root times ``factor``, each with its 4-d shape."""
 
-    bools: tuple[tuple[str, MaskView], ...]
-    additive: tuple[str, MaskView, float] | None
+    bools: tuple[tuple[str, tuple[int, ...]], ...]
+    additive: tuple[str, tuple[int, ...], float] | None
     nan_rows: bool = False  # a bool mask filled with -inf: a row with no key is 0/0 = NaN in the source
     finite_fills: tuple[float, ...] = ()  # the finite fills (at the softmax) taken as exact masks
 
@@ -100,7 +98,7 @@ class Attention:
     out_layout: Layout
     summary: str
     softcap: float | None = None
-    sinks: tuple[str, MaskView] | float | None = None  # (root, view of shape4 (1, Hq|1, 1, 1)) or a splat value
+    sinks: tuple[str, tuple[int, ...]] | float | None = None  # (root, 4-d shape (1, Hq|1, 1, 1)) or a splat value
     figures: Mapping[str, Any] = field(default_factory=dict)  # what the summary states, by name (Remark.data)
     scores_layout: Layout | None = None  # the softmax input's axes as roles of [B, Hq, S, T] (0..3)
 
@@ -391,14 +389,6 @@ def _mask_chain(graph: Graph, value: str) -> tuple[str, tuple[Node, ...]]:
     return node.name, tuple(reversed(nodes))
 
 
-def _reordered(view: MaskView) -> str:
-    """The summary's note on a mask whose axes sdpa reads in another order than the source's root holds them."""
-    if not view.reordered:
-        return ""
-    spread = f", broadcast to {view.digits}" if view.spread != view.digits else ""
-    return f"; read as [B, Hq, S, T]: reshaped to {view.split}, transposed by {view.perm}{spread}"
-
-
 def _rounding(dtypes: dict[str, DType], dtype: DType, notes: list[str]) -> str:
     """The summary's rounding clause: where the source computes in another precision than sdpa's."""
     if all(d is dtype for d in dtypes.values()) and dtype is DType.float32 and not notes:
@@ -619,7 +609,7 @@ class _Matcher:
         figures = {**found.figures, "sinks": sinks if isinstance(sinks, float) else sinks[0]}
         return replace(found, sinks=sinks, summary=found.summary + f"; sinks {shown}", figures=figures)
 
-    def sinks(self, layout: Layout, sizes: tuple[int, ...]) -> tuple[str, MaskView] | float | Decline:
+    def sinks(self, layout: Layout, sizes: tuple[int, ...]) -> tuple[str, tuple[int, ...]] | float | Decline:
         """The sink column as sdpa's ``[Hq]`` sinks: its root laid out ``(1, Hq, 1, 1)`` (or ``(1, 1, 1, 1)``),
         or a splat constant's value; else why it is not one logit per query head."""
         g = self.g
@@ -632,10 +622,10 @@ class _Matcher:
         found = self.mask(MaskUse(Step(probe, "add", scores, mask=sink), 1.0), layout, sizes)
         if isinstance(found, Decline):
             return Decline("sinks_form", f"sink column {sink}: " + found.message.replace("mask ", "", 1), sink, 9)
-        if found[1].shape4[0] != 1 or found[1].shape4[2:] != (1, 1):
+        if found[1][0] != 1 or found[1][2:] != (1, 1):
             return Decline(
                 "sinks_form",
-                f"sink column {sink} varies over {found[1].shape4} of [B, Hq, S, T]; "
+                f"sink column {sink} varies over {found[1]} of [B, Hq, S, T]; "
                 "sdpa's sinks are one logit per query head",
                 sink, 9,
             )  # fmt: skip
@@ -668,8 +658,8 @@ class _Matcher:
                 additive = (*found, use.factor)
         return current, MaskPlan(tuple(bools), additive, nan_rows, tuple(finite))
 
-    def mask(self, use: MaskUse, layout: Layout, sizes: tuple[int, ...]) -> tuple[str, MaskView] | Decline:
-        """The mask root and the view that lays it out [B, Hq, S, T]-broadcastable, or why it does not fit."""
+    def mask(self, use: MaskUse, layout: Layout, sizes: tuple[int, ...]) -> tuple[str, tuple[int, ...]] | Decline:
+        """The mask root and its [B, Hq, S, T]-broadcastable shape, or why it does not fit."""
         g = self.g
         node, value = use.step.node, use.step.mask
         kind = "bool" if use.step.kind == "where" else "additive"
@@ -700,19 +690,46 @@ class _Matcher:
                     5,
                 )
             pairs += [(sa, ma) for sa, ma in refined if ma is not None]
+        groups: list[tuple[int, list[int]]] = []  # (role, root axes): consecutive axes walking one score axis
         for axis, size in enumerate(shape):
+            if size == 1:
+                continue
             mine = [(sa, ma) for sa, ma in pairs if ma.axis == axis]
-            if size > 1 and any(sa is None for sa, _ma in mine):
+            roles = {sa.axis if sa is not None else None for sa, _ma in mine}
+            if len(roles) != 1 or None in roles:
+                shown = ", ".join(sorted(ROLE_NAMES[r] if r is not None else "none" for r in roles)) or "none"
+                return Decline(
+                    "mask_layout", f"mask {root} axis {axis} walks score axes ({shown}), not one of them", node.name, 5
+                )
+            (role,) = roles
+            if groups and groups[-1][0] == role:
+                groups[-1][1].append(axis)
+            else:
+                groups.append((role, [axis]))
+        order, shape4 = [], [1, 1, 1, 1]
+        for role, axes in groups:  # row-major: the axes of a group merge into one (as [Hkv, G] into Hq)
+            inner = {a: math.prod(shape[b] for b in axes if b > a) for a in axes}
+            mine = [(sa, ma) for sa, ma in pairs if ma.axis in axes]
+            size = math.prod(shape[a] for a in axes)
+            whole = size == sizes[role] and la.covers([sa for sa, _ma in mine], size)
+            if not whole or any(sa.stride != ma.stride * inner[ma.axis] for sa, ma in mine):
+                shown = f"axis {axes[0]}" if len(axes) == 1 else f"axes {', '.join(map(str, axes))}"
                 return Decline(
                     "mask_layout",
-                    f"mask {root} axis {axis} varies where the scores of {node.name} do not",
+                    f"mask {root} {shown} (size {size}) is not the whole {ROLE_NAMES[role]} axis",
                     node.name,
                     5,
                 )
-        view = mask_view(shape, pairs, sizes)
-        if isinstance(view, str):
-            return Decline("mask_layout", f"mask {root} {view}", node.name, 5)
-        return root, view
+            order.append(role)
+            shape4[role] = size
+        if order != sorted(order):
+            shown = ", ".join(ROLE_NAMES[r] for r in order)
+            return Decline(
+                "mask_layout",
+                f"mask {root} has axes ({shown}); sdpa masks are laid out [..., S, T] and a reordered mask is not raised",
+                node.name, 5,
+            )  # fmt: skip
+        return root, tuple(shape4)
 
     def result(self, chains, orders, mask: MaskPlan, scale, out_layout, group, sizes, d, qk, softmax) -> Attention:
         g, pv = self.g, self.pv
@@ -733,10 +750,10 @@ class _Matcher:
             )
         computed = {"q·kᵀ": qk.type.dtype, "the softmax": softmax.type.dtype, "P·V": dtype}
         rounding = _rounding(computed, dtype, notes)
-        masks = [f"{root} (bool{_reordered(view)})" for root, view in mask.bools]
+        masks = [f"{root} (bool)" for root, _s in mask.bools]
         if mask.additive is not None:
-            root, view, factor = mask.additive
-            masks.append(f"{root}" + (f"·{factor:g}" if factor != 1 else "") + f" (additive{_reordered(view)})")
+            root, _shape, factor = mask.additive
+            masks.append(f"{root}" + (f"·{factor:g}" if factor != 1 else "") + " (additive)")
         names = [order_name(o, rows) for o, rows in zip(orders, "stt")]
         summary = (
             f"q {operands[0].root} ({names[0]}), k {operands[1].root} ({names[1]}), v {operands[2].root}"

@@ -28,7 +28,6 @@ from ..analysis import layout_algebra as la
 from ..analysis.attention_match import Attention, MaskPlan, Operand, lifted, match_attention
 from ..analysis.chains import exact_cast
 from ..analysis.mask_structure import match_structure, rewrite_structure
-from ..analysis.mask_view import MaskView
 from ..analysis.partial_attention import (
     PartialAttention,
     feeds_combine,
@@ -71,29 +70,24 @@ def _operand(rw: Rewriter, x: Operand, dtype: DType, hint: str) -> str:
     return rw.cast(value, dtype, hint)
 
 
-def _broadcastable(rw: Rewriter, root: str, view: MaskView, hint: str) -> str:
-    """``root`` as it broadcasts to [B, Hq, S, T] (reshaped only when left-padding with 1s is not enough; its
-    factors transposed and broadcast first where the source holds them in another order)."""
-    if not view.reordered:
-        return root if lifted(rw.type(root).shape) == view.shape4 else rw.reshape(root, view.shape4, hint)
-    value = rw.transpose(rw.reshape(root, view.split, hint), view.perm, hint)
-    value = rw.broadcast(rw.reshape(value, view.spread, hint), view.digits, hint)
-    return rw.reshape(value, view.shape4, hint)
+def _broadcastable(rw: Rewriter, root: str, shape4: tuple[int, ...], hint: str) -> str:
+    """``root`` as it broadcasts to [B, Hq, S, T] (reshaped only when left-padding with 1s is not enough)."""
+    return root if lifted(rw.type(root).shape) == shape4 else rw.reshape(root, shape4, hint)
 
 
 def _mask(rw: Rewriter, plan: MaskPlan, dtype: DType, hint: str) -> str | None:
     """sdpa's one mask: the bool masks and-ed, the additive one scaled; both: ``where(bool, additive, -inf)``."""
     allowed = None
-    for root, view in plan.bools:
-        value = _broadcastable(rw, root, view, hint)
+    for root, shape4 in plan.bools:
+        value = _broadcastable(rw, root, shape4, hint)
         allowed = value if allowed is None else rw.op("logical_and", [allowed, value], hint=hint)
     if plan.additive is None:
         if allowed is None or not plan.nan_rows:
             return allowed  # sdpa's bool mask: a row with no key is the mean of V, as with a finite fill
         fills = [rw.scalar(0.0, dtype, f"{hint}_zero"), rw.scalar(-math.inf, dtype, f"{hint}_fill")]
         return rw.op("where", [allowed, *fills], hint=hint)  # a -inf fill keeps such a row NaN, as in the source
-    root, view, factor = plan.additive
-    bias = _broadcastable(rw, root, view, hint)
+    root, shape4, factor = plan.additive
+    bias = _broadcastable(rw, root, shape4, hint)
     if factor != 1:
         bias = rw.op("mul", [bias, rw.scalar(factor, rw.type(bias).dtype, f"{hint}_factor")], hint=hint)
     if not exact_cast(rw.type(bias).dtype, dtype):  # a half-float mask with float32 q is promoted by sdpa itself
@@ -110,9 +104,9 @@ def _sinks(rw: Rewriter, m: Attention, hq: int, hint: str) -> str | None:
         return None
     if isinstance(m.sinks, float):
         return rw.broadcast(rw.scalar(m.sinks, m.dtype, hint), (hq,), hint)
-    root, view = m.sinks
-    sinks = rw.reshape(_broadcastable(rw, root, view, hint), (view.shape4[1],), hint)
-    if view.shape4[1] != hq:
+    root, shape4 = m.sinks
+    sinks = rw.reshape(root, (shape4[1],), hint)
+    if shape4[1] != hq:
         sinks = rw.broadcast(sinks, (hq,), hint)
     if rw.type(sinks).dtype is not m.dtype and m.dtype is not DType.float32:
         sinks = rw.cast(sinks, m.dtype, hint)
