@@ -322,6 +322,6 @@ def _tokens_promised(p: Pass) -> Pass:
 
 __all__ = [
     "PROGRAMS", "OpsFrontend", "ProgramSpec", "attention", "compile_program", "dsa_attention", "kept_expanded",
-    "kept_fallback", "kept_fused", "kept_masked", "mla_attention", "qsa_attention", "qsa_quantized_attention", "quantized_attention",
-    "selected_attention", "structured_attention", "token_attention",
+    "kept_fallback", "kept_fused", "kept_masked", "mla_attention", "qsa_attention", "qsa_quantized_attention",
+    "quantized_attention", "selected_attention", "structured_attention", "token_attention",
 ]  # fmt: skip
